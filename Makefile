@@ -1,0 +1,52 @@
+# vidroute developer commands. `make up` and `make test` are the two a newcomer needs.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+NODE_INSTALLED := node_modules/.installed
+
+.PHONY: up test lint typecheck proto proto-check buf-lint buf-breaking bench clean
+
+$(INSTALLED): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@touch $@
+
+$(NODE_INSTALLED): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+## The whole platform on embedded defaults (SQLite, in-process leases), in the foreground.
+up: $(INSTALLED)
+	$(VENV)/bin/vidroute up
+
+## The whole test suite, PostgreSQL and Redis tests included.
+test: $(INSTALLED) $(NODE_INSTALLED)
+	bash scripts/ensure_services.sh
+	$(PY) -m pytest
+
+lint: $(INSTALLED) $(NODE_INSTALLED)
+	$(VENV)/bin/ruff check .
+	npx buf lint
+
+typecheck: $(INSTALLED)
+	$(VENV)/bin/mypy
+
+## Regenerate vidroute/ from proto/ (commit the result).
+proto: $(INSTALLED)
+	$(PY) scripts/gen_proto.py
+
+buf-lint: $(NODE_INSTALLED)
+	npx buf lint
+
+## Breaking-change check of proto/ against main (FILE rules, see buf.yaml).
+buf-breaking: $(NODE_INSTALLED)
+	npx buf breaking --against '.git#branch=main'
+
+bench: $(INSTALLED)
+	bash scripts/ensure_services.sh
+	$(PY) -m bench.routing
+
+clean:
+	rm -rf $(VENV) node_modules var .pytest_cache .mypy_cache .ruff_cache

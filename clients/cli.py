@@ -1,0 +1,162 @@
+"""The `vidroute` command line.
+
+vidroute up                 the whole platform on embedded defaults, in the foreground
+vidroute serve              only the control plane (gRPC on VIDROUTE_LISTEN)
+vidroute migrate [--down]   apply (or revert) database migrations
+vidroute submit ...         create a task            vidroute get TASK_ID   show a task
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+
+import grpc
+from google.protobuf import json_format
+
+from vidroute.common.v1 import generation_pb2
+from vidroute.scheduler.v1 import scheduler_service_pb2, scheduler_service_pb2_grpc
+
+log = logging.getLogger("vidroute")
+DEFAULT_TARGET = "localhost:50051"
+_MODES = {
+    name.removeprefix("MODE_").lower().replace("_", "-"): name
+    for name in generation_pb2.Mode.keys()  # noqa: SIM118 - an enum wrapper, not a dict
+    if name != "MODE_UNSPECIFIED"
+}
+
+
+def _write_port_file(path: str, port: int) -> None:
+    """Written last and atomically: a harness that sees the file can connect."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(str(port))
+    os.replace(tmp, path)
+
+
+async def _serve(listen: str | None, port_file: str | None) -> int:
+    from controlplane.bootstrap import Settings, configure_logging, start_control_plane
+    from controlplane.server import serve_until_signalled
+
+    settings = Settings.from_env(listen=listen)
+    configure_logging(settings.log_level)
+    running = await start_control_plane(settings)
+    host = settings.listen.rsplit(":", 1)[0]
+    log.info(
+        "control plane serving on %s:%d (database %s)",
+        host,
+        running.port,
+        settings.database_url.split("@")[-1],
+    )
+    if port_file:
+        _write_port_file(port_file, running.port)
+    await serve_until_signalled(running)
+    return 0
+
+
+async def _migrate(down: bool) -> int:
+    from controlplane.bootstrap import Settings
+    from controlplane.persistence.migrate import downgrade, upgrade
+
+    settings = Settings.from_env()
+    await (downgrade(settings.database_url) if down else upgrade(settings.database_url))
+    return 0
+
+
+def _print_task(task: object, as_json: bool) -> None:
+    data = json_format.MessageToDict(task, preserving_proto_field_name=True)  # type: ignore[arg-type]
+    if as_json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return
+    print(f"task {data['task_id']}  {data.get('state', '')}  tenant={data['spec']['tenant_id']}")
+    for att in data.get("attempts", []):
+        print(
+            f"  attempt {att['attempt_no']}: {att.get('provider', '')}/{att.get('model', '')} "
+            f"{att.get('state', '')}"
+        )
+    if "output" in data:
+        print(f"  output: {data['output'].get('uri', '')}")
+
+
+def _submit(args: argparse.Namespace) -> int:
+    spec = generation_pb2.GenerationSpec(
+        tenant_id=args.tenant,
+        user_id=args.user,
+        prompt=args.prompt,
+        mode=generation_pb2.Mode.Value(_MODES[args.mode]),
+        output=generation_pb2.OutputSpec(
+            width=args.width, height=args.height, duration_ms=int(args.duration * 1000)
+        ),
+    )
+    key = args.idempotency_key or uuid.uuid4().hex
+    with grpc.insecure_channel(args.target) as channel:
+        stub = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
+        response = stub.CreateTask(
+            scheduler_service_pb2.CreateTaskRequest(spec=spec, idempotency_key=key), timeout=10
+        )
+    _print_task(response.task, args.json)
+    return 0
+
+
+def _get(args: argparse.Namespace) -> int:
+    with grpc.insecure_channel(args.target) as channel:
+        stub = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
+        response = stub.GetTask(
+            scheduler_service_pb2.GetTaskRequest(task_id=args.task_id), timeout=10
+        )
+    _print_task(response.task, args.json)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vidroute", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (
+        ("up", "run the whole platform on embedded defaults (foreground)"),
+        ("serve", "run only the control plane"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("--listen", default=None, help="host:port (default VIDROUTE_LISTEN)")
+        cmd.add_argument("--port-file", default=None, help="write the bound port here when ready")
+    migrate = sub.add_parser("migrate", help="apply database migrations")
+    migrate.add_argument("--down", action="store_true", help="revert every migration")
+    for name in ("submit", "get"):
+        cmd = sub.add_parser(name)
+        cmd.add_argument("--target", default=DEFAULT_TARGET, help="control plane host:port")
+        cmd.add_argument("--json", action="store_true", help="print JSON")
+    submit = sub.choices["submit"]
+    submit.add_argument("--tenant", required=True)
+    submit.add_argument("--user", default="")
+    submit.add_argument("--prompt", required=True)
+    submit.add_argument("--mode", choices=sorted(_MODES), default="text-to-video")
+    submit.add_argument("--duration", type=float, default=4.0, help="seconds")
+    submit.add_argument("--width", type=int, default=1280)
+    submit.add_argument("--height", type=int, default=720)
+    submit.add_argument("--idempotency-key", default="")
+    sub.choices["get"].add_argument("task_id")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command in ("up", "serve"):
+            return asyncio.run(_serve(args.listen, args.port_file))
+        if args.command == "migrate":
+            return asyncio.run(_migrate(args.down))
+        if args.command == "submit":
+            return _submit(args)
+        return _get(args)
+    except grpc.RpcError as exc:
+        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

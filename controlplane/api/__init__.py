@@ -1,0 +1,1 @@
+"""gRPC boundary: servicers, protobuf <-> domain conversion, error mapping."""

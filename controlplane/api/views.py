@@ -1,0 +1,172 @@
+"""Persistence records -> scheduler API messages (read side of the boundary)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from google.protobuf import timestamp_pb2
+
+from controlplane.api.convert import spec_to_proto
+from controlplane.domain.states import AttemptState, TaskState
+from controlplane.persistence.records import (
+    AttemptRecord,
+    Failure,
+    ProviderJobRecord,
+    RouteDecisionRecord,
+    TaskDetail,
+    TaskRecord,
+)
+from vidroute.adapter.v1 import adapter_pb2
+from vidroute.common.v1 import error_pb2, money_pb2
+from vidroute.scheduler.v1 import scheduler_pb2 as pb
+
+_JOB_STATE = {
+    AttemptState.ACCEPTED: adapter_pb2.JOB_STATE_QUEUED,
+    AttemptState.PROVIDER_QUEUED: adapter_pb2.JOB_STATE_QUEUED,
+    AttemptState.PROVIDER_THROTTLED: adapter_pb2.JOB_STATE_THROTTLED,
+    AttemptState.RUNNING: adapter_pb2.JOB_STATE_RUNNING,
+    AttemptState.SUCCEEDED: adapter_pb2.JOB_STATE_SUCCEEDED,
+    AttemptState.FAILED: adapter_pb2.JOB_STATE_FAILED,
+    AttemptState.CANCELLED: adapter_pb2.JOB_STATE_CANCELLED,
+}
+
+
+def timestamp(value: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if value is None:
+        return None
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(value)
+    return ts
+
+
+def task_state(state: TaskState) -> pb.TaskState.ValueType:
+    return pb.TaskState.Value(f"TASK_STATE_{state.value}")
+
+
+def attempt_state(state: AttemptState) -> pb.AttemptState.ValueType:
+    return pb.AttemptState.Value(f"ATTEMPT_STATE_{state.value}")
+
+
+def error(failure: Failure | None) -> error_pb2.Error | None:
+    if failure is None:
+        return None
+    name = f"ERROR_CLASS_{failure.failure_class}"
+    known = name in error_pb2.ErrorClass.keys()  # noqa: SIM118 - an enum wrapper, not a dict
+    return error_pb2.Error(
+        error_class=(
+            error_pb2.ErrorClass.Value(name) if known else error_pb2.ERROR_CLASS_UNSPECIFIED
+        ),
+        code=failure.code,
+        message=failure.message,
+    )
+
+
+def provider_job(job: ProviderJobRecord | None) -> pb.ProviderJob | None:
+    if job is None:
+        return None
+    return pb.ProviderJob(
+        provider_job_id=job.provider_job_id,
+        provider_request_id=job.provider_request_id or "",
+        raw_status=job.raw_status or "",
+        normalized_status=_JOB_STATE.get(job.normalized_status, adapter_pb2.JOB_STATE_UNSPECIFIED),
+        submitted_at=timestamp(job.submitted_at),
+        last_polled_at=timestamp(job.last_polled_at),
+        completed_at=timestamp(job.completed_at),
+    )
+
+
+def attempt(rec: AttemptRecord, job: ProviderJobRecord | None) -> pb.Attempt:
+    plan = rec.compile_plan
+    return pb.Attempt(
+        attempt_id=str(rec.id),
+        attempt_no=rec.attempt_no,
+        provider=str(plan.get("provider", "")),
+        account=str(plan.get("account", "")),
+        model=rec.provider_model,
+        model_version=rec.provider_model_version,
+        capability_version=rec.capability_version,
+        price_version=rec.price_version,
+        routing_policy_version=rec.routing_policy_version,
+        client_request_key=rec.client_request_key,
+        request_hash=rec.request_hash or "",
+        state=attempt_state(rec.state),
+        status_version=rec.status_version,
+        estimated_cost=money_pb2.Money(
+            amount_micros=rec.estimated_cost_micros, currency_code=rec.currency
+        ),
+        actual_cost=(
+            money_pb2.Money(amount_micros=rec.actual_cost_micros, currency_code=rec.currency)
+            if rec.actual_cost_micros is not None
+            else None
+        ),
+        provider_job=provider_job(job),
+        error=error(rec.failure),
+        created_at=timestamp(rec.created_at),
+        updated_at=timestamp(rec.updated_at),
+    )
+
+
+def route_decision(rec: RouteDecisionRecord) -> pb.RouteDecision:
+    snapshot = rec.candidate_snapshot
+    candidates = []
+    for c in snapshot.get("candidates", []):
+        cost = c.get("estimated_cost_micros")
+        candidates.append(
+            pb.CandidateScore(
+                candidate_id=str(c.get("id", "")),
+                eligible=bool(c.get("eligible", False)),
+                reject_reason=str(c.get("reason", "")),
+                reject_detail=str(c.get("detail", "")),
+                score=float(c.get("score", 0.0)),
+                components={k: float(v) for k, v in c.get("components", {}).items()},
+                estimated_cost=(
+                    money_pb2.Money(amount_micros=int(cost), currency_code=c.get("currency", "USD"))
+                    if cost is not None
+                    else None
+                ),
+            )
+        )
+    return pb.RouteDecision(
+        decision_no=rec.decision_no,
+        policy_version=rec.policy_version,
+        capability_version=str(snapshot.get("capability_version", "")),
+        selected_candidate=rec.selected_candidate or "",
+        candidates=candidates,
+        reason_code=rec.reason_code,
+        shadow_selected_candidate=str(snapshot.get("shadow_selected", "")),
+        created_at=timestamp(rec.created_at),
+    )
+
+
+def task(rec: TaskRecord, detail: TaskDetail | None = None) -> pb.Task:
+    """A task message; attempts and decisions are filled only when `detail` is given."""
+    msg = pb.Task(
+        task_id=str(rec.id),
+        spec=spec_to_proto(rec.spec),
+        idempotency_key=rec.idempotency_key,
+        normalized_spec_hash=rec.spec_hash,
+        state=task_state(rec.state),
+        status_version=rec.status_version,
+        failure=error(rec.failure),
+        adopted_attempt_id=str(rec.adopted_attempt_id) if rec.adopted_attempt_id else "",
+        created_at=timestamp(rec.created_at),
+        updated_at=timestamp(rec.updated_at),
+    )
+    if rec.output_asset:
+        out = rec.output_asset
+        msg.output.CopyFrom(
+            pb.StoredOutput(
+                uri=str(out.get("uri", "")),
+                mime_type=str(out.get("mime_type", "")),
+                size_bytes=int(out.get("size_bytes", 0)),
+                checksum_sha256=str(out.get("checksum_sha256", "")),
+                duration_ms=int(out.get("duration_ms", 0)),
+                width=int(out.get("width", 0)),
+                height=int(out.get("height", 0)),
+            )
+        )
+    if detail is not None:
+        jobs = {j.attempt_id: j for j in detail.provider_jobs}
+        msg.attempts.extend(attempt(a, jobs.get(a.id)) for a in detail.attempts)
+        msg.route_decisions.extend(route_decision(d) for d in detail.route_decisions)
+    return msg

@@ -1,0 +1,82 @@
+"""The domain's exceptions: one root, one subclass per thing a caller must handle differently.
+
+The gRPC error interceptor maps each class to exactly one status code (and ``google.rpc``
+details); nothing below it raises anything else on purpose. The hierarchy::
+
+    DomainError
+    ├── InvalidSpec(violations)                   the spec breaks validation rules (9.4)
+    ├── IdempotencyConflict(key, existing, new)   same idempotency key, different spec hash
+    ├── IllegalTransition(current, target)        not in a transition table (9.8.1)
+    ├── PreconditionFailed(message, numbers)      a business limit stops the operation
+    └── NotFound(resource, resource_id)           the named thing does not exist (for this tenant)
+
+A provider's failure is not an exception here: adapters return a
+`controlplane.domain.errors.ProviderError` value, because the scheduler branches on its class
+rather than unwinding the stack.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from controlplane.domain.validation import FieldViolation
+
+
+class DomainError(Exception):
+    """Root of every error the domain raises deliberately."""
+
+
+class InvalidSpec(DomainError):
+    """A `GenerationSpec` failed validation; `violations` lists every broken rule, in order."""
+
+    def __init__(self, violations: Sequence[FieldViolation]) -> None:
+        self.violations: tuple[FieldViolation, ...] = tuple(violations)
+        summary = "; ".join(f"{v.field}: {v.description}" for v in self.violations)
+        super().__init__(f"invalid generation spec: {summary}")
+
+
+class IdempotencyConflict(DomainError):
+    """An idempotency key was reused with a spec whose normalized hash differs (9.7.3)."""
+
+    def __init__(self, key: str, existing_spec_hash: str, requested_spec_hash: str) -> None:
+        super().__init__(
+            f"idempotency key {key!r} was first used with spec {existing_spec_hash}, "
+            f"now with {requested_spec_hash}"
+        )
+        self.key = key
+        self.existing_spec_hash = existing_spec_hash
+        self.requested_spec_hash = requested_spec_hash
+
+
+class IllegalTransition(DomainError):
+    """A state change the transition table does not allow."""
+
+    def __init__(self, current: enum.Enum, target: enum.Enum) -> None:
+        super().__init__(f"illegal transition {current.value} -> {target.value}")
+        self.current = current
+        self.target = target
+
+
+class PreconditionFailed(DomainError):
+    """A business limit (budget, quota, attempt cap) stops the operation.
+
+    `numbers` carries the figures that explain it (e.g. ``{"estimated_cost_micros": ...,
+    "max_estimated_cost_micros": ...}``) so clients and logs see why without parsing prose.
+    """
+
+    def __init__(self, message: str, numbers: Mapping[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.numbers: Mapping[str, int] = dict(numbers or {})
+
+
+class NotFound(DomainError):
+    """The named resource does not exist, or is not visible to the caller's tenant."""
+
+    def __init__(self, resource: str, resource_id: str) -> None:
+        super().__init__(f"{resource} {resource_id!r} not found")
+        self.resource = resource
+        self.resource_id = resource_id

@@ -1,0 +1,367 @@
+"""Table declarations for design 9.19, shared by PostgreSQL and SQLite.
+
+These models describe the schema; the repository uses them as typed Core tables and never leaks
+ORM objects. The initial Alembic revision is written to match them exactly, and a test compares
+the two with autogenerate on both databases.
+
+Conventions: money is BIGINT micros next to a CHAR(3) currency (never a float); every timestamp
+is `UtcDateTime`; every status column carries a CHECK listing its enum's values; constraint names
+are spelled out so both backends (and PostgreSQL's 63-byte limit) agree.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import (
+    CHAR,
+    BigInteger,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from controlplane.domain.spec import ServiceClass
+from controlplane.domain.states import AttemptState, TaskState
+from controlplane.persistence.coltypes import BigIntPK, JsonDoc, JsonDocOrNull, UtcDateTime
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    """Declarative base carrying the naming convention."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def one_of(column: str, values: type[enum.Enum], name: str) -> CheckConstraint:
+    """A CHECK that `column` holds one of the enum's string values."""
+    listed = ", ".join(f"'{member.value}'" for member in values)
+    return CheckConstraint(f"{column} IN ({listed})", name=name)
+
+
+def _created() -> Mapped[datetime]:
+    return mapped_column(UtcDateTime, nullable=False, server_default=func.now())
+
+
+def _currency_check() -> CheckConstraint:
+    return CheckConstraint("length(currency) = 3", name="currency_iso4217")
+
+
+class ProviderAccount(Base):
+    """A provider account (9.19.1). Holds a reference to a secret, never the secret itself."""
+
+    __tablename__ = "provider_accounts"
+    __table_args__ = (
+        UniqueConstraint(
+            "provider", "account_name", "region", name="uq_provider_accounts_identity"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    provider: Mapped[str] = mapped_column(Text)
+    account_name: Mapped[str] = mapped_column(Text)
+    region: Mapped[str] = mapped_column(Text)
+    credential_ref: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(Text)
+    config: Mapped[dict[str, Any]] = mapped_column(JsonDoc, server_default=text("'{}'"))
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _created()
+
+
+class ProviderModelCapability(Base):
+    """One immutable capability version of a model on an account (9.19.2, 9.6.4)."""
+
+    __tablename__ = "provider_model_capabilities"
+    __table_args__ = (
+        UniqueConstraint(
+            "provider_account_id",
+            "model",
+            "model_version",
+            "capability_version",
+            name="uq_provider_model_capabilities_version",
+        ),
+        CheckConstraint(
+            "effective_to IS NULL OR effective_to > effective_from", name="effective_interval"
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    provider_account_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("provider_accounts.id"))
+    model: Mapped[str] = mapped_column(Text)
+    model_version: Mapped[str] = mapped_column(Text)
+    capability_version: Mapped[str] = mapped_column(Text)
+    lifecycle_status: Mapped[str] = mapped_column(Text)
+    capabilities: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    effective_from: Mapped[datetime] = mapped_column(UtcDateTime)
+    effective_to: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    created_at: Mapped[datetime] = _created()
+
+
+class ProviderPriceVersion(Base):
+    """Our own versioned price of a model, in integer micros per unit (9.23.2)."""
+
+    __tablename__ = "provider_price_versions"
+    __table_args__ = (
+        UniqueConstraint(
+            "provider_account_id",
+            "model",
+            "price_version",
+            name="uq_provider_price_versions_version",
+        ),
+        CheckConstraint("price_micros_per_unit >= 0", name="price_non_negative"),
+        CheckConstraint(
+            "effective_to IS NULL OR effective_to > effective_from", name="effective_interval"
+        ),
+        _currency_check(),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    provider_account_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("provider_accounts.id"))
+    model: Mapped[str] = mapped_column(Text)
+    price_version: Mapped[str] = mapped_column(Text)
+    unit: Mapped[str] = mapped_column(Text)
+    price_micros_per_unit: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(CHAR(3))
+    effective_from: Mapped[datetime] = mapped_column(UtcDateTime)
+    effective_to: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    created_at: Mapped[datetime] = _created()
+
+
+class GenerationTask(Base):
+    """The user's business goal (9.3.1). `last_event_seq` numbers its `task_events`."""
+
+    __tablename__ = "generation_tasks"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_generation_tasks_idempotency"),
+        one_of("status", TaskState, "status_enum"),
+        one_of("service_class", ServiceClass, "service_class_enum"),
+        Index("ix_generation_tasks_status_id", "status", "id"),
+        Index("ix_generation_tasks_tenant_id_id", "tenant_id", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(Text)
+    user_id: Mapped[str] = mapped_column(Text)
+    project_id: Mapped[str] = mapped_column(Text)
+    idempotency_key: Mapped[str] = mapped_column(Text)
+    spec: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    normalized_spec_hash: Mapped[str] = mapped_column(Text)
+    service_class: Mapped[str] = mapped_column(Text)
+    priority: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(Text)
+    status_version: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    last_event_seq: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    failure_class: Mapped[str | None] = mapped_column(Text)
+    failure_code: Mapped[str | None] = mapped_column(Text)
+    failure_message: Mapped[str | None] = mapped_column(Text)
+    # Circular with task_attempts.task_id, hence created by ALTER after both tables exist.
+    adopted_attempt_id: Mapped[int | None] = mapped_column(
+        BigInteger,
+        ForeignKey("task_attempts.id", use_alter=True, name="fk_generation_tasks_adopted_attempt"),
+    )
+    output_asset: Mapped[dict[str, Any] | None] = mapped_column(JsonDocOrNull)
+    queue_deadline_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    deadline_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _created()
+
+
+class RouteDecision(Base):
+    """The explainable snapshot of one scheduling decision (9.10.2, 9.19.5)."""
+
+    __tablename__ = "route_decisions"
+    __table_args__ = (
+        UniqueConstraint("task_id", "decision_no", name="uq_route_decisions_task_decision_no"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    task_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("generation_tasks.id"))
+    decision_no: Mapped[int] = mapped_column(Integer)
+    policy_version: Mapped[str] = mapped_column(Text)
+    selected_candidate: Mapped[str | None] = mapped_column(Text)
+    candidate_snapshot: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    reason_code: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+
+
+class TaskAttempt(Base):
+    """One immutable execution plan against one account and model (9.3.2, 9.19.3, 9.17.2)."""
+
+    __tablename__ = "task_attempts"
+    __table_args__ = (
+        UniqueConstraint("task_id", "attempt_no", name="uq_task_attempts_task_attempt_no"),
+        UniqueConstraint(
+            "provider_account_id", "client_request_key", name="uq_task_attempts_client_request_key"
+        ),
+        one_of("status", AttemptState, "status_enum"),
+        CheckConstraint("attempt_no >= 1", name="attempt_no_positive"),
+        CheckConstraint("estimated_cost_micros >= 0", name="estimated_cost_non_negative"),
+        CheckConstraint(
+            "actual_cost_micros IS NULL OR actual_cost_micros >= 0",
+            name="actual_cost_non_negative",
+        ),
+        _currency_check(),
+        Index("ix_task_attempts_status_account", "status", "provider_account_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    task_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("generation_tasks.id"))
+    attempt_no: Mapped[int] = mapped_column(Integer)
+    provider_account_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("provider_accounts.id"))
+    provider_model: Mapped[str] = mapped_column(Text)
+    provider_model_version: Mapped[str] = mapped_column(Text)
+    capability_version: Mapped[str] = mapped_column(Text)
+    price_version: Mapped[str] = mapped_column(Text)
+    routing_policy_version: Mapped[str] = mapped_column(Text)
+    client_request_key: Mapped[str] = mapped_column(Text)
+    normalized_spec_hash: Mapped[str] = mapped_column(Text)
+    request_hash: Mapped[str | None] = mapped_column(Text)
+    compile_plan: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    route_decision_id: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("route_decisions.id")
+    )
+    status: Mapped[str] = mapped_column(Text)
+    status_version: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    estimated_cost_micros: Mapped[int] = mapped_column(BigInteger)
+    actual_cost_micros: Mapped[int | None] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(CHAR(3))
+    lease_token: Mapped[str | None] = mapped_column(Text)
+    fencing_token: Mapped[int | None] = mapped_column(BigInteger)
+    request_started_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    request_body_sent_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    transport_error_stage: Mapped[str | None] = mapped_column(Text)
+    provider_request_trace: Mapped[dict[str, Any] | None] = mapped_column(JsonDocOrNull)
+    failure_class: Mapped[str | None] = mapped_column(Text)
+    failure_code: Mapped[str | None] = mapped_column(Text)
+    failure_message: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _created()
+
+
+class ProviderJob(Base):
+    """The provider's own job for one attempt; never overwritten by another (9.3.3, 9.19.4)."""
+
+    __tablename__ = "provider_jobs"
+    __table_args__ = (
+        UniqueConstraint(
+            "provider_account_id", "provider_job_id", name="uq_provider_jobs_provider_job_id"
+        ),
+        UniqueConstraint("attempt_id", name="uq_provider_jobs_attempt_id"),
+        one_of("normalized_status", AttemptState, "normalized_status_enum"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("task_attempts.id"))
+    provider_account_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("provider_accounts.id"))
+    provider_job_id: Mapped[str] = mapped_column(Text)
+    provider_request_id: Mapped[str | None] = mapped_column(Text)
+    raw_status: Mapped[str | None] = mapped_column(Text)
+    normalized_status: Mapped[str] = mapped_column(Text)
+    output_locator: Mapped[dict[str, Any] | None] = mapped_column(JsonDocOrNull)
+    raw_failure: Mapped[dict[str, Any] | None] = mapped_column(JsonDocOrNull)
+    submitted_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    last_polled_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    completed_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    created_at: Mapped[datetime] = _created()
+
+
+class ProviderHealthEvent(Base):
+    """A breaker/health state change of one provider operation (9.19.6)."""
+
+    __tablename__ = "provider_health_events"
+    __table_args__ = (
+        Index("ix_provider_health_events_account_at", "provider_account_id", "occurred_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    provider_account_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("provider_accounts.id"))
+    model: Mapped[str | None] = mapped_column(Text)
+    operation: Mapped[str] = mapped_column(Text)
+    old_state: Mapped[str] = mapped_column(Text)
+    new_state: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text)
+    metrics_snapshot: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    occurred_at: Mapped[datetime] = _created()
+
+
+class TaskEvent(Base):
+    """One entry of a task's ordered history, replayed by WatchTask."""
+
+    __tablename__ = "task_events"
+    __table_args__ = (UniqueConstraint("task_id", "seq", name="uq_task_events_task_seq"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    task_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("generation_tasks.id"))
+    seq: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(Text)
+    payload: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    created_at: Mapped[datetime] = _created()
+
+
+class OutboxMessage(Base):
+    """A message written in the same transaction as the state it announces (9.10.1)."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        CheckConstraint("attempts >= 0", name="attempts_non_negative"),
+        Index("ix_outbox_pending", "topic", "done_at", "available_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    topic: Mapped[str] = mapped_column(Text)
+    aggregate_id: Mapped[str] = mapped_column(Text)
+    payload: Mapped[dict[str, Any]] = mapped_column(JsonDoc)
+    created_at: Mapped[datetime] = _created()
+    available_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    claimed_by: Mapped[str | None] = mapped_column(Text)
+    claimed_until: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    attempts: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    done_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+
+class LeaseAuditEvent(Base):
+    """A drift the lease reconciler found between PostgreSQL and Redis (9.11.2)."""
+
+    __tablename__ = "lease_audit_events"
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    dimension: Mapped[str] = mapped_column(Text)
+    expected: Mapped[int] = mapped_column(BigInteger)
+    actual: Mapped[int] = mapped_column(BigInteger)
+    delta: Mapped[int] = mapped_column(BigInteger)
+    at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+def _table(model: type[Base]) -> Table:
+    return cast(Table, model.__table__)
+
+
+# Core handles on the tables: the repository writes SQL expressions against these.
+provider_accounts = _table(ProviderAccount)
+provider_model_capabilities = _table(ProviderModelCapability)
+provider_price_versions = _table(ProviderPriceVersion)
+generation_tasks = _table(GenerationTask)
+route_decisions = _table(RouteDecision)
+task_attempts = _table(TaskAttempt)
+provider_jobs = _table(ProviderJob)
+provider_health_events = _table(ProviderHealthEvent)
+task_events = _table(TaskEvent)
+outbox = _table(OutboxMessage)
+lease_audit_events = _table(LeaseAuditEvent)

@@ -1,0 +1,137 @@
+"""The control plane's gRPC server: scheduler API, health, reflection, graceful shutdown.
+
+Health reflects dependencies: the scheduler service reports SERVING only while its database
+answers (re-checked every few seconds). On SIGTERM/SIGINT the server enters graceful shutdown
+(health NOT_SERVING for every service), stops accepting, drains in-flight RPCs for `grace`
+seconds, then runs the cleanup callbacks (closing the database engine and Redis). A second
+signal exits at once. Shutdown is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from controlplane.api.errors import DomainErrorInterceptor
+from controlplane.api.servicer import SchedulerServicer
+from vidroute.scheduler.v1 import scheduler_service_pb2, scheduler_service_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SCHEDULER_SERVICE = scheduler_service_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+
+
+@dataclass
+class ControlPlaneServer:
+    """A started server and what it takes to stop it."""
+
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    port: int
+    probe: Callable[[], Awaitable[bool]]
+    cleanup: Sequence[Callable[[], Awaitable[None]]] = ()
+    probe_interval: float = 5.0
+    _stopping: bool = field(default=False, init=False)
+    _probe_task: asyncio.Task[None] | None = field(default=None, init=False)
+
+    async def refresh_health(self) -> bool:
+        """Probe the dependencies once and publish the result."""
+        try:
+            healthy = await self.probe()
+        except Exception:  # a failing probe means NOT_SERVING, never a crash
+            log.warning("dependency probe failed", exc_info=True)
+            healthy = False
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if healthy
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        if not self._stopping:
+            await self.health.set(SCHEDULER_SERVICE, status)
+            await self.health.set("", status)
+        return healthy
+
+    async def _probe_loop(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.probe_interval)
+            await self.refresh_health()
+
+    def start_probing(self) -> None:
+        self._probe_task = asyncio.get_running_loop().create_task(self._probe_loop())
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Graceful, idempotent shutdown."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        for close in self.cleanup:
+            try:
+                await close()
+            except Exception:
+                log.warning("cleanup step failed", exc_info=True)
+
+
+async def start_server(
+    servicer: SchedulerServicer,
+    *,
+    listen: str,
+    probe: Callable[[], Awaitable[bool]],
+    cleanup: Sequence[Callable[[], Awaitable[None]]] = (),
+    probe_interval: float = 5.0,
+) -> ControlPlaneServer:
+    """Bind, register services and start serving; returns once the port is open."""
+    server = grpc.aio.server(interceptors=[DomainErrorInterceptor()])
+    scheduler_service_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SCHEDULER_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"could not bind {listen}")
+    await server.start()
+    running = ControlPlaneServer(
+        server=server,
+        health=health_servicer,
+        port=port,
+        probe=probe,
+        cleanup=cleanup,
+        probe_interval=probe_interval,
+    )
+    await running.refresh_health()
+    running.start_probing()
+    return running
+
+
+async def serve_until_signalled(running: ControlPlaneServer, grace: float = 5.0) -> None:
+    """Block until SIGTERM/SIGINT, then shut down gracefully; a second signal exits at once."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            log.warning("second signal: exiting immediately")
+            os._exit(1)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+    await stop.wait()
+    log.info("shutting down")
+    await running.stop(grace)

@@ -1,0 +1,1 @@
+"""Transport-neutral application services: what the API does, without protobuf or SQL."""

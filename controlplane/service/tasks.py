@@ -1,0 +1,117 @@
+"""Task lifecycle operations of the public API (create, get, list, cancel).
+
+Transport-neutral: takes domain inputs, returns persistence records, raises domain errors. Bad
+input is rejected here before anything is written, so an invalid request never leaves a row
+behind or reaches a provider.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from controlplane.domain.exceptions import InvalidSpec, NotFound, PreconditionFailed
+from controlplane.domain.hashing import normalized_spec_hash
+from controlplane.domain.spec import GenerationSpec
+from controlplane.domain.states import TASK_MACHINE, TaskState
+from controlplane.domain.validation import FieldViolation
+from controlplane.persistence import errors as store_errors
+from controlplane.persistence.records import TaskDetail, TaskRecord
+from controlplane.persistence.repository import Store
+
+MAX_IDEMPOTENCY_KEY = 128
+_TERMINAL = TASK_MACHINE.terminal
+_KEY_RE = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTaskInput:
+    """A decoded CreateTask request; `violations` are decoding problems found at the boundary."""
+
+    spec: GenerationSpec
+    idempotency_key: str
+    violations: Sequence[FieldViolation] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ListTasksInput:
+    tenant_id: str | None = None
+    state: TaskState | None = None
+    page_size: int = 0
+    page_token: str | None = None
+
+
+def parse_task_id(raw: str, field: str = "task_id") -> int:
+    """Task ids are positive decimal integers on the wire; anything else is INVALID_ARGUMENT."""
+    if not raw.isdigit() or int(raw) <= 0:
+        raise InvalidSpec([FieldViolation(field, "must be a positive decimal task id")])
+    return int(raw)
+
+
+def _key_violations(key: str) -> list[FieldViolation]:
+    if not key:
+        return [FieldViolation("idempotency_key", "is required")]
+    if len(key) > MAX_IDEMPOTENCY_KEY:
+        return [FieldViolation("idempotency_key", f"must be at most {MAX_IDEMPOTENCY_KEY} chars")]
+    if not _KEY_RE.match(key):
+        return [FieldViolation("idempotency_key", "must be printable ASCII without spaces")]
+    return []
+
+
+class TaskService:
+    """Create, read, list and cancel tasks."""
+
+    def __init__(self, store: Store, clock: Callable[[], datetime] = utcnow) -> None:
+        self._store = store
+        self._clock = clock
+
+    async def create_task(self, cmd: CreateTaskInput) -> tuple[TaskRecord, bool]:
+        """Persist a QUEUED task, or return the one this idempotency key already created."""
+        violations = [*cmd.violations, *_key_violations(cmd.idempotency_key)]
+        if violations:
+            raise InvalidSpec(violations)
+        return await self._store.create_task(
+            cmd.spec,
+            idempotency_key=cmd.idempotency_key,
+            spec_hash=normalized_spec_hash(cmd.spec),
+            now=self._clock(),
+        )
+
+    async def get_task(self, task_id: int) -> TaskDetail:
+        detail = await self._store.get_task(task_id)
+        if detail is None:
+            raise NotFound("task", str(task_id))
+        return detail
+
+    async def list_tasks(self, query: ListTasksInput) -> tuple[list[TaskRecord], str | None]:
+        try:
+            return await self._store.list_tasks(
+                tenant_id=query.tenant_id or None,
+                state=query.state,
+                page_size=query.page_size,
+                page_token=query.page_token or None,
+            )
+        except store_errors.InvalidPageToken as exc:
+            raise InvalidSpec([FieldViolation("page_token", str(exc))]) from exc
+
+    async def cancel_task(self, task_id: int, reason: str = "") -> TaskDetail:
+        """Cancel a queued task at once; cancelling a terminal task returns it unchanged.
+
+        A task past QUEUED has an attempt at a provider: cancelling it is a request to the
+        provider (CANCEL_REQUESTED, then its confirmation), which the execution workers own.
+        Until they run here, such a task is FAILED_PRECONDITION with its state named.
+        """
+        record = await self._store.cancel_queued_task(task_id, now=self._clock(), reason=reason)
+        if record.state is not TaskState.CANCELLED and record.state not in _TERMINAL:
+            raise PreconditionFailed(
+                f"task {task_id} is {record.state.value}; only queued tasks can be cancelled "
+                "without a running execution worker",
+                {"status_version": record.status_version},
+            )
+        return await self.get_task(task_id)

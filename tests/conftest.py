@@ -1,0 +1,102 @@
+"""Fixtures shared by every tier: the real PostgreSQL and Redis servers.
+
+A test that needs a server it cannot reach is skipped with the reason, except under
+``CI=true``, where it fails: CI must never go green without PostgreSQL and Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+import redis
+from sqlalchemy import text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
+
+DEFAULT_POSTGRES_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def require_server(reason: str) -> None:
+    """Fail under CI=true, skip elsewhere."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason} (CI=true requires it)", pytrace=False)
+    pytest.skip(reason)
+
+
+@dataclass(frozen=True)
+class PostgresServer:
+    """A reachable PostgreSQL server on which this session may create throwaway databases."""
+
+    maintenance_url: URL
+    prefix: str
+
+    def url_for(self, database: str) -> str:
+        return self.maintenance_url.set(database=database).render_as_string(hide_password=False)
+
+    async def _admin(self, sql: str) -> None:
+        engine = create_async_engine(
+            self.maintenance_url, isolation_level="AUTOCOMMIT", poolclass=NullPool
+        )
+        try:
+            async with engine.connect() as conn:
+                await conn.execute(text(sql))
+        finally:
+            await engine.dispose()
+
+    async def create_database(self, suffix: str) -> str:
+        name = f"{self.prefix}_{suffix}"
+        await self._admin(f'CREATE DATABASE "{name}"')
+        return name
+
+    async def drop_database(self, name: str) -> None:
+        await self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def _probe_postgres(url: URL) -> None:
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        async with asyncio.timeout(5), engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> PostgresServer:
+    """The PostgreSQL server (VIDROUTE_TEST_POSTGRES_URL or the local default)."""
+    url = make_url(os.environ.get("VIDROUTE_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL))
+    try:
+        asyncio.run(_probe_postgres(url))
+    except Exception as exc:  # any failure to connect means "unreachable"
+        require_server(f"PostgreSQL at {url.render_as_string()} is unreachable: {exc!r}")
+    return PostgresServer(url, f"vidroute_test_{secrets.token_hex(4)}")
+
+
+@pytest.fixture
+def fresh_postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """An empty throwaway database for one test, dropped afterwards."""
+    name = asyncio.run(postgres_server.create_database(secrets.token_hex(4)))
+    try:
+        yield postgres_server.url_for(name)
+    finally:
+        asyncio.run(postgres_server.drop_database(name))
+
+
+@pytest.fixture(scope="session")
+def redis_server_url() -> str:
+    """The Redis URL (VIDROUTE_TEST_REDIS_URL or the local default), checked reachable."""
+    url = os.environ.get("VIDROUTE_TEST_REDIS_URL", DEFAULT_REDIS_URL)
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=2)
+        client.ping()
+        client.close()
+    except Exception as exc:  # any failure to connect means "unreachable"
+        require_server(f"Redis at {url} is unreachable: {exc!r}")
+    return url
