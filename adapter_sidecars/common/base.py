@@ -1,0 +1,273 @@
+"""`HttpAdapter`: the provider-neutral skeleton every HTTP provider adapter fills in.
+
+The skeleton owns what must be identical everywhere: account and capability lookup, spec
+validation, sending a submit exactly once through the stage classifier, turning a 2xx without
+a usable id into UNKNOWN, reading polls and cancels with plain (retry-safe) calls, and the
+health probe. A provider subclass supplies the wire details through a few hooks:
+
+* `compile_native(spec, cap)`: `Plan` for one entry (uses `common.compiling`).
+* `submit_headers(...)`, `created_job(...)`, `submit_error(...)`: the create call.
+* `job_path(...)`, `job_status(...)`: polling.
+* `cancel_job`, `recover_submission`, `list_usage`: provider-specific operations.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from adapter_sidecars.common import transport
+from adapter_sidecars.common.config import Account, SidecarConfig
+from adapter_sidecars.common.transport import HttpReply
+from adapter_sidecars.common.types import (
+    AdapterInfo,
+    CompileInput,
+    JobRef,
+    JobResult,
+    JobStatus,
+    MalformedPlan,
+    Plan,
+    SubmitInput,
+    SubmitKind,
+    SubmitOutcome,
+    UnknownAccount,
+    UnknownModel,
+)
+from controlplane.capabilities.loader import (
+    Capability,
+    expand_for_accounts,
+    find,
+    load_directory,
+)
+from controlplane.domain.errors import ErrorClass, ProviderError, make_error
+from controlplane.domain.spec import GenerationSpec
+from controlplane.domain.validation import ensure_valid
+
+ADAPTER_VERSION = "0.1.0"
+
+
+def build_client(config: SidecarConfig) -> httpx.AsyncClient:
+    """The one HTTP client of a sidecar, with the configured timeouts."""
+    t = config.timeouts
+    return httpx.AsyncClient(
+        base_url=config.base_url,
+        timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
+        limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
+        follow_redirects=False,
+    )
+
+
+def load_capabilities(config: SidecarConfig, package_dir: Path, provider: str) -> list[Capability]:
+    """Entries of `provider` from the configured or packaged directory, per account."""
+    directory = config.capabilities_dir or package_dir / "capabilities"
+    entries = [e for e in load_directory(directory) if e.provider == provider]
+    return expand_for_accounts(entries, [(a.name, a.region) for a in config.accounts])
+
+
+class HttpAdapter:
+    """Base class of the HTTP provider adapters (see the module docstring)."""
+
+    name = "provider"
+    provider = "provider"
+
+    def __init__(
+        self,
+        config: SidecarConfig,
+        capabilities: Sequence[Capability],
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.config = config
+        self.capabilities = tuple(capabilities)
+        self.client = client or build_client(config)
+        t = config.timeouts
+        self.submit_timeout = httpx.Timeout(
+            connect=t.connect, read=t.submit_read, write=t.write, pool=t.pool
+        )
+
+    # -- lookups -----------------------------------------------------------------------------
+    def account(self, name: str) -> Account:
+        """The configured account (empty name: the default one)."""
+        account = self.config.account(name)
+        if account is None:
+            raise UnknownAccount(f"account {name!r} is not configured for {self.name}")
+        return account
+
+    def capability(self, account: str, model: str, model_version: str = "") -> Capability:
+        """The entry for account + model (+ version)."""
+        cap = find(self.capabilities, account=account, model=model, model_version=model_version)
+        if cap is None:
+            shown = f"{model}@{model_version}" if model_version else model
+            raise UnknownModel(f"{self.name} has no model {shown} on account {account!r}")
+        return cap
+
+    def entry(self, account: str, model: str) -> Capability | None:
+        """The current entry of a model on an account, if any (for TTLs and prices)."""
+        return find(self.capabilities, account=account, model=model)
+
+    def describe(self) -> AdapterInfo:
+        """Name, version and capability entries."""
+        return AdapterInfo(self.name, ADAPTER_VERSION, self.capabilities)
+
+    # -- compile -------------------------------------------------------------------------------
+    def compile(self, request: CompileInput) -> Plan:
+        """Validate the spec, pick the entry and let the provider map it."""
+        ensure_valid(request.spec)
+        account = self.account(request.account)
+        cap = self.capability(account.name, request.model, request.model_version)
+        return self.compile_native(request.spec, cap)
+
+    def compile_native(self, spec: GenerationSpec, cap: Capability) -> Plan:
+        """Provider hook: map `spec` to a native request for `cap`."""
+        raise NotImplementedError
+
+    # -- submit --------------------------------------------------------------------------------
+    def check_plan(self, plan: Plan) -> Account:
+        """Refuse plans this adapter cannot send (wrong provider, not submittable, no body)."""
+        if plan.provider != self.provider:
+            raise MalformedPlan(f"plan is for provider {plan.provider!r}, not {self.provider!r}")
+        if not plan.submittable or plan.native_request is None:
+            raise MalformedPlan("plan is not submittable")
+        method, _, path = plan.endpoint.partition(" ")
+        if method != "POST" or not path.startswith("/"):
+            raise MalformedPlan(f"plan endpoint {plan.endpoint!r} is not 'POST /path'")
+        return self.account(plan.account)
+
+    async def submit(self, request: SubmitInput) -> SubmitOutcome:
+        """Send the create call once and classify the result (design 9.17.3)."""
+        account = self.check_plan(request.plan)
+        return await self.send_create(request, account)
+
+    async def send_create(self, request: SubmitInput, account: Account) -> SubmitOutcome:
+        """One create call: headers from the hook, body = the plan's canonical JSON."""
+        plan = request.plan
+        headers = {"content-type": "application/json", **self.submit_headers(request, account)}
+        http_request = self.client.build_request(
+            "POST",
+            plan.endpoint.partition(" ")[2],
+            content=self.submit_body(request),
+            headers=headers,
+            timeout=self.submit_timeout,
+        )
+        result = await transport.send_submit(self.client, http_request)
+        if isinstance(result, SubmitOutcome):
+            return result
+        if not result.ok:
+            return self.submit_error(result)
+        created = self.created_job(result, plan)
+        if created is None:
+            return transport.unknown_response(result, "no job id in the response body")
+        job_id, raw_status = created
+        job = JobRef(job_id, account=account.name, model=plan.model)
+        return SubmitOutcome(
+            SubmitKind.ACCEPTED,
+            job=job,
+            raw_status=raw_status,
+            request_started_at=result.started_at,
+        )
+
+    def submit_body(self, request: SubmitInput) -> bytes:
+        """Provider hook: the bytes sent; by default exactly the plan's canonical JSON."""
+        return request.plan.native_request_json.encode("utf-8")
+
+    def submit_headers(self, request: SubmitInput, account: Account) -> dict[str, str]:
+        """Provider hook: headers of the create call (auth, idempotency key...)."""
+        return self.auth_headers(account)
+
+    def auth_headers(self, account: Account) -> dict[str, str]:
+        """Provider hook: authentication (and versioning) headers of every call."""
+        raise NotImplementedError
+
+    def created_job(self, reply: HttpReply, plan: Plan) -> tuple[str, str] | None:
+        """Provider hook: (job id, raw status) from a 2xx create reply; None if unusable."""
+        raise NotImplementedError
+
+    def submit_error(self, reply: HttpReply) -> SubmitOutcome:
+        """Provider hook: classify a non-2xx create reply under the provider's contract."""
+        raise NotImplementedError
+
+    # -- polling -------------------------------------------------------------------------------
+    async def call(
+        self,
+        method: str,
+        path: str,
+        account: Account,
+        *,
+        json_body: Any = None,
+        params: dict[str, str] | None = None,
+    ) -> HttpReply | ProviderError:
+        """A retry-safe provider call with the account's auth headers."""
+        return await transport.request_json(
+            self.client,
+            method,
+            path,
+            headers=self.auth_headers(account),
+            json_body=json_body,
+            params=params,
+        )
+
+    async def get_job(self, job: JobRef) -> JobResult:
+        """Poll the job and normalize its status."""
+        account = self.account(job.account)
+        reply = await self.call("GET", self.job_path(job), account)
+        if isinstance(reply, ProviderError):
+            return JobResult(error=reply)
+        return self.job_status(reply, job)
+
+    def job_path(self, job: JobRef) -> str:
+        """Provider hook: path that reads one job."""
+        raise NotImplementedError
+
+    def job_status(self, reply: HttpReply, job: JobRef) -> JobResult:
+        """Provider hook: normalize a poll reply."""
+        raise NotImplementedError
+
+    # -- health --------------------------------------------------------------------------------
+    def probe_path(self) -> str:
+        """Provider hook: a cheap GET that proves the endpoint and credentials work."""
+        raise NotImplementedError
+
+    async def probe(self) -> bool:
+        """True when the provider answered the probe with a usable status."""
+        try:
+            account = self.config.accounts[0]
+            reply = await self.call("GET", self.probe_path(), account)
+        except Exception:  # a probe must never take the sidecar down
+            return False
+        if isinstance(reply, ProviderError):
+            return False
+        return reply.status < 500 and reply.status not in (401, 403)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client."""
+        await self.client.aclose()
+
+
+def raw_json(value: Any) -> str:
+    """Compact JSON of a provider payload, for ``raw_payload_json`` / ``raw_json``."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def payload_of(reply: HttpReply) -> Mapping[str, Any] | None:
+    """The reply body as a JSON object, or None."""
+    body = reply.json()
+    return body if isinstance(body, dict) else None
+
+
+def with_raw(status: JobStatus, payload: Any) -> JobStatus:
+    """Attach the raw payload (kept for debugging and audit, design 9.8)."""
+    return replace(status, raw_payload_json=raw_json(payload))
+
+
+def unreadable(reply: HttpReply) -> ProviderError:
+    """A non-create reply whose body we cannot read: worth another poll."""
+    return make_error(
+        ErrorClass.INTERNAL_RETRYABLE,
+        "UNREADABLE_RESPONSE",
+        f"HTTP {reply.status} with a body that is not a JSON object",
+        raw_status_code=reply.status,
+    )

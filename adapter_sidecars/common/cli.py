@@ -1,0 +1,66 @@
+"""The command line every sidecar shares (the composition root: the only reader of os.environ).
+
+    python -m adapter_sidecars.<name> --config FILE [--listen HOST:PORT] [--port-file PATH]
+                                      [--log-level INFO]
+
+``--listen`` beats ``VIDROUTE_ADAPTER_LISTEN`` beats the file's ``listen``. Exit status: 0 after
+a clean shutdown, 2 for a bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from adapter_sidecars.common.config import ConfigError, SidecarConfig, load_config
+from adapter_sidecars.common.server import serve
+from adapter_sidecars.common.types import ProviderAdapter
+from controlplane.capabilities.loader import CapabilityLoadError
+
+AdapterFactory = Callable[[SidecarConfig], ProviderAdapter]
+
+
+def parse_args(prog: str, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse the shared options."""
+    parser = argparse.ArgumentParser(prog=prog, description="vidroute provider adapter sidecar")
+    parser.add_argument("--config", type=Path, required=True, help="YAML configuration file")
+    parser.add_argument("--listen", help="host:port to bind (port 0 = any free port)")
+    parser.add_argument("--port-file", type=Path, help="write the bound port here when ready")
+    parser.add_argument("--log-level", default=os.environ.get("VIDROUTE_LOG_LEVEL", "INFO"))
+    return parser.parse_args(argv)
+
+
+def run(prog: str, factory: AdapterFactory, argv: Sequence[str] | None = None) -> int:
+    """Load config, build the adapter, serve until signalled."""
+    args = parse_args(prog, argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # httpx logs every request URL at INFO; keep the sidecar's log about decisions, not noise.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        config = load_config(args.config, os.environ)
+        if args.listen:
+            config = replace(config, listen=args.listen)
+        adapter = factory(config)
+    except (ConfigError, CapabilityLoadError) as exc:
+        print(f"{prog}: configuration error: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(
+        serve(
+            adapter,
+            config.listen,
+            port_file=args.port_file,
+            probe_interval_seconds=config.probe_interval_seconds,
+            shutdown_grace_seconds=config.shutdown_grace_seconds,
+        )
+    )
+    return 0

@@ -1,0 +1,168 @@
+"""The sidecar process: ``grpc.aio`` server, health that follows the provider, clean shutdown.
+
+* Health (``grpc.health.v1``): the overall status ("") and
+  ``vidroute.adapter.v1.ProviderAdapterService`` start NOT_SERVING and become SERVING once the
+  adapter's cheap probe reaches the provider; the probe repeats every
+  ``health.probe_interval_seconds`` and flips the status both ways.
+* Reflection lists the services by their generated descriptors' full names.
+* SIGTERM/SIGINT: health enters graceful shutdown (NOT_SERVING for good), the server stops
+  accepting and drains for ``shutdown_grace_seconds``, then the HTTP client closes. A second
+  signal exits at once. `SidecarServer.stop` is idempotent.
+* ``--port-file``: once the server listens, the bound port is written (atomically) so test
+  harnesses never guess or race.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from adapter_sidecars.common.servicer import AdapterServicer
+from adapter_sidecars.common.types import ProviderAdapter
+from controlplane.api.errors import DomainErrorInterceptor
+from vidroute.adapter.v1 import adapter_service_pb2, adapter_service_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+ADAPTER_SERVICE = adapter_service_pb2.DESCRIPTOR.services_by_name[
+    "ProviderAdapterService"
+].full_name
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+_NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class SidecarServer:
+    """One adapter served over gRPC (see the module docstring)."""
+
+    def __init__(
+        self,
+        adapter: ProviderAdapter,
+        listen: str,
+        *,
+        probe_interval_seconds: float = 10.0,
+        shutdown_grace_seconds: float = 10.0,
+    ) -> None:
+        self.adapter = adapter
+        self.listen = listen
+        self.probe_interval = probe_interval_seconds
+        self.grace = shutdown_grace_seconds
+        self.health = health.aio.HealthServicer()
+        self.server = grpc.aio.server(interceptors=[DomainErrorInterceptor()])
+        self.port = 0
+        self._prober: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+        self._stopping = False
+        self.provider_reachable = False
+
+    async def start(self) -> int:
+        """Bind, register services, start probing; return the bound port."""
+        adapter_service_pb2_grpc.add_ProviderAdapterServiceServicer_to_server(
+            AdapterServicer(self.adapter), self.server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (ADAPTER_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self.server
+        )
+        for service in ("", ADAPTER_SERVICE):
+            await self.health.set(service, _NOT_SERVING)
+        self.port = self.server.add_insecure_port(self.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.listen}")
+        await self.server.start()
+        await self.probe_once()
+        self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
+        log.info("adapter listening on port %d", self.port)
+        return self.port
+
+    async def probe_once(self) -> bool:
+        """Probe the provider and publish the result as the health status."""
+        reachable = await self.adapter.probe()
+        if reachable != self.provider_reachable:
+            log.info("provider %s", "reachable" if reachable else "unreachable")
+        self.provider_reachable = reachable
+        status = _SERVING if reachable else _NOT_SERVING
+        for service in ("", ADAPTER_SERVICE):
+            await self.health.set(service, status)
+        return reachable
+
+    async def _probe_forever(self) -> None:
+        while True:
+            # Retry sooner while unreachable so readiness follows the provider quickly.
+            wait = self.probe_interval if self.provider_reachable else min(1.0, self.probe_interval)
+            await asyncio.sleep(wait)
+            try:
+                await self.probe_once()
+            except Exception:  # the prober must survive anything
+                log.exception("health probe failed")
+
+    async def stop(self) -> None:
+        """Graceful shutdown; safe to call more than once."""
+        if self._stopping:
+            await self._stopped.wait()
+            return
+        self._stopping = True
+        await self.health.enter_graceful_shutdown()
+        if self._prober is not None:
+            self._prober.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prober
+        await self.server.stop(self.grace)
+        await self.adapter.aclose()
+        self._stopped.set()
+
+    async def wait(self) -> None:
+        """Until `stop` completes."""
+        await self._stopped.wait()
+
+
+def write_port_file(path: Path, port: int) -> None:
+    """Write `port` so readers never see a partial file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"{port}\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+async def serve(
+    adapter: ProviderAdapter,
+    listen: str,
+    *,
+    port_file: Path | None = None,
+    probe_interval_seconds: float = 10.0,
+    shutdown_grace_seconds: float = 10.0,
+) -> None:
+    """Run until SIGTERM/SIGINT (a second signal exits immediately)."""
+    server = SidecarServer(
+        adapter,
+        listen,
+        probe_interval_seconds=probe_interval_seconds,
+        shutdown_grace_seconds=shutdown_grace_seconds,
+    )
+    loop = asyncio.get_running_loop()
+    signals = 0
+    stopper: asyncio.Task[None] | None = None
+
+    def on_signal(signum: int) -> None:
+        nonlocal signals, stopper
+        signals += 1
+        if signals > 1:
+            log.warning("second signal %d: exiting now", signum)
+            os._exit(128 + signum)
+        log.info("signal %d: shutting down (grace %.0fs)", signum, shutdown_grace_seconds)
+        stopper = loop.create_task(server.stop())
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    port = await server.start()
+    if port_file is not None:
+        write_port_file(port_file, port)
+    await server.wait()
+    if stopper is not None:
+        await stopper

@@ -1,0 +1,186 @@
+"""The generic ``ProviderAdapterService`` servicer: protobuf in -> adapter call -> protobuf out.
+
+It holds no provider logic. Provider failures travel in-band (``SubmitResponse.error`` and
+friends); gRPC status codes only say the request to the adapter was wrong:
+
+* invalid spec -> INVALID_ARGUMENT with ``google.rpc.BadRequest`` (via the domain interceptor),
+* unknown account or model -> NOT_FOUND, unusable plan -> INVALID_ARGUMENT,
+* anything unexpected -> INTERNAL, logged once (the interceptor).
+
+A Submit whose RPC is cancelled mid-flight (client deadline) is shielded so the provider call
+completes and is logged with its outcome: the caller must treat a cancelled Submit as UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import UTC
+from functools import wraps
+from typing import Any, TypeVar
+
+import grpc
+
+from adapter_sidecars.common import convert
+from adapter_sidecars.common.types import (
+    AdapterRequestError,
+    CompileInput,
+    InvalidRequest,
+    ProviderAdapter,
+    RecoverInput,
+    SubmitInput,
+    SubmitOutcome,
+    UsageInput,
+)
+from controlplane.api.convert import spec_from_proto
+from controlplane.domain.exceptions import InvalidSpec
+from vidroute.adapter.v1 import adapter_pb2 as pb
+from vidroute.adapter.v1 import adapter_service_pb2 as svc
+from vidroute.adapter.v1 import adapter_service_pb2_grpc as svc_grpc
+
+log = logging.getLogger(__name__)
+Ctx = grpc.aio.ServicerContext[Any, Any]
+R = TypeVar("R")
+Handler = Callable[[Any, Any, Ctx], Awaitable[R]]
+
+
+def _adapter_errors(fn: Handler[R]) -> Handler[R]:
+    """Turn `AdapterRequestError`s into NOT_FOUND / INVALID_ARGUMENT."""
+
+    @wraps(fn)
+    async def wrapper(self: Any, request: Any, context: Ctx) -> R:
+        try:
+            return await fn(self, request, context)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except AdapterRequestError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        raise AssertionError("unreachable: abort raises")  # pragma: no cover
+
+    return wrapper
+
+
+class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
+    """Delegates every RPC to one `ProviderAdapter`."""
+
+    def __init__(self, adapter: ProviderAdapter) -> None:
+        self.adapter = adapter
+
+    async def Describe(
+        self, request: svc.DescribeRequest, context: Ctx
+    ) -> svc.DescribeResponse:
+        info = self.adapter.describe()
+        return svc.DescribeResponse(
+            adapter=info.adapter,
+            adapter_version=info.adapter_version,
+            capabilities=[convert.capability(c) for c in info.capabilities],
+        )
+
+    @_adapter_errors
+    async def Compile(
+        self, request: svc.CompileRequest, context: Ctx
+    ) -> svc.CompileResponse:
+        spec, violations = spec_from_proto(request.spec)
+        if violations:
+            raise InvalidSpec(violations)
+        plan = self.adapter.compile(
+            CompileInput(spec, request.model, request.account, request.model_version)
+        )
+        return svc.CompileResponse(plan=convert.plan_to_proto(plan))
+
+    @_adapter_errors
+    async def Submit(
+        self, request: svc.SubmitRequest, context: Ctx
+    ) -> svc.SubmitResponse:
+        if not request.client_request_key:
+            raise InvalidRequest("client_request_key is required")
+        submit = SubmitInput(
+            convert.plan_from_proto(request.plan), request.client_request_key, request.callback_url
+        )
+        task = asyncio.ensure_future(self.adapter.submit(submit))
+        try:
+            outcome: SubmitOutcome = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(lambda t: _log_orphan(t, submit))
+            raise
+        return svc.SubmitResponse(**convert.submit_outcome(outcome))  # type: ignore[arg-type]
+
+    @_adapter_errors
+    async def GetJob(
+        self, request: svc.GetJobRequest, context: Ctx
+    ) -> svc.GetJobResponse:
+        result = await self.adapter.get_job(convert.job_ref_from_proto(request.job))
+        return svc.GetJobResponse(
+            status=convert.job_status(result.status), error=convert.error(result.error)
+        )
+
+    @_adapter_errors
+    async def CancelJob(
+        self, request: svc.CancelJobRequest, context: Ctx
+    ) -> svc.CancelJobResponse:
+        result = await self.adapter.cancel_job(convert.job_ref_from_proto(request.job))
+        return svc.CancelJobResponse(
+            acknowledged=result.acknowledged,
+            status=convert.job_status(result.status),
+            error=convert.error(result.error),
+        )
+
+    @_adapter_errors
+    async def RecoverSubmission(
+        self, request: svc.RecoverSubmissionRequest, context: Ctx
+    ) -> svc.RecoverSubmissionResponse:
+        plan = convert.plan_from_proto(request.plan) if request.HasField("plan") else None
+        result = await self.adapter.recover_submission(
+            RecoverInput(
+                account=request.account or (plan.account if plan else ""),
+                model=request.model or (plan.model if plan else ""),
+                client_request_key=request.client_request_key,
+                request_hash=request.request_hash,
+                provider_request_id=request.provider_request_id,
+                submitted_after=convert.from_timestamp(
+                    request.submitted_after, request.HasField("submitted_after")
+                ),
+                submitted_before=convert.from_timestamp(
+                    request.submitted_before, request.HasField("submitted_before")
+                ),
+                plan=plan,
+            )
+        )
+        return svc.RecoverSubmissionResponse(
+            verdict=pb.RecoveryVerdict.Value(f"RECOVERY_VERDICT_{result.verdict.value}"),
+            job=convert.job_ref(result.job) if result.job else None,
+            method=result.method,
+            error=convert.error(result.error),
+        )
+
+    @_adapter_errors
+    async def ListUsage(
+        self, request: svc.ListUsageRequest, context: Ctx
+    ) -> svc.ListUsageResponse:
+        if not (request.HasField("start_time") and request.HasField("end_time")):
+            raise InvalidRequest("start_time and end_time are required")
+        start = request.start_time.ToDatetime(tzinfo=UTC)
+        end = request.end_time.ToDatetime(tzinfo=UTC)
+        if end <= start:
+            raise InvalidRequest("end_time must be after start_time")
+        result = await self.adapter.list_usage(UsageInput(request.account, start, end))
+        return svc.ListUsageResponse(
+            records=[convert.usage_record(r) for r in result.records],
+            error=convert.error(result.error),
+        )
+
+
+def _log_orphan(task: asyncio.Future[SubmitOutcome], submit: SubmitInput) -> None:
+    """Record the fate of a submit whose caller went away (it must recover it)."""
+    if task.cancelled() or task.exception() is not None:
+        log.warning("orphaned submit %s ended without outcome", submit.client_request_key)
+        return
+    outcome = task.result()
+    job = outcome.job.provider_job_id if outcome.job else "-"
+    log.warning(
+        "orphaned submit %s finished %s job=%s after the caller cancelled",
+        submit.client_request_key,
+        outcome.kind.value,
+        job,
+    )

@@ -1,0 +1,265 @@
+"""Veo request validation and `google.rpc.Status` error envelopes (provider-apis.md §2).
+
+`validate_gemini` / `validate_vertex` return a parsed `VeoRequest` or raise `GoogleError`,
+which carries the HTTP status and the full error envelope to send.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from adapter_sidecars.emulators.http import Response
+
+CANONICAL = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    405: "UNIMPLEMENTED",
+    409: "ABORTED",
+    429: "RESOURCE_EXHAUSTED",
+    500: "INTERNAL",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+RPC_CODES = {
+    "CANCELLED": 1,
+    "UNKNOWN": 2,
+    "INVALID_ARGUMENT": 3,
+    "DEADLINE_EXCEEDED": 4,
+    "NOT_FOUND": 5,
+    "PERMISSION_DENIED": 7,
+    "RESOURCE_EXHAUSTED": 8,
+    "FAILED_PRECONDITION": 9,
+    "INTERNAL": 13,
+    "UNAVAILABLE": 14,
+}
+_31 = {
+    "durations": [4, 6, 8],
+    "resolutions": ["720p", "1080p", "4k"],
+    "max_samples": 1,
+    "eight_only": ["1080p", "4k"],
+}
+_30 = {"durations": [4, 6, 8], "resolutions": ["720p", "1080p"], "max_samples": 1, "eight_only": []}
+DEFAULT_MODELS: dict[str, dict[str, Any]] = {
+    "veo-3.1-generate-preview": _31,
+    "veo-3.1-fast-generate-preview": _31,
+    "veo-3.1-generate-001": _31,
+    "veo-3.1-fast-generate-001": _31,
+    "veo-3.0-generate-001": _30,
+    "veo-3.0-fast-generate-001": _30,
+    "veo-2.0-generate-001": {
+        "durations": [5, 6, 8],
+        "resolutions": ["720p"],
+        "max_samples": 2,
+        "eight_only": [],
+    },
+}
+GEMINI_PARAMS = frozenset(
+    {
+        "aspectRatio",
+        "resolution",
+        "durationSeconds",
+        "negativePrompt",
+        "personGeneration",
+        "sampleCount",
+        "enhancePrompt",
+        "seed",
+    }
+)
+VERTEX_PARAMS = GEMINI_PARAMS | {
+    "storageUri",
+    "fps",
+    "generateAudio",
+    "compressionQuality",
+    "resizeMode",
+    "pubsubTopic",
+}
+RESOLUTION_HEIGHT = {"720p": 720, "1080p": 1080, "4k": 2160}
+
+
+class GoogleError(Exception):
+    """An error to answer with; `response()` builds the `google.rpc.Status` envelope."""
+
+    def __init__(
+        self, code: int, message: str, details: list[dict[str, Any]] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.code, self.message, self.details = code, message, details or []
+
+    def response(self, headers: list[tuple[str, str]] | None = None) -> Response:
+        error = {
+            "code": self.code,
+            "message": self.message,
+            "status": CANONICAL.get(self.code, "UNKNOWN"),
+            "details": self.details,
+        }
+        return Response.json({"error": error}, self.code, headers)
+
+
+def quota_error(model: str, per: str, limit: int, retry_s: float) -> GoogleError:
+    """429 RESOURCE_EXHAUSTED; `per` is "minute" or "day" (visible in quota_metric/limit)."""
+    daily = per == "day"
+    metric = "generativelanguage.googleapis.com/generate_requests_per_model" + (
+        "_per_day" if daily else ""
+    )
+    quota_id = f"GenerateRequestsPer{'Day' if daily else 'Minute'}PerProjectPerModel"
+    details: list[dict[str, Any]] = [
+        {
+            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+            "reason": "RATE_LIMIT_EXCEEDED",
+            "domain": "googleapis.com",
+            "metadata": {
+                "service": "generativelanguage.googleapis.com",
+                "quota_metric": metric,
+                "quota_limit": quota_id,
+                "quota_limit_value": str(limit),
+                "model": model,
+                "consumer": "projects/vidroute-emulator",
+            },
+        },
+        {
+            "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+            "violations": [
+                {
+                    "quotaMetric": metric,
+                    "quotaId": quota_id,
+                    "quotaDimensions": {"model": model, "location": "global"},
+                    "quotaValue": str(limit),
+                }
+            ],
+        },
+        {
+            "@type": "type.googleapis.com/google.rpc.Help",
+            "links": [
+                {
+                    "description": "Learn more about Gemini API quotas",
+                    "url": "https://ai.google.dev/gemini-api/docs/rate-limits",
+                }
+            ],
+        },
+        {
+            "@type": "type.googleapis.com/google.rpc.RetryInfo",
+            "retryDelay": f"{max(1, int(retry_s))}s",
+        },
+    ]
+    message = (
+        "You exceeded your current quota, please check your plan and billing details. "
+        f"Quota exceeded for metric: {metric}, limit: {limit}, model: {model}"
+    )
+    return GoogleError(429, message, details)
+
+
+@dataclass(frozen=True)
+class VeoRequest:
+    """The parts of a validated request the emulator needs."""
+
+    prompt: str
+    duration_s: int
+    aspect_ratio: str
+    resolution: str
+    samples: int
+    storage_uri: str | None
+    webhook_uris: list[str]
+    user_metadata: Any
+
+
+def _unknown(name: str) -> GoogleError:
+    return GoogleError(
+        400, f'Invalid JSON payload received. Unknown name "{name}": Cannot find field.'
+    )
+
+
+def _check_media(path: str, media: Any, gemini: bool) -> None:
+    if media is None:
+        return
+    if not isinstance(media, dict):
+        raise GoogleError(400, f"{path} must be an object")
+    if gemini and "inlineData" in media:
+        raise GoogleError(400, "`inlineData` isn't supported by this model.")
+    if gemini and "gcsUri" in media:
+        raise GoogleError(
+            400,
+            "`gcsUri` isn't supported by this model. Please remove it or "
+            "refer to the Gemini API documentation for supported usage.",
+        )
+    keys = {"bytesBase64Encoded", "uri", "encodedVideo"} | ({"gcsUri"} if not gemini else set())
+    if not keys & set(media):
+        raise GoogleError(400, f"{path}: one of {sorted(keys)} is required")
+
+
+def validate(model: str, models: dict[str, Any], body: Any, *, gemini: bool) -> VeoRequest:
+    """Validate a predictLongRunning body for `model`; raise `GoogleError` when invalid."""
+    surface = "v1beta" if gemini else "v1"
+    if model not in models:
+        raise GoogleError(
+            404,
+            f"models/{model} is not found for API version {surface}, or is not "
+            "supported for predictLongRunning.",
+        )
+    spec = models[model]
+    if not isinstance(body, dict):
+        raise GoogleError(400, "Invalid JSON payload received: expected an object")
+    for key in body:
+        if key not in {"instances", "parameters", "webhookConfig" if gemini else "labels"}:
+            raise _unknown(key)
+    instances = body.get("instances")
+    if not isinstance(instances, list) or len(instances) != 1 or not isinstance(instances[0], dict):
+        raise GoogleError(400, "instances must contain exactly one instance")
+    instance = instances[0]
+    for key in ("image", "lastFrame", "video", "mask"):
+        _check_media(f"instances[0].{key}", instance.get(key), gemini)
+    for i, ref in enumerate(instance.get("referenceImages") or []):
+        _check_media(f"instances[0].referenceImages[{i}].image", (ref or {}).get("image"), gemini)
+    prompt = instance.get("prompt")
+    if not isinstance(prompt, str) and instance.get("image") is None:
+        raise GoogleError(400, "instances[0].prompt is required")
+    params = body.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise GoogleError(400, "parameters must be an object")
+    for key in params:
+        if key not in (GEMINI_PARAMS if gemini else VERTEX_PARAMS):
+            raise _unknown(f"parameters.{key}")
+    duration = _duration(params.get("durationSeconds", spec["durations"][-1]), spec["durations"])
+    aspect = params.get("aspectRatio", "16:9")
+    if aspect not in ("16:9", "9:16"):
+        raise GoogleError(400, f"Unsupported aspect ratio: {aspect}. Supported: 16:9, 9:16.")
+    resolution = params.get("resolution", "720p")
+    if resolution not in spec["resolutions"]:
+        raise GoogleError(400, f"Unsupported resolution {resolution!r} for {model}.")
+    if resolution in spec["eight_only"] and duration != 8:
+        raise GoogleError(400, f"Resolution {resolution} requires durationSeconds 8.")
+    samples = params.get("sampleCount", 1)
+    max_samples = spec["max_samples"] if gemini else 4
+    if not isinstance(samples, int) or not 1 <= samples <= max_samples:
+        raise GoogleError(400, f"sampleCount must be between 1 and {max_samples}.")
+    webhook = body.get("webhookConfig") or {}
+    return VeoRequest(
+        prompt=prompt if isinstance(prompt, str) else "",
+        duration_s=duration,
+        aspect_ratio=aspect,
+        resolution=resolution,
+        samples=samples,
+        storage_uri=params.get("storageUri"),
+        webhook_uris=list(webhook.get("uris") or []),
+        user_metadata=webhook.get("userMetadata"),
+    )
+
+
+def _duration(value: Any, allowed: list[int]) -> int:
+    """durationSeconds may be an int or a numeric string."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise GoogleError(400, "durationSeconds must be a number")
+    try:
+        seconds = int(value)
+    except ValueError:
+        raise GoogleError(400, f"Invalid value for durationSeconds: {value!r}") from None
+    if seconds not in allowed:
+        raise GoogleError(
+            400,
+            f"The value of durationSeconds ({seconds}) is out of range; "
+            f"supported values: {allowed}.",
+        )
+    return seconds

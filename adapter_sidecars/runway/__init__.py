@@ -1,0 +1,1 @@
+"""Runway adapter sidecar (provider-apis.md §1)."""

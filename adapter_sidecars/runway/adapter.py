@@ -1,0 +1,208 @@
+"""The Runway adapter: tasks API over httpx (provider-apis.md §1).
+
+Runway has no client idempotency key, so an UNKNOWN submit is recovered by searching the
+account's recent tasks (emulator extension ``GET /v1/tasks?createdAfter=&createdBefore=``,
+which returns each task's request body) and matching the plan's native request exactly.
+The verdict is NOT_FOUND only when the listing is complete, the window has settled (a request
+still in flight at Runway could yet create a task) and nothing matches; otherwise INCONCLUSIVE.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from adapter_sidecars.common import base
+from adapter_sidecars.common.base import HttpAdapter, payload_of, raw_json, unreadable, with_raw
+from adapter_sidecars.common.config import Account, SidecarConfig
+from adapter_sidecars.common.jobs import iso_z, parse_timestamp
+from adapter_sidecars.common.recovery import match_listing, settled
+from adapter_sidecars.common.transport import HttpReply, utcnow
+from adapter_sidecars.common.types import (
+    CancelResult,
+    JobRef,
+    JobResult,
+    JobState,
+    JobStatus,
+    Plan,
+    RecoverInput,
+    RecoverResult,
+    RecoveryVerdict,
+    SubmitOutcome,
+    UsageInput,
+    UsageRecord,
+    UsageResult,
+)
+from adapter_sidecars.runway import compile as runway_compile
+from adapter_sidecars.runway import mapping
+from controlplane.capabilities.loader import Capability
+from controlplane.domain.errors import ProviderError
+from controlplane.domain.spec import GenerationSpec
+
+PACKAGE_DIR = Path(__file__).parent
+DEFAULT_API_VERSION = "2024-11-06"
+
+
+class RunwayAdapter(HttpAdapter):
+    """`ProviderAdapter` for ``api.dev.runwayml.com``."""
+
+    name = "runway"
+    provider = "runway"
+
+    @classmethod
+    def from_config(cls, config: SidecarConfig) -> RunwayAdapter:
+        """Build with the packaged (or configured) capability files."""
+        return cls(config, base.load_capabilities(config, PACKAGE_DIR, cls.provider))
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def compile_native(self, spec: GenerationSpec, cap: Capability) -> Plan:
+        return runway_compile.build_request(spec, cap)
+
+    def auth_headers(self, account: Account) -> dict[str, str]:
+        headers = {
+            "authorization": f"Bearer {account.credential.resolve().reveal()}",
+            "x-runway-version": str(
+                self.config.provider_options.get("api_version", DEFAULT_API_VERSION)
+            ),
+        }
+        on_behalf_of = account.options.get("on_behalf_of")
+        if on_behalf_of:
+            headers["x-runway-on-behalf-of"] = str(on_behalf_of)
+        return headers
+
+    def created_job(self, reply: HttpReply, plan: Plan) -> tuple[str, str] | None:
+        body = payload_of(reply)
+        job_id = body.get("id") if body else None
+        if not isinstance(job_id, str) or not job_id:
+            return None
+        return job_id, str(body.get("status", "")) if body else ""
+
+    def submit_error(self, reply: HttpReply) -> SubmitOutcome:
+        return mapping.submit_error(reply)
+
+    def job_path(self, job: JobRef) -> str:
+        return f"/v1/tasks/{job.provider_job_id}"
+
+    def probe_path(self) -> str:
+        return "/v1/organization"
+
+    def _ttl(self, account: str, model: str) -> int:
+        cap = self.entry(account, model)
+        return cap.output_url_ttl_seconds if cap else 86400
+
+    def job_status(self, reply: HttpReply, job: JobRef) -> JobResult:
+        if reply.status == 404:
+            # Runway answers 404 for a task deleted by DELETE /v1/tasks/{id} (§1.5).
+            status = JobStatus(JobState.CANCELLED, "NOT_FOUND", raw_json(reply.json()))
+            return JobResult(status=status)
+        if not reply.ok:
+            return JobResult(error=mapping.http_error(reply))
+        task = payload_of(reply)
+        if task is None:
+            return JobResult(error=unreadable(reply))
+        status = mapping.task_status(
+            task, url_ttl_seconds=self._ttl(job.account, job.model), now=utcnow()
+        )
+        return JobResult(status=with_raw(status, task))
+
+    # -- cancel --------------------------------------------------------------------------------
+    async def cancel_job(self, job: JobRef) -> CancelResult:
+        """DELETE the task; 204 and 404 (already deleted) both count as acknowledged."""
+        account = self.account(job.account)
+        reply = await self.call("DELETE", self.job_path(job), account)
+        if isinstance(reply, ProviderError):
+            return CancelResult(False, error=reply)
+        if reply.status in (200, 202, 204, 404):
+            return CancelResult(True)
+        return CancelResult(False, error=mapping.http_error(reply))
+
+    # -- recovery ------------------------------------------------------------------------------
+    async def recover_submission(self, request: RecoverInput) -> RecoverResult:
+        """Search the account's tasks in the submit window for the plan's exact request."""
+        method = "task_search"
+        if request.plan is None or request.plan.native_request is None:
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, f"{method}: no plan to match")
+        account = self.account(request.account)
+        now = utcnow()
+        after = (request.submitted_after or now - timedelta(days=1)) - timedelta(minutes=1)
+        before = (request.submitted_before or now) + timedelta(
+            seconds=self.config.timeouts.submit_read + 60
+        )
+        reply = await self.call(
+            "GET",
+            "/v1/tasks",
+            account,
+            params={"createdAfter": iso_z(after), "createdBefore": iso_z(before)},
+        )
+        if isinstance(reply, ProviderError):
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method, error=reply)
+        if reply.status in (404, 405):
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, f"{method}: listing unavailable")
+        if not reply.ok:
+            return RecoverResult(
+                RecoveryVerdict.INCONCLUSIVE, method, error=mapping.http_error(reply)
+            )
+        body = payload_of(reply) or {}
+        tasks = body.get("data")
+        complete = isinstance(tasks, list) and body.get("hasMore") is False
+        verdict, task_id = match_listing(
+            tasks if isinstance(tasks, list) else [],
+            request.plan.native_request,
+            request_key="request",
+            id_key="id",
+            complete=complete and settled(request.submitted_before, self.config, now),
+        )
+        job = JobRef(task_id, account=account.name, model=request.model) if task_id else None
+        return RecoverResult(verdict, method, job=job)
+
+    # -- usage ---------------------------------------------------------------------------------
+    async def list_usage(self, request: UsageInput) -> UsageResult:
+        """Daily credit usage per model; credits -> milliunits and micros."""
+        account = self.account(request.account)
+        before = request.end.date() + (timedelta(days=1) if _has_time(request.end) else timedelta())
+        reply = await self.call(
+            "POST",
+            "/v1/organization/usage",
+            account,
+            json_body={
+                "startDate": request.start.date().isoformat(),
+                "beforeDate": before.isoformat(),
+            },
+        )
+        if isinstance(reply, ProviderError):
+            return UsageResult(error=reply)
+        if not reply.ok:
+            return UsageResult(error=mapping.http_error(reply))
+        body = payload_of(reply) or {}
+        records: list[UsageRecord] = []
+        for day in body.get("results") or []:
+            when = (
+                parse_timestamp(f"{day.get('date')}T00:00:00Z") if isinstance(day, dict) else None
+            )
+            if when is None:
+                continue
+            for used in day.get("usedCredits") or []:
+                records.append(self._usage_record(account.name, when, used))
+        return UsageResult(tuple(records))
+
+    def _usage_record(self, account: str, when: datetime, used: dict[str, Any]) -> UsageRecord:
+        model = str(used.get("model", ""))
+        credits = float(used.get("amount", 0))
+        cap = self.entry(account, model)
+        micros_per_credit = cap.commercial.micros_per_provider_unit if cap else 10_000
+        currency = cap.commercial.currency if cap else "USD"
+        return UsageRecord(
+            model=model,
+            usage_time=when,
+            provider_milliunits=round(credits * 1000),
+            provider_unit="credits",
+            cost_micros=round(credits * micros_per_credit),
+            currency=currency,
+            raw_json=json.dumps(used, sort_keys=True, separators=(",", ":")),
+        )
+
+
+def _has_time(when: datetime) -> bool:
+    return (when.hour, when.minute, when.second, when.microsecond) != (0, 0, 0, 0)

@@ -1,0 +1,188 @@
+"""The self-hosted GPU adapter: our internal job API (provider-apis.md §3.4, design 9.21).
+
+The job API honours ``Idempotency-Key`` (the attempt's client request key), which makes two
+things safe that are unsafe elsewhere:
+
+* a submit REJECTED by the transport (DNS/connect/TLS: no byte sent) is retried once, with the
+  same key, before the outcome is returned;
+* recovery is a lookup by key (``GET /v1/jobs?idempotency_key=``): conclusive either way.
+
+A callback URL, when given, is added to the body as ``webhook_url`` at submit time; it is
+delivery metadata, not part of the compiled request (nor of its hash).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from adapter_sidecars.common import base
+from adapter_sidecars.common.base import HttpAdapter, payload_of, unreadable, with_raw
+from adapter_sidecars.common.config import Account, SidecarConfig
+from adapter_sidecars.common.jobs import iso_z, parse_timestamp
+from adapter_sidecars.common.transport import HttpReply, utcnow
+from adapter_sidecars.common.types import (
+    CancelResult,
+    JobRef,
+    JobResult,
+    Plan,
+    RecoverInput,
+    RecoverResult,
+    RecoveryVerdict,
+    SubmitInput,
+    SubmitKind,
+    SubmitOutcome,
+    TransportStage,
+    UsageInput,
+    UsageRecord,
+    UsageResult,
+)
+from adapter_sidecars.selfhosted import compile as selfhosted_compile
+from adapter_sidecars.selfhosted import mapping
+from controlplane.capabilities.loader import Capability
+from controlplane.domain.errors import ProviderError
+from controlplane.domain.hashing import canonical_json
+from controlplane.domain.spec import GenerationSpec
+
+PACKAGE_DIR = Path(__file__).parent
+_NOT_SENT = frozenset({TransportStage.DNS, TransportStage.CONNECT, TransportStage.TLS})
+
+
+class SelfHostedAdapter(HttpAdapter):
+    """`ProviderAdapter` for the internal GPU job API."""
+
+    name = "selfhosted"
+    provider = "self_hosted"
+
+    @classmethod
+    def from_config(cls, config: SidecarConfig) -> SelfHostedAdapter:
+        """Build with the packaged (or configured) capability files."""
+        return cls(config, base.load_capabilities(config, PACKAGE_DIR, cls.provider))
+
+    # -- hooks ---------------------------------------------------------------------------------
+    def compile_native(self, spec: GenerationSpec, cap: Capability) -> Plan:
+        return selfhosted_compile.build_request(spec, cap)
+
+    def auth_headers(self, account: Account) -> dict[str, str]:
+        return {"authorization": f"Bearer {account.credential.resolve().reveal()}"}
+
+    def submit_headers(self, request: SubmitInput, account: Account) -> dict[str, str]:
+        return {**self.auth_headers(account), "idempotency-key": request.client_request_key}
+
+    def submit_body(self, request: SubmitInput) -> bytes:
+        native = request.plan.native_request
+        if not request.callback_url or native is None:
+            return super().submit_body(request)
+        return canonical_json({**native, "webhook_url": request.callback_url})
+
+    def created_job(self, reply: HttpReply, plan: Plan) -> tuple[str, str] | None:
+        body = payload_of(reply)
+        job_id = body.get("id") if body else None
+        if not isinstance(job_id, str) or not job_id or body is None:
+            return None
+        return job_id, str(body.get("status", ""))
+
+    def submit_error(self, reply: HttpReply) -> SubmitOutcome:
+        return mapping.submit_error(reply)
+
+    def job_path(self, job: JobRef) -> str:
+        return f"/v1/jobs/{job.provider_job_id}"
+
+    def probe_path(self) -> str:
+        return "/v1/health"
+
+    async def submit(self, request: SubmitInput) -> SubmitOutcome:
+        """Send once; a transport failure before any byte left is retried once, same key."""
+        account = self.check_plan(request.plan)
+        outcome = await self.send_create(request, account)
+        if outcome.kind is SubmitKind.REJECTED and outcome.transport_stage in _NOT_SENT:
+            outcome = await self.send_create(request, account)
+        return outcome
+
+    def _gpu_rate(self, account: str, model: str) -> tuple[int, int]:
+        cap = self.entry(account, model)
+        if cap is None:
+            return 0, 0
+        return cap.output_url_ttl_seconds, cap.commercial.micros_per_provider_unit
+
+    def job_status(self, reply: HttpReply, job: JobRef) -> JobResult:
+        if not reply.ok:
+            return JobResult(error=mapping.http_error(reply))
+        payload = payload_of(reply)
+        if payload is None:
+            return JobResult(error=unreadable(reply))
+        ttl, rate = self._gpu_rate(job.account, job.model or str(payload.get("model", "")))
+        status = mapping.job_status(
+            payload, url_ttl_seconds=ttl, now=utcnow(), micros_per_gpu_second=rate
+        )
+        return JobResult(status=with_raw(status, payload))
+
+    # -- cancel --------------------------------------------------------------------------------
+    async def cancel_job(self, job: JobRef) -> CancelResult:
+        """DELETE the job; acknowledged when accepted, already terminal, or gone (404)."""
+        reply = await self.call("DELETE", self.job_path(job), self.account(job.account))
+        if isinstance(reply, ProviderError):
+            return CancelResult(False, error=reply)
+        if reply.status == 404:
+            return CancelResult(True)
+        if not reply.ok:
+            return CancelResult(False, error=mapping.http_error(reply))
+        return CancelResult(True)
+
+    # -- recovery ------------------------------------------------------------------------------
+    async def recover_submission(self, request: RecoverInput) -> RecoverResult:
+        """Look the attempt's key up: the job API stores every key it accepted."""
+        method = "idempotency_key"
+        account = self.account(request.account)
+        reply = await self.call(
+            "GET", "/v1/jobs", account, params={"idempotency_key": request.client_request_key}
+        )
+        if isinstance(reply, ProviderError):
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method, error=reply)
+        if not reply.ok:
+            return RecoverResult(
+                RecoveryVerdict.INCONCLUSIVE, method, error=mapping.http_error(reply)
+            )
+        body = payload_of(reply) or {}
+        jobs = [j for j in body.get("jobs") or [] if isinstance(j, dict) and j.get("id")]
+        if len(jobs) == 1:
+            job = JobRef(str(jobs[0]["id"]), account.name, request.model)
+            return RecoverResult(RecoveryVerdict.FOUND, method, job=job)
+        if jobs:  # one key, several jobs: the server broke its own contract
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, f"{method}: {len(jobs)} jobs")
+        return RecoverResult(RecoveryVerdict.NOT_FOUND, method)
+
+    # -- usage ---------------------------------------------------------------------------------
+    async def list_usage(self, request: UsageInput) -> UsageResult:
+        """GPU seconds per finished job in the window."""
+        account = self.account(request.account)
+        reply = await self.call(
+            "GET",
+            "/v1/usage",
+            account,
+            params={"start": iso_z(request.start), "end": iso_z(request.end)},
+        )
+        if isinstance(reply, ProviderError):
+            return UsageResult(error=reply)
+        if not reply.ok:
+            return UsageResult(error=mapping.http_error(reply))
+        rows = (payload_of(reply) or {}).get("rows") or []
+        return UsageResult(
+            tuple(self._record(account.name, r) for r in rows if isinstance(r, dict))
+        )
+
+    def _record(self, account: str, row: dict[str, Any]) -> UsageRecord:
+        model = str(row.get("model") or "")
+        seconds = float(row.get("gpu_seconds") or 0)
+        _, rate = self._gpu_rate(account, model)
+        return UsageRecord(
+            model=model,
+            usage_time=parse_timestamp(row.get("finished_at")) or utcnow(),
+            provider_milliunits=round(seconds * 1000),
+            provider_unit="gpu_seconds",
+            cost_micros=round(seconds * rate),
+            currency="USD",
+            raw_json=json.dumps(row, sort_keys=True, separators=(",", ":")),
+            provider_job_id=str(row.get("job_id") or ""),
+        )

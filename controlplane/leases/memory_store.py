@@ -1,0 +1,278 @@
+"""In-process `LeaseStore`: the embedded default without Redis, and the fake beside the Redis store.
+
+It follows the same rules as `RedisLeaseStore`. The shared contract suite proves this. One
+asyncio.Lock stands in for Lua atomicity, and the clock is injectable, so tests move time forward
+instead of sleeping. Its state lives in one process, so it gives no protection across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import secrets
+import time
+from collections.abc import Callable
+
+from controlplane.leases.base import (
+    AccountSnapshot,
+    InvalidLeaseRequest,
+    Lease,
+    LeaseLostError,
+    LeaseMetrics,
+    LeaseRequest,
+    UnknownSlotsFullHook,
+    validate_account,
+)
+
+__all__ = ["MemoryLeaseStore", "wall_clock_ms"]
+
+
+def wall_clock_ms() -> int:
+    """Wall-clock milliseconds, the same kind of clock as Redis TIME, so lease times read alike."""
+    return time.time_ns() // 1_000_000
+
+
+class MemoryLeaseStore:
+    """Lease store held in this process's memory. Every operation runs under one lock."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], int] = wall_clock_ms,
+        on_unknown_slots_full: UnknownSlotsFullHook | None = None,
+    ) -> None:
+        self.metrics = LeaseMetrics()
+        self._clock = clock
+        self._on_unknown_slots_full = on_unknown_slots_full
+        self._lock = asyncio.Lock()
+        self._used: dict[tuple[str, str], int] = {}
+        self._capacity: dict[tuple[str, str], int] = {}
+        self._leases: dict[tuple[str, str], Lease] = {}
+        self._fence: dict[str, int] = {}
+        self._unknown_used: dict[str, int] = {}
+        self._unknown_cap: dict[str, int] = {}
+        # Accounts where a mark_unknown was refused. The flag clears when the unknown budget drains.
+        self._unknown_refused: set[str] = set()
+        self._accounts: set[str] = set()
+
+    async def now_ms(self) -> int:
+        """Return the injected clock."""
+        return self._clock()
+
+    async def acquire(self, req: LeaseRequest) -> Lease | None:
+        """Reserve every dimension or none. See `LeaseStore.acquire`."""
+        async with self._lock:
+            now = self._clock()
+            self._accounts.add(req.account)
+            existing = self._leases.get((req.account, req.attempt_id))
+            if existing is not None:
+                if existing.expires_at_ms > now:
+                    self.metrics.reacquired += 1
+                    return existing
+                self._drop(existing)
+                self.metrics.reclaimed += 1
+            for dim in req.dimensions:
+                if self._used.get((req.account, dim.key), 0) + req.slots > dim.capacity:
+                    self.metrics.rejected_no_capacity += 1
+                    return None
+            for dim in req.dimensions:
+                ref = (req.account, dim.key)
+                self._used[ref] = self._used.get(ref, 0) + req.slots
+                self._capacity[ref] = dim.capacity
+            self._fence[req.account] = self._fence.get(req.account, 0) + 1
+            lease = Lease(
+                attempt_id=req.attempt_id,
+                account=req.account,
+                token=secrets.token_hex(16),
+                fencing_token=self._fence[req.account],
+                dimensions=req.dimensions,
+                slots=req.slots,
+                acquired_at_ms=now,
+                expires_at_ms=now + req.ttl_ms,
+                ttl_ms=req.ttl_ms,
+                max_term_ms=req.max_term_ms,
+            )
+            self._leases[(req.account, req.attempt_id)] = lease
+            self.metrics.acquired += 1
+            return lease
+
+    async def renew(self, lease: Lease) -> Lease | None:
+        """Extend the expiry, capped at the max term. See `LeaseStore.renew`."""
+        async with self._lock:
+            now = self._clock()
+            record = self._held(lease, now)
+            if record is None:
+                self.metrics.renew_failed += 1
+                return None
+            target = min(now + record.ttl_ms, record.term_ends_at_ms)
+            renewed = dataclasses.replace(record, expires_at_ms=max(record.expires_at_ms, target))
+            self._leases[(record.account, record.attempt_id)] = renewed
+            self.metrics.renewed += 1
+            return renewed
+
+    async def release(self, lease: Lease) -> bool:
+        """Return the slots once, if the token matches. See `LeaseStore.release`."""
+        async with self._lock:
+            record = self._leases.get((lease.account, lease.attempt_id))
+            if record is None or record.token != lease.token:
+                return False
+            if record.dimensions != lease.dimensions:
+                raise InvalidLeaseRequest("release: lease dimensions differ from the record")
+            self._drop(record)
+            self.metrics.released += 1
+            return True
+
+    async def mark_unknown(self, lease: Lease, unknown_cap: int) -> bool:
+        """Move the slots into the unknown budget unless full. See `LeaseStore.mark_unknown`."""
+        if unknown_cap < 0:
+            raise InvalidLeaseRequest(f"unknown_cap must be >= 0, got {unknown_cap}")
+        async with self._lock:
+            record = self._held(lease, self._clock())
+            if record is None:
+                raise LeaseLostError(f"lease for {lease.attempt_id} in {lease.account} is not held")
+            account = record.account
+            self._unknown_cap[account] = unknown_cap
+            accepted = True
+            if not record.unknown:
+                if self._unknown_used.get(account, 0) + record.slots > unknown_cap:
+                    self._unknown_refused.add(account)
+                    accepted = False
+                else:
+                    self._unknown_used[account] = self._unknown_used.get(account, 0) + record.slots
+                    self._leases[(account, record.attempt_id)] = dataclasses.replace(
+                        record, unknown=True
+                    )
+                    self.metrics.unknown_marked += 1
+            full = not self._accepting(account)
+        if full:
+            self._report_full(account)
+        return accepted
+
+    async def resolve_unknown(self, lease: Lease) -> bool:
+        """Move an unknown lease back to confirmed. See `LeaseStore.resolve_unknown`."""
+        async with self._lock:
+            record = self._held(lease, self._clock())
+            if record is None:
+                raise LeaseLostError(f"lease for {lease.attempt_id} in {lease.account} is not held")
+            if not record.unknown:
+                return False
+            self._add_unknown(record.account, -record.slots)
+            self._leases[(record.account, record.attempt_id)] = dataclasses.replace(
+                record, unknown=False
+            )
+            return True
+
+    async def accepting_new(self, account: str) -> bool:
+        """False while the unknown budget is full. See `LeaseStore.accepting_new`."""
+        async with self._lock:
+            return self._accepting(account)
+
+    async def reclaim_expired(self, now_ms: int | None = None) -> list[str]:
+        """Return expired leases' slots, oldest first. See `LeaseStore.reclaim_expired`."""
+        async with self._lock:
+            now = self._clock() if now_ms is None else now_ms
+            expired = sorted(
+                (lease for lease in self._leases.values() if lease.expires_at_ms <= now),
+                key=lambda lease: lease.expires_at_ms,
+            )
+            for lease in expired:
+                self._drop(lease)
+            self.metrics.reclaimed += len(expired)
+            return [lease.attempt_id for lease in expired]
+
+    async def used(self, account: str, dimension_key: str) -> int:
+        """Slots counted in one dimension."""
+        async with self._lock:
+            return self._used.get((account, dimension_key), 0)
+
+    async def unknown_used(self, account: str) -> int:
+        """Slots counted in the unknown budget."""
+        async with self._lock:
+            return self._unknown_used.get(account, 0)
+
+    async def snapshot(self, account: str) -> AccountSnapshot:
+        """Read every counter and lease record of an account under the lock."""
+        async with self._lock:
+            return AccountSnapshot(
+                account=account,
+                used={k: v for (a, k), v in self._used.items() if a == account},
+                capacity={k: v for (a, k), v in self._capacity.items() if a == account},
+                unknown_used=self._unknown_used.get(account, 0),
+                unknown_cap=self._unknown_cap.get(account),
+                accepting_new=self._accepting(account),
+                leases=tuple(v for (a, _), v in self._leases.items() if a == account),
+            )
+
+    async def accounts(self) -> list[str]:
+        """Accounts seen by this store."""
+        async with self._lock:
+            return sorted(self._accounts)
+
+    async def set_used(self, account: str, dimension_key: str, value: int) -> None:
+        """Overwrite a dimension counter."""
+        validate_account(account)
+        if value < 0:
+            raise InvalidLeaseRequest(f"used must be >= 0, got {value}")
+        async with self._lock:
+            self._accounts.add(account)
+            self._used[(account, dimension_key)] = value
+            self.metrics.counters_adjusted += 1
+
+    async def adjust_used(self, account: str, dimension_key: str, delta: int) -> int:
+        """Add `delta` to a dimension counter, clamped at 0."""
+        validate_account(account)
+        async with self._lock:
+            self._accounts.add(account)
+            ref = (account, dimension_key)
+            self._used[ref] = max(0, self._used.get(ref, 0) + delta)
+            self.metrics.counters_adjusted += 1
+            return self._used[ref]
+
+    async def set_unknown_used(self, account: str, value: int) -> None:
+        """Overwrite the unknown budget counter."""
+        validate_account(account)
+        if value < 0:
+            raise InvalidLeaseRequest(f"unknown used must be >= 0, got {value}")
+        async with self._lock:
+            self._accounts.add(account)
+            self._add_unknown(account, value - self._unknown_used.get(account, 0))
+            self.metrics.counters_adjusted += 1
+
+    async def adjust_unknown_used(self, account: str, delta: int) -> int:
+        """Add `delta` to the unknown budget counter, clamped at 0."""
+        validate_account(account)
+        async with self._lock:
+            self._accounts.add(account)
+            self._add_unknown(account, delta)
+            self.metrics.counters_adjusted += 1
+            return self._unknown_used[account]
+
+    def _held(self, lease: Lease, now: int) -> Lease | None:
+        record = self._leases.get((lease.account, lease.attempt_id))
+        if record is None or record.token != lease.token or record.expires_at_ms <= now:
+            return None
+        return record
+
+    def _drop(self, record: Lease) -> None:
+        for dim in record.dimensions:
+            ref = (record.account, dim.key)
+            self._used[ref] = max(0, self._used.get(ref, 0) - record.slots)
+        if record.unknown:
+            self._add_unknown(record.account, -record.slots)
+        del self._leases[(record.account, record.attempt_id)]
+
+    def _add_unknown(self, account: str, delta: int) -> None:
+        self._unknown_used[account] = max(0, self._unknown_used.get(account, 0) + delta)
+        if delta < 0:
+            self._unknown_refused.discard(account)
+
+    def _accepting(self, account: str) -> bool:
+        if account in self._unknown_refused:
+            return False
+        cap = self._unknown_cap.get(account)
+        return cap is None or self._unknown_used.get(account, 0) < cap
+
+    def _report_full(self, account: str) -> None:
+        self.metrics.unknown_slots_full += 1
+        if self._on_unknown_slots_full is not None:
+            self._on_unknown_slots_full(account)

@@ -1,0 +1,427 @@
+"""Redis-backed `LeaseStore` (redis-py asyncio), shared by all control-plane processes (9.11.1).
+
+Key layout, all keys of one account in one Redis Cluster hash slot (`{account}` is the hash tag)::
+
+    {ns}capacity:{runway:prod-us}:all-video   hash  used, capacity (last seen)
+    {ns}lease:{runway:prod-us}:attempt-123    hash  token, fence, dims, slots, ttl, max_term,
+                                                    acquired_at, expires_at, unknown
+                                                    (PX = expiry + retain_ms)
+    {ns}leases:{runway:prod-us}               zset  attempt_id -> expires_at (reclaimer scans it)
+    {ns}fence:{runway:prod-us}                int   INCR per grant: the fencing token
+    {ns}dims:{runway:prod-us}                 set   dimension keys ever used (for snapshots)
+    {ns}unknown:{runway:prod-us}              hash  used, cap, refused (unknown budget, 9.11.3)
+    {ns}accounts                              set   accounts ever used (untagged, only iterated)
+
+Writes that must be atomic go through the Lua scripts in `_lua`. Redis errors are translated into
+`LeaseBackendError` in this module, so callers never see redis exception types.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError, WatchError
+
+from controlplane.leases import _lua
+from controlplane.leases.base import (
+    AccountSnapshot,
+    Dimension,
+    InvalidLeaseRequest,
+    Lease,
+    LeaseBackendError,
+    LeaseLostError,
+    LeaseMetrics,
+    LeaseRequest,
+    UnknownSlotsFullHook,
+    validate_account,
+)
+
+__all__ = ["RedisLeaseStore"]
+
+_RECLAIM_BATCH = 200
+_SNAPSHOT_ATTEMPTS = 32
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _encode_dims(dims: Iterable[Dimension]) -> str:
+    return json.dumps([[d.key, d.capacity] for d in dims], separators=(",", ":"))
+
+
+def _decode_dims(raw: str) -> tuple[Dimension, ...]:
+    return tuple(Dimension(str(key), int(cap)) for key, cap in json.loads(raw))
+
+
+def _record(raw: Any) -> dict[str, str]:
+    """Normalise an HGETALL answer (a flat list from Lua, or a dict from redis-py) to str -> str."""
+    if isinstance(raw, Mapping):
+        return {_text(k): _text(v) for k, v in raw.items()}
+    items = [_text(v) for v in raw]
+    return dict(zip(items[::2], items[1::2], strict=True))
+
+
+def _lease_from(record: Mapping[str, str]) -> Lease:
+    return Lease(
+        attempt_id=record["attempt_id"],
+        account=record["account"],
+        token=record["token"],
+        fencing_token=int(record["fence"]),
+        dimensions=_decode_dims(record["dims"]),
+        slots=int(record["slots"]),
+        acquired_at_ms=int(record["acquired_at"]),
+        expires_at_ms=int(record["expires_at"]),
+        ttl_ms=int(record["ttl"]),
+        max_term_ms=int(record["max_term"]),
+        unknown=record["unknown"] == "1",
+    )
+
+
+def _accepting(used: int, cap: int | None, refused: bool) -> bool:
+    return not refused and (cap is None or used < cap)
+
+
+@asynccontextmanager
+async def _translated(operation: str) -> AsyncIterator[None]:
+    """Turn redis exceptions into ours, keeping the cause."""
+    try:
+        yield
+    except ResponseError as exc:
+        if "LEASE_DIMENSIONS_MISMATCH" in str(exc):
+            raise InvalidLeaseRequest(
+                f"{operation}: lease dimensions differ from the record"
+            ) from exc
+        raise LeaseBackendError(f"{operation}: {exc}") from exc
+    except RedisError as exc:
+        raise LeaseBackendError(f"{operation}: {exc}") from exc
+
+
+class RedisLeaseStore:
+    """Lease store on Redis. Every process sharing `namespace` shares the quota.
+
+    `namespace` prefixes every key (tests use a unique one per run). `retain_ms` is how long an
+    expired lease record stays readable for the reclaimer. Past it, the record vanishes and only the
+    reconciler can repair its counters.
+    """
+
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        namespace: str = "vidroute:",
+        retain_ms: int = 600_000,
+        on_unknown_slots_full: UnknownSlotsFullHook | None = None,
+    ) -> None:
+        if "{" in namespace or "}" in namespace:
+            raise InvalidLeaseRequest(
+                "namespace must not contain braces: they would become the hash tag"
+            )
+        self.metrics = LeaseMetrics()
+        self._redis = client
+        self._ns = namespace
+        self._retain_ms = retain_ms
+        self._on_unknown_slots_full = on_unknown_slots_full
+        self._registered: set[str] = set()
+        self._acquire = client.register_script(_lua.ACQUIRE)
+        self._drop = client.register_script(_lua.DROP)
+        self._renew = client.register_script(_lua.RENEW)
+        self._unknown = client.register_script(_lua.UNKNOWN)
+        self._adjust = client.register_script(_lua.ADJUST)
+
+    # -- key layout --
+
+    def _key(self, kind: str, account: str, suffix: str | None = None) -> str:
+        key = f"{self._ns}{kind}:{{{account}}}"
+        return key if suffix is None else f"{key}:{suffix}"
+
+    def _capacity_keys(self, account: str, dims: Iterable[Dimension]) -> list[str]:
+        return [self._key("capacity", account, d.key) for d in dims]
+
+    async def _register(self, account: str) -> None:
+        validate_account(account)
+        if account not in self._registered:
+            await self._redis.sadd(f"{self._ns}accounts", account)
+            self._registered.add(account)
+
+    # -- LeaseStore --
+
+    async def now_ms(self) -> int:
+        """Return Redis server TIME in milliseconds."""
+        async with _translated("now_ms"):
+            seconds, micros = await self._redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    async def acquire(self, req: LeaseRequest) -> Lease | None:
+        """Reserve every dimension or none in one script. See `LeaseStore.acquire`."""
+        keys = [
+            self._key("lease", req.account, req.attempt_id),
+            self._key("leases", req.account),
+            self._key("fence", req.account),
+            self._key("dims", req.account),
+            *self._capacity_keys(req.account, req.dimensions),
+        ]
+        args: list[str | int] = [
+            req.attempt_id,
+            secrets.token_hex(16),
+            req.slots,
+            req.ttl_ms,
+            req.max_term_ms,
+            self._retain_ms,
+            _encode_dims(req.dimensions),
+            req.account,
+        ]
+        for dim in req.dimensions:
+            args += [dim.key, dim.capacity]
+        async with _translated("acquire"):
+            await self._register(req.account)
+            reply = await self._acquire(keys=keys, args=args)
+            if int(reply[0]) == 3:
+                # An expired record of this attempt still holds slots: return them, retry once.
+                if await self._reclaim_one(req.account, req.attempt_id, None):
+                    self.metrics.reclaimed += 1
+                reply = await self._acquire(keys=keys, args=args)
+        code = int(reply[0])
+        if code == 0:
+            self.metrics.rejected_no_capacity += 1
+            return None
+        if code == 3:
+            raise LeaseBackendError(
+                f"acquire: expired lease of {req.attempt_id} could not be reclaimed"
+            )
+        if code == 2:
+            self.metrics.reacquired += 1
+        else:
+            self.metrics.acquired += 1
+        return _lease_from(_record(reply[1]))
+
+    async def renew(self, lease: Lease) -> Lease | None:
+        """Extend the expiry, capped at the max term. See `LeaseStore.renew`."""
+        keys = [
+            self._key("lease", lease.account, lease.attempt_id),
+            self._key("leases", lease.account),
+        ]
+        async with _translated("renew"):
+            reply = await self._renew(
+                keys=keys, args=[lease.token, lease.attempt_id, self._retain_ms]
+            )
+        if int(reply[0]) == 0:
+            self.metrics.renew_failed += 1
+            return None
+        self.metrics.renewed += 1
+        return _lease_from(_record(reply[1]))
+
+    async def release(self, lease: Lease) -> bool:
+        """Return the slots once, if the token matches. See `LeaseStore.release`."""
+        async with _translated("release"):
+            released = await self._drop_lease(
+                lease.account,
+                lease.attempt_id,
+                lease.token,
+                lease.dimensions,
+                mode="release",
+                now_ms=None,
+            )
+        if released:
+            self.metrics.released += 1
+        return released
+
+    async def mark_unknown(self, lease: Lease, unknown_cap: int) -> bool:
+        """Move the slots into the unknown budget unless full. See `LeaseStore.mark_unknown`."""
+        if unknown_cap < 0:
+            raise InvalidLeaseRequest(f"unknown_cap must be >= 0, got {unknown_cap}")
+        code, accepting = await self._unknown_op(lease, "mark", unknown_cap)
+        if code == 1:
+            self.metrics.unknown_marked += 1
+        if not accepting:
+            self.metrics.unknown_slots_full += 1
+            if self._on_unknown_slots_full is not None:
+                self._on_unknown_slots_full(lease.account)
+        return code == 1
+
+    async def resolve_unknown(self, lease: Lease) -> bool:
+        """Move an unknown lease back to confirmed. See `LeaseStore.resolve_unknown`."""
+        code, _ = await self._unknown_op(lease, "resolve", 0)
+        return code == 1
+
+    async def accepting_new(self, account: str) -> bool:
+        """False while the unknown budget is full. See `LeaseStore.accepting_new`."""
+        async with _translated("accepting_new"):
+            used, cap, refused = await self._redis.hmget(
+                self._key("unknown", account), ["used", "cap", "refused"]
+            )
+        return _accepting(int(used or 0), None if cap is None else int(cap), refused is not None)
+
+    async def reclaim_expired(self, now_ms: int | None = None) -> list[str]:
+        """Return expired leases' slots, all accounts. See `LeaseStore.reclaim_expired`."""
+        reclaimed: list[str] = []
+        async with _translated("reclaim_expired"):
+            now = await self.now_ms() if now_ms is None else now_ms
+            for account in await self.accounts():
+                index = self._key("leases", account)
+                while True:
+                    due = await self._redis.zrangebyscore(
+                        index, "-inf", now, start=0, num=_RECLAIM_BATCH
+                    )
+                    for raw_id in due:
+                        attempt_id = _text(raw_id)
+                        if await self._reclaim_one(account, attempt_id, now_ms):
+                            reclaimed.append(attempt_id)
+                    if len(due) < _RECLAIM_BATCH:
+                        break
+        self.metrics.reclaimed += len(reclaimed)
+        return reclaimed
+
+    async def used(self, account: str, dimension_key: str) -> int:
+        """Slots counted in one dimension."""
+        async with _translated("used"):
+            value = await self._redis.hget(self._key("capacity", account, dimension_key), "used")
+        return int(value or 0)
+
+    async def unknown_used(self, account: str) -> int:
+        """Slots counted in the unknown budget."""
+        async with _translated("unknown_used"):
+            value = await self._redis.hget(self._key("unknown", account), "used")
+        return int(value or 0)
+
+    async def snapshot(self, account: str) -> AccountSnapshot:
+        """Read counters and leases in one MULTI, retried while the key set changes under it."""
+        index, dims_set = self._key("leases", account), self._key("dims", account)
+        async with _translated("snapshot"), self._redis.pipeline(transaction=True) as pipe:
+            for _ in range(_SNAPSHOT_ATTEMPTS):
+                try:
+                    # WATCH fails the EXEC if a lease or dimension came or went since listing.
+                    await pipe.watch(index, dims_set)
+                    attempt_ids = [_text(a) for a in await pipe.zrange(index, 0, -1)]
+                    dim_keys = sorted(_text(d) for d in await pipe.smembers(dims_set))
+                    pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+                    for key in dim_keys:
+                        pipe.hmget(self._key("capacity", account, key), ["used", "capacity"])
+                    for attempt_id in attempt_ids:
+                        pipe.hgetall(self._key("lease", account, attempt_id))
+                    pipe.hmget(self._key("unknown", account), ["used", "cap", "refused"])
+                    results = await pipe.execute()
+                    break
+                except WatchError:
+                    continue
+            else:
+                raise LeaseBackendError(f"snapshot of {account} kept racing with writers")
+        return self._build_snapshot(account, dim_keys, results)
+
+    async def accounts(self) -> list[str]:
+        """Accounts ever used with this namespace."""
+        async with _translated("accounts"):
+            members = await self._redis.smembers(f"{self._ns}accounts")
+        return sorted(_text(m) for m in members)
+
+    async def set_used(self, account: str, dimension_key: str, value: int) -> None:
+        """Overwrite a dimension counter."""
+        if value < 0:
+            raise InvalidLeaseRequest(f"used must be >= 0, got {value}")
+        await self._adjust_counter(account, dimension_key, "set", value)
+
+    async def adjust_used(self, account: str, dimension_key: str, delta: int) -> int:
+        """Add `delta` to a dimension counter, clamped at 0."""
+        return await self._adjust_counter(account, dimension_key, "add", delta)
+
+    async def set_unknown_used(self, account: str, value: int) -> None:
+        """Overwrite the unknown budget counter."""
+        if value < 0:
+            raise InvalidLeaseRequest(f"unknown used must be >= 0, got {value}")
+        await self._adjust_counter(account, None, "set", value)
+
+    async def adjust_unknown_used(self, account: str, delta: int) -> int:
+        """Add `delta` to the unknown budget counter, clamped at 0."""
+        return await self._adjust_counter(account, None, "add", delta)
+
+    # -- helpers --
+
+    async def _drop_lease(
+        self,
+        account: str,
+        attempt_id: str,
+        token: str,
+        dims: Sequence[Dimension],
+        *,
+        mode: str,
+        now_ms: int | None,
+    ) -> bool:
+        keys = [
+            self._key("lease", account, attempt_id),
+            self._key("leases", account),
+            self._key("unknown", account),
+            *self._capacity_keys(account, dims),
+        ]
+        args = [token, attempt_id, _encode_dims(dims), mode, "" if now_ms is None else str(now_ms)]
+        return int(await self._drop(keys=keys, args=args)) == 1
+
+    async def _reclaim_one(self, account: str, attempt_id: str, now_ms: int | None) -> bool:
+        """Reclaim one expired lease; reading the record first lets the script declare its keys."""
+        token, dims = await self._redis.hmget(
+            self._key("lease", account, attempt_id), ["token", "dims"]
+        )
+        if token is None or dims is None:
+            # The record outlived retain_ms and is gone. Its counters are the reconciler's job now.
+            await self._redis.zrem(self._key("leases", account), attempt_id)
+            return False
+        return await self._drop_lease(
+            account,
+            attempt_id,
+            _text(token),
+            _decode_dims(_text(dims)),
+            mode="reclaim",
+            now_ms=now_ms,
+        )
+
+    async def _unknown_op(self, lease: Lease, mode: str, cap: int) -> tuple[int, bool]:
+        keys = [
+            self._key("lease", lease.account, lease.attempt_id),
+            self._key("unknown", lease.account),
+        ]
+        async with _translated(f"{mode}_unknown"):
+            code, accepting = await self._unknown(keys=keys, args=[lease.token, mode, cap])
+        if int(code) == -1:
+            raise LeaseLostError(f"lease for {lease.attempt_id} in {lease.account} is not held")
+        return int(code), int(accepting) == 1
+
+    async def _adjust_counter(
+        self, account: str, dimension_key: str | None, mode: str, value: int
+    ) -> int:
+        args: list[str | int]
+        if dimension_key is None:
+            keys, args = [self._key("unknown", account)], [mode, value, "1", ""]
+        else:
+            keys = [self._key("capacity", account, dimension_key), self._key("dims", account)]
+            args = [mode, value, "0", dimension_key]
+        async with _translated("adjust"):
+            await self._register(account)
+            new = int(await self._adjust(keys=keys, args=args))
+        self.metrics.counters_adjusted += 1
+        return new
+
+    def _build_snapshot(
+        self, account: str, dim_keys: list[str], results: list[Any]
+    ) -> AccountSnapshot:
+        used: dict[str, int] = {}
+        capacity: dict[str, int] = {}
+        for key, (raw_used, raw_cap) in zip(dim_keys, results[: len(dim_keys)], strict=True):
+            used[key] = int(raw_used or 0)
+            if raw_cap is not None:
+                capacity[key] = int(raw_cap)
+        leases = tuple(_lease_from(_record(raw)) for raw in results[len(dim_keys) : -1] if raw)
+        unknown_used, unknown_cap, refused = results[-1]
+        cap = None if unknown_cap is None else int(unknown_cap)
+        return AccountSnapshot(
+            account=account,
+            used=used,
+            capacity=capacity,
+            unknown_used=int(unknown_used or 0),
+            unknown_cap=cap,
+            accepting_new=_accepting(int(unknown_used or 0), cap, refused is not None),
+            leases=leases,
+        )

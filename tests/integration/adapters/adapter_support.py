@@ -1,0 +1,75 @@
+"""Helpers for the adapter sidecar tests (imported by test modules and conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from adapter_sidecars.common.config import SidecarConfig, parse_config
+from controlplane.domain.spec import AssetRef, GenerationSpec, Mode, OutputSpec, RoutingPolicy
+
+IMAGE = AssetRef(
+    object_uri="https://assets.example.com/frames/f0.png?X-Amz-Signature=abc",
+    mime_type="image/png",
+    size_bytes=1024,
+    checksum_sha256="a" * 64,
+)
+LAST_IMAGE = AssetRef(
+    object_uri="https://assets.example.com/frames/f1.png",
+    mime_type="image/png",
+    size_bytes=2048,
+    checksum_sha256="b" * 64,
+)
+
+
+def make_spec(
+    *,
+    mode: Mode = Mode.TEXT_TO_VIDEO,
+    width: int = 1280,
+    height: int = 720,
+    duration_ms: int = 5000,
+    with_audio: bool = False,
+    degrade: bool = False,
+    **fields: Any,
+) -> GenerationSpec:
+    """A valid spec with sensible defaults; frames are added for the image modes."""
+    if mode in (Mode.IMAGE_TO_VIDEO, Mode.FIRST_LAST_TO_VIDEO):
+        fields.setdefault("first_frame", IMAGE)
+    if mode is Mode.FIRST_LAST_TO_VIDEO:
+        fields.setdefault("last_frame", LAST_IMAGE)
+    return GenerationSpec(
+        tenant_id="tenant-a",
+        prompt=fields.pop("prompt", "a lighthouse at dusk, waves crashing"),
+        mode=mode,
+        output=OutputSpec(width, height, duration_ms, with_audio=with_audio),
+        routing=RoutingPolicy(allow_semantic_degrade=degrade),
+        **fields,
+    )
+
+
+def sidecar_config(base_url: str, env_name: str, **overrides: Any) -> SidecarConfig:
+    """A config pointing at `base_url` with short timeouts for fault tests."""
+    data: dict[str, Any] = {
+        "provider": {"base_url": base_url, "options": overrides.pop("options", {})},
+        "timeouts": {"connect": 1, "write": 2, "read": 2, "submit_read": 1, "pool": 1},
+        "health": {"probe_interval_seconds": 0.2},
+        "shutdown_grace_seconds": 1,
+        "accounts": [
+            {"name": "prod-us", "region": "us", "credential_ref": f"env:{env_name}:-key_test"}
+        ],
+    }
+    data.update(overrides)
+    return parse_config(data, {})
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool]], deadline_s: float = 10.0, interval: float = 0.05
+) -> None:
+    """Poll `check` until it is true or fail after `deadline_s` seconds."""
+    deadline = time.monotonic() + deadline_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        await asyncio.sleep(interval)

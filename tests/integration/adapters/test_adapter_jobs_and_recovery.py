@@ -1,0 +1,153 @@
+"""Every adapter through its gRPC sidecar: job lifecycle, cancel, recovery verdicts, usage."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from adapter_support import make_spec
+from google.protobuf import timestamp_pb2
+
+from controlplane.api.convert import spec_to_proto
+from vidroute.adapter.v1 import adapter_pb2 as pb
+from vidroute.adapter.v1 import adapter_service_pb2 as svc
+
+MODELS = {"runway": "gen4.5", "veo": "veo-3.1-generate-preview", "selfhosted": "wan2.2-t2v"}
+ROUTES = {
+    "runway": "POST /v1/text_to_video",
+    "veo": "POST /v1beta/models/*:predictLongRunning",
+    "selfhosted": "POST /v1/jobs",
+}
+
+
+def _ts(when: datetime) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromDatetime(when)
+    return ts
+
+
+@pytest.fixture(params=list(MODELS))
+def provider(request):  # type: ignore[no-untyped-def]
+    """(name, adapter, emulator) for each adapter."""
+    name = request.param
+    return (
+        name,
+        request.getfixturevalue(f"{name}_adapter"),
+        request.getfixturevalue(f"{name}_emulator"),
+    )
+
+
+@pytest.fixture
+async def world(provider, sidecar_factory):  # type: ignore[no-untyped-def]
+    """(name, stub, emulator), the adapter served by an in-process sidecar."""
+    name, adapter, emulator = provider
+    sidecar = await sidecar_factory(adapter)
+    return name, sidecar.stub, emulator
+
+
+async def _plan(name, stub) -> pb.CompilePlan:  # type: ignore[no-untyped-def]
+    spec = make_spec(duration_ms=8000)
+    response = await stub.Compile(svc.CompileRequest(spec=spec_to_proto(spec), model=MODELS[name]))
+    assert response.plan.submittable
+    return response.plan
+
+
+async def _submit(stub, plan, key: str) -> tuple[svc.SubmitResponse, datetime, datetime]:  # type: ignore[no-untyped-def]
+    before = datetime.now(UTC)
+    response = await stub.Submit(svc.SubmitRequest(plan=plan, client_request_key=key))
+    return response, before, datetime.now(UTC)
+
+
+def _recover_request(plan, key, after, before) -> svc.RecoverSubmissionRequest:  # type: ignore[no-untyped-def]
+    return svc.RecoverSubmissionRequest(
+        account=plan.account,
+        model=plan.model,
+        client_request_key=key,
+        request_hash=plan.request_hash,
+        submitted_after=_ts(after),
+        submitted_before=_ts(before),
+        plan=plan,
+    )
+
+
+async def test_job_runs_to_success_with_outputs(world):
+    """An accepted job polls to SUCCEEDED with an output URL and the raw payload kept."""
+    name, stub, _ = world
+    submitted, _, _ = await _submit(stub, await _plan(name, stub), "k-success")
+    assert submitted.kind == pb.SUBMIT_OUTCOME_KIND_ACCEPTED
+    for _ in range(10):
+        status = (await stub.GetJob(svc.GetJobRequest(job=submitted.job))).status
+        if status.state == pb.JOB_STATE_SUCCEEDED:
+            break
+    assert status.state == pb.JOB_STATE_SUCCEEDED
+    assert status.outputs[0].uri
+    assert status.raw_payload_json
+
+
+async def test_dropped_response_is_recovered_to_the_created_job(world):
+    """After drop_after_body the submit is UNKNOWN and recovery FINDS the one job created."""
+    name, stub, emulator = world
+    plan = await _plan(name, stub)
+    emulator.add_faults({"route": ROUTES[name], "action": "drop_after_body"})
+    submitted, after, before = await _submit(stub, plan, "k-dropped")
+    assert submitted.kind == pb.SUBMIT_OUTCOME_KIND_UNKNOWN
+    [truth] = emulator.truth()
+    recovered = await stub.RecoverSubmission(_recover_request(plan, "k-dropped", after, before))
+    assert recovered.verdict == pb.RECOVERY_VERDICT_FOUND
+    assert recovered.job.provider_job_id == truth["id"]
+    assert recovered.method
+
+
+async def test_never_created_is_not_found_once_the_window_settles(world):
+    """With nothing created, recovery is NOT_FOUND only after the submit window settled."""
+    name, stub, _ = world
+    plan = await _plan(name, stub)
+    now = datetime.now(UTC)
+    verdict = None
+    for _ in range(60):
+        response = await stub.RecoverSubmission(
+            _recover_request(plan, "k-never", now - timedelta(seconds=2), now)
+        )
+        verdict = response.verdict
+        if verdict != pb.RECOVERY_VERDICT_INCONCLUSIVE:
+            break
+        await asyncio.sleep(0.1)
+    assert verdict == pb.RECOVERY_VERDICT_NOT_FOUND
+
+
+async def test_cancel_is_acknowledged_or_honestly_unsupported(world):
+    """Cancel is acknowledged twice where supported; Veo says UNSUPPORTED while running."""
+    name, stub, _ = world
+    submitted, _, _ = await _submit(stub, await _plan(name, stub), "k-cancel")
+    first = await stub.CancelJob(svc.CancelJobRequest(job=submitted.job))
+    second = await stub.CancelJob(svc.CancelJobRequest(job=submitted.job))
+    if name == "veo":
+        assert not first.acknowledged
+        assert first.error.error_class == 2  # ERROR_CLASS_UNSUPPORTED_CAPABILITY
+        return
+    assert first.acknowledged
+    assert second.acknowledged
+    status = (await stub.GetJob(svc.GetJobRequest(job=submitted.job))).status
+    assert status.state == pb.JOB_STATE_CANCELLED
+
+
+async def test_usage_after_a_finished_job(world):
+    """ListUsage reports the finished job's provider units in milliunits with a cost."""
+    name, stub, _ = world
+    submitted, _, _ = await _submit(stub, await _plan(name, stub), "k-usage")
+    for _ in range(10):
+        status = (await stub.GetJob(svc.GetJobRequest(job=submitted.job))).status
+        if status.state == pb.JOB_STATE_SUCCEEDED:
+            break
+    now = datetime.now(UTC)
+    usage = await stub.ListUsage(
+        svc.ListUsageRequest(
+            account="prod-us",
+            start_time=_ts(now - timedelta(hours=1)),
+            end_time=_ts(now + timedelta(minutes=1)),
+        )
+    )
+    assert not usage.HasField("error")
+    assert usage.records
+    assert all(r.provider_milliunits > 0 and r.cost.amount_micros > 0 for r in usage.records)

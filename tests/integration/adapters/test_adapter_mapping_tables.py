@@ -1,0 +1,354 @@
+"""Status and failure normalization tables: one case per raw status and failure-code row."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+
+from adapter_sidecars.common.jobs import url_expiry
+from adapter_sidecars.common.transport import HttpReply
+from adapter_sidecars.common.types import JobState, SubmitKind
+from adapter_sidecars.runway import mapping as runway
+from adapter_sidecars.selfhosted import mapping as selfhosted
+from adapter_sidecars.veo import mapping as veo
+from controlplane.domain.errors import ErrorClass
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+E = ErrorClass
+
+
+def _reply(status: int, body: object, headers: dict[str, str] | None = None) -> HttpReply:
+    import json
+
+    return HttpReply(status, httpx.Headers(headers or {}), json.dumps(body).encode(), NOW)
+
+
+@pytest.mark.parametrize(
+    ("raw", "state"),
+    [
+        ("PENDING", JobState.QUEUED),
+        ("THROTTLED", JobState.THROTTLED),
+        ("RUNNING", JobState.RUNNING),
+        ("SUCCEEDED", JobState.SUCCEEDED),
+        ("FAILED", JobState.FAILED),
+        ("CANCELLED", JobState.CANCELLED),
+        ("ARCHIVED", JobState.UNRECOGNIZED),
+    ],
+)
+def test_runway_status_row(raw, state):
+    """Each Runway status maps to its state; an unknown one is UNRECOGNIZED with raw kept."""
+    task = {
+        "id": "t",
+        "createdAt": "2026-06-01T11:00:00Z",
+        "status": raw,
+        "progress": 0.5,
+        "output": ["https://cdn/x.mp4?exp=1780000000"],
+        "failureCode": "INTERNAL",
+    }
+    status = runway.task_status(task, url_ttl_seconds=86400, now=NOW)
+    assert status.state is state
+    assert status.raw_status == raw
+
+
+@pytest.mark.parametrize(
+    ("code", "error_class"),
+    [
+        ("SAFETY.INPUT.TEXT", E.SAFETY_INPUT),
+        ("SAFETY.INPUT.IMAGE", E.SAFETY_INPUT),
+        ("SAFETY.OUTPUT.VIDEO", E.SAFETY_OUTPUT),
+        ("INPUT_PREPROCESSING.SAFETY.TEXT", E.SAFETY_INPUT),
+        ("INPUT_PREPROCESSING.INTERNAL", E.INTERNAL_RETRYABLE),
+        ("INTERNAL.BAD_OUTPUT.CODE01", E.INTERNAL_RETRYABLE),
+        ("ASSET.INVALID", E.ASSET_INVALID),
+        ("INTERNAL", E.INTERNAL_RETRYABLE),
+        ("THIRD_PARTY.UNAVAILABLE", E.INTERNAL_RETRYABLE),
+        (None, E.INTERNAL_RETRYABLE),
+        ("SOMETHING.NEW", E.INTERNAL_RETRYABLE),
+    ],
+)
+def test_runway_failure_code_row(code, error_class):
+    """Each failureCode family maps to its class (longest prefix wins)."""
+    task = {"id": "t", "status": "FAILED", "failure": "why", "failureCode": code}
+    status = runway.task_status(task, url_ttl_seconds=0, now=NOW)
+    assert status.state is JobState.FAILED
+    assert status.failure is not None
+    assert status.failure.error_class is error_class
+    assert status.failure.code == (code or "UNKNOWN")
+
+
+def test_runway_success_keeps_urls_and_reads_expiry_from_the_link():
+    """Output URLs are kept verbatim; expiry comes from the link's exp parameter."""
+    url = "https://cdn.example/v.mp4?_jwt=abc&exp=1780000000"
+    status = runway.task_status(
+        {"status": "SUCCEEDED", "output": [url]}, url_ttl_seconds=5, now=NOW
+    )
+    assert status.outputs[0].uri == url
+    assert status.outputs[0].expires_at == datetime.fromtimestamp(1780000000, UTC)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind", "error_class"),
+    [
+        (
+            400,
+            {"error": "Validation of body failed", "issues": []},
+            SubmitKind.REJECTED,
+            E.INVALID_INPUT,
+        ),
+        (
+            400,
+            {"error": "You do not have enough credits to run this task."},
+            SubmitKind.REJECTED,
+            E.QUOTA,
+        ),
+        (401, {"error": "Invalid API key"}, SubmitKind.REJECTED, E.AUTH),
+        (404, {"error": "Not found"}, SubmitKind.REJECTED, E.UNSUPPORTED_CAPABILITY),
+        (
+            429,
+            {"error": "You have exceeded the daily generation limit for gen4.5."},
+            SubmitKind.REJECTED,
+            E.QUOTA,
+        ),
+        (
+            429,
+            {"error": "You have exceeded the rate limit for this model."},
+            SubmitKind.REJECTED,
+            E.RATE_LIMITED,
+        ),
+        (502, {"error": "Bad gateway"}, SubmitKind.REJECTED, E.PROVIDER_OVERLOADED),
+        (503, {"error": "Unavailable"}, SubmitKind.REJECTED, E.PROVIDER_OVERLOADED),
+        (504, {"error": "Gateway timeout"}, SubmitKind.REJECTED, E.PROVIDER_OVERLOADED),
+        (500, {"error": "Internal"}, SubmitKind.UNKNOWN, E.SUBMISSION_UNKNOWN),
+    ],
+)
+def test_runway_create_http_row(status, body, kind, error_class):
+    """Runway's documented create statuses: not created (REJECTED) or unknown."""
+    outcome = runway.submit_error(_reply(status, body))
+    assert outcome.kind is kind
+    assert outcome.error is not None
+    assert outcome.error.error_class is error_class
+    assert outcome.error.raw_status_code == status
+
+
+@pytest.mark.parametrize(
+    ("op", "state", "error_class"),
+    [
+        ({"name": "n"}, JobState.RUNNING, None),
+        ({"name": "n", "done": False}, JobState.RUNNING, None),
+        ({"done": False, "metadata": {"state": "PENDING"}}, JobState.QUEUED, None),
+        ({"done": False, "metadata": {"state": "THROTTLED"}}, JobState.THROTTLED, None),
+        ({"done": False, "metadata": {"state": "WARMING_UP"}}, JobState.UNRECOGNIZED, None),
+        (
+            {
+                "done": True,
+                "response": {
+                    "generateVideoResponse": {
+                        "generatedSamples": [
+                            {"video": {"uri": "https://g/v1beta/files/a:download?alt=media"}}
+                        ]
+                    }
+                },
+            },
+            JobState.SUCCEEDED,
+            None,
+        ),
+        (
+            {
+                "done": True,
+                "response": {
+                    "generateVideoResponse": {
+                        "raiMediaFilteredCount": 1,
+                        "raiMediaFilteredReasons": ["policy"],
+                    }
+                },
+            },
+            JobState.FAILED,
+            E.SAFETY_OUTPUT,
+        ),
+        ({"done": True, "error": {"code": 3, "message": "bad"}}, JobState.FAILED, E.INVALID_INPUT),
+        (
+            {"done": True, "error": {"code": 8, "message": "try later"}},
+            JobState.FAILED,
+            E.RATE_LIMITED,
+        ),
+        (
+            {"done": True, "error": {"code": 8, "message": "daily quota exceeded"}},
+            JobState.FAILED,
+            E.QUOTA,
+        ),
+        (
+            {"done": True, "error": {"code": 13, "message": "x"}},
+            JobState.FAILED,
+            E.INTERNAL_RETRYABLE,
+        ),
+        (
+            {"done": True, "error": {"code": 14, "message": "x"}},
+            JobState.FAILED,
+            E.INTERNAL_RETRYABLE,
+        ),
+        ({"done": True, "error": {"code": 1, "message": "cancelled"}}, JobState.CANCELLED, None),
+        ({"done": True, "response": {}}, JobState.FAILED, E.INTERNAL_RETRYABLE),
+    ],
+)
+def test_veo_operation_row(op, state, error_class):
+    """Each operation shape maps to its state and failure class."""
+    status = veo.operation_status(op, url_ttl_seconds=172800, now=NOW)
+    assert status.state is state
+    if error_class is None:
+        assert status.failure is None
+    else:
+        assert status.failure is not None
+        assert status.failure.error_class is error_class
+
+
+def _google_429(metric: str, delay: str) -> dict[str, object]:
+    return {
+        "error": {
+            "code": 429,
+            "status": "RESOURCE_EXHAUSTED",
+            "message": "quota",
+            "details": [
+                {
+                    "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                    "violations": [{"quotaMetric": metric, "quotaId": "x"}],
+                },
+                {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay},
+            ],
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "error_class", "retry_ms"),
+    [
+        (_google_429("generate_requests_per_model", "30s"), E.RATE_LIMITED, 30_000),
+        (_google_429("generate_requests_per_model_per_day", "30s"), E.QUOTA, 30_000),
+        (_google_429("generate_requests_per_model", "28800s"), E.QUOTA, 28_800_000),
+    ],
+)
+def test_veo_429_is_quota_or_rate_limit(body, error_class, retry_ms):
+    """429 RESOURCE_EXHAUSTED: per-day metric or long RetryInfo is QUOTA, else RATE_LIMITED."""
+    outcome = veo.submit_error(_reply(429, body))
+    assert outcome.kind is SubmitKind.REJECTED
+    assert outcome.error is not None
+    assert outcome.error.error_class is error_class
+    assert outcome.error.retry_after_ms == retry_ms
+
+
+@pytest.mark.parametrize(
+    ("status", "canonical", "kind", "error_class"),
+    [
+        (400, "INVALID_ARGUMENT", SubmitKind.REJECTED, E.INVALID_INPUT),
+        (401, "UNAUTHENTICATED", SubmitKind.REJECTED, E.AUTH),
+        (403, "PERMISSION_DENIED", SubmitKind.REJECTED, E.PERMISSION),
+        (404, "NOT_FOUND", SubmitKind.REJECTED, E.UNSUPPORTED_CAPABILITY),
+        (503, "UNAVAILABLE", SubmitKind.REJECTED, E.PROVIDER_OVERLOADED),
+        (500, "INTERNAL", SubmitKind.UNKNOWN, E.SUBMISSION_UNKNOWN),
+        (504, "DEADLINE_EXCEEDED", SubmitKind.UNKNOWN, E.SUBMISSION_UNKNOWN),
+    ],
+)
+def test_veo_create_http_row(status, canonical, kind, error_class):
+    """google.rpc.Status envelopes on create."""
+    body = {"error": {"code": status, "status": canonical, "message": "m"}}
+    outcome = veo.submit_error(_reply(status, body))
+    assert outcome.kind is kind
+    assert outcome.error is not None
+    assert outcome.error.error_class is error_class
+
+
+def test_veo_invalid_api_key_is_auth():
+    """A 400 whose ErrorInfo says API_KEY_INVALID is AUTH, not INVALID_INPUT."""
+    body = {
+        "error": {
+            "code": 400,
+            "status": "INVALID_ARGUMENT",
+            "message": "key",
+            "details": [
+                {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "API_KEY_INVALID"}
+            ],
+        }
+    }
+    outcome = veo.submit_error(_reply(400, body))
+    assert outcome.error is not None
+    assert outcome.error.error_class is E.AUTH
+
+
+@pytest.mark.parametrize(
+    ("raw", "state"),
+    [
+        ("queued", JobState.QUEUED),
+        ("running", JobState.RUNNING),
+        ("succeeded", JobState.SUCCEEDED),
+        ("failed", JobState.FAILED),
+        ("cancelled", JobState.CANCELLED),
+        ("paused", JobState.UNRECOGNIZED),
+    ],
+)
+def test_selfhosted_status_row(raw, state):
+    """Each self-hosted status maps to its state; unknown ones are UNRECOGNIZED."""
+    job = {"id": "j", "status": raw, "outputs": [], "metrics": {"gpu_seconds": 10.0}}
+    status = selfhosted.job_status(job, url_ttl_seconds=0, now=NOW, micros_per_gpu_second=350)
+    assert status.state is state
+    assert status.raw_status == raw
+
+
+@pytest.mark.parametrize(
+    ("error", "error_class"),
+    [
+        ({"code": "OOM", "retryable": False}, E.INTERNAL_RETRYABLE),
+        ({"code": "WORKER_LOST", "retryable": True}, E.INTERNAL_RETRYABLE),
+        ({"code": "TIMEOUT", "retryable": True}, E.INTERNAL_RETRYABLE),
+        ({"code": "INVALID_INPUT", "retryable": False}, E.INVALID_INPUT),
+        ({"code": "INTERNAL", "retryable": True}, E.INTERNAL_RETRYABLE),
+        ({"code": "INTERNAL", "retryable": False}, E.INTERNAL_PERMANENT),
+    ],
+)
+def test_selfhosted_job_error_row(error, error_class):
+    """Job error codes map to classes; INTERNAL follows the server's retryable flag."""
+    job = {"status": "failed", "error": {**error, "message": "m"}, "metrics": {"gpu_seconds": 4}}
+    status = selfhosted.job_status(job, url_ttl_seconds=0, now=NOW, micros_per_gpu_second=350)
+    assert status.failure is not None
+    assert status.failure.error_class is error_class
+    assert status.actual_cost_micros == 1400
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "error_class"),
+    [
+        (400, SubmitKind.REJECTED, E.INVALID_INPUT),
+        (401, SubmitKind.REJECTED, E.AUTH),
+        (409, SubmitKind.REJECTED, E.INVALID_INPUT),
+        (429, SubmitKind.REJECTED, E.RATE_LIMITED),
+        (503, SubmitKind.REJECTED, E.PROVIDER_OVERLOADED),
+        (500, SubmitKind.UNKNOWN, E.SUBMISSION_UNKNOWN),
+        (502, SubmitKind.UNKNOWN, E.SUBMISSION_UNKNOWN),
+    ],
+)
+def test_selfhosted_create_http_row(status, kind, error_class):
+    """Self-hosted create statuses: 503 + Retry-After overloaded, 409 key mismatch."""
+    body = {"error": {"code": "X", "message": "m", "retryable": False}}
+    outcome = selfhosted.submit_error(_reply(status, body, {"retry-after": "5"}))
+    assert outcome.kind is kind
+    assert outcome.error is not None
+    assert outcome.error.error_class is error_class
+    if status == 503:
+        assert outcome.error.retry_after_ms == 5000
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("https://x/v.mp4?exp=1780000000", datetime.fromtimestamp(1780000000, UTC)),
+        ("https://x/v.mp4?Expires=1780000000&Signature=s", datetime.fromtimestamp(1780000000, UTC)),
+        (
+            "https://x/v.mp4?X-Goog-Date=20260601T120000Z&X-Goog-Expires=3600",
+            NOW + timedelta(hours=1),
+        ),
+        ("https://x/v.mp4", NOW + timedelta(seconds=600)),
+    ],
+)
+def test_output_expiry_from_signed_url_or_known_ttl(url, expected):
+    """Expiry is read from the link's signature parameters, else now + the known TTL."""
+    assert url_expiry(url, 600, NOW) == expected

@@ -1,0 +1,228 @@
+"""Runway emulator: auth, validation, task lifecycle, limits, deletes, usage, outputs."""
+
+from __future__ import annotations
+
+import io
+
+import av
+import httpx
+import pytest
+
+from adapter_sidecars.emulators.runway import RunwayConfig, RunwayEmulator
+
+from .conftest import RUNWAY_HEADERS, T2V_BODY, client, poll_until
+
+
+async def _create(rw: httpx.AsyncClient, body: dict[str, object] | None = None) -> str:
+    response = await rw.post("/v1/text_to_video", json=body or T2V_BODY)
+    assert response.status_code == 200, response.text
+    return str(response.json()["id"])
+
+
+async def test_auth_headers_are_required(runway: RunwayEmulator) -> None:
+    """A missing Bearer key is 401 and a missing X-Runway-Version is 400."""
+    async with client(runway.url) as c:
+        no_key = await c.post(
+            "/v1/text_to_video", json=T2V_BODY, headers={"X-Runway-Version": "2024-11-06"}
+        )
+        no_version = await c.post(
+            "/v1/text_to_video", json=T2V_BODY, headers={"Authorization": "Bearer k"}
+        )
+    assert no_key.status_code == 401
+    assert "error" in no_key.json()
+    assert no_version.status_code == 400
+    assert "X-Runway-Version" in no_version.json()["error"]
+
+
+async def test_validation_reports_zod_issues(rw: httpx.AsyncClient) -> None:
+    """Unknown keys, bad ratio and out-of-range duration come back as zod-style issues."""
+    body = {**T2V_BODY, "ratio": "1:1", "duration": 11, "colour": "red"}
+    response = await rw.post("/v1/text_to_video", json=body)
+    assert response.status_code == 400
+    issues = {i["code"]: i for i in response.json()["issues"]}
+    assert issues["unrecognized_keys"]["keys"] == ["colour"]
+    assert issues["invalid_value"]["path"] == ["ratio"]
+    assert issues["too_big"]["path"] == ["duration"]
+    assert issues["too_big"]["maximum"] == 10
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "bad_path"),
+    [
+        (
+            "/v1/text_to_video",
+            {"model": "veo3", "promptText": "p", "ratio": "1280:720", "duration": 6},
+            "duration",
+        ),
+        (
+            "/v1/text_to_video",
+            {"model": "gen4_turbo", "promptText": "p", "ratio": "1280:720"},
+            "model",
+        ),
+        ("/v1/image_to_video", {"model": "gen4_turbo", "ratio": "1280:720"}, "promptImage"),
+        (
+            "/v1/text_to_video",
+            {"model": "gen4.5", "promptText": "p", "ratio": "1280:720"},
+            "duration",
+        ),
+    ],
+)
+async def test_model_matrix_is_enforced(
+    rw: httpx.AsyncClient, path: str, body: dict[str, object], bad_path: str
+) -> None:
+    """Per-model rules from the §1.3 table reject the offending field."""
+    response = await rw.post(path, json=body)
+    assert response.status_code == 400
+    assert bad_path in [i["path"][0] for i in response.json()["issues"] if i["path"]]
+
+
+async def test_image_to_video_accepts_first_and_last_for_veo31(rw: httpx.AsyncClient) -> None:
+    """veo3.1 image_to_video accepts first+last frames and an optional duration."""
+    body = {
+        "model": "veo3.1",
+        "ratio": "1280:720",
+        "promptImage": [
+            {"uri": "https://cdn.example.com/a.png", "position": "first"},
+            {"uri": "https://cdn.example.com/b.png", "position": "last"},
+        ],
+    }
+    assert (await rw.post("/v1/image_to_video", json=body)).status_code == 200
+
+
+async def test_task_progresses_per_poll_to_success_with_playable_output(
+    rw: httpx.AsyncClient,
+) -> None:
+    """In polls mode a task goes PENDING, RUNNING with progress, then SUCCEEDED with an MP4 URL."""
+    task_id = await _create(rw)
+    seen = [(await rw.get(f"/v1/tasks/{task_id}")).json() for _ in range(4)]
+    assert [t["status"] for t in seen] == ["PENDING", "RUNNING", "RUNNING", "SUCCEEDED"]
+    assert 0 < seen[1]["progress"] < seen[2]["progress"] < 1
+    assert seen[0]["createdAt"].endswith("Z")
+    assert seen[0]["id"] == task_id
+    media = await rw.get(seen[3]["output"][0])
+    assert media.status_code == 200
+    assert media.headers["content-type"] == "video/mp4"
+    with av.open(io.BytesIO(media.content)) as container:
+        assert container.streams.video[0].codec_context.name == "h264"
+
+
+async def test_expired_output_is_403_and_regetting_gives_fresh_url(
+    runway: RunwayEmulator, rw: httpx.AsyncClient
+) -> None:
+    """expire_output hands out an expired link (403); the next GET of the task gives a fresh one."""
+    runway.add_faults({"route": "GET /v1/tasks/*", "action": "expire_output"})
+    task_id = await _create(rw)
+    done = await poll_until(rw, f"/v1/tasks/{task_id}", "status", {"SUCCEEDED"})
+    assert (await rw.get(done["output"][0])).status_code == 403
+    fresh = (await rw.get(f"/v1/tasks/{task_id}")).json()["output"][0]
+    assert fresh != done["output"][0]
+    assert (await rw.get(fresh)).status_code == 200
+
+
+@pytest.mark.parametrize("runway_config", [RunwayConfig(max_concurrent=1)])
+async def test_concurrency_over_tier_is_throttled(rw: httpx.AsyncClient) -> None:
+    """With one concurrent slot a second task reports THROTTLED until the first finishes."""
+    first, second = await _create(rw), await _create(rw)
+    await poll_until(rw, f"/v1/tasks/{first}", "status", {"RUNNING"})
+    statuses = {(await rw.get(f"/v1/tasks/{second}")).json()["status"] for _ in range(2)}
+    assert statuses == {"THROTTLED"}
+    await poll_until(rw, f"/v1/tasks/{first}", "status", {"SUCCEEDED"})
+    await poll_until(rw, f"/v1/tasks/{second}", "status", {"SUCCEEDED"})
+
+
+@pytest.mark.parametrize("runway_config", [RunwayConfig(max_daily=2)])
+async def test_daily_limit_is_429(runway: RunwayEmulator, rw: httpx.AsyncClient) -> None:
+    """Creating more tasks than the rolling daily limit is answered 429 and creates nothing."""
+    await _create(rw)
+    await _create(rw)
+    response = await rw.post("/v1/text_to_video", json=T2V_BODY)
+    assert response.status_code == 429
+    assert len(runway.truth()) == 2
+
+
+async def test_delete_cancels_and_is_not_billed(rw: httpx.AsyncClient) -> None:
+    """DELETE answers 204, the task reads CANCELLED and no credits are billed."""
+    task_id = await _create(rw)
+    assert (await rw.delete(f"/v1/tasks/{task_id}")).status_code == 204
+    assert (await rw.get(f"/v1/tasks/{task_id}")).json()["status"] == "CANCELLED"
+    assert (await rw.post("/v1/organization/usage", json={})).json()["results"] == []
+
+
+@pytest.mark.parametrize("runway_config", [RunwayConfig(delete_mode="delete")])
+async def test_delete_mode_makes_task_disappear(rw: httpx.AsyncClient) -> None:
+    """In delete mode a later GET is 404 Could not find Task."""
+    task_id = await _create(rw)
+    assert (await rw.delete(f"/v1/tasks/{task_id}")).status_code == 204
+    response = await rw.get(f"/v1/tasks/{task_id}")
+    assert (response.status_code, response.json()) == (404, {"error": "Could not find Task"})
+
+
+async def test_fail_job_sets_failure_code(runway: RunwayEmulator, rw: httpx.AsyncClient) -> None:
+    """fail_job ends the task FAILED with the injected failureCode and bills nothing."""
+    runway.add_faults(
+        {
+            "route": "POST /v1/text_to_video",
+            "action": "fail_job",
+            "code": "SAFETY.INPUT.TEXT",
+            "message": "Input prompt text was rejected.",
+        }
+    )
+    task_id = await _create(rw)
+    done = await poll_until(rw, f"/v1/tasks/{task_id}", "status", {"FAILED"})
+    assert done["failureCode"] == "SAFETY.INPUT.TEXT"
+    assert done["failure"]
+    assert (await rw.post("/v1/organization/usage", json={})).json()["results"] == []
+
+
+async def test_throttle_polls_and_unknown_status(
+    runway: RunwayEmulator, rw: httpx.AsyncClient
+) -> None:
+    """throttle_polls and unknown_status override what the next polls report."""
+    runway.add_faults(
+        [
+            {"route": "POST /v1/text_to_video", "action": "throttle_polls", "n": 2},
+            {
+                "route": "POST /v1/text_to_video",
+                "action": "unknown_status",
+                "value": "QUEUED_FOR_GPU",
+            },
+        ]
+    )
+    task_id = await _create(rw)
+    statuses = [(await rw.get(f"/v1/tasks/{task_id}")).json()["status"] for _ in range(4)]
+    assert statuses == ["THROTTLED", "THROTTLED", "QUEUED_FOR_GPU", "PENDING"]
+
+
+async def test_success_is_billed_by_price_table(rw: httpx.AsyncClient) -> None:
+    """A succeeded gen4.5 5 s task bills 12 credits/s = 60 credits and lowers the balance."""
+    task_id = await _create(rw)
+    await poll_until(rw, f"/v1/tasks/{task_id}", "status", {"SUCCEEDED"})
+    usage = (await rw.post("/v1/organization/usage", json={})).json()
+    assert usage["models"] == ["gen4.5"]
+    assert usage["results"][0]["usedCredits"] == [{"model": "gen4.5", "amount": 60.0}]
+    org = (await rw.get("/v1/organization")).json()
+    assert org["creditBalance"] == 4940
+    assert org["usage"]["models"]["gen4.5"]["dailyGenerations"] == 1
+
+
+async def test_task_list_extension_filters_by_creation_time(rw: httpx.AsyncClient) -> None:
+    """GET /v1/tasks lists tasks with their request bodies inside the createdAfter window."""
+    task_id = await _create(rw)
+    listed = (await rw.get("/v1/tasks", params={"createdAfter": "2000-01-01T00:00:00Z"})).json()
+    assert [(t["id"], t["request"]) for t in listed["data"]] == [(task_id, T2V_BODY)]
+    empty = (await rw.get("/v1/tasks", params={"createdAfter": "2999-01-01T00:00:00Z"})).json()
+    assert empty["data"] == []
+
+
+@pytest.mark.parametrize("runway_config", [RunwayConfig(enable_task_list=False)])
+async def test_task_list_can_be_disabled(rw: httpx.AsyncClient) -> None:
+    """With enable_task_list off the listing route does not exist."""
+    assert (await rw.get("/v1/tasks")).status_code in (404, 405)
+
+
+async def test_time_mode_progresses_by_the_clock() -> None:
+    """In time mode a task completes on its own after queue_s + run_s."""
+    config = RunwayConfig(advance="time", queue_s=0.05, run_s=0.2)
+    async with RunwayEmulator(config) as emu, client(emu.url, headers=RUNWAY_HEADERS) as rw:
+        task_id = await _create(rw)
+        await poll_until(rw, f"/v1/tasks/{task_id}", "status", {"SUCCEEDED"})
