@@ -109,8 +109,15 @@ class RunwayAdapter(HttpAdapter):
 
     # -- cancel --------------------------------------------------------------------------------
     async def cancel_job(self, job: JobRef) -> CancelResult:
-        """DELETE the task; 204 and 404 (already deleted) both count as acknowledged."""
+        """DELETE the task unless it already finished; 204 and 404 count as acknowledged.
+
+        Runway's DELETE also deletes a finished task and its outputs, so a cancel racing a
+        success would destroy the real outcome (9.18.3): look first, and leave terminal tasks.
+        """
         account = self.account(job.account)
+        current = await self.get_job(job)
+        if current.status is not None and current.status.state.terminal:
+            return CancelResult(True, status=current.status)
         reply = await self.call("DELETE", self.job_path(job), account)
         if isinstance(reply, ProviderError):
             return CancelResult(False, error=reply)

@@ -21,6 +21,7 @@ from adapter_sidecars.common import base
 from adapter_sidecars.common.base import HttpAdapter, payload_of, unreadable, with_raw
 from adapter_sidecars.common.config import Account, SidecarConfig
 from adapter_sidecars.common.jobs import iso_z, parse_timestamp
+from adapter_sidecars.common.recovery import settled
 from adapter_sidecars.common.transport import HttpReply, utcnow
 from adapter_sidecars.common.types import (
     CancelResult,
@@ -151,6 +152,10 @@ class SelfHostedAdapter(HttpAdapter):
             return RecoverResult(RecoveryVerdict.FOUND, method, job=job)
         if jobs:  # one key, several jobs: the server broke its own contract
             return RecoverResult(RecoveryVerdict.INCONCLUSIVE, f"{method}: {len(jobs)} jobs")
+        if not settled(request.submitted_before, self.config, utcnow()):
+            # A request still in flight (or queued in the server's accept backlog) may create
+            # the job after this lookup: NOT_FOUND now would license a fail-over (9.17.5).
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, f"{method}: window not settled")
         return RecoverResult(RecoveryVerdict.NOT_FOUND, method)
 
     # -- usage ---------------------------------------------------------------------------------

@@ -105,9 +105,11 @@ async def veo_adapter(veo_emulator: VeoEmulator) -> AsyncIterator[VeoAdapter]:
 async def selfhosted_adapter(
     selfhosted_emulator: SelfHostedEmulator,
 ) -> AsyncIterator[SelfHostedAdapter]:
-    """A self-hosted adapter talking to the emulator."""
+    """A self-hosted adapter talking to the emulator (settle 0 so NOT_FOUND can be conclusive)."""
     adapter = SelfHostedAdapter.from_config(
-        sidecar_config(selfhosted_emulator.url, "SELFHOSTED_API_KEY")
+        sidecar_config(
+            selfhosted_emulator.url, "SELFHOSTED_API_KEY", options={"recovery_settle_seconds": 0}
+        )
     )
     yield adapter
     await adapter.aclose()

@@ -1,0 +1,50 @@
+"""The adapter contract suite: abstract test classes every provider adapter must pass.
+
+Bind them to an adapter by subclassing with a ``Test`` name in a module that has the contract
+plugin's fixtures (``adapter_stub``, ``emulator``, ``adapter_profile``, ...)::
+
+    class TestSubmitBoundaries(SubmitBoundaryContract):
+        pass
+
+or run them without writing any code with ``vidroute-contract`` (see README.md).
+Capability flags of the profile select which tests apply (``contract_requires`` markers).
+"""
+
+from adapter_sidecars.contract.compile_contract import (
+    CompileContract,
+    DescribeContract,
+    GoldenContract,
+)
+from adapter_sidecars.contract.lifecycle_contract import (
+    CallbackContract,
+    CancelContract,
+    JobLifecycleContract,
+    UsageContract,
+)
+from adapter_sidecars.contract.recovery_contract import RecoveryContract
+from adapter_sidecars.contract.submit_contract import SubmitBoundaryContract
+
+ALL_CONTRACTS = (
+    DescribeContract,
+    CompileContract,
+    GoldenContract,
+    SubmitBoundaryContract,
+    RecoveryContract,
+    JobLifecycleContract,
+    CallbackContract,
+    CancelContract,
+    UsageContract,
+)
+
+__all__ = [
+    "ALL_CONTRACTS",
+    "CallbackContract",
+    "CancelContract",
+    "CompileContract",
+    "DescribeContract",
+    "GoldenContract",
+    "JobLifecycleContract",
+    "RecoveryContract",
+    "SubmitBoundaryContract",
+    "UsageContract",
+]
