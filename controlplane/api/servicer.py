@@ -12,10 +12,17 @@ from typing import Any
 
 import grpc
 
-from controlplane.api import views
+from controlplane.api import provider_views, views
 from controlplane.api.convert import spec_from_proto
 from controlplane.domain.states import TaskState
-from controlplane.service.tasks import CreateTaskInput, ListTasksInput, TaskService, parse_task_id
+from controlplane.service.providers import ForceBreakerInput, ProviderAdminService
+from controlplane.service.tasks import (
+    CreateTaskInput,
+    ListTasksInput,
+    TaskService,
+    parse_cursor,
+    parse_task_id,
+)
 from vidroute.scheduler.v1 import scheduler_pb2, scheduler_service_pb2, scheduler_service_pb2_grpc
 
 _UNIMPLEMENTED = "implemented by the scheduler execution and decision issues"
@@ -24,8 +31,15 @@ _UNIMPLEMENTED = "implemented by the scheduler execution and decision issues"
 class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
     """The public scheduler API."""
 
-    def __init__(self, tasks: TaskService) -> None:
+    def __init__(self, tasks: TaskService, providers: ProviderAdminService | None = None) -> None:
         self._tasks = tasks
+        self._providers = providers
+
+    async def _admin(self, context: Any, rpc: str) -> ProviderAdminService:
+        if self._providers is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{rpc}: no scheduler configured")
+            raise AssertionError("unreachable")
+        return self._providers
 
     async def CreateTask(
         self, request: scheduler_service_pb2.CreateTaskRequest, context: Any
@@ -81,23 +95,44 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
     async def WatchTask(
         self, request: scheduler_service_pb2.WatchTaskRequest, context: Any
     ) -> AsyncIterator[scheduler_service_pb2.WatchTaskResponse]:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"WatchTask is {_UNIMPLEMENTED}")
-        yield scheduler_service_pb2.WatchTaskResponse()  # pragma: no cover - unreachable
+        task_id = parse_task_id(request.task_id)
+        after = parse_cursor(request.after_cursor)
+        last_state = None
+        async for event in self._tasks.watch(task_id, after):
+            message = views.task_event(event, last_state)
+            last_state = message.task_state or last_state
+            yield scheduler_service_pb2.WatchTaskResponse(event=message)
 
     async def ListProviders(
         self, request: scheduler_service_pb2.ListProvidersRequest, context: Any
     ) -> scheduler_service_pb2.ListProvidersResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"ListProviders is {_UNIMPLEMENTED}")
-        raise AssertionError("unreachable")
+        admin = await self._admin(context, "ListProviders")
+        return scheduler_service_pb2.ListProvidersResponse(
+            providers=[provider_views.provider(v) for v in await admin.list_providers()]
+        )
 
     async def GetProviderHealth(
         self, request: scheduler_service_pb2.GetProviderHealthRequest, context: Any
     ) -> scheduler_service_pb2.GetProviderHealthResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"GetProviderHealth is {_UNIMPLEMENTED}")
-        raise AssertionError("unreachable")
+        admin = await self._admin(context, "GetProviderHealth")
+        statuses = await admin.provider_health(request.provider)
+        return scheduler_service_pb2.GetProviderHealthResponse(
+            breakers=[provider_views.breaker(s) for s in statuses]
+        )
 
     async def ForceBreaker(
         self, request: scheduler_service_pb2.ForceBreakerRequest, context: Any
     ) -> scheduler_service_pb2.ForceBreakerResponse:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"ForceBreaker is {_UNIMPLEMENTED}")
-        raise AssertionError("unreachable")
+        admin = await self._admin(context, "ForceBreaker")
+        status = await admin.force_breaker(
+            ForceBreakerInput(
+                provider=request.provider,
+                account=request.account,
+                region=request.region,
+                model=request.model,
+                operation=request.operation or "SUBMIT",
+                state=provider_views.breaker_state_from_proto(request.state),
+                reason=request.reason,
+            )
+        )
+        return scheduler_service_pb2.ForceBreakerResponse(breaker=provider_views.breaker(status))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
 from google.protobuf import timestamp_pb2
@@ -14,6 +15,7 @@ from controlplane.persistence.records import (
     ProviderJobRecord,
     RouteDecisionRecord,
     TaskDetail,
+    TaskEventRecord,
     TaskRecord,
 )
 from vidroute.adapter.v1 import adapter_pb2
@@ -169,4 +171,41 @@ def task(rec: TaskRecord, detail: TaskDetail | None = None) -> pb.Task:
         jobs = {j.attempt_id: j for j in detail.provider_jobs}
         msg.attempts.extend(attempt(a, jobs.get(a.id)) for a in detail.attempts)
         msg.route_decisions.extend(route_decision(d) for d in detail.route_decisions)
+    return msg
+
+
+_EVENT_KIND = {
+    "task.queued": pb.TASK_EVENT_KIND_CREATED,
+    "task.state_changed": pb.TASK_EVENT_KIND_TASK_STATE_CHANGED,
+    "attempt.created": pb.TASK_EVENT_KIND_ATTEMPT_CREATED,
+    "attempt.state_changed": pb.TASK_EVENT_KIND_ATTEMPT_STATE_CHANGED,
+    "provider_job.recorded": pb.TASK_EVENT_KIND_PROVIDER_PROGRESS,
+    "provider.progress": pb.TASK_EVENT_KIND_PROVIDER_PROGRESS,
+    "output.stored": pb.TASK_EVENT_KIND_OUTPUT_STORED,
+}
+
+
+def task_event(
+    event: TaskEventRecord, last_task_state: pb.TaskState.ValueType | None
+) -> pb.TaskEvent:
+    """A stored task event; task_state is the state after it (carried over for attempt events)."""
+    payload = event.payload
+    kind = _EVENT_KIND.get(event.kind, pb.TASK_EVENT_KIND_UNSPECIFIED)
+    is_task_event = event.kind.startswith("task.")
+    state = payload.get("state")
+    msg = pb.TaskEvent(
+        cursor=str(event.seq),
+        task_id=str(event.task_id),
+        kind=kind,
+        detail_json=json.dumps({"kind": event.kind, **payload}, sort_keys=True, default=str),
+        created_at=timestamp(event.created_at),
+    )
+    if is_task_event and state:
+        msg.task_state = task_state(TaskState(state))
+    elif last_task_state is not None:
+        msg.task_state = last_task_state
+    if "attempt_id" in payload:
+        msg.attempt_id = str(payload["attempt_id"])
+        if not is_task_event and state in AttemptState.__members__:
+            msg.attempt_state = attempt_state(AttemptState(state))
     return msg

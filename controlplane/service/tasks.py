@@ -7,8 +7,9 @@ behind or reaches a provider.
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -18,7 +19,7 @@ from controlplane.domain.spec import GenerationSpec
 from controlplane.domain.states import TASK_MACHINE, TaskState
 from controlplane.domain.validation import FieldViolation
 from controlplane.persistence import errors as store_errors
-from controlplane.persistence.records import TaskDetail, TaskRecord
+from controlplane.persistence.records import TaskDetail, TaskEventRecord, TaskRecord
 from controlplane.persistence.repository import Store
 
 MAX_IDEMPOTENCY_KEY = 128
@@ -47,6 +48,15 @@ class ListTasksInput:
     page_token: str | None = None
 
 
+def parse_cursor(raw: str) -> int:
+    """WatchTask cursors are the decimal sequence number of the last event seen."""
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise InvalidSpec([FieldViolation("after_cursor", "must be a cursor from a TaskEvent")])
+    return int(raw)
+
+
 def parse_task_id(raw: str, field: str = "task_id") -> int:
     """Task ids are positive decimal integers on the wire; anything else is INVALID_ARGUMENT."""
     if not raw.isdigit() or int(raw) <= 0:
@@ -67,9 +77,16 @@ def _key_violations(key: str) -> list[FieldViolation]:
 class TaskService:
     """Create, read, list and cancel tasks."""
 
-    def __init__(self, store: Store, clock: Callable[[], datetime] = utcnow) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Callable[[], datetime] = utcnow,
+        *,
+        watch_poll_interval_s: float = 0.5,
+    ) -> None:
         self._store = store
         self._clock = clock
+        self._watch_poll_s = watch_poll_interval_s
 
     async def create_task(self, cmd: CreateTaskInput) -> tuple[TaskRecord, bool]:
         """Persist a QUEUED task, or return the one this idempotency key already created."""
@@ -115,3 +132,25 @@ class TaskService:
                 {"status_version": record.status_version},
             )
         return await self.get_task(task_id)
+
+    async def watch(self, task_id: int, after_seq: int = 0) -> AsyncIterator[TaskEventRecord]:
+        """The task's persisted events after `after_seq`, then new ones as they are written.
+
+        Ends once the task is terminal and every event is delivered. A client that reconnects
+        passes the last cursor it saw and misses nothing: the history is the database's.
+        """
+        await self.get_task(task_id)  # NotFound before the stream starts
+        cursor = after_seq
+        while True:
+            events = await self._store.task_events(task_id, after_seq=cursor, limit=200)
+            for event in events:
+                cursor = event.seq
+                yield event
+            if events:
+                continue
+            detail = await self.get_task(task_id)
+            if detail.task.state in _TERMINAL:
+                if not await self._store.task_events(task_id, after_seq=cursor, limit=1):
+                    return
+                continue
+            await asyncio.sleep(self._watch_poll_s)

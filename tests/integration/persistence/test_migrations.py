@@ -6,14 +6,28 @@ from typing import Any
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from alembic.script import ScriptDirectory
+from sqlalchemy import MetaData, inspect
 from sqlalchemy.engine import Connection
 
 from controlplane.persistence.db import create_engine
-from controlplane.persistence.migrate import current_revision, downgrade, upgrade
+from controlplane.persistence.execution_store import execution_metadata
+from controlplane.persistence.migrate import alembic_config, current_revision, downgrade, upgrade
 from controlplane.persistence.models import Base
 
-ALL_TABLES = {t.name for t in Base.metadata.sorted_tables}
+
+def _all_models() -> MetaData:
+    """Every table the code defines, whichever module defines it."""
+    merged = MetaData()
+    for metadata in (Base.metadata, execution_metadata):
+        for table in metadata.sorted_tables:
+            table.to_metadata(merged)
+    return merged
+
+
+MODELS = _all_models()
+ALL_TABLES = {t.name for t in MODELS.sorted_tables}
+HEAD = ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
 def _not_alembic_version(name: str | None, type_: str, _parents: Any) -> bool:
@@ -24,7 +38,7 @@ def _diff(sync_conn: Connection) -> list[Any]:
     context = MigrationContext.configure(
         sync_conn, opts={"compare_type": True, "include_name": _not_alembic_version}
     )
-    return list(compare_metadata(context, Base.metadata))
+    return list(compare_metadata(context, MODELS))
 
 
 async def _tables(url: str) -> set[str]:
@@ -50,7 +64,7 @@ async def test_upgrade_downgrade_upgrade_round_trip(empty_database_url: str) -> 
     """Upgrading to head creates every table, downgrading to base drops them all, and it repeats."""
     await upgrade(empty_database_url)
     assert await _tables(empty_database_url) == ALL_TABLES
-    assert await current_revision(empty_database_url) == "0001_initial"
+    assert await current_revision(empty_database_url) == HEAD
 
     await downgrade(empty_database_url)
     assert await _tables(empty_database_url) == set()

@@ -1,0 +1,161 @@
+"""What to do after a definite provider failure (design 9.9.1, 9.9.2, 9.16): a pure decision.
+
+Three answers, in the order they are considered::
+
+    FAIL_TASK   the task ends FAILED with the error (deadline passed, SAFETY_INPUT, a matrix row
+                that forbids both retry and failover, a limit reached)
+    RETRY_SAME  send the same attempt again to the same candidate after a backoff; only for a
+                *rejected submit* whose class allows it (429/overload/5xx-not-created/quota),
+                bounded by `FailoverLimits.max_same_candidate_retries`
+    FAIL_OVER   fail the attempt and hand the task back to the scheduler for a new attempt,
+                excluding the failed candidate; bounded by max_total_attempts and
+                max_provider_switches; STRICT_MODEL keeps the model (another account at most)
+
+A failure whose outcome is unknown (``provider_may_have_accepted``) never reaches this function:
+it enters recovery (9.17). Calling `decide` with one is a programming error and raises.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import pairwise
+
+from controlplane.domain.errors import ErrorClass, ProviderError, may_fail_over, may_retry_same
+from controlplane.domain.spec import RoutingMode
+
+__all__ = [
+    "FailoverAction",
+    "FailoverDecision",
+    "FailoverInput",
+    "FailoverLimits",
+    "FailureStage",
+    "backoff_delay_s",
+    "count_switches",
+    "decide",
+]
+
+
+class FailoverAction(enum.Enum):
+    RETRY_SAME = "RETRY_SAME"
+    FAIL_OVER = "FAIL_OVER"
+    FAIL_TASK = "FAIL_TASK"
+
+
+class FailureStage(enum.Enum):
+    """Where the failure happened: a refused submit, or a job that failed after acceptance."""
+
+    SUBMIT = "SUBMIT"
+    EXECUTION = "EXECUTION"
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverLimits:
+    """The bounds of 9.16.4; `max_retry_after_s` caps how long a RETRY_SAME may wait."""
+
+    max_total_attempts: int = 3
+    max_provider_switches: int = 2
+    max_same_candidate_retries: int = 3
+    retry_base_s: float = 1.0
+    retry_cap_s: float = 60.0
+    max_retry_after_s: float = 300.0
+    # SAFETY_OUTPUT regeneration is a product decision (9.9.1); off by default.
+    regenerate_on_safety_output: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverInput:
+    """Everything `decide` looks at; `attempts_so_far` includes the failed attempt."""
+
+    error: ProviderError
+    stage: FailureStage
+    routing_mode: RoutingMode
+    attempts_so_far: int
+    provider_switches_so_far: int
+    same_candidate_retries: int
+    now: datetime
+    deadline_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverDecision:
+    """The answer; `reason` is a stable code recorded on the task or attempt."""
+
+    action: FailoverAction
+    reason: str
+    retry_delay_s: float = 0.0
+    same_model_only: bool = False
+
+
+def backoff_delay_s(retry_no: int, *, base_s: float, cap_s: float, unit_random: float) -> float:
+    """Exponential backoff with "equal jitter": half fixed, half random, capped at `cap_s`."""
+    if retry_no < 0:
+        raise ValueError("retry_no must be >= 0")
+    ceiling = min(cap_s, base_s * (2.0**retry_no))
+    return ceiling / 2.0 + (ceiling / 2.0) * unit_random
+
+
+def count_switches(candidates: list[tuple[int, str]]) -> int:
+    """How many times consecutive attempts changed (account, model): 9.16.4's switch count."""
+    return sum(1 for prev, cur in pairwise(candidates) if prev != cur)
+
+
+def _retry_same(
+    inp: FailoverInput, limits: FailoverLimits, unit_random: float
+) -> FailoverDecision | None:
+    """RETRY_SAME when a refused submit may be re-sent, within the bounds and the deadline."""
+    retries = inp.same_candidate_retries
+    if (
+        inp.stage is not FailureStage.SUBMIT
+        or not may_retry_same(inp.error)
+        or retries >= limits.max_same_candidate_retries
+    ):
+        return None
+    retry_after = (inp.error.retry_after_ms or 0) / 1000.0
+    if retry_after > limits.max_retry_after_s:
+        return None  # the window resets too late (long-term quota): try elsewhere instead
+    wait = max(
+        retry_after,
+        backoff_delay_s(
+            retries, base_s=limits.retry_base_s, cap_s=limits.retry_cap_s, unit_random=unit_random
+        ),
+    )
+    if inp.deadline_at is not None and (inp.deadline_at - inp.now).total_seconds() <= wait:
+        return None
+    return FailoverDecision(FailoverAction.RETRY_SAME, "RETRY_SAME", wait)
+
+
+def _fail(reason: str) -> FailoverDecision:
+    return FailoverDecision(FailoverAction.FAIL_TASK, reason)
+
+
+def decide(inp: FailoverInput, limits: FailoverLimits, *, unit_random: float) -> FailoverDecision:
+    """Apply the handling matrix, the safety rule, the routing mode and the limits."""
+    error = inp.error
+    if error.provider_may_have_accepted or error.error_class is ErrorClass.SUBMISSION_UNKNOWN:
+        raise ValueError("an outcome that may have been accepted enters recovery, not failover")
+    if inp.deadline_at is not None and inp.now >= inp.deadline_at:
+        return _fail("TASK_DEADLINE_EXCEEDED")
+    if error.error_class is ErrorClass.SAFETY_INPUT:
+        # 9.9.2: another provider accepting the same input is no reason to send it there.
+        return _fail("SAFETY_INPUT_NO_FAILOVER")
+    if error.error_class is ErrorClass.SAFETY_OUTPUT and not limits.regenerate_on_safety_output:
+        return _fail("SAFETY_OUTPUT_NO_REGENERATE")
+
+    retry = _retry_same(inp, limits, unit_random)
+    if retry is not None:
+        return retry
+
+    if not may_fail_over(error):
+        return _fail(f"NO_FAILOVER_{error.error_class.value}")
+    if inp.attempts_so_far >= limits.max_total_attempts:
+        return _fail("MAX_TOTAL_ATTEMPTS")
+    if inp.provider_switches_so_far >= limits.max_provider_switches:
+        return _fail("MAX_PROVIDER_SWITCHES")
+    strict = inp.routing_mode is RoutingMode.STRICT_MODEL
+    return FailoverDecision(
+        FailoverAction.FAIL_OVER,
+        "FAIL_OVER_SAME_MODEL" if strict else "FAIL_OVER",
+        same_model_only=strict,
+    )

@@ -1,0 +1,1 @@
+"""Task execution: what happens to an attempt between the scheduler's decision and delivery."""

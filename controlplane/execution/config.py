@@ -1,0 +1,65 @@
+"""The execution engine's knobs, one frozen dataclass (the composition root fills it in).
+
+Product and risk decisions are named fields with a documented default, so changing one is a
+reviewed configuration change rather than a code edit:
+
+* `allow_new_attempt_after_abandon` (False): after recovery gives up on an unknown submit the
+  task FAILS with SUBMISSION_UNKNOWN, because a new attempt may pay for a second video (9.17.5).
+* `deliver_if_succeeded_during_cancel` (True): when the provider finishes the job before it
+  confirms a cancel, the output is delivered. The provider ran and charged; a cancel is a
+  request, not a fact (9.18.3). False cancels the task and keeps the output only for billing.
+* `idempotent_providers` ({"self_hosted"}): providers whose submit honours the client request
+  key, so recovery may re-send the same submit with the same key (9.17.4 step 1). An
+  ``attempt.submit`` payload may override per attempt with ``supports_idempotency_key``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from controlplane.domain.failover import FailoverLimits
+from controlplane.domain.polling import PollingPolicy
+
+__all__ = ["ExecutionConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionConfig:
+    """Timings are seconds; every delay is real time (tests shrink `polling.scale` instead)."""
+
+    worker_id: str = "exec-1"
+    callback_base_url: str = ""
+    batch_size: int = 16
+    claim_lease_s: float = 30.0
+    idle_sleep_s: float = 0.5
+
+    limits: FailoverLimits = field(default_factory=FailoverLimits)
+    polling: PollingPolicy = field(default_factory=PollingPolicy)
+    # Per model: the provider's p95 job duration, and the longest a job can plausibly take.
+    expected_p95_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    max_plausible_s: float = 1800.0
+
+    # A SUBMITTING attempt older than this with no provider job is a crashed submit (9.17).
+    submitting_grace_s: float = 120.0
+
+    idempotent_providers: frozenset[str] = frozenset({"self_hosted"})
+    recovery_base_s: float = 2.0
+    recovery_cap_s: float = 120.0
+    unknown_recovery_deadline_s: float = 1800.0
+    max_recovery_queries: int = 20
+    max_unknown_age_s: float = 3600.0
+    # Usage records are the last resort (9.17.4 step 6), consulted after this many queries.
+    usage_lookup_after_queries: int = 3
+    allow_new_attempt_after_abandon: bool = False
+
+    deliver_if_succeeded_during_cancel: bool = True
+    cancel_retry_s: float = 5.0
+    max_cancel_calls: int = 5
+
+    fetch_retry_base_s: float = 2.0
+    fetch_retry_cap_s: float = 120.0
+    max_fetch_attempts: int = 8
+    max_output_refreshes: int = 3
+    max_output_bytes: int = 2 * 1024 * 1024 * 1024

@@ -1,0 +1,157 @@
+"""`ExecutionEngine`: the execution workers as concurrent asyncio loops of one replica.
+
+Loops: submit, recovery, poll, cancel, output fetch, and a sweep that settles interrupted submits
+(SUBMITTING with no provider job past `submitting_grace_s` -> SUBMIT_UNKNOWN; with a job ->
+completed). The sweep runs once at `start()` before any loop, then periodically. Any number of
+replicas may run against one PostgreSQL: outbox messages and due polls/recoveries are claimed
+with ``FOR UPDATE SKIP LOCKED`` and every state change is a CAS on a locked row, so a message is
+handled once and a submit is sent once. A crashed replica's claims expire and are re-taken.
+
+Clock, sleep and randomness are injected so tests drive time instead of waiting for it;
+`run_until_idle()` runs every step until nothing is due, which is what most tests use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime, timedelta
+
+from controlplane.adapters.grpc_client import AdapterClient
+from controlplane.execution.cancel import CancelService, CancelWorker
+from controlplane.execution.config import ExecutionConfig
+from controlplane.execution.events import EventNormalizer
+from controlplane.execution.leasing import LeaseKeeper
+from controlplane.execution.outcomes import ExecutionDeps
+from controlplane.execution.output_fetch import FetchRequest, FetchResult
+from controlplane.execution.output_step import FetchFn, OutputStep
+from controlplane.execution.poller import Poller
+from controlplane.execution.recovery import RecoveryWorker
+from controlplane.execution.submit_worker import SubmitWorker
+from controlplane.leases.base import LeaseStore
+from controlplane.persistence.execution_store import ExecutionStore
+from controlplane.persistence.repository import Store
+
+__all__ = ["ExecutionEngine"]
+
+log = logging.getLogger(__name__)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+async def _no_fetch(_request: FetchRequest) -> FetchResult:  # pragma: no cover - wiring guard
+    raise RuntimeError("no output fetcher configured")
+
+
+class ExecutionEngine:
+    """One replica of the execution side; `start()`/`stop()` or `run_until_idle()`."""
+
+    def __init__(
+        self,
+        store: Store,
+        adapters: Mapping[str, AdapterClient],
+        *,
+        config: ExecutionConfig | None = None,
+        leases: LeaseStore | None = None,
+        fetch: FetchFn | None = None,
+        clock: Callable[[], datetime] = _utcnow,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config or ExecutionConfig()
+        self.store = store
+        self.deps = ExecutionDeps(
+            xstore=ExecutionStore(store.engine),
+            adapters=adapters,
+            leases=LeaseKeeper(leases),
+            config=self.config,
+            clock=clock,
+            rng=rng or random.Random(),
+        )
+        self._sleep = sleep
+        self.normalizer = EventNormalizer(self.deps)
+        self.submitter = SubmitWorker(store, self.deps, self.normalizer)
+        self.recovery = RecoveryWorker(self.deps)
+        self.poller = Poller(self.deps, self.normalizer)
+        self.canceller = CancelWorker(store, self.deps, self.normalizer)
+        self.cancel_service = CancelService(store, self.deps)
+        self.output = OutputStep(store, self.deps, fetch or _no_fetch, self.normalizer)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
+        self.errors = 0
+
+    async def sweep(self) -> int:
+        """Settle interrupted submits (crash between request start and outcome)."""
+        cfg = self.config
+        started_before = self.deps.clock() - timedelta(seconds=cfg.submitting_grace_s)
+        ids = await self.deps.xstore.stale_submitting(
+            started_before=started_before, limit=cfg.batch_size
+        )
+        settled = 0
+        for attempt_id in ids:
+            settled += await self.submitter.settle(attempt_id)
+        return settled
+
+    def _steps(self) -> dict[str, Callable[[], Awaitable[int]]]:
+        return {
+            "submit": self.submitter.run_once,
+            "recovery": self.recovery.run_once,
+            "poll": self.poller.run_once,
+            "cancel": self.canceller.run_once,
+            "output": self.output.run_once,
+            "sweep": self.sweep,
+        }
+
+    async def run_until_idle(self, max_rounds: int = 50) -> int:
+        """Run every step until a whole round finds nothing due; returns the work items done."""
+        total = 0
+        for _ in range(max_rounds):
+            done = 0
+            for step in self._steps().values():
+                done += await step()
+            total += done
+            if done == 0:
+                return total
+        return total
+
+    async def start(self) -> None:
+        """Sweep once, then run each step in its own loop until `stop()`."""
+        if self._tasks:
+            return
+        self._stopping.clear()
+        await self.sweep()
+        for name, step in self._steps().items():
+            self._tasks.append(asyncio.create_task(self._loop(name, step), name=f"exec-{name}"))
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Let each loop finish its current item (up to `grace_s`), then cancel. Idempotent.
+
+        An item cut off by the cancel is safe: its message claim expires and the state it left
+        (at worst SUBMITTING) is settled by the next sweep, never re-sent blindly.
+        """
+        self._stopping.set()
+        tasks, self._tasks = self._tasks, []
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=grace_s)
+        for task in pending:
+            task.cancel()
+        for task in pending:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _loop(self, name: str, step: Callable[[], Awaitable[int]]) -> None:
+        while not self._stopping.is_set():
+            try:
+                done = await step()
+            except Exception:
+                self.errors += 1
+                log.exception("execution step %s failed; retrying after a pause", name)
+                done = 0
+            if done == 0 and not self._stopping.is_set():
+                await self._sleep(self.config.idle_sleep_s)

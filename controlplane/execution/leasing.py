@@ -1,0 +1,84 @@
+"""The execution engine's use of capacity leases (design 9.11, 9.11.3).
+
+An attempt row stores only its lease token; the lease record (account, dimensions) lives in the
+`LeaseStore`, so `LeaseKeeper` finds it by token (random and unique; the scheduler may have
+acquired it under a provisional attempt id). Every call here happens AFTER
+the database transaction that justified it committed, and never raises: PostgreSQL is the source
+of truth and the lease reconciler (9.11.2) repairs any counter a lost call leaves wrong.
+
+* terminal attempt          -> `release` (idempotent: a second call finds nothing)
+* SUBMIT_UNKNOWN            -> `mark_unknown` into the account's unknown budget
+* unknown resolved (found)  -> `resolve_unknown`
+* in flight (poll/recovery) -> `renew` (heartbeat)
+* ABANDONED                 -> nothing: the slot stays counted until the reconciler or the
+                               lease's max term says otherwise (the job may still be running)
+"""
+
+from __future__ import annotations
+
+import logging
+
+from controlplane.leases.base import Lease, LeaseError, LeaseStore, unknown_slot_cap
+from controlplane.persistence.records import AttemptRecord
+
+__all__ = ["LeaseKeeper"]
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    """Best-effort lease operations keyed by attempt; counts what it could not do."""
+
+    def __init__(self, store: LeaseStore | None) -> None:
+        self._store = store
+        self.failures = 0
+
+    async def find(self, attempt: AttemptRecord) -> Lease | None:
+        if self._store is None or not attempt.lease_token:
+            return None
+        for account in await self._store.accounts():
+            snapshot = await self._store.snapshot(account)
+            for lease in snapshot.leases:
+                if lease.token == attempt.lease_token:
+                    return lease
+        return None
+
+    async def release(self, attempt: AttemptRecord) -> bool:
+        try:
+            lease = await self.find(attempt)
+            return lease is not None and await self._require().release(lease)
+        except LeaseError as exc:
+            return self._failed("release", attempt, exc)
+
+    async def mark_unknown(self, attempt: AttemptRecord) -> bool:
+        try:
+            lease = await self.find(attempt)
+            if lease is None:
+                return False
+            cap = unknown_slot_cap(lease.dimensions[0].capacity)
+            return await self._require().mark_unknown(lease, cap)
+        except LeaseError as exc:
+            return self._failed("mark_unknown", attempt, exc)
+
+    async def resolve_unknown(self, attempt: AttemptRecord) -> bool:
+        try:
+            lease = await self.find(attempt)
+            return lease is not None and await self._require().resolve_unknown(lease)
+        except LeaseError as exc:
+            return self._failed("resolve_unknown", attempt, exc)
+
+    async def renew(self, attempt: AttemptRecord) -> bool:
+        try:
+            lease = await self.find(attempt)
+            return lease is not None and await self._require().renew(lease) is not None
+        except LeaseError as exc:
+            return self._failed("renew", attempt, exc)
+
+    def _require(self) -> LeaseStore:
+        assert self._store is not None
+        return self._store
+
+    def _failed(self, op: str, attempt: AttemptRecord, exc: Exception) -> bool:
+        self.failures += 1
+        log.warning("lease %s for attempt %s failed: %r", op, attempt.id, exc)
+        return False

@@ -1,0 +1,408 @@
+"""The decisions every execution worker shares, applied inside one `ExecUnit` transaction.
+
+* `accept`: a provider job is known for the attempt (submit ACCEPTED, recovery FOUND, a crashed
+  submit whose job row exists): record the job (never overwriting another, 9.3.4), move the
+  attempt to ACCEPTED and the task to RUNNING, schedule the first poll.
+* `to_unknown`: the submit's fate is unknown: SUBMIT_UNKNOWN with the transport stage, recovery
+  scheduled, lease moved to the unknown budget. Never a new attempt, never a re-send (9.17).
+* `fail_attempt`: a definite failure (rejected submit, failed job): the 9.9.1 matrix via
+  `controlplane.domain.failover.decide` chooses RETRY_SAME / FAIL_OVER / FAIL_TASK.
+* `requeue`: hand the task back to the scheduler (task -> QUEUED + ``task.requeue``).
+
+Lease calls are collected in `AfterCommit` and run only once the transaction committed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from controlplane.adapters.grpc_client import AdapterClient
+from controlplane.adapters.types import CompiledPlan, JobRef
+from controlplane.domain.errors import ErrorClass, ProviderError
+from controlplane.domain.failover import (
+    FailoverAction,
+    FailoverInput,
+    FailureStage,
+    backoff_delay_s,
+    count_switches,
+    decide,
+)
+from controlplane.domain.polling import PollPhase, next_poll_delay
+from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
+from controlplane.execution.config import ExecutionConfig
+from controlplane.execution.contracts import (
+    TOPIC_CANCEL,
+    TOPIC_REQUEUE,
+    TOPIC_SUBMIT,
+    ExcludedCandidate,
+    RequeueRequest,
+)
+from controlplane.execution.leasing import LeaseKeeper
+from controlplane.persistence.errors import DuplicateRecord
+from controlplane.persistence.execution_store import AccountInfo, ExecUnit, ExecutionStore
+from controlplane.persistence.records import (
+    AttemptChanges,
+    AttemptRecord,
+    Failure,
+    NewOutboxMessage,
+    NewProviderJob,
+    ProviderJobRecord,
+    TaskRecord,
+)
+
+__all__ = [
+    "PROVEN_ABSENT",
+    "AfterCommit",
+    "ExecutionDeps",
+    "accept",
+    "fail_attempt",
+    "job_ref",
+    "plan_of",
+    "requeue",
+    "to_unknown",
+]
+
+PROVEN_ABSENT = "PROVEN_ABSENT"
+_LIVE_TASK = frozenset({TaskState.SUBMITTING, TaskState.RUNNING})
+
+
+@dataclass
+class ExecutionDeps:
+    """What every worker needs; `adapters` maps a provider name to its adapter client."""
+
+    xstore: ExecutionStore
+    adapters: Mapping[str, AdapterClient]
+    leases: LeaseKeeper
+    config: ExecutionConfig
+    clock: Callable[[], datetime]
+    rng: random.Random = field(default_factory=random.Random)
+
+    def adapter(self, account: AccountInfo) -> AdapterClient:
+        try:
+            return self.adapters[account.provider]
+        except KeyError:
+            raise LookupError(f"no adapter client configured for {account.provider!r}") from None
+
+    def callback_url(self, account: AccountInfo, attempt: AttemptRecord) -> str:
+        base = self.config.callback_base_url.rstrip("/")
+        if not base:
+            return ""
+        return f"{base}/callbacks/{account.provider}?attempt={attempt.id}"
+
+
+@dataclass
+class AfterCommit:
+    """Lease operations to run once the transaction that justified them committed."""
+
+    release: list[AttemptRecord] = field(default_factory=list)
+    mark_unknown: list[AttemptRecord] = field(default_factory=list)
+    resolve_unknown: list[AttemptRecord] = field(default_factory=list)
+
+    async def run(self, leases: LeaseKeeper) -> None:
+        for attempt in self.mark_unknown:
+            await leases.mark_unknown(attempt)
+        for attempt in self.resolve_unknown:
+            await leases.resolve_unknown(attempt)
+        for attempt in self.release:
+            await leases.release(attempt)
+
+
+def plan_of(attempt: AttemptRecord, account: AccountInfo) -> CompiledPlan:
+    """The stored plan JSON as the `CompiledPlan` the adapter was compiled with."""
+    p = attempt.compile_plan
+    cost = p.get("estimated_cost") or {}
+    return CompiledPlan(
+        provider=str(p.get("provider", account.provider)),
+        account=str(p.get("account", account.account_name)),
+        model=str(p.get("model", attempt.provider_model)),
+        model_version=str(p.get("model_version", attempt.provider_model_version)),
+        capability_version=str(p.get("capability_version", attempt.capability_version)),
+        price_version=str(p.get("price_version", attempt.price_version)),
+        request_hash=str(p.get("request_hash", attempt.request_hash or "")),
+        estimated_cost_micros=int(cost.get("amount_micros", attempt.estimated_cost_micros)),
+        currency=str(cost.get("currency_code", attempt.currency)),
+        submittable=bool(p.get("submittable", True)),
+        transformations=(),
+        plan_json=p,
+    )
+
+
+def job_ref(
+    attempt: AttemptRecord, account: AccountInfo, job_id: str, request_id: str = ""
+) -> JobRef:
+    return JobRef(
+        provider_job_id=job_id,
+        account=str(attempt.compile_plan.get("account", account.account_name)),
+        model=attempt.provider_model,
+        provider_request_id=request_id,
+    )
+
+
+def first_poll_at(deps: ExecutionDeps, now: datetime) -> datetime:
+    plan = next_poll_delay(
+        deps.config.polling,
+        PollPhase.SUBMITTED,
+        polls_in_phase=0,
+        elapsed_since_submit_s=0.0,
+        unit_random=deps.rng.random(),
+    )
+    return now + timedelta(seconds=plan.delay_s)
+
+
+async def accept(
+    u: ExecUnit,
+    deps: ExecutionDeps,
+    attempt: AttemptRecord,
+    task: TaskRecord,
+    job: JobRef,
+    *,
+    raw_status: str,
+    reason: str,
+    after: AfterCommit,
+) -> AttemptRecord:
+    """Record `job` for the attempt and move attempt/task forward (idempotent)."""
+    existing = await u.job_of(attempt.id)
+    if existing is None:
+        clash = await u.job_by_ref(attempt.provider_account_id, job.provider_job_id)
+        if clash is not None:
+            raise DuplicateRecord(
+                f"job {job.provider_job_id!r} belongs to attempt {clash.attempt_id}"
+            )
+        await u.insert_job(
+            NewProviderJob(
+                attempt_id=attempt.id,
+                provider_account_id=attempt.provider_account_id,
+                provider_job_id=job.provider_job_id,
+                provider_request_id=job.provider_request_id or None,
+                normalized_status=AttemptState.ACCEPTED,
+                submitted_at=attempt.request_started_at or u.now,
+                raw_status=raw_status or None,
+            )
+        )
+    elif existing.provider_job_id != job.provider_job_id:
+        raise DuplicateRecord(
+            f"attempt {attempt.id} already has job {existing.provider_job_id!r}, "
+            f"refusing {job.provider_job_id!r}"
+        )
+    runtime = await u.runtime(attempt.id)
+    cancel_wanted = runtime is not None and runtime.cancel_requested_at is not None
+    if attempt.state in (AttemptState.SUBMITTING, AttemptState.SUBMIT_UNKNOWN):
+        was_unknown = attempt.state is AttemptState.SUBMIT_UNKNOWN
+        moved = await u.move_attempt(attempt, AttemptState.ACCEPTED, reason)
+        if moved is not None:
+            attempt = moved
+            if was_unknown:
+                after.resolve_unknown.append(moved)
+        if cancel_wanted and moved is not None:
+            attempt = (
+                await u.move_attempt(
+                    attempt, AttemptState.CANCEL_REQUESTED, "cancel requested before acceptance"
+                )
+                or attempt
+            )
+            await u.enqueue(_cancel_message(attempt))
+        await u.set_runtime(
+            attempt.id,
+            attempt.task_id,
+            accepted_at=u.now,
+            next_poll_at=first_poll_at(deps, u.now),
+            poll_phase=PollPhase.SUBMITTED.value,
+            polls_in_phase=0,
+            unknown_since=None,
+            next_recovery_at=None,
+        )
+    if task.state is TaskState.SUBMITTING:
+        await u.move_task(task, TaskState.RUNNING, f"attempt {attempt.attempt_no} accepted")
+    return attempt
+
+
+def _cancel_message(attempt: AttemptRecord) -> NewOutboxMessage:
+    return NewOutboxMessage(
+        TOPIC_CANCEL, str(attempt.id), {"task_id": attempt.task_id, "attempt_id": attempt.id}
+    )
+
+
+async def to_unknown(
+    u: ExecUnit,
+    deps: ExecutionDeps,
+    attempt: AttemptRecord,
+    stage: str,
+    error: ProviderError | None,
+    *,
+    after: AfterCommit,
+) -> AttemptRecord | None:
+    """SUBMITTING -> SUBMIT_UNKNOWN with recovery scheduled; no new attempt, no re-send."""
+    failure = Failure(
+        ErrorClass.SUBMISSION_UNKNOWN.value,
+        error.code if error else "SUBMIT_UNKNOWN",
+        error.message if error else "the submit's outcome is unknown",
+    )
+    moved = await u.move_attempt(
+        attempt,
+        AttemptState.SUBMIT_UNKNOWN,
+        f"submit outcome unknown at {stage or 'UNKNOWN'}",
+        AttemptChanges(failure=failure, transport_error_stage=stage or "UNKNOWN"),
+    )
+    if moved is None:
+        return None
+    delay = backoff_delay_s(
+        0,
+        base_s=deps.config.recovery_base_s,
+        cap_s=deps.config.recovery_cap_s,
+        unit_random=deps.rng.random(),
+    )
+    await u.set_runtime(
+        moved.id,
+        moved.task_id,
+        unknown_since=u.now,
+        recovery_queries=0,
+        next_recovery_at=u.now + timedelta(seconds=delay),
+        next_poll_at=None,
+    )
+    after.mark_unknown.append(moved)
+    return moved
+
+
+async def is_current(u: ExecUnit, task: TaskRecord, attempt: AttemptRecord) -> bool:
+    """Whether the task still waits on this attempt (live task, latest attempt, none adopted)."""
+    if task.state not in _LIVE_TASK or task.adopted_attempt_id not in (None, attempt.id):
+        return False
+    attempts = await u.attempts_of(task.id)
+    return bool(attempts) and attempts[-1].id == attempt.id
+
+
+async def fail_attempt(
+    u: ExecUnit,
+    deps: ExecutionDeps,
+    attempt: AttemptRecord,
+    task: TaskRecord,
+    error: ProviderError,
+    *,
+    stage: FailureStage,
+    after: AfterCommit,
+) -> FailoverAction | None:
+    """Apply a definite failure; returns the action taken (None if only the attempt moved)."""
+    attempts = await u.attempts_of(task.id)
+    runtime = await u.runtime(attempt.id)
+    decision = decide(
+        FailoverInput(
+            error=error,
+            stage=stage,
+            routing_mode=task.spec.routing.mode,
+            attempts_so_far=len(attempts),
+            provider_switches_so_far=count_switches(
+                [(a.provider_account_id, a.provider_model) for a in attempts]
+            ),
+            same_candidate_retries=runtime.submit_retries if runtime else 0,
+            now=u.now,
+            deadline_at=task.deadline_at,
+        ),
+        deps.config.limits,
+        unit_random=deps.rng.random(),
+    )
+    cancel_wanted = runtime is not None and runtime.cancel_requested_at is not None
+    retry_ok = attempt.state in (AttemptState.SUBMITTING, AttemptState.SUBMIT_UNKNOWN)
+    if decision.action is FailoverAction.RETRY_SAME and retry_ok and not cancel_wanted:
+        was_unknown = attempt.state is AttemptState.SUBMIT_UNKNOWN
+        moved = await u.move_attempt(
+            attempt,
+            AttemptState.READY_TO_SUBMIT,
+            f"RETRY_SAME after {error.error_class.value} in {decision.retry_delay_s:.1f}s",
+        )
+        if moved is None:
+            return None
+        if was_unknown:
+            after.resolve_unknown.append(moved)
+        await u.bump_runtime(moved.id, moved.task_id, "submit_retries")
+        await u.set_runtime(moved.id, moved.task_id, next_recovery_at=None, unknown_since=None)
+        await u.enqueue(
+            NewOutboxMessage(
+                TOPIC_SUBMIT,
+                str(moved.id),
+                {"task_id": moved.task_id, "attempt_id": moved.id},
+                available_at=u.now + timedelta(seconds=decision.retry_delay_s),
+            )
+        )
+        return FailoverAction.RETRY_SAME
+    failure = Failure(error.error_class.value, error.code, f"{decision.reason}: {error.message}")
+    if not ATTEMPT_MACHINE.is_terminal(attempt.state):
+        moved = await u.move_attempt(
+            attempt, AttemptState.FAILED, decision.reason, AttemptChanges(failure=failure)
+        )
+        if moved is None:
+            return None
+        attempt = moved
+    after.release.append(attempt)
+    await u.set_runtime(attempt.id, attempt.task_id, next_poll_at=None, next_recovery_at=None)
+    if not await is_current(u, task, attempt):
+        return None
+    if cancel_wanted:
+        await u.move_task(task, TaskState.CANCELLED, "cancel requested; attempt failed")
+        return FailoverAction.FAIL_TASK
+    if decision.action is FailoverAction.FAIL_OVER:
+        await requeue(
+            u,
+            task,
+            attempt,
+            attempts,
+            reason=decision.reason,
+            error_class=error.error_class.value,
+            same_model_only=decision.same_model_only,
+        )
+        return FailoverAction.FAIL_OVER
+    await u.move_task(task, TaskState.FAILED, decision.reason, failure=failure)
+    return FailoverAction.FAIL_TASK
+
+
+async def requeue(
+    u: ExecUnit,
+    task: TaskRecord,
+    attempt: AttemptRecord,
+    attempts: list[AttemptRecord],
+    *,
+    reason: str,
+    error_class: str,
+    same_model_only: bool,
+) -> bool:
+    """Task -> QUEUED (via SCHEDULING when needed) plus a ``task.requeue`` message."""
+    excluded = sorted(
+        {
+            (a.provider_account_id, a.provider_model)
+            for a in attempts
+            if a.state is AttemptState.FAILED
+            and (a.failure is None or a.failure.code != PROVEN_ABSENT)
+        }
+    )
+    if attempt.state is AttemptState.FAILED and reason != PROVEN_ABSENT:
+        excluded = sorted(set(excluded) | {(attempt.provider_account_id, attempt.provider_model)})
+    request = RequeueRequest(
+        task_id=task.id,
+        failed_attempt_id=attempt.id,
+        reason=reason,
+        error_class=error_class,
+        excluded_candidates=tuple(ExcludedCandidate(a, m) for a, m in excluded),
+        same_model_only=same_model_only,
+        required_model=attempt.provider_model if same_model_only else "",
+        attempts_so_far=len(attempts),
+        provider_switches_so_far=count_switches(
+            [(a.provider_account_id, a.provider_model) for a in attempts]
+        ),
+    )
+    current: TaskRecord | None = task
+    if not TASK_MACHINE.can(task.state, TaskState.QUEUED):
+        current = await u.move_task(task, TaskState.SCHEDULING, reason)
+    if current is None:
+        return False
+    if await u.move_task(current, TaskState.QUEUED, reason) is None:
+        return False
+    await u.enqueue(NewOutboxMessage(TOPIC_REQUEUE, str(task.id), request.to_payload()))
+    return True
+
+
+def outputs_json(job: ProviderJobRecord | None) -> list[dict[str, object]]:
+    locator = (job.output_locator if job else None) or {}
+    outputs = locator.get("outputs", [])
+    return list(outputs) if isinstance(outputs, list) else []

@@ -1,0 +1,379 @@
+"""Copy a provider's output into platform storage and prove it is the video asked for (9.22).
+
+A provider's SUCCEEDED is not delivery: the output URL expires within a day or two, so the
+engine calls `fetch_output` to stream it, check it and store it, and only a `StoredAsset` lets
+the task succeed. This module touches no database and calls no adapter; the engine owns state.
+
+The outcome is a value, one of (``FetchResult``)::
+
+    StoredAsset          delivered: the bytes are in the ObjectStore and match the request
+    OutputExpired        OUTPUT_EXPIRED (9.9): re-query the provider job for a fresh locator;
+                         never generate again. HTTP 401/403/404/410 (and any other 4xx but
+                         408/425/429: GCS answers an expired signature with 400), or an
+                         ``expires_at`` already past, in which case nothing is requested.
+    OutputInvalid        the bytes are not the asked video (MIME, size, checksum, probe);
+                         fetching the same URL again cannot help.
+    TransientFetchError  connection error, timeout, 408/425/429/5xx, a redirect loop or another
+                         unexpected status: fetch the same URL again later.
+
+`StorageError` from the store propagates: our storage failing says nothing about the output.
+
+Checks, in order: status; Content-Type is `expected_mime`, a generic binary type or absent; the
+Content-Length and the streamed byte count stay within `max_bytes`; the body starts with an
+ISO-BMFF box (``ftyp`` and kin) so an HTML error page is refused after 8 bytes; the provider
+checksum; then a PyAV probe: an mp4/mov container with a decodable video stream.
+
+Tolerances against `ExpectedMedia` (chosen here; see design 9.22's ffprobe step):
+
+* Duration: ``|actual - asked| <= max(one frame at the actual fps, 10% of asked)``. Providers
+  round to whole frames or GOPs and pad by a fraction of a second; a 5 s ask answered with
+  8 s is a different product.
+* Size: only the display aspect ratio (coded size times sample aspect) must be within 1% of the
+  asked ratio. Providers render at their native resolution (720p asked, 1080p delivered), so
+  pixel counts are reported, not enforced.
+* Audio: required when asked; when not asked an audio track is allowed (post-processing may
+  strip it), since refusing it would push the engine towards paying for a new generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hashlib
+import tempfile
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from fractions import Fraction
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import av
+import httpx
+
+from controlplane.storage import ObjectStore, validate_key
+
+__all__ = [
+    "ExpectedMedia",
+    "FetchRequest",
+    "FetchResult",
+    "InvalidReason",
+    "OutputExpired",
+    "OutputInvalid",
+    "ProviderChecksum",
+    "StoredAsset",
+    "TransientFetchError",
+    "fetch_output",
+]
+
+_CHUNK = 256 * 1024
+_GENERIC_MIME = frozenset({"application/octet-stream", "binary/octet-stream"})
+# Top-level ISO-BMFF boxes an MP4/MOV file may open with (bytes 4..8).
+_BOX_TYPES = frozenset({b"ftyp", b"styp", b"moov", b"mdat", b"free", b"skip", b"wide", b"pdin"})
+_TRANSIENT_4XX = frozenset({408, 425, 429})
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedMedia:
+    """What the task asked for; the tolerances are the module docstring's rules."""
+
+    duration_ms: int
+    width: int
+    height: int
+    with_audio: bool
+    duration_tolerance_ratio: float = 0.10
+    aspect_tolerance_ratio: float = 0.01
+
+    def __post_init__(self) -> None:
+        if min(self.duration_ms, self.width, self.height) <= 0:
+            raise ValueError("duration_ms, width and height must be positive")
+        if self.duration_tolerance_ratio < 0 or self.aspect_tolerance_ratio < 0:
+            raise ValueError("tolerances must not be negative")
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderChecksum:
+    """A digest the provider published, e.g. ``ProviderChecksum("md5", "9e10...")``."""
+
+    algorithm: str  # a hashlib name: "sha256", "md5", "sha1", ...
+    hex_digest: str
+
+    def __post_init__(self) -> None:
+        hashlib.new(self.algorithm)  # ValueError for an unknown algorithm
+        digest = self.hex_digest.strip().lower()
+        if not digest or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(f"hex_digest is not hexadecimal: {self.hex_digest!r}")
+        object.__setattr__(self, "hex_digest", digest)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequest:
+    """One output of one attempt to copy. `source_uri` may carry a signature: kept out of repr."""
+
+    task_id: str
+    attempt_id: str
+    source_uri: str = field(repr=False)
+    expected: ExpectedMedia
+    max_bytes: int
+    expected_mime: str = "video/mp4"
+    provider_checksum: ProviderChecksum | None = None
+    expires_at: datetime | None = None  # when the provider says the locator stops working
+    key_prefix: str = "outputs"
+
+    def __post_init__(self) -> None:
+        if urlsplit(self.source_uri).scheme not in ("http", "https"):
+            raise ValueError("source_uri must be an http(s) URL")
+        if self.max_bytes <= 0:
+            raise ValueError("max_bytes must be positive")
+        if self.expires_at is not None and self.expires_at.tzinfo is None:
+            raise ValueError("expires_at must be timezone-aware")
+        validate_key(self.storage_key)
+
+    @property
+    def storage_key(self) -> str:
+        """Deterministic per attempt, so a refetch after a refreshed URL overwrites in place."""
+        return f"{self.key_prefix}/{self.task_id}/{self.attempt_id}/output.mp4"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredAsset:
+    """The delivered output: where it is stored and what the probe saw."""
+
+    uri: str
+    key: str
+    mime_type: str
+    size_bytes: int
+    checksum_sha256: str
+    duration_ms: int
+    width: int
+    height: int
+    fps: float | None
+    codec: str
+    has_audio: bool
+
+
+class InvalidReason(enum.Enum):
+    """Why the bytes are not the asked video."""
+
+    MIME_TYPE = "MIME_TYPE"
+    TOO_LARGE = "TOO_LARGE"
+    NOT_MP4 = "NOT_MP4"  # the body does not start like an MP4/MOV file
+    CHECKSUM_MISMATCH = "CHECKSUM_MISMATCH"
+    UNREADABLE_MEDIA = "UNREADABLE_MEDIA"  # PyAV cannot open or decode it
+    MEDIA_MISMATCH = "MEDIA_MISMATCH"  # readable, but not what was asked
+
+
+@dataclass(frozen=True, slots=True)
+class OutputExpired:
+    """The locator no longer works; re-query the provider job. Never regenerate."""
+
+    reason: str
+    status_code: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutputInvalid:
+    """The output is wrong in itself; fetching the same URL again cannot fix it."""
+
+    code: InvalidReason
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransientFetchError:
+    """The fetch failed for a reason that may pass; retry the same URL later."""
+
+    reason: str
+    status_code: int | None = None
+    retry_after_s: float | None = None
+
+
+FetchResult = StoredAsset | OutputExpired | OutputInvalid | TransientFetchError
+_Failure = OutputExpired | OutputInvalid | TransientFetchError
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    duration_ms: int
+    width: int
+    height: int
+    display_aspect: float
+    fps: float | None
+    codec: str
+    has_audio: bool
+
+
+async def fetch_output(
+    http: httpx.AsyncClient,
+    store: ObjectStore,
+    request: FetchRequest,
+    *,
+    now: datetime | None = None,
+) -> FetchResult:
+    """Stream `request.source_uri`, check it, store it at `request.storage_key`."""
+    current = now if now is not None else datetime.now(UTC)
+    if request.expires_at is not None and request.expires_at <= current:
+        return OutputExpired(f"locator expired at {request.expires_at.isoformat()}")
+    with tempfile.TemporaryDirectory(prefix="vidroute-fetch-") as spool_dir:
+        spool = Path(spool_dir) / "output"
+        downloaded = await _download(http, request, spool)
+        if not isinstance(downloaded, tuple):
+            return downloaded
+        size, sha256 = downloaded
+        probe = await asyncio.to_thread(_probe, spool)
+        if isinstance(probe, OutputInvalid):
+            return probe
+        mismatch = _compare(probe, request.expected)
+        if mismatch is not None:
+            return mismatch
+        stored = await store.put(request.storage_key, spool, content_type=request.expected_mime)
+    return StoredAsset(
+        uri=stored.uri,
+        key=stored.key,
+        mime_type=request.expected_mime,
+        size_bytes=size,
+        checksum_sha256=sha256,
+        duration_ms=probe.duration_ms,
+        width=probe.width,
+        height=probe.height,
+        fps=probe.fps,
+        codec=probe.codec,
+        has_audio=probe.has_audio,
+    )
+
+
+async def _download(
+    http: httpx.AsyncClient, request: FetchRequest, spool: Path
+) -> tuple[int, str] | _Failure:
+    """Stream the body into `spool`; (size, sha256) or the failure."""
+    where = _redact(request.source_uri)
+    try:
+        async with http.stream("GET", request.source_uri, follow_redirects=True) as response:
+            failure = _check_response(response, request)
+            if failure is not None:
+                return failure
+            sha256 = hashlib.sha256()
+            extra = (
+                hashlib.new(request.provider_checksum.algorithm)
+                if request.provider_checksum
+                else None
+            )
+            size, head = 0, b""
+            with spool.open("wb") as fh:
+                async for chunk in response.aiter_bytes(_CHUNK):
+                    size += len(chunk)
+                    if size > request.max_bytes:
+                        return OutputInvalid(
+                            InvalidReason.TOO_LARGE, f"body exceeds {request.max_bytes} bytes"
+                        )
+                    if len(head) < 8:
+                        head += chunk[: 8 - len(head)]
+                        if len(head) == 8 and head[4:8] not in _BOX_TYPES:
+                            return OutputInvalid(InvalidReason.NOT_MP4, f"body starts {head!r}")
+                    sha256.update(chunk)
+                    if extra is not None:
+                        extra.update(chunk)
+                    await asyncio.to_thread(fh.write, chunk)
+    except httpx.RequestError as exc:  # transport errors, timeouts, redirect loops, bad gzip
+        return TransientFetchError(f"{type(exc).__name__} fetching {where}: {exc}")
+    if len(head) < 8:
+        return OutputInvalid(InvalidReason.NOT_MP4, f"body is only {size} bytes")
+    expected = request.provider_checksum
+    if expected is not None and extra is not None and extra.hexdigest() != expected.hex_digest:
+        return OutputInvalid(
+            InvalidReason.CHECKSUM_MISMATCH,
+            f"{expected.algorithm} is {extra.hexdigest()}, provider said {expected.hex_digest}",
+        )
+    return size, sha256.hexdigest()
+
+
+def _check_response(response: httpx.Response, request: FetchRequest) -> _Failure | None:
+    status, where = response.status_code, _redact(str(response.url))
+    if status in _TRANSIENT_4XX or status >= 500:
+        retry_after = _retry_after_s(response.headers.get("retry-after"))
+        return TransientFetchError(f"HTTP {status} from {where}", status, retry_after)
+    if 400 <= status < 500:
+        return OutputExpired(f"HTTP {status} from {where}", status)
+    if status != 200:
+        return TransientFetchError(f"unexpected HTTP {status} from {where}", status)
+    mime = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    if mime and mime != request.expected_mime.lower() and mime not in _GENERIC_MIME:
+        return OutputInvalid(InvalidReason.MIME_TYPE, f"Content-Type {mime!r} from {where}")
+    length = response.headers.get("content-length", "")
+    if length.isdigit() and int(length) > request.max_bytes:
+        return OutputInvalid(
+            InvalidReason.TOO_LARGE, f"Content-Length {length} exceeds {request.max_bytes}"
+        )
+    return None
+
+
+def _probe(path: Path) -> _Probe | OutputInvalid:
+    """What the container holds (blocking; run in a thread)."""
+    try:
+        with av.open(str(path), mode="r") as container:
+            fmt = container.format.name
+            if "mp4" not in fmt and "mov" not in fmt:
+                return OutputInvalid(InvalidReason.UNREADABLE_MEDIA, f"container is {fmt!r}")
+            if not container.streams.video:
+                return OutputInvalid(InvalidReason.MEDIA_MISMATCH, "no video stream")
+            video = container.streams.video[0]
+            ctx = video.codec_context
+            if video.duration is not None and video.time_base is not None:
+                duration_ms = round(float(video.duration * video.time_base) * 1000)
+            elif container.duration is not None:
+                duration_ms = round(container.duration / 1000)  # AV_TIME_BASE is microseconds
+            else:
+                return OutputInvalid(InvalidReason.UNREADABLE_MEDIA, "no duration")
+            rate = video.average_rate or video.guessed_rate
+            sar = ctx.sample_aspect_ratio or Fraction(1)
+            # Decoding one frame proves the stream is playable, not merely well labelled.
+            if next(container.decode(video=0), None) is None:
+                return OutputInvalid(InvalidReason.UNREADABLE_MEDIA, "no decodable frame")
+            return _Probe(
+                duration_ms=duration_ms,
+                width=ctx.width,
+                height=ctx.height,
+                display_aspect=float(ctx.width * sar) / ctx.height,
+                fps=float(rate) if rate else None,
+                codec=ctx.name,
+                has_audio=bool(container.streams.audio),
+            )
+    except (av.FFmpegError, ZeroDivisionError) as exc:
+        return OutputInvalid(InvalidReason.UNREADABLE_MEDIA, f"probe failed: {exc}")
+
+
+def _compare(probe: _Probe, expected: ExpectedMedia) -> OutputInvalid | None:
+    problems: list[str] = []
+    frame_ms = 1000 / probe.fps if probe.fps else 0.0
+    allowed_ms = max(frame_ms, expected.duration_ms * expected.duration_tolerance_ratio)
+    if abs(probe.duration_ms - expected.duration_ms) > allowed_ms:
+        problems.append(
+            f"duration {probe.duration_ms} ms, asked {expected.duration_ms} ± {allowed_ms:.0f} ms"
+        )
+    asked_aspect = expected.width / expected.height
+    if abs(probe.display_aspect - asked_aspect) / asked_aspect > expected.aspect_tolerance_ratio:
+        problems.append(
+            f"aspect {probe.display_aspect:.4f} ({probe.width}x{probe.height}), "
+            f"asked {asked_aspect:.4f} ({expected.width}x{expected.height})"
+        )
+    if expected.with_audio and not probe.has_audio:
+        problems.append("no audio stream, audio was asked")
+    return OutputInvalid(InvalidReason.MEDIA_MISMATCH, "; ".join(problems)) if problems else None
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return float(value.strip())
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds()) if when.tzinfo else None
+
+
+def _redact(url: str) -> str:
+    """The URL without query or fragment: signed locators carry credentials there."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}{parts.path}"

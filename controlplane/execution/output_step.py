@@ -1,0 +1,246 @@
+"""Delivery (design 9.22): drives ``output.fetch`` messages through `fetch_output`.
+
+    StoredAsset          task OUTPUT_FETCHING -> SUCCEEDED with the asset, lease released
+    OutputExpired        re-query the provider job (`get_job`) for a fresh locator and retry;
+                         never generate again; after `max_output_refreshes` the task FAILS
+    OutputInvalid        task FAILED with the reason (fetching again cannot help)
+    TransientFetchError  retry later with backoff; after `max_fetch_attempts` the task FAILS
+
+The fetch function is injected (`FetchFn`); `fetcher_for(http, object_store)` adapts
+`controlplane.execution.output_fetch.fetch_output`. The message is completed in the same
+transaction as the task's final state, so a crash re-fetches (the storage key is per attempt,
+so a second fetch overwrites the same object).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+
+from controlplane.domain.errors import ErrorClass
+from controlplane.domain.failover import backoff_delay_s
+from controlplane.domain.states import TaskState
+from controlplane.execution.contracts import TOPIC_OUTPUT_FETCH
+from controlplane.execution.events import (
+    EventNormalizer,
+    EventSource,
+    Observation,
+    outputs_locator,
+)
+from controlplane.execution.outcomes import AfterCommit, ExecutionDeps, job_ref, outputs_json
+from controlplane.execution.output_fetch import (
+    ExpectedMedia,
+    FetchRequest,
+    FetchResult,
+    OutputExpired,
+    OutputInvalid,
+    ProviderChecksum,
+    StoredAsset,
+    TransientFetchError,
+    fetch_output,
+)
+from controlplane.persistence.records import Failure, OutboxRecord
+from controlplane.persistence.repository import Store
+from controlplane.storage.base import ObjectStore, StorageError
+
+__all__ = ["FetchFn", "OutputStep", "fetcher_for"]
+
+log = logging.getLogger(__name__)
+
+FetchFn = Callable[[FetchRequest], Awaitable[FetchResult]]
+
+
+def fetcher_for(http: httpx.AsyncClient, store: ObjectStore) -> FetchFn:
+    """The production `FetchFn` over `fetch_output`."""
+
+    async def fetch(request: FetchRequest) -> FetchResult:
+        return await fetch_output(http, store, request)
+
+    return fetch
+
+
+def _checksum(raw: str) -> ProviderChecksum | None:
+    algorithm, _, digest = raw.partition(":")
+    try:
+        return ProviderChecksum(algorithm, digest) if digest else None
+    except ValueError:
+        return None
+
+
+class OutputStep:
+    """Consumes ``output.fetch``; `fetches` counts fetch calls."""
+
+    def __init__(
+        self, store: Store, deps: ExecutionDeps, fetch: FetchFn, normalizer: EventNormalizer
+    ) -> None:
+        self._store = store
+        self._deps = deps
+        self._fetch = fetch
+        self._normalizer = normalizer
+        self.fetches = 0
+
+    async def run_once(self) -> int:
+        cfg = self._deps.config
+        messages = await self._store.claim(
+            TOPIC_OUTPUT_FETCH,
+            cfg.worker_id,
+            limit=cfg.batch_size,
+            lease_seconds=cfg.claim_lease_s,
+            now=self._deps.clock(),
+        )
+        for message in messages:
+            await self.handle(message)
+        return len(messages)
+
+    async def handle(self, message: OutboxRecord) -> None:
+        cfg = self._deps.config
+        attempt_id = int(message.payload["attempt_id"])
+        snap = await self._deps.xstore.snapshot(attempt_id)
+        detail = await self._store.get_task(int(message.payload["task_id"]))
+        if (
+            snap is None
+            or detail is None
+            or detail.task.state is not TaskState.OUTPUT_FETCHING
+            or detail.task.adopted_attempt_id != attempt_id
+        ):
+            await self._store.complete(message.id, cfg.worker_id, now=self._deps.clock())
+            return
+        _, job, runtime = snap
+        spec = detail.task.spec
+        outputs = outputs_json(job)
+        result: FetchResult
+        if not outputs:
+            result = OutputExpired("the provider reported no output locator")
+        else:
+            first = outputs[0]
+            expires = first.get("expires_at")
+            try:
+                request = FetchRequest(
+                    task_id=str(detail.task.id),
+                    attempt_id=str(attempt_id),
+                    source_uri=str(first.get("uri", "")),
+                    expected=ExpectedMedia(
+                        duration_ms=spec.output.duration_ms,
+                        width=spec.output.width,
+                        height=spec.output.height,
+                        with_audio=spec.output.with_audio,
+                    ),
+                    max_bytes=cfg.max_output_bytes,
+                    expected_mime=str(first.get("mime_type") or "video/mp4"),
+                    provider_checksum=_checksum(str(first.get("checksum") or "")),
+                    expires_at=datetime.fromisoformat(str(expires)) if expires else None,
+                )
+            except ValueError as exc:
+                result = OutputExpired(f"unusable output locator: {exc}")
+            else:
+                self.fetches += 1
+                try:
+                    result = await self._fetch(request)
+                except StorageError as exc:
+                    result = TransientFetchError(f"platform storage failed: {exc!r}")
+        if isinstance(result, StoredAsset):
+            await self._deliver(message, attempt_id, asdict(result))
+        elif isinstance(result, OutputInvalid):
+            await self._fail(
+                message, attempt_id, f"OUTPUT_INVALID_{result.code.value}", result.reason
+            )
+        elif isinstance(result, OutputExpired):
+            refreshes = runtime.output_refreshes if runtime else 0
+            if refreshes >= cfg.max_output_refreshes:
+                await self._fail(
+                    message, attempt_id, "OUTPUT_EXPIRED", result.reason, "OUTPUT_EXPIRED"
+                )
+                return
+            await self._refresh(attempt_id)
+            await self._retry(message, attempt_id, "output_refreshes", 0.0)
+        else:
+            fetches = runtime.fetch_attempts if runtime else 0
+            if fetches + 1 >= cfg.max_fetch_attempts:
+                await self._fail(message, attempt_id, "OUTPUT_FETCH_GAVE_UP", result.reason)
+                return
+            delay = result.retry_after_s or backoff_delay_s(
+                fetches,
+                base_s=cfg.fetch_retry_base_s,
+                cap_s=cfg.fetch_retry_cap_s,
+                unit_random=self._deps.rng.random(),
+            )
+            await self._retry(message, attempt_id, "fetch_attempts", delay)
+
+    async def _refresh(self, attempt_id: int) -> None:
+        """Ask the provider for the job again: its answer carries fresh output URLs."""
+        snap = await self._deps.xstore.snapshot(attempt_id)
+        if snap is None or snap[1] is None:
+            return
+        attempt, job, _ = snap
+        assert job is not None
+        account = await self._deps.xstore.account(attempt.provider_account_id)
+        try:
+            polled = await self._deps.adapter(account).get_job(
+                job_ref(attempt, account, job.provider_job_id, job.provider_request_id or "")
+            )
+        except Exception as exc:
+            log.info("attempt %s: refresh get_job raised %r", attempt_id, exc)
+            return
+        if polled.snapshot is None or not polled.snapshot.outputs:
+            return
+        await self._normalizer.ingest(
+            Observation(
+                attempt.provider_account_id,
+                job.provider_job_id,
+                polled.snapshot,
+                EventSource.POLL,
+                self._deps.clock(),
+                attempt_id,
+            )
+        )
+        # The attempt is already SUCCEEDED, so the normalizer only stores; keep the new URLs.
+        async with self._deps.xstore.unit(self._deps.clock()) as u:
+            await u.update_job(job.id, output_locator=outputs_locator(polled.snapshot))
+
+    async def _retry(
+        self, message: OutboxRecord, attempt_id: int, counter: str, delay: float
+    ) -> None:
+        now = self._deps.clock()
+        async with self._deps.xstore.unit(now) as u:
+            attempt = await u.attempt(attempt_id, lock=False)
+            assert attempt is not None
+            await u.bump_runtime(attempt_id, attempt.task_id, counter)
+        await self._store.retry_later(
+            message.id, self._deps.config.worker_id, available_at=now + timedelta(seconds=delay)
+        )
+
+    async def _deliver(self, message: OutboxRecord, attempt_id: int, asset: dict[str, Any]) -> None:
+        after = AfterCommit()
+        async with self._deps.xstore.unit(self._deps.clock()) as u:
+            attempt = await u.attempt(attempt_id)
+            task = None if attempt is None else await u.task(attempt.task_id)
+            if attempt is not None and task is not None:
+                await u.move_task(task, TaskState.SUCCEEDED, "output stored", output_asset=asset)
+                after.release.append(attempt)
+            await u.complete_message(message.id, self._deps.config.worker_id)
+        await after.run(self._deps.leases)
+
+    async def _fail(
+        self,
+        message: OutboxRecord,
+        attempt_id: int,
+        code: str,
+        reason: str,
+        failure_class: str = ErrorClass.INTERNAL_PERMANENT.value,
+    ) -> None:
+        after = AfterCommit()
+        async with self._deps.xstore.unit(self._deps.clock()) as u:
+            attempt = await u.attempt(attempt_id)
+            task = None if attempt is None else await u.task(attempt.task_id)
+            if attempt is not None and task is not None:
+                await u.move_task(
+                    task, TaskState.FAILED, code, failure=Failure(failure_class, code, reason)
+                )
+                after.release.append(attempt)
+            await u.complete_message(message.id, self._deps.config.worker_id)
+        await after.run(self._deps.leases)

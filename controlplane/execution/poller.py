@@ -1,0 +1,113 @@
+"""The polling worker (design 9.18.2): asks providers about jobs that are due.
+
+Due attempts (``attempt_runtime.next_poll_at <= now`` and a pollable state: ACCEPTED, PROVIDER_
+QUEUED, PROVIDER_THROTTLED, RUNNING, CANCEL_REQUESTED) are claimed with ``FOR UPDATE SKIP
+LOCKED`` by pushing their due time past a claim lease, so replicas never poll the same job twice
+at once and a crashed poller's claim simply expires. The snapshot goes to the one
+`EventNormalizer`; the next due time comes from the pure `controlplane.domain.polling` schedule.
+A job past its plausible duration is flagged stuck (``stuck_since``) and still polled, slowly.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from controlplane.adapters.types import PollResult
+from controlplane.domain.polling import PollPhase, next_poll_delay
+from controlplane.domain.states import ATTEMPT_MACHINE
+from controlplane.execution.events import EventNormalizer, EventSource, Observation, phase_of
+from controlplane.execution.outcomes import ExecutionDeps, job_ref
+from controlplane.persistence.execution_store import POLLABLE_STATES
+
+__all__ = ["Poller"]
+
+log = logging.getLogger(__name__)
+
+
+class Poller:
+    """Polls due jobs; `polls` counts `get_job` calls, `stuck_flags` newly stuck jobs."""
+
+    def __init__(self, deps: ExecutionDeps, normalizer: EventNormalizer) -> None:
+        self._deps = deps
+        self._normalizer = normalizer
+        self.polls = 0
+        self.stuck_flags = 0
+
+    async def run_once(self) -> int:
+        cfg = self._deps.config
+        ids = await self._deps.xstore.claim_polls(
+            cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s, now=self._deps.clock()
+        )
+        for attempt_id in ids:
+            await self.poll(attempt_id)
+        return len(ids)
+
+    async def poll(self, attempt_id: int) -> None:
+        snap = await self._deps.xstore.snapshot(attempt_id)
+        if snap is None:
+            return
+        attempt, job, _ = snap
+        if job is None or attempt.state not in POLLABLE_STATES:
+            return
+        account = await self._deps.xstore.account(attempt.provider_account_id)
+        await self._deps.leases.renew(attempt)
+        self.polls += 1
+        try:
+            result = await self._deps.adapter(account).get_job(
+                job_ref(attempt, account, job.provider_job_id, job.provider_request_id or "")
+            )
+        except Exception as exc:
+            log.info("attempt %s: get_job raised %r", attempt.id, exc)
+            result = PollResult(None)
+        if result.snapshot is not None:
+            await self._normalizer.ingest(
+                Observation(
+                    attempt.provider_account_id,
+                    job.provider_job_id,
+                    result.snapshot,
+                    EventSource.POLL,
+                    self._deps.clock(),
+                    attempt.id,
+                )
+            )
+        await self._reschedule(attempt_id)
+
+    async def _reschedule(self, attempt_id: int) -> None:
+        cfg = self._deps.config
+        async with self._deps.xstore.unit(self._deps.clock()) as u:
+            attempt = await u.attempt(attempt_id)
+            if attempt is None:
+                return
+            runtime = await u.runtime(attempt_id)
+            if ATTEMPT_MACHINE.is_terminal(attempt.state) or attempt.state not in POLLABLE_STATES:
+                await u.set_runtime(attempt_id, attempt.task_id, next_poll_at=None)
+                return
+            phase = phase_of(attempt.state) or PollPhase.RUNNING
+            same_phase = runtime is not None and runtime.poll_phase == phase.value
+            polls_in_phase = runtime.polls_in_phase if runtime and same_phase else 0
+            since = (runtime.accepted_at if runtime else None) or attempt.created_at
+            plan = next_poll_delay(
+                cfg.polling,
+                phase,
+                polls_in_phase=polls_in_phase,
+                elapsed_since_submit_s=(u.now - since).total_seconds(),
+                unit_random=self._deps.rng.random(),
+                expected_p95_s=cfg.expected_p95_s.get(attempt.provider_model),
+                max_plausible_s=cfg.max_plausible_s,
+            )
+            stuck_since = runtime.stuck_since if runtime else None
+            if plan.stuck and stuck_since is None:
+                stuck_since = u.now
+                self.stuck_flags += 1
+                log.warning("attempt %s looks stuck at the provider", attempt.id)
+            await u.set_runtime(
+                attempt_id,
+                attempt.task_id,
+                next_poll_at=u.now + timedelta(seconds=plan.delay_s),
+                poll_phase=phase.value,
+                polls_in_phase=polls_in_phase + 1,
+                poll_count=(runtime.poll_count if runtime else 0) + 1,
+                last_polled_at=u.now,
+                stuck_since=stuck_since if plan.stuck else None,
+            )

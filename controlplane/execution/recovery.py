@@ -1,0 +1,303 @@
+"""Recovery of SUBMIT_UNKNOWN attempts (design 9.17.4, 9.17.5). Never a blind re-submit.
+
+Each due attempt gets one step per turn, cheapest evidence first:
+
+1. an early callback stored for this attempt (UNMATCHED event naming it): FOUND;
+2. the provider honours idempotency keys (`supports_idempotency_key` on the runtime row, from
+   the submit message or `ExecutionConfig.idempotent_providers`): re-send the SAME plan with
+   the SAME client_request_key; ACCEPTED = FOUND, a definite REJECTED proves it was not created;
+3. otherwise `AdapterClient.recover` (key, request id, account task search in the adapter);
+4. after `usage_lookup_after_queries` inconclusive steps: usage records, FOUND only when exactly
+   one unknown job appears in the window and this is the account's only unknown attempt.
+
+FOUND records the job and continues as ACCEPTED. NOT_FOUND (conclusive) fails the attempt with
+``PROVEN_ABSENT`` and requeues the task WITHOUT excluding the candidate (chosen over "back to
+READY_TO_SUBMIT": a fresh attempt gets a fresh lease and routing look, and the old attempt keeps
+its honest history); a cancel asked meanwhile cancels the task instead. INCONCLUSIVE retries
+with exponential backoff. Past `unknown_recovery_deadline_s`, `max_recovery_queries` or
+`max_unknown_age_s` the attempt is ABANDONED (lease left to reconciliation) and the task FAILS
+with SUBMISSION_UNKNOWN unless `allow_new_attempt_after_abandon` requeues it; the reason records
+which policy applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from controlplane.adapters.types import (
+    RecoverQuery,
+    RecoverResult,
+    RecoveryVerdict,
+    SubmitKind,
+)
+from controlplane.domain.errors import ErrorClass, ProviderError
+from controlplane.domain.failover import FailureStage, backoff_delay_s
+from controlplane.domain.spec import RoutingMode
+from controlplane.domain.states import AttemptState, TaskState
+from controlplane.execution.events import IngestOutcome
+from controlplane.execution.outcomes import (
+    PROVEN_ABSENT,
+    AfterCommit,
+    ExecutionDeps,
+    accept,
+    fail_attempt,
+    is_current,
+    job_ref,
+    plan_of,
+    requeue,
+)
+from controlplane.persistence.execution_store import AccountInfo, AttemptRuntime, ExecUnit
+from controlplane.persistence.records import AttemptChanges, AttemptRecord, Failure, TaskRecord
+
+__all__ = ["RecoveryWorker"]
+
+log = logging.getLogger(__name__)
+_WINDOW_SLACK = timedelta(minutes=5)
+
+
+class RecoveryWorker:
+    """Runs recovery steps for due SUBMIT_UNKNOWN attempts; `resubmits` counts same-key sends."""
+
+    def __init__(self, deps: ExecutionDeps) -> None:
+        self._deps = deps
+        self.resubmits = 0
+        self.abandoned = 0
+
+    async def run_once(self) -> int:
+        cfg = self._deps.config
+        ids = await self._deps.xstore.claim_recoveries(
+            cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s, now=self._deps.clock()
+        )
+        for attempt_id in ids:
+            await self.step(attempt_id)
+        return len(ids)
+
+    async def step(self, attempt_id: int) -> RecoveryVerdict | None:
+        """One recovery step; returns the verdict reached (None if nothing was done)."""
+        snap = await self._deps.xstore.snapshot(attempt_id)
+        if snap is None or snap[0].state is not AttemptState.SUBMIT_UNKNOWN:
+            return None
+        attempt, _, runtime = snap
+        now = self._deps.clock()
+        unknown_since = (runtime.unknown_since if runtime else None) or attempt.updated_at
+        started = attempt.request_started_at or unknown_since
+        cfg = self._deps.config
+        queries = runtime.recovery_queries if runtime else 0
+        why = None
+        if (now - unknown_since).total_seconds() > cfg.unknown_recovery_deadline_s:
+            why = "unknown_recovery_deadline"
+        elif queries >= cfg.max_recovery_queries:
+            why = "max_recovery_queries"
+        elif (now - started).total_seconds() > cfg.max_unknown_age_s:
+            why = "max_unknown_age"
+        if why is not None:
+            await self.abandon(attempt_id, why)
+            return None
+        account = await self._deps.xstore.account(attempt.provider_account_id)
+        await self._deps.leases.renew(attempt)
+        result = await self._query(attempt, account, runtime, started)
+        if result is None:
+            return None  # the idempotent re-send was applied as a submit outcome
+        if (
+            result.verdict is RecoveryVerdict.INCONCLUSIVE
+            and queries + 1 >= cfg.usage_lookup_after_queries
+        ):
+            result = await self._usage(attempt, account, started) or result
+        await self._apply(attempt_id, result)
+        return result.verdict
+
+    async def _query(
+        self,
+        attempt: AttemptRecord,
+        account: AccountInfo,
+        runtime: AttemptRuntime | None,
+        started: datetime,
+    ) -> RecoverResult | None:
+        for event in reversed(await self._deps.xstore.events(attempt_id=attempt.id)):
+            if event.outcome == IngestOutcome.UNMATCHED.value:
+                ref = job_ref(attempt, account, event.provider_job_id)
+                return RecoverResult(RecoveryVerdict.FOUND, ref, method="early_callback")
+        adapter = self._deps.adapter(account)
+        if runtime is not None and runtime.supports_idempotency_key:
+            self.resubmits += 1
+            try:
+                sent = await adapter.submit(
+                    plan_of(attempt, account),
+                    attempt.client_request_key,
+                    self._deps.callback_url(account, attempt),
+                )
+            except Exception as exc:
+                log.info("attempt %s: idempotent re-send raised %r", attempt.id, exc)
+                return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method="idempotent_resubmit")
+            if sent.kind is SubmitKind.ACCEPTED and sent.job is not None:
+                return RecoverResult(RecoveryVerdict.FOUND, sent.job, method="idempotent_resubmit")
+            if (
+                sent.kind is SubmitKind.REJECTED
+                and sent.error is not None
+                and not sent.error.provider_may_have_accepted
+            ):
+                await self._rejected(attempt.id, sent.error)
+                return None
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method="idempotent_resubmit")
+        try:
+            return await adapter.recover(
+                RecoverQuery(
+                    account=str(attempt.compile_plan.get("account", account.account_name)),
+                    model=attempt.provider_model,
+                    client_request_key=attempt.client_request_key,
+                    request_hash=attempt.request_hash or "",
+                    plan_json=attempt.compile_plan,
+                    submitted_after=started - _WINDOW_SLACK,
+                    submitted_before=self._deps.clock(),
+                )
+            )
+        except Exception as exc:
+            log.info("attempt %s: recover raised %r", attempt.id, exc)
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method="recover_error")
+
+    async def _usage(
+        self, attempt: AttemptRecord, account: AccountInfo, started: datetime
+    ) -> RecoverResult | None:
+        try:
+            records = await self._deps.adapter(account).list_usage(
+                str(attempt.compile_plan.get("account", account.account_name)),
+                started - _WINDOW_SLACK,
+                self._deps.clock(),
+            )
+        except Exception as exc:
+            log.info("attempt %s: list_usage raised %r", attempt.id, exc)
+            return None
+        ids = {r.provider_job_id for r in records if r.model in ("", attempt.provider_model)}
+        unknown = ids - await self._deps.xstore.known_job_ids(attempt.provider_account_id, ids)
+        if (
+            len(unknown) != 1
+            or await self._deps.xstore.unknown_attempts_on(attempt.provider_account_id) != 1
+        ):
+            return None
+        ref = job_ref(attempt, account, unknown.pop())
+        return RecoverResult(RecoveryVerdict.FOUND, ref, method="usage_records")
+
+    async def _rejected(self, attempt_id: int, error: ProviderError) -> None:
+        after = AfterCommit()
+        async with self._deps.xstore.unit(self._deps.clock()) as u:
+            attempt = await u.attempt(attempt_id)
+            task = None if attempt is None else await u.task(attempt.task_id)
+            if attempt is None or task is None or attempt.state is not AttemptState.SUBMIT_UNKNOWN:
+                return
+            await fail_attempt(
+                u, self._deps, attempt, task, error, stage=FailureStage.SUBMIT, after=after
+            )
+        await after.run(self._deps.leases)
+
+    async def _apply(self, attempt_id: int, result: RecoverResult) -> None:
+        cfg = self._deps.config
+        after = AfterCommit()
+        async with self._deps.xstore.unit(self._deps.clock()) as u:
+            attempt = await u.attempt(attempt_id)
+            task = None if attempt is None else await u.task(attempt.task_id)
+            if attempt is None or task is None or attempt.state is not AttemptState.SUBMIT_UNKNOWN:
+                return
+            if result.verdict is RecoveryVerdict.FOUND and result.job is not None:
+                await accept(
+                    u,
+                    self._deps,
+                    attempt,
+                    task,
+                    result.job,
+                    raw_status="",
+                    reason=f"recovered by {result.method or 'recover'}",
+                    after=after,
+                )
+            elif result.verdict is RecoveryVerdict.NOT_FOUND:
+                failure = Failure(
+                    ErrorClass.SUBMISSION_UNKNOWN.value,
+                    PROVEN_ABSENT,
+                    f"provider has no job for the key (method={result.method or 'recover'})",
+                )
+                moved = await u.move_attempt(
+                    attempt, AttemptState.FAILED, PROVEN_ABSENT, AttemptChanges(failure=failure)
+                )
+                if moved is None:
+                    return
+                after.release.append(moved)
+                await u.set_runtime(moved.id, moved.task_id, next_recovery_at=None)
+                await self._after_attempt_end(u, moved, task, PROVEN_ABSENT, failure)
+            else:
+                runtime = await u.runtime(attempt.id)
+                queries = (runtime.recovery_queries if runtime else 0) + 1
+                delay = backoff_delay_s(
+                    queries,
+                    base_s=cfg.recovery_base_s,
+                    cap_s=cfg.recovery_cap_s,
+                    unit_random=self._deps.rng.random(),
+                )
+                await u.set_runtime(
+                    attempt.id,
+                    attempt.task_id,
+                    recovery_queries=queries,
+                    next_recovery_at=u.now + timedelta(seconds=delay),
+                )
+        await after.run(self._deps.leases)
+
+    async def abandon(self, attempt_id: int, why: str) -> bool:
+        """SUBMIT_UNKNOWN -> ABANDONED; the task follows `allow_new_attempt_after_abandon`."""
+        policy = self._deps.config.allow_new_attempt_after_abandon
+        async with self._deps.xstore.unit(self._deps.clock()) as u:
+            attempt = await u.attempt(attempt_id)
+            task = None if attempt is None else await u.task(attempt.task_id)
+            if attempt is None or task is None or attempt.state is not AttemptState.SUBMIT_UNKNOWN:
+                return False
+            failure = Failure(
+                ErrorClass.SUBMISSION_UNKNOWN.value,
+                "ABANDONED",
+                f"recovery gave up ({why}); allow_new_attempt_after_abandon={policy}",
+            )
+            moved = await u.move_attempt(
+                attempt,
+                AttemptState.ABANDONED,
+                f"ABANDONED: {why}",
+                AttemptChanges(failure=failure),
+            )
+            if moved is None:
+                return False
+            # The lease is NOT released: the job may be running; reconciliation settles it.
+            await u.set_runtime(moved.id, moved.task_id, next_recovery_at=None)
+            reason = "ABANDONED_NEW_ATTEMPT" if policy else "ABANDONED_TASK_FAILED"
+            await self._after_attempt_end(u, moved, task, reason, failure, requeue_ok=policy)
+        self.abandoned += 1
+        return True
+
+    async def _after_attempt_end(
+        self,
+        u: ExecUnit,
+        attempt: AttemptRecord,
+        task: TaskRecord,
+        reason: str,
+        failure: Failure,
+        *,
+        requeue_ok: bool = True,
+    ) -> None:
+        if not await is_current(u, task, attempt):
+            return
+        runtime = await u.runtime(attempt.id)
+        limits = self._deps.config.limits
+        attempts = await u.attempts_of(task.id)
+        if runtime is not None and runtime.cancel_requested_at is not None:
+            await u.move_task(task, TaskState.CANCELLED, f"cancel requested; {reason}")
+        elif not requeue_ok:
+            await u.move_task(task, TaskState.FAILED, reason, failure=failure)
+        elif task.deadline_at is not None and u.now >= task.deadline_at:
+            await u.move_task(task, TaskState.FAILED, "TASK_DEADLINE_EXCEEDED", failure=failure)
+        elif len(attempts) >= limits.max_total_attempts:
+            await u.move_task(task, TaskState.FAILED, "MAX_TOTAL_ATTEMPTS", failure=failure)
+        else:
+            await requeue(
+                u,
+                task,
+                attempt,
+                attempts,
+                reason=reason,
+                error_class=failure.failure_class,
+                same_model_only=task.spec.routing.mode is RoutingMode.STRICT_MODEL,
+            )

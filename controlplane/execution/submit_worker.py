@@ -1,0 +1,226 @@
+"""The submit worker (design 9.20.1): the only place a provider job is created.
+
+For each claimed ``attempt.submit`` message::
+
+    attempt missing / not READY_TO_SUBMIT   -> no-op, message done (duplicate or already handled)
+    attempt SUBMITTING                      -> a previous submit was interrupted: `settle`
+    READY_TO_SUBMIT                         -> CAS to SUBMITTING with request_started_at, COMMIT,
+                                               then call the adapter once with the attempt's
+                                               stable client_request_key, then apply the outcome
+                                               and mark the message done in ONE transaction
+
+An exception from the adapter call is an UNKNOWN outcome (the request may have left). If the
+database fails after the adapter answered, nothing is written: the attempt stays SUBMITTING, and
+`settle` (from the re-delivered message or the engine's sweep) moves it to SUBMIT_UNKNOWN once
+`submitting_grace_s` has passed, or completes it if a provider job row exists. It never sends the
+submit again: only recovery may, and only with the same key to a provider that honours it.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from controlplane.adapters.types import SubmitKind, SubmitResult
+from controlplane.domain.errors import ErrorClass, make_error
+from controlplane.domain.failover import FailureStage
+from controlplane.domain.states import TASK_MACHINE, AttemptState, TaskState
+from controlplane.execution.contracts import TOPIC_SUBMIT
+from controlplane.execution.events import EventNormalizer
+from controlplane.execution.outcomes import (
+    AfterCommit,
+    ExecutionDeps,
+    accept,
+    fail_attempt,
+    job_ref,
+    plan_of,
+    to_unknown,
+)
+from controlplane.persistence.records import AttemptChanges, OutboxRecord
+from controlplane.persistence.repository import Store
+
+__all__ = ["SubmitWorker"]
+
+log = logging.getLogger(__name__)
+
+
+class SubmitWorker:
+    """Consumes ``attempt.submit``; `submits` counts adapter submit calls made by this worker."""
+
+    def __init__(self, store: Store, deps: ExecutionDeps, normalizer: EventNormalizer) -> None:
+        self._store = store
+        self._deps = deps
+        self._normalizer = normalizer
+        self.submits = 0
+
+    async def run_once(self) -> int:
+        """Claim and handle one batch; returns how many messages were claimed."""
+        cfg = self._deps.config
+        messages = await self._store.claim(
+            TOPIC_SUBMIT,
+            cfg.worker_id,
+            limit=cfg.batch_size,
+            lease_seconds=cfg.claim_lease_s,
+            now=self._deps.clock(),
+        )
+        for message in messages:
+            await self.handle(message)
+        return len(messages)
+
+    async def handle(self, message: OutboxRecord) -> None:
+        worker = self._deps.config.worker_id
+        attempt_id = int(message.payload["attempt_id"])
+        now = self._deps.clock()
+        after = AfterCommit()
+        started = None
+        interrupted = False
+        async with self._deps.xstore.unit(now) as u:
+            attempt = await u.attempt(attempt_id)
+            task = None if attempt is None else await u.task(attempt.task_id)
+            if attempt is None or task is None:
+                await u.complete_message(message.id, worker)
+            elif attempt.state is AttemptState.SUBMITTING:
+                interrupted = True
+            elif attempt.state is not AttemptState.READY_TO_SUBMIT:
+                await u.complete_message(message.id, worker)  # duplicate or already handled
+            elif TASK_MACHINE.is_terminal(task.state) or task.state is TaskState.QUEUED:
+                # The task ended (e.g. cancelled) before anything was sent: nothing to submit.
+                moved = await u.move_attempt(attempt, AttemptState.CANCELLED, "task ended")
+                if moved is not None:
+                    after.release.append(moved)
+                await u.complete_message(message.id, worker)
+            else:
+                account = await u.account(attempt.provider_account_id)
+                supports = bool(
+                    message.payload.get(
+                        "supports_idempotency_key",
+                        account.provider in self._deps.config.idempotent_providers,
+                    )
+                )
+                started = await u.move_attempt(
+                    attempt,
+                    AttemptState.SUBMITTING,
+                    "submit started",
+                    AttemptChanges(request_started_at=now),
+                )
+                if started is None:
+                    await u.complete_message(message.id, worker)
+                else:
+                    await u.set_runtime(
+                        started.id, started.task_id, supports_idempotency_key=supports
+                    )
+        await after.run(self._deps.leases)
+        if interrupted:
+            await self.settle(attempt_id, message)
+        if started is None:
+            return
+        account = await self._deps.xstore.account(started.provider_account_id)
+        adapter = self._deps.adapter(account)
+        await self._deps.leases.renew(started)
+        self.submits += 1
+        try:
+            result = await adapter.submit(
+                plan_of(started, account),
+                started.client_request_key,
+                self._deps.callback_url(account, started),
+            )
+        except Exception as exc:
+            log.warning("attempt %s: submit call raised %r; outcome unknown", started.id, exc)
+            result = SubmitResult(
+                SubmitKind.UNKNOWN,
+                error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "CLIENT_EXCEPTION", repr(exc)),
+                transport_stage="CLIENT_EXCEPTION",
+            )
+        await self.apply(started.id, result, message)
+
+    async def apply(
+        self, attempt_id: int, result: SubmitResult, message: OutboxRecord | None = None
+    ) -> None:
+        """Apply a submit outcome to a SUBMITTING (or SUBMIT_UNKNOWN) attempt, atomically."""
+        kind = result.kind
+        error = result.error
+        if kind is SubmitKind.ACCEPTED and result.job is None:
+            kind = SubmitKind.UNKNOWN  # 2xx without a usable job id: 9.17.3 says UNKNOWN
+        if kind is SubmitKind.REJECTED and (error is None or error.provider_may_have_accepted):
+            kind = SubmitKind.UNKNOWN
+        after = AfterCommit()
+        accepted_job = None
+        async with self._deps.xstore.unit(self._deps.clock()) as u:
+            attempt = await u.attempt(attempt_id)
+            assert attempt is not None
+            task = await u.task(attempt.task_id)
+            assert task is not None
+            if kind is SubmitKind.ACCEPTED and result.job is not None:
+                await accept(
+                    u,
+                    self._deps,
+                    attempt,
+                    task,
+                    result.job,
+                    raw_status=result.raw_status,
+                    reason="provider accepted the submit",
+                    after=after,
+                )
+                accepted_job = result.job.provider_job_id
+            elif kind is SubmitKind.REJECTED and error is not None:
+                if attempt.state in (AttemptState.SUBMITTING, AttemptState.SUBMIT_UNKNOWN):
+                    await fail_attempt(
+                        u, self._deps, attempt, task, error, stage=FailureStage.SUBMIT, after=after
+                    )
+            elif attempt.state is AttemptState.SUBMITTING:
+                await to_unknown(u, self._deps, attempt, result.transport_stage, error, after=after)
+            if message is not None:
+                await u.complete_message(message.id, self._deps.config.worker_id)
+        await after.run(self._deps.leases)
+        if accepted_job is not None:
+            snap = await self._deps.xstore.snapshot(attempt_id)
+            if snap is not None:
+                await self._normalizer.replay_unmatched(snap[0].provider_account_id, accepted_job)
+
+    async def settle(self, attempt_id: int, message: OutboxRecord | None = None) -> bool:
+        """Resolve an interrupted submit: complete it if its job is recorded, else UNKNOWN.
+
+        Returns True if the attempt left SUBMITTING. Within `submitting_grace_s` of the request
+        start the submit may still be in flight in another worker: the message (if any) is
+        postponed to the end of the grace period instead.
+        """
+        now = self._deps.clock()
+        grace = timedelta(seconds=self._deps.config.submitting_grace_s)
+        worker = self._deps.config.worker_id
+        after = AfterCommit()
+        postpone_to = None
+        async with self._deps.xstore.unit(now) as u:
+            attempt = await u.attempt(attempt_id)
+            if attempt is None or attempt.state is not AttemptState.SUBMITTING:
+                if message is not None:
+                    await u.complete_message(message.id, worker)
+                return False
+            task = await u.task(attempt.task_id)
+            assert task is not None
+            job = await u.job_of(attempt.id)
+            started = attempt.request_started_at
+            if job is not None:
+                account = await u.account(attempt.provider_account_id)
+                ref = job_ref(attempt, account, job.provider_job_id, job.provider_request_id or "")
+                await accept(
+                    u,
+                    self._deps,
+                    attempt,
+                    task,
+                    ref,
+                    raw_status=job.raw_status or "",
+                    reason="settled",
+                    after=after,
+                )
+            elif started is None or now - started >= grace:
+                await to_unknown(u, self._deps, attempt, "SUBMIT_INTERRUPTED", None, after=after)
+            else:
+                postpone_to = started + grace
+            if message is not None and postpone_to is None:
+                await u.complete_message(message.id, worker)
+        await after.run(self._deps.leases)
+        if postpone_to is not None:
+            if message is not None:
+                await self._store.retry_later(message.id, worker, available_at=postpone_to)
+            return False
+        return True

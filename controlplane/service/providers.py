@@ -1,0 +1,93 @@
+"""Provider administration (ListProviders, GetProviderHealth, ForceBreaker), transport-neutral.
+
+Reads come from the capability catalog (PostgreSQL) and the process's `HealthMonitor`; a forced
+breaker goes through the monitor, which persists the override to ``provider_health_events`` and
+publishes it to every replica. Bad input raises `InvalidSpec` (INVALID_ARGUMENT at the edge).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from controlplane.capabilities.catalog import candidate_from_record
+from controlplane.capabilities.loader import Capability
+from controlplane.domain.breaker import BreakerKey, BreakerState, Operation
+from controlplane.domain.exceptions import InvalidSpec
+from controlplane.domain.validation import FieldViolation
+from controlplane.persistence.catalog_store import CatalogStore
+from controlplane.scheduling.health import BreakerStatus, HealthMonitor
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderAccountView:
+    provider: str
+    account: str
+    region: str
+    adapter_address: str
+    capabilities: tuple[Capability, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ForceBreakerInput:
+    """`state` None releases an operator override (the breaker then probes, HALF_OPEN)."""
+
+    provider: str
+    account: str
+    region: str
+    model: str
+    operation: str
+    state: BreakerState | None
+    reason: str
+
+
+class ProviderAdminService:
+    def __init__(
+        self,
+        catalog: CatalogStore,
+        monitor: HealthMonitor,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._catalog, self._monitor, self._clock = catalog, monitor, clock
+
+    async def list_providers(self) -> list[ProviderAccountView]:
+        """Every account with the capability versions effective now."""
+        records = await self._catalog.effective_capabilities(self._clock())
+        caps: dict[int, list[Capability]] = {}
+        for record in records:
+            candidate = candidate_from_record(record)
+            if candidate is not None:
+                caps.setdefault(record.account.id, []).append(candidate.capability)
+        return [
+            ProviderAccountView(
+                a.provider,
+                a.account_name,
+                a.region,
+                str(a.config.get("adapter_address", "")),
+                tuple(caps.get(a.id, ())),
+            )
+            for a in await self._catalog.accounts()
+        ]
+
+    async def provider_health(self, provider: str = "") -> list[BreakerStatus]:
+        """Breakers known to this replica, after adopting the shared state."""
+        await self._monitor.sync()
+        return self._monitor.statuses(provider or None)
+
+    async def force_breaker(self, inp: ForceBreakerInput) -> BreakerStatus:
+        violations = [
+            FieldViolation(name, "is required")
+            for name in ("provider", "account", "region", "reason")
+            if not getattr(inp, name).strip()
+        ]
+        if inp.operation not in Operation.__members__:
+            violations.append(
+                FieldViolation("operation", f"must be one of {', '.join(Operation.__members__)}")
+            )
+        if inp.state is BreakerState.HALF_OPEN:
+            violations.append(FieldViolation("state", "only OPEN or CLOSED can be forced"))
+        if violations:
+            raise InvalidSpec(violations)
+        key = BreakerKey(inp.provider, inp.account, inp.region, inp.model, Operation(inp.operation))
+        return await self._monitor.force(key, inp.state, inp.reason.strip())

@@ -1,0 +1,268 @@
+"""Recovery of unknown submits (9.17.4/9.17.5) and crash safety around the submit call."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+import pytest
+
+from controlplane.adapters.types import (
+    JobRef,
+    JobSnapshot,
+    JobState,
+    RecoverResult,
+    RecoveryVerdict,
+    SubmitKind,
+    SubmitResult,
+    UsageRecord,
+)
+from controlplane.domain.errors import ErrorClass, make_error
+from controlplane.domain.states import AttemptState, TaskState
+from controlplane.execution.contracts import TOPIC_REQUEUE, RequeueRequest
+from controlplane.execution.events import EventSource, IngestOutcome, Observation
+from controlplane.persistence.execution_store import ExecUnit, ExecutionStore
+from tests.integration.execution.exec_harness import ACCOUNT, Harness
+
+
+def _unknown() -> SubmitResult:
+    return SubmitResult(
+        SubmitKind.UNKNOWN,
+        error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "TIMEOUT", "read timeout"),
+        transport_stage="AWAIT_RESPONSE",
+    )
+
+
+async def test_recovery_found_adopts_the_job(harness: Harness) -> None:
+    """recover() FOUND records that job, moves the attempt to ACCEPTED and resolves the unknown
+    slot.
+    """
+    attempt = await harness.task_with_attempt()
+    harness.fake.script_submit(_unknown())
+    harness.fake.script_recover(
+        RecoverResult(RecoveryVerdict.FOUND, JobRef("job-r", ACCOUNT), method="idempotency_key")
+    )
+    engine = harness.engine()
+    await engine.run_until_idle()
+    harness.clock.advance(10)
+    await engine.run_until_idle()
+
+    detail = await harness.detail(attempt.task_id)
+    assert [a.state for a in detail.attempts] == [AttemptState.ACCEPTED]
+    assert [j.provider_job_id for j in detail.provider_jobs] == ["job-r"]
+    assert detail.task.state is TaskState.RUNNING
+    assert len(harness.fake.submit_calls) == 1
+    assert harness.fake.recover_calls[0].client_request_key == attempt.client_request_key
+    assert await harness.used(attempt.provider_account_id) == (1, 0)
+
+
+async def test_not_found_proves_absence_and_requeues(harness: Harness) -> None:
+    """NOT_FOUND fails the attempt as PROVEN_ABSENT and requeues the task without excluding it."""
+    attempt = await harness.task_with_attempt()
+    harness.fake.script_submit(_unknown())
+    harness.fake.script_recover(RecoverResult(RecoveryVerdict.NOT_FOUND, method="task_search"))
+    engine = harness.engine()
+    await engine.run_until_idle()
+    harness.clock.advance(10)
+    await engine.run_until_idle()
+
+    detail = await harness.detail(attempt.task_id)
+    assert detail.task.state is TaskState.QUEUED
+    [failed] = detail.attempts
+    assert failed.state is AttemptState.FAILED
+    assert failed.failure is not None
+    assert failed.failure.code == "PROVEN_ABSENT"
+    [message] = await harness.messages(TOPIC_REQUEUE)
+    request = RequeueRequest.from_payload(message.payload)
+    assert request.reason == "PROVEN_ABSENT"
+    assert request.excluded_candidates == ()
+    assert len(harness.fake.submit_calls) == 1
+    assert await harness.used(attempt.provider_account_id) == (0, 0)
+
+
+async def test_inconclusive_until_limits_abandons_and_fails_task(lite: Harness) -> None:
+    """Inconclusive answers retry with backoff; past max_recovery_queries the attempt is
+    ABANDONED.
+    """
+    attempt = await lite.task_with_attempt()
+    lite.fake.script_submit(_unknown())
+    engine = lite.engine(max_recovery_queries=3, usage_lookup_after_queries=99)
+    await engine.run_until_idle()
+    for _ in range(6):
+        lite.clock.advance(300)
+        await engine.run_until_idle()
+
+    detail = await lite.detail(attempt.task_id)
+    assert [a.state for a in detail.attempts] == [AttemptState.ABANDONED]
+    assert len(lite.fake.recover_calls) == 3
+    assert detail.task.state is TaskState.FAILED
+    assert detail.task.failure is not None
+    assert detail.task.failure.failure_class == "SUBMISSION_UNKNOWN"
+    assert "allow_new_attempt_after_abandon=False" in detail.task.failure.message
+    assert len(lite.fake.submit_calls) == 1
+    assert await lite.used(attempt.provider_account_id) == (1, 1)  # left to reconciliation
+
+
+async def test_abandon_policy_may_requeue(lite: Harness) -> None:
+    """With allow_new_attempt_after_abandon the abandoned task is requeued, as a recorded
+    decision.
+    """
+    attempt = await lite.task_with_attempt()
+    lite.fake.script_submit(_unknown())
+    engine = lite.engine(
+        allow_new_attempt_after_abandon=True,
+        unknown_recovery_deadline_s=60,
+        usage_lookup_after_queries=99,
+    )
+    await engine.run_until_idle()
+    lite.clock.advance(3600)
+    await engine.run_until_idle()
+    detail = await lite.detail(attempt.task_id)
+    assert detail.task.state is TaskState.QUEUED
+    [message] = await lite.messages(TOPIC_REQUEUE)
+    assert message.payload["reason"] == "ABANDONED_NEW_ATTEMPT"
+
+
+async def test_idempotent_provider_resends_with_the_same_key(lite: Harness) -> None:
+    """For a provider honouring keys, recovery re-sends the SAME key and adopts the returned job."""
+    attempt = await lite.task_with_attempt(provider="self_hosted")
+    lite.fake.script_submit(_unknown(), lite.fake.accepted("job-same"))
+    engine = lite.engine()
+    await engine.run_until_idle()
+    lite.clock.advance(10)
+    await engine.run_until_idle()
+
+    keys = [c.client_request_key for c in lite.fake.submit_calls]
+    assert keys == [attempt.client_request_key, attempt.client_request_key]
+    assert lite.fake.recover_calls == []
+    detail = await lite.detail(attempt.task_id)
+    assert [j.provider_job_id for j in detail.provider_jobs] == ["job-same"]
+    assert detail.attempts[0].state is AttemptState.ACCEPTED
+
+
+async def test_usage_records_are_the_last_resort(lite: Harness) -> None:
+    """When queries stay inconclusive, a single unknown job in the usage window is adopted."""
+    attempt = await lite.task_with_attempt()
+    lite.fake.script_submit(_unknown())
+    lite.fake.usage.append(
+        UsageRecord("job-usage", "gen4.5", lite.clock.now, 1000, "s", 250_000, "USD", "{}")
+    )
+    engine = lite.engine(usage_lookup_after_queries=1)
+    await engine.run_until_idle()
+    lite.clock.advance(10)
+    await engine.run_until_idle()
+    detail = await lite.detail(attempt.task_id)
+    assert [j.provider_job_id for j in detail.provider_jobs] == ["job-usage"]
+
+
+class FlakyExecutionStore(ExecutionStore):
+    """Fails the next unit of work once armed (a database outage at the worst moment)."""
+
+    armed = False
+
+    @asynccontextmanager
+    async def unit(self, now):  # type: ignore[no-untyped-def, override]
+        if FlakyExecutionStore.armed:
+            FlakyExecutionStore.armed = False
+            raise ConnectionError("database went away")
+        async with super().unit(now) as u:
+            yield u
+
+
+async def test_database_failure_after_job_id_recovers_without_second_submit(
+    harness: Harness,
+) -> None:
+    """A DB failure right after ACCEPTED leaves SUBMITTING; a restart makes it unknown and recovers
+    it.
+    """
+    attempt = await harness.task_with_attempt()
+
+    def accept_then_break(*_args: object) -> SubmitResult:
+        FlakyExecutionStore.armed = True
+        return harness.fake.accepted("job-lost")
+
+    harness.fake.script_submit(accept_then_break)
+    harness.fake.script_recover(
+        RecoverResult(RecoveryVerdict.FOUND, JobRef("job-lost", ACCOUNT), method="idempotency_key")
+    )
+    crashed = harness.engine()
+    crashed.deps.xstore = FlakyExecutionStore(harness.store.engine)
+    with pytest.raises(ConnectionError):
+        await crashed.run_until_idle()
+    assert (await harness.attempt(attempt.id)).state is AttemptState.SUBMITTING
+    assert (await harness.detail(attempt.task_id)).provider_jobs == ()
+
+    harness.clock.advance(120)  # past submitting_grace_s and the message claim
+    restarted = harness.engine(worker_id="w2")
+    await restarted.run_until_idle()
+    harness.clock.advance(10)
+    await restarted.run_until_idle()
+
+    detail = await harness.detail(attempt.task_id)
+    assert [a.state for a in detail.attempts] == [AttemptState.ACCEPTED]
+    assert detail.attempts[0].transport_error_stage == "SUBMIT_INTERRUPTED"
+    assert [j.provider_job_id for j in detail.provider_jobs] == ["job-lost"]
+    assert len(harness.fake.submit_calls) == 1
+
+
+async def test_callback_before_submit_response_is_applied_after_accept(lite: Harness) -> None:
+    """A callback that beats the submit response is stored, then replayed once the job is
+    recorded.
+    """
+    attempt = await lite.task_with_attempt()
+    engine = lite.engine()
+    done = JobSnapshot(JobState.SUCCEEDED, "SUCCEEDED", '{"status":"SUCCEEDED"}')
+
+    async def early_callback(*_args: object) -> SubmitResult:
+        outcome = await engine.normalizer.ingest(
+            Observation(
+                attempt.provider_account_id,
+                "job-early",
+                done,
+                EventSource.CALLBACK,
+                lite.clock(),
+                attempt.id,
+            )
+        )
+        assert outcome is IngestOutcome.UNMATCHED
+        return lite.fake.accepted("job-early")
+
+    lite.fake.script_submit(early_callback)
+    await engine.submitter.run_once()
+    detail = await lite.detail(attempt.task_id)
+    assert detail.attempts[0].state is AttemptState.SUCCEEDED
+    assert detail.task.state is TaskState.OUTPUT_FETCHING
+    assert detail.task.adopted_attempt_id == attempt.id
+
+
+async def test_early_callback_resolves_an_unknown_submit(lite: Harness) -> None:
+    """An early callback naming the attempt is recovery evidence: FOUND without asking the
+    provider.
+    """
+    attempt = await lite.task_with_attempt()
+    engine = lite.engine()
+    running = JobSnapshot(JobState.RUNNING, "RUNNING", '{"status":"RUNNING"}')
+
+    async def callback_then_timeout(*_args: object) -> SubmitResult:
+        await engine.normalizer.ingest(
+            Observation(
+                attempt.provider_account_id,
+                "job-cb",
+                running,
+                EventSource.CALLBACK,
+                lite.clock(),
+                attempt.id,
+            )
+        )
+        return _unknown()
+
+    lite.fake.script_submit(callback_then_timeout)
+    await engine.run_until_idle()
+    lite.clock.advance(10)
+    await engine.run_until_idle()
+    detail = await lite.detail(attempt.task_id)
+    assert [j.provider_job_id for j in detail.provider_jobs] == ["job-cb"]
+    assert detail.attempts[0].state not in (AttemptState.SUBMIT_UNKNOWN, AttemptState.FAILED)
+    assert lite.fake.recover_calls == []
+
+
+_ = ExecUnit
