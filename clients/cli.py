@@ -114,6 +114,57 @@ def _get(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain_rows(decision: dict[str, object]) -> list[str]:
+    """One decision as a fixed-width table: candidate, eligible, score, cost, reason."""
+    lines = [
+        f"decision {decision.get('decision_no', '?')}  {decision.get('reason_code', '')}  "
+        f"policy={decision.get('policy_version', '')}  "
+        f"capability={decision.get('capability_version', '')}",
+        f"  selected: {decision.get('selected_candidate') or '-'}"
+        + (
+            f"   shadow: {decision['shadow_selected_candidate']}"
+            if decision.get("shadow_selected_candidate")
+            else ""
+        ),
+        f"  {'CANDIDATE':<48} {'OK':<3} {'SCORE':>7} {'COST':>10}  REASON",
+    ]
+    candidates = decision.get("candidates", [])
+    assert isinstance(candidates, list)
+    ranked = sorted(candidates, key=lambda c: (not c.get("eligible"), -c.get("score", 0.0)))
+    for c in ranked:
+        cost = c.get("estimated_cost", {}).get("amount_micros")
+        money = f"{int(cost) / 1e6:.2f}" if cost is not None else "-"
+        score = f"{c.get('score', 0.0):.3f}" if c.get("eligible") else "-"
+        reason = (
+            ""
+            if c.get("eligible")
+            else f"{c.get('reject_reason', '')}: {c.get('reject_detail', '')}"
+        )
+        lines.append(
+            f"  {c.get('candidate_id', ''):<48} {'yes' if c.get('eligible') else 'no':<3} "
+            f"{score:>7} {money:>10}  {reason}"
+        )
+    return lines
+
+
+def _explain(args: argparse.Namespace) -> int:
+    with grpc.insecure_channel(args.target) as channel:
+        stub = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
+        response = stub.ExplainRoute(
+            scheduler_service_pb2.ExplainRouteRequest(task_id=args.task_id), timeout=10
+        )
+    data = json_format.MessageToDict(response, preserving_proto_field_name=True)
+    if args.json:
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    decisions = data.get("decisions", [])
+    if not decisions:
+        print(f"task {args.task_id}: no routing decision yet")
+    for decision in decisions:
+        print("\n".join(_explain_rows(decision)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vidroute", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -126,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--port-file", default=None, help="write the bound port here when ready")
     migrate = sub.add_parser("migrate", help="apply database migrations")
     migrate.add_argument("--down", action="store_true", help="revert every migration")
-    for name in ("submit", "get"):
+    for name in ("submit", "get", "explain"):
         cmd = sub.add_parser(name)
         cmd.add_argument("--target", default=DEFAULT_TARGET, help="control plane host:port")
         cmd.add_argument("--json", action="store_true", help="print JSON")
@@ -140,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--height", type=int, default=720)
     submit.add_argument("--idempotency-key", default="")
     sub.choices["get"].add_argument("task_id")
+    sub.choices["explain"].add_argument("task_id")
     return parser
 
 
@@ -152,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_migrate(args.down))
         if args.command == "submit":
             return _submit(args)
+        if args.command == "explain":
+            return _explain(args)
         return _get(args)
     except grpc.RpcError as exc:
         print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)

@@ -12,6 +12,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from controlplane.domain.exceptions import InvalidSpec, NotFound, PreconditionFailed
 from controlplane.domain.hashing import normalized_spec_hash
@@ -29,6 +30,12 @@ _KEY_RE = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class Canceller(Protocol):
+    """Cancels tasks whose attempts may be at a provider (the execution engine)."""
+
+    async def cancel(self, task_id: int, reason: str = "") -> object: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +89,12 @@ class TaskService:
         store: Store,
         clock: Callable[[], datetime] = utcnow,
         *,
+        canceller: Canceller | None = None,
         watch_poll_interval_s: float = 0.5,
     ) -> None:
         self._store = store
         self._clock = clock
+        self._canceller = canceller
         self._watch_poll_s = watch_poll_interval_s
 
     async def create_task(self, cmd: CreateTaskInput) -> tuple[TaskRecord, bool]:
@@ -118,12 +127,16 @@ class TaskService:
             raise InvalidSpec([FieldViolation("page_token", str(exc))]) from exc
 
     async def cancel_task(self, task_id: int, reason: str = "") -> TaskDetail:
-        """Cancel a queued task at once; cancelling a terminal task returns it unchanged.
+        """Cancel a task; cancelling a terminal task returns it unchanged.
 
-        A task past QUEUED has an attempt at a provider: cancelling it is a request to the
-        provider (CANCEL_REQUESTED, then its confirmation), which the execution workers own.
-        Until they run here, such a task is FAILED_PRECONDITION with its state named.
+        A queued task is CANCELLED at once. A task with an attempt at a provider is a request
+        (attempt CANCEL_REQUESTED) that only the provider's confirmation completes (9.18.3);
+        the execution engine's `Canceller` owns that. Without an engine (an API-only replica),
+        such a task is FAILED_PRECONDITION with its state named.
         """
+        if self._canceller is not None:
+            await self._canceller.cancel(task_id, reason)
+            return await self.get_task(task_id)
         record = await self._store.cancel_queued_task(task_id, now=self._clock(), reason=reason)
         if record.state is not TaskState.CANCELLED and record.state not in _TERMINAL:
             raise PreconditionFailed(

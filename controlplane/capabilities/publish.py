@@ -1,0 +1,310 @@
+"""Publish versioned capability entries into the catalog (design 9.6.4, 9.19.2, 9.25.5).
+
+Two sources, one code path: the YAML files under ``adapter_sidecars/*/capabilities/`` and the
+entries an adapter returns from Describe. Both become schema documents, which are validated by
+the loader's JSON Schema and constraint parser, checked for price completeness and
+contradictory constraints (`controlplane.capabilities.consistency`), expanded per configured
+account (an entry without ``account`` applies to every account of its provider) and written by
+`CatalogStore.publish` in one transaction. A file with any bad entry is rejected whole, with
+an error naming the entry; stored versions are never deleted or rewritten.
+
+The stored ``capabilities`` JSON is the schema document itself (account and region filled in),
+so the catalog re-reads it with the same parser (`controlplane.capabilities.catalog`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from google.protobuf import json_format
+
+from controlplane.capabilities.consistency import ConsistencyError, check_entry
+from controlplane.capabilities.loader import (
+    ANY_ACCOUNT,
+    Capability,
+    CapabilityLoadError,
+    parse_entry,
+)
+from controlplane.persistence.catalog_store import (
+    AccountSpec,
+    CapabilityVersion,
+    CatalogConflict,
+    CatalogStore,
+    PriceVersion,
+    PublishCounts,
+)
+from vidroute.adapter.v1 import adapter_pb2
+
+PRICE_UNIT = "output_second"
+
+
+class PublishError(ValueError):
+    """A publication was refused; nothing was written. The message names the bad entry."""
+
+
+@dataclass(frozen=True, slots=True)
+class AccountConfig:
+    """A configured provider account; the credential is a reference, never the secret."""
+
+    provider: str
+    account_name: str
+    region: str
+    credential_ref: str
+    adapter_address: str = ""
+    status: str = "ACTIVE"
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    def spec(self) -> AccountSpec:
+        config = dict(self.config)
+        if self.adapter_address:
+            config["adapter_address"] = self.adapter_address
+        return AccountSpec(
+            self.provider, self.account_name, self.region, self.credential_ref, self.status, config
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """What one publish call will write, after every check passed."""
+
+    accounts: tuple[AccountSpec, ...]
+    capabilities: tuple[CapabilityVersion, ...]
+    prices: tuple[PriceVersion, ...]
+
+
+def _plain(value: Any) -> Any:
+    """YAML dates become ISO strings, keys strings: the JSON the schema and the database see."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    return value
+
+
+def documents_from_file(path: Path) -> list[dict[str, Any]]:
+    """The YAML documents of one capability file (not validated yet)."""
+    try:
+        with path.open(encoding="utf-8") as fh:
+            docs = [d for d in yaml.safe_load_all(fh) if d is not None]
+    except (OSError, yaml.YAMLError) as exc:
+        raise PublishError(f"{path}: {exc}") from exc
+    out = []
+    for i, doc in enumerate(docs):
+        if not isinstance(doc, dict):
+            raise PublishError(f"{path}#{i}: a document must be a mapping")
+        out.append(_plain(doc))
+    return out
+
+
+def documents_from_directory(directory: Path) -> list[dict[str, Any]]:
+    """The documents of every ``*.yaml`` file of `directory`, files in name order."""
+    docs: list[dict[str, Any]] = []
+    for path in sorted(directory.glob("*.yaml")):
+        docs.extend(documents_from_file(path))
+    return docs
+
+
+def document_from_describe(entry: adapter_pb2.CapabilityEntry) -> dict[str, Any]:
+    """A Describe entry as a schema document, so it is validated like a file entry."""
+    data = json_format.MessageToDict(entry, preserving_proto_field_name=True)
+    doc: dict[str, Any] = {
+        "provider": entry.provider,
+        "account": entry.account,
+        "model": entry.model,
+        "version": entry.model_version,
+        "capability_version": entry.capability_version,
+        "status": adapter_pb2.Lifecycle.Name(entry.lifecycle).removeprefix("LIFECYCLE_").lower(),
+        "modes": [m.removeprefix("MODE_") for m in data.get("modes", [])],
+        "inputs": {
+            "last_frame": entry.supports_last_frame,
+            "max_reference_images": entry.max_reference_images,
+            "seed": entry.supports_seed,
+            "negative_prompt": entry.supports_negative_prompt,
+            "max_prompt_chars": entry.max_prompt_chars,
+        },
+        "output": {
+            "aspect_ratios": list(entry.aspect_ratios),
+            "durations_seconds": list(entry.durations_seconds),
+            "resolutions": list(entry.resolutions),
+            "native_audio": entry.native_audio,
+            "max_sample_count": max(1, entry.max_sample_count),
+        },
+        "constraints": [
+            {"when": c.when, "require": c.require, "message": c.message} for c in entry.constraints
+        ],
+        "operations": {
+            k: bool(data.get("operations", {}).get(k, False))
+            for k in (
+                "polling",
+                "callback",
+                "cancellation",
+                "client_idempotency_key",
+                "task_search",
+            )
+        },
+        "max_concurrency": entry.max_concurrency,
+        "output_url_ttl_seconds": entry.output_url_ttl_seconds,
+    }
+    if entry.region:
+        doc["region"] = entry.region
+    if entry.HasField("sunset_at"):
+        doc["sunset"] = entry.sunset_at.ToDatetime().isoformat() + "Z"
+    if entry.HasField("price"):
+        p = entry.price
+        commercial: dict[str, Any] = {
+            "currency": p.per_output_second.currency_code or "USD",
+            "price_version": p.price_version,
+            "price_micros_per_output_second": p.per_output_second.amount_micros,
+            "provider_unit": p.provider_unit,
+            "provider_milliunits_per_output_second": p.provider_milliunits_per_output_second,
+        }
+        if p.HasField("per_output_second_with_audio"):
+            commercial["price_micros_per_output_second_with_audio"] = (
+                p.per_output_second_with_audio.amount_micros
+            )
+        doc["commercial"] = commercial
+    return doc
+
+
+def _check(doc: Mapping[str, Any], where: str) -> Capability:
+    if "commercial" not in doc:
+        raise PublishError(f"{where}: model {doc.get('model')!r} has no price (commercial)")
+    try:
+        cap = parse_entry(doc, where)
+        check_entry(cap)
+    except (CapabilityLoadError, ConsistencyError) as exc:
+        raise PublishError(str(exc)) from exc
+    return cap
+
+
+def plan_publication(
+    documents: Sequence[Mapping[str, Any]],
+    accounts: Iterable[AccountConfig],
+    *,
+    effective_from: datetime,
+    source: str = "<memory>",
+) -> Publication:
+    """Validate every document, expand templates per account and build the rows; pure."""
+    configured = list(accounts)
+    caps: list[CapabilityVersion] = []
+    prices: list[PriceVersion] = []
+    used: dict[tuple[str, str, str], AccountSpec] = {}
+    seen: set[tuple[str, ...]] = set()
+    for i, raw in enumerate(documents):
+        where = f"{source}#{i}"
+        _check(raw, where)
+        for doc, account in _expand(raw, configured, where):
+            cap = _check(doc, where)
+            key = (cap.provider, cap.account, cap.region, cap.model, cap.model_version)
+            if key in seen:
+                raise PublishError(f"{where}: duplicate entry for {'/'.join(key)}")
+            seen.add(key)
+            used[(account.provider, account.account_name, account.region)] = account.spec()
+            caps.append(
+                CapabilityVersion(
+                    cap.provider,
+                    cap.account,
+                    cap.region,
+                    cap.model,
+                    cap.model_version,
+                    cap.capability_version,
+                    cap.lifecycle,
+                    doc,
+                    effective_from,
+                )
+            )
+            com = cap.commercial
+            prices.append(
+                PriceVersion(
+                    cap.provider,
+                    cap.account,
+                    cap.region,
+                    cap.model,
+                    com.price_version,
+                    PRICE_UNIT,
+                    com.price_micros_per_output_second,
+                    com.currency,
+                    effective_from,
+                )
+            )
+    return Publication(tuple(used.values()), tuple(caps), tuple(prices))
+
+
+def _expand(
+    doc: Mapping[str, Any], accounts: Sequence[AccountConfig], where: str
+) -> list[tuple[dict[str, Any], AccountConfig]]:
+    provider = str(doc["provider"])
+    mine = [a for a in accounts if a.provider == provider]
+    name = str(doc.get("account", ANY_ACCOUNT))
+    if name != ANY_ACCOUNT:
+        match = [a for a in mine if a.account_name == name]
+        if not match:
+            # An adapter reported an account we have no config for: register it by reference.
+            region = str(doc.get("region", ""))
+            if not region:
+                raise PublishError(f"{where}: account {name!r} is not configured and has no region")
+            match = [AccountConfig(provider, name, region, f"adapter://{provider}/{name}")]
+        mine = match
+    if not mine:
+        raise PublishError(f"{where}: no configured account of provider {provider!r}")
+    out = []
+    for account in mine:
+        stamped = copy.deepcopy(dict(doc))
+        stamped["account"] = account.account_name
+        stamped["region"] = str(doc.get("region") or account.region)
+        out.append((stamped, account))
+    return out
+
+
+async def publish_documents(
+    store: CatalogStore,
+    documents: Sequence[Mapping[str, Any]],
+    accounts: Iterable[AccountConfig],
+    *,
+    now: datetime,
+    source: str = "<memory>",
+) -> PublishCounts:
+    """Check and write a batch; `PublishError` (nothing written) on any bad entry."""
+    plan = plan_publication(documents, accounts, effective_from=now, source=source)
+    try:
+        return await store.publish(plan.accounts, plan.capabilities, plan.prices, now=now)
+    except CatalogConflict as exc:
+        raise PublishError(f"{source}: {exc}") from exc
+
+
+async def publish_file(
+    store: CatalogStore, path: Path, accounts: Iterable[AccountConfig], *, now: datetime
+) -> PublishCounts:
+    """Publish one YAML file, whole or not at all."""
+    return await publish_documents(
+        store, documents_from_file(path), accounts, now=now, source=str(path)
+    )
+
+
+async def publish_directory(
+    store: CatalogStore, directory: Path, accounts: Iterable[AccountConfig], *, now: datetime
+) -> PublishCounts:
+    """Publish every ``*.yaml`` of `directory` as one batch (one transaction)."""
+    docs = documents_from_directory(directory)
+    return await publish_documents(store, docs, accounts, now=now, source=str(directory))
+
+
+async def publish_describe(
+    store: CatalogStore,
+    entries: Iterable[adapter_pb2.CapabilityEntry],
+    accounts: Iterable[AccountConfig],
+    *,
+    now: datetime,
+    source: str = "describe",
+) -> PublishCounts:
+    """Publish what an adapter's Describe reported, through the same checks as a file."""
+    docs = [document_from_describe(e) for e in entries]
+    return await publish_documents(store, docs, accounts, now=now, source=source)

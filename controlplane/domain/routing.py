@@ -1,0 +1,755 @@
+"""The routing pipeline of design 9.10: hard filters, compile verdicts, scoring, selection.
+
+Pure: no I/O, no clock. The dispatcher gathers the facts (catalog candidates, breaker states,
+lease pre-checks, compile plans, health windows) and this module turns them into one
+explainable `RouteDecisionSnapshot` (9.10.2). The order is the design's:
+
+1-2. the task, the policy snapshot and the candidates are the inputs;
+3.   capability hard filters: failover exclusions, STRICT/PREFERRED pinning, lifecycle (no new
+     work on SUNSET), mode, inputs (last frame, references, samples), aspect/resolution/duration
+     through the capability's constraint expressions;
+4.   region and tenant policy;
+5.   budget against the catalog price (and again against the compiled estimate);
+6.   circuit breaker (OPEN refuses; HALF_OPEN probes are admitted by execution);
+7.   capacity (lease pre-check: no free slot, or the unknown-submit budget is full);
+     then the adapter's compile verdict: REJECT is ineligible, DEGRADE needs
+     ``allow_semantic_degrade`` (and a PREFERRED fallback must be exact/lossless);
+8.   scores among the eligible only (9.13.1: no weight can resurrect a rejected candidate),
+     then hysteresis/dwell, consistent-hash bucketing of near-ties, canary admission (never for
+     STRICT or high-value tasks) and an optional shadow policy that is recorded, never run.
+
+Steps 9-12 (lease, Attempt + RouteDecision + outbox, submit) belong to the dispatcher, which
+calls `RouteDecisionSnapshot.after_leasing` to record which ranked candidates refused a lease.
+
+Outcomes: SELECTED; NO_CAPACITY when nothing is eligible but some candidate was refused only
+for a transient reason (capacity or an open breaker): the task stays QUEUED; otherwise
+NO_ELIGIBLE_CANDIDATE and the task fails with every candidate's reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from datetime import datetime
+from enum import StrEnum
+from math import gcd
+from typing import TYPE_CHECKING, Any
+
+from controlplane.capabilities.constraints import ConstraintError, violations
+from controlplane.domain import scoring
+from controlplane.domain.spec import GenerationSpec, RoutingMode
+
+if TYPE_CHECKING:  # the loader pulls in YAML/JSON Schema; the domain only reads the fields
+    from controlplane.capabilities.loader import Capability
+
+RESOLUTION_PX: Mapping[str, int] = {
+    "480p": 480,
+    "540p": 540,
+    "720p": 720,
+    "1080p": 1080,
+    "1440p": 1440,
+    "4k": 2160,
+}
+
+
+class Reason(StrEnum):
+    """Why a candidate is not eligible (stable codes, stored in decisions)."""
+
+    EXCLUDED_BY_FAILOVER = "EXCLUDED_BY_FAILOVER"
+    STRICT_MODEL_MISMATCH = "STRICT_MODEL_MISMATCH"
+    SUNSET = "SUNSET"
+    UNSUPPORTED_MODE = "UNSUPPORTED_MODE"
+    UNSUPPORTED_INPUT = "UNSUPPORTED_INPUT"
+    RESOLUTION_DURATION_CONSTRAINT = "RESOLUTION_DURATION_CONSTRAINT"
+    REGION_NOT_ALLOWED = "REGION_NOT_ALLOWED"
+    OVER_BUDGET = "OVER_BUDGET"
+    CIRCUIT_OPEN = "CIRCUIT_OPEN"
+    NO_CAPACITY = "NO_CAPACITY"
+    COMPILE_REJECT = "COMPILE_REJECT"
+    DEGRADE_NOT_ALLOWED = "DEGRADE_NOT_ALLOWED"
+    CANARY_NOT_ADMITTED = "CANARY_NOT_ADMITTED"
+
+
+#: Reasons that may clear by themselves: a task rejected only for these waits, never fails.
+TRANSIENT_REASONS = frozenset({Reason.NO_CAPACITY, Reason.CIRCUIT_OPEN})
+
+
+class Outcome(StrEnum):
+    SELECTED = "SELECTED"
+    NO_CAPACITY = "NO_CAPACITY"
+    NO_ELIGIBLE_CANDIDATE = "NO_ELIGIBLE_CANDIDATE"
+
+
+class TransformKind(StrEnum):
+    EXACT = "EXACT"
+    LOSSLESS = "LOSSLESS"
+    DEGRADE = "DEGRADE"
+    REJECT = "REJECT"
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """The effective price version of a candidate; integer micros per output second."""
+
+    price_version: str
+    currency: str
+    micros_per_second: int
+    micros_per_second_with_audio: int | None = None
+
+    def estimate(self, spec: GenerationSpec) -> int:
+        """Pre-compile estimate: whole seconds (rounded up) x samples x the audio-aware price."""
+        per_s = self.micros_per_second
+        if spec.output.with_audio and self.micros_per_second_with_audio is not None:
+            per_s = self.micros_per_second_with_audio
+        seconds = -(-spec.output.duration_ms // 1000)
+        return per_s * seconds * max(1, spec.output.sample_count)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """provider + account + region + model + model_version with its capability and price."""
+
+    provider: str
+    account: str
+    account_id: int
+    region: str
+    model: str
+    model_version: str
+    capability_version: str
+    lifecycle: str  # preview | stable | deprecated | sunset
+    sunset_at: datetime | None
+    capability: Capability
+    price: Price
+
+    @property
+    def id(self) -> str:
+        """The stable candidate id of decisions: ``provider/model/account``."""
+        return f"{self.provider}/{self.model}/{self.account}"
+
+    @property
+    def lease_account(self) -> str:
+        """The lease store's account scope (hash tag) for this candidate."""
+        return f"{self.provider}:{self.account}"
+
+
+@dataclass(frozen=True, slots=True)
+class CompileResult:
+    """The adapter's verdict for one candidate; `error` is set when compile itself failed."""
+
+    submittable: bool
+    transformations: tuple[tuple[str, TransformKind, str], ...] = ()
+    estimated_cost_micros: int = 0
+    currency: str = "USD"
+    request_hash: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityView:
+    """Lease pre-check: free slots of the tightest dimension, and whether new work is accepted."""
+
+    available: int
+    maximum: int
+    accepting_new: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class HealthView:
+    """Health figures of a candidate from the EWMA windows (9.13.3)."""
+
+    success_lower_bound: float
+    samples: float
+    mean_latency_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Incumbent:
+    """The candidate this routing group used last, and since when (seconds, any clock)."""
+
+    candidate_id: str
+    since_s: float
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """The versioned policy plus the thresholds the scoring needs."""
+
+    policy: scoring.RoutingPolicy
+    shadow_policy: scoring.RoutingPolicy | None = None
+    latency_good_s: float = 60.0
+    latency_bad_s: float = 900.0
+    deprecated_penalty: float = 0.05
+    default_quality: float = 0.5
+
+
+@dataclass(frozen=True)
+class RoutingContext:
+    """Dynamic facts at decision time; every mapping is keyed by candidate id."""
+
+    now: datetime
+    circuit_open: Mapping[str, str] = field(default_factory=dict)
+    capacity: Mapping[str, CapacityView] = field(default_factory=dict)
+    health: Mapping[str, HealthView] = field(default_factory=dict)
+    quality: Mapping[str, float] = field(default_factory=dict)
+    excluded: frozenset[tuple[int, str]] = frozenset()  # (account_id, model) from failover
+    same_model_only: str = ""  # a STRICT task's requeue: only this model
+    allowed_regions: frozenset[str] | None = None  # tenant/compliance policy; None = any
+    preferred_regions: tuple[str, ...] = ()
+    incumbent: Incumbent | None = None
+    canary_stages: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One candidate's fate in a decision."""
+
+    candidate: Candidate
+    eligible: bool
+    reason: str = ""
+    detail: str = ""
+    score: float | None = None
+    components: Mapping[str, float] = field(default_factory=dict)
+    penalties: Mapping[str, float] = field(default_factory=dict)
+    estimated_cost_micros: int | None = None
+    compile: CompileResult | None = None
+    canary: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.candidate
+        data: dict[str, Any] = {
+            "id": c.id,
+            "eligible": self.eligible,
+            "provider": c.provider,
+            "account": c.account,
+            "account_id": c.account_id,
+            "region": c.region,
+            "model": c.model,
+            "model_version": c.model_version,
+            "capability_version": c.capability_version,
+            "price_version": c.price.price_version,
+            "lifecycle": c.lifecycle,
+            "currency": c.price.currency,
+            "estimated_cost_micros": self.estimated_cost_micros,
+        }
+        if not self.eligible:
+            data.update(reason=self.reason, detail=self.detail)
+        if self.score is not None:
+            data.update(score=round(self.score, 6), components=dict(self.components))
+        if self.penalties:
+            data["penalties"] = dict(self.penalties)
+        if self.compile is not None:
+            data["transformations"] = [[f, k.value, d] for f, k, d in self.compile.transformations]
+        if self.canary:
+            data["canary"] = True
+        return data
+
+
+@dataclass(frozen=True)
+class RouteDecisionSnapshot:
+    """The explainable decision (9.10.2), stored in ``route_decisions.candidate_snapshot``."""
+
+    task_id: str
+    outcome: Outcome
+    policy_version: str
+    catalog_version: str
+    verdicts: tuple[Verdict, ...]
+    ranked: tuple[str, ...]  # lease fall-through order; first is the selection
+    selection_reason: str = ""
+    bucket: int | None = None
+    shadow_policy_version: str = ""
+    shadow_selected: str = ""
+    shadow_scores: Mapping[str, float] = field(default_factory=dict)
+    lease_refused: tuple[str, ...] = ()
+
+    @property
+    def selected(self) -> str | None:
+        return self.ranked[0] if self.outcome is Outcome.SELECTED and self.ranked else None
+
+    def verdict(self, candidate_id: str) -> Verdict:
+        return next(v for v in self.verdicts if v.candidate.id == candidate_id)
+
+    @property
+    def capability_version(self) -> str:
+        """The selected candidate's capability version, else the catalog's version."""
+        chosen = self.selected
+        return self.verdict(chosen).candidate.capability_version if chosen else self.catalog_version
+
+    def after_leasing(self, leased: str | None, refused: Sequence[str]) -> RouteDecisionSnapshot:
+        """Record the lease outcome: refused candidates become NO_CAPACITY; `leased` is selected."""
+        gone = set(refused)
+        verdicts = tuple(
+            replace(
+                v,
+                eligible=False,
+                reason=Reason.NO_CAPACITY.value,
+                detail="lease refused at acquire",
+            )
+            if v.candidate.id in gone
+            else v
+            for v in self.verdicts
+        )
+        if leased is None:
+            return replace(
+                self,
+                outcome=Outcome.NO_CAPACITY,
+                verdicts=verdicts,
+                ranked=(),
+                lease_refused=tuple(refused),
+                selection_reason="all_leases_refused",
+            )
+        rest = tuple(c for c in self.ranked if c != leased and c not in gone)
+        reason = self.selection_reason if not gone else "lease_fallthrough"
+        return replace(
+            self,
+            verdicts=verdicts,
+            ranked=(leased, *rest),
+            lease_refused=tuple(refused),
+            selection_reason=reason,
+        )
+
+    def failure_message(self) -> str:
+        """One line per rejected candidate: why nothing could run."""
+        return (
+            "; ".join(
+                f"{v.candidate.id}: {v.reason} ({v.detail})"
+                for v in self.verdicts
+                if not v.eligible
+            )
+            or "no candidates in the capability catalog"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "task_id": self.task_id,
+            "outcome": self.outcome.value,
+            "policy_version": self.policy_version,
+            "catalog_version": self.catalog_version,
+            "capability_version": self.capability_version,
+            "selected": self.selected,
+            "ranked": list(self.ranked),
+            "selection_reason": self.selection_reason,
+            "candidates": [v.to_json() for v in self.verdicts],
+        }
+        if self.bucket is not None:
+            data["bucket"] = self.bucket
+        if self.lease_refused:
+            data["lease_refused"] = list(self.lease_refused)
+        if self.shadow_policy_version:
+            data["shadow"] = {
+                "policy_version": self.shadow_policy_version,
+                "selected": self.shadow_selected,
+                "scores": dict(self.shadow_scores),
+                "executed": False,
+            }
+            data["shadow_selected"] = self.shadow_selected
+        return data
+
+
+# ---- step 3-7: hard filters ------------------------------------------------------------------
+
+
+def aspect_label(width: int, height: int) -> str:
+    d = gcd(width, height) or 1
+    return f"{width // d}:{height // d}"
+
+
+def _pinned(spec: GenerationSpec, c: Candidate) -> bool:
+    r = spec.routing
+    if r.required_model and c.model != r.required_model:
+        return False
+    return not r.required_provider or c.provider == r.required_provider
+
+
+def _is_sunset(c: Candidate, now: datetime) -> bool:
+    return c.lifecycle == "sunset" or (c.sunset_at is not None and c.sunset_at <= now)
+
+
+def _capability_reject(spec: GenerationSpec, cap: Capability) -> tuple[Reason, str] | None:
+    if spec.mode not in cap.modes:
+        return Reason.UNSUPPORTED_MODE, f"{spec.mode.value} not in {[m.value for m in cap.modes]}"
+    if spec.last_frame is not None and not cap.supports_last_frame:
+        return Reason.UNSUPPORTED_INPUT, "model does not accept a last frame"
+    if len(spec.references) > cap.max_reference_images:
+        return Reason.UNSUPPORTED_INPUT, (
+            f"{len(spec.references)} reference images; model accepts {cap.max_reference_images}"
+        )
+    samples = max(1, spec.output.sample_count)
+    if samples > cap.max_sample_count:
+        return Reason.UNSUPPORTED_INPUT, f"{samples} samples; model max {cap.max_sample_count}"
+    return _size_duration_reject(spec, cap)
+
+
+def _size_duration_reject(spec: GenerationSpec, cap: Capability) -> tuple[Reason, str] | None:
+    out, degrade_ok = spec.output, spec.routing.allow_semantic_degrade
+    code = Reason.RESOLUTION_DURATION_CONSTRAINT
+    aspect = aspect_label(out.width, out.height)
+    if aspect not in cap.aspect_ratios:
+        return code, f"aspect ratio {aspect} not offered ({', '.join(cap.aspect_ratios)})"
+    ranked = sorted(cap.resolutions, key=lambda r: RESOLUTION_PX.get(r, 0))
+    fitting = [r for r in ranked if RESOLUTION_PX.get(r, 0) >= min(out.width, out.height)]
+    if not fitting and not degrade_ok:
+        return code, f"{out.width}x{out.height} exceeds the model's best {ranked[-1]}"
+    resolution = fitting[0] if fitting else ranked[-1]
+    audio = (out.with_audio and cap.native_audio) or (cap.native_audio and not cap.audio_optional)
+    env: dict[str, str | int | bool] = {
+        "mode": spec.mode.value,
+        "resolution": resolution,
+        "aspect_ratio": aspect,
+        "with_audio": audio,
+        "sample_count": max(1, out.sample_count),
+        "has_last_frame": spec.last_frame is not None,
+        "reference_count": len(spec.references),
+        "has_negative_prompt": bool(spec.negative_prompt),
+        "has_seed": spec.seed is not None,
+    }
+    try:
+        wanted = out.duration_ms // 1000
+        exact = out.duration_ms % 1000 == 0 and wanted in cap.durations_seconds
+        broken = violations(cap.constraints, {**env, "duration_seconds": wanted}) if exact else []
+        if exact and not broken:
+            return None  # the common case: one evaluation, no search
+        legal = [
+            d
+            for d in cap.durations_seconds
+            if not violations(cap.constraints, {**env, "duration_seconds": d})
+        ]
+        if legal and degrade_ok:
+            return None  # the adapter records the duration change as a DEGRADE
+        if exact:
+            return code, "; ".join(c.describe() for c in broken)
+    except ConstraintError as exc:
+        return code, f"constraint evaluation failed: {exc}"
+    offered = ", ".join(str(d) for d in cap.durations_seconds)
+    return code, f"{out.duration_ms} ms at {resolution}: legal durations {legal or offered} s"
+
+
+def hard_reject(
+    spec: GenerationSpec, c: Candidate, ctx: RoutingContext
+) -> tuple[Reason, str] | None:
+    """Steps 3-7 for one candidate, first failing filter wins; None when it may be compiled."""
+    r = spec.routing
+    if (c.account_id, c.model) in ctx.excluded:
+        return Reason.EXCLUDED_BY_FAILOVER, "failed earlier for this task"
+    if r.mode is RoutingMode.STRICT_MODEL and not _pinned(spec, c):
+        return Reason.STRICT_MODEL_MISMATCH, (
+            f"task pins {r.required_provider or '*'}/{r.required_model or '*'}"
+        )
+    if ctx.same_model_only and c.model != ctx.same_model_only:
+        return Reason.STRICT_MODEL_MISMATCH, f"failover keeps model {ctx.same_model_only}"
+    if _is_sunset(c, ctx.now):
+        return Reason.SUNSET, f"lifecycle {c.lifecycle}, sunset {c.sunset_at}"
+    rejected = _capability_reject(spec, c.capability)
+    if rejected is not None:
+        return rejected
+    if r.region and c.region != r.region:
+        return Reason.REGION_NOT_ALLOWED, f"task requires region {r.region}, candidate {c.region}"
+    if ctx.allowed_regions is not None and c.region not in ctx.allowed_regions:
+        return Reason.REGION_NOT_ALLOWED, f"tenant policy excludes region {c.region}"
+    over = _over_budget(spec, c.price.estimate(spec), c.price.currency)
+    if over is not None:
+        return Reason.OVER_BUDGET, over
+    if c.id in ctx.circuit_open:
+        return Reason.CIRCUIT_OPEN, ctx.circuit_open[c.id]
+    cap = ctx.capacity.get(c.id)
+    if cap is not None and not cap.accepting_new:
+        return Reason.NO_CAPACITY, "unknown-submission budget full; not accepting new work"
+    if cap is not None and cap.available <= 0:
+        return Reason.NO_CAPACITY, f"0 of {cap.maximum} slots free"
+    return None
+
+
+def _over_budget(spec: GenerationSpec, cost: int, currency: str) -> str | None:
+    limit = spec.routing.max_estimated_cost_micros
+    if limit <= 0:
+        return None
+    if currency != spec.routing.currency:
+        return f"priced in {currency}, budget in {spec.routing.currency}"
+    if cost > limit:
+        return f"estimated {cost} micros > budget {limit}"
+    return None
+
+
+def _compile_reject(
+    spec: GenerationSpec, c: Candidate, result: CompileResult | None
+) -> tuple[Reason, str] | None:
+    if result is None:
+        return Reason.COMPILE_REJECT, "not compiled"
+    if result.error:
+        return Reason.COMPILE_REJECT, f"compile failed: {result.error}"
+    rejects = [f"{f}: {d}" for f, k, d in result.transformations if k is TransformKind.REJECT]
+    if rejects or not result.submittable:
+        detail = "; ".join(rejects) or "adapter marked the plan not submittable"
+        if all("DEGRADE not permitted" in r for r in rejects) and rejects:
+            return Reason.DEGRADE_NOT_ALLOWED, detail
+        return Reason.COMPILE_REJECT, detail
+    degrades = [f"{f}: {d}" for f, k, d in result.transformations if k is TransformKind.DEGRADE]
+    if degrades and not spec.routing.allow_semantic_degrade:
+        return Reason.DEGRADE_NOT_ALLOWED, "; ".join(degrades)
+    if degrades and spec.routing.mode is RoutingMode.PREFERRED and not _pinned(spec, c):
+        return Reason.DEGRADE_NOT_ALLOWED, "a PREFERRED fallback must be equivalent: " + "; ".join(
+            degrades
+        )
+    over = _over_budget(spec, result.estimated_cost_micros, result.currency)
+    if over is not None:
+        return Reason.OVER_BUDGET, over
+    return None
+
+
+def prefilter(
+    spec: GenerationSpec, candidates: Sequence[Candidate], ctx: RoutingContext
+) -> list[Candidate]:
+    """Candidates that pass every static filter: the only ones worth an adapter Compile call."""
+    return [c for c in candidates if hard_reject(spec, c, ctx) is None]
+
+
+# ---- step 8: scoring and selection ------------------------------------------------------------
+
+
+def _components(
+    v: Verdict,
+    spec: GenerationSpec,
+    cfg: RouterConfig,
+    ctx: RoutingContext,
+    cost_range: tuple[float, float],
+) -> scoring.ScoreComponents:
+    c = v.candidate
+    health = ctx.health.get(c.id)
+    latency = 0.5
+    if health is not None and health.mean_latency_s is not None:
+        latency = scoring.latency_score(
+            health.mean_latency_s, cfg.latency_good_s, cfg.latency_bad_s
+        )
+    cap = ctx.capacity.get(c.id)
+    preferred = spec.routing.preferred_providers
+    return scoring.ScoreComponents(
+        quality=min(1.0, max(0.0, ctx.quality.get(c.id, cfg.default_quality))),
+        success=health.success_lower_bound if health is not None else 0.0,
+        latency=latency,
+        cost=scoring.cost_score(float(v.estimated_cost_micros or 0), *cost_range),
+        capacity=scoring.capacity_score(cap.available, cap.maximum) if cap else 1.0,
+        region=scoring.region_score(c.region, ctx.preferred_regions),
+        preference=scoring.preference_score(c.provider, preferred) if preferred else 0.5,
+    )
+
+
+def _score_all(
+    eligible: Sequence[Verdict],
+    spec: GenerationSpec,
+    cfg: RouterConfig,
+    ctx: RoutingContext,
+    policy: scoring.RoutingPolicy,
+) -> dict[str, scoring.ScoreBreakdown]:
+    weights = policy.weights_for(spec.service_class.value)
+    out: dict[str, scoring.ScoreBreakdown] = {}
+    costs = [float(e.estimated_cost_micros or 0) for e in eligible] or [0.0]
+    budget = spec.routing.max_estimated_cost_micros
+    # The cheapest eligible candidate scores 1; the budget (or 1.5x the dearest) scores 0.
+    cost_range = (min(costs), float(budget) if budget > 0 else max(costs) * 1.5 + 1.0)
+    for v in eligible:
+        penalties = []
+        if v.candidate.lifecycle == "deprecated":
+            penalties.append(scoring.Penalty("DEPRECATED", cfg.deprecated_penalty))
+        out[v.candidate.id] = scoring.score(
+            _components(v, spec, cfg, ctx, cost_range), weights, penalties
+        )
+    return out
+
+
+def _group_key(task_id: str, spec: GenerationSpec) -> str:
+    return spec.tenant_id or task_id
+
+
+def _select(
+    task_id: str,
+    spec: GenerationSpec,
+    ranked: list[tuple[str, float]],
+    cfg: RouterConfig,
+    ctx: RoutingContext,
+) -> tuple[str, str, int | None]:
+    """(chosen id, why, bucket) among non-canary eligible candidates ranked by score."""
+    now_s = ctx.now.timestamp()
+    inc = ctx.incumbent
+    if inc is not None and inc.candidate_id in dict(ranked):
+        decision = scoring.choose_with_hysteresis(
+            ranked,
+            inc.candidate_id,
+            delta=cfg.policy.hysteresis_delta,
+            dwell_s=cfg.policy.min_dwell_s,
+            now=now_s,
+            incumbent_since=inc.since_s,
+        )
+        return decision.chosen, decision.reason, None
+    best = ranked[0][1]
+    band = [cid for cid, s in ranked if s >= best - cfg.policy.hysteresis_delta]
+    if len(band) == 1:
+        return band[0], "best_score", None
+    slot = scoring.bucket(_group_key(task_id, spec), len(band))
+    return band[slot], "bucketed_near_tie", slot
+
+
+def route(
+    task_id: str,
+    spec: GenerationSpec,
+    candidates: Sequence[Candidate],
+    compiled: Mapping[str, CompileResult],
+    *,
+    cfg: RouterConfig,
+    ctx: RoutingContext,
+    catalog_version: str = "",
+) -> RouteDecisionSnapshot:
+    """Run steps 3-8 and return the decision; deterministic for equal inputs."""
+    verdicts: list[Verdict] = []
+    for c in sorted(candidates, key=lambda c: c.id):
+        rejected = hard_reject(spec, c, ctx)
+        result = compiled.get(c.id)
+        if rejected is None:
+            rejected = _compile_reject(spec, c, result)
+        cost = result.estimated_cost_micros if result and not result.error else None
+        if cost is None:
+            cost = c.price.estimate(spec)
+        if rejected is not None:
+            verdicts.append(
+                Verdict(
+                    c,
+                    False,
+                    rejected[0].value,
+                    rejected[1],
+                    estimated_cost_micros=cost,
+                    compile=result,
+                )
+            )
+        else:
+            verdicts.append(Verdict(c, True, estimated_cost_micros=cost, compile=result))
+    verdicts = _apply_canary(task_id, spec, verdicts, ctx)
+    eligible = [v for v in verdicts if v.eligible]
+    scores = _score_all(eligible, spec, cfg, ctx, cfg.policy)
+    verdicts = [
+        replace(
+            v,
+            score=scores[v.candidate.id].total,
+            components=_rounded(scores[v.candidate.id].components),
+            penalties={p.code: p.amount for p in scores[v.candidate.id].penalties},
+        )
+        if v.candidate.id in scores
+        else v
+        for v in verdicts
+    ]
+    snapshot = RouteDecisionSnapshot(
+        task_id=task_id,
+        outcome=Outcome.NO_ELIGIBLE_CANDIDATE,
+        policy_version=cfg.policy.version,
+        catalog_version=catalog_version,
+        verdicts=tuple(verdicts),
+        ranked=(),
+    )
+    snapshot = _with_shadow(snapshot, eligible, spec, cfg, ctx)
+    if not eligible:
+        transient = any(v.reason in TRANSIENT_REASONS for v in verdicts)
+        outcome = Outcome.NO_CAPACITY if transient else Outcome.NO_ELIGIBLE_CANDIDATE
+        return replace(snapshot, outcome=outcome)
+    return _choose(task_id, spec, snapshot, scores, cfg=cfg, ctx=ctx)
+
+
+def _rounded(components: scoring.ScoreComponents) -> dict[str, float]:
+    return {f.name: round(getattr(components, f.name), 6) for f in fields(components)}
+
+
+def _ranked(
+    ids: Sequence[str], scores: Mapping[str, scoring.ScoreBreakdown]
+) -> list[tuple[str, float]]:
+    return sorted(((i, scores[i].total) for i in ids), key=lambda p: (-p[1], p[0]))
+
+
+def _choose(
+    task_id: str,
+    spec: GenerationSpec,
+    snapshot: RouteDecisionSnapshot,
+    scores: Mapping[str, scoring.ScoreBreakdown],
+    *,
+    cfg: RouterConfig,
+    ctx: RoutingContext,
+) -> RouteDecisionSnapshot:
+    eligible = [v for v in snapshot.verdicts if v.eligible]
+    canaries = [v.candidate.id for v in eligible if v.canary]
+    normal = _ranked([v.candidate.id for v in eligible if not v.canary], scores)
+    if spec.routing.mode is RoutingMode.PREFERRED:
+        # The pinned model wins whenever it is eligible; others only as an equivalent fallback.
+        pinned = {v.candidate.id for v in eligible if _pinned(spec, v.candidate)}
+        normal = [p for p in normal if p[0] in pinned] + [p for p in normal if p[0] not in pinned]
+    canary_ranked = _ranked(canaries, scores)
+    if canary_ranked:
+        order = [canary_ranked[0][0]] + [cid for cid, _ in normal]
+        return replace(
+            snapshot,
+            outcome=Outcome.SELECTED,
+            ranked=tuple(order),
+            selection_reason="canary_admitted",
+        )
+    head = normal
+    if spec.routing.mode is RoutingMode.PREFERRED:
+        pinned_only = [p for p in normal if _pinned(spec, snapshot.verdict(p[0]).candidate)]
+        head = pinned_only or normal
+    chosen, why, slot = _select(task_id, spec, head, cfg, ctx)
+    order = [chosen] + [cid for cid, _ in normal if cid != chosen]
+    return replace(
+        snapshot, outcome=Outcome.SELECTED, ranked=tuple(order), selection_reason=why, bucket=slot
+    )
+
+
+def _apply_canary(
+    task_id: str, spec: GenerationSpec, verdicts: list[Verdict], ctx: RoutingContext
+) -> list[Verdict]:
+    """Canary candidates take only admitted traffic: a bucketed share, never STRICT/high-value."""
+    if not ctx.canary_stages:
+        return verdicts
+    plan = scoring.CanaryPlan()
+    strict = spec.routing.mode is RoutingMode.STRICT_MODEL
+    out = []
+    for v in verdicts:
+        stage = ctx.canary_stages.get(v.candidate.id)
+        if stage is None or not v.eligible:
+            out.append(v)
+            continue
+        value = max(v.estimated_cost_micros or 0, spec.routing.max_estimated_cost_micros)
+        if plan.admits(task_id, stage, strict, value):
+            out.append(replace(v, canary=True))
+        else:
+            why = "STRICT task" if strict else f"not in the stage-{stage} share or high value"
+            out.append(
+                replace(
+                    v,
+                    eligible=False,
+                    reason=Reason.CANARY_NOT_ADMITTED.value,
+                    detail=why,
+                    canary=True,
+                )
+            )
+    return out
+
+
+def _with_shadow(
+    snapshot: RouteDecisionSnapshot,
+    eligible: Sequence[Verdict],
+    spec: GenerationSpec,
+    cfg: RouterConfig,
+    ctx: RoutingContext,
+) -> RouteDecisionSnapshot:
+    """Score the eligible set with the shadow policy (9.25.4): recorded, never executed."""
+    shadow = cfg.shadow_policy
+    if shadow is None:
+        return snapshot
+    scores = _score_all(eligible, spec, cfg, ctx, shadow)
+    ranked = _ranked(list(scores), scores)
+    return replace(
+        snapshot,
+        shadow_policy_version=shadow.version,
+        shadow_selected=ranked[0][0] if ranked else "",
+        shadow_scores={cid: round(s, 6) for cid, s in ranked},
+    )
+
+
+def catalog_version(candidates: Sequence[Candidate]) -> str:
+    """A short digest of the capability and price versions a decision was made against."""
+    parts = sorted(f"{c.id}@{c.capability_version}#{c.price.price_version}" for c in candidates)
+    return "cat-" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]

@@ -1,0 +1,1 @@
+"""Scheduling: the leader-elected dispatcher, breakers and health, and their wiring."""

@@ -1,0 +1,458 @@
+"""The leader-elected dispatcher: fair queue -> route -> lease -> Attempt (design 9.10, 9.20).
+
+One dispatcher per shard leads (`controlplane.scheduling.leader`); the others wait and take
+over when the leader's database session dies. Each round (`tick`):
+
+1. refresh the capability catalog when stale and sync breaker state with the other replicas;
+2. rebuild the fair queue from PostgreSQL (QUEUED tasks are the facts; the DRR state carried
+   over from the last round only accelerates, 9.12.4), honouring per-tenant max in-flight and
+   a requeue's ``not_before``;
+3. for each popped task: QUEUED -> SCHEDULING (CAS), gather facts, compile the candidates that
+   passed the static filters, `route`, then walk the ranked list acquiring a lease (falling
+   through on no capacity) and persist Attempt + RouteDecision + outbox in one transaction
+   (`Store.create_attempt_with_decision`). The client request key is fixed before that
+   transaction; if it fails, the lease is released and the task goes back to the queue.
+   NO_CAPACITY records the decision and returns the task to QUEUED; NO_ELIGIBLE_CANDIDATE
+   records it and fails the task with every candidate's reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from controlplane.adapters.grpc_client import AdapterClient
+from controlplane.capabilities.catalog import CapabilityCatalog, load_catalog
+from controlplane.domain import fairqueue as fq
+from controlplane.domain import routing
+from controlplane.domain.states import TaskState
+from controlplane.leases.base import LeaseRequest, LeaseStore
+from controlplane.persistence.catalog_store import IN_FLIGHT_TASK_STATES, CatalogStore
+from controlplane.persistence.errors import ConcurrentModification
+from controlplane.persistence.records import Failure, NewAttempt, NewRouteDecision, TaskRecord
+from controlplane.persistence.repository import Store
+from controlplane.scheduling.gather import (
+    RequeueFacts,
+    capacity_views,
+    compile_all,
+    lease_dimensions,
+    requeue_facts,
+)
+from controlplane.scheduling.health import HealthMonitor, submit_key
+from controlplane.scheduling.leader import LeaderLock
+
+log = logging.getLogger(__name__)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class DispatcherConfig:
+    """Tuning of one dispatcher; defaults suit a small deployment."""
+
+    shard: int = 0
+    shard_count: int = 1
+    batch_size: int = 64
+    scan_limit: int = 2000
+    poll_interval_s: float = 1.0
+    leader_retry_s: float = 2.0
+    catalog_refresh_s: float = 10.0
+    compile_timeout_s: float = 10.0
+    default_concurrency: int = 4
+    lease_ttl_ms: int = 600_000
+    lease_max_term_ms: int = 6 * 3_600_000
+    fair_queue: fq.FairQueueConfig = field(default_factory=fq.FairQueueConfig)
+    allowed_regions: Mapping[str, frozenset[str]] = field(default_factory=dict)  # per tenant
+    canary_stages: Mapping[str, int] = field(default_factory=dict)  # candidate id -> stage
+
+
+class DispatchOutcome(enum.Enum):
+    SELECTED = "SELECTED"
+    NO_CAPACITY = "NO_CAPACITY"
+    FAILED = "FAILED"
+    SKIPPED = "SKIPPED"  # another writer moved the task first
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchResult:
+    task_id: int
+    outcome: DispatchOutcome
+    decision: routing.RouteDecisionSnapshot | None = None
+    attempt_id: int | None = None
+
+
+class Dispatcher:
+    """Routes queued tasks into attempts; run one per shard under a `LeaderLock`."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        catalog_store: CatalogStore,
+        leases: LeaseStore,
+        adapters: Mapping[str, AdapterClient],
+        monitor: HealthMonitor,
+        router: routing.RouterConfig,
+        leader: LeaderLock,
+        config: DispatcherConfig | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self._store, self._catalogs, self._leases = store, catalog_store, leases
+        self._adapters, self.monitor, self.router = adapters, monitor, router
+        self.leader, self.config, self._clock = leader, config or DispatcherConfig(), clock
+        self._catalog: CapabilityCatalog | None = None
+        self._catalog_at = 0.0
+        self._fq_snapshot: fq.FairQueueSnapshot | None = None
+        self._incumbents: dict[tuple[str, str, str], routing.Incumbent] = {}
+        self._wake = asyncio.Event()
+        self.leading = False
+        self.dispatched = 0
+
+    # ---- loop ---------------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Ask for a round now (new task, requeue, released capacity)."""
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Lead when possible and dispatch until `stop` is set; leadership is released on exit."""
+        try:
+            while not stop.is_set():
+                if not self.leading:
+                    self.leading = await self.leader.try_acquire()
+                    if not self.leading:
+                        await self._pause(stop, self.config.leader_retry_s)
+                        continue
+                    await self.recover_orphans()
+                if not await self.leader.still_held():
+                    self.leading = False
+                    continue
+                try:
+                    done = await self.tick()
+                except Exception:  # a bad round must not kill the leader; log and retry
+                    log.exception("dispatch round failed")
+                    done = 0
+                if done == 0:
+                    await self._pause(stop, self.config.poll_interval_s)
+        finally:
+            self.leading = False
+            await self.leader.release()
+
+    async def _pause(self, stop: asyncio.Event, seconds: float) -> None:
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await w
+            self._wake.clear()
+
+    async def recover_orphans(self) -> int:
+        """On taking leadership: tasks left in SCHEDULING by a dead leader go back to QUEUED.
+
+        Safe against a previous leader that is still mid-dispatch: its attempt transaction CASes
+        on the task version this bumps, loses, and releases its lease.
+        """
+        moved = 0
+        for task in self._mine(await self._catalogs.tasks_in_states([TaskState.SCHEDULING])):
+            if await self._store.transition_task(
+                task.id,
+                task.status_version,
+                TaskState.QUEUED,
+                now=self._clock(),
+                reason="leader_takeover",
+            ):
+                moved += 1
+        return moved
+
+    # ---- one round ----------------------------------------------------------------------------
+
+    async def catalog(self, *, refresh: bool = False) -> CapabilityCatalog:
+        """The current catalog, re-read from the database when stale."""
+        stale = time.monotonic() - self._catalog_at > self.config.catalog_refresh_s
+        if self._catalog is None or refresh or stale:
+            self._catalog = await load_catalog(self._catalogs, self._clock())
+            self._catalog_at = time.monotonic()
+            self.monitor.set_account_ids(
+                ((c.provider, c.account, c.region), c.account_id) for c in self._catalog.candidates
+            )
+        return self._catalog
+
+    async def tick(self) -> int:
+        """One dispatch round; returns how many tasks it took off the queue."""
+        await self.catalog()
+        await self.monitor.sync()
+        cfg = self.config
+        queued = self._mine(
+            await self._catalogs.tasks_in_states([TaskState.QUEUED], limit=cfg.scan_limit)
+        )
+        if not queued:
+            return 0
+        in_flight = self._mine(
+            await self._catalogs.tasks_in_states(IN_FLIGHT_TASK_STATES, limit=cfg.scan_limit)
+        )
+        facts = {
+            t.id: requeue_facts(await self._catalogs.requeue_payloads(t.id))
+            for t in queued
+            if t.status_version > 0
+        }
+        by_id = {str(t.id): t for t in queued}
+        queue = fq.FairQueue.rebuild(
+            cfg.fair_queue,
+            time.time,
+            [_queued(t) for t in queued],
+            [_queued(t) for t in in_flight],
+            snapshot=self._fq_snapshot,
+        )
+        now = self._clock()
+
+        def eligible(item: fq.QueuedTask) -> bool:
+            nb = facts.get(int(item.task_id), RequeueFacts()).not_before
+            return nb is None or nb <= now
+
+        done = 0
+        while done < cfg.batch_size:
+            item = queue.pop_next(eligible)
+            if item is None:
+                break
+            task = by_id[item.task_id]
+            try:
+                await self.dispatch(task, facts.get(task.id, RequeueFacts()))
+            except Exception:  # one bad task must not stop the round; it is back in the queue
+                log.exception("dispatching task %s failed", task.id)
+            done += 1
+        self._fq_snapshot = queue.snapshot()
+        self.dispatched += done
+        return done
+
+    def _mine(self, tasks: list[TaskRecord]) -> list[TaskRecord]:
+        n = self.config.shard_count
+        if n <= 1:
+            return tasks
+        from controlplane.domain.scoring import bucket
+
+        return [t for t in tasks if bucket(t.tenant_id, n) == self.config.shard]
+
+    # ---- one task -------------------------------------------------------------------------------
+
+    async def dispatch(self, task: TaskRecord, facts: RequeueFacts | None = None) -> DispatchResult:
+        """Route one QUEUED task end to end (see the module docstring)."""
+        now = self._clock()
+        if not await self._store.transition_task(
+            task.id, task.status_version, TaskState.SCHEDULING, now=now, reason="dispatch"
+        ):
+            return DispatchResult(task.id, DispatchOutcome.SKIPPED)
+        version = task.status_version + 1
+        try:
+            return await self._route_and_commit(task, version, facts or RequeueFacts(), now)
+        except ConcurrentModification:
+            return DispatchResult(task.id, DispatchOutcome.SKIPPED)  # e.g. cancelled meanwhile
+        except Exception:
+            await self._back_to_queue(task.id, version, "dispatch_error")
+            raise
+
+    async def _route_and_commit(
+        self, task: TaskRecord, version: int, facts: RequeueFacts, now: datetime
+    ) -> DispatchResult:
+        catalog = await self.catalog()
+        spec = task.spec
+        group = (task.tenant_id, spec.service_class.value, spec.mode.value)
+        ctx = routing.RoutingContext(
+            now=now,
+            circuit_open={
+                c.id: reason
+                for c in catalog.candidates
+                if (reason := self.monitor.open_reason(submit_key(c))) is not None
+            },
+            excluded=facts.excluded,
+            same_model_only=facts.same_model_only,
+            allowed_regions=self.config.allowed_regions.get(task.tenant_id),
+            incumbent=self._incumbents.get(group),
+            canary_stages=self.config.canary_stages,
+        )
+        # Capacity and health only for candidates that survive the other static filters.
+        survivors = routing.prefilter(spec, catalog.candidates, ctx)
+        capacity = await capacity_views(self._leases, survivors, self.config.default_concurrency)
+        health = {c.id: h for c in survivors if (h := self.monitor.health_view(c.id)) is not None}
+        ctx = _with(ctx, capacity=capacity, health=health)
+        compiled, plans = await compile_all(
+            self._adapters,
+            spec,
+            routing.prefilter(spec, survivors, ctx),
+            timeout_s=self.config.compile_timeout_s,
+        )
+        decision = routing.route(
+            str(task.id),
+            spec,
+            catalog.candidates,
+            compiled,
+            cfg=self.router,
+            ctx=ctx,
+            catalog_version=catalog.version,
+        )
+        if decision.outcome is routing.Outcome.SELECTED:
+            return await self._lease_and_persist(
+                task=task,
+                version=version,
+                decision=decision,
+                plans=plans,
+                catalog=catalog,
+                group=group,
+            )
+        if decision.outcome is routing.Outcome.NO_CAPACITY:
+            return await self._record(task, version, decision, TaskState.QUEUED)
+        return await self._record(task, version, decision, TaskState.FAILED)
+
+    async def _lease_and_persist(
+        self,
+        *,
+        task: TaskRecord,
+        version: int,
+        decision: routing.RouteDecisionSnapshot,
+        plans: Mapping[str, Any],
+        catalog: CapabilityCatalog,
+        group: tuple[str, str, str],
+    ) -> DispatchResult:
+        attempt_no = await self._catalogs.attempt_count(task.id) + 1
+        key = f"{task.id}-{attempt_no}-{secrets.token_hex(6)}"  # fixed before the transaction
+        refused: list[str] = []
+        for cid in decision.ranked:
+            candidate = catalog.by_id(cid)
+            if candidate is None:
+                continue
+            lease = await self._leases.acquire(
+                LeaseRequest(
+                    attempt_id=key,
+                    account=candidate.lease_account,
+                    dimensions=lease_dimensions(candidate, self.config.default_concurrency),
+                    ttl_ms=self.config.lease_ttl_ms,
+                    max_term_ms=self.config.lease_max_term_ms,
+                )
+            )
+            if lease is None:
+                refused.append(cid)
+                continue
+            final = decision.after_leasing(cid, refused)
+            plan, ops = plans[cid], candidate.capability.operations
+            attempt = NewAttempt(
+                provider_account_id=candidate.account_id,
+                provider_model=candidate.model,
+                provider_model_version=plan.model_version or candidate.model_version,
+                capability_version=plan.capability_version or candidate.capability_version,
+                price_version=plan.price_version or candidate.price.price_version,
+                routing_policy_version=self.router.policy.version,
+                client_request_key=key,
+                normalized_spec_hash=task.spec_hash,
+                compile_plan=dict(plan.plan_json),
+                estimated_cost_micros=plan.estimated_cost_micros,
+                currency=plan.currency,
+                request_hash=plan.request_hash or None,
+                lease_token=lease.token,
+                fencing_token=lease.fencing_token,
+            )
+            try:
+                record, _ = await self._store.create_attempt_with_decision(
+                    task.id,
+                    version,
+                    attempt,
+                    NewRouteDecision(
+                        self.router.policy.version,
+                        final.outcome.value,
+                        final.to_json(),
+                        selected_candidate=cid,
+                    ),
+                    now=self._clock(),
+                    outbox_payload={
+                        "lease_account": candidate.lease_account,
+                        "supports_idempotency_key": ops.client_idempotency_key,
+                    },
+                )
+            except BaseException:
+                await self._leases.release(lease)  # 9.20: a lease without an attempt is a leak
+                raise
+            self._remember(group, cid)
+            return DispatchResult(task.id, DispatchOutcome.SELECTED, final, record.id)
+        return await self._record(
+            task, version, decision.after_leasing(None, refused), TaskState.QUEUED
+        )
+
+    def _remember(self, group: tuple[str, str, str], chosen: str) -> None:
+        current = self._incumbents.get(group)
+        if current is None or current.candidate_id != chosen:
+            self._incumbents[group] = routing.Incumbent(chosen, self._clock().timestamp())
+
+    async def _record(
+        self,
+        task: TaskRecord,
+        version: int,
+        decision: routing.RouteDecisionSnapshot,
+        target: TaskState,
+    ) -> DispatchResult:
+        failure = None
+        if target is TaskState.FAILED:
+            failure = Failure(
+                "UNSUPPORTED_CAPABILITY", decision.outcome.value, decision.failure_message()[:4000]
+            )
+        stored = await self._catalogs.record_decision(
+            task.id,
+            version,
+            target,
+            NewRouteDecision(
+                self.router.policy.version, decision.outcome.value, decision.to_json()
+            ),
+            now=self._clock(),
+            reason=decision.outcome.value,
+            failure=failure,
+        )
+        if stored is None:
+            return DispatchResult(task.id, DispatchOutcome.SKIPPED, decision)
+        outcome = (
+            DispatchOutcome.FAILED if target is TaskState.FAILED else DispatchOutcome.NO_CAPACITY
+        )
+        return DispatchResult(task.id, outcome, decision)
+
+    async def _back_to_queue(self, task_id: int, version: int, reason: str) -> None:
+        try:
+            await self._store.transition_task(
+                task_id, version, TaskState.QUEUED, now=self._clock(), reason=reason
+            )
+        except Exception:  # it stays SCHEDULING until the next leader's `recover_orphans`
+            log.exception("task %s could not go back to QUEUED", task_id)
+
+
+def _with(ctx: routing.RoutingContext, **changes: Any) -> routing.RoutingContext:
+    from dataclasses import replace
+
+    return replace(ctx, **changes)
+
+
+def _queued(task: TaskRecord) -> fq.QueuedTask:
+    out = task.spec.output
+    cost = fq.estimate_cost_units(
+        max(out.duration_ms, 1) / 1000,
+        max(out.width, 1),
+        max(out.height, 1),
+        max(out.sample_count, 1),
+    )
+    return fq.QueuedTask(
+        task_id=str(task.id),
+        tenant_id=task.tenant_id,
+        user_id=task.user_id,
+        project_id=task.project_id,
+        service_class=fq.ServiceClass(task.service_class.value),
+        priority=float(task.priority),
+        cost_units=cost,
+        enqueued_at=task.created_at.timestamp(),
+    )

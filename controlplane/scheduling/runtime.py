@@ -1,0 +1,121 @@
+"""Wiring of the scheduler for the composition root: one call to start, one to stop.
+
+    runtime = build_scheduling(engine=engine, database_url=url, leases=lease_store,
+                               adapters={"runway": runway_client, ...},
+                               redis_client=redis_or_none, policy=example_policy("router-v1"))
+    await runtime.publish_capabilities(directories, accounts)   # optional, at start-up
+    runtime.start()                    # dispatcher loop (leader-elected) as a background task
+    servicer = SchedulerServicer(tasks, runtime.admin)
+    execution -> runtime.monitor.record_outcome(key, error_class | None, latency_s)
+    task.queued / task.requeue consumers -> runtime.dispatcher.wake()
+    await runtime.stop()
+
+Nothing here reads the environment; `controlplane.bootstrap` passes configuration in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from controlplane.adapters.grpc_client import AdapterClient
+from controlplane.capabilities.publish import (
+    AccountConfig,
+    documents_from_directory,
+    publish_documents,
+)
+from controlplane.domain import routing
+from controlplane.domain.breaker import BreakerConfig, BreakerRegistry
+from controlplane.domain.scoring import RoutingPolicy
+from controlplane.leases.base import LeaseStore
+from controlplane.persistence.catalog_store import CatalogStore, PublishCounts
+from controlplane.persistence.repository import Store
+from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
+from controlplane.scheduling.health import HealthMonitor
+from controlplane.scheduling.leader import leader_lock_for
+from controlplane.scheduling.shared_state import InProcessSharedState, RedisSharedState
+from controlplane.service.providers import ProviderAdminService
+
+
+@dataclass
+class SchedulingRuntime:
+    """The scheduler's long-lived parts for one process."""
+
+    dispatcher: Dispatcher
+    monitor: HealthMonitor
+    admin: ProviderAdminService
+    catalog_store: CatalogStore
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Run the dispatcher loop in the background (it waits for leadership itself)."""
+        if self._task is None:
+            self._stop.clear()
+            self._task = asyncio.create_task(self.dispatcher.run(self._stop), name="dispatcher")
+
+    async def stop(self) -> None:
+        """Stop dispatching and release leadership; idempotent."""
+        self._stop.set()
+        task, self._task = self._task, None
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        close = getattr(self.dispatcher.leader, "close", None)
+        if close is not None:
+            await close()
+
+    async def publish_capabilities(
+        self, directories: Sequence[Path], accounts: Iterable[AccountConfig]
+    ) -> PublishCounts:
+        """Publish the capability YAML of `directories` as one batch; refreshes the catalog."""
+        docs = [d for directory in directories for d in documents_from_directory(directory)]
+        counts = await publish_documents(
+            self.catalog_store, docs, accounts, now=datetime.now(UTC), source="startup"
+        )
+        await self.dispatcher.catalog(refresh=True)
+        return counts
+
+
+def build_scheduling(
+    *,
+    engine: AsyncEngine,
+    database_url: str,
+    leases: LeaseStore,
+    adapters: Mapping[str, AdapterClient],
+    policy: RoutingPolicy,
+    shadow_policy: RoutingPolicy | None = None,
+    redis_client: Any | None = None,
+    breaker_config: BreakerConfig | None = None,
+    config: DispatcherConfig | None = None,
+) -> SchedulingRuntime:
+    """Wire stores, breakers (shared through Redis when given), leader lock and dispatcher."""
+    config = config or DispatcherConfig()
+    catalog_store = CatalogStore(engine)
+    shared = RedisSharedState(redis_client) if redis_client is not None else InProcessSharedState()
+    monitor = HealthMonitor(
+        BreakerRegistry(breaker_config or BreakerConfig(), time.time),
+        events=catalog_store,
+        shared=shared,
+    )
+    dispatcher = Dispatcher(
+        store=Store(engine),
+        catalog_store=catalog_store,
+        leases=leases,
+        adapters=adapters,
+        monitor=monitor,
+        router=routing.RouterConfig(policy=policy, shadow_policy=shadow_policy),
+        leader=leader_lock_for(database_url, f"shard-{config.shard}"),
+        config=config,
+    )
+    return SchedulingRuntime(
+        dispatcher, monitor, ProviderAdminService(catalog_store, monitor), catalog_store
+    )

@@ -1,0 +1,115 @@
+"""Fixtures of the scheduling suite: each test runs on SQLite and on a fresh PostgreSQL database."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from controlplane.capabilities.publish import documents_from_directory, publish_documents
+from controlplane.domain import routing
+from controlplane.domain.breaker import BreakerConfig, BreakerRegistry
+from controlplane.domain.scoring import example_policy
+from controlplane.leases.memory_store import MemoryLeaseStore
+from controlplane.persistence.catalog_store import CatalogStore
+from controlplane.persistence.db import create_engine
+from controlplane.persistence.migrate import upgrade
+from controlplane.persistence.repository import Store
+from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
+from controlplane.scheduling.health import HealthMonitor
+from controlplane.scheduling.leader import LocalLock
+from tests.integration.scheduling.support import ACCOUNTS, CAPABILITY_DIRS, NOW, CompilingAdapter
+
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database of the backend under test (not yet migrated)."""
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'vidroute.db'}"
+    return str(request.getfixturevalue("fresh_postgres_url"))
+
+
+@pytest_asyncio.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """A migrated engine, disposed afterwards."""
+    await upgrade(database_url)
+    eng = create_engine(database_url)
+    try:
+        yield eng
+    finally:
+        await eng.dispose()
+
+
+@pytest.fixture
+def store(engine: AsyncEngine) -> Store:
+    return Store(engine)
+
+
+@pytest.fixture
+def catalog_store(engine: AsyncEngine) -> CatalogStore:
+    return CatalogStore(engine)
+
+
+@pytest_asyncio.fixture
+async def published(catalog_store: CatalogStore) -> None:
+    """The three sidecars' capability files published for `ACCOUNTS`."""
+    docs = [d for directory in CAPABILITY_DIRS for d in documents_from_directory(directory)]
+    await publish_documents(catalog_store, docs, ACCOUNTS, now=NOW, source="sidecars")
+
+
+@pytest.fixture
+def adapter() -> CompilingAdapter:
+    return CompilingAdapter()
+
+
+@pytest.fixture
+def leases() -> MemoryLeaseStore:
+    return MemoryLeaseStore()
+
+
+@pytest.fixture
+def monitor(catalog_store: CatalogStore) -> HealthMonitor:
+    return HealthMonitor(
+        BreakerRegistry(BreakerConfig(), clock=__import__("time").time), events=catalog_store
+    )
+
+
+DispatcherFactory = Callable[..., Dispatcher]
+
+
+@pytest.fixture
+def make_dispatcher(  # noqa: PLR0917 - pytest injects fixtures positionally
+    store: Store,
+    catalog_store: CatalogStore,
+    leases: MemoryLeaseStore,
+    adapter: CompilingAdapter,
+    monitor: HealthMonitor,
+    published: None,
+) -> DispatcherFactory:
+    """Build a dispatcher over the test's stores; keyword arguments override the defaults."""
+
+    def build(**overrides: Any) -> Dispatcher:
+        kwargs: dict[str, Any] = {
+            "store": store,
+            "catalog_store": catalog_store,
+            "leases": leases,
+            "adapters": adapter.for_providers(["runway", "google", "self_hosted"]),
+            "monitor": monitor,
+            "router": routing.RouterConfig(policy=example_policy("router-v17")),
+            "leader": LocalLock(f"test-{id(overrides)}"),
+            "config": DispatcherConfig(),
+            "clock": lambda: NOW,
+        }
+        kwargs.update(overrides)
+        return Dispatcher(**kwargs)
+
+    return build

@@ -1,0 +1,109 @@
+"""Helpers for the scheduling suite: configured accounts and an adapter that really compiles."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from adapter_sidecars.common.compiling import finish, resolve
+from controlplane.adapters.types import CompiledPlan, Transformation, TransformationKind
+from controlplane.capabilities.loader import Capability, expand_for_accounts, load_file
+from controlplane.capabilities.publish import AccountConfig
+from controlplane.domain.spec import GenerationSpec, Mode, OutputSpec, RoutingMode, RoutingPolicy
+
+ROOT = Path(__file__).resolve().parents[3]
+CAPABILITY_DIRS = sorted(ROOT.glob("adapter_sidecars/*/capabilities"))
+NOW = datetime(2026, 6, 24, 10, 0, tzinfo=UTC)
+ACCOUNTS = (
+    AccountConfig("runway", "prod-us", "us", "kms://runway/prod-us", "127.0.0.1:7001"),
+    AccountConfig(
+        "google", "veo-prod-apac", "asia-northeast1", "kms://google/apac", "127.0.0.1:7002"
+    ),
+    AccountConfig("google", "veo-prod-us", "us", "kms://google/us", "127.0.0.1:7002"),
+    AccountConfig("self_hosted", "gpu-a", "us", "kms://gpu/a", "127.0.0.1:7003"),
+)
+
+
+def catalog_capabilities() -> list[Capability]:
+    """Every YAML entry expanded over `ACCOUNTS`, as the adapters would serve them."""
+    out: list[Capability] = []
+    for directory in CAPABILITY_DIRS:
+        for path in sorted(directory.glob("*.yaml")):
+            entries = load_file(path)
+            mine = [
+                (a.account_name, a.region) for a in ACCOUNTS if a.provider == entries[0].provider
+            ]
+            out.extend(expand_for_accounts(entries, mine))
+    return out
+
+
+def make_spec(
+    tenant: str = "tenant-a",
+    *,
+    gen: Mode = Mode.TEXT_TO_VIDEO,
+    seconds: int = 8,
+    size: tuple[int, int] = (1280, 720),
+    **routing: object,
+) -> GenerationSpec:
+    return GenerationSpec(
+        tenant_id=tenant,
+        prompt="a red fox in snow",
+        mode=gen,
+        user_id="u1",
+        project_id="p1",
+        output=OutputSpec(width=size[0], height=size[1], duration_ms=seconds * 1000),
+        routing=RoutingPolicy(**routing),  # type: ignore[arg-type]
+    )
+
+
+def strict(model: str) -> dict[str, object]:
+    return {"mode": RoutingMode.STRICT_MODEL, "required_model": model}
+
+
+@dataclass
+class CompilingAdapter:
+    """An `AdapterClient` whose Compile uses the sidecars' real, pure compile rules."""
+
+    capabilities: list[Capability] = field(default_factory=catalog_capabilities)
+    compile_calls: list[tuple[str, str]] = field(default_factory=list)
+    fail_models: set[str] = field(default_factory=set)
+
+    def _find(self, account: str, model: str) -> Capability:
+        return next(c for c in self.capabilities if c.account == account and c.model == model)
+
+    async def compile(
+        self, spec: GenerationSpec, *, account: str, model: str, model_version: str = ""
+    ) -> CompiledPlan:
+        self.compile_calls.append((account, model))
+        if model in self.fail_models:
+            raise ConnectionError("adapter unreachable")
+        cap = self._find(account, model)
+        resolved, draft = resolve(spec, cap)
+        plan = finish(draft, resolved, endpoint="POST /fake", native_request={"model": model})
+        return CompiledPlan(
+            provider=plan.provider,
+            account=plan.account,
+            model=plan.model,
+            model_version=plan.model_version,
+            capability_version=plan.capability_version,
+            price_version=plan.price_version,
+            request_hash=plan.request_hash,
+            estimated_cost_micros=plan.estimated_cost_micros,
+            currency=plan.currency,
+            submittable=plan.submittable,
+            transformations=tuple(
+                Transformation(t.field, TransformationKind(t.kind.value), t.detail)
+                for t in plan.transformations
+            ),
+            plan_json={
+                "provider": plan.provider,
+                "account": plan.account,
+                "model": plan.model,
+                "native_request_json": plan.native_request_json,
+            },
+        )
+
+    def for_providers(self, providers: Iterable[str]) -> dict[str, CompilingAdapter]:
+        return {p: self for p in providers}

@@ -1,0 +1,228 @@
+"""The dispatcher end to end on a real database: route, lease, persist; wait; fail; fail over."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from controlplane.domain import routing
+from controlplane.domain.fairqueue import FairQueueConfig
+from controlplane.domain.hashing import normalized_spec_hash
+from controlplane.domain.scoring import ScoreWeights, example_policy
+from controlplane.domain.spec import GenerationSpec, Mode
+from controlplane.domain.states import AttemptState, TaskState
+from controlplane.execution.contracts import TOPIC_REQUEUE, ExcludedCandidate, RequeueRequest
+from controlplane.leases.memory_store import MemoryLeaseStore
+from controlplane.persistence.catalog_store import CatalogStore
+from controlplane.persistence.models import outbox
+from controlplane.persistence.records import NewOutboxMessage, TaskRecord
+from controlplane.persistence.repository import Store
+from controlplane.scheduling.dispatcher import DispatcherConfig, DispatchOutcome
+from tests.integration.scheduling.conftest import DispatcherFactory
+from tests.integration.scheduling.support import NOW, CompilingAdapter, make_spec, strict
+
+
+async def new_task(store: Store, spec: GenerationSpec, key: str = "k1") -> TaskRecord:
+    record, _ = await store.create_task(
+        spec, idempotency_key=key, spec_hash=normalized_spec_hash(spec), now=NOW
+    )
+    return record
+
+
+async def submit_messages(store: Store) -> list[dict[str, Any]]:
+    async with store.engine.connect() as conn:
+        rows = await conn.execute(
+            select(outbox.c.payload).where(outbox.c.topic == "attempt.submit")
+        )
+        return [dict(r[0]) for r in rows]
+
+
+async def test_selected_task_gets_attempt_lease_and_explained_decision(
+    store: Store,
+    catalog_store: CatalogStore,
+    leases: MemoryLeaseStore,
+    make_dispatcher: DispatcherFactory,
+) -> None:
+    """A routable task becomes SUBMITTING with a leased, ready attempt and a full decision."""
+    task = await new_task(store, make_spec())
+    dispatcher = make_dispatcher()
+    assert await dispatcher.tick() == 1
+    detail = await store.get_task(task.id)
+    assert detail is not None
+    assert detail.task.state is TaskState.SUBMITTING
+    (attempt,) = detail.attempts
+    assert attempt.state is AttemptState.READY_TO_SUBMIT
+    assert attempt.client_request_key.startswith(f"{task.id}-1-")
+    assert attempt.lease_token
+    assert attempt.fencing_token
+    assert attempt.request_hash
+    assert attempt.compile_plan["model"] == attempt.provider_model
+    assert attempt.routing_policy_version == "router-v17"
+    (decision,) = detail.route_decisions
+    snapshot = decision.candidate_snapshot
+    catalog = await dispatcher.catalog()
+    assert decision.reason_code == "SELECTED"
+    assert decision.selected_candidate == snapshot["selected"]
+    assert {c["id"] for c in snapshot["candidates"]} == {c.id for c in catalog.candidates}
+    for c in snapshot["candidates"]:
+        assert c["eligible"] == ("score" in c)
+        assert c["eligible"] or (c["reason"] and c["detail"])
+    chosen = catalog.by_id(decision.selected_candidate or "")
+    assert chosen is not None
+    assert await leases.used(chosen.lease_account, f"model:{chosen.model}") == 1
+    assert [m["attempt_id"] for m in await submit_messages(store)] == [attempt.id]
+
+
+async def test_no_capacity_keeps_the_task_queued_with_the_decision(
+    store: Store, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
+) -> None:
+    """With every account full the task returns to QUEUED (never FAILED) and says why."""
+    dispatcher = make_dispatcher()
+    for c in (await dispatcher.catalog()).candidates:
+        await leases.set_used(c.lease_account, "account", 1000)
+    task = await new_task(store, make_spec())
+    await dispatcher.tick()
+    detail = await store.get_task(task.id)
+    assert detail is not None
+    assert detail.task.state is TaskState.QUEUED
+    assert detail.attempts == ()
+    (decision,) = detail.route_decisions
+    assert decision.reason_code == "NO_CAPACITY"
+    assert decision.selected_candidate is None
+    reasons = {c["reason"] for c in decision.candidate_snapshot["candidates"]}
+    assert "NO_CAPACITY" in reasons
+
+
+async def test_no_eligible_candidate_fails_the_task_with_every_reason(
+    store: Store, make_dispatcher: DispatcherFactory
+) -> None:
+    """A spec no model supports fails with a message naming each candidate's rejection."""
+    spec = dataclasses.replace(make_spec(), mode=Mode.VIDEO_TO_VIDEO)
+    task = await new_task(store, spec)
+    result = await make_dispatcher().dispatch(task)
+    assert result.outcome is DispatchOutcome.FAILED
+    detail = await store.get_task(task.id)
+    assert detail is not None
+    assert detail.task.state is TaskState.FAILED
+    assert detail.task.failure is not None
+    assert detail.task.failure.code == "NO_ELIGIBLE_CANDIDATE"
+    assert "runway/gen4.5/prod-us: UNSUPPORTED_MODE" in detail.task.failure.message
+    assert detail.route_decisions[0].reason_code == "NO_ELIGIBLE_CANDIDATE"
+
+
+async def test_shadow_policy_is_recorded_and_never_executed(
+    store: Store, make_dispatcher: DispatcherFactory
+) -> None:
+    """A shadow policy's pick lands in the decision; only the production pick gets an attempt."""
+    cheap = dataclasses.replace(
+        example_policy("shadow-cost-only"),
+        weights={"default": ScoreWeights(0, 0, 0, 1, 0, 0, 0)},
+    )
+    router = routing.RouterConfig(policy=example_policy("router-v17"), shadow_policy=cheap)
+    task = await new_task(store, make_spec())
+    await make_dispatcher(router=router).tick()
+    detail = await store.get_task(task.id)
+    assert detail is not None
+    assert len(detail.attempts) == 1
+    snapshot = detail.route_decisions[0].candidate_snapshot
+    assert snapshot["shadow"]["policy_version"] == "shadow-cost-only"
+    assert snapshot["shadow"]["executed"] is False
+    assert snapshot["shadow_selected"]
+    assert len(await submit_messages(store)) == 1
+
+
+async def test_requeue_exclusions_and_strict_model_are_honoured(
+    store: Store, make_dispatcher: DispatcherFactory
+) -> None:
+    """After a failover the failed candidate is excluded and STRICT keeps the model elsewhere."""
+    model = "veo-3.1-fast-generate-preview"
+    task = await new_task(store, make_spec(**strict(model)))
+    dispatcher = make_dispatcher()
+    first = await dispatcher.dispatch(task)
+    assert first.outcome is DispatchOutcome.SELECTED
+    assert first.decision is not None
+    detail = await store.get_task(task.id)
+    assert detail is not None
+    failed = detail.attempts[0]
+    request = RequeueRequest(
+        task_id=task.id,
+        failed_attempt_id=failed.id,
+        reason="FAIL_OVER",
+        error_class="PROVIDER_OVERLOADED",
+        excluded_candidates=(ExcludedCandidate(failed.provider_account_id, model),),
+        same_model_only=True,
+        required_model=model,
+        attempts_so_far=1,
+        provider_switches_so_far=0,
+    )
+    assert await store.transition_task(
+        task.id,
+        detail.task.status_version,
+        TaskState.QUEUED,
+        now=NOW,
+        reason="FAIL_OVER",
+        outbox=[NewOutboxMessage(TOPIC_REQUEUE, str(task.id), request.to_payload())],
+    )
+    await dispatcher.tick()
+    detail = await store.get_task(task.id)
+    assert detail is not None
+    assert len(detail.attempts) == 2
+    second = detail.attempts[1]
+    assert second.attempt_no == 2
+    assert second.provider_model == model
+    assert second.provider_account_id != failed.provider_account_id
+    snapshot = detail.route_decisions[1].candidate_snapshot
+    by_id = {c["id"]: c for c in snapshot["candidates"]}
+    assert by_id[first.decision.selected or ""]["reason"] == "EXCLUDED_BY_FAILOVER"
+
+
+async def test_lease_is_released_when_the_attempt_transaction_fails(
+    store: Store, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
+) -> None:
+    """If persisting the attempt fails, the lease is returned and the task is queued again."""
+
+    class BrokenStore(Store):
+        async def create_attempt_with_decision(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("database went away")
+
+    task = await new_task(store, make_spec())
+    dispatcher = make_dispatcher(store=BrokenStore(store.engine))
+    with pytest.raises(RuntimeError):
+        await dispatcher.dispatch(task)
+    for c in (await dispatcher.catalog()).candidates:
+        assert await leases.used(c.lease_account, "account") == 0
+    detail = await store.get_task(task.id)
+    assert detail is not None
+    assert detail.task.state is TaskState.QUEUED
+
+
+async def test_compile_failure_and_reject_disqualify_only_that_candidate(
+    store: Store, adapter: CompilingAdapter, make_dispatcher: DispatcherFactory
+) -> None:
+    """An unreachable adapter or a REJECT plan is COMPILE_REJECT; others still run."""
+    adapter.fail_models.add("gen4.5")
+    task = await new_task(store, make_spec())
+    result = await make_dispatcher().dispatch(task)
+    assert result.outcome is DispatchOutcome.SELECTED
+    assert result.decision is not None
+    verdict = result.decision.verdict("runway/gen4.5/prod-us")
+    assert verdict.reason == "COMPILE_REJECT"
+    assert "unreachable" in verdict.detail
+
+
+async def test_tenant_max_in_flight_limits_dispatch(
+    store: Store, make_dispatcher: DispatcherFactory
+) -> None:
+    """A tenant at its in-flight limit waits while another tenant's task is dispatched."""
+    for i in range(2):
+        await new_task(store, make_spec("tenant-a"), key=f"a{i}")
+    await new_task(store, make_spec("tenant-b"), key="b0")
+    config = DispatcherConfig(fair_queue=FairQueueConfig(default_max_in_flight=1))
+    dispatcher = make_dispatcher(config=config)
+    assert await dispatcher.tick() == 2
+    tasks, _ = await store.list_tasks(state=TaskState.QUEUED)
+    assert [t.tenant_id for t in tasks] == ["tenant-a"]
+    assert await dispatcher.tick() == 0
