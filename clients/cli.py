@@ -16,6 +16,7 @@ import os
 import sys
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 import grpc
 from google.protobuf import json_format
@@ -40,23 +41,49 @@ def _write_port_file(path: str, port: int) -> None:
     os.replace(tmp, path)
 
 
-async def _serve(listen: str | None, port_file: str | None) -> int:
+DEV_PROVIDER_PORTS = {"runway": 8101, "veo": 8102, "selfhosted": 8103}
+DEV_ADAPTER_PORTS = {"runway": 50061, "veo": 50062, "selfhosted": 50063}
+DEV_PROVIDER_NAMES = {"runway": "runway", "veo": "google", "selfhosted": "self_hosted"}
+
+
+async def _serve(listen: str | None, port_file: str | None, *, whole_stack: bool) -> int:
+    from clients.devstack import Supervisor, stack
     from controlplane.bootstrap import Settings, configure_logging, start_control_plane
     from controlplane.server import serve_until_signalled
 
-    settings = Settings.from_env(listen=listen)
+    overrides: dict[str, object] = {"listen": listen}
+    supervisor = None
+    if whole_stack:
+        overrides["adapters"] = {
+            DEV_PROVIDER_NAMES[name]: f"127.0.0.1:{port}"
+            for name, port in DEV_ADAPTER_PORTS.items()
+        }
+        overrides["poll_scale"] = 0.1
+    settings = Settings.from_env(None, **overrides)
     configure_logging(settings.log_level)
-    running = await start_control_plane(settings)
-    host = settings.listen.rsplit(":", 1)[0]
-    log.info(
-        "control plane serving on %s:%d (database %s)",
-        host,
-        running.port,
-        settings.database_url.split("@")[-1],
-    )
-    if port_file:
-        _write_port_file(port_file, running.port)
-    await serve_until_signalled(running)
+    if whole_stack:
+        supervisor = Supervisor(Path("var"))
+        try:
+            for child in stack(DEV_PROVIDER_PORTS, DEV_ADAPTER_PORTS):
+                await asyncio.to_thread(supervisor.start, child)
+        except Exception:
+            supervisor.stop_all()
+            raise
+    try:
+        running = await start_control_plane(settings)
+        host = settings.listen.rsplit(":", 1)[0]
+        log.info(
+            "control plane serving on %s:%d (database %s)",
+            host,
+            running.port,
+            settings.database_url.split("@")[-1],
+        )
+        if port_file:
+            _write_port_file(port_file, running.port)
+        await serve_until_signalled(running)
+    finally:
+        if supervisor is not None:
+            await asyncio.to_thread(supervisor.stop_all)
     return 0
 
 
@@ -199,7 +226,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command in ("up", "serve"):
-            return asyncio.run(_serve(args.listen, args.port_file))
+            return asyncio.run(
+                _serve(args.listen, args.port_file, whole_stack=args.command == "up")
+            )
         if args.command == "migrate":
             return asyncio.run(_migrate(args.down))
         if args.command == "submit":

@@ -4,28 +4,77 @@ The only module that reads environment variables:
 
 - ``VIDROUTE_DATABASE_URL``: SQLAlchemy async URL. Default: embedded SQLite under ``./var/``.
   PostgreSQL: ``postgresql+asyncpg://user@127.0.0.1:5432/vidroute``.
-- ``VIDROUTE_REDIS_URL``: Redis for leases and shared breaker state. Default: none, which
-  selects the in-process implementations (single replica only).
+- ``VIDROUTE_REDIS_URL``: Redis for quota leases and shared breaker state. Default: none, which
+  selects the in-process implementations (one replica only).
 - ``VIDROUTE_LISTEN``: gRPC listen address. Default ``127.0.0.1:50051``.
+- ``VIDROUTE_ADAPTERS``: ``provider=host:port,...`` adapter sidecars. Without any, the process
+  serves the API only: tasks are accepted and stay QUEUED until a scheduling replica runs.
+- ``VIDROUTE_OBJECT_STORE``: ``file:///path`` or ``s3://bucket/prefix?endpoint_url=...``.
+  Default ``file://<cwd>/var/objects``.
+- ``VIDROUTE_CALLBACK_LISTEN`` / ``VIDROUTE_CALLBACK_PUBLIC_URL`` / ``VIDROUTE_CALLBACK_SECRETS``
+  (``provider=secret,...``): the provider callback endpoint; off unless a listen address is set.
+- ``VIDROUTE_POLL_SCALE``: multiplies every polling delay (``make up`` uses a small one).
+- ``VIDROUTE_WORKER_ID``: this replica's name in claims. Default ``<hostname>-<pid>``.
 - ``VIDROUTE_LOG_LEVEL``: logging level. Default ``INFO``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
+import httpx
+from redis.asyncio import Redis
+
+from controlplane.adapters.grpc_client import GrpcAdapterClient
 from controlplane.api.servicer import SchedulerServicer
+from controlplane.capabilities.publish import (
+    AccountConfig,
+    PublishError,
+    document_from_describe,
+    publish_documents,
+)
+from controlplane.domain.polling import PollingPolicy
+from controlplane.domain.scoring import example_policy
+from controlplane.execution.callbacks import CallbackReceiver, CallbackServer, CallbackVerifier
+from controlplane.execution.config import ExecutionConfig
+from controlplane.execution.engine import ExecutionEngine
+from controlplane.execution.output_step import fetcher_for
+from controlplane.leases.base import LeaseStore
+from controlplane.leases.memory_store import MemoryLeaseStore
+from controlplane.leases.redis_store import RedisLeaseStore
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.repository import Store
+from controlplane.scheduling.runtime import SchedulingRuntime, build_scheduling
 from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.tasks import TaskService
+from controlplane.storage import object_store_from_url
+
+log = logging.getLogger(__name__)
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./var/vidroute.db"
 DEFAULT_LISTEN = "127.0.0.1:50051"
+ROUTING_POLICY_VERSION = "router-v1"
+
+
+def _pairs(raw: str) -> dict[str, str]:
+    """``a=x,b=y`` -> ``{"a": "x", "b": "y"}``."""
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"expected name=value, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +84,13 @@ class Settings:
     database_url: str = DEFAULT_DATABASE_URL
     redis_url: str | None = None
     listen: str = DEFAULT_LISTEN
+    adapters: Mapping[str, str] = field(default_factory=dict)
+    object_store_url: str = ""
+    callback_listen: str = ""
+    callback_public_url: str = ""
+    callback_secrets: Mapping[str, str] = field(default_factory=dict)
+    poll_scale: float = 1.0
+    worker_id: str = ""
     log_level: str = "INFO"
     migrate_on_start: bool = True
     health_probe_interval_s: float = 5.0
@@ -46,6 +102,13 @@ class Settings:
             "database_url": env.get("VIDROUTE_DATABASE_URL") or DEFAULT_DATABASE_URL,
             "redis_url": env.get("VIDROUTE_REDIS_URL") or None,
             "listen": env.get("VIDROUTE_LISTEN") or DEFAULT_LISTEN,
+            "adapters": _pairs(env.get("VIDROUTE_ADAPTERS", "")),
+            "object_store_url": env.get("VIDROUTE_OBJECT_STORE", ""),
+            "callback_listen": env.get("VIDROUTE_CALLBACK_LISTEN", ""),
+            "callback_public_url": env.get("VIDROUTE_CALLBACK_PUBLIC_URL", ""),
+            "callback_secrets": _pairs(env.get("VIDROUTE_CALLBACK_SECRETS", "")),
+            "poll_scale": float(env.get("VIDROUTE_POLL_SCALE") or 1.0),
+            "worker_id": env.get("VIDROUTE_WORKER_ID", ""),
             "log_level": env.get("VIDROUTE_LOG_LEVEL") or "INFO",
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -59,22 +122,156 @@ def configure_logging(level: str) -> None:
     )
 
 
+async def publish_from_adapters(
+    runtime: SchedulingRuntime,
+    adapters: Mapping[str, GrpcAdapterClient],
+    addresses: Mapping[str, str],
+) -> int:
+    """Publish every adapter's Describe entries (the capability matrix's live source).
+
+    Accounts come from the entries themselves; their credentials stay in the sidecars, so the
+    stored reference only names where they live.
+    """
+    documents: list[dict[str, Any]] = []
+    accounts: dict[tuple[str, str, str], AccountConfig] = {}
+    for provider, client in adapters.items():
+        for entry in await client.describe():
+            documents.append(document_from_describe(entry))
+            key = (entry.provider, entry.account, entry.region)
+            accounts[key] = AccountConfig(
+                provider=entry.provider,
+                account_name=entry.account,
+                region=entry.region,
+                credential_ref=f"sidecar:{provider}",
+                adapter_address=addresses[provider],
+            )
+    counts = await publish_documents(
+        runtime.catalog_store, documents, accounts.values(), now=_utcnow(), source="describe"
+    )
+    await runtime.dispatcher.catalog(refresh=True)
+    log.info("published capabilities from %d adapters: %s", len(adapters), counts)
+    return len(documents)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+async def _publish_until_done(
+    runtime: SchedulingRuntime,
+    adapters: Mapping[str, GrpcAdapterClient],
+    addresses: Mapping[str, str],
+    stop: asyncio.Event,
+) -> None:
+    """Retry publication until every adapter answered (sidecars may start after us)."""
+    delay = 0.5
+    while not stop.is_set():
+        try:
+            await publish_from_adapters(runtime, adapters, addresses)
+            runtime.dispatcher.wake()
+            return
+        except PublishError:
+            log.exception("an adapter described capabilities that fail validation")
+            return
+        except Exception as exc:  # an adapter not up yet: try again
+            log.info("capability publication waiting for adapters: %r", exc)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        delay = min(delay * 2, 10.0)
+
+
+async def _lease_store(
+    settings: Settings, cleanup: list[Callable[[], Awaitable[Any]]]
+) -> tuple[LeaseStore, Redis | None]:
+    if not settings.redis_url:
+        return MemoryLeaseStore(), None
+    client: Redis = Redis.from_url(settings.redis_url)
+    cleanup.append(client.aclose)
+    return RedisLeaseStore(client), client
+
+
 async def start_control_plane(settings: Settings) -> ControlPlaneServer:
     """Migrate (if asked), wire the services and start serving."""
     if settings.migrate_on_start:
         await upgrade(settings.database_url)
     engine = create_engine(settings.database_url)
     store = Store(engine)
+    cleanup: list[Callable[[], Awaitable[Any]]] = []
+    background: list[Callable[[], Awaitable[Any]]] = []
 
     async def probe() -> bool:
         await store.ping()
         return True
 
-    servicer = SchedulerServicer(TaskService(store))
+    canceller = None
+    admin = None
+    if settings.adapters:
+        leases, redis_client = await _lease_store(settings, cleanup)
+        adapters = {name: GrpcAdapterClient(addr) for name, addr in settings.adapters.items()}
+        cleanup.extend(client.close for client in adapters.values())
+        runtime = build_scheduling(
+            engine=engine,
+            database_url=settings.database_url,
+            leases=leases,
+            adapters=adapters,
+            policy=example_policy(ROUTING_POLICY_VERSION),
+            redis_client=redis_client,
+        )
+        admin = runtime.admin
+        http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
+        cleanup.append(http.aclose)
+        object_store = object_store_from_url(
+            settings.object_store_url or (Path.cwd() / "var" / "objects").as_uri()
+        )
+        worker = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        execution = ExecutionEngine(
+            store,
+            adapters,
+            config=ExecutionConfig(
+                worker_id=worker,
+                callback_base_url=settings.callback_public_url,
+                polling=PollingPolicy(scale=settings.poll_scale),
+            ),
+            leases=leases,
+            fetch=fetcher_for(http, object_store),
+        )
+        canceller = execution.cancel_service
+        stop_publishing = asyncio.Event()
+        publisher = asyncio.create_task(
+            _publish_until_done(runtime, adapters, settings.adapters, stop_publishing),
+            name="publish-capabilities",
+        )
+
+        async def stop_publisher() -> None:
+            stop_publishing.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                await publisher
+
+        callbacks: CallbackServer | None = None
+        if settings.callback_listen:
+            host, _, port = settings.callback_listen.rpartition(":")
+            callbacks = CallbackServer(
+                CallbackReceiver(
+                    verifier=CallbackVerifier(settings.callback_secrets, clock=_utcnow),
+                    deps=execution.deps,
+                    normalizer=execution.normalizer,
+                ),
+                host=host,
+                port=int(port),
+            )
+            await callbacks.start()
+            background.append(callbacks.stop)
+        runtime.start()
+        await execution.start()
+        # Stopped first, in order: stop taking new work, finish in-flight steps, then I/O.
+        background[:0] = [stop_publisher, runtime.stop, execution.stop]
+
+    tasks = TaskService(store, canceller=canceller)
+    servicer = SchedulerServicer(tasks, admin)
     return await start_server(
         servicer,
         listen=settings.listen,
         probe=probe,
-        cleanup=[engine.dispose],
+        cleanup=[*background, *cleanup, engine.dispose],
         probe_interval=settings.health_probe_interval_s,
     )

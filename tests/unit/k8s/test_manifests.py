@@ -1,0 +1,442 @@
+"""The Kubernetes manifests: every overlay renders, validates against the API schema, and keeps
+the promises STYLE.md makes (gRPC probes, hardened pods, no tokens, no secrets, tight ingress)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]  # ships no py.typed
+import pytest
+import yaml
+
+from adapter_sidecars.common.config import parse_config
+
+ROOT = Path(__file__).resolve().parents[3]
+K8S = ROOT / "k8s"
+OVERLAYS = sorted(p.parent.name for p in (K8S / "overlays").glob("*/kustomization.yaml"))
+# The newest Kubernetes minor the bundled schemas cover that clusters commonly run; validate()
+# silently falls back to an older schema set, so the tests also check the version it used.
+KUBERNETES_VERSION = "1.34"
+# terminationGracePeriodSeconds = the process's drain grace + this, so SIGKILL never races the
+# clean-up that follows the drain (closing the HTTP client / database engine).
+SHUTDOWN_MARGIN_SECONDS = 5
+CONTROL_PLANE_GRACE_SECONDS = 5  # controlplane.server.serve_until_signalled's default
+CREDENTIALS_DIR = "/var/run/secrets/vidroute"
+ADAPTERS = {  # component -> (provider in config.example.yaml, gRPC port)
+    "adapter-runway": ("runway", 50061),
+    "adapter-veo": ("veo", 50062),
+    "adapter-selfhosted": ("selfhosted", 50063),
+}
+
+Doc = dict[str, Any]
+
+
+def _load_renderer() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("k8s_render", K8S / "render.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+render_mod = _load_renderer()
+
+
+@functools.cache
+def _rendered(overlay: str) -> tuple[Doc, ...]:
+    return tuple(render_mod.render(K8S / "overlays" / overlay))
+
+
+def rendered(overlay: str) -> list[Doc]:
+    """A private deep copy, so a test can never change what the next one sees."""
+    docs: list[Doc] = yaml.safe_load(yaml.safe_dump(list(_rendered(overlay))))
+    return docs
+
+
+def by_kind(docs: list[Doc], kind: str) -> dict[str, Doc]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def pod_spec(deployment: Doc) -> Doc:
+    spec: Doc = deployment["spec"]["template"]["spec"]
+    return spec
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def quantity(value: str | int) -> float:
+    """A CPU or memory quantity in base units (cores, bytes) -- the suffixes the manifests use."""
+    text = str(value)
+    suffixes = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    for suffix, factor in suffixes.items():
+        if text.endswith(suffix):
+            return float(text.removesuffix(suffix)) * factor
+    return float(text)
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any attempt to resolve or connect fails the test."""
+
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+
+
+# --- rendering -----------------------------------------------------------------------------------
+
+
+def test_there_is_a_dev_and_a_prod_overlay() -> None:
+    """Both environments exist as kustomize overlays over the one base."""
+    assert OVERLAYS == ["dev", "prod"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_every_component(overlay: str) -> None:
+    """Each overlay renders the four kinds for every component, all in the overlay's namespace."""
+    docs = rendered(overlay)
+    components = {"controlplane", *ADAPTERS}
+    for kind in ("Deployment", "Service", "ServiceAccount", "NetworkPolicy"):
+        assert set(by_kind(docs, kind)) == components, kind
+    assert set(by_kind(docs, "ConfigMap")) == {f"{a}-config" for a in ADAPTERS}
+    namespaces = {d["metadata"].get("namespace") for d in docs}
+    assert len(namespaces) == 1
+    assert None not in namespaces
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_matches_kubectl_kustomize(overlay: str) -> None:
+    """render.py prints the same documents, in the same order, as the real kustomize."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl (with built-in kustomize) is not on the PATH")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(K8S / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert list(yaml.safe_load_all(out)) == rendered(overlay)
+
+
+def test_patch_lists_merge_in_kustomize_order(tmp_path: Path) -> None:
+    """A patched list puts the patch's items first, then the base-only ones (kustomize v5.5)."""
+    (tmp_path / "kustomization.yaml").write_text(
+        "resources: [d.yaml]\npatches: [{path: p.yaml}]\nimages: [{name: app, newTag: '2'}]\n"
+    )
+    (tmp_path / "d.yaml").write_text(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec:\n  template:\n"
+        "    spec:\n      containers:\n        - name: a\n          image: app:1\n"
+        "          env: [{name: A, value: '1'}, {name: B, value: '2'}, {name: C, value: '3'}]\n"
+    )
+    (tmp_path / "p.yaml").write_text(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec:\n  template:\n"
+        "    spec:\n      containers:\n        - name: a\n"
+        "          env: [{name: C, value: x}, {name: NEW, value: n}, {name: A, value: y}]\n"
+    )
+    [doc] = render_mod.render(tmp_path)
+    [container] = pod_spec(doc)["containers"]
+    assert container["image"] == "app:2"
+    assert container["env"] == [
+        {"name": "C", "value": "x"},
+        {"name": "NEW", "value": "n"},
+        {"name": "A", "value": "y"},
+        {"name": "B", "value": "2"},
+    ]
+
+
+@pytest.mark.parametrize(
+    "kustomization",
+    [
+        "commonLabels: {a: b}\n",
+        "resources: [https://example.com/x]\n",
+        "resources: [d.yaml]\npatches: [{path: p.yaml, target: {kind: Deployment}}]\n",
+    ],
+)
+def test_renderer_refuses_kustomize_features_it_does_not_implement(
+    tmp_path: Path, kustomization: str
+) -> None:
+    """An unsupported field fails the render instead of being silently ignored."""
+    (tmp_path / "kustomization.yaml").write_text(kustomization)
+    (tmp_path / "d.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n")
+    with pytest.raises(render_mod.RenderError):
+        render_mod.render(tmp_path)
+
+
+def test_cli_prints_multi_document_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python k8s/render.py OVERLAY` prints the rendered documents to stdout."""
+    assert render_mod.main([str(K8S / "overlays" / "prod")]) == 0
+    assert list(yaml.safe_load_all(capsys.readouterr().out)) == rendered("prod")
+
+
+# --- schema validation ---------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("no_network")
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_document_validates_strictly_offline(overlay: str) -> None:
+    """Every rendered document is valid (unknown fields included) against the bundled schema."""
+    for doc in rendered(overlay):
+        used = kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        assert used == KUBERNETES_VERSION, doc["metadata"]["name"]
+
+
+@pytest.mark.usefixtures("no_network")
+def test_strict_validation_rejects_a_misspelled_field() -> None:
+    """The validator is not a rubber stamp: a typo in a pod spec is an error."""
+    deployment = next(d for d in rendered("prod") if d["kind"] == "Deployment")
+    pod_spec(deployment)["containers"][0]["readinesProbe"] = {"grpc": {"port": 1}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSION, strict=True)
+
+
+# --- pod hardening -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_deployment_has_grpc_probes_on_its_container_port(overlay: str) -> None:
+    """Readiness and liveness are native gRPC probes on the port the container declares."""
+    for name, deployment in by_kind(rendered(overlay), "Deployment").items():
+        for container in pod_spec(deployment)["containers"]:
+            ports = {p["containerPort"] for p in container["ports"]}
+            for probe in ("readinessProbe", "livenessProbe"):
+                assert set(container[probe]) & {"httpGet", "tcpSocket", "exec"} == set(), name
+                assert container[probe]["grpc"]["port"] in ports, (name, probe)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_runs_hardened(overlay: str) -> None:
+    """Non-root, read-only root, no escalation, no capabilities, RuntimeDefault seccomp."""
+    for name, deployment in by_kind(rendered(overlay), "Deployment").items():
+        pod = pod_spec(deployment)
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["runAsUser"] != 0, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for container in pod["containers"] + pod.get("initContainers", []):
+            sc = container["securityContext"]
+            assert sc["runAsNonRoot"] is True, name
+            assert sc["readOnlyRootFilesystem"] is True, name
+            assert sc["allowPrivilegeEscalation"] is False, name
+            assert sc["capabilities"] == {"drop": ["ALL"]}, name
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, name
+            assert "privileged" not in sc, name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_pod_gets_a_service_account_token(overlay: str) -> None:
+    """Tokens are off on every pod and every ServiceAccount (nothing here calls the API server)."""
+    docs = rendered(overlay)
+    for name, deployment in by_kind(docs, "Deployment").items():
+        assert pod_spec(deployment)["automountServiceAccountToken"] is False, name
+    for name, account in by_kind(docs, "ServiceAccount").items():
+        assert account["automountServiceAccountToken"] is False, name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_has_requests_within_limits(overlay: str) -> None:
+    """CPU and memory have requests and limits, and no overlay pushes a request above its limit."""
+    for name, deployment in by_kind(rendered(overlay), "Deployment").items():
+        for container in pod_spec(deployment)["containers"]:
+            resources = container["resources"]
+            for resource in ("cpu", "memory"):
+                request = quantity(resources["requests"][resource])
+                limit = quantity(resources["limits"][resource])
+                assert 0 < request <= limit, (name, resource)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_runs_the_one_vidroute_image(overlay: str) -> None:
+    """All components share one image, retagged by the overlay."""
+    tags = {
+        c["image"]
+        for d in by_kind(rendered(overlay), "Deployment").values()
+        for c in pod_spec(d)["containers"]
+    }
+    assert len(tags) == 1
+    assert re.fullmatch(r"vidroute:[\w.-]+", tags.pop())
+
+
+# --- wiring between the objects ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_deployment_has_its_service_account_service_and_network_policy(overlay: str) -> None:
+    """Each Deployment's namesakes select its pods, and the Service targets the gRPC port."""
+    docs = rendered(overlay)
+    services = by_kind(docs, "Service")
+    policies = by_kind(docs, "NetworkPolicy")
+    accounts = by_kind(docs, "ServiceAccount")
+    for name, deployment in by_kind(docs, "Deployment").items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert selects(deployment["spec"]["selector"]["matchLabels"], labels), name
+        assert pod_spec(deployment)["serviceAccountName"] == name
+        assert name in accounts
+        assert selects(services[name]["spec"]["selector"], labels), name
+        assert selects(policies[name]["spec"]["podSelector"]["matchLabels"], labels), name
+        [container] = pod_spec(deployment)["containers"]
+        port_names = {p["name"]: p["containerPort"] for p in container["ports"]}
+        [service_port] = services[name]["spec"]["ports"]
+        assert service_port["appProtocol"] == "grpc"
+        assert port_names[service_port["targetPort"]] == service_port["port"], name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_adapters_accept_ingress_only_from_the_control_plane(overlay: str) -> None:
+    """A sidecar's policy admits control-plane pods, on its gRPC port, and nothing else."""
+    docs = rendered(overlay)
+    control_plane_labels = by_kind(docs, "Deployment")["controlplane"]["spec"]["template"][
+        "metadata"
+    ]["labels"]
+    for component, (_, port) in ADAPTERS.items():
+        spec = by_kind(docs, "NetworkPolicy")[component]["spec"]
+        assert spec["policyTypes"] == ["Ingress"]
+        [rule] = spec["ingress"]
+        [peer] = rule["from"]
+        assert set(peer) == {"podSelector"}, "no namespaceSelector/ipBlock widening the peer"
+        assert peer["podSelector"]["matchLabels"]
+        assert selects(peer["podSelector"]["matchLabels"], control_plane_labels)
+        assert rule["ports"] == [{"protocol": "TCP", "port": port}]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_control_plane_accepts_ingress_from_its_namespace_on_50051(overlay: str) -> None:
+    """Any pod in the namespace may call the scheduler API, on 50051 only."""
+    spec = by_kind(rendered(overlay), "NetworkPolicy")["controlplane"]["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["ingress"] == [
+        {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": 50051}]}
+    ]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_control_plane_environment_points_at_real_services(overlay: str) -> None:
+    """The control plane listens on 50051 and each VIDROUTE_ADAPTERS address is a Service port."""
+    docs = rendered(overlay)
+    deployment = by_kind(docs, "Deployment")["controlplane"]
+    [container] = pod_spec(deployment)["containers"]
+    assert container["command"] == ["vidroute", "serve"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["VIDROUTE_LISTEN"]["value"] == "0.0.0.0:50051"
+    assert env["VIDROUTE_REDIS_URL"]["value"].startswith("redis://")
+    assert set(env["VIDROUTE_DATABASE_URL"]["valueFrom"]) == {"secretKeyRef"}
+    assert pod_spec(deployment)["terminationGracePeriodSeconds"] == (
+        CONTROL_PLANE_GRACE_SECONDS + SHUTDOWN_MARGIN_SECONDS
+    )
+    services = by_kind(docs, "Service")
+    routes = dict(item.split("=", 1) for item in env["VIDROUTE_ADAPTERS"]["value"].split(","))
+    assert set(routes) == {"runway", "google", "self_hosted"}
+    for address in routes.values():
+        host, port = address.rsplit(":", 1)
+        assert int(port) in {p["port"] for p in services[host]["spec"]["ports"]}, address
+
+
+# --- sidecar configuration and secrets -----------------------------------------------------------
+
+
+def _config(docs: list[Doc], component: str) -> Doc:
+    text = by_kind(docs, "ConfigMap")[f"{component}-config"]["data"]["config.yaml"]
+    loaded: Doc = yaml.safe_load(text)
+    return loaded
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("component", sorted(ADAPTERS))
+def test_sidecar_config_is_accepted_and_agrees_with_its_deployment(
+    overlay: str, component: str
+) -> None:
+    """The sidecar's own parser accepts the ConfigMap, whose port and grace match the pod."""
+    provider, port = ADAPTERS[component]
+    docs = rendered(overlay)
+    config = parse_config(_config(docs, component), {})
+    pod = pod_spec(by_kind(docs, "Deployment")[component])
+    [container] = pod["containers"]
+    assert container["command"] == [
+        f"vidroute-adapter-{provider}",
+        "--config",
+        "/etc/vidroute/config.yaml",
+        "--listen",
+        f"0.0.0.0:{port}",
+    ]
+    assert config.listen == f"0.0.0.0:{port}"
+    assert [p["containerPort"] for p in container["ports"]] == [port]
+    assert pod["terminationGracePeriodSeconds"] == (
+        config.shutdown_grace_seconds + SHUTDOWN_MARGIN_SECONDS
+    )
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["config"]["mountPath"] == "/etc/vidroute"
+    assert volumes["config"]["configMap"]["name"] == f"{component}-config"
+
+
+@pytest.mark.parametrize("component", sorted(ADAPTERS))
+def test_sidecar_config_keeps_the_example_shape(component: str) -> None:
+    """The ConfigMap has the same sections as the sidecar's config.example.yaml."""
+    provider, _ = ADAPTERS[component]
+    example = yaml.safe_load(
+        (ROOT / "adapter_sidecars" / provider / "config.example.yaml").read_text()
+    )
+    config = _config(rendered("prod"), component)
+    assert set(config) == set(example)
+    assert set(config["provider"]) == set(example["provider"])
+    assert set(config["provider"]["options"]) == set(example["provider"]["options"])
+    assert config["timeouts"] == example["timeouts"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("component", sorted(ADAPTERS))
+def test_sidecar_credential_is_a_file_on_an_operator_made_secret(
+    overlay: str, component: str
+) -> None:
+    """Each account's credential_ref is a file on the mounted Secret volume, with no default."""
+    provider, _ = ADAPTERS[component]
+    docs = rendered(overlay)
+    pod = pod_spec(by_kind(docs, "Deployment")[component])
+    [container] = pod["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    secret = {v["name"]: v for v in pod["volumes"]}["credentials"]["secret"]
+    assert mounts["credentials"] == {
+        "name": "credentials",
+        "mountPath": CREDENTIALS_DIR,
+        "readOnly": True,
+    }
+    files = {f"{CREDENTIALS_DIR}/{item['path']}" for item in secret["items"]}
+    expected = f"file:{CREDENTIALS_DIR}/{provider}-api-key"
+    for account in _config(docs, component)["accounts"]:
+        assert account["credential_ref"] == expected
+        assert account["credential_ref"].removeprefix("file:") in files
+    # Readable by the non-root user through fsGroup, by nobody else.
+    assert secret["defaultMode"] == 0o440
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
+
+
+def test_no_secret_values_are_committed() -> None:
+    """No Secret objects, no inline credentials, no env-var defaults under k8s/."""
+    for path in K8S.rglob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            assert not (doc and doc.get("kind") == "Secret"), path
+        text = path.read_text()
+        assert "credential_ref: env:" not in text, path
+        assert not re.search(r"(?i)\b(api[_-]?key|token|password)\s*:\s*\S", text), path
+    for overlay in OVERLAYS:
+        for deployment in by_kind(rendered(overlay), "Deployment").values():
+            for container in pod_spec(deployment)["containers"]:
+                for var in container.get("env", []):
+                    if re.search(r"KEY|TOKEN|PASSWORD|SECRET|DATABASE_URL", var["name"]):
+                        assert "value" not in var, var["name"]
