@@ -35,6 +35,7 @@ import httpx
 from redis.asyncio import Redis
 
 from controlplane.adapters.grpc_client import GrpcAdapterClient
+from controlplane.adapters.types import SubmitKind, SubmitResult
 from controlplane.api.servicer import SchedulerServicer
 from controlplane.capabilities.publish import (
     AccountConfig,
@@ -42,17 +43,21 @@ from controlplane.capabilities.publish import (
     document_from_describe,
     publish_documents,
 )
+from controlplane.domain.breaker import BreakerKey, Operation
 from controlplane.domain.polling import PollingPolicy
 from controlplane.domain.scoring import example_policy
 from controlplane.execution.callbacks import CallbackReceiver, CallbackServer, CallbackVerifier
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.engine import ExecutionEngine
+from controlplane.execution.outcomes import SubmitObserver
 from controlplane.execution.output_step import fetcher_for
 from controlplane.leases.base import LeaseStore
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.leases.redis_store import RedisLeaseStore
 from controlplane.persistence.db import create_engine
+from controlplane.persistence.execution_store import AccountInfo
 from controlplane.persistence.migrate import upgrade
+from controlplane.persistence.records import AttemptRecord
 from controlplane.persistence.repository import Store
 from controlplane.scheduling.runtime import SchedulingRuntime, build_scheduling
 from controlplane.server import ControlPlaneServer, start_server
@@ -180,6 +185,27 @@ async def _publish_until_done(
         delay = min(delay * 2, 10.0)
 
 
+def _breaker_feed(runtime: SchedulingRuntime) -> SubmitObserver:
+    """Submit outcomes -> the SUBMIT breaker and health windows of that candidate."""
+
+    async def observe(
+        account: AccountInfo, attempt: AttemptRecord, result: SubmitResult, took_s: float
+    ) -> None:
+        key = BreakerKey(
+            account.provider,
+            account.account_name,
+            account.region,
+            attempt.provider_model,
+            Operation.SUBMIT,
+        )
+        failure = None if result.error is None else result.error.error_class.value
+        if result.kind is SubmitKind.ACCEPTED:
+            failure = None
+        await runtime.monitor.record_outcome(key, failure, took_s)
+
+    return observe
+
+
 async def _lease_store(
     settings: Settings, cleanup: list[Callable[[], Awaitable[Any]]]
 ) -> tuple[LeaseStore, Redis | None]:
@@ -207,6 +233,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
     admin = None
     if settings.adapters:
         leases, redis_client = await _lease_store(settings, cleanup)
+        worker = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         adapters = {name: GrpcAdapterClient(addr) for name, addr in settings.adapters.items()}
         cleanup.extend(client.close for client in adapters.values())
         runtime = build_scheduling(
@@ -216,6 +243,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             adapters=adapters,
             policy=example_policy(ROUTING_POLICY_VERSION),
             redis_client=redis_client,
+            worker_id=worker,
         )
         admin = runtime.admin
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
@@ -223,7 +251,6 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         object_store = object_store_from_url(
             settings.object_store_url or (Path.cwd() / "var" / "objects").as_uri()
         )
-        worker = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         execution = ExecutionEngine(
             store,
             adapters,
@@ -234,6 +261,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             ),
             leases=leases,
             fetch=fetcher_for(http, object_store),
+            on_submit=_breaker_feed(runtime),
         )
         canceller = execution.cancel_service
         stop_publishing = asyncio.Event()

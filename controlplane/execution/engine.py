@@ -25,7 +25,7 @@ from controlplane.execution.cancel import CancelService, CancelWorker
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.events import EventNormalizer
 from controlplane.execution.leasing import LeaseKeeper
-from controlplane.execution.outcomes import ExecutionDeps
+from controlplane.execution.outcomes import ExecutionDeps, SubmitObserver
 from controlplane.execution.output_fetch import FetchRequest, FetchResult
 from controlplane.execution.output_step import FetchFn, OutputStep
 from controlplane.execution.poller import Poller
@@ -62,6 +62,7 @@ class ExecutionEngine:
         clock: Callable[[], datetime] = _utcnow,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
+        on_submit: SubmitObserver | None = None,
     ) -> None:
         self.config = config or ExecutionConfig()
         self.store = store
@@ -72,6 +73,7 @@ class ExecutionEngine:
             config=self.config,
             clock=clock,
             rng=rng or random.Random(),
+            on_submit=on_submit,
         )
         self._sleep = sleep
         self.normalizer = EventNormalizer(self.deps)

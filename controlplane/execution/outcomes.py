@@ -15,12 +15,12 @@ Lease calls are collected in `AfterCommit` and run only once the transaction com
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from controlplane.adapters.grpc_client import AdapterClient
-from controlplane.adapters.types import CompiledPlan, JobRef
+from controlplane.adapters.types import CompiledPlan, JobRef, SubmitResult
 from controlplane.domain.errors import ErrorClass, ProviderError
 from controlplane.domain.failover import (
     FailoverAction,
@@ -79,6 +79,10 @@ class ExecutionDeps:
     config: ExecutionConfig
     clock: Callable[[], datetime]
     rng: random.Random = field(default_factory=random.Random)
+    # Told about every submit call (account, attempt, result, seconds taken), e.g. to feed the
+    # circuit breakers and health windows of the scheduler (9.13.3, 9.15). Never raises into
+    # the worker: a failing observer is logged and ignored.
+    on_submit: SubmitObserver | None = None
 
     def adapter(self, account: AccountInfo) -> AdapterClient:
         try:
@@ -91,6 +95,9 @@ class ExecutionDeps:
         if not base:
             return ""
         return f"{base}/callbacks/{account.provider}?attempt={attempt.id}"
+
+
+SubmitObserver = Callable[[AccountInfo, AttemptRecord, SubmitResult, float], Awaitable[None]]
 
 
 @dataclass

@@ -19,6 +19,7 @@ submit again: only recovery may, and only with the same key to a provider that h
 from __future__ import annotations
 
 import logging
+import time
 from datetime import timedelta
 
 from controlplane.adapters.types import SubmitKind, SubmitResult
@@ -36,7 +37,8 @@ from controlplane.execution.outcomes import (
     plan_of,
     to_unknown,
 )
-from controlplane.persistence.records import AttemptChanges, OutboxRecord
+from controlplane.persistence.execution_store import AccountInfo
+from controlplane.persistence.records import AttemptChanges, AttemptRecord, OutboxRecord
 from controlplane.persistence.repository import Store
 
 __all__ = ["SubmitWorker"]
@@ -118,6 +120,7 @@ class SubmitWorker:
         adapter = self._deps.adapter(account)
         await self._deps.leases.renew(started)
         self.submits += 1
+        began = time.monotonic()
         try:
             result = await adapter.submit(
                 plan_of(started, account),
@@ -132,6 +135,17 @@ class SubmitWorker:
                 transport_stage="CLIENT_EXCEPTION",
             )
         await self.apply(started.id, result, message)
+        await self._observe(account, started, result, time.monotonic() - began)
+
+    async def _observe(
+        self, account: AccountInfo, attempt: AttemptRecord, result: SubmitResult, took_s: float
+    ) -> None:
+        if self._deps.on_submit is None:
+            return
+        try:
+            await self._deps.on_submit(account, attempt, result, took_s)
+        except Exception:
+            log.exception("submit observer failed for attempt %s", attempt.id)
 
     async def apply(
         self, attempt_id: int, result: SubmitResult, message: OutboxRecord | None = None

@@ -189,6 +189,7 @@ class AccountInfo:
     id: int
     provider: str
     account_name: str
+    region: str = ""
 
 
 def _runtime(m: RowMapping) -> AttemptRuntime:
@@ -256,7 +257,7 @@ class ExecUnit:
             .mappings()
             .one()
         )
-        return AccountInfo(row["id"], row["provider"], row["account_name"])
+        return AccountInfo(row["id"], row["provider"], row["account_name"], row["region"])
 
     async def runtime(self, attempt_id: int) -> AttemptRuntime | None:
         rows = await self.conn.execute(select(R).where(R.c.attempt_id == attempt_id))
@@ -512,7 +513,10 @@ class ExecutionStore:
             rows = await conn.execute(
                 select(provider_accounts).where(provider_accounts.c.provider == provider)
             )
-            return [AccountInfo(m["id"], m["provider"], m["account_name"]) for m in rows.mappings()]
+            return [
+                AccountInfo(m["id"], m["provider"], m["account_name"], m["region"])
+                for m in rows.mappings()
+            ]
 
     async def snapshot(
         self, attempt_id: int

@@ -42,6 +42,7 @@ from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import leader_lock_for
 from controlplane.scheduling.shared_state import InProcessSharedState, RedisSharedState
+from controlplane.scheduling.upkeep import Upkeep, UpkeepConfig
 from controlplane.service.providers import ProviderAdminService
 
 
@@ -53,20 +54,24 @@ class SchedulingRuntime:
     monitor: HealthMonitor
     admin: ProviderAdminService
     catalog_store: CatalogStore
+    upkeep: Upkeep
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
-    _task: asyncio.Task[None] | None = None
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def start(self) -> None:
-        """Run the dispatcher loop in the background (it waits for leadership itself)."""
-        if self._task is None:
+        """Run the dispatcher loop (it waits for leadership itself) and upkeep in the background."""
+        if not self._tasks:
             self._stop.clear()
-            self._task = asyncio.create_task(self.dispatcher.run(self._stop), name="dispatcher")
+            self._tasks = [
+                asyncio.create_task(self.dispatcher.run(self._stop), name="dispatcher"),
+                asyncio.create_task(self.upkeep.run(self._stop), name="scheduler-upkeep"),
+            ]
 
     async def stop(self) -> None:
-        """Stop dispatching and release leadership; idempotent."""
+        """Stop dispatching and upkeep and release leadership; idempotent."""
         self._stop.set()
-        task, self._task = self._task, None
-        if task is not None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         close = getattr(self.dispatcher.leader, "close", None)
@@ -96,6 +101,8 @@ def build_scheduling(
     redis_client: Any | None = None,
     breaker_config: BreakerConfig | None = None,
     config: DispatcherConfig | None = None,
+    worker_id: str = "scheduler",
+    upkeep_config: UpkeepConfig | None = None,
 ) -> SchedulingRuntime:
     """Wire stores, breakers (shared through Redis when given), leader lock and dispatcher."""
     config = config or DispatcherConfig()
@@ -106,8 +113,9 @@ def build_scheduling(
         events=catalog_store,
         shared=shared,
     )
+    dispatcher_store = Store(engine)
     dispatcher = Dispatcher(
-        store=Store(engine),
+        store=dispatcher_store,
         catalog_store=catalog_store,
         leases=leases,
         adapters=adapters,
@@ -116,6 +124,15 @@ def build_scheduling(
         leader=leader_lock_for(database_url, f"shard-{config.shard}"),
         config=config,
     )
+    upkeep = Upkeep(
+        store=dispatcher_store,
+        leases=leases,
+        catalog=dispatcher.catalog,
+        is_leader=lambda: dispatcher.leading,
+        wake=dispatcher.wake,
+        worker_id=worker_id,
+        config=upkeep_config or UpkeepConfig(default_concurrency=config.default_concurrency),
+    )
     return SchedulingRuntime(
-        dispatcher, monitor, ProviderAdminService(catalog_store, monitor), catalog_store
+        dispatcher, monitor, ProviderAdminService(catalog_store, monitor), catalog_store, upkeep
     )

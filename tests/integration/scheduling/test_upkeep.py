@@ -1,0 +1,94 @@
+"""Scheduler upkeep: leases are repaired towards PostgreSQL and audited; wake-ups are drained."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from controlplane.leases.memory_store import MemoryLeaseStore
+from controlplane.persistence.models import lease_audit_events, outbox
+from controlplane.persistence.repository import Store
+from controlplane.scheduling.upkeep import Upkeep
+from tests.integration.scheduling.conftest import DispatcherFactory
+from tests.integration.scheduling.support import NOW, make_spec
+from tests.integration.scheduling.test_dispatcher import new_task
+
+
+def _upkeep(store: Store, leases: MemoryLeaseStore, dispatcher: object, woken: list[int]) -> Upkeep:
+    return Upkeep(
+        store=store,
+        leases=leases,
+        catalog=dispatcher.catalog,  # type: ignore[attr-defined]
+        is_leader=lambda: True,
+        wake=lambda: woken.append(1),
+        worker_id="upkeep-test",
+        clock=lambda: NOW,
+    )
+
+
+async def _audit_rows(store: Store) -> list[tuple[str, int, int, int]]:
+    async with store.engine.connect() as conn:
+        rows = await conn.execute(
+            select(
+                lease_audit_events.c.dimension,
+                lease_audit_events.c.expected,
+                lease_audit_events.c.actual,
+                lease_audit_events.c.delta,
+            )
+        )
+        return [tuple(r) for r in rows]
+
+
+async def test_counters_lost_by_the_lease_store_are_rebuilt_from_postgres(
+    store: Store, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
+) -> None:
+    """After the store forgets a live attempt's slots, upkeep restores them and audits it."""
+    await new_task(store, make_spec())
+    dispatcher = make_dispatcher()
+    assert await dispatcher.tick() == 1
+    detail = await store.get_task(1)
+    assert detail is not None
+    (attempt,) = detail.attempts
+    await store.transition_attempt(
+        attempt.id, attempt.status_version, type(attempt.state).SUBMITTING, now=NOW
+    )
+    (account,) = await leases.accounts()
+    before = await leases.snapshot(account)
+    for dimension in before.used:
+        await leases.set_used(account, dimension, 0)
+
+    drifts = await _upkeep(store, leases, dispatcher, []).reconcile_leases()
+
+    assert drifts and all(d.delta == 1 for d in drifts)
+    after = await leases.snapshot(account)
+    assert after.used == before.used
+    audited = await _audit_rows(store)
+    assert {(row[1], row[2], row[3]) for row in audited} == {(1, 0, 1)}
+
+
+async def test_consistent_leases_need_no_correction(
+    store: Store, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
+) -> None:
+    """When the store matches PostgreSQL, reconciliation changes nothing and writes no audit."""
+    await new_task(store, make_spec())
+    dispatcher = make_dispatcher()
+    assert await dispatcher.tick() == 1
+    assert await _upkeep(store, leases, dispatcher, []).reconcile_leases() == []
+    assert await _audit_rows(store) == []
+
+
+async def test_queue_wakeups_are_completed_and_wake_the_dispatcher(
+    store: Store, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
+) -> None:
+    """task.queued messages are marked done once and the dispatcher is woken."""
+    await new_task(store, make_spec(), "a")
+    await new_task(store, make_spec(), "b")
+    woken: list[int] = []
+    upkeep = _upkeep(store, leases, make_dispatcher(), woken)
+    assert await upkeep.drain_queue_messages() == 2
+    assert await upkeep.drain_queue_messages() == 0
+    assert woken == [1]
+    async with store.engine.connect() as conn:
+        pending = await conn.execute(
+            select(outbox.c.id).where(outbox.c.topic == "task.queued", outbox.c.done_at.is_(None))
+        )
+        assert pending.all() == []
