@@ -58,7 +58,8 @@ async def test_counters_lost_by_the_lease_store_are_rebuilt_from_postgres(
 
     drifts = await _upkeep(store, leases, dispatcher, []).reconcile_leases()
 
-    assert drifts and all(d.delta == 1 for d in drifts)
+    assert drifts
+    assert all(d.delta == 1 for d in drifts)
     after = await leases.snapshot(account)
     assert after.used == before.used
     audited = await _audit_rows(store)
