@@ -35,7 +35,7 @@ import httpx
 from redis.asyncio import Redis
 
 from controlplane.adapters.grpc_client import GrpcAdapterClient
-from controlplane.adapters.types import SubmitKind, SubmitResult
+from controlplane.adapters.types import JobSnapshot, JobState, SubmitKind, SubmitResult
 from controlplane.api.servicer import SchedulerServicer
 from controlplane.capabilities.publish import (
     AccountConfig,
@@ -49,7 +49,7 @@ from controlplane.domain.scoring import example_policy
 from controlplane.execution.callbacks import CallbackReceiver, CallbackServer, CallbackVerifier
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.engine import ExecutionEngine
-from controlplane.execution.outcomes import SubmitObserver
+from controlplane.execution.outcomes import AttemptEndObserver, SubmitObserver
 from controlplane.execution.output_step import fetcher_for
 from controlplane.leases.base import LeaseStore
 from controlplane.leases.memory_store import MemoryLeaseStore
@@ -206,6 +206,28 @@ def _breaker_feed(runtime: SchedulingRuntime) -> SubmitObserver:
     return observe
 
 
+def _health_feed(runtime: SchedulingRuntime) -> AttemptEndObserver:
+    """Finished provider jobs -> the routing health windows of their candidate (9.13.3)."""
+
+    async def observe(account: AccountInfo, attempt: AttemptRecord, snapshot: JobSnapshot) -> None:
+        key = BreakerKey(
+            account.provider,
+            account.account_name,
+            account.region,
+            attempt.provider_model,
+            Operation.SUBMIT,
+        )
+        started = attempt.request_started_at or attempt.created_at
+        runtime.monitor.observe_generation(
+            key,
+            succeeded=snapshot.state is JobState.SUCCEEDED,
+            duration_s=max(0.0, (attempt.updated_at - started).total_seconds()),
+            cost_micros=snapshot.actual_cost_micros or 0,
+        )
+
+    return observe
+
+
 async def _lease_store(
     settings: Settings, cleanup: list[Callable[[], Awaitable[Any]]]
 ) -> tuple[LeaseStore, Redis | None]:
@@ -262,6 +284,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             leases=leases,
             fetch=fetcher_for(http, object_store),
             on_submit=_breaker_feed(runtime),
+            on_attempt_end=_health_feed(runtime),
         )
         canceller = execution.cancel_service
         stop_publishing = asyncio.Event()

@@ -147,10 +147,15 @@ class HttpServer:
 
     async def stop(self) -> None:
         await self.stop_listening()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        # A connection accepted just before the listener closed gets its handler task on a
+        # later loop iteration: yield a few times so none is left with an open transport.
+        for _ in range(3):
+            await asyncio.sleep(0)
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

@@ -264,10 +264,12 @@ class HealthWindows:
         self._latency = {w: Ewma(w.seconds) for w in Window}
         self._cost = {w: Ewma(w.seconds) for w in Window}  # decayed spend; value is unused
 
-    def observe(self, success: bool, latency_s: float, cost_micros: int, at: float) -> None:
+    def observe(self, success: bool, latency_s: float | None, cost_micros: int, at: float) -> None:
+        """One outcome; `latency_s` None when the call says nothing about generation time."""
         for w in Window:
             self._success[w].observe(1.0 if success else 0.0, at)
-            self._latency[w].observe(latency_s, at)
+            if latency_s is not None:
+                self._latency[w].observe(latency_s, at)
             self._cost[w].observe(float(cost_micros), at)
 
     def stats(self, window: Window, at: float) -> WindowStats:

@@ -25,7 +25,7 @@ from controlplane.execution.cancel import CancelService, CancelWorker
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.events import EventNormalizer
 from controlplane.execution.leasing import LeaseKeeper
-from controlplane.execution.outcomes import ExecutionDeps, SubmitObserver
+from controlplane.execution.outcomes import AttemptEndObserver, ExecutionDeps, SubmitObserver
 from controlplane.execution.output_fetch import FetchRequest, FetchResult
 from controlplane.execution.output_step import FetchFn, OutputStep
 from controlplane.execution.poller import Poller
@@ -63,6 +63,7 @@ class ExecutionEngine:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
         on_submit: SubmitObserver | None = None,
+        on_attempt_end: AttemptEndObserver | None = None,
     ) -> None:
         self.config = config or ExecutionConfig()
         self.store = store
@@ -74,6 +75,7 @@ class ExecutionEngine:
             clock=clock,
             rng=rng or random.Random(),
             on_submit=on_submit,
+            on_attempt_end=on_attempt_end,
         )
         self._sleep = sleep
         self.normalizer = EventNormalizer(self.deps)

@@ -143,8 +143,20 @@ class EventNormalizer:
         async with self._deps.xstore.unit(self._deps.clock()) as u:
             outcome = await self._ingest(u, obs, after)
         await after.run(self._deps.leases)
+        await self._report_ended(after)
         self.counts[outcome] += 1
         return outcome
+
+    async def _report_ended(self, after: AfterCommit) -> None:
+        observer = self._deps.on_attempt_end
+        if observer is None:
+            return
+        for attempt, snapshot in after.ended:
+            try:
+                account = await self._deps.xstore.account(attempt.provider_account_id)
+                await observer(account, attempt, snapshot)
+            except Exception:
+                log.exception("attempt-end observer failed for attempt %s", attempt.id)
 
     async def replay_unmatched(self, account_id: int, job_id: str) -> None:
         """Re-apply early observations of a job that has just been recorded."""
@@ -160,6 +172,7 @@ class EventNormalizer:
                 outcome = await self._apply(u, job, snap, EventSource(event.source), after)
                 await u.set_event_outcome(event.id, f"REPLAYED_{outcome.value}")
             await after.run(self._deps.leases)
+            await self._report_ended(after)
 
     async def _ingest(self, u: ExecUnit, obs: Observation, after: AfterCommit) -> IngestOutcome:
         snap = obs.snapshot
@@ -262,6 +275,7 @@ class EventNormalizer:
             return IngestOutcome.APPLIED
         await u.set_runtime(moved.id, moved.task_id, next_poll_at=None)
         after.release.append(moved)
+        after.ended.append((moved, snap))
         if snap.state is JobState.SUCCEEDED:
             return await self._succeeded(u, moved, task, job)
         if snap.state is JobState.FAILED:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from controlplane.adapters.grpc_client import AdapterClient
-from controlplane.adapters.types import CompiledPlan, JobRef, SubmitResult
+from controlplane.adapters.types import CompiledPlan, JobRef, JobSnapshot, SubmitResult
 from controlplane.domain.errors import ErrorClass, ProviderError
 from controlplane.domain.failover import (
     FailoverAction,
@@ -83,6 +83,9 @@ class ExecutionDeps:
     # circuit breakers and health windows of the scheduler (9.13.3, 9.15). Never raises into
     # the worker: a failing observer is logged and ignored.
     on_submit: SubmitObserver | None = None
+    # Told when a provider job reaches a terminal state (succeeded or not), with the snapshot:
+    # the generation outcomes that feed the routing health windows (9.13.3).
+    on_attempt_end: AttemptEndObserver | None = None
 
     def adapter(self, account: AccountInfo) -> AdapterClient:
         try:
@@ -98,6 +101,7 @@ class ExecutionDeps:
 
 
 SubmitObserver = Callable[[AccountInfo, AttemptRecord, SubmitResult, float], Awaitable[None]]
+AttemptEndObserver = Callable[[AccountInfo, AttemptRecord, JobSnapshot], Awaitable[None]]
 
 
 @dataclass
@@ -107,6 +111,7 @@ class AfterCommit:
     release: list[AttemptRecord] = field(default_factory=list)
     mark_unknown: list[AttemptRecord] = field(default_factory=list)
     resolve_unknown: list[AttemptRecord] = field(default_factory=list)
+    ended: list[tuple[AttemptRecord, JobSnapshot]] = field(default_factory=list)
 
     async def run(self, leases: LeaseKeeper) -> None:
         for attempt in self.mark_unknown:

@@ -96,7 +96,7 @@ class RecoveryWorker:
             return None
         account = await self._deps.xstore.account(attempt.provider_account_id)
         await self._deps.leases.renew(attempt)
-        result = await self._query(attempt, account, runtime, started)
+        result = await self._query(attempt, account, runtime, started, unknown_since)
         if result is None:
             return None  # the idempotent re-send was applied as a submit outcome
         if (
@@ -113,6 +113,7 @@ class RecoveryWorker:
         account: AccountInfo,
         runtime: AttemptRuntime | None,
         started: datetime,
+        unknown_since: datetime,
     ) -> RecoverResult | None:
         for event in reversed(await self._deps.xstore.events(attempt_id=attempt.id)):
             if event.outcome == IngestOutcome.UNMATCHED.value:
@@ -149,7 +150,11 @@ class RecoveryWorker:
                     request_hash=attempt.request_hash or "",
                     plan_json=attempt.compile_plan,
                     submitted_after=started - _WINDOW_SLACK,
-                    submitted_before=self._deps.clock(),
+                    # The submit call had ended (or its worker died) when the attempt became
+                    # unknown, so no request of it can start later. "Now" would be true too, but
+                    # adapters wait submit_read + settle past this bound before a NOT_FOUND is
+                    # conclusive, and with "now" that moment never comes.
+                    submitted_before=unknown_since,
                 )
             )
         except Exception as exc:

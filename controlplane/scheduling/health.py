@@ -99,10 +99,19 @@ class HealthMonitor:
             permit = admitted if isinstance(admitted, Permit) else None
         result = breaker.record(outcome, permit)
         await self._emit(result)
-        if key.operation is Operation.SUBMIT and not outcome.neutral:
+        if key.operation is Operation.SUBMIT and not outcome.neutral and not outcome.succeeded:
+            # A refused submit is a failed attempt of this candidate. Accepted submits are
+            # counted when their generation ends (`observe_generation`), with its real duration.
             window = self._windows.setdefault(_candidate_id(key), HealthWindows())
-            window.observe(outcome.succeeded, latency_s or 0.0, cost_micros, self._clock())
+            window.observe(False, None, cost_micros, self._clock())
         return result
+
+    def observe_generation(
+        self, key: BreakerKey, *, succeeded: bool, duration_s: float, cost_micros: int = 0
+    ) -> None:
+        """A provider job of this candidate ended: feeds success, latency and cost windows."""
+        window = self._windows.setdefault(_candidate_id(key), HealthWindows())
+        window.observe(succeeded, duration_s, cost_micros, self._clock())
 
     def admit(self, key: BreakerKey) -> Permit | None:
         """A permit for one call (HALF_OPEN probes are limited), or None while refused."""

@@ -208,3 +208,30 @@ async def test_poll_error_is_retried_on_schedule(lite: Harness) -> None:
         lite.clock.advance(30)
         await engine.run_until_idle()
     assert (await lite.attempt(attempt.id)).state is AttemptState.RUNNING
+
+
+async def test_observers_hear_each_submit_and_each_finished_generation(harness: Harness) -> None:
+    """The submit observer sees the ACCEPTED call and the end observer sees SUCCEEDED once."""
+    attempt = await harness.task_with_attempt()
+    harness.fake.script_submit(harness.fake.accepted("job-o"))
+    harness.fake.set_job("job-o", snap(JobState.RUNNING), done())
+    engine = harness.engine()
+    submits: list[tuple[str, str]] = []
+    ends: list[tuple[int, JobState]] = []
+
+    async def on_submit(account, attempt, result, took_s):  # type: ignore[no-untyped-def]
+        assert took_s >= 0
+        submits.append((account.provider, result.kind.value))
+
+    async def on_end(account, attempt, snapshot):  # type: ignore[no-untyped-def]
+        ends.append((attempt.id, snapshot.state))
+
+    engine.deps.on_submit = on_submit
+    engine.deps.on_attempt_end = on_end
+    await engine.run_until_idle()
+    for _ in range(3):
+        harness.clock.advance(90)
+        await engine.run_until_idle()
+
+    assert submits == [("runway", "ACCEPTED")]
+    assert ends == [(attempt.id, JobState.SUCCEEDED)]

@@ -119,3 +119,22 @@ async def test_redis_shared_state_carries_forced_overrides(
         if keys:
             await client.delete(*keys)
         await client.aclose()
+
+
+async def test_generation_outcomes_feed_the_health_windows() -> None:
+    """Finished jobs set the candidate's success bound and mean latency; refused submits count
+    as failures without a latency."""
+    monitor = HealthMonitor(BreakerRegistry(BreakerConfig(), time.time))
+    candidate = "runway/gen4.5/prod-us"
+    assert monitor.health_view(candidate) is None
+    for _ in range(8):
+        monitor.observe_generation(GEN45, succeeded=True, duration_s=40.0)
+    healthy = monitor.health_view(candidate)
+    assert healthy is not None
+    assert healthy.mean_latency_s == pytest.approx(40.0)
+    for _ in range(8):
+        await monitor.record_outcome(GEN45, "PROVIDER_OVERLOADED", 0.2)
+    degraded = monitor.health_view(candidate)
+    assert degraded is not None
+    assert degraded.success_lower_bound < healthy.success_lower_bound
+    assert degraded.mean_latency_s == pytest.approx(40.0)
