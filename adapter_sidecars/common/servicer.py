@@ -34,6 +34,7 @@ from adapter_sidecars.common.types import (
     UsageInput,
 )
 from controlplane.api.convert import spec_from_proto
+from controlplane.capabilities.proto import capability_to_proto
 from controlplane.domain.exceptions import InvalidSpec
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
@@ -74,7 +75,7 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
         return svc.DescribeResponse(
             adapter=info.adapter,
             adapter_version=info.adapter_version,
-            capabilities=[convert.capability(c) for c in info.capabilities],
+            capabilities=[capability_to_proto(c) for c in info.capabilities],
         )
 
     @_adapter_errors
