@@ -152,14 +152,15 @@ class Emulator:
     def refuse_connections(self, duration_ms: float) -> None:
         """Stop listening for `duration_ms` (new connects get ECONNREFUSED), then reopen."""
 
-        async def refuse() -> None:
-            await self._server.stop_listening()
+        self._server.close_listener()  # in force before the rule is acknowledged
+
+        async def reopen() -> None:
             try:
                 await asyncio.sleep(duration_ms / 1000)
             finally:
                 await self._server.resume_listening()
 
-        self.spawn(refuse())
+        self.spawn(reopen())
 
     # -- hooks for provider emulators ------------------------------------------------------
     def install_routes(self) -> None:

@@ -131,13 +131,21 @@ class HttpServer:
         self._server = await asyncio.start_server(self._on_connect, host, port, reuse_address=True)
         self.port = self._server.sockets[0].getsockname()[1]
 
-    async def stop_listening(self) -> None:
-        """Close the listening socket (new connects are refused) and drop idle keep-alives."""
+    def close_listener(self) -> None:
+        """Close the listening socket (new connects are refused) and drop idle keep-alives.
+
+        Synchronous on purpose: when it returns, no client can reach us through a new or a
+        pooled connection, so a fault that refuses connections is in force before it is
+        acknowledged.
+        """
         if self._server is not None:
             self._server.close()
             self._server = None
         for writer in list(self._idle):
             writer.transport.abort()
+
+    async def stop_listening(self) -> None:
+        self.close_listener()
 
     async def resume_listening(self) -> None:
         if self._server is None:

@@ -1,11 +1,16 @@
 """Veo request validation and `google.rpc.Status` error envelopes (provider-apis.md §2).
 
-`validate_gemini` / `validate_vertex` return a parsed `VeoRequest` or raise `GoogleError`,
-which carries the HTTP status and the full error envelope to send.
+`validate(..., gemini=...)` returns a parsed `VeoRequest` or raises `GoogleError`, which
+carries the HTTP status and the full error envelope to send. In Gemini mode images
+(``image``, ``lastFrame``, ``referenceImages[].image``) must be inline ``bytesBase64Encoded`` +
+``mimeType``: ``uri``, ``gcsUri`` and ``inlineData`` are 400 INVALID_ARGUMENT; ``video`` keeps
+``uri`` (extending an earlier Veo output) or ``encodedVideo``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,6 +83,8 @@ VERTEX_PARAMS = GEMINI_PARAMS | {
     "pubsubTopic",
 }
 RESOLUTION_HEIGHT = {"720p": 720, "1080p": 1080, "4k": 2160}
+#: The only fields of a Gemini image (``image``, ``lastFrame``, ``referenceImages[].image``).
+IMAGE_FIELDS = frozenset({"bytesBase64Encoded", "mimeType"})
 
 
 class GoogleError(Exception):
@@ -190,6 +197,40 @@ def _check_media(path: str, media: Any, gemini: bool) -> None:
         raise GoogleError(400, f"{path}: one of {sorted(keys)} is required")
 
 
+def _check_gemini_image(path: str, media: Any) -> None:
+    """Gemini images are inline only: ``bytesBase64Encoded`` (valid base64) + ``mimeType``."""
+    if media is None:
+        return
+    if not isinstance(media, dict):
+        raise GoogleError(400, f"{path} must be an object")
+    if "inlineData" in media:
+        raise GoogleError(400, "`inlineData` isn't supported by this model.")
+    if "gcsUri" in media:
+        raise GoogleError(
+            400,
+            "`gcsUri` isn't supported by this model. Please remove it or "
+            "refer to the Gemini API documentation for supported usage.",
+        )
+    if "uri" in media:
+        raise GoogleError(
+            400,
+            f"`uri` isn't supported for {path} by this model. Send the image inline as "
+            "bytesBase64Encoded with its mimeType.",
+        )
+    for key in media:
+        if key not in IMAGE_FIELDS:
+            raise _unknown(f"{path}.{key}")
+    data, mime = media.get("bytesBase64Encoded"), media.get("mimeType")
+    if not isinstance(data, str) or not data:
+        raise GoogleError(400, f"{path}.bytesBase64Encoded is required")
+    try:
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise GoogleError(400, f"{path}.bytesBase64Encoded is not valid base64") from None
+    if not isinstance(mime, str) or not mime.startswith("image/"):
+        raise GoogleError(400, f"{path}.mimeType is required and must be an image type")
+
+
 def validate(model: str, models: dict[str, Any], body: Any, *, gemini: bool) -> VeoRequest:
     """Validate a predictLongRunning body for `model`; raise `GoogleError` when invalid."""
     surface = "v1beta" if gemini else "v1"
@@ -210,9 +251,17 @@ def validate(model: str, models: dict[str, Any], body: Any, *, gemini: bool) -> 
         raise GoogleError(400, "instances must contain exactly one instance")
     instance = instances[0]
     for key in ("image", "lastFrame", "video", "mask"):
-        _check_media(f"instances[0].{key}", instance.get(key), gemini)
+        path = f"instances[0].{key}"
+        if gemini and key in ("image", "lastFrame"):
+            _check_gemini_image(path, instance.get(key))
+        else:
+            _check_media(path, instance.get(key), gemini)
     for i, ref in enumerate(instance.get("referenceImages") or []):
-        _check_media(f"instances[0].referenceImages[{i}].image", (ref or {}).get("image"), gemini)
+        path, image = f"instances[0].referenceImages[{i}].image", (ref or {}).get("image")
+        if gemini:
+            _check_gemini_image(path, image)
+        else:
+            _check_media(path, image, gemini)
     prompt = instance.get("prompt")
     if not isinstance(prompt, str) and instance.get("image") is None:
         raise GoogleError(400, "instances[0].prompt is required")

@@ -1,24 +1,34 @@
 """The Veo adapter, Gemini API surface (``generativelanguage.googleapis.com``, §2.1).
 
+Submit inlines the plan's image references as base64 bytes first (`assets.resolve_body`); an
+asset that cannot be fetched or fails its checks is REJECTED before any byte reaches Google.
+
 Veo has no cancel and no idempotency key. An UNKNOWN submit is recovered through the
 emulator's operations listing (``GET /v1beta/models/{m}/operations?filter=createTime...``,
-which returns each operation's request) by exact request match; without the listing the
-verdict is INCONCLUSIVE. Usage comes from the emulator's billing export of billed seconds.
+which returns each operation's request as sent, images as bytes); without the listing the
+verdict is INCONCLUSIVE. A listed request matches when its non-image fields equal the plan's and
+each image's (SHA-256, mimeType) is what Submit sent for the plan's reference (`_match`).
+Usage comes from the emulator's billing export of billed seconds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from adapter_sidecars.common import base
 from adapter_sidecars.common.base import HttpAdapter, payload_of, unreadable, with_raw
 from adapter_sidecars.common.config import Account, SidecarConfig
 from adapter_sidecars.common.jobs import iso_z, parse_timestamp
 from adapter_sidecars.common.recovery import match_listing, settled
-from adapter_sidecars.common.transport import HttpReply, utcnow
+from adapter_sidecars.common.transport import HttpReply, rejected, utcnow
 from adapter_sidecars.common.types import (
     CancelResult,
     JobRef,
@@ -27,15 +37,17 @@ from adapter_sidecars.common.types import (
     RecoverInput,
     RecoverResult,
     RecoveryVerdict,
+    SubmitInput,
     SubmitOutcome,
     UsageInput,
     UsageRecord,
     UsageResult,
 )
+from adapter_sidecars.veo import assets, mapping
 from adapter_sidecars.veo import compile as veo_compile
-from adapter_sidecars.veo import mapping
 from controlplane.capabilities.loader import Capability
 from controlplane.domain.errors import ErrorClass, ProviderError, make_error
+from controlplane.domain.hashing import canonical_json
 from controlplane.domain.spec import GenerationSpec
 
 PACKAGE_DIR = Path(__file__).parent
@@ -48,6 +60,16 @@ class VeoAdapter(HttpAdapter):
     name = "veo"
     provider = "google"
 
+    def __init__(
+        self,
+        config: SidecarConfig,
+        capabilities: Sequence[Capability],
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        super().__init__(config, capabilities, client)
+        #: ``provider.options.asset_max_bytes`` / ``asset_fetch_timeout_seconds`` (optional).
+        self.asset_limits = assets.AssetLimits.from_options(config.provider_options)
+
     @classmethod
     def from_config(cls, config: SidecarConfig) -> VeoAdapter:
         """Build with the packaged (or configured) capability files."""
@@ -59,6 +81,24 @@ class VeoAdapter(HttpAdapter):
 
     def auth_headers(self, account: Account) -> dict[str, str]:
         return {"x-goog-api-key": account.credential.resolve().reveal()}
+
+    async def submit(self, request: SubmitInput) -> SubmitOutcome:
+        """Inline the image assets, then send the create call once (design 9.17.3).
+
+        Fetching happens before the create request exists, so an unusable asset (unreachable,
+        not an image, too large, checksum mismatch) is REJECTED with nothing sent."""
+        account = self.check_plan(request.plan)
+        plan = request.plan
+        native = plan.native_request
+        assert native is not None  # check_plan refuses plans without a body
+        body = await assets.resolve_body(self.client, native, self.asset_limits)
+        if isinstance(body, ProviderError):
+            return rejected(body, None)
+        if body is not native:
+            wire = canonical_json(body).decode("utf-8")
+            plan = replace(plan, native_request=body, native_request_json=wire)
+            request = replace(request, plan=plan)
+        return await self.send_create(request, account)
 
     def created_job(self, reply: HttpReply, plan: Plan) -> tuple[str, str] | None:
         body = payload_of(reply)
@@ -140,15 +180,66 @@ class VeoAdapter(HttpAdapter):
             if isinstance(op, dict)
         ]
         complete = isinstance(ops, list) and not body.get("nextPageToken")
-        verdict, name = match_listing(
+        verdict, name = await self._match(
             items,
             plan.native_request,
-            request_key="request",
-            id_key="name",
             complete=complete and settled(request.submitted_before, self.config, now),
         )
         job = JobRef(name, account.name, request.model) if name else None
         return RecoverResult(verdict, method, job=job)
+
+    async def _match(
+        self, items: Sequence[Mapping[str, Any]], native: Mapping[str, Any], *, complete: bool
+    ) -> tuple[RecoveryVerdict, str]:
+        """Find the listed operation whose request is what a Submit of `native` sent.
+
+        Without images that is exact equality. With images, the provider recorded bytes where
+        the plan has references, so a listed request is a *candidate* when everything but the
+        images equals the plan, and a *match* when each image also has the fingerprint Submit
+        sent (`assets.expected_fingerprint`). When every expected fingerprint is exact (inline
+        bytes, ``data:`` URI, or a checksum Submit enforced) matches decide as usual: one is
+        FOUND, none in a complete settled listing is NOT_FOUND. Otherwise (a reference without a
+        checksum, re-fetched now or unreachable) the bytes sent are not known for sure: NOT_FOUND
+        only when not even a candidate exists, FOUND only when the one candidate matches the
+        re-fetched bytes, else INCONCLUSIVE.
+        """
+        slots = list(assets.image_slots(native))
+        if not slots:
+            return match_listing(
+                items, native, request_key="request", id_key="name", complete=complete
+            )
+        limits = self.asset_limits
+        expected = await asyncio.gather(
+            *(
+                assets.expected_fingerprint(self.client, path, container[key], limits)
+                for path, container, key in slots
+            )
+        )
+        want = _comparable(assets.skeleton(native))
+        candidates: list[str] = []
+        matches: list[str] = []
+        for item in items:
+            name, sent = item.get("name"), item.get("request")
+            if not isinstance(name, str) or not name or not isinstance(sent, Mapping):
+                continue
+            if _comparable(assets.skeleton(sent)) != want:
+                continue
+            candidates.append(name)
+            got = [assets.sent_fingerprint(c[k]) for _, c, k in assets.image_slots(sent)]
+            if all(e.admits(g) for e, g in zip(expected, got, strict=True)):
+                matches.append(name)
+        if all(e.trusted for e in expected):
+            if len(matches) == 1:
+                return RecoveryVerdict.FOUND, matches[0]
+            if not matches and complete:
+                return RecoveryVerdict.NOT_FOUND, ""
+            return RecoveryVerdict.INCONCLUSIVE, ""
+        if not candidates and complete:
+            return RecoveryVerdict.NOT_FOUND, ""
+        known = all(e.sha256 is not None for e in expected)
+        if known and len(candidates) == 1 and matches == candidates:
+            return RecoveryVerdict.FOUND, matches[0]
+        return RecoveryVerdict.INCONCLUSIVE, ""
 
     # -- usage ---------------------------------------------------------------------------------
     async def list_usage(self, request: UsageInput) -> UsageResult:
@@ -166,6 +257,11 @@ class VeoAdapter(HttpAdapter):
             return UsageResult(error=mapping.http_error(reply))
         rows = (payload_of(reply) or {}).get("rows") or []
         return UsageResult(tuple(_record(r) for r in rows if isinstance(r, dict)))
+
+
+def _comparable(value: Any) -> str:
+    """A key for equality of JSON values (any JSON: listings may hold floats)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def _record(row: dict[str, Any]) -> UsageRecord:

@@ -1,32 +1,39 @@
 """Spec -> Veo ``predictLongRunning`` body (Gemini API, provider-apis.md §2.1).
 
-Images travel as ``{"bytesBase64Encoded", "mimeType"}`` when the asset is a ``data:`` URI. For
-an https asset the body carries ``{"uri", "mimeType"}``, which the emulator accepts but the real
-Gemini API does not (it wants inline bytes): fetching and inlining assets at submit time is not
-implemented yet. Veo 3.x in Gemini mode always renders audio (``generateAudio`` is refused), so
-the capability says ``audio_optional: false`` and a silent request records a LOSSLESS strip.
+The Gemini API wants every image (``image``, ``lastFrame``, ``referenceImages[].image``) as
+inline ``{"bytesBase64Encoded", "mimeType"}``. Compile stays deterministic and offline, so the
+plan carries an asset reference (URI, declared MIME type, checksum) in each image slot and
+Submit inlines the bytes (`adapter_sidecars.veo.assets`). The request hash therefore covers the
+asset's checksum, not its signed URL. An asset the adapter cannot read (``gs://``, ``s3://``,
+``asset://``, no URI) is a REJECT here: Gemini refuses ``gcsUri`` and we hold no bucket
+credentials. ``video`` (extension) stays ``{"uri"}``, which Gemini accepts for its own outputs.
+Veo 3.x in Gemini mode always renders audio (``generateAudio`` is refused), so the capability
+says ``audio_optional: false`` and a silent request records a LOSSLESS strip.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from adapter_sidecars.common.compiling import finish, resolve
-from adapter_sidecars.common.types import Plan
+from adapter_sidecars.common.compiling import Draft, finish, resolve
+from adapter_sidecars.common.types import Plan, TransformationKind
+from adapter_sidecars.veo import assets
 from controlplane.capabilities.loader import Capability
 from controlplane.domain.spec import AssetRef, GenerationSpec, Mode
 
 
-def _media(asset: AssetRef) -> dict[str, str]:
+def _image(path: str, asset: AssetRef, draft: Draft) -> dict[str, str]:
+    """The asset reference of one image slot; a REJECT when the adapter cannot read it."""
     uri = asset.object_uri
-    if uri.startswith("data:") and ";base64," in uri:
-        header, data = uri.split(",", 1)
-        mime = header[5:].split(";", 1)[0] or asset.mime_type
-        return {"bytesBase64Encoded": data, "mimeType": mime}
-    media = {"uri": uri}
-    if asset.mime_type:
-        media["mimeType"] = asset.mime_type
-    return media
+    if assets.scheme_of(uri) not in assets.RESOLVABLE_SCHEMES:
+        shown = f"{assets.scheme_of(uri)}:// assets" if uri else "assets without a URI"
+        draft.add(
+            f"{path}.object_uri",
+            TransformationKind.REJECT,
+            f"the Gemini API takes images as inline bytes; {shown} cannot be read by the adapter "
+            "(it fetches https assets)",
+        )
+    return assets.reference(uri, asset.mime_type, asset.checksum_sha256)
 
 
 def build_request(spec: GenerationSpec, cap: Capability) -> Plan:
@@ -35,9 +42,14 @@ def build_request(spec: GenerationSpec, cap: Capability) -> Plan:
     model = str(cap.native.get("model", cap.model))
     instance: dict[str, Any] = {"prompt": spec.prompt}
     if spec.first_frame is not None:
-        instance["image"] = _media(spec.first_frame)
+        instance["image"] = _image("first_frame", spec.first_frame, draft)
     if spec.last_frame is not None and cap.supports_last_frame:
-        instance["lastFrame"] = _media(spec.last_frame)
+        instance["lastFrame"] = _image("last_frame", spec.last_frame, draft)
+    if spec.references and cap.max_reference_images:
+        instance["referenceImages"] = [
+            {"image": _image(f"references[{i}]", ref, draft), "referenceType": "asset"}
+            for i, ref in enumerate(spec.references)
+        ]
     if spec.source_video is not None and spec.mode is Mode.EXTEND_VIDEO:
         instance["video"] = {"uri": spec.source_video.object_uri}
     parameters: dict[str, Any] = {

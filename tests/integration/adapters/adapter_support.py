@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from adapter_sidecars.common.config import SidecarConfig, parse_config
+from adapter_sidecars.emulators.http import BodyReader, HttpServer, Request, Response
 from controlplane.domain.spec import AssetRef, GenerationSpec, Mode, OutputSpec, RoutingPolicy
 
 IMAGE = AssetRef(
@@ -73,3 +75,51 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError("condition not met before the deadline")
         await asyncio.sleep(interval)
+
+
+@dataclass
+class Asset:
+    """One file an `AssetServer` serves; with `signature`, only ``?sig=<signature>`` gets it."""
+
+    data: bytes
+    content_type: str = "image/png"
+    signature: str = ""
+    stall: bool = False
+
+
+class AssetServer:
+    """A real HTTP server for input assets (the object store of an image-to-video request).
+
+    Unknown paths are 404, a wrong or missing ``sig`` is 403 (an expired signed URL), a
+    stalling asset sends nothing until the server stops. Every request is recorded."""
+
+    def __init__(self) -> None:
+        self.assets: dict[str, Asset] = {}
+        self.requests: list[Request] = []
+        self._server = HttpServer(self._handle)
+
+    def add(self, path: str, asset: Asset) -> str:
+        """Serve `asset` at `path`; returns its URL (signed when the asset has a signature)."""
+        self.assets[path] = asset
+        return self.url(path) + (f"?sig={asset.signature}" if asset.signature else "")
+
+    def url(self, path: str) -> str:
+        return self._server.url + path
+
+    async def _handle(self, request: Request, read_body: BodyReader) -> Response:
+        self.requests.append(request)
+        asset = self.assets.get(request.path)
+        if asset is None:
+            return Response(404, b"no such object", [("content-type", "text/plain")])
+        if asset.signature and request.query.get("sig") != asset.signature:
+            return Response(403, b"signature expired", [("content-type", "text/plain")])
+        if asset.stall:
+            await asyncio.sleep(3600)
+        return Response(200, asset.data, [("content-type", asset.content_type)])
+
+    async def __aenter__(self) -> AssetServer:
+        await self._server.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._server.stop()

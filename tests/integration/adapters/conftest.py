@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from adapter_support import sidecar_config
+from adapter_support import AssetServer, sidecar_config
 
 from adapter_sidecars.common.server import SidecarServer
 from adapter_sidecars.common.types import ProviderAdapter
@@ -38,6 +38,13 @@ async def veo_emulator() -> AsyncIterator[VeoEmulator]:
     """A Veo emulator advancing one step per poll."""
     async with VeoEmulator(VeoConfig(queued_polls=1, running_polls=2)) as emu:
         yield emu
+
+
+@pytest.fixture
+async def asset_server() -> AsyncIterator[AssetServer]:
+    """A real HTTP server for image assets."""
+    async with AssetServer() as server:
+        yield server
 
 
 @pytest.fixture

@@ -174,12 +174,17 @@ def test_seed_is_exact_where_supported_and_degraded_elsewhere():
 
 
 def test_first_last_on_veo_sends_last_frame():
-    """Veo 3.1 interpolation puts the last frame into instances[0].lastFrame."""
+    """Veo 3.1 interpolation puts the last frame into instances[0].lastFrame, as an asset
+    reference with its checksum (Submit inlines the bytes)."""
     plan = _compile(
         "veo", "veo-3.1-generate-preview", mode=Mode.FIRST_LAST_TO_VIDEO, duration_ms=8000
     )
     assert plan.native_request is not None
-    assert plan.native_request["instances"][0]["lastFrame"]["uri"] == LAST_IMAGE.object_uri
+    assert plan.native_request["instances"][0]["lastFrame"] == {
+        "assetUri": LAST_IMAGE.object_uri,
+        "mimeType": LAST_IMAGE.mime_type,
+        "checksumSha256": LAST_IMAGE.checksum_sha256,
+    }
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ every adapter, and a raw server that misbehaves at exact points of the exchange.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -195,17 +196,33 @@ Behaviour = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[Non
 
 @pytest.fixture
 async def raw_server() -> AsyncIterator[Callable[[Behaviour], Awaitable[str]]]:
-    """Start a TCP server running a behaviour per connection; returns its base URL."""
+    """Start a TCP server running a behaviour per connection; returns its base URL.
+
+    At teardown the connections still open are aborted and their behaviours cancelled, so no
+    socket outlives the test (a leaked one surfaces as an error in whichever test runs next)."""
     servers: list[asyncio.Server] = []
+    open_connections: list[tuple[asyncio.Task[None], asyncio.StreamWriter]] = []
 
     async def start(behaviour: Behaviour) -> str:
-        server = await asyncio.start_server(behaviour, "127.0.0.1", 0)
+        async def tracked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            open_connections.append((task, writer))
+            # Cancelled only at teardown; re-raising would make asyncio log it as unhandled.
+            with contextlib.suppress(asyncio.CancelledError):
+                await behaviour(reader, writer)
+
+        server = await asyncio.start_server(tracked, "127.0.0.1", 0)
         servers.append(server)
         return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
     yield start
     for server in servers:
         server.close()
+    for task, writer in open_connections:
+        task.cancel()
+        writer.transport.abort()
+    await asyncio.gather(*(task for task, _ in open_connections), return_exceptions=True)
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:

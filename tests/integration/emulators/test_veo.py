@@ -147,6 +147,66 @@ async def test_gemini_rejects_inline_data_and_gcs_uri(
     assert message in response.json()["error"]["message"]
 
 
+PNG_B64 = base64.b64encode(b"\x89PNG\r\n\x1a\n fake").decode()
+INLINE = {"bytesBase64Encoded": PNG_B64, "mimeType": "image/png"}
+BY_URI = {"uri": "https://assets.example.com/f0.png", "mimeType": "image/png"}
+
+
+@pytest.mark.parametrize(
+    ("instance", "message"),
+    [
+        ({"prompt": "p", "image": BY_URI}, "`uri` isn't supported for instances[0].image"),
+        ({"prompt": "p", "image": INLINE, "lastFrame": BY_URI}, "instances[0].lastFrame"),
+        (
+            {"prompt": "p", "referenceImages": [{"image": BY_URI, "referenceType": "asset"}]},
+            "instances[0].referenceImages[0].image",
+        ),
+        ({"prompt": "p", "image": {"bytesBase64Encoded": PNG_B64}}, "mimeType is required"),
+        ({"prompt": "p", "image": {**INLINE, "mimeType": "video/mp4"}}, "mimeType"),
+        ({"prompt": "p", "image": {**INLINE, "bytesBase64Encoded": "@@@"}}, "not valid base64"),
+        ({"prompt": "p", "image": {**INLINE, "sha256": "x"}}, 'Unknown name "instances[0]'),
+    ],
+)
+async def test_gemini_images_must_be_inline_bytes(
+    veo: VeoEmulator, gv: httpx.AsyncClient, instance: dict[str, Any], message: str
+) -> None:
+    """A Gemini image, last frame or reference image given by uri (or without a usable
+    bytesBase64Encoded + image mimeType) is 400 INVALID_ARGUMENT and creates no operation."""
+    response = await gv.post(SUBMIT, json={**BODY, "instances": [instance]})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["code"], error["status"]) == (400, "INVALID_ARGUMENT")
+    assert message in error["message"]
+    assert veo.truth() == []
+
+
+async def test_gemini_accepts_inline_images_and_video_uri(
+    veo: VeoEmulator, gv: httpx.AsyncClient
+) -> None:
+    """Inline images (frame, last frame, references) are accepted, and so is video.uri (the
+    files URI of an earlier Veo output, for extension); the request is recorded as sent."""
+    instance = {
+        "prompt": "p",
+        "image": INLINE,
+        "lastFrame": INLINE,
+        "referenceImages": [{"image": INLINE, "referenceType": "asset"}],
+    }
+    extend = {"prompt": "p", "video": {"uri": f"{veo.url}/v1beta/files/abc:download?alt=media"}}
+    for inst in (instance, extend):
+        response = await gv.post(SUBMIT, json={**BODY, "instances": [inst]})
+        assert response.status_code == 200, response.text
+    assert [job["body"]["instances"][0] for job in veo.truth()] == [instance, extend]
+
+
+async def test_vertex_still_takes_gcs_uri_images(veo: VeoEmulator) -> None:
+    """The Vertex surface accepts image.gcsUri (the Gemini-only rule does not leak into it)."""
+    base = f"/v1/projects/p1/locations/us-central1/publishers/google/models/{MODEL}"
+    body = {**BODY, "instances": [{"prompt": "p", "image": {"gcsUri": "gs://b/i.png"}}]}
+    async with client(veo.url, headers={"Authorization": "Bearer t"}) as c:
+        response = await c.post(base + ":predictLongRunning", json=body)
+    assert response.status_code == 200, response.text
+
+
 async def test_model_matrix_and_duration_forms(gv: httpx.AsyncClient) -> None:
     """durationSeconds accepts "6" and 6, rejects 5; 1080p needs 8 s; unknown models are 404."""
     for duration in ("6", 6):
