@@ -46,29 +46,40 @@ DEV_ADAPTER_PORTS = {"runway": 50061, "veo": 50062, "selfhosted": 50063}
 DEV_PROVIDER_NAMES = {"runway": "runway", "veo": "google", "selfhosted": "self_hosted"}
 
 
-async def _serve(listen: str | None, port_file: str | None, *, whole_stack: bool) -> int:
-    from clients.devstack import Supervisor, stack
+async def _serve(
+    listen: str | None,
+    port_file: str | None,
+    *,
+    whole_stack: bool,
+    ephemeral_ports: bool = False,
+) -> int:
+    import dataclasses
+
+    from clients.devstack import Supervisor, start_stack
     from controlplane.bootstrap import Settings, configure_logging, start_control_plane
     from controlplane.server import serve_until_signalled
 
     overrides: dict[str, object] = {"listen": listen}
     supervisor = None
     if whole_stack:
-        overrides["adapters"] = {
-            DEV_PROVIDER_NAMES[name]: f"127.0.0.1:{port}"
-            for name, port in DEV_ADAPTER_PORTS.items()
-        }
         overrides["poll_scale"] = 0.1
     settings = Settings.from_env(None, **overrides)
     configure_logging(settings.log_level)
     if whole_stack:
         supervisor = Supervisor(Path("var"))
+        provider_ports = {k: 0 if ephemeral_ports else v for k, v in DEV_PROVIDER_PORTS.items()}
+        adapter_ports = {k: 0 if ephemeral_ports else v for k, v in DEV_ADAPTER_PORTS.items()}
         try:
-            for child in stack(DEV_PROVIDER_PORTS, DEV_ADAPTER_PORTS):
-                await asyncio.to_thread(supervisor.start, child)
+            adapters = await asyncio.to_thread(
+                start_stack, supervisor, provider_ports, adapter_ports
+            )
         except Exception:
             supervisor.stop_all()
             raise
+        settings = dataclasses.replace(
+            settings,
+            adapters={DEV_PROVIDER_NAMES[name]: addr for name, addr in adapters.items()},
+        )
     try:
         running = await start_control_plane(settings)
         host = settings.listen.rsplit(":", 1)[0]
@@ -202,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=text)
         cmd.add_argument("--listen", default=None, help="host:port (default VIDROUTE_LISTEN)")
         cmd.add_argument("--port-file", default=None, help="write the bound port here when ready")
+    sub.choices["up"].add_argument(
+        "--ephemeral-ports",
+        action="store_true",
+        help="run emulators and sidecars on free ports instead of 8101-8103 / 50061-50063",
+    )
     migrate = sub.add_parser("migrate", help="apply database migrations")
     migrate.add_argument("--down", action="store_true", help="revert every migration")
     for name in ("submit", "get", "explain"):
@@ -227,7 +243,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command in ("up", "serve"):
             return asyncio.run(
-                _serve(args.listen, args.port_file, whole_stack=args.command == "up")
+                _serve(
+                    args.listen,
+                    args.port_file,
+                    whole_stack=args.command == "up",
+                    ephemeral_ports=getattr(args, "ephemeral_ports", False),
+                )
             )
         if args.command == "migrate":
             return asyncio.run(_migrate(args.down))

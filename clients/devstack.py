@@ -4,24 +4,32 @@ Starts the three provider emulators (the self-hosted one is the GPU model server
 three adapter sidecars pointed at them, then the control plane in this process, wired to the
 sidecars. Every child's output goes to ``./var/log/<name>.log``. Ctrl-C (or SIGTERM) stops the
 control plane gracefully, then each child with SIGTERM (SIGKILL after a grace period).
+
+Ports are the fixed dev ports (emulators 8101-8103, sidecars 50061-50063) unless a port is 0:
+then the child binds a free port and reports it (an emulator prints its URL, a sidecar writes
+its port file), and `start_stack` wires the sidecars and the control plane to what was bound.
+That is what ``vidroute up --ephemeral-ports`` (and the e2e test of `make up`) uses, so two
+stacks on one machine never fight over a port.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 log = logging.getLogger("vidroute.up")
 ROOT = Path(__file__).resolve().parent.parent
+_LISTENING = re.compile(r"listening on (http://\S+)")
 
 
 @dataclass(frozen=True)
@@ -30,60 +38,90 @@ class Child:
 
     name: str
     args: tuple[str, ...]
-    ready_url: str = ""  # polled until it answers (emulators)
+    ready_url: str = ""  # polled until it answers (emulators on a fixed port)
     port_file: bool = False  # waits for --port-file (sidecars)
+    listen_log: bool = False  # waits for "listening on <url>" in its log (emulators on port 0)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def emulator_child(name: str, port: int) -> Child:
+    """A provider emulator in time mode; port 0 means "any free port, reported in the log"."""
+    return Child(
+        name=f"emulator-{name}",
+        args=(
+            "-m",
+            f"adapter_sidecars.emulators.{name}",
+            "--port",
+            str(port),
+            "--advance",
+            "time",
+            "--queue-s",
+            "1",
+            "--run-s",
+            "3",
+        ),
+        ready_url=f"http://127.0.0.1:{port}/__emulator/faults" if port else "",
+        listen_log=not port,
+    )
+
+
+def adapter_child(name: str, port: int, provider_url: str = "") -> Child:
+    """An adapter sidecar on its example config, pointed at `provider_url` when given."""
+    config = ROOT / "adapter_sidecars" / name / "config.example.yaml"
+    return Child(
+        name=f"adapter-{name}",
+        args=(
+            "-m",
+            f"adapter_sidecars.{name}",
+            "--config",
+            str(config),
+            "--listen",
+            f"127.0.0.1:{port}",
+        ),
+        port_file=True,
+        env={"VIDROUTE_ADAPTER_BASE_URL": provider_url} if provider_url else {},
+    )
 
 
 def stack(provider_ports: Mapping[str, int], adapter_ports: Mapping[str, int]) -> list[Child]:
-    """The children, in start order."""
-    children: list[Child] = []
-    for name, port in provider_ports.items():
-        children.append(
-            Child(
-                name=f"emulator-{name}",
-                args=(
-                    "-m",
-                    f"adapter_sidecars.emulators.{name}",
-                    "--port",
-                    str(port),
-                    "--advance",
-                    "time",
-                    "--queue-s",
-                    "1",
-                    "--run-s",
-                    "3",
-                ),
-                ready_url=f"http://127.0.0.1:{port}/__emulator/faults",
-            )
-        )
-    for name, port in adapter_ports.items():
-        config = ROOT / "adapter_sidecars" / name / "config.example.yaml"
-        children.append(
-            Child(
-                name=f"adapter-{name}",
-                args=(
-                    "-m",
-                    f"adapter_sidecars.{name}",
-                    "--config",
-                    str(config),
-                    "--listen",
-                    f"127.0.0.1:{port}",
-                ),
-                port_file=True,
-            )
-        )
-    return children
+    """The children on fixed ports, in start order (the example configs name these ports)."""
+    return [emulator_child(name, port) for name, port in provider_ports.items()] + [
+        adapter_child(name, port) for name, port in adapter_ports.items()
+    ]
+
+
+def start_stack(
+    supervisor: Supervisor, provider_ports: Mapping[str, int], adapter_ports: Mapping[str, int]
+) -> dict[str, str]:
+    """Start every emulator, then every sidecar pointed at its emulator's bound URL.
+
+    Returns each sidecar's bound ``host:port`` by name (``runway``, ``veo``, ``selfhosted``).
+    """
+    urls = {
+        name: supervisor.start(emulator_child(name, port))
+        for name, port in provider_ports.items()
+    }
+    return {
+        name: supervisor.start(adapter_child(name, port, urls.get(name, "")))
+        for name, port in adapter_ports.items()
+    }
 
 
 class Supervisor:
     """Starts children, waits for readiness without guessing, and stops them in reverse."""
 
     def __init__(self, run_dir: Path) -> None:
-        self._run_dir = run_dir
+        # Absolute: children run in the repository root, their --port-file must still land here.
+        self._run_dir = run_dir.resolve()
         self._procs: list[tuple[Child, subprocess.Popen[bytes]]] = []
         (run_dir / "log").mkdir(parents=True, exist_ok=True)
 
-    def start(self, child: Child, timeout_s: float = 60.0) -> None:
+    def start(self, child: Child, timeout_s: float = 60.0) -> str:
+        """Start `child` and wait until it is ready; returns where it listens.
+
+        An emulator's address is its base URL (``http://127.0.0.1:8101``); a sidecar's is the
+        ``127.0.0.1:<port>`` it wrote to its port file.
+        """
         args = list(child.args)
         port_file = self._run_dir / f"{child.name}.port"
         if child.port_file:
@@ -96,27 +134,37 @@ class Supervisor:
                 cwd=ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, **child.env, "PYTHONUNBUFFERED": "1"},
             )
         self._procs.append((child, proc))
+        offset = log_path.stat().st_size if child.listen_log else 0
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"{child.name} exited early; see {log_path}")
-            if self._ready(child, port_file):
-                log.info("%s ready (log %s)", child.name, log_path)
-                return
+            address = self._ready(child, port_file, log_path, offset)
+            if address:
+                log.info("%s ready at %s (log %s)", child.name, address, log_path)
+                return address
             time.sleep(0.1)
         raise RuntimeError(f"{child.name} not ready after {timeout_s:.0f} s; see {log_path}")
 
     @staticmethod
-    def _ready(child: Child, port_file: Path) -> bool:
+    def _ready(child: Child, port_file: Path, log_path: Path, offset: int) -> str:
+        """Where the child listens once it is ready, else ""."""
         if child.port_file:
-            return port_file.exists() and bool(port_file.read_text().strip())
+            text = port_file.read_text().strip() if port_file.exists() else ""
+            return f"127.0.0.1:{text}" if text else ""
+        if child.listen_log:
+            with log_path.open("rb") as fh:
+                fh.seek(offset)
+                match = _LISTENING.search(fh.read().decode("utf-8", "replace"))
+            return match.group(1) if match else ""
         try:
-            return httpx.get(child.ready_url, timeout=1.0).status_code < 500
+            ok = httpx.get(child.ready_url, timeout=1.0).status_code < 500
         except httpx.HTTPError:
-            return False
+            return ""
+        return child.ready_url.removesuffix("/__emulator/faults") if ok else ""
 
     def stop_all(self, grace_s: float = 10.0) -> None:
         for _child, proc in reversed(self._procs):
