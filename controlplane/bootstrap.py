@@ -14,6 +14,8 @@ The only module that reads environment variables:
 - ``VIDROUTE_CALLBACK_LISTEN`` / ``VIDROUTE_CALLBACK_PUBLIC_URL`` / ``VIDROUTE_CALLBACK_SECRETS``
   (``provider=secret,...``): the provider callback endpoint; off unless a listen address is set.
 - ``VIDROUTE_POLL_SCALE``: multiplies every polling delay (``make up`` uses a small one).
+- ``VIDROUTE_EXECUTION_TUNING``: JSON object overriding `ExecutionConfig` timings and limits,
+  e.g. ``{"submitting_grace_s": 30, "max_total_attempts": 2}``; unknown fields are an error.
 - ``VIDROUTE_WORKER_ID``: this replica's name in claims. Default ``<hostname>-<pid>``.
 - ``VIDROUTE_LOG_LEVEL``: logging level. Default ``INFO``.
 """
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 import os
 import socket
@@ -82,6 +86,26 @@ def _pairs(raw: str) -> dict[str, str]:
     return out
 
 
+_TUNABLE = frozenset(
+    f.name
+    for f in dataclasses.fields(ExecutionConfig)
+    if f.name not in ("worker_id", "callback_base_url", "polling")
+)
+
+
+def _tuning(raw: str) -> dict[str, Any]:
+    """The JSON of VIDROUTE_EXECUTION_TUNING, restricted to scalar ExecutionConfig fields."""
+    if not raw.strip():
+        return {}
+    values = json.loads(raw)
+    if not isinstance(values, dict):
+        raise ValueError("VIDROUTE_EXECUTION_TUNING must be a JSON object")
+    unknown = set(values) - _TUNABLE
+    if unknown:
+        raise ValueError(f"VIDROUTE_EXECUTION_TUNING: unknown fields {sorted(unknown)}")
+    return values
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything the control plane is configured with."""
@@ -95,6 +119,7 @@ class Settings:
     callback_public_url: str = ""
     callback_secrets: Mapping[str, str] = field(default_factory=dict)
     poll_scale: float = 1.0
+    execution_tuning: Mapping[str, Any] = field(default_factory=dict)
     worker_id: str = ""
     log_level: str = "INFO"
     migrate_on_start: bool = True
@@ -113,6 +138,7 @@ class Settings:
             "callback_public_url": env.get("VIDROUTE_CALLBACK_PUBLIC_URL", ""),
             "callback_secrets": _pairs(env.get("VIDROUTE_CALLBACK_SECRETS", "")),
             "poll_scale": float(env.get("VIDROUTE_POLL_SCALE") or 1.0),
+            "execution_tuning": _tuning(env.get("VIDROUTE_EXECUTION_TUNING", "")),
             "worker_id": env.get("VIDROUTE_WORKER_ID", ""),
             "log_level": env.get("VIDROUTE_LOG_LEVEL") or "INFO",
         }
@@ -277,6 +303,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             store,
             adapters,
             config=ExecutionConfig(
+                **settings.execution_tuning,
                 worker_id=worker,
                 callback_base_url=settings.callback_public_url,
                 polling=PollingPolicy(scale=settings.poll_scale),

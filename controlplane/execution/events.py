@@ -41,6 +41,7 @@ from controlplane.persistence.execution_store import ExecUnit
 from controlplane.persistence.records import (
     AttemptChanges,
     AttemptRecord,
+    Failure,
     NewOutboxMessage,
     ProviderJobRecord,
     TaskRecord,
@@ -256,7 +257,14 @@ class EventNormalizer:
             attempt.state, target
         ):
             return IngestOutcome.STALE
-        changes = AttemptChanges(actual_cost_micros=snap.actual_cost_micros)
+        failure = None
+        if snap.state is JobState.FAILED:
+            # The job's own failure replaces any earlier transport error of a recovered submit.
+            cause = snap.failure or make_error(
+                ErrorClass.INTERNAL_PERMANENT, "PROVIDER_FAILED", snap.raw_status
+            )
+            failure = Failure(cause.error_class.value, cause.code, cause.message)
+        changes = AttemptChanges(actual_cost_micros=snap.actual_cost_micros, failure=failure)
         moved = await u.move_attempt(attempt, target, f"{source.value}: {snap.raw_status}", changes)
         if moved is None:
             return IngestOutcome.STALE

@@ -4,7 +4,15 @@ adoption.
 
 from __future__ import annotations
 
-from controlplane.adapters.types import JobSnapshot, JobState
+from controlplane.adapters.types import (
+    JobRef,
+    JobSnapshot,
+    JobState,
+    RecoverResult,
+    RecoveryVerdict,
+    SubmitKind,
+    SubmitResult,
+)
 from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.contracts import TOPIC_OUTPUT_FETCH, TOPIC_REQUEUE
@@ -157,3 +165,36 @@ async def test_unknown_job_is_stored_unmatched(lite: Harness) -> None:
     outcome = await engine.normalizer.ingest(obs(attempt, "job-x", snap(JobState.RUNNING), lite))
     assert outcome is IngestOutcome.UNMATCHED
     assert (await lite.attempt(attempt.id)).state is AttemptState.ACCEPTED
+
+
+async def test_job_failure_replaces_an_earlier_transport_error(harness: Harness) -> None:
+    """A recovered submit whose job then fails reports the job's failure, not the old timeout."""
+    attempt = await harness.task_with_attempt()
+    harness.fake.script_submit(
+        SubmitResult(
+            SubmitKind.UNKNOWN,
+            error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "TIMEOUT", "read timeout"),
+            transport_stage="AWAIT_RESPONSE",
+        )
+    )
+    harness.fake.script_recover(
+        RecoverResult(
+            RecoveryVerdict.FOUND, JobRef("job-f", harness.fake.account), method="idempotency_key"
+        )
+    )
+    engine = harness.engine()
+    failed = JobSnapshot(
+        JobState.FAILED,
+        "FAILED",
+        '{"status":"FAILED"}',
+        failure=make_error(ErrorClass.SAFETY_OUTPUT, "SAFETY.OUTPUT.VIDEO", "blocked"),
+    )
+    harness.fake.set_job("job-f", failed)
+    for _ in range(4):
+        harness.clock.advance(60)
+        await engine.run_until_idle()
+    final = await harness.attempt(attempt.id)
+    assert final.state is AttemptState.FAILED
+    assert final.failure is not None
+    assert final.failure.failure_class == "SAFETY_OUTPUT"
+    assert final.failure.code == "SAFETY.OUTPUT.VIDEO"

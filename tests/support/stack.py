@@ -1,0 +1,636 @@
+"""The whole platform for end-to-end tests: emulators, sidecar processes, a control plane process.
+
+    with ProviderFarm(workdir) as farm:                      # emulators (threads) + 3 sidecars
+        cp = ControlPlane(workdir, farm, database_url=..., redis_url=...)
+        cp.start()
+        task_id = cp.create_task("runway")                   # STRICT_MODEL, pinned
+        task = cp.wait_terminal(task_id, timeout_s=60)
+        cp.kill(); cp.start()                                # SIGKILL and restart, same database
+
+* Emulators run in this process (`EmulatorThread`) in ``advance="time"`` mode, so jobs progress
+  whether or not anyone polls, and sign webhooks with `CALLBACK_SECRET`.
+* Each sidecar is ``python -m adapter_sidecars.<name>`` with short timeouts (submit read
+  1.5 s) and ``recovery_settle_seconds: 0``; a provider's base URL can be swapped (the DNS case).
+* The control plane is `vidroute serve` (its execution clocks shortened through
+  ``VIDROUTE_EXECUTION_TUNING``) on PostgreSQL/SQLite, Redis leases in a logical database of its
+  own (`RedisDb`: the lease store's key namespace is not configurable from the environment),
+  callbacks on, a tiny poll scale.
+
+Every wait polls a condition with a deadline; nothing sleeps a fixed time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
+
+import grpc
+import redis
+import yaml
+from google.protobuf import json_format
+
+from adapter_sidecars.emulators import (
+    EmulatorThread,
+    RunwayEmulator,
+    SelfHostedEmulator,
+    VeoEmulator,
+)
+from adapter_sidecars.emulators.runway import RunwayConfig
+from adapter_sidecars.emulators.selfhosted import SelfHostedConfig
+from adapter_sidecars.emulators.veo import VeoConfig
+from tests.support import processes
+from vidroute.common.v1 import generation_pb2 as gen
+from vidroute.scheduler.v1 import scheduler_pb2, scheduler_service_pb2_grpc
+from vidroute.scheduler.v1 import scheduler_service_pb2 as api
+
+ROOT = Path(__file__).resolve().parents[2]
+CALLBACK_SECRET = "e2e-callback-secret"
+UNRESOLVABLE_URL = "http://nonexistent.invalid:8080"
+TERMINAL = frozenset(
+    {
+        scheduler_pb2.TASK_STATE_SUCCEEDED,
+        scheduler_pb2.TASK_STATE_FAILED,
+        scheduler_pb2.TASK_STATE_CANCELLED,
+    }
+)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One provider of the stack: its control-plane name, sidecar module, pinned model."""
+
+    name: str  # the provider name the capabilities and VIDROUTE_ADAPTERS use
+    sidecar_module: str
+    model: str
+    emulator: Callable[[], Any]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    callbacks: bool = False  # does the provider push webhooks?
+
+
+def _runway() -> RunwayEmulator:
+    return RunwayEmulator(
+        RunwayConfig(
+            advance="time",
+            queue_s=0.2,
+            run_s=0.8,
+            max_concurrent=8,
+            max_daily=100_000,
+            credit_balance=10_000_000,
+            callback_secret=CALLBACK_SECRET,
+        )
+    )
+
+
+def _veo() -> VeoEmulator:
+    return VeoEmulator(
+        VeoConfig(advance="time", queue_s=0.2, run_s=0.8, callback_secret=CALLBACK_SECRET)
+    )
+
+
+def _selfhosted() -> SelfHostedEmulator:
+    return SelfHostedEmulator(
+        SelfHostedConfig(
+            advance="time",
+            workers=4,
+            max_queue=256,
+            speed=0.01,
+            callback_secret=CALLBACK_SECRET,
+        )
+    )
+
+
+PROVIDERS: dict[str, Provider] = {
+    "runway": Provider(
+        "runway",
+        "adapter_sidecars.runway",
+        "gen4.5",
+        _runway,
+        {"api_version": "2024-11-06", "recovery_settle_seconds": 0},
+    ),
+    "google": Provider(
+        "google",
+        "adapter_sidecars.veo",
+        "veo-3.1-generate-preview",
+        _veo,
+        {"recovery_settle_seconds": 0},
+        callbacks=True,
+    ),
+    "self_hosted": Provider(
+        "self_hosted",
+        "adapter_sidecars.selfhosted",
+        "wan2.2-t2v",
+        _selfhosted,
+        {"recovery_settle_seconds": 0},
+        callbacks=True,
+    ),
+}
+SIDECAR_TIMEOUTS = {"connect": 1.0, "write": 2.0, "read": 3.0, "submit_read": 1.5, "pool": 1.0}
+# The engine's clocks, shortened through VIDROUTE_EXECUTION_TUNING. The grace must exceed the
+# longest submit a sidecar can make (connect + write + submit read, ~4.5 s) or a live submit
+# would be settled as interrupted under its own feet.
+EXECUTION_OVERRIDES = {
+    "submitting_grace_s": 8.0,
+    "claim_lease_s": 10.0,
+    "idle_sleep_s": 0.2,
+    "recovery_base_s": 0.5,
+    "recovery_cap_s": 3.0,
+    "cancel_retry_s": 1.0,
+    "fetch_retry_base_s": 0.5,
+    "fetch_retry_cap_s": 3.0,
+}
+POLL_SCALE = 0.02
+
+
+def wait_for(
+    probe: Callable[[], T | None], *, timeout_s: float, interval_s: float = 0.05, what: str = ""
+) -> T:
+    """Poll `probe` until it returns something truthy; raise TimeoutError with `what` if not."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"not reached within {timeout_s:.0f} s: {what}")
+        time.sleep(interval_s)
+
+
+def free_port() -> int:
+    """A port the kernel just handed out (for listeners whose URL must be known up front)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ProviderFarm:
+    """The three emulators (threads) and their sidecars (processes)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        base_urls: Mapping[str, str] | None = None,
+        providers: Iterable[str] = PROVIDERS,
+    ) -> None:
+        self.workdir = workdir
+        self._base_urls = dict(base_urls or {})
+        self.providers = list(providers)
+        self.emulators: dict[str, EmulatorThread] = {}
+        self.sidecars: dict[str, processes.Proc] = {}
+
+    def __enter__(self) -> ProviderFarm:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        for name in self.providers:
+            self.emulators[name] = EmulatorThread(PROVIDERS[name].emulator())
+            self.emulators[name].start()
+        pending = {name: self._spawn_sidecar(name) for name in self.providers}
+        for name, (popen, port_file, log_path) in pending.items():
+            self.sidecars[name] = _await_port(popen, port_file, log_path, f"sidecar {name}")
+
+    def _spawn_sidecar(self, name: str) -> tuple[Any, Path, Path]:
+        provider = PROVIDERS[name]
+        config = {
+            "listen": "127.0.0.1:0",
+            "provider": {
+                "base_url": self._base_urls.get(name) or self.emulators[name].url,
+                "options": dict(provider.options),
+            },
+            "timeouts": dict(SIDECAR_TIMEOUTS),
+            "health": {"probe_interval_seconds": 1.0},
+            "shutdown_grace_seconds": 1,
+            "accounts": [{"name": "e2e", "region": "us", "credential_ref": "env:E2E_KEY:-key_e2e"}],
+        }
+        path = self.workdir / f"sidecar-{name}.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        return _spawn(
+            ["-m", provider.sidecar_module, "--config", str(path), "--listen", "127.0.0.1:0"],
+            workdir=self.workdir,
+            name=f"sidecar-{name}",
+            env={},
+        )
+
+    def stop(self) -> None:
+        for proc in self.sidecars.values():
+            proc.stop(timeout=5)
+        self.sidecars.clear()
+        for emulator in self.emulators.values():
+            emulator.stop()
+        self.emulators.clear()
+
+    def reset(self) -> None:
+        """Forget every job, fault and callback of every emulator."""
+        for emulator in self.emulators.values():
+            emulator.reset()
+
+    @property
+    def adapters_env(self) -> str:
+        return ",".join(f"{name}={proc.address}" for name, proc in self.sidecars.items())
+
+    def emulator(self, provider: str) -> EmulatorThread:
+        return self.emulators[provider]
+
+    def truth(self, provider: str) -> list[dict[str, Any]]:
+        return self.emulators[provider].truth()
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- sidecar {name} (tail) ---\n" + "\n".join(proc.log().splitlines()[-30:])
+            for name, proc in self.sidecars.items()
+        )
+
+
+def _spawn(
+    args: list[str], *, workdir: Path, name: str, env: Mapping[str, str]
+) -> tuple[Any, Path, Path]:
+    """Start ``python <args> --port-file F``; returns (popen, port file, log path)."""
+    import subprocess
+    import sys
+
+    port_file = workdir / f"{name}.port"
+    port_file.unlink(missing_ok=True)
+    log_path = workdir / f"{name}.log"
+    with log_path.open("ab") as log:
+        popen = subprocess.Popen(
+            [sys.executable, *args, "--port-file", str(port_file)],
+            cwd=workdir,
+            env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    return popen, port_file, log_path
+
+
+def _await_port(
+    popen: Any, port_file: Path, log_path: Path, what: str, timeout_s: float = 60.0
+) -> processes.Proc:
+    def ready() -> bool:
+        if popen.poll() is not None:
+            raise RuntimeError(f"{what} exited early:\n{log_path.read_text(errors='replace')}")
+        return port_file.exists() and bool(port_file.read_text().strip())
+
+    try:
+        wait_for(ready, timeout_s=timeout_s, what=f"{what} port file")
+    except TimeoutError:
+        popen.kill()
+        popen.wait()
+        raise
+    return processes.Proc(popen, log_path, int(port_file.read_text()))
+
+
+class RedisDb:
+    """A Redis logical database claimed for one test, flushed before and after use.
+
+    The control plane's lease store always uses the key prefix ``vidroute:``, so tests isolate
+    by logical database: a claim key in db 0 (``SET NX`` with an expiry) makes concurrent test
+    runs pick different databases, and only the claimed database is ever flushed.
+    """
+
+    FIRST, LAST = 8, 15
+
+    def __init__(self, base_url: str) -> None:
+        self._base = base_url
+        self._admin = redis.Redis.from_url(base_url)
+        self._token = secrets.token_hex(8)
+        self.number = -1
+        self.url = ""
+
+    def __enter__(self) -> RedisDb:
+        for number in range(self.FIRST, self.LAST + 1):
+            if self._admin.set(self._claim(number), self._token, nx=True, ex=1800):
+                self.number = number
+                break
+        else:
+            raise RuntimeError("every e2e Redis database is claimed by another run")
+        parts = urlsplit(self._base)
+        self.url = parts._replace(path=f"/{self.number}").geturl()
+        self.flush()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.number >= 0:
+            self.flush()
+            if self._admin.get(self._claim(self.number)) == self._token.encode():
+                self._admin.delete(self._claim(self.number))
+        self._admin.close()
+
+    def flush(self) -> None:
+        client = redis.Redis.from_url(self.url)
+        try:
+            client.flushdb()
+        finally:
+            client.close()
+
+    @staticmethod
+    def _claim(number: int) -> str:
+        return f"vidroute:e2e-claim:db{number}"
+
+
+def spec_for(
+    provider: str, prompt: str = "a red kite over a green hill", duration_s: int = 4
+) -> gen.GenerationSpec:
+    """A text-to-video spec pinned to `provider` and its model (STRICT_MODEL)."""
+    return gen.GenerationSpec(
+        tenant_id="acme",
+        prompt=prompt,
+        mode=gen.MODE_TEXT_TO_VIDEO,
+        output=gen.OutputSpec(width=1280, height=720, duration_ms=duration_s * 1000),
+        routing=gen.RoutingPolicy(
+            mode=gen.ROUTING_MODE_STRICT_MODEL,
+            required_provider=provider,
+            required_model=PROVIDERS[provider].model,
+        ),
+    )
+
+
+class ControlPlane:
+    """`vidroute serve` as a child process; SIGKILL and restart keep the database and ports."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        farm: ProviderFarm,
+        *,
+        database_url: str,
+        redis_url: str | None,
+        poll_scale: float = POLL_SCALE,
+        execution_overrides: Mapping[str, float] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.farm = farm
+        self.database_url = database_url
+        self.redis_url = redis_url
+        self.poll_scale = poll_scale
+        self.overrides = dict(EXECUTION_OVERRIDES if execution_overrides is None else {})
+        self.overrides.update(execution_overrides or {})
+        self.callback_port = free_port()
+        self.proc: processes.Proc | None = None
+        self.generation = 0
+        self._channel: grpc.Channel | None = None
+        self.stub: scheduler_service_pb2_grpc.SchedulerServiceStub | None = None
+
+    # -- process ---------------------------------------------------------------------------
+    def start(self) -> None:
+        secrets_env = ",".join(f"{name}={CALLBACK_SECRET}" for name in PROVIDERS)
+        env = {
+            "VIDROUTE_DATABASE_URL": self.database_url,
+            "VIDROUTE_REDIS_URL": self.redis_url or "",
+            "VIDROUTE_ADAPTERS": self.farm.adapters_env,
+            "VIDROUTE_OBJECT_STORE": (self.workdir / "objects").as_uri(),
+            "VIDROUTE_CALLBACK_LISTEN": f"127.0.0.1:{self.callback_port}",
+            "VIDROUTE_CALLBACK_PUBLIC_URL": f"http://127.0.0.1:{self.callback_port}",
+            "VIDROUTE_CALLBACK_SECRETS": secrets_env,
+            "VIDROUTE_POLL_SCALE": str(self.poll_scale),
+            "VIDROUTE_WORKER_ID": f"e2e-cp-{self.generation}",
+            "VIDROUTE_EXECUTION_TUNING": json.dumps(self.overrides),
+        }
+        name = f"controlplane-{self.generation}"
+        self.generation += 1
+        popen, port_file, log_path = _spawn(
+            ["-m", "clients.cli", "serve", "--listen", "127.0.0.1:0"],
+            workdir=self.workdir,
+            name=name,
+            env=env,
+        )
+        self.proc = _await_port(popen, port_file, log_path, name)
+        self._connect()
+        self.wait_capabilities()
+
+    def _connect(self) -> None:
+        self.close_channel()
+        assert self.proc is not None
+        self._channel = grpc.insecure_channel(self.proc.address)
+        self.stub = scheduler_service_pb2_grpc.SchedulerServiceStub(self._channel)
+
+    def close_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = None
+        self.stub = None
+
+    def kill(self) -> None:
+        """SIGKILL: no graceful shutdown, no cleanup, exactly like a node dying."""
+        self.close_channel()
+        if self.proc is not None:
+            self.proc.kill()
+
+    def stop(self) -> int:
+        self.close_channel()
+        return 0 if self.proc is None else self.proc.stop(timeout=15)
+
+    def restart(self, *, kill: bool = True) -> None:
+        if kill:
+            self.kill()
+        else:
+            self.stop()
+        self.start()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.popen.poll() is None
+
+    def logs(self, lines: int = 60) -> str:
+        out = []
+        for path in sorted(self.workdir.glob("controlplane-*.log")):
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {path.name} (tail) ---\n" + "\n".join(tail))
+        return "\n".join(out)
+
+    def wait_capabilities(self, timeout_s: float = 60.0) -> None:
+        """Wait until every sidecar's capabilities are published (routing needs them)."""
+
+        def published() -> bool:
+            providers = self._call(
+                lambda s: s.ListProviders(api.ListProvidersRequest(), timeout=5)
+            ).providers
+            return {p.provider for p in providers if p.capabilities} >= set(self.farm.providers)
+
+        wait_for(published, timeout_s=timeout_s, interval_s=0.2, what="capabilities published")
+
+    # -- API -------------------------------------------------------------------------------
+    def _call(self, fn: Callable[[Any], T]) -> T:
+        assert self.stub is not None, "control plane not started"
+        return fn(self.stub)
+
+    def create_task(
+        self,
+        provider: str,
+        *,
+        prompt: str = "a red kite over a green hill",
+        duration_s: int = 4,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """CreateTask pinned to `provider` (STRICT_MODEL); returns the task id."""
+        request = api.CreateTaskRequest(
+            spec=spec_for(provider, prompt, duration_s),
+            idempotency_key=idempotency_key or uuid.uuid4().hex,
+        )
+        return self._call(lambda s: s.CreateTask(request, timeout=10)).task.task_id
+
+    def get_task(self, task_id: str) -> scheduler_pb2.Task:
+        return self._call(lambda s: s.GetTask(api.GetTaskRequest(task_id=task_id), timeout=10)).task
+
+    def cancel_task(self, task_id: str) -> None:
+        self._call(lambda s: s.CancelTask(api.CancelTaskRequest(task_id=task_id), timeout=10))
+
+    def wait_terminal(self, task_id: str, timeout_s: float = 60.0) -> scheduler_pb2.Task:
+        """Poll GetTask until the task is SUCCEEDED, FAILED or CANCELLED."""
+        last: list[scheduler_pb2.Task] = []
+
+        def terminal() -> scheduler_pb2.Task | None:
+            task = self.get_task(task_id)
+            last[:] = [task]
+            return task if task.state in TERMINAL else None
+
+        try:
+            return wait_for(terminal, timeout_s=timeout_s, interval_s=0.1, what=task_id)
+        except TimeoutError as exc:
+            shown = describe(last[0]) if last else "never read"
+            raise TimeoutError(f"{exc}\n{shown}\n{self.logs()}") from None
+
+    def wait_attempt_state(
+        self, task_id: str, states: Iterable[int], timeout_s: float = 30.0
+    ) -> scheduler_pb2.Task:
+        wanted = set(states)
+
+        def reached() -> scheduler_pb2.Task | None:
+            task = self.get_task(task_id)
+            return task if any(a.state in wanted for a in task.attempts) else None
+
+        names = [scheduler_pb2.AttemptState.Name(s) for s in wanted]
+        return wait_for(reached, timeout_s=timeout_s, interval_s=0.1, what=f"attempt in {names}")
+
+
+def describe(task: scheduler_pb2.Task) -> str:
+    """A compact JSON view of a task for assertion messages."""
+    data = json_format.MessageToDict(task, preserving_proto_field_name=True)
+    data.pop("route_decisions", None)
+    data.pop("spec", None)
+    return json.dumps(data, indent=1, sort_keys=True)
+
+
+def local_path(uri: str) -> Path:
+    """The file behind a ``file://`` URI of the object store."""
+    parts = urlsplit(uri)
+    assert parts.scheme == "file", uri
+    return Path(unquote(parts.path))
+
+
+def probe_mp4(path: Path) -> tuple[float, float]:
+    """(duration in seconds, frame rate) of an MP4, read with PyAV."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        fps = float(stream.average_rate or stream.guessed_rate or 24)
+        if stream.duration is not None and stream.time_base is not None:
+            duration = float(stream.duration * stream.time_base)
+        elif container.duration is not None:
+            duration = container.duration / 1_000_000
+        else:
+            frames = sum(1 for _ in container.decode(stream))
+            duration = frames / fps
+    return duration, fps
+
+
+async def _task_events(database_url: str, task_id: str) -> list[tuple[str, dict[str, Any]]]:
+    from sqlalchemy import text
+
+    from controlplane.persistence.db import create_engine
+
+    engine = create_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                text("SELECT kind, payload FROM task_events WHERE task_id = :t ORDER BY seq"),
+                {"t": int(task_id)},
+            )
+            return [
+                (str(kind), payload if isinstance(payload, dict) else json.loads(payload))
+                for kind, payload in rows
+            ]
+    finally:
+        await engine.dispose()
+
+
+def task_events(database_url: str, task_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """The task's persisted history (kind, payload), in order."""
+    return asyncio.run(_task_events(database_url, task_id))
+
+
+async def _audit(database_url: str, redis_url: str | None, *, reclaim_ahead_ms: int | None) -> Any:
+    from redis.asyncio import Redis
+
+    from controlplane.audit.invariants import check_invariants
+    from controlplane.audit.snapshot import read_snapshot
+    from controlplane.leases.base import Dimension
+    from controlplane.leases.reconciler import InFlightAttempt, reconcile
+    from controlplane.leases.redis_store import RedisLeaseStore
+    from controlplane.persistence.db import create_engine
+
+    engine = create_engine(database_url)
+    client = Redis.from_url(redis_url) if redis_url else None
+    try:
+        store = RedisLeaseStore(client) if client is not None else None
+        if store is not None and reclaim_ahead_ms is not None:
+            # A SIGKILLed holder never releases: its leases end when their TTL does. Jump the
+            # store's clock past every TTL, then let the reconciler repair the counters.
+            await store.reclaim_expired(now_ms=int(time.time() * 1000) + reclaim_ahead_ms)
+            snap = await read_snapshot(engine)
+            names = {a.id: f"{a.provider}:{a.account_name}" for a in snap.accounts}
+            facts = [
+                fact
+                for a in snap.attempts
+                if (
+                    fact := InFlightAttempt.from_state(
+                        attempt_id=a.client_request_key,
+                        account=names.get(a.provider_account_id or -1, ""),
+                        dimensions=(
+                            Dimension("account", 0),
+                            Dimension(f"model:{a.provider_model}", 0),
+                        ),
+                        slots=1,
+                        state=a.status,
+                    )
+                )
+                is not None
+            ]
+
+            async def ignore(_drift: object) -> None:
+                return None
+
+            await reconcile(store, facts, ignore)
+        return await check_invariants(engine, lease_store=store, require_all_terminal=True)
+    finally:
+        if client is not None:
+            await client.aclose()
+        await engine.dispose()
+
+
+def audit(database_url: str, redis_url: str | None, *, reclaim_ahead_ms: int | None = None) -> Any:
+    """The invariant report with every task required terminal and the Redis leases checked.
+
+    `reclaim_ahead_ms` (crash tests only) first reclaims every lease whose TTL would have run
+    out that far in the future and reconciles the counters, as production would after a crash.
+    """
+    return asyncio.run(_audit(database_url, redis_url, reclaim_ahead_ms=reclaim_ahead_ms))

@@ -1,0 +1,239 @@
+"""Seeded random workloads for the soak and crash tests: tasks, faults, cancels, and the checks.
+
+A `Workload` draws, from one `random.Random`, which provider each task is pinned to, which fault
+(if any) is armed on that provider's emulator just before the task is created, and whether the
+task is cancelled a little later. The same seed gives the same plan; the interleaving with the
+control plane's own timing is of course not replayed.
+
+`check_truth` compares the emulators' truth with GetTask: every job a provider really created is
+recorded by exactly one attempt (no job lost, none created twice for one attempt), and where the
+sidecar sends the attempt's key, at most one job exists per key.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.support.stack import ControlPlane, ProviderFarm, describe, task_events
+from vidroute.scheduler.v1 import scheduler_pb2 as sp
+
+SUBMIT_ROUTE = {
+    "runway": "POST /v1/text_to_video",
+    "google": "POST /v1beta/models/*:predictLongRunning",
+    "self_hosted": "POST /v1/jobs",
+}
+POLL_ROUTE = {
+    "runway": "GET /v1/tasks/*",
+    "google": "GET /v1beta/models/*/operations/*",
+    "self_hosted": "GET /v1/jobs/*",
+}
+CALLBACK_PROVIDERS = frozenset({"self_hosted"})
+
+# (name, weight, rule builder or None for "no fault"); a builder gets (provider, rng).
+FAULTS: list[tuple[str, int, Any]] = [
+    ("none", 8, None),
+    ("refuse_connection", 1, "refuse"),
+    ("drop_after_partial_body", 2, lambda p, r: {"route": SUBMIT_ROUTE[p]}),
+    ("drop_after_body", 2, lambda p, r: {"route": SUBMIT_ROUTE[p]}),
+    ("stall_response", 2, lambda p, r: {"route": SUBMIT_ROUTE[p], "seconds": 3}),
+    ("corrupt_json", 2, lambda p, r: {"route": SUBMIT_ROUTE[p]}),
+    ("missing_id", 1, lambda p, r: {"route": SUBMIT_ROUTE[p]}),
+    (
+        "status",
+        2,
+        lambda p, r: {"route": SUBMIT_ROUTE[p], "code": r.choice([429, 503]), "retry_after": 1},
+    ),
+    ("unknown_status", 1, lambda p, r: {"route": POLL_ROUTE[p], "value": "WARMING_UP"}),
+    ("expire_output", 1, lambda p, r: {"route": POLL_ROUTE[p]}),
+    ("throttle_polls", 1, lambda p, r: {"route": POLL_ROUTE[p], "n": 2}),
+    (
+        "fail_job",
+        1,
+        lambda p, r: {
+            "route": SUBMIT_ROUTE[p],
+            "code": "INTERNAL.BAD_OUTPUT" if p == "runway" else "INTERNAL",
+        },
+    ),
+    ("callback_twice", 1, lambda p, r: {"route": SUBMIT_ROUTE[p]}),
+    ("callback_out_of_order", 1, lambda p, r: {"route": SUBMIT_ROUTE[p]}),
+    ("callback_before_response", 1, lambda p, r: {"route": SUBMIT_ROUTE[p]}),
+]
+CALLBACK_FAULTS = frozenset({"callback_twice", "callback_out_of_order", "callback_before_response"})
+
+
+@dataclass
+class Planned:
+    """One task of the plan and what happened to it."""
+
+    index: int
+    provider: str
+    fault: str
+    cancel_after_s: float | None
+    prompt: str
+    task_id: str = ""
+
+
+@dataclass
+class Workload:
+    """The plan of a seeded run over `providers`."""
+
+    seed: int
+    size: int
+    providers: tuple[str, ...]
+    cancel_share: float = 0.1
+    tasks: list[Planned] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        rng = random.Random(self.seed)
+        self._rng = rng
+        tag = secrets.token_hex(3)
+        for i in range(self.size):
+            provider = rng.choice(self.providers)
+            names = [
+                (name, weight)
+                for name, weight, _ in FAULTS
+                if name not in CALLBACK_FAULTS or provider in CALLBACK_PROVIDERS
+            ]
+            fault = rng.choices([n for n, _ in names], [w for _, w in names])[0]
+            cancel = rng.uniform(0.2, 3.0) if rng.random() < self.cancel_share else None
+            self.tasks.append(Planned(i, provider, fault, cancel, f"soak {tag} #{i} kite"))
+
+    def arm(self, farm: ProviderFarm, planned: Planned) -> None:
+        """Add the planned fault to the provider's emulator (next matching request fires it)."""
+        if planned.fault == "none":
+            return
+        emulator = farm.emulator(planned.provider)
+        builder = next(b for n, _, b in FAULTS if n == planned.fault)
+        if builder == "refuse":
+            emulator.call(emulator.emulator.refuse_connections, 300)
+            return
+        emulator.add_faults({**builder(planned.provider, self._rng), "action": planned.fault})
+
+    def submit_all(
+        self, farm: ProviderFarm, cp: ControlPlane, *, gap_s: tuple[float, float] = (0.0, 0.3)
+    ) -> None:
+        """Create every task (arming its fault first); cancel the chosen ones when due."""
+        cancels: list[tuple[float, Planned]] = []
+        for planned in self.tasks:
+            self.arm(farm, planned)
+            planned.task_id = cp.create_task(planned.provider, prompt=planned.prompt)
+            if planned.cancel_after_s is not None:
+                cancels.append((time.monotonic() + planned.cancel_after_s, planned))
+            self._cancel_due(cp, cancels)
+            wait_until = time.monotonic() + self._rng.uniform(*gap_s)
+            while time.monotonic() < wait_until:
+                self._cancel_due(cp, cancels)
+                time.sleep(0.02)
+        while cancels:
+            self._cancel_due(cp, cancels)
+            time.sleep(0.05)
+
+    @staticmethod
+    def _cancel_due(cp: ControlPlane, cancels: list[tuple[float, Planned]]) -> None:
+        now = time.monotonic()
+        for entry in [c for c in cancels if c[0] <= now]:
+            cancels.remove(entry)
+            try:
+                cp.cancel_task(entry[1].task_id)
+            except Exception as exc:  # a task already terminal refuses the cancel
+                if "FAILED_PRECONDITION" not in repr(exc):
+                    raise
+
+    def wait_all_terminal(self, cp: ControlPlane, timeout_s: float) -> dict[str, sp.Task]:
+        """Every task terminal within `timeout_s` (one deadline for the whole run)."""
+        deadline = time.monotonic() + timeout_s
+        done: dict[str, sp.Task] = {}
+        for planned in self.tasks:
+            left = max(1.0, deadline - time.monotonic())
+            done[planned.task_id] = cp.wait_terminal(planned.task_id, timeout_s=left)
+        return done
+
+    def summary(self, tasks: dict[str, sp.Task]) -> str:
+        outcome: Counter[tuple[str, str, str]] = Counter()
+        for planned in self.tasks:
+            task = tasks[planned.task_id]
+            state = sp.TaskState.Name(task.state).removeprefix("TASK_STATE_")
+            if task.failure.code:
+                state += f"/{task.failure.code}"
+            outcome[(planned.provider, planned.fault, state)] += 1
+        return "\n".join(
+            f"  {p:<12} {f:<26} {s:<40} {n}" for (p, f, s), n in sorted(outcome.items())
+        )
+
+
+def check_truth(farm: ProviderFarm, tasks: dict[str, sp.Task]) -> list[str]:
+    """Problems found comparing the emulators' truth with the attempts (empty when none)."""
+    problems: list[str] = []
+    recorded: dict[tuple[str, str], str] = {}
+    for task in tasks.values():
+        for attempt in task.attempts:
+            job_id = attempt.provider_job.provider_job_id
+            if job_id:
+                recorded[(attempt.provider, job_id)] = attempt.attempt_id
+    for provider in farm.providers:
+        per_key: dict[str, list[str]] = defaultdict(list)
+        for job in farm.truth(provider):
+            if (provider, job["id"]) not in recorded:
+                problems.append(
+                    f"{provider} job {job['id']} was created but no attempt recorded it "
+                    f"(key={job.get('idempotency_key') or job.get('client_key')}, "
+                    f"prompt={job.get('body', {}).get('prompt') or job.get('body', {})})"
+                )
+            key = job.get("idempotency_key") or job.get("client_key")
+            if key:
+                per_key[key].append(job["id"])
+        for key, ids in per_key.items():
+            if len(ids) > 1:
+                problems.append(f"{provider}: {len(ids)} jobs for one attempt key {key}: {ids}")
+    return problems
+
+
+def assert_truth(farm: ProviderFarm, tasks: dict[str, sp.Task]) -> None:
+    problems = check_truth(farm, tasks)
+    if problems:
+        bad = {t.task_id: describe(t) for t in tasks.values() if t.attempts}
+        raise AssertionError("\n".join(problems) + f"\n{len(bad)} tasks")
+
+
+# The Veo output download bug (xfail test_veo_output_is_stored): FAILED/OUTPUT_EXPIRED.
+KNOWN_OUTPUT_BUG = frozenset({"google"})
+
+
+def _failed_by_provider(farm: ProviderFarm, task: sp.Task) -> bool:
+    """Did the provider itself fail one of the task's jobs (an injected fail_job)?
+
+    A fault rule fires on the next matching request, which may belong to another task than the
+    one it was armed for, so the emulator's truth says which job it landed on.
+    """
+    failed = {job["id"] for p in farm.providers for job in farm.truth(p) if job.get("failure")}
+    return any(a.provider_job.provider_job_id in failed for a in task.attempts)
+
+
+def unexplained_outcomes(
+    workload: Workload, tasks: dict[str, sp.Task], farm: ProviderFarm, database_url: str
+) -> list[str]:
+    """Tasks that ended neither SUCCEEDED nor for a reason the run explains (see KNOWN_*)."""
+    bad = []
+    for planned in workload.tasks:
+        task = tasks[planned.task_id]
+        if task.state == sp.TASK_STATE_SUCCEEDED:
+            continue
+        if task.state == sp.TASK_STATE_CANCELLED and planned.cancel_after_s is not None:
+            continue
+        if task.state == sp.TASK_STATE_FAILED and _failed_by_provider(farm, task):
+            continue
+        if planned.provider in KNOWN_OUTPUT_BUG and task.failure.code == "OUTPUT_EXPIRED":
+            continue
+        errors = [(a.attempt_no, a.error.code, a.error.message) for a in task.attempts]
+        bad.append(
+            f"task {planned.task_id} ({planned.provider}, fault {planned.fault}, cancel "
+            f"{planned.cancel_after_s}): {sp.TaskState.Name(task.state)} {task.failure.code} "
+            f"{task.failure.message[:200]}; attempts {errors}; history:\n"
+            + "\n".join(f"    {k} {p}" for k, p in task_events(database_url, task.task_id))
+        )
+    return bad
