@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from controlplane.api.provider_views import capability as capability_proto
 from controlplane.capabilities.catalog import load_catalog
+from controlplane.capabilities.proto import capability_to_proto as capability_proto
 from controlplane.capabilities.publish import (
     PublishError,
     documents_from_file,
