@@ -9,12 +9,20 @@ health probe. A provider subclass supplies the wire details through a few hooks:
 * `submit_headers(...)`, `created_job(...)`, `submit_error(...)`: the create call.
 * `job_path(...)`, `job_status(...)`: polling.
 * `cancel_job`, `recover_submission`, `list_usage`: provider-specific operations.
+* `output_uri_allowed(uri)`: which output URIs FetchOutput may download with credentials.
+
+FetchOutput (`fetch_output`) is generic: a GET of an output URI on the provider's own origin
+with the account's auth headers, redirects followed by hand so the credentials are only ever
+sent to the provider base URL's origin (a hop to another host, e.g. a signed storage URL, goes
+without them), the body streamed in 64 KiB parts under a size cap, and failures as values:
+OUTPUT_EXPIRED for a refused or gone link (4xx), TRANSIENT_NETWORK for transport errors and
+5xx, RATE_LIMITED for 429. Any other URI is refused with `InvalidRequest` before a byte is sent.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,10 +35,13 @@ from adapter_sidecars.common.transport import HttpReply
 from adapter_sidecars.common.types import (
     AdapterInfo,
     CompileInput,
+    FetchOutputInput,
+    InvalidRequest,
     JobRef,
     JobResult,
     JobStatus,
     MalformedPlan,
+    OutputPart,
     Plan,
     SubmitInput,
     SubmitKind,
@@ -49,6 +60,12 @@ from controlplane.domain.spec import GenerationSpec
 from controlplane.domain.validation import ensure_valid
 
 ADAPTER_VERSION = "0.1.0"
+#: Size of one FetchOutput part.
+OUTPUT_CHUNK_BYTES = 64 * 1024
+#: FetchOutput's cap when the caller gives none.
+DEFAULT_OUTPUT_MAX_BYTES = 2 * 1024**3
+#: Redirect hops FetchOutput follows.
+MAX_OUTPUT_REDIRECTS = 5
 
 
 def build_client(config: SidecarConfig) -> httpx.AsyncClient:
@@ -226,6 +243,99 @@ class HttpAdapter:
         """Provider hook: normalize a poll reply."""
         raise NotImplementedError
 
+    # -- outputs -------------------------------------------------------------------------------
+    def output_uri_allowed(self, uri: httpx.URL) -> bool:
+        """Provider hook: may FetchOutput download `uri` with the account's credentials?
+
+        By default only URIs on the provider base URL's own origin (scheme, host, port)."""
+        return origin(uri) == origin(httpx.URL(self.config.base_url))
+
+    async def fetch_output(self, request: FetchOutputInput) -> AsyncIterator[OutputPart]:
+        """Stream one output URI with the account's credentials (see the module docstring).
+
+        Raises `InvalidRequest` / `UnknownAccount` before anything is sent."""
+        account = self.account(request.job.account)
+        try:
+            url = httpx.URL(request.uri)
+        except (httpx.InvalidURL, TypeError):
+            raise InvalidRequest("output uri is not a URL") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise InvalidRequest(f"output uri {redact(url)} is not an http(s) URL")
+        if not self.output_uri_allowed(url):
+            raise InvalidRequest(
+                f"output uri {redact(url)} is not on the provider's host "
+                f"{httpx.URL(self.config.base_url).host}; refusing to fetch it"
+            )
+        limit = request.max_bytes if request.max_bytes > 0 else DEFAULT_OUTPUT_MAX_BYTES
+        async for part in self._stream_output(url, account, limit):
+            yield part
+
+    async def _stream_output(
+        self, url: httpx.URL, account: Account, limit: int
+    ) -> AsyncIterator[OutputPart]:
+        home = origin(httpx.URL(self.config.base_url))
+        target = url
+        try:
+            for _ in range(MAX_OUTPUT_REDIRECTS + 1):
+                # Credentials go to the provider's own origin only, never along a redirect
+                # to another host.
+                headers = self.auth_headers(account) if origin(target) == home else {}
+                response = await self.client.send(
+                    self.client.build_request("GET", target, headers=headers), stream=True
+                )
+                try:
+                    if response.is_redirect:
+                        target = target.join(response.headers["location"])
+                        if target.scheme not in ("http", "https"):
+                            yield OutputPart(error=_unexpected(response, "redirect to non-HTTP"))
+                            return
+                        continue
+                    failure = output_http_error(response)
+                    if failure is not None:
+                        yield OutputPart(error=failure)
+                        return
+                    content_type = response.headers.get("content-type", "")
+                    declared = response.headers.get("content-length", "")
+                    length = int(declared) if declared.isdigit() else 0
+                    if length > limit:
+                        yield OutputPart(
+                            content_type=content_type,
+                            content_length=length,
+                            error=too_large(f"Content-Length {length} exceeds {limit} bytes"),
+                        )
+                        return
+                    first, sent = True, 0
+                    async for chunk in response.aiter_bytes(OUTPUT_CHUNK_BYTES):
+                        sent += len(chunk)
+                        if sent > limit:
+                            yield OutputPart(error=too_large(f"body exceeds {limit} bytes"))
+                            return
+                        if first:
+                            yield OutputPart(chunk, content_type, length)
+                            first = False
+                        else:
+                            yield OutputPart(chunk)
+                    if first:
+                        yield OutputPart(b"", content_type, length)
+                    return
+                finally:
+                    await response.aclose()
+            yield OutputPart(
+                error=make_error(
+                    ErrorClass.TRANSIENT_NETWORK,
+                    "TOO_MANY_REDIRECTS",
+                    f"more than {MAX_OUTPUT_REDIRECTS} redirects from {redact(url)}",
+                )
+            )
+        except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
+            yield OutputPart(
+                error=make_error(
+                    ErrorClass.TRANSIENT_NETWORK,
+                    "TRANSPORT",
+                    f"{type(exc).__name__} fetching {redact(target)}",
+                )
+            )
+
     # -- health --------------------------------------------------------------------------------
     def probe_path(self) -> str:
         """Provider hook: a cheap GET that proves the endpoint and credentials work."""
@@ -261,6 +371,70 @@ def payload_of(reply: HttpReply) -> Mapping[str, Any] | None:
 def with_raw(status: JobStatus, payload: Any) -> JobStatus:
     """Attach the raw payload (kept for debugging and audit, design 9.8)."""
     return replace(status, raw_payload_json=raw_json(payload))
+
+
+def origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of a URL; the default port of the scheme is None."""
+    return url.scheme, url.host.lower(), url.port
+
+
+def redact(url: httpx.URL) -> str:
+    """A URL without userinfo, query or fragment (signed links carry secrets there)."""
+    port = f":{url.port}" if url.port is not None else ""
+    return f"{url.scheme}://{url.host}{port}{url.path}"
+
+
+def output_http_error(response: httpx.Response) -> ProviderError | None:
+    """The error of a non-200 answer to an output download, None for 200.
+
+    401: AUTH. 408/425/5xx: TRANSIENT_NETWORK. 429: RATE_LIMITED. Any other 4xx (403, 404, 410,
+    and 400, which is how storage services answer an expired signature): OUTPUT_EXPIRED."""
+    status = response.status_code
+    if status == 200:
+        return None
+    where = redact(response.url)
+    if status == 429:
+        return make_error(
+            ErrorClass.RATE_LIMITED,
+            "HTTP_429",
+            f"HTTP 429 from {where}",
+            retry_after_ms=transport.retry_after_ms(response.headers),
+            raw_status_code=status,
+        )
+    if status in (408, 425) or status >= 500:
+        return make_error(
+            ErrorClass.TRANSIENT_NETWORK,
+            f"HTTP_{status}",
+            f"HTTP {status} from {where}",
+            retry_after_ms=transport.retry_after_ms(response.headers),
+            raw_status_code=status,
+        )
+    if status == 401:
+        return make_error(
+            ErrorClass.AUTH, "HTTP_401", f"HTTP 401 from {where}", raw_status_code=status
+        )
+    if 400 <= status < 500:
+        return make_error(
+            ErrorClass.OUTPUT_EXPIRED,
+            "OUTPUT_EXPIRED",
+            f"HTTP {status} from {where}: the output link expired or is gone",
+            raw_status_code=status,
+        )
+    return _unexpected(response, f"unexpected HTTP {status}")
+
+
+def _unexpected(response: httpx.Response, why: str) -> ProviderError:
+    return make_error(
+        ErrorClass.INTERNAL_RETRYABLE,
+        "UNEXPECTED_RESPONSE",
+        f"{why} from {redact(response.url)}",
+        raw_status_code=response.status_code,
+    )
+
+
+def too_large(message: str) -> ProviderError:
+    """An output over the caller's size cap (code OUTPUT_TOO_LARGE)."""
+    return make_error(ErrorClass.INTERNAL_PERMANENT, "OUTPUT_TOO_LARGE", message)
 
 
 def unreadable(reply: HttpReply) -> ProviderError:

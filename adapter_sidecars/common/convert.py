@@ -16,6 +16,7 @@ from adapter_sidecars.common.types import (
     JobStatus,
     MalformedPlan,
     Output,
+    OutputPart,
     Plan,
     SubmitOutcome,
     Transformation,
@@ -25,6 +26,7 @@ from adapter_sidecars.common.types import (
 )
 from controlplane.domain.errors import ProviderError
 from vidroute.adapter.v1 import adapter_pb2 as pb
+from vidroute.adapter.v1 import adapter_service_pb2 as svc
 from vidroute.common.v1 import error_pb2, money_pb2
 
 
@@ -158,6 +160,17 @@ def output(out: Output) -> pb.Output:
         expires_at=timestamp(out.expires_at),
         size_bytes=out.size_bytes,
         checksum=out.checksum,
+        fetch_through_adapter=out.fetch_through_adapter,
+    )
+
+
+def output_part(part: OutputPart) -> svc.FetchOutputResponse:
+    """One message of a FetchOutput stream."""
+    return svc.FetchOutputResponse(
+        content_type=part.content_type,
+        content_length=part.content_length,
+        chunk=part.chunk,
+        error=error(part.error),
     )
 
 

@@ -5,6 +5,7 @@ friends); gRPC status codes only say the request to the adapter was wrong:
 
 * invalid spec -> INVALID_ARGUMENT with ``google.rpc.BadRequest`` (via the domain interceptor),
 * unknown account or model -> NOT_FOUND, unusable plan -> INVALID_ARGUMENT,
+* FetchOutput of a URI that is not the provider's -> INVALID_ARGUMENT (nothing is fetched),
 * anything unexpected -> INTERNAL, logged once (the interceptor).
 
 A Submit whose RPC is cancelled mid-flight (client deadline) is shielded so the provider call
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC
 from functools import wraps
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ from adapter_sidecars.common import convert
 from adapter_sidecars.common.types import (
     AdapterRequestError,
     CompileInput,
+    FetchOutputInput,
     InvalidRequest,
     ProviderAdapter,
     RecoverInput,
@@ -170,6 +172,27 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
             records=[convert.usage_record(r) for r in result.records],
             error=convert.error(result.error),
         )
+
+    async def FetchOutput(
+        self, request: svc.FetchOutputRequest, context: Ctx
+    ) -> AsyncIterator[svc.FetchOutputResponse]:
+        # A streaming handler: `_adapter_errors` wraps coroutines only, so map errors here.
+        try:
+            if not request.uri:
+                raise InvalidRequest("uri is required")
+            if request.max_bytes < 0:
+                raise InvalidRequest("max_bytes must not be negative")
+            parts = self.adapter.fetch_output(
+                FetchOutputInput(
+                    convert.job_ref_from_proto(request.job), request.uri, request.max_bytes
+                )
+            )
+            async for part in parts:
+                yield convert.output_part(part)
+        except InvalidRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except AdapterRequestError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
 
 
 def _log_orphan(task: asyncio.Future[SubmitOutcome], submit: SubmitInput) -> None:

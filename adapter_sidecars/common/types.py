@@ -15,7 +15,7 @@ exceptions; exceptions are reserved for a malformed request to the adapter itsel
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -178,6 +178,9 @@ class Output:
     expires_at: datetime | None = None
     size_bytes: int = 0
     checksum: str = ""
+    #: The URI needs the provider's credentials: the control plane downloads it through
+    #: `ProviderAdapter.fetch_output`, never directly.
+    fetch_through_adapter: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +271,28 @@ class UsageResult:
 
 
 @dataclass(frozen=True, slots=True)
+class FetchOutputInput:
+    """FetchOutput input: an output URI of `job` (as GetJob returned it) and a size cap."""
+
+    job: JobRef
+    uri: str = field(repr=False)  # may carry a signature
+    max_bytes: int = 0  # 0: the adapter's own limit
+
+
+@dataclass(frozen=True, slots=True)
+class OutputPart:
+    """One piece of a FetchOutput stream.
+
+    The first part carries `content_type` and `content_length` (0 if unknown); parts carry the
+    body in order; a failed download ends with a part whose `error` is set."""
+
+    chunk: bytes = b""
+    content_type: str = ""
+    content_length: int = 0
+    error: ProviderError | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AdapterInfo:
     """Describe: who the adapter is and what it offers."""
 
@@ -305,6 +330,12 @@ class ProviderAdapter(Protocol):
 
     async def list_usage(self, request: UsageInput) -> UsageResult:
         """Usage rows in a window."""
+        ...
+
+    def fetch_output(self, request: FetchOutputInput) -> AsyncIterator[OutputPart]:
+        """Stream an output that needs the provider's credentials (an async generator).
+
+        Raises `InvalidRequest` (before the first part) for a URI that is not the provider's."""
         ...
 
     async def probe(self) -> bool:

@@ -9,6 +9,7 @@ from adapter_sidecars.contract.suite import (
     CancelContract,
     CompileContract,
     DescribeContract,
+    FetchOutputContract,
     GoldenContract,
     JobLifecycleContract,
     RecoveryContract,
@@ -51,3 +52,7 @@ class TestCancel(CancelContract):
 
 class TestUsage(UsageContract):
     """Usage records."""
+
+
+class TestFetchOutput(FetchOutputContract):
+    """Outputs that need the provider's credentials."""

@@ -104,6 +104,8 @@ class AdapterProfile:
       reports_throttling: the provider has a distinct "held by concurrency" status.
       output_expiry_known: outputs carry an expiry the adapter can report in expires_at.
       supports_usage: ListUsage returns the provider's usage records.
+      fetch_through_adapter: outputs need the provider's credentials, so they are flagged
+        ``fetch_through_adapter`` and downloaded with FetchOutput (Gemini file URIs).
 
     Behaviour facts:
       progression: normalized states a plain job must show, in order, when polled to the end.
@@ -132,6 +134,7 @@ class AdapterProfile:
     reports_throttling: bool = False
     output_expiry_known: bool = False
     supports_usage: bool = True
+    fetch_through_adapter: bool = False
     progression: tuple[str, ...] = ("QUEUED", "RUNNING", "SUCCEEDED")
     failure_codes: Mapping[str, str] = field(default_factory=lambda: dict(_DEFAULT_FAILURE))
     rate_limit_classes: tuple[str, ...] = ("RATE_LIMITED", "QUOTA")
@@ -196,6 +199,7 @@ CAPABILITY_FLAGS = frozenset(
         "reports_throttling",
         "output_expiry_known",
         "supports_usage",
+        "fetch_through_adapter",
         "supports_image_to_video",
         "supports_first_last",
         "conclusive_recovery",

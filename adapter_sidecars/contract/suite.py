@@ -15,6 +15,7 @@ from adapter_sidecars.contract.compile_contract import (
     DescribeContract,
     GoldenContract,
 )
+from adapter_sidecars.contract.fetch_contract import FetchOutputContract
 from adapter_sidecars.contract.lifecycle_contract import (
     CallbackContract,
     CancelContract,
@@ -34,6 +35,7 @@ ALL_CONTRACTS = (
     CallbackContract,
     CancelContract,
     UsageContract,
+    FetchOutputContract,
 )
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "CancelContract",
     "CompileContract",
     "DescribeContract",
+    "FetchOutputContract",
     "GoldenContract",
     "JobLifecycleContract",
     "RecoveryContract",

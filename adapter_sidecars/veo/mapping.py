@@ -2,8 +2,11 @@
 
 * ``done`` false/absent: RUNNING (``metadata.state`` PENDING/QUEUED -> QUEUED, THROTTLED ->
   THROTTLED, anything else unknown -> UNRECOGNIZED with the raw value kept).
-* ``done`` + samples: SUCCEEDED. ``done`` + RAI filter and no samples: FAILED SAFETY_OUTPUT
-  (Google does not bill it). ``done`` + ``error``: numeric canonical code (`RPC_ERRORS`).
+* ``done`` + samples: SUCCEEDED. A Gemini file URI (``/v1beta/files/{id}:download``) only
+  downloads with the API key, so it is marked ``fetch_through_adapter`` (the control plane
+  fetches it with FetchOutput); the URI itself never carries the key.
+* ``done`` + RAI filter and no samples: FAILED SAFETY_OUTPUT (Google does not bill it).
+  ``done`` + ``error``: numeric canonical code (`RPC_ERRORS`).
 * HTTP 429 RESOURCE_EXHAUSTED is QUOTA when the quota metric/id is per day or the RetryInfo
   delay is long (`LONG_RETRY_MS`), else RATE_LIMITED. On create, 503 UNAVAILABLE means nothing
   was created; 500 INTERNAL, 502 and 504 DEADLINE_EXCEEDED may have created an operation.
@@ -15,6 +18,7 @@ import re
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from adapter_sidecars.common.jobs import map_state, url_expiry
 from adapter_sidecars.common.transport import HttpReply, create_error_outcome, retry_after_ms
@@ -52,6 +56,13 @@ RPC_NAMES = {
 NOT_CREATED_5XX = frozenset({503})
 LONG_RETRY_MS = 10 * 60 * 1000
 _DAILY = re.compile(r"per_?day|perday|daily", re.IGNORECASE)
+_GEMINI_FILE = re.compile(r"/v1(?:beta)?/files/[^/]+:download$")
+
+
+def is_gemini_file(uri: str) -> bool:
+    """Whether `uri` is a Gemini Files API download link (needs ``x-goog-api-key``)."""
+    parts = urlsplit(uri)
+    return parts.scheme in ("http", "https") and bool(_GEMINI_FILE.search(parts.path))
 
 
 def operation_status(op: Mapping[str, Any], *, url_ttl_seconds: int, now: datetime) -> JobStatus:
@@ -75,7 +86,14 @@ def operation_status(op: Mapping[str, Any], *, url_ttl_seconds: int, now: dateti
         uri = video.get("uri") or video.get("gcsUri") if isinstance(video, dict) else None
         if isinstance(uri, str) and uri:
             mime = str(video.get("mimeType") or "video/mp4")
-            outputs.append(Output(uri, mime, url_expiry(uri, url_ttl_seconds, now)))
+            outputs.append(
+                Output(
+                    uri,
+                    mime,
+                    url_expiry(uri, url_ttl_seconds, now),
+                    fetch_through_adapter=is_gemini_file(uri),
+                )
+            )
     if outputs:
         return JobStatus(JobState.SUCCEEDED, "DONE", outputs=tuple(outputs), progress=1.0)
     if inner.get("raiMediaFilteredCount"):

@@ -12,7 +12,9 @@ A scripted item may be a value, an exception instance (raised), or a callable ta
 arguments and returning the value (sync or async), which lets a test act at the exact moment of
 the call (e.g. deliver a callback before the submit response). An empty submit script accepts
 with a fresh job id; an empty recover script is INCONCLUSIVE; `get_job` of an unscripted job is
-QUEUED. A job's last scripted snapshot repeats.
+QUEUED. A job's last scripted snapshot repeats. `set_output(uri, ...)` scripts what
+`fetch_output` streams for a URI (bytes, split into chunks, or `OutputChunk`s); an unscripted URI
+ends with an OUTPUT_EXPIRED error.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import inspect
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
@@ -31,6 +33,7 @@ from controlplane.adapters.types import (
     JobRef,
     JobSnapshot,
     JobState,
+    OutputChunk,
     PollResult,
     RecoverQuery,
     RecoverResult,
@@ -39,6 +42,7 @@ from controlplane.adapters.types import (
     SubmitResult,
     UsageRecord,
 )
+from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.spec import GenerationSpec
 
 __all__ = ["FakeAdapterClient", "SubmitCall"]
@@ -66,6 +70,8 @@ class FakeAdapterClient:
     recover_calls: list[RecoverQuery] = field(default_factory=list)
     usage_calls: list[tuple[str, datetime, datetime]] = field(default_factory=list)
     usage: list[UsageRecord] = field(default_factory=list)
+    fetch_output_calls: list[tuple[JobRef, str, int]] = field(default_factory=list)
+    _outputs: dict[str, list[OutputChunk]] = field(default_factory=dict)
     _submits: deque[Any] = field(default_factory=deque)
     _recovers: deque[Any] = field(default_factory=deque)
     _cancels: deque[Any] = field(default_factory=deque)
@@ -86,6 +92,24 @@ class FakeAdapterClient:
     def set_job(self, job_id: str, *snapshots: Any) -> None:
         """Replace the answers `get_job` gives for `job_id` (the last one repeats)."""
         self._jobs[job_id] = deque(snapshots)
+
+    def set_output(
+        self,
+        uri: str,
+        body: bytes | list[OutputChunk],
+        *,
+        content_type: str = "video/mp4",
+        chunk_size: int = 64 * 1024,
+    ) -> None:
+        """What `fetch_output(uri)` streams: `body` in chunks (declaring its type and length),
+        or exactly the given `OutputChunk`s."""
+        if isinstance(body, list):
+            self._outputs[uri] = list(body)
+            return
+        pieces = [body[i : i + chunk_size] for i in range(0, len(body), chunk_size)] or [b""]
+        chunks = [OutputChunk(data=p) for p in pieces]
+        chunks[0] = OutputChunk(pieces[0], content_type, len(body))
+        self._outputs[uri] = chunks
 
     def accepted(self, job_id: str | None = None, raw_status: str = "PENDING") -> SubmitResult:
         """An ACCEPTED result with `job_id` (or a fresh one)."""
@@ -139,6 +163,19 @@ class FakeAdapterClient:
     async def list_usage(self, account: str, start: datetime, end: datetime) -> list[UsageRecord]:
         self.usage_calls.append((account, start, end))
         return [u for u in self.usage if u.usage_time is None or start <= u.usage_time <= end]
+
+    async def fetch_output(
+        self, job: JobRef, uri: str, max_bytes: int
+    ) -> AsyncIterator[OutputChunk]:
+        self.fetch_output_calls.append((job, uri, max_bytes))
+        script = self._outputs.get(uri)
+        if script is None:
+            yield OutputChunk(
+                error=make_error(ErrorClass.OUTPUT_EXPIRED, "OUTPUT_EXPIRED", "no such output")
+            )
+            return
+        for chunk in script:
+            yield chunk
 
 
 async def _resolve(item: Any, *args: Any) -> Any:

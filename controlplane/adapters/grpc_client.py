@@ -9,6 +9,7 @@ an adapter reports in-band are rebuilt with the control plane's own handling mat
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -22,6 +23,7 @@ from controlplane.adapters.types import (
     JobRef,
     JobSnapshot,
     JobState,
+    OutputChunk,
     PollResult,
     RecoverQuery,
     RecoverResult,
@@ -57,6 +59,10 @@ class AdapterClient(Protocol):
     async def list_usage(
         self, account: str, start: datetime, end: datetime
     ) -> list[UsageRecord]: ...
+    def fetch_output(self, job: JobRef, uri: str, max_bytes: int) -> AsyncIterator[OutputChunk]:
+        """Download an output flagged `fetch_through_adapter` through the sidecar (which holds
+        the credentials). Never raises for a failed download: the last chunk carries the error."""
+        ...
 
 
 def _ts(value: datetime) -> timestamp_pb2.Timestamp:
@@ -152,6 +158,7 @@ def snapshot_from_proto(status: adapter_pb2.JobStatus) -> JobSnapshot:
                 expires_at=_dt(o.expires_at, o.HasField("expires_at")),
                 size_bytes=o.size_bytes,
                 checksum=o.checksum,
+                fetch_through_adapter=o.fetch_through_adapter,
             )
             for o in status.outputs
         ),
@@ -165,10 +172,13 @@ def snapshot_from_proto(status: adapter_pb2.JobStatus) -> JobSnapshot:
 class GrpcAdapterClient:
     """An `AdapterClient` for one sidecar address."""
 
-    def __init__(self, address: str, *, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, address: str, *, timeout_s: float = 30.0, fetch_timeout_s: float = 900.0
+    ) -> None:
         self._channel = grpc.aio.insecure_channel(address, options=NO_RETRIES)
         self._stub = adapter_service_pb2_grpc.ProviderAdapterServiceStub(self._channel)
         self._timeout = timeout_s
+        self._fetch_timeout = fetch_timeout_s
 
     async def close(self) -> None:
         await self._channel.close()
@@ -288,6 +298,39 @@ class GrpcAdapterClient:
             )
             for r in reply.records
         ]
+
+    async def fetch_output(
+        self, job: JobRef, uri: str, max_bytes: int
+    ) -> AsyncIterator[OutputChunk]:
+        call = self._stub.FetchOutput(
+            adapter_service_pb2.FetchOutputRequest(
+                job=_job_ref_proto(job), uri=uri, max_bytes=max_bytes
+            ),
+            timeout=self._fetch_timeout,
+        )
+        try:
+            async for reply in call:
+                yield OutputChunk(
+                    data=reply.chunk,
+                    content_type=reply.content_type,
+                    content_length=reply.content_length,
+                    error=error_from_proto(reply.error, reply.HasField("error")),
+                )
+        except grpc.aio.AioRpcError as exc:
+            yield OutputChunk(error=_fetch_rpc_failure(exc))
+        finally:
+            call.cancel()
+
+
+def _fetch_rpc_failure(exc: grpc.aio.AioRpcError) -> ProviderError:
+    """The FetchOutput RPC itself failed: a refusal (a URI the adapter will not fetch) is not
+    worth repeating, anything else (deadline, sidecar down) is."""
+    error_class = (
+        ErrorClass.INVALID_INPUT
+        if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+        else ErrorClass.TRANSIENT_NETWORK
+    )
+    return make_error(error_class, f"ADAPTER_{exc.code().name}", exc.details() or "")
 
 
 _REFUSED_BEFORE_PROVIDER = frozenset(

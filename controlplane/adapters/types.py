@@ -102,6 +102,23 @@ class JobOutput:
     expires_at: datetime | None = None
     size_bytes: int = 0
     checksum: str = ""
+    # The URI needs the provider's credentials, which only the sidecar holds: download it with
+    # `AdapterClient.fetch_output`, never directly.
+    fetch_through_adapter: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OutputChunk:
+    """One piece of an adapter's FetchOutput stream.
+
+    The first piece declares `content_type` and `content_length` (0: unknown); pieces carry the
+    body in order; a failed download ends with a piece whose `error` is set (OUTPUT_EXPIRED for
+    a gone link, anything else worth another try)."""
+
+    data: bytes = b""
+    content_type: str = ""
+    content_length: int = 0
+    error: ProviderError | None = None
 
 
 @dataclass(frozen=True, slots=True)

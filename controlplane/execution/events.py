@@ -118,6 +118,8 @@ def phase_of(state: AttemptState) -> PollPhase | None:
 
 
 def outputs_locator(snapshot: JobSnapshot) -> dict[str, Any]:
+    """The ``provider_jobs.output_locator`` of a snapshot: what the output step fetches, with
+    ``fetch_through_adapter`` kept (such a URI is downloaded through the adapter sidecar)."""
     return {
         "outputs": [
             {
@@ -126,6 +128,7 @@ def outputs_locator(snapshot: JobSnapshot) -> dict[str, Any]:
                 "expires_at": o.expires_at.isoformat() if o.expires_at else None,
                 "size_bytes": o.size_bytes,
                 "checksum": o.checksum,
+                "fetch_through_adapter": o.fetch_through_adapter,
             }
             for o in snapshot.outputs
         ]

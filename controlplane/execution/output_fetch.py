@@ -4,6 +4,13 @@ A provider's SUCCEEDED is not delivery: the output URL expires within a day or t
 engine calls `fetch_output` to stream it, check it and store it, and only a `StoredAsset` lets
 the task succeed. This module touches no database and calls no adapter; the engine owns state.
 
+Where the bytes come from is pluggable (`ByteSource`, carried by ``FetchRequest.source``):
+`HttpSource` GETs the URL itself (the default, for signed links anyone may download), and
+`StreamSource` takes a stream someone else downloads: the adapter sidecar's FetchOutput, for
+outputs that need the provider's credentials (``fetch_through_adapter``). A source only turns
+its transport's answer into a declared Content-Type/Length plus chunks, or a typed failure
+(`SourceFailed`); every check below applies to both in one place.
+
 The outcome is a value, one of (``FetchResult``)::
 
     StoredAsset          delivered: the bytes are in the ObjectStore and match the request
@@ -41,11 +48,14 @@ import asyncio
 import enum
 import hashlib
 import tempfile
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from fractions import Fraction
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import av
@@ -54,14 +64,20 @@ import httpx
 from controlplane.storage import ObjectStore, validate_key
 
 __all__ = [
+    "Body",
+    "ByteSource",
     "ExpectedMedia",
     "FetchRequest",
     "FetchResult",
+    "HttpSource",
     "InvalidReason",
     "OutputExpired",
     "OutputInvalid",
     "ProviderChecksum",
+    "SourceFailed",
     "StoredAsset",
+    "StreamPart",
+    "StreamSource",
     "TransientFetchError",
     "fetch_output",
 ]
@@ -107,8 +123,30 @@ class ProviderChecksum:
 
 
 @dataclass(frozen=True, slots=True)
+class Body:
+    """An opened download: what the sender declared, and the bytes in order.
+
+    `chunks` may raise `SourceFailed` when the download fails part-way."""
+
+    content_type: str  # "" when not declared
+    content_length: int | None  # None when not declared
+    chunks: AsyncIterator[bytes]
+    where: str  # the redacted locator, for messages
+
+
+class ByteSource(Protocol):
+    """Where an output's bytes come from (see the module docstring)."""
+
+    def open(self) -> AbstractAsyncContextManager[Body]:
+        """Open the download; raises `SourceFailed` when it cannot be had."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
 class FetchRequest:
-    """One output of one attempt to copy. `source_uri` may carry a signature: kept out of repr."""
+    """One output of one attempt to copy. `source_uri` may carry a signature: kept out of repr.
+
+    `source` is where the bytes come from; None means an `HttpSource` GET of `source_uri`."""
 
     task_id: str
     attempt_id: str
@@ -119,6 +157,7 @@ class FetchRequest:
     provider_checksum: ProviderChecksum | None = None
     expires_at: datetime | None = None  # when the provider says the locator stops working
     key_prefix: str = "outputs"
+    source: ByteSource | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if urlsplit(self.source_uri).scheme not in ("http", "https"):
@@ -192,6 +231,100 @@ FetchResult = StoredAsset | OutputExpired | OutputInvalid | TransientFetchError
 _Failure = OutputExpired | OutputInvalid | TransientFetchError
 
 
+class SourceFailed(Exception):
+    """A `ByteSource` could not deliver; `failure` says how (expired, invalid, transient)."""
+
+    def __init__(self, failure: _Failure) -> None:
+        super().__init__(failure)
+        self.failure = failure
+
+
+class HttpSource:
+    """GET `uri` with `http`, following redirects; the status decides the failure:
+
+    408/425/429/5xx and transport errors are transient, any other 4xx is OUTPUT_EXPIRED, any
+    other non-200 is transient."""
+
+    def __init__(self, http: httpx.AsyncClient, uri: str) -> None:
+        self._http = http
+        self._uri = uri
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[Body]:
+        where = _redact(self._uri)
+        try:
+            async with self._http.stream("GET", self._uri, follow_redirects=True) as response:
+                failure = _status_failure(response)
+                if failure is not None:
+                    raise SourceFailed(failure)
+                length = response.headers.get("content-length", "")
+                yield Body(
+                    content_type=response.headers.get("content-type", ""),
+                    content_length=int(length) if length.isdigit() else None,
+                    chunks=response.aiter_bytes(_CHUNK),
+                    where=_redact(str(response.url)),
+                )
+        except httpx.RequestError as exc:  # transport errors, timeouts, redirect loops, bad gzip
+            raise SourceFailed(
+                TransientFetchError(f"{type(exc).__name__} fetching {where}: {exc}")
+            ) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class StreamPart:
+    """One piece of a stream handed to `StreamSource`: the first declares the Content-Type and
+    Length (0: unknown); a part with `failure` ends the stream."""
+
+    chunk: bytes = b""
+    content_type: str = ""
+    content_length: int = 0
+    failure: _Failure | None = None
+
+
+class StreamSource:
+    """Bytes someone else downloads, e.g. the adapter sidecar's FetchOutput stream.
+
+    `open_stream` is called once per fetch; `where` (already redacted) names it in messages."""
+
+    def __init__(self, open_stream: Callable[[], AsyncIterator[StreamPart]], where: str) -> None:
+        self._open_stream = open_stream
+        self._where = where
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[Body]:
+        parts = self._open_stream()
+        try:
+            first = await anext(parts, None) or StreamPart()
+            if first.failure is not None:
+                raise SourceFailed(first.failure)
+            chunks = _stream_chunks(first, parts)
+            try:
+                yield Body(
+                    content_type=first.content_type,
+                    content_length=first.content_length or None,
+                    chunks=chunks,
+                    where=self._where,
+                )
+            finally:
+                await chunks.aclose()
+        finally:
+            aclose = getattr(parts, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def _stream_chunks(
+    first: StreamPart, rest: AsyncIterator[StreamPart]
+) -> AsyncGenerator[bytes, None]:
+    if first.chunk:
+        yield first.chunk
+    async for part in rest:
+        if part.failure is not None:
+            raise SourceFailed(part.failure)
+        if part.chunk:
+            yield part.chunk
+
+
 @dataclass(frozen=True, slots=True)
 class _Probe:
     duration_ms: int
@@ -210,13 +343,15 @@ async def fetch_output(
     *,
     now: datetime | None = None,
 ) -> FetchResult:
-    """Stream `request.source_uri`, check it, store it at `request.storage_key`."""
+    """Stream the output from `request.source` (default: GET `request.source_uri` with `http`),
+    check it, store it at `request.storage_key`."""
     current = now if now is not None else datetime.now(UTC)
     if request.expires_at is not None and request.expires_at <= current:
         return OutputExpired(f"locator expired at {request.expires_at.isoformat()}")
     with tempfile.TemporaryDirectory(prefix="vidroute-fetch-") as spool_dir:
         spool = Path(spool_dir) / "output"
-        downloaded = await _download(http, request, spool)
+        source = request.source or HttpSource(http, request.source_uri)
+        downloaded = await _download(source, request, spool)
         if not isinstance(downloaded, tuple):
             return downloaded
         size, sha256 = downloaded
@@ -243,13 +378,12 @@ async def fetch_output(
 
 
 async def _download(
-    http: httpx.AsyncClient, request: FetchRequest, spool: Path
+    source: ByteSource, request: FetchRequest, spool: Path
 ) -> tuple[int, str] | _Failure:
     """Stream the body into `spool`; (size, sha256) or the failure."""
-    where = _redact(request.source_uri)
     try:
-        async with http.stream("GET", request.source_uri, follow_redirects=True) as response:
-            failure = _check_response(response, request)
+        async with source.open() as body:
+            failure = _check_body(body, request)
             if failure is not None:
                 return failure
             sha256 = hashlib.sha256()
@@ -260,7 +394,7 @@ async def _download(
             )
             size, head = 0, b""
             with spool.open("wb") as fh:
-                async for chunk in response.aiter_bytes(_CHUNK):
+                async for chunk in body.chunks:
                     size += len(chunk)
                     if size > request.max_bytes:
                         return OutputInvalid(
@@ -274,8 +408,8 @@ async def _download(
                     if extra is not None:
                         extra.update(chunk)
                     await asyncio.to_thread(fh.write, chunk)
-    except httpx.RequestError as exc:  # transport errors, timeouts, redirect loops, bad gzip
-        return TransientFetchError(f"{type(exc).__name__} fetching {where}: {exc}")
+    except SourceFailed as exc:
+        return exc.failure
     if len(head) < 8:
         return OutputInvalid(InvalidReason.NOT_MP4, f"body is only {size} bytes")
     expected = request.provider_checksum
@@ -287,7 +421,8 @@ async def _download(
     return size, sha256.hexdigest()
 
 
-def _check_response(response: httpx.Response, request: FetchRequest) -> _Failure | None:
+def _status_failure(response: httpx.Response) -> _Failure | None:
+    """The failure an HTTP status means, None for 200."""
     status, where = response.status_code, _redact(str(response.url))
     if status in _TRANSIENT_4XX or status >= 500:
         retry_after = _retry_after_s(response.headers.get("retry-after"))
@@ -296,13 +431,18 @@ def _check_response(response: httpx.Response, request: FetchRequest) -> _Failure
         return OutputExpired(f"HTTP {status} from {where}", status)
     if status != 200:
         return TransientFetchError(f"unexpected HTTP {status} from {where}", status)
-    mime = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    return None
+
+
+def _check_body(body: Body, request: FetchRequest) -> _Failure | None:
+    """The declared Content-Type and Content-Length, whatever the source."""
+    mime = body.content_type.split(";")[0].strip().lower()
     if mime and mime != request.expected_mime.lower() and mime not in _GENERIC_MIME:
-        return OutputInvalid(InvalidReason.MIME_TYPE, f"Content-Type {mime!r} from {where}")
-    length = response.headers.get("content-length", "")
-    if length.isdigit() and int(length) > request.max_bytes:
+        return OutputInvalid(InvalidReason.MIME_TYPE, f"Content-Type {mime!r} from {body.where}")
+    if body.content_length is not None and body.content_length > request.max_bytes:
         return OutputInvalid(
-            InvalidReason.TOO_LARGE, f"Content-Length {length} exceeds {request.max_bytes}"
+            InvalidReason.TOO_LARGE,
+            f"Content-Length {body.content_length} exceeds {request.max_bytes}",
         )
     return None
 

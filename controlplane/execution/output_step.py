@@ -7,22 +7,28 @@
     TransientFetchError  retry later with backoff; after `max_fetch_attempts` the task FAILS
 
 The fetch function is injected (`FetchFn`); `fetcher_for(http, object_store)` adapts
-`controlplane.execution.output_fetch.fetch_output`. The message is completed in the same
-transaction as the task's final state, so a crash re-fetches (the storage key is per attempt,
-so a second fetch overwrites the same object).
+`controlplane.execution.output_fetch.fetch_output`. An output flagged ``fetch_through_adapter``
+(its URI needs the provider's credentials, which only the sidecar holds) is fetched with the
+adapter's FetchOutput stream as the request's byte source (`adapter_source`); every other
+output is a plain HTTP GET. Both go through the same checks and storage.
+
+The message is completed in the same transaction as the task's final state, so a crash
+re-fetches (the storage key is per attempt, so a second fetch overwrites the same object).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
 
-from controlplane.domain.errors import ErrorClass
+from controlplane.adapters.grpc_client import AdapterClient
+from controlplane.adapters.types import JobRef
+from controlplane.domain.errors import ErrorClass, ProviderError
 from controlplane.domain.failover import backoff_delay_s
 from controlplane.domain.states import TaskState
 from controlplane.execution.contracts import TOPIC_OUTPUT_FETCH
@@ -37,18 +43,26 @@ from controlplane.execution.output_fetch import (
     ExpectedMedia,
     FetchRequest,
     FetchResult,
+    InvalidReason,
     OutputExpired,
     OutputInvalid,
     ProviderChecksum,
     StoredAsset,
+    StreamPart,
+    StreamSource,
     TransientFetchError,
     fetch_output,
 )
-from controlplane.persistence.records import Failure, OutboxRecord
+from controlplane.persistence.records import (
+    AttemptRecord,
+    Failure,
+    OutboxRecord,
+    ProviderJobRecord,
+)
 from controlplane.persistence.repository import Store
 from controlplane.storage.base import ObjectStore, StorageError
 
-__all__ = ["FetchFn", "OutputStep", "fetcher_for"]
+__all__ = ["FetchFn", "OutputStep", "adapter_source", "fetcher_for"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +84,35 @@ def _checksum(raw: str) -> ProviderChecksum | None:
         return ProviderChecksum(algorithm, digest) if digest else None
     except ValueError:
         return None
+
+
+def _failure_of(error: ProviderError) -> OutputExpired | OutputInvalid | TransientFetchError:
+    """What an adapter's FetchOutput error means for delivery."""
+    if error.error_class is ErrorClass.OUTPUT_EXPIRED:
+        return OutputExpired(f"adapter: {error.message}", error.raw_status_code)
+    if error.code == "OUTPUT_TOO_LARGE":
+        return OutputInvalid(InvalidReason.TOO_LARGE, f"adapter: {error.message}")
+    retry_after = error.retry_after_ms / 1000 if error.retry_after_ms is not None else None
+    return TransientFetchError(
+        f"adapter {error.code}: {error.message}", error.raw_status_code, retry_after
+    )
+
+
+def adapter_source(client: AdapterClient, job: JobRef, uri: str, max_bytes: int) -> StreamSource:
+    """A byte source over the adapter's FetchOutput of `uri` (an output of `job`)."""
+
+    async def stream() -> AsyncIterator[StreamPart]:
+        try:
+            async for chunk in client.fetch_output(job, uri, max_bytes):
+                failure = _failure_of(chunk.error) if chunk.error is not None else None
+                yield StreamPart(chunk.data, chunk.content_type, chunk.content_length, failure)
+                if failure is not None:
+                    return
+        except Exception as exc:  # the adapter client failed unexpectedly: try again later
+            yield StreamPart(failure=TransientFetchError(f"adapter fetch_output raised {exc!r}"))
+
+    where = f"adapter {job.account or '-'}/{job.provider_job_id}"
+    return StreamSource(stream, where)
 
 
 class OutputStep:
@@ -110,7 +153,7 @@ class OutputStep:
         ):
             await self._store.complete(message.id, cfg.worker_id, now=self._deps.clock())
             return
-        _, job, runtime = snap
+        attempt, job, runtime = snap
         spec = detail.task.spec
         outputs = outputs_json(job)
         result: FetchResult
@@ -138,6 +181,8 @@ class OutputStep:
             except ValueError as exc:
                 result = OutputExpired(f"unusable output locator: {exc}")
             else:
+                if first.get("fetch_through_adapter") and job is not None:
+                    request = await self._through_adapter(attempt, job, request)
                 self.fetches += 1
                 try:
                     result = await self._fetch(request)
@@ -170,6 +215,17 @@ class OutputStep:
                 unit_random=self._deps.rng.random(),
             )
             await self._retry(message, attempt_id, "fetch_attempts", delay)
+
+    async def _through_adapter(
+        self, attempt: AttemptRecord, job: ProviderJobRecord, request: FetchRequest
+    ) -> FetchRequest:
+        """`request` with the adapter's FetchOutput stream as its byte source: the URI needs
+        the provider's credentials, which only the sidecar holds."""
+        account = await self._deps.xstore.account(attempt.provider_account_id)
+        ref = job_ref(attempt, account, job.provider_job_id, job.provider_request_id or "")
+        client = self._deps.adapter(account)
+        source = adapter_source(client, ref, request.source_uri, request.max_bytes)
+        return replace(request, source=source)
 
     async def _refresh(self, attempt_id: int) -> None:
         """Ask the provider for the job again: its answer carries fresh output URLs."""

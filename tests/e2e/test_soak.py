@@ -6,10 +6,10 @@ on the emulators, random cancels, then the invariant checker and the emulators' 
     pytest tests/e2e/test_soak.py --soak-seed 1234        # replay a plan
 
 The plan (provider, fault, cancel per task) is a function of the seed; the interleaving with the
-control plane's clocks is not. Google (Veo) is in the mix for the submit side, but its outputs
-cannot be downloaded today (see test_veo_output_is_stored), so its tasks may end FAILED with
-OUTPUT_EXPIRED; every other task must end SUCCEEDED, CANCELLED (if it was cancelled) or FAILED
-because the provider failed its job (an injected fail_job, as the emulator's truth shows).
+control plane's clocks is not. Every task must end SUCCEEDED, CANCELLED (if it was cancelled),
+FAILED because the provider failed its job (an injected fail_job, as the emulator's truth shows),
+or FAILED with OUTPUT_EXPIRED when an expire_output fault put a Veo job's files past retention
+(at most one such task per such fault armed).
 """
 
 from __future__ import annotations

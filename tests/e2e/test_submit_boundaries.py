@@ -395,15 +395,12 @@ def test_expired_output_url_is_refreshed(stack: Stack, provider: str) -> None:
     stack.assert_clean()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Gemini file URIs need the API key, which only the sidecar holds; the control "
-    "plane downloads them without it (HTTP 403) and fails the task OUTPUT_EXPIRED",
-)
 def test_veo_output_is_stored(stack: Stack) -> None:
-    """A Veo job that succeeded is stored and adopted (today its output cannot be downloaded)."""
+    """A Veo job that succeeded is stored and adopted: its Gemini file URI needs the API key,
+    which only the sidecar holds, so the control plane downloads it through FetchOutput."""
     task, truth = stack.run("google", [])
     assert len(truth) == 1
     assert len(task.attempts) == 1
     assert task.state == sp.TASK_STATE_SUCCEEDED, describe(task)
     _assert_mp4(task)
+    stack.assert_clean()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -17,6 +18,8 @@ from controlplane.execution.output_fetch import (
     OutputInvalid,
     ProviderChecksum,
     StoredAsset,
+    StreamPart,
+    StreamSource,
     TransientFetchError,
     fetch_output,
 )
@@ -265,3 +268,62 @@ async def test_the_same_fetch_into_s3_stores_the_object(
     assert result.uri == f"s3://{bucket}/media/outputs/task-1/attempt-1/output.mp4"
     assert moto_s3.read(bucket, "media/outputs/task-1/attempt-1/output.mp4") == CLIP
     assert result.checksum_sha256 == hashlib.sha256(CLIP).hexdigest()
+
+
+def _stream(*parts: StreamPart) -> StreamSource:
+    async def parts_of() -> AsyncIterator[StreamPart]:
+        for part in parts:
+            yield part
+
+    return StreamSource(parts_of, "adapter prod/job-1")
+
+
+def _chunks(data: bytes, size: int = 64 * 1024) -> list[StreamPart]:
+    pieces = [data[i : i + size] for i in range(0, len(data), size)]
+    return [StreamPart(pieces[0], "video/mp4", len(data))] + [StreamPart(p) for p in pieces[1:]]
+
+
+async def test_stream_source_clip_is_stored_like_a_download(
+    http: httpx.AsyncClient, fs_store: FilesystemObjectStore
+) -> None:
+    """Bytes from a stream (the adapter's FetchOutput) get the same checks, probe and store."""
+    request = _request(
+        "https://api.example/v1beta/files/f:download", source=_stream(*_chunks(CLIP))
+    )
+    result = await fetch_output(http, fs_store, request)
+    assert isinstance(result, StoredAsset), result
+    assert result.checksum_sha256 == hashlib.sha256(CLIP).hexdigest()
+    assert await fs_store.get(result.key) == CLIP
+
+
+async def test_stream_source_checks_mime_size_and_signature(
+    http: httpx.AsyncClient, fs_store: FilesystemObjectStore
+) -> None:
+    """Declared type, declared length, streamed length and the MP4 signature are all checked."""
+    uri = "https://api.example/v1beta/files/f:download"
+    html = _stream(StreamPart(b"<html>quota</html>", "text/html", 18))
+    _invalid(
+        await fetch_output(http, fs_store, _request(uri, source=html)), InvalidReason.MIME_TYPE
+    )
+    big = _stream(StreamPart(CLIP[:10], "video/mp4", 10**12))
+    _invalid(await fetch_output(http, fs_store, _request(uri, source=big)), InvalidReason.TOO_LARGE)
+    undeclared = _stream(*(StreamPart(p.chunk) for p in _chunks(CLIP)))
+    small = _request(uri, source=undeclared, max_bytes=len(CLIP) - 1)
+    _invalid(await fetch_output(http, fs_store, small), InvalidReason.TOO_LARGE)
+    page = _stream(StreamPart(b"<!doctype html><p>hi</p>", "application/octet-stream"))
+    _invalid(await fetch_output(http, fs_store, _request(uri, source=page)), InvalidReason.NOT_MP4)
+
+
+async def test_stream_source_failures_keep_their_type(
+    http: httpx.AsyncClient, fs_store: FilesystemObjectStore
+) -> None:
+    """A failure before the body or part-way through is returned as the source typed it."""
+    uri = "https://api.example/v1beta/files/f:download"
+    gone = _stream(StreamPart(failure=OutputExpired("HTTP 404", 404)))
+    assert await fetch_output(http, fs_store, _request(uri, source=gone)) == OutputExpired(
+        "HTTP 404", 404
+    )
+    broken = _stream(_chunks(CLIP)[0], StreamPart(failure=TransientFetchError("reset")))
+    result = await fetch_output(http, fs_store, _request(uri, source=broken))
+    assert result == TransientFetchError("reset")
+    assert not await fs_store.exists("outputs/task-1/attempt-1/output.mp4")

@@ -668,6 +668,7 @@ class Output(_message.Message):
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     CHECKSUM_FIELD_NUMBER: _builtins.int
+    FETCH_THROUGH_ADAPTER_FIELD_NUMBER: _builtins.int
     uri: _builtins.str
     """Where to download it."""
     mime_type: _builtins.str
@@ -676,6 +677,8 @@ class Output(_message.Message):
     """Size in bytes; 0 if unknown."""
     checksum: _builtins.str
     """Checksum as the provider reports it, if any."""
+    fetch_through_adapter: _builtins.bool
+    """The URI needs the provider's credentials: download it with FetchOutput, never directly."""
     @_builtins.property
     def expires_at(self) -> _timestamp_pb2.Timestamp:
         """When the URI stops working; unset if unknown."""
@@ -688,10 +691,11 @@ class Output(_message.Message):
         expires_at: _timestamp_pb2.Timestamp | None = ...,
         size_bytes: _builtins.int = ...,
         checksum: _builtins.str = ...,
+        fetch_through_adapter: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "expires_at", b"expires_at", "mime_type", b"mime_type", "size_bytes", b"size_bytes", "uri", b"uri"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum", b"checksum", "expires_at", b"expires_at", "fetch_through_adapter", b"fetch_through_adapter", "mime_type", b"mime_type", "size_bytes", b"size_bytes", "uri", b"uri"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

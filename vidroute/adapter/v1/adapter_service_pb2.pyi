@@ -482,3 +482,75 @@ class ListUsageResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListUsageResponse: _TypeAlias = ListUsageResponse  # noqa: Y015
+
+@_typing.final
+class FetchOutputRequest(_message.Message):
+    """Request of FetchOutput."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_FIELD_NUMBER: _builtins.int
+    URI_FIELD_NUMBER: _builtins.int
+    MAX_BYTES_FIELD_NUMBER: _builtins.int
+    uri: _builtins.str
+    """The output URI exactly as GetJob returned it (Output.uri)."""
+    max_bytes: _builtins.int
+    """Largest body the caller accepts; a longer body ends the stream with an error. 0 means the
+    adapter's own limit.
+    """
+    @_builtins.property
+    def job(self) -> _adapter_pb2.JobRef:
+        """The job that produced the output."""
+
+    def __init__(
+        self,
+        *,
+        job: _adapter_pb2.JobRef | None = ...,
+        uri: _builtins.str = ...,
+        max_bytes: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job", b"job", "max_bytes", b"max_bytes", "uri", b"uri"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FetchOutputRequest: _TypeAlias = FetchOutputRequest  # noqa: Y015
+
+@_typing.final
+class FetchOutputResponse(_message.Message):
+    """One message of the FetchOutput stream."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    CONTENT_LENGTH_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    content_type: _builtins.str
+    """MIME type the provider declared; set on the first message."""
+    content_length: _builtins.int
+    """Body length the provider declared; set on the first message, 0 if unknown."""
+    chunk: _builtins.bytes
+    """The next bytes of the body (up to 64 KiB)."""
+    @_builtins.property
+    def error(self) -> _error_pb2.Error:
+        """Set on a final message when the download failed: OUTPUT_EXPIRED for a 403/404/410 of an
+        expired link, TRANSIENT_NETWORK for connection errors and 5xx.
+        """
+
+    def __init__(
+        self,
+        *,
+        content_type: _builtins.str = ...,
+        content_length: _builtins.int = ...,
+        chunk: _builtins.bytes = ...,
+        error: _error_pb2.Error | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "content_length", b"content_length", "content_type", b"content_type", "error", b"error"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FetchOutputResponse: _TypeAlias = FetchOutputResponse  # noqa: Y015

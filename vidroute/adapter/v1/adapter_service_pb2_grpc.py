@@ -72,6 +72,11 @@ class ProviderAdapterServiceStub:
                 request_serializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.ListUsageRequest.SerializeToString,
                 response_deserializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.ListUsageResponse.FromString,
                 _registered_method=True)
+        self.FetchOutput = channel.unary_stream(
+                '/vidroute.adapter.v1.ProviderAdapterService/FetchOutput',
+                request_serializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.FetchOutputRequest.SerializeToString,
+                response_deserializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.FetchOutputResponse.FromString,
+                _registered_method=True)
 
 
 class ProviderAdapterServiceServicer:
@@ -130,6 +135,15 @@ class ProviderAdapterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchOutput(self, request, context):
+        """Download an output whose URI needs the provider's credentials (Output.fetch_through_adapter).
+        Only URIs on the provider's own host are fetched; anything else is INVALID_ARGUMENT.
+        Streams the bytes in order; a failed download ends with a message carrying error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProviderAdapterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -167,6 +181,11 @@ def add_ProviderAdapterServiceServicer_to_server(servicer, server):
                     servicer.ListUsage,
                     request_deserializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.ListUsageRequest.FromString,
                     response_serializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.ListUsageResponse.SerializeToString,
+            ),
+            'FetchOutput': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchOutput,
+                    request_deserializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.FetchOutputRequest.FromString,
+                    response_serializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.FetchOutputResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -361,6 +380,33 @@ class ProviderAdapterService:
             '/vidroute.adapter.v1.ProviderAdapterService/ListUsage',
             vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.ListUsageRequest.SerializeToString,
             vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.ListUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/vidroute.adapter.v1.ProviderAdapterService/FetchOutput',
+            vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.FetchOutputRequest.SerializeToString,
+            vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.FetchOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -52,6 +52,11 @@ class ProviderAdapterServiceStub:
     """Find the job of a submit whose outcome was UNKNOWN (design 9.17.4)."""
     ListUsage: _grpc.UnaryUnaryMultiCallable[_adapter_service_pb2.ListUsageRequest, _adapter_service_pb2.ListUsageResponse]
     """Usage records in a time window, as the provider reports them."""
+    FetchOutput: _grpc.UnaryStreamMultiCallable[_adapter_service_pb2.FetchOutputRequest, _adapter_service_pb2.FetchOutputResponse]
+    """Download an output whose URI needs the provider's credentials (Output.fetch_through_adapter).
+    Only URIs on the provider's own host are fetched; anything else is INVALID_ARGUMENT.
+    Streams the bytes in order; a failed download ends with a message carrying error.
+    """
 
 @_typing.type_check_only
 class ProviderAdapterServiceAsyncStub(ProviderAdapterServiceStub):
@@ -77,6 +82,11 @@ class ProviderAdapterServiceAsyncStub(ProviderAdapterServiceStub):
     """Find the job of a submit whose outcome was UNKNOWN (design 9.17.4)."""
     ListUsage: _aio.UnaryUnaryMultiCallable[_adapter_service_pb2.ListUsageRequest, _adapter_service_pb2.ListUsageResponse]  # type: ignore[assignment]
     """Usage records in a time window, as the provider reports them."""
+    FetchOutput: _aio.UnaryStreamMultiCallable[_adapter_service_pb2.FetchOutputRequest, _adapter_service_pb2.FetchOutputResponse]  # type: ignore[assignment]
+    """Download an output whose URI needs the provider's credentials (Output.fetch_through_adapter).
+    Only URIs on the provider's own host are fetched; anything else is INVALID_ARGUMENT.
+    Streams the bytes in order; a failed download ends with a message carrying error.
+    """
 
 class ProviderAdapterServiceServicer(metaclass=_abc_1.ABCMeta):
     """The contract every provider adapter sidecar implements. The control plane never speaks a
@@ -141,5 +151,16 @@ class ProviderAdapterServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_adapter_service_pb2.ListUsageResponse, _abc.Awaitable[_adapter_service_pb2.ListUsageResponse]]:
         """Usage records in a time window, as the provider reports them."""
+
+    @_abc_1.abstractmethod
+    def FetchOutput(
+        self,
+        request: _adapter_service_pb2.FetchOutputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_adapter_service_pb2.FetchOutputResponse], _abc.AsyncIterator[_adapter_service_pb2.FetchOutputResponse]]:
+        """Download an output whose URI needs the provider's credentials (Output.fetch_through_adapter).
+        Only URIs on the provider's own host are fetched; anything else is INVALID_ARGUMENT.
+        Streams the bytes in order; a failed download ends with a message carrying error.
+        """
 
 def add_ProviderAdapterServiceServicer_to_server(servicer: ProviderAdapterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
