@@ -28,7 +28,7 @@ from controlplane.domain.exceptions import NotFound
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
 from controlplane.execution.contracts import TOPIC_CANCEL
 from controlplane.execution.events import EventNormalizer, EventSource, Observation
-from controlplane.execution.outcomes import AfterCommit, ExecutionDeps, job_ref
+from controlplane.execution.outcomes import AfterCommit, ExecutionDeps, claim_batch, job_ref
 from controlplane.persistence.records import NewOutboxMessage, OutboxRecord, TaskRecord
 from controlplane.persistence.repository import Store
 
@@ -124,14 +124,7 @@ class CancelWorker:
         self._normalizer = normalizer
 
     async def run_once(self) -> int:
-        cfg = self._deps.config
-        messages = await self._store.claim(
-            TOPIC_CANCEL,
-            cfg.worker_id,
-            limit=cfg.batch_size,
-            lease_seconds=cfg.claim_lease_s,
-            now=self._deps.clock(),
-        )
+        messages = await claim_batch(self._store, self._deps, TOPIC_CANCEL)
         for message in messages:
             await self.handle(message)
         return len(messages)

@@ -49,9 +49,11 @@ from controlplane.persistence.records import (
     Failure,
     NewOutboxMessage,
     NewProviderJob,
+    OutboxRecord,
     ProviderJobRecord,
     TaskRecord,
 )
+from controlplane.persistence.repository import Store
 
 __all__ = [
     "PROVEN_ABSENT",
@@ -102,6 +104,18 @@ class ExecutionDeps:
 
 SubmitObserver = Callable[[AccountInfo, AttemptRecord, SubmitResult, float], Awaitable[None]]
 AttemptEndObserver = Callable[[AccountInfo, AttemptRecord, JobSnapshot], Awaitable[None]]
+
+
+async def claim_batch(store: Store, deps: ExecutionDeps, topic: str) -> list[OutboxRecord]:
+    """Claim this worker's next batch of `topic` messages for the configured lease."""
+    cfg = deps.config
+    return await store.claim(
+        topic,
+        cfg.worker_id,
+        limit=cfg.batch_size,
+        lease_seconds=cfg.claim_lease_s,
+        now=deps.clock(),
+    )
 
 
 @dataclass

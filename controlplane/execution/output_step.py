@@ -38,7 +38,13 @@ from controlplane.execution.events import (
     Observation,
     outputs_locator,
 )
-from controlplane.execution.outcomes import AfterCommit, ExecutionDeps, job_ref, outputs_json
+from controlplane.execution.outcomes import (
+    AfterCommit,
+    ExecutionDeps,
+    claim_batch,
+    job_ref,
+    outputs_json,
+)
 from controlplane.execution.output_fetch import (
     ExpectedMedia,
     FetchRequest,
@@ -128,14 +134,7 @@ class OutputStep:
         self.fetches = 0
 
     async def run_once(self) -> int:
-        cfg = self._deps.config
-        messages = await self._store.claim(
-            TOPIC_OUTPUT_FETCH,
-            cfg.worker_id,
-            limit=cfg.batch_size,
-            lease_seconds=cfg.claim_lease_s,
-            now=self._deps.clock(),
-        )
+        messages = await claim_batch(self._store, self._deps, TOPIC_OUTPUT_FETCH)
         for message in messages:
             await self.handle(message)
         return len(messages)

@@ -32,6 +32,7 @@ from controlplane.execution.outcomes import (
     AfterCommit,
     ExecutionDeps,
     accept,
+    claim_batch,
     fail_attempt,
     job_ref,
     plan_of,
@@ -57,14 +58,7 @@ class SubmitWorker:
 
     async def run_once(self) -> int:
         """Claim and handle one batch; returns how many messages were claimed."""
-        cfg = self._deps.config
-        messages = await self._store.claim(
-            TOPIC_SUBMIT,
-            cfg.worker_id,
-            limit=cfg.batch_size,
-            lease_seconds=cfg.claim_lease_s,
-            now=self._deps.clock(),
-        )
+        messages = await claim_batch(self._store, self._deps, TOPIC_SUBMIT)
         for message in messages:
             await self.handle(message)
         return len(messages)
