@@ -19,6 +19,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
 from sqlalchemy.engine import URL, Connection
 
 from controlplane.persistence.db import create_engine
@@ -37,10 +38,19 @@ def alembic_config(url: str | URL | None = None) -> Config:
     return config
 
 
+# Every replica migrates on start; on PostgreSQL they queue on this transaction-scoped
+# advisory lock so exactly one applies a revision and the others then find nothing to do.
+MIGRATION_LOCK_ID = 0x76696472  # "vidr"
+
+
 async def _run(url: str | URL, action: Callable[[Config], None]) -> None:
     engine = create_engine(url)
     try:
         async with engine.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                await connection.execute(
+                    text("SELECT pg_advisory_xact_lock(:id)"), {"id": MIGRATION_LOCK_ID}
+                )
 
             def _in_connection(sync_connection: Connection) -> None:
                 config = alembic_config()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 from typing import Any
 
 from alembic.autogenerate import compare_metadata
@@ -14,6 +16,7 @@ from controlplane.persistence.db import create_engine
 from controlplane.persistence.execution_store import execution_metadata
 from controlplane.persistence.migrate import alembic_config, current_revision, downgrade, upgrade
 from controlplane.persistence.models import Base
+from tests.conftest import PostgresServer
 
 
 def _all_models() -> MetaData:
@@ -90,3 +93,15 @@ async def test_model_comparison_is_not_vacuous(empty_database_url: str) -> None:
         await engine.dispose()
     added = {op[1].name for op in diff if op[0] == "add_table"}
     assert added == ALL_TABLES
+
+
+async def test_concurrent_upgrades_on_postgres_serialize(postgres_server: PostgresServer) -> None:
+    """Replicas migrating one PostgreSQL database at the same moment all succeed, once."""
+    name = await postgres_server.create_database(secrets.token_hex(4))
+    url = postgres_server.url_for(name)
+    try:
+        await asyncio.gather(*(upgrade(url) for _ in range(4)))
+        assert await current_revision(url) == HEAD
+        assert await _tables(url) == ALL_TABLES
+    finally:
+        await postgres_server.drop_database(name)
