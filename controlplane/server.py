@@ -28,6 +28,9 @@ from vidroute.scheduler.v1 import scheduler_service_pb2, scheduler_service_pb2_g
 log = logging.getLogger(__name__)
 
 SCHEDULER_SERVICE = scheduler_service_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+# Health service names: "" and SCHEDULER_SERVICE follow the database (readiness); "liveness"
+# only says the process serves, so a database outage never gets pods restarted in a loop.
+LIVENESS_SERVICE = "liveness"
 
 
 @dataclass
@@ -114,6 +117,7 @@ async def start_server(
         cleanup=cleanup,
         probe_interval=probe_interval,
     )
+    await health_servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     await running.refresh_health()
     running.start_probing()
     return running

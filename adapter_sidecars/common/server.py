@@ -39,6 +39,9 @@ _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+LIVENESS_SERVICE = "liveness"
+
+
 class SidecarServer:
     """One adapter served over gRPC (see the module docstring)."""
 
@@ -73,6 +76,9 @@ class SidecarServer:
         )
         for service in ("", ADAPTER_SERVICE):
             await self.health.set(service, _NOT_SERVING)
+        # "liveness" answers whether this process works, whatever the provider's state: a
+        # liveness probe on "" would restart healthy pods during a provider outage.
+        await self.health.set(LIVENESS_SERVICE, _SERVING)
         self.port = self.server.add_insecure_port(self.listen)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.listen}")

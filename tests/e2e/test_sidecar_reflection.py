@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import pytest
 from google.protobuf import descriptor_pool, json_format, message_factory
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
@@ -90,5 +91,9 @@ def test_reflection_client_calls_describe_and_compile(sidecar: tuple[str, str]) 
         })
         plan = compiled["plan"]
         assert plan["submittable"] is True
+        live = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service="liveness"), timeout=5
+        )
+        assert live.status == health_pb2.HealthCheckResponse.SERVING
         assert plan["request_hash"].startswith("sha256:")
         assert plan["model"] == model
