@@ -763,7 +763,10 @@ Global___JobStatus: _TypeAlias = JobStatus  # noqa: Y015
 
 @_typing.final
 class UsageRecord(_message.Message):
-    """A usage record as the provider reports it (for reconciliation, design 9.23)."""
+    """A usage record as the provider reports it (for reconciliation, design 9.23).
+    A record identifies one job only when provider_job_id is set; an aggregate (e.g. Runway's
+    daily credits per model) leaves it empty and is evidence for reconciliation, never a job.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -774,8 +777,10 @@ class UsageRecord(_message.Message):
     PROVIDER_UNIT_FIELD_NUMBER: _builtins.int
     COST_FIELD_NUMBER: _builtins.int
     RAW_JSON_FIELD_NUMBER: _builtins.int
+    PROVIDER_REQUEST_ID_FIELD_NUMBER: _builtins.int
+    CLIENT_REQUEST_KEY_FIELD_NUMBER: _builtins.int
     provider_job_id: _builtins.str
-    """Provider job id when the record names one."""
+    """Provider job id when the record names one; empty for aggregates. Never invented."""
     model: _builtins.str
     """Model."""
     provider_milliunits: _builtins.int
@@ -784,6 +789,12 @@ class UsageRecord(_message.Message):
     """Unit name, e.g. "credits"."""
     raw_json: _builtins.str
     """The raw record (JSON)."""
+    provider_request_id: _builtins.str
+    """Provider request id of the job's create call, when the record names one."""
+    client_request_key: _builtins.str
+    """The client request key (idempotency key) the job was created with, when the record names
+    one. With provider_job_id it lets recovery tie the record to exactly one attempt.
+    """
     @_builtins.property
     def usage_time(self) -> _timestamp_pb2.Timestamp:
         """Start of the period or time of the charge."""
@@ -802,10 +813,12 @@ class UsageRecord(_message.Message):
         provider_unit: _builtins.str = ...,
         cost: _money_pb2.Money | None = ...,
         raw_json: _builtins.str = ...,
+        provider_request_id: _builtins.str = ...,
+        client_request_key: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "usage_time", b"usage_time"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cost", b"cost", "model", b"model", "provider_job_id", b"provider_job_id", "provider_milliunits", b"provider_milliunits", "provider_unit", b"provider_unit", "raw_json", b"raw_json", "usage_time", b"usage_time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_request_key", b"client_request_key", "cost", b"cost", "model", b"model", "provider_job_id", b"provider_job_id", "provider_milliunits", b"provider_milliunits", "provider_request_id", b"provider_request_id", "provider_unit", b"provider_unit", "raw_json", b"raw_json", "usage_time", b"usage_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

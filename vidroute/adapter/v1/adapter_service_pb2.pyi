@@ -48,10 +48,25 @@ class DescribeResponse(_message.Message):
     ADAPTER_FIELD_NUMBER: _builtins.int
     ADAPTER_VERSION_FIELD_NUMBER: _builtins.int
     CAPABILITIES_FIELD_NUMBER: _builtins.int
+    SUBMIT_BUDGET_SECONDS_FIELD_NUMBER: _builtins.int
+    SUBMIT_JOURNAL_RETENTION_SECONDS_FIELD_NUMBER: _builtins.int
+    SUBMIT_JOURNAL_DURABLE_FIELD_NUMBER: _builtins.int
     adapter: _builtins.str
     """Adapter name, e.g. "runway"."""
     adapter_version: _builtins.str
     """Adapter build version."""
+    submit_budget_seconds: _builtins.float
+    """The longest one Submit can take inside the sidecar, in seconds: the create call's connect +
+    write + submit_read (+ pool) timeouts, plus any not-sent retry the adapter makes. A caller
+    must give Submit a longer deadline, or an acceptance that arrives after it gave up is known
+    only to the sidecar's submit journal. 0 means not declared (an older sidecar).
+    """
+    submit_journal_retention_seconds: _builtins.float
+    """How long the sidecar keeps each submit outcome in its journal (keyed by client_request_key,
+    consulted first by RecoverSubmission), in seconds. 0 means the sidecar keeps no journal.
+    """
+    submit_journal_durable: _builtins.bool
+    """Whether the journal survives a sidecar restart (an append-only file) or lives in memory."""
     @_builtins.property
     def capabilities(self) -> _containers.RepeatedCompositeFieldContainer[_adapter_pb2.CapabilityEntry]:
         """Capability entries, one per account/region/model/version."""
@@ -62,10 +77,13 @@ class DescribeResponse(_message.Message):
         adapter: _builtins.str = ...,
         adapter_version: _builtins.str = ...,
         capabilities: _abc.Iterable[_adapter_pb2.CapabilityEntry] | None = ...,
+        submit_budget_seconds: _builtins.float = ...,
+        submit_journal_retention_seconds: _builtins.float = ...,
+        submit_journal_durable: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter", b"adapter", "adapter_version", b"adapter_version", "capabilities", b"capabilities"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter", b"adapter", "adapter_version", b"adapter_version", "capabilities", b"capabilities", "submit_budget_seconds", b"submit_budget_seconds", "submit_journal_durable", b"submit_journal_durable", "submit_journal_retention_seconds", b"submit_journal_retention_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -394,7 +412,9 @@ class RecoverSubmissionResponse(_message.Message):
     verdict: _adapter_pb2.RecoveryVerdict.ValueType
     """FOUND, NOT_FOUND (conclusive) or INCONCLUSIVE."""
     method: _builtins.str
-    """How the verdict was reached, e.g. "idempotency_key", "task_search"."""
+    """How the verdict was reached, e.g. "submit_journal" (the sidecar's own record of the
+    submit outcome, consulted first), "idempotency_key", "task_search".
+    """
     @_builtins.property
     def job(self) -> _adapter_pb2.JobRef:
         """The job, when FOUND."""
