@@ -7,8 +7,9 @@ context; its message never leaks to the client.
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -127,10 +128,17 @@ class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
-            async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            # A server-streaming handler is either an async generator or a coroutine that
+            # writes with `context.write` (grpc_health's Watch); the wrapper writes both ways,
+            # so it must itself be a coroutine: an async generator cannot call `context.write`.
+            async def stream(request: Any, context: Any) -> None:
                 try:
-                    async for item in inner_stream(request, context):
-                        yield item
+                    produced = inner_stream(request, context)
+                    if inspect.isawaitable(produced):
+                        await produced
+                        return
+                    async for item in produced:
+                        await context.write(item)
                 except DomainError as exc:
                     await context.abort_with_status(to_status(exc))
                 except (grpc.RpcError, grpc.aio.AbortError):
