@@ -11,9 +11,10 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Self
+from typing import Any, ClassVar, Literal, Self
 
 from adapter_sidecars.emulators.callbacks import CallbackSender
 from adapter_sidecars.emulators.faults import FaultBook, FaultRule, FaultRuleError
@@ -22,6 +23,9 @@ from adapter_sidecars.emulators.jobs import Job, Lifecycle, Pace
 from adapter_sidecars.emulators.media import MediaLinks, MediaSpec, render_mp4
 
 log = logging.getLogger(__name__)
+#: Admin, media and upload-storage routes: never faulted or counted (they stand for other hosts
+#: than the provider API: CDN links and presigned storage).
+UNFAULTED_PREFIXES = ("/__emulator/", "/media/", "/upload-bucket/")
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,9 @@ class EmulatorConfig:
     queue_s / run_s: seconds queued / running in time mode; tick_s: time-mode ticker period.
     url_ttl_s: lifetime of signed output links. media_max_side / media_fps: rendered clip size.
     callback_secret: HMAC secret for webhooks. public_url: base URL put into links ("" = own).
+    extensions: emulator-only routes to serve, by name (see each emulator's `EXTENSIONS`).
+      Empty by default, so an emulator answers like the real provider: a route the provider
+      lacks is 404 until a test (or ``--extensions task_listing``) asks for it by name.
     """
 
     advance: Literal["polls", "time"] = "polls"
@@ -47,6 +54,11 @@ class EmulatorConfig:
     callback_secret: str = "vidroute-emulator-secret"
     media_secret: str = "vidroute-media-secret"
     public_url: str = ""
+    extensions: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        # The CLI and JSON callers hand in lists; keep the field hashable and order-free.
+        object.__setattr__(self, "extensions", frozenset(self.extensions))
 
     def pace(self) -> Pace:
         return Pace(self.advance, self.queued_polls, self.running_polls, self.queue_s, self.run_s)
@@ -68,8 +80,16 @@ class Emulator:
     """Base class; see the module docstring."""
 
     name = "emulator"
+    #: Emulator-only routes this emulator can serve: name -> what it adds. Off unless named in
+    #: `EmulatorConfig.extensions`.
+    EXTENSIONS: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, config: EmulatorConfig) -> None:
+        unknown = sorted(config.extensions - set(self.EXTENSIONS))
+        if unknown:
+            raise ValueError(
+                f"{self.name} emulator has no extension {unknown}; known: {sorted(self.EXTENSIONS)}"
+            )
         self.config = config
         self.router = Router()
         self.fault_book = FaultBook()
@@ -83,6 +103,11 @@ class Emulator:
         self._background: set[asyncio.Task[None]] = set()
         self._install_admin_routes()
         self.install_routes()
+
+    def extension(self, name: str) -> bool:
+        """Whether the emulator-only route `name` is switched on."""
+        assert name in self.EXTENSIONS, name
+        return name in self.config.extensions
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -252,7 +277,7 @@ class Emulator:
             await asyncio.sleep(self.config.tick_s)
 
     async def _handle(self, request: Request, read_body: BodyReader) -> Response | Abort:
-        if request.path.startswith(("/__emulator/", "/media/")):
+        if request.path.startswith(UNFAULTED_PREFIXES):
             request.body = await read_body(None)
             return await self._dispatch(request)
         self.counters[f"{request.method} {request.path}"] += 1

@@ -91,7 +91,9 @@ def config_parser(config_cls: type[EmulatorConfig], prog: str) -> argparse.Argum
         hint = hints[f.name]
         flag = "--" + f.name.replace("_", "-")
         origin = typing.get_origin(hint)
-        if hint is bool:
+        if origin is frozenset:
+            parser.add_argument(flag, type=_names, default=None, help="a,b or a JSON list")
+        elif hint is bool:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
         elif hint in (int, float, str):
             parser.add_argument(flag, type=hint, default=None)
@@ -103,6 +105,13 @@ def config_parser(config_cls: type[EmulatorConfig], prog: str) -> argparse.Argum
         else:
             parser.add_argument(flag, type=json.loads, default=None, help="JSON value")
     return parser
+
+
+def _names(text: str) -> frozenset[str]:
+    """``a,b`` or ``["a", "b"]`` -> frozenset; an empty string is the empty set."""
+    if text.lstrip().startswith("["):
+        return frozenset(str(n) for n in json.loads(text))
+    return frozenset(n.strip() for n in text.split(",") if n.strip())
 
 
 def _is_optional(hint: Any) -> bool:

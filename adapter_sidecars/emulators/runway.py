@@ -1,8 +1,13 @@
-"""Runway API emulator (provider-apis.md §1): tasks, organization, usage, signed outputs.
+"""Runway API emulator (provider-apis.md §1, §5): tasks, uploads, organization, usage, outputs.
 
-Emulator extension (not in Runway's public API): ``GET /v1/tasks?createdAfter=&createdBefore=``
-lists tasks with their request bodies so an adapter can recover an unknown submit; it is
-served only when ``RunwayConfig.enable_task_list`` is true (default).
+Tasks carry the cost fields the official SDK requires (§5): ``estimatedCost`` on create and on
+PENDING/THROTTLED/RUNNING, ``cost`` on SUCCEEDED/FAILED/CANCELLED (0 when not billed).
+``POST /v1/uploads`` hands out a presigned-POST slot served by this emulator
+(``/upload-bucket/{token}``) and a ``runway://`` URI usable as ``promptImage``.
+
+Emulator extension (not in Runway's public API), off unless named in
+``RunwayConfig.extensions``: ``task_listing`` serves ``GET /v1/tasks?createdAfter=&createdBefore=``,
+tasks with their request bodies, so an adapter can search for an unknown submit.
 Run standalone: ``python -m adapter_sidecars.emulators.runway --port 8101``.
 """
 
@@ -14,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from adapter_sidecars.emulators import runway_schema as schema
 from adapter_sidecars.emulators.core import Emulator, EmulatorConfig, parse_time
@@ -23,6 +28,7 @@ from adapter_sidecars.emulators.http import Request, Response
 from adapter_sidecars.emulators.jobs import Job, Phase, iso
 from adapter_sidecars.emulators.media import MediaSpec, fit_size
 from adapter_sidecars.emulators.runner import main as run
+from adapter_sidecars.emulators.uploads import UPLOAD_PREFIX, Uploads, validate_upload_request
 
 DOC_URL = "https://docs.dev.runwayml.com/api"
 DEFAULT_PRICES = {
@@ -66,7 +72,9 @@ class RunwayConfig(EmulatorConfig):
     X-Runway-Version. max_concurrent / max_daily: per-model tier limits (THROTTLED / 429),
     overridable per model in tier_overrides {"gen4.5": [concurrent, daily]}. credits_per_second:
     price table ("<model>/no_audio" when audio is false). delete_mode: "cancel" keeps a
-    CANCELLED task, "delete" makes later GETs 404. enable_task_list: serve GET /v1/tasks.
+    CANCELLED task, "delete" makes later GETs 404. extensions: {"task_listing"} serves the
+    emulator-only GET /v1/tasks (off by default: the real API has no listing).
+    upload_max_bytes: size cap of one ephemeral upload.
     """
 
     api_key: str = ""
@@ -77,8 +85,8 @@ class RunwayConfig(EmulatorConfig):
     credit_balance: int = 5000
     credits_per_second: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_PRICES))
     delete_mode: Literal["cancel", "delete"] = "cancel"
-    enable_task_list: bool = True
     require_on_behalf_of: bool = False
+    upload_max_bytes: int = 200 * 1024 * 1024
 
 
 class RunwayEmulator(Emulator):
@@ -86,17 +94,23 @@ class RunwayEmulator(Emulator):
 
     name = "runway"
     config: RunwayConfig
+    EXTENSIONS: ClassVar[Mapping[str, str]] = {
+        "task_listing": "GET /v1/tasks?createdAfter=&createdBefore= (with bodies)"
+    }
 
     def __init__(self, config: RunwayConfig | None = None) -> None:
         super().__init__(config or RunwayConfig())
+        self.uploads = Uploads(self.config.media_secret, self.config.upload_max_bytes)
 
     def install_routes(self) -> None:
         for endpoint in (schema.T2V, schema.I2V, schema.V2V):
             self.router.add("POST", f"/v1/{endpoint}", self._create)
         self.router.add("GET", "/v1/tasks/{id}", self._get_task)
         self.router.add("DELETE", "/v1/tasks/{id}", self._delete_task)
-        if self.config.enable_task_list:
+        if self.extension("task_listing"):
             self.router.add("GET", "/v1/tasks", self._list_tasks)
+        self.router.add("POST", "/v1/uploads", self._create_upload)
+        self.router.add("POST", f"{UPLOAD_PREFIX}{{token}}", self._receive_upload)
         self.router.add("GET", "/v1/organization", self._organization)
         self.router.add("POST", "/v1/organization/usage", self._usage)
 
@@ -110,10 +124,7 @@ class RunwayEmulator(Emulator):
         self, code: int, retry_after: float | None, rule: FaultRule | None
     ) -> Response:
         headers = [("retry-after", str(int(retry_after)))] if retry_after is not None else []
-        message = (
-            "Could not find Task" if code == 404 and rule is None else ERRORS.get(code, "Error")
-        )
-        return Response.json({"error": message}, code, headers)
+        return Response.json({"error": ERRORS.get(code, "Error")}, code, headers)
 
     def can_start(self, job: Job) -> bool:
         model = job.data["model"]
@@ -127,6 +138,9 @@ class RunwayEmulator(Emulator):
     def on_job_changed(self, job: Job) -> None:
         if job.phase is Phase.SUCCEEDED:
             job.data["credits"] = job.data["estimated_credits"]
+
+    def on_reset(self) -> None:
+        self.uploads.clear()
 
     # -- helpers ---------------------------------------------------------------------------
     def _limits(self, model: str) -> tuple[int, int]:
@@ -150,13 +164,15 @@ class RunwayEmulator(Emulator):
             return Response.json({"error": message}, 400)
         return None
 
-    def _price(self, body: dict[str, Any], seconds: float) -> float:
+    def _price(self, body: dict[str, Any], seconds: float) -> int:
+        """Credits of a task: Runway bills whole credits (the SDK types `cost.credits` as int)."""
         model = body["model"]
         key = f"{model}/no_audio" if body.get("audio") is False else model
         per_second = self.config.credits_per_second.get(
             key, self.config.credits_per_second.get(model, 0)
         )
-        return round(per_second * seconds, 2)
+        surcharge = schema.format_surcharge(body.get("outputFormat"))
+        return round((per_second + surcharge) * seconds)
 
     def _spent(self) -> float:
         spent = sum(float(j.data.get("credits", 0)) for j in self.jobs.values())
@@ -173,6 +189,11 @@ class RunwayEmulator(Emulator):
     ) -> dict[str, Any]:
         status = status or self.raw_status(job)
         task: dict[str, Any] = {"id": job.id, "createdAt": iso(job.created_at), "status": status}
+        if status in ("PENDING", "THROTTLED", "RUNNING"):
+            task["estimatedCost"] = {"credits": job.data["estimated_credits"]}
+        elif status in ("SUCCEEDED", "FAILED", "CANCELLED"):
+            # Failed and cancelled tasks are refunded (§1.5, §1.6): their final cost is 0.
+            task["cost"] = {"credits": int(job.data.get("credits", 0))}
         if status == "RUNNING":
             task["progress"] = job.progress
         elif status == "SUCCEEDED":
@@ -213,6 +234,8 @@ class RunwayEmulator(Emulator):
             )
         duration = schema.duration_of(endpoint, body)
         estimate = self._price(body, duration)
+        if (bad_upload := self._unknown_upload(body)) is not None:
+            return bad_upload
         if self.config.credit_balance - self._spent() < estimate:
             return Response.json({"error": "You do not have enough credits to run this task."}, 400)
         ratio = schema.output_ratio(endpoint, body)
@@ -228,7 +251,14 @@ class RunwayEmulator(Emulator):
         job = self.new_job(request, Job(str(uuid.uuid4()), f"POST {request.path}", body, data=data))
         if self.config.advance == "time":
             self.lifecycle.tick(job, job.created_at)
-        return Response.json({"id": job.id})
+        return Response.json({"id": job.id, "estimatedCost": {"credits": estimate}})
+
+    def _unknown_upload(self, body: dict[str, Any]) -> Response | None:
+        """400 for a ``runway://`` URI this emulator never handed out (or not yet uploaded)."""
+        for uri in schema.media_uris(body):
+            if uri.startswith("runway://") and not self.uploads.complete(uri):
+                return Response.json({"error": f"Invalid upload URI: {uri}"}, 400)
+        return None
 
     def _find(self, request: Request) -> Job | None:
         job = self.jobs.get(request.params["id"])
@@ -267,6 +297,32 @@ class RunwayEmulator(Emulator):
         ]
         return Response.json({"data": tasks, "hasMore": False})
 
+    async def _create_upload(self, request: Request) -> Response:
+        """``POST /v1/uploads {"filename", "type": "ephemeral"}`` -> a presigned POST slot."""
+        if (denied := self._auth(request)) is not None:
+            return denied
+        try:
+            body = request.json()
+        except ValueError:
+            return Response.json({"error": "Invalid JSON body"}, 400)
+        issues = validate_upload_request(body)
+        if issues:
+            return Response.json(
+                {"error": "Validation of body failed", "issues": issues, "docUrl": DOC_URL}, 400
+            )
+        slot = self.uploads.create(str(body["filename"]))
+        return Response.json(
+            {
+                "uploadUrl": f"{self.url}{UPLOAD_PREFIX}{slot.token}",
+                "fields": slot.fields,
+                "runwayUri": slot.runway_uri,
+            }
+        )
+
+    async def _receive_upload(self, request: Request) -> Response:
+        """The storage side of an upload: a multipart POST of the slot's fields plus ``file``."""
+        return self.uploads.receive(request)
+
     async def _organization(self, request: Request) -> Response:
         if (denied := self._auth(request)) is not None:
             return denied
@@ -281,7 +337,7 @@ class RunwayEmulator(Emulator):
         usage = {m: {"dailyGenerations": self._daily(m)} for m in models}
         return Response.json(
             {
-                "creditBalance": round(self.config.credit_balance - self._spent(), 2),
+                "creditBalance": round(self.config.credit_balance - self._spent()),
                 "tier": {"maxMonthlyCreditSpend": 10000, "models": tier},
                 "usage": {"models": usage},
             }
@@ -310,7 +366,9 @@ class RunwayEmulator(Emulator):
         results: list[dict[str, Any]] = [
             {
                 "date": d,
-                "usedCredits": [{"model": m, "amount": a} for m, a in sorted(totals[d].items())],
+                "usedCredits": [
+                    {"model": m, "amount": round(a)} for m, a in sorted(totals[d].items())
+                ],
             }
             for d in days
         ]

@@ -39,11 +39,29 @@ class ModelRule:
 
 
 GEN4 = frozenset({"seed", "contentModeration"})
+#: gen4.5's `outputFormat` (runwayml >= 5.14) -> extra credits per second (the SDK's docstring:
+#: 5 for ProRes / PNG frames, 20 for every 10-bit-and-deeper profile; >4 MP outputs, 40, never
+#: occur at gen4.5's 720p).
+OUTPUT_FORMATS = {
+    "mp4": 0,
+    "prores": 5,
+    "png_sequence": 5,
+    "hdr10": 20,
+    "hlg": 20,
+    "sdr_rec709_10bit": 20,
+    "hdr_pq_12bit_master": 20,
+    "hdr_prores": 20,
+    "hdr_png_sequence": 20,
+    "hdr_exr_sequence": 20,
+    "hdr_exr_acescg_sequence_1_3": 20,
+    "hdr_exr_acescg_sequence_2_0": 20,
+}
 VEO31 = ModelRule(
     ratios={T2V: VEO_RATIOS, I2V: VEO_RATIOS},
     durations=(4, 6, 8),
     default_duration=8,
-    extra_keys=frozenset({"negativePrompt", "audio"}),
+    # `seed` on veo3.1 / veo3.1_fast: runwayml >= 5.18 (provider-apis.md §5).
+    extra_keys=frozenset({"negativePrompt", "audio", "seed"}),
     positions=frozenset({"first", "last"}),
 )
 MODELS: dict[str, ModelRule] = {
@@ -59,7 +77,7 @@ MODELS: dict[str, ModelRule] = {
         durations=tuple(range(2, 11)),
         duration_required=True,
         prompt_required=frozenset({T2V, I2V}),
-        extra_keys=GEN4,
+        extra_keys=GEN4 | {"outputFormat"},
     ),
     "veo3": ModelRule(
         ratios={T2V: VEO_RATIOS, I2V: VEO_RATIOS},
@@ -140,6 +158,10 @@ def validate(endpoint: str, body: Any) -> list[dict[str, Any]]:
         issues += _check_duration(rule, body.get("duration"))
     if endpoint == I2V:
         issues += _check_prompt_image(rule, body.get("promptImage"))
+    if "outputFormat" in body and body["outputFormat"] not in OUTPUT_FORMATS:
+        issues.append(_value_issue(["outputFormat"], list(OUTPUT_FORMATS)))
+    if "seed" in body and (isinstance(body["seed"], bool) or not isinstance(body["seed"], int)):
+        issues.append(_type_issue(["seed"], "number", body["seed"]))
     if endpoint == V2V and not isinstance(body.get("videoUri"), str):
         issues.append(_type_issue(["videoUri"], "string", body.get("videoUri")))
     return issues
@@ -236,3 +258,19 @@ def output_ratio(endpoint: str, body: dict[str, Any]) -> tuple[int, int]:
 
 def duration_of(endpoint: str, body: dict[str, Any]) -> int:
     return int(body.get("duration") or MODELS[body["model"]].default_duration)
+
+
+def format_surcharge(output_format: Any) -> int:
+    """Extra credits per second of a non-mp4 `outputFormat` (0 when absent or unknown)."""
+    return OUTPUT_FORMATS.get(output_format, 0) if isinstance(output_format, str) else 0
+
+
+def media_uris(body: dict[str, Any]) -> list[str]:
+    """Every media URI of a create body (``promptImage`` string or items, ``videoUri``)."""
+    image = body.get("promptImage")
+    uris = [image] if isinstance(image, str) else []
+    if isinstance(image, list):
+        uris += [i["uri"] for i in image if isinstance(i, dict) and isinstance(i.get("uri"), str)]
+    if isinstance(body.get("videoUri"), str):
+        uris.append(body["videoUri"])
+    return uris

@@ -1,9 +1,18 @@
 """Google Veo emulator: the Gemini API surface (§2.1) and the Vertex AI surface (§2.2).
 
-Emulator extensions (constructed, not Google APIs), documented in README.md:
-``GET /v1beta/models/{m}/operations?filter=`` lists operations with their request bodies
-(``enable_operation_list``), and ``GET /v1beta/__billing/usage?start=&end=`` is a billing
-export of billed seconds per operation. Standalone: ``python -m adapter_sidecars.emulators.veo``.
+Requests are read the way Google's front end reads them: field names in lowerCamelCase or
+snake_case alike (``google-genai`` sends ``webhookConfig: {"uris", "user_metadata"}``, §5).
+Generated files are named by https URIs of Google's shape
+(``https://generativelanguage.googleapis.com/v1beta/files/{id}:download?alt=media``): a client
+downloads them through its own base URL, as ``files.download`` of ``google-genai`` does (it
+takes only the id from an https URI), so the loopback http emulator serves them at
+``/v1beta/files/{id}:download``.
+
+Emulator extensions (constructed, not Google APIs), off unless named in
+``VeoConfig.extensions`` (see README.md): ``operation_list`` serves
+``GET /v1beta/models/{m}/operations?filter=`` (operations with their request bodies), and
+``billing_export`` serves ``GET /v1beta/__billing/usage?start=&end=`` (billed seconds per
+operation). Standalone: ``python -m adapter_sidecars.emulators.veo``.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import time
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from adapter_sidecars.emulators import veo_schema as vs
 from adapter_sidecars.emulators.core import Emulator, EmulatorConfig, parse_time
@@ -48,6 +57,9 @@ class VeoConfig(EmulatorConfig):
     for the Vertex surface ("" accepts any). models: the model matrix (see veo_schema).
     usd_per_second: billing export prices. retention_s: how long generated files download.
     rpm_limit / rpd_limit: per-model requests per minute / per day (0 = unlimited).
+    files_origin: scheme and host put into generated file URIs (Google's by default).
+    extensions: {"operation_list", "billing_export"} serve the emulator-only listing and billing
+    export (off by default: the real Gemini API has neither).
     """
 
     api_key: str = ""
@@ -57,7 +69,7 @@ class VeoConfig(EmulatorConfig):
     retention_s: float = 2 * 86400.0
     rpm_limit: int = 0
     rpd_limit: int = 0
-    enable_operation_list: bool = True
+    files_origin: str = "https://generativelanguage.googleapis.com"
 
 
 class VeoEmulator(Emulator):
@@ -65,6 +77,10 @@ class VeoEmulator(Emulator):
 
     name = "veo"
     config: VeoConfig
+    EXTENSIONS: ClassVar[Mapping[str, str]] = {
+        "operation_list": "GET /v1beta/models/{m}/operations?filter= (with request bodies)",
+        "billing_export": "GET /v1beta/__billing/usage?start=&end= (billed seconds per operation)",
+    }
 
     def __init__(self, config: VeoConfig | None = None) -> None:
         super().__init__(config or VeoConfig())
@@ -75,10 +91,11 @@ class VeoEmulator(Emulator):
         r = self.router
         r.add("POST", "/v1beta/models/{model}:predictLongRunning", self._gemini_submit)
         r.add("GET", "/v1beta/models/{model}/operations/{op}", self._gemini_poll)
-        if self.config.enable_operation_list:
+        if self.extension("operation_list"):
             r.add("GET", "/v1beta/models/{model}/operations", self._gemini_list)
         r.add("GET", "/v1beta/files/{file}:download", self._download)
-        r.add("GET", "/v1beta/__billing/usage", self._billing)
+        if self.extension("billing_export"):
+            r.add("GET", "/v1beta/__billing/usage", self._billing)
         for version in ("v1", "v1beta1"):
             base = VERTEX_BASE.replace("{version}", version)
             r.add("POST", base + ":predictLongRunning", self._vertex_submit)
@@ -148,8 +165,9 @@ class VeoEmulator(Emulator):
             if expire:
                 for file_id in job.data["files"]:
                     self._files[file_id] = (job, time.time() - 1)
+            origin = self.config.files_origin.rstrip("/")
             samples = [
-                {"video": {"uri": f"{self.url}/v1beta/files/{f}:download?alt=media"}}
+                {"video": {"uri": f"{origin}/v1beta/files/{f}:download?alt=media"}}
                 for f in job.data["files"]
             ]
             op["response"] = self._response(job, {"generatedSamples": samples})
@@ -197,7 +215,8 @@ class VeoEmulator(Emulator):
         except ValueError:
             return vs.GoogleError(400, "Invalid JSON payload received.").response()
         try:
-            parsed = vs.validate(model, dict(self.config.models), body, gemini=gemini)
+            models = dict(self.config.models)
+            parsed = vs.validate(model, models, vs.camel_keys(body), gemini=gemini)
             limited = self._rate_limit(model)
             if limited:
                 raise limited

@@ -173,6 +173,29 @@ class VeoRequest:
     user_metadata: Any
 
 
+#: Values that are free-form JSON (google.protobuf.Struct / map fields): their keys are data.
+FREE_FORM = frozenset({"userMetadata", "labels"})
+
+
+def camel_keys(value: Any, *, free: bool = False) -> Any:
+    """Request JSON with snake_case field names turned lowerCamelCase, as Google's proto3 JSON
+    parser accepts both spellings; keys inside free-form values (`FREE_FORM`) are left alone."""
+    if isinstance(value, list):
+        return [camel_keys(v, free=free) for v in value]
+    if not isinstance(value, dict) or free:
+        return value
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        name = _camel(key) if isinstance(key, str) else key
+        out[name] = camel_keys(item, free=name in FREE_FORM)
+    return out
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
 def _unknown(name: str) -> GoogleError:
     return GoogleError(
         400, f'Invalid JSON payload received. Unknown name "{name}": Cannot find field.'

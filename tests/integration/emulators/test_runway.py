@@ -205,8 +205,10 @@ async def test_success_is_billed_by_price_table(rw: httpx.AsyncClient) -> None:
     assert org["usage"]["models"]["gen4.5"]["dailyGenerations"] == 1
 
 
+@pytest.mark.parametrize("runway_config", [RunwayConfig(extensions=frozenset({"task_listing"}))])
 async def test_task_list_extension_filters_by_creation_time(rw: httpx.AsyncClient) -> None:
-    """GET /v1/tasks lists tasks with their request bodies inside the createdAfter window."""
+    """With the task_listing extension named, GET /v1/tasks lists tasks with their request
+    bodies inside the createdAfter window."""
     task_id = await _create(rw)
     listed = (await rw.get("/v1/tasks", params={"createdAfter": "2000-01-01T00:00:00Z"})).json()
     assert [(t["id"], t["request"]) for t in listed["data"]] == [(task_id, T2V_BODY)]
@@ -214,10 +216,18 @@ async def test_task_list_extension_filters_by_creation_time(rw: httpx.AsyncClien
     assert empty["data"] == []
 
 
-@pytest.mark.parametrize("runway_config", [RunwayConfig(enable_task_list=False)])
-async def test_task_list_can_be_disabled(rw: httpx.AsyncClient) -> None:
-    """With enable_task_list off the listing route does not exist."""
-    assert (await rw.get("/v1/tasks")).status_code in (404, 405)
+async def test_task_list_is_off_by_default_like_the_real_api(rw: httpx.AsyncClient) -> None:
+    """By default GET /v1/tasks does not exist: 404 with Runway's error body, as the real API."""
+    await _create(rw)
+    response = await rw.get("/v1/tasks")
+    assert (response.status_code, response.json()) == (404, {"error": "Not found"})
+
+
+def test_unknown_extension_names_are_refused() -> None:
+    """Naming an extension the emulator does not have fails at construction, listing the
+    known names."""
+    with pytest.raises(ValueError, match="task_listing"):
+        RunwayEmulator(RunwayConfig(extensions=frozenset({"operation_list"})))
 
 
 async def test_time_mode_progresses_by_the_clock() -> None:

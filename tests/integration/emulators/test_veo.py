@@ -58,12 +58,22 @@ async def test_api_key_is_required_and_checked(gv: httpx.AsyncClient) -> None:
     assert wrong.json()["error"]["details"][0]["reason"] == "API_KEY_INVALID"
 
 
+def _on_emulator(uri: str) -> str:
+    """The emulator-relative path of a Google file URI: a client downloads a file through its
+    own base URL (google-genai keeps only the id), so the https host is Google's, not ours."""
+    parts = httpx.URL(uri)
+    return parts.raw_path.decode()
+
+
 async def test_operation_succeeds_and_file_redirects_to_mp4(gv: httpx.AsyncClient) -> None:
-    """Submit returns an op name, polls finish with a sample URI that 302s to an MP4."""
+    """Submit returns an op name, polls finish with a Google-shaped https file URI whose
+    download path 302s to an MP4."""
     op = await _run_to_done(gv)
     assert op["name"].startswith(f"models/{MODEL}/operations/")
     [sample] = op["response"]["generateVideoResponse"]["generatedSamples"]
-    redirect = await gv.get(sample["video"]["uri"])
+    uri = sample["video"]["uri"]
+    assert uri.startswith("https://generativelanguage.googleapis.com/v1beta/files/"), uri
+    redirect = await gv.get(_on_emulator(uri))
     assert redirect.status_code == 302
     media = await gv.get(redirect.headers["location"])
     assert media.status_code == 200
@@ -230,13 +240,18 @@ async def test_expired_file_is_gone(veo: VeoEmulator, gv: httpx.AsyncClient) -> 
     veo.add_faults({"route": "GET /v1beta/models/*/operations/*", "action": "expire_output"})
     op = await _run_to_done(gv)
     uri = op["response"]["generateVideoResponse"]["generatedSamples"][0]["video"]["uri"]
-    assert (await gv.get(uri)).status_code == 404
+    assert (await gv.get(_on_emulator(uri))).status_code == 404
 
 
+@pytest.mark.parametrize(
+    "veo_config",
+    [VeoConfig(api_key="AIza-test", extensions=frozenset({"operation_list", "billing_export"}))],
+)
 async def test_operation_list_and_billing_extensions(
     veo: VeoEmulator, gv: httpx.AsyncClient
 ) -> None:
-    """Ops list by createTime; billing rows show succeeded ops and injected charges."""
+    """With both extensions named, ops list by createTime and billing rows show succeeded ops
+    and injected charges."""
     op = await _run_to_done(gv)
     listed = (
         await gv.get(
@@ -251,6 +266,55 @@ async def test_operation_list_and_billing_extensions(
     rows = (await gv.get("/v1beta/__billing/usage", params={"start": "2000-01-01"})).json()["rows"]
     assert [(r["operation"], r["billedSeconds"]) for r in rows] == [(op["name"], 8.0), (None, 8.0)]
     assert rows[0]["usd"] == pytest.approx(3.2)
+
+
+async def test_extensions_are_off_by_default_like_the_real_api(gv: httpx.AsyncClient) -> None:
+    """By default the operations listing and the billing export are 404 NOT_FOUND in Google's
+    envelope, as on the real Gemini API."""
+    await _run_to_done(gv)
+    for path in (f"/v1beta/models/{MODEL}/operations", "/v1beta/__billing/usage"):
+        response = await gv.get(path)
+        assert response.status_code == 404, path
+        assert response.json()["error"]["status"] == "NOT_FOUND"
+
+
+@pytest.mark.parametrize(
+    "webhook",
+    [
+        {"webhookConfig": {"uris": ["URL"], "userMetadata": {"attempt_id": "a1"}}},
+        {"webhook_config": {"uris": ["URL"], "user_metadata": {"attempt_id": "a1"}}},
+        {"webhookConfig": {"uris": ["URL"], "user_metadata": {"attempt_id": "a1"}}},
+    ],
+)
+async def test_webhook_config_is_read_in_snake_and_camel_case(
+    receiver: Receiver, webhook: dict[str, Any]
+) -> None:
+    """webhookConfig in camelCase, snake_case or mixed (google-genai's form) delivers the same
+    webhooks with userMetadata kept verbatim (its own keys are data, never renamed)."""
+    config = VeoConfig(advance="time", queue_s=0.02, run_s=0.1)
+    [(key, value)] = webhook.items()
+    hook = {k: ([receiver.url] if k == "uris" else v) for k, v in value.items()}
+    async with VeoEmulator(config) as emu, client(emu.url, headers=KEY) as gv:
+        response = await gv.post(SUBMIT, json={**BODY, key: hook})
+        assert response.status_code == 200, response.text
+        await eventually(lambda: len(receiver.requests) >= 2)
+    payloads = [json.loads(r.body) for r in receiver.requests]
+    assert all(p["userMetadata"] == {"attempt_id": "a1"} for p in payloads)
+
+
+async def test_snake_case_parameters_are_accepted(veo: VeoEmulator, gv: httpx.AsyncClient) -> None:
+    """parameters and image fields in snake_case are read like their camelCase names."""
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n fake").decode()
+    body = {
+        "instances": [
+            {"prompt": "p", "image": {"bytes_base64_encoded": png, "mime_type": "image/png"}}
+        ],
+        "parameters": {"aspect_ratio": "9:16", "duration_seconds": 6},
+    }
+    response = await gv.post(SUBMIT, json=body)
+    assert response.status_code == 200, response.text
+    [job] = veo.truth()
+    assert job["body"] == body
 
 
 async def test_signed_webhooks_arrive_for_each_state(receiver: Receiver) -> None:
