@@ -67,9 +67,9 @@ def to_status(exc: BaseException) -> grpc.Status:
         return _status(code_pb2.ALREADY_EXISTS, str(exc), info)
     if isinstance(exc, PreconditionFailed):
         info = error_details_pb2.ErrorInfo(
-            reason="PRECONDITION_FAILED",
+            reason=exc.reason,
             domain=ERROR_DOMAIN,
-            metadata={k: str(v) for k, v in exc.numbers.items()},
+            metadata={**{k: str(v) for k, v in exc.numbers.items()}, **exc.labels},
         )
         return _status(code_pb2.FAILED_PRECONDITION, exc.message, info)
     if isinstance(exc, IllegalTransition):

@@ -67,10 +67,21 @@ class PreconditionFailed(DomainError):
     "max_estimated_cost_micros": ...}``) so clients and logs see why without parsing prose.
     """
 
-    def __init__(self, message: str, numbers: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        numbers: Mapping[str, int] | None = None,
+        *,
+        reason: str = "PRECONDITION_FAILED",
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.numbers: Mapping[str, int] = dict(numbers or {})
+        # `reason` is the stable ErrorInfo reason; `labels` are its non-numeric metadata
+        # (e.g. the safety rule and field that refused a request).
+        self.reason = reason
+        self.labels: Mapping[str, str] = dict(labels or {})
 
 
 class NotFound(DomainError):

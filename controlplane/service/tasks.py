@@ -1,8 +1,9 @@
 """Task lifecycle operations of the public API (create, get, list, cancel).
 
 Transport-neutral: takes domain inputs, returns persistence records, raises domain errors. Bad
-input is rejected here before anything is written, so an invalid request never leaves a row
-behind or reaches a provider.
+input and requests the platform safety policy refuses (9.9.2) are rejected here before anything
+is written, so neither leaves a row behind or reaches a provider. A created task carries its
+queue and task deadlines (`controlplane.domain.deadlines`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
+from controlplane.domain.deadlines import DeadlinePolicy, deadlines_for
 from controlplane.domain.exceptions import InvalidSpec, NotFound, PreconditionFailed
 from controlplane.domain.hashing import normalized_spec_hash
+from controlplane.domain.safety import SafetyPolicy, ensure_allowed
 from controlplane.domain.spec import GenerationSpec
 from controlplane.domain.states import TASK_MACHINE, TaskState
 from controlplane.domain.validation import FieldViolation
@@ -91,22 +94,34 @@ class TaskService:
         *,
         canceller: Canceller | None = None,
         watch_poll_interval_s: float = 0.5,
+        safety: SafetyPolicy | None = None,
+        deadlines: DeadlinePolicy | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._canceller = canceller
         self._watch_poll_s = watch_poll_interval_s
+        self._safety = safety or SafetyPolicy()
+        self._deadlines = deadlines or DeadlinePolicy()
 
     async def create_task(self, cmd: CreateTaskInput) -> tuple[TaskRecord, bool]:
-        """Persist a QUEUED task, or return the one this idempotency key already created."""
+        """Persist a QUEUED task, or return the one this idempotency key already created.
+
+        The safety policy is checked before the idempotency lookup: what the platform refuses
+        today is refused, even for a key that an older, laxer policy once accepted."""
         violations = [*cmd.violations, *_key_violations(cmd.idempotency_key)]
         if violations:
             raise InvalidSpec(violations)
+        ensure_allowed(self._safety, cmd.spec)
+        now = self._clock()
+        queue_deadline_at, deadline_at = deadlines_for(cmd.spec, self._deadlines, now)
         return await self._store.create_task(
             cmd.spec,
             idempotency_key=cmd.idempotency_key,
             spec_hash=normalized_spec_hash(cmd.spec),
-            now=self._clock(),
+            now=now,
+            queue_deadline_at=queue_deadline_at,
+            deadline_at=deadline_at,
         )
 
     async def get_task(self, task_id: int) -> TaskDetail:
