@@ -61,8 +61,6 @@ async def _serve(
 
     overrides: dict[str, object] = {"listen": listen}
     supervisor = None
-    if whole_stack:
-        overrides["poll_scale"] = 0.1
     settings = Settings.from_env(None, **overrides)
     configure_logging(settings.log_level)
     if whole_stack:

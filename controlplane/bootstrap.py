@@ -13,9 +13,17 @@ The only module that reads environment variables:
   Default ``file://<cwd>/var/objects``.
 - ``VIDROUTE_CALLBACK_LISTEN`` / ``VIDROUTE_CALLBACK_PUBLIC_URL`` / ``VIDROUTE_CALLBACK_SECRETS``
   (``provider=secret,...``): the provider callback endpoint; off unless a listen address is set.
-- ``VIDROUTE_POLL_SCALE``: multiplies every polling delay (``make up`` uses a small one).
+- ``VIDROUTE_TIME_SCALE``: a factor in (0, 1] that multiplies every duration of the control plane
+  together (execution, polling, dispatcher, upkeep, breakers, leases, adapter deadlines), so a
+  test or ``make up`` runs faster with every deadline in its production order; the sidecars read
+  the same variable. Default 1.0; production never sets it.
 - ``VIDROUTE_EXECUTION_TUNING``: JSON object overriding `ExecutionConfig` timings and limits,
   e.g. ``{"submitting_grace_s": 30, "max_total_attempts": 2}``; unknown fields are an error.
+  Timings are in production seconds: the time scale applies to them too.
+- ``VIDROUTE_SAFETY_POLICY``: path of the platform safety policy YAML (9.9.2), checked at
+  CreateTask before anything is written. Default: the shipped ``controlplane/safety_policy.yaml``.
+- ``VIDROUTE_MAX_TASK_AGE_S`` / ``VIDROUTE_MAX_QUEUE_DELAY_S``: the platform's task deadline and
+  longest wait for a first attempt (`DeadlinePolicy`; 0: no limit). Defaults 86400 / 21600.
 - ``VIDROUTE_WORKER_ID``: this replica's name in claims. Default ``<hostname>-<pid>``.
 - ``VIDROUTE_LOG_LEVEL``: logging level. Default ``INFO``.
 """
@@ -36,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 from redis.asyncio import Redis
 
 from controlplane.adapters.grpc_client import GrpcAdapterClient
@@ -47,9 +56,16 @@ from controlplane.capabilities.publish import (
     document_from_describe,
     publish_documents,
 )
-from controlplane.domain.breaker import BreakerKey, Operation
-from controlplane.domain.polling import PollingPolicy
+from controlplane.domain.breaker import BreakerConfig, BreakerKey, Operation
+from controlplane.domain.deadlines import DeadlinePolicy
+from controlplane.domain.safety import SafetyPolicy
 from controlplane.domain.scoring import example_policy
+from controlplane.domain.timescale import (
+    check_factor,
+    scale_durations,
+    scale_value,
+    scaled_defaults,
+)
 from controlplane.execution.callbacks import CallbackReceiver, CallbackServer, CallbackVerifier
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.engine import ExecutionEngine
@@ -63,7 +79,9 @@ from controlplane.persistence.execution_store import AccountInfo
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.records import AttemptRecord
 from controlplane.persistence.repository import Store
+from controlplane.scheduling.dispatcher import DispatcherConfig
 from controlplane.scheduling.runtime import SchedulingRuntime, build_scheduling
+from controlplane.scheduling.upkeep import UpkeepConfig
 from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.tasks import TaskService
 from controlplane.storage import object_store_from_url
@@ -73,6 +91,7 @@ log = logging.getLogger(__name__)
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./var/vidroute.db"
 DEFAULT_LISTEN = "127.0.0.1:50051"
 ROUTING_POLICY_VERSION = "router-v1"
+DEFAULT_SAFETY_POLICY = Path(__file__).with_name("safety_policy.yaml")
 
 
 def _pairs(raw: str) -> dict[str, str]:
@@ -118,12 +137,14 @@ class Settings:
     callback_listen: str = ""
     callback_public_url: str = ""
     callback_secrets: Mapping[str, str] = field(default_factory=dict)
-    poll_scale: float = 1.0
+    time_scale: float = 1.0
     execution_tuning: Mapping[str, Any] = field(default_factory=dict)
     worker_id: str = ""
     log_level: str = "INFO"
     migrate_on_start: bool = True
     health_probe_interval_s: float = 5.0
+    safety_policy_path: str = ""
+    deadlines: DeadlinePolicy = field(default_factory=DeadlinePolicy)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -137,13 +158,34 @@ class Settings:
             "callback_listen": env.get("VIDROUTE_CALLBACK_LISTEN", ""),
             "callback_public_url": env.get("VIDROUTE_CALLBACK_PUBLIC_URL", ""),
             "callback_secrets": _pairs(env.get("VIDROUTE_CALLBACK_SECRETS", "")),
-            "poll_scale": float(env.get("VIDROUTE_POLL_SCALE") or 1.0),
+            "time_scale": check_factor(
+                env.get("VIDROUTE_TIME_SCALE") or 1.0, "VIDROUTE_TIME_SCALE"
+            ),
             "execution_tuning": _tuning(env.get("VIDROUTE_EXECUTION_TUNING", "")),
             "worker_id": env.get("VIDROUTE_WORKER_ID", ""),
             "log_level": env.get("VIDROUTE_LOG_LEVEL") or "INFO",
+            "safety_policy_path": env.get("VIDROUTE_SAFETY_POLICY", ""),
+            "deadlines": _deadlines(env),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _deadlines(env: Mapping[str, str]) -> DeadlinePolicy:
+    default = DeadlinePolicy()
+    return DeadlinePolicy(
+        max_task_age_s=float(env.get("VIDROUTE_MAX_TASK_AGE_S") or default.max_task_age_s),
+        max_queue_delay_s=float(
+            env.get("VIDROUTE_MAX_QUEUE_DELAY_S") or default.max_queue_delay_s
+        ),
+    )
+
+
+def load_safety_policy(path: str = "") -> SafetyPolicy:
+    """The safety policy at `path` (the shipped default when empty); malformed is an error."""
+    source = Path(path) if path else DEFAULT_SAFETY_POLICY
+    doc = yaml.safe_load(source.read_text(encoding="utf-8")) or {}
+    return SafetyPolicy.from_mapping(doc)
 
 
 def configure_logging(level: str) -> None:
@@ -193,9 +235,10 @@ async def _publish_until_done(
     adapters: Mapping[str, GrpcAdapterClient],
     addresses: Mapping[str, str],
     stop: asyncio.Event,
+    time_scale: float = 1.0,
 ) -> None:
     """Retry publication until every adapter answered (sidecars may start after us)."""
-    delay = 0.5
+    delay, longest = 0.5 * time_scale, 10.0 * time_scale
     while not stop.is_set():
         try:
             await publish_from_adapters(runtime, adapters, addresses)
@@ -208,7 +251,7 @@ async def _publish_until_done(
             log.info("capability publication waiting for adapters: %r", exc)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
-        delay = min(delay * 2, 10.0)
+        delay = min(delay * 2, longest)
 
 
 def _breaker_feed(runtime: SchedulingRuntime) -> SubmitObserver:
@@ -257,11 +300,12 @@ def _health_feed(runtime: SchedulingRuntime) -> AttemptEndObserver:
 async def _lease_store(
     settings: Settings, cleanup: list[Callable[[], Awaitable[Any]]]
 ) -> tuple[LeaseStore, Redis | None]:
+    scale = settings.time_scale
     if not settings.redis_url:
-        return MemoryLeaseStore(), None
+        return MemoryLeaseStore(**scaled_defaults(MemoryLeaseStore, scale)), None
     client: Redis = Redis.from_url(settings.redis_url)
     cleanup.append(client.aclose)
-    return RedisLeaseStore(client), client
+    return RedisLeaseStore(client, **scaled_defaults(RedisLeaseStore, scale)), client
 
 
 async def start_control_plane(settings: Settings) -> ControlPlaneServer:
@@ -279,10 +323,16 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
 
     canceller = None
     admin = None
+    scale = settings.time_scale
+    log.info("time scale %g: every duration of the control plane multiplied by it", scale)
     if settings.adapters:
         leases, redis_client = await _lease_store(settings, cleanup)
         worker = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
-        adapters = {name: GrpcAdapterClient(addr) for name, addr in settings.adapters.items()}
+        adapter_timing = scaled_defaults(GrpcAdapterClient, scale)
+        adapters = {
+            name: GrpcAdapterClient(addr, **adapter_timing)
+            for name, addr in settings.adapters.items()
+        }
         cleanup.extend(client.close for client in adapters.values())
         runtime = build_scheduling(
             engine=engine,
@@ -292,9 +342,14 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             policy=example_policy(ROUTING_POLICY_VERSION),
             redis_client=redis_client,
             worker_id=worker,
+            breaker_config=scale_durations(BreakerConfig(), scale),
+            config=scale_durations(DispatcherConfig(), scale),
+            upkeep_config=scale_durations(
+                UpkeepConfig(default_concurrency=DispatcherConfig().default_concurrency), scale
+            ),
         )
         admin = runtime.admin
-        http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0))
+        http = httpx.AsyncClient(timeout=httpx.Timeout(30.0 * scale, connect=5.0 * scale))
         cleanup.append(http.aclose)
         object_store = object_store_from_url(
             settings.object_store_url or (Path.cwd() / "var" / "objects").as_uri()
@@ -302,11 +357,13 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         execution = ExecutionEngine(
             store,
             adapters,
-            config=ExecutionConfig(
-                **settings.execution_tuning,
-                worker_id=worker,
-                callback_base_url=settings.callback_public_url,
-                polling=PollingPolicy(scale=settings.poll_scale),
+            config=scale_durations(
+                ExecutionConfig(
+                    **settings.execution_tuning,
+                    worker_id=worker,
+                    callback_base_url=settings.callback_public_url,
+                ),
+                scale,
             ),
             leases=leases,
             fetch=fetcher_for(http, object_store),
@@ -316,7 +373,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         canceller = execution.cancel_service
         stop_publishing = asyncio.Event()
         publisher = asyncio.create_task(
-            _publish_until_done(runtime, adapters, settings.adapters, stop_publishing),
+            _publish_until_done(runtime, adapters, settings.adapters, stop_publishing, scale),
             name="publish-capabilities",
         )
 
@@ -344,12 +401,19 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         # Stopped first, in order: stop taking new work, finish in-flight steps, then I/O.
         background[:0] = [stop_publisher, runtime.stop, execution.stop]
 
-    tasks = TaskService(store, canceller=canceller)
+    safety = load_safety_policy(settings.safety_policy_path)
+    log.info("safety policy %s loaded", safety.version)
+    tasks = TaskService(
+        store,
+        canceller=canceller,
+        safety=safety,
+        deadlines=scale_durations(settings.deadlines, scale),
+    )
     servicer = SchedulerServicer(tasks, admin)
     return await start_server(
         servicer,
         listen=settings.listen,
         probe=probe,
         cleanup=[*background, *cleanup, engine.dispose],
-        probe_interval=settings.health_probe_interval_s,
+        probe_interval=scale_value(settings.health_probe_interval_s, scale),
     )

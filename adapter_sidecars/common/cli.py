@@ -54,6 +54,11 @@ def run(prog: str, factory: AdapterFactory, argv: Sequence[str] | None = None) -
     except (ConfigError, CapabilityLoadError) as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return 2
+    logging.getLogger(prog).info(
+        "time scale %g (every duration multiplied; submit_read %.3g s)",
+        config.time_scale,
+        config.timeouts.submit_read,
+    )
     asyncio.run(
         serve(
             adapter,

@@ -15,7 +15,11 @@ Format (every key but ``provider.base_url`` and ``accounts`` has a default)::
     health:
       probe_interval_seconds: 10
     shutdown_grace_seconds: 10
+    time_scale: 1.0                    # env VIDROUTE_TIME_SCALE; tests only, see below
     capabilities_dir: null             # default: the adapter package's capabilities/
+    submit_journal:                    # submit outcomes by client_request_key (common.journal)
+      path: null                       # env VIDROUTE_ADAPTER_SUBMIT_JOURNAL; null: memory only
+      retention_s: 21600               # >= the control plane's recovery window (1800 s)
     accounts:
       - name: prod-us
         region: us
@@ -26,16 +30,25 @@ Format (every key but ``provider.base_url`` and ``accounts`` has a default)::
 rotated file is picked up) and only ever held in a `Secret`, whose repr is masked. A dev default
 may follow the variable name shell-style, ``env:RUNWAY_API_KEY:-key_dev``; never use one in
 production configs. Only the composition root passes ``os.environ`` in; nothing here reads it.
+
+``time_scale`` (or ``VIDROUTE_TIME_SCALE``, which wins) multiplies every duration of the
+sidecar together: timeouts, ``provider.options.*_seconds`` (the recovery settle window), the
+health probe interval, the shutdown grace, and any ``*_seconds`` field added later
+(`controlplane.domain.timescale`). A test compresses time with it so that every deadline keeps
+its production order against the control plane's, which reads the same variable. Production
+configurations never set it (default 1.0).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from controlplane.domain.timescale import SECONDS, TimeScaleError, check_factor, scale_durations
 
 
 class ConfigError(ValueError):
@@ -117,11 +130,11 @@ class Account:
 class Timeouts:
     """HTTP timeouts in seconds; `submit_read` bounds the create call's wait for a response."""
 
-    connect: float = 5.0
-    write: float = 10.0
-    read: float = 30.0
-    submit_read: float = 60.0
-    pool: float = 5.0
+    connect: float = field(default=5.0, metadata=SECONDS)
+    write: float = field(default=10.0, metadata=SECONDS)
+    read: float = field(default=30.0, metadata=SECONDS)
+    submit_read: float = field(default=60.0, metadata=SECONDS)
+    pool: float = field(default=5.0, metadata=SECONDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +148,14 @@ class SidecarConfig:
     probe_interval_seconds: float = 10.0
     shutdown_grace_seconds: float = 10.0
     capabilities_dir: Path | None = None
+    # The submit journal's append-only file (None: memory only, forgotten on restart) and how
+    # long it keeps an outcome; retention must cover the control plane's recovery window.
+    submit_journal_path: Path | None = None
+    submit_journal_retention_s: float = 21600.0
     provider_options: Mapping[str, Any] = field(default_factory=dict)
+    # The factor every duration above was already multiplied by (1.0 in production); adapter
+    # code that falls back to a built-in default duration multiplies it by this.
+    time_scale: float = 1.0
 
     def account(self, name: str) -> Account | None:
         """The named account; empty name means the first (default) account."""
@@ -165,8 +185,23 @@ def _mapping(value: Any, key: str) -> dict[str, Any]:
     return value
 
 
+def _time_scale(data: Mapping[str, Any], environ: Mapping[str, str]) -> float:
+    raw = environ.get("VIDROUTE_TIME_SCALE")
+    source = "VIDROUTE_TIME_SCALE" if raw else "time_scale"
+    try:
+        return check_factor(raw if raw else data.get("time_scale", 1.0), source)
+    except TimeScaleError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def parse_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> SidecarConfig:
-    """Build a config from parsed YAML and apply environment overrides."""
+    """Build a config from parsed YAML, apply environment overrides, then the time scale."""
+    config = _parse_unscaled(data, environ)
+    factor = _time_scale(data, environ)
+    return replace(scale_durations(config, factor), time_scale=factor)
+
+
+def _parse_unscaled(data: Mapping[str, Any], environ: Mapping[str, str]) -> SidecarConfig:
     provider = _mapping(data.get("provider"), "provider")
     base_url = environ.get("VIDROUTE_ADAPTER_BASE_URL") or provider.get("base_url")
     if not base_url or not str(base_url).startswith(("http://", "https://")):
@@ -196,7 +231,21 @@ def parse_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> Sidecar
         ),
         capabilities_dir=Path(caps) if caps else None,
         provider_options=_mapping(provider.get("options"), "provider.options"),
+        **_journal(_mapping(data.get("submit_journal"), "submit_journal"), environ),
     )
+
+
+def _journal(raw: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    unknown = set(raw) - {"path", "retention_s"}
+    if unknown:
+        raise ConfigError(f"submit_journal: unknown keys {sorted(unknown)}")
+    path = environ.get("VIDROUTE_ADAPTER_SUBMIT_JOURNAL") or raw.get("path")
+    return {
+        "submit_journal_path": Path(str(path)) if path else None,
+        "submit_journal_retention_s": _number(
+            raw.get("retention_s", 21600), "submit_journal.retention_s"
+        ),
+    }
 
 
 def _accounts(raw: Any, environ: Mapping[str, str]) -> tuple[Account, ...]:

@@ -29,7 +29,7 @@ def settled(submitted_before: datetime | None, config: SidecarConfig, now: datet
     """
     if submitted_before is None:
         return False
-    extra = float(config.provider_options.get("recovery_settle_seconds", 30))
+    extra = float(config.provider_options.get("recovery_settle_seconds", 30 * config.time_scale))
     return now >= submitted_before + timedelta(seconds=config.timeouts.submit_read + extra)
 
 

@@ -18,7 +18,9 @@ run the same schedule in milliseconds.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from controlplane.domain.timescale import SECONDS
 
 __all__ = ["PollPhase", "PollPlan", "PollingPolicy", "next_poll_delay"]
 
@@ -36,10 +38,10 @@ class PollPhase(enum.Enum):
 class PollingPolicy:
     """The schedule's numbers, in seconds before `scale` is applied."""
 
-    submitted: tuple[float, ...] = (2.0, 4.0, 8.0)
-    queued: tuple[float, ...] = (15.0, 30.0, 60.0)
-    running: tuple[float, ...] = (10.0, 15.0, 30.0)
-    cancelling: tuple[float, ...] = (2.0, 4.0, 8.0, 15.0)
+    submitted: tuple[float, ...] = field(default=(2.0, 4.0, 8.0), metadata=SECONDS)
+    queued: tuple[float, ...] = field(default=(15.0, 30.0, 60.0), metadata=SECONDS)
+    running: tuple[float, ...] = field(default=(10.0, 15.0, 30.0), metadata=SECONDS)
+    cancelling: tuple[float, ...] = field(default=(2.0, 4.0, 8.0, 15.0), metadata=SECONDS)
     near_p95_cap_s: float = 10.0
     # The "near p95" window opens at this fraction of the provider's p95 duration.
     near_p95_fraction: float = 0.8
