@@ -9,6 +9,7 @@ for that.
 from controlplane.leases.base import (
     AccountSnapshot,
     Dimension,
+    HeldLease,
     InvalidLeaseRequest,
     Lease,
     LeaseBackendError,
@@ -36,6 +37,7 @@ __all__ = [
     "CounterKind",
     "Dimension",
     "Drift",
+    "HeldLease",
     "InFlightAttempt",
     "InvalidLeaseRequest",
     "Lease",

@@ -9,6 +9,9 @@ pieces every implementation shares, and imports no redis:
   nothing).
 - `Lease`: what the attempt holds. `token` proves ownership and `fencing_token` grows per account.
   `unknown` tells whether the slot sits in the account's `unknown_submission_slots` budget (9.11.3).
+- `HeldLease`: what PostgreSQL knows of a lease an attempt holds, so `LeaseStore.restore` can
+  rebuild it after the store lost its data (a Redis flush, a restart without persistence, a
+  failover to an empty replica).
 - `LeaseStore`: the protocol the scheduler calls. `MemoryLeaseStore` and `RedisLeaseStore` implement
   it and pass the same behavioural suite.
 
@@ -19,6 +22,9 @@ Counting rules shared by both stores:
   counts the unknown part.
 - A lease stays valid until `expires_at_ms`. After that only `release` (by its holder) or
   `reclaim_expired` (by anyone) gives its slots back, exactly once.
+- A store built with `fail_closed=True` refuses every acquire in an account until `restore` has
+  marked it live, and a loss of the store's data takes that mark with it. The scheduler restores
+  the leases of PostgreSQL's holders first (9.11.2), so a loss can never admit more than capacity.
 - Counters never go below zero. If the reconciler lowered a counter and a release then subtracts
   from it, the counter stops at zero instead of going negative. A negative counter would let
   capacity be exceeded.
@@ -33,13 +39,14 @@ Exceptions::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 __all__ = [
     "AccountSnapshot",
     "Dimension",
+    "HeldLease",
     "InvalidLeaseRequest",
     "Lease",
     "LeaseBackendError",
@@ -171,6 +178,21 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
+class HeldLease:
+    """A lease PostgreSQL says `attempt_id` holds: its token and fencing token from the attempt row,
+    its dimensions from the catalog. `unknown` puts its slots in the unknown budget too (9.11.3).
+    """
+
+    attempt_id: str
+    account: str
+    token: str
+    fencing_token: int
+    dimensions: tuple[Dimension, ...]
+    slots: int = 1
+    unknown: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class AccountSnapshot:
     """One consistent read of an account's counters and lease records (reconciler, dashboards).
 
@@ -198,6 +220,8 @@ class LeaseMetrics:
     acquired: int = 0
     reacquired: int = 0
     rejected_no_capacity: int = 0
+    rejected_not_live: int = 0
+    restored: int = 0
     released: int = 0
     renewed: int = 0
     renew_failed: int = 0
@@ -222,20 +246,48 @@ class LeaseStore(Protocol):
         ...
 
     async def acquire(self, req: LeaseRequest) -> Lease | None:
-        """Reserve `req.slots` in every dimension or none. None if any dimension lacks capacity.
+        """Reserve `req.slots` in every dimension or none. None if any dimension lacks capacity,
+        or if the store is fail-closed and the account is not live (see `restore`).
 
-        If the attempt already holds a live lease in this account, that lease comes back unchanged
-        (idempotent). If it holds an expired one, that one is reclaimed first and a new one is
-        granted.
+        Expired leases of the account are reclaimed first, in the same atomic step, so a dead
+        holder's slots come back without a sweeper. If the attempt already holds a live lease in
+        this account, that lease comes back unchanged (idempotent).
         """
         ...
 
     async def renew(self, lease: Lease) -> Lease | None:
-        """Extend expiry to now + ttl, capped at acquired_at + max_term. None if not held."""
+        """Extend expiry to now + ttl, capped at acquired_at + max_term. None if not held.
+
+        Held means the record's token AND fencing token are the lease's: a stale holder is refused.
+        """
         ...
 
     async def release(self, lease: Lease) -> bool:
-        """Return the slots once. True if this call released them; False if gone or not ours."""
+        """Return the slots once. True if this call released them; False if gone or not ours
+        (another token or fencing token: a stale holder changes nothing)."""
+        ...
+
+    async def is_live(self, account: str) -> bool:
+        """True once `restore` marked the account live and the store has not lost it since."""
+        ...
+
+    async def restore(
+        self,
+        account: str,
+        holders: Sequence[HeldLease],
+        *,
+        ttl_ms: int,
+        max_term_ms: int,
+        unknown_cap: int | None = None,
+    ) -> list[str]:
+        """Rebuild the leases of `holders` that the store lacks, then mark the account live.
+
+        In one atomic step per account: each holder without a record gets one again with its own
+        token and fencing token (expiring `ttl_ms` from now) and its slots counted; holders whose
+        record exists are left alone; the fence counter rises past every holder's token; the
+        unknown budget's cap is set when given. Returns the attempt ids whose lease was rebuilt.
+        Counters the holders do not explain are the reconciler's to correct, not this call's.
+        """
         ...
 
     async def mark_unknown(self, lease: Lease, unknown_cap: int) -> bool:

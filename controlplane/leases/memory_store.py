@@ -3,6 +3,9 @@
 It follows the same rules as `RedisLeaseStore`. The shared contract suite proves this. One
 asyncio.Lock stands in for Lua atomicity, and the clock is injectable, so tests move time forward
 instead of sleeping. Its state lives in one process, so it gives no protection across processes.
+A restart of that process loses every lease while PostgreSQL still has attempts in flight: with
+`fail_closed=True` it refuses acquires until `restore` has rebuilt an account, like the Redis store
+after a flush. `forget_everything` is that loss on purpose, for the shared contract tests.
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ import asyncio
 import dataclasses
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from controlplane.leases.base import (
     AccountSnapshot,
+    HeldLease,
     InvalidLeaseRequest,
     Lease,
     LeaseLostError,
@@ -40,11 +44,17 @@ class MemoryLeaseStore:
         *,
         clock: Callable[[], int] = wall_clock_ms,
         on_unknown_slots_full: UnknownSlotsFullHook | None = None,
+        fail_closed: bool = False,
     ) -> None:
         self.metrics = LeaseMetrics()
         self._clock = clock
         self._on_unknown_slots_full = on_unknown_slots_full
+        self._fail_closed = fail_closed
         self._lock = asyncio.Lock()
+        self.forget_everything()
+
+    def forget_everything(self) -> None:
+        """Drop every lease, counter and live mark: as FLUSHALL does to the Redis store."""
         self._used: dict[tuple[str, str], int] = {}
         self._capacity: dict[tuple[str, str], int] = {}
         self._leases: dict[tuple[str, str], Lease] = {}
@@ -54,6 +64,7 @@ class MemoryLeaseStore:
         # Accounts where a mark_unknown was refused. The flag clears when the unknown budget drains.
         self._unknown_refused: set[str] = set()
         self._accounts: set[str] = set()
+        self._live: set[str] = set()
 
     async def now_ms(self) -> int:
         """Return the injected clock."""
@@ -64,13 +75,17 @@ class MemoryLeaseStore:
         async with self._lock:
             now = self._clock()
             self._accounts.add(req.account)
+            if self._fail_closed and req.account not in self._live:
+                self.metrics.rejected_not_live += 1
+                return None
+            for lease in [v for (a, _), v in self._leases.items() if a == req.account]:
+                if lease.expires_at_ms <= now:  # a dead holder's slots come back on acquire
+                    self._drop(lease)
+                    self.metrics.reclaimed += 1
             existing = self._leases.get((req.account, req.attempt_id))
             if existing is not None:
-                if existing.expires_at_ms > now:
-                    self.metrics.reacquired += 1
-                    return existing
-                self._drop(existing)
-                self.metrics.reclaimed += 1
+                self.metrics.reacquired += 1
+                return existing
             for dim in req.dimensions:
                 if self._used.get((req.account, dim.key), 0) + req.slots > dim.capacity:
                     self.metrics.rejected_no_capacity += 1
@@ -114,7 +129,7 @@ class MemoryLeaseStore:
         """Return the slots once, if the token matches. See `LeaseStore.release`."""
         async with self._lock:
             record = self._leases.get((lease.account, lease.attempt_id))
-            if record is None or record.token != lease.token:
+            if record is None or not _same_holder(record, lease):
                 return False
             if record.dimensions != lease.dimensions:
                 raise InvalidLeaseRequest("release: lease dimensions differ from the record")
@@ -179,6 +194,60 @@ class MemoryLeaseStore:
                 self._drop(lease)
             self.metrics.reclaimed += len(expired)
             return [lease.attempt_id for lease in expired]
+
+    async def is_live(self, account: str) -> bool:
+        """Whether `restore` ran for the account since the last loss."""
+        async with self._lock:
+            return account in self._live
+
+    async def restore(
+        self,
+        account: str,
+        holders: Sequence[HeldLease],
+        *,
+        ttl_ms: int,
+        max_term_ms: int,
+        unknown_cap: int | None = None,
+    ) -> list[str]:
+        """Rebuild missing holders' leases and mark the account live. See `LeaseStore.restore`."""
+        validate_account(account)
+        if ttl_ms < 1 or max_term_ms < ttl_ms:
+            raise InvalidLeaseRequest("restore needs 1 <= ttl_ms <= max_term_ms")
+        async with self._lock:
+            now = self._clock()
+            self._accounts.add(account)
+            restored: list[str] = []
+            for h in holders:
+                if h.account != account:
+                    raise InvalidLeaseRequest(f"holder {h.attempt_id} is in {h.account}")
+                self._fence[account] = max(self._fence.get(account, 0), h.fencing_token)
+                if (account, h.attempt_id) in self._leases:
+                    continue
+                for dim in h.dimensions:
+                    ref = (account, dim.key)
+                    self._used[ref] = self._used.get(ref, 0) + h.slots
+                    self._capacity[ref] = dim.capacity
+                if h.unknown:
+                    self._add_unknown(account, h.slots)
+                self._leases[(account, h.attempt_id)] = Lease(
+                    attempt_id=h.attempt_id,
+                    account=account,
+                    token=h.token,
+                    fencing_token=h.fencing_token,
+                    dimensions=h.dimensions,
+                    slots=h.slots,
+                    acquired_at_ms=now,
+                    expires_at_ms=now + ttl_ms,
+                    ttl_ms=ttl_ms,
+                    max_term_ms=max_term_ms,
+                    unknown=h.unknown,
+                )
+                restored.append(h.attempt_id)
+            if unknown_cap is not None:
+                self._unknown_cap[account] = unknown_cap
+            self._live.add(account)
+            self.metrics.restored += len(restored)
+            return restored
 
     async def used(self, account: str, dimension_key: str) -> int:
         """Slots counted in one dimension."""
@@ -249,7 +318,7 @@ class MemoryLeaseStore:
 
     def _held(self, lease: Lease, now: int) -> Lease | None:
         record = self._leases.get((lease.account, lease.attempt_id))
-        if record is None or record.token != lease.token or record.expires_at_ms <= now:
+        if record is None or not _same_holder(record, lease) or record.expires_at_ms <= now:
             return None
         return record
 
@@ -276,3 +345,8 @@ class MemoryLeaseStore:
         self.metrics.unknown_slots_full += 1
         if self._on_unknown_slots_full is not None:
             self._on_unknown_slots_full(account)
+
+
+def _same_holder(record: Lease, lease: Lease) -> bool:
+    """The caller holds the record: same token and same fencing token (a stale holder does not)."""
+    return record.token == lease.token and record.fencing_token == lease.fencing_token

@@ -10,7 +10,15 @@ Key layout, all keys of one account in one Redis Cluster hash slot (`{account}` 
     {ns}fence:{runway:prod-us}                int   INCR per grant: the fencing token
     {ns}dims:{runway:prod-us}                 set   dimension keys ever used (for snapshots)
     {ns}unknown:{runway:prod-us}              hash  used, cap, refused (unknown budget, 9.11.3)
-    {ns}accounts                              set   accounts ever used (untagged, only iterated)
+    {ns}live:{runway:prod-us}                 str   set by `restore`: the leases were rebuilt
+    {ns}accounts                              set   accounts in use (untagged, only iterated)
+
+Nothing about Redis's contents is cached in this process: a flush, a restart without persistence or
+a failover to an empty replica leaves every instance reading what Redis holds now. Every acquire,
+restore and counter write adds the account to `{ns}accounts` again (a separate SADD: the set has no
+hash tag, so it cannot join the account's scripts on Redis Cluster). With `fail_closed=True` the
+`live` marker guards admission: it vanishes with the data, and until `restore` has rebuilt the
+account from PostgreSQL every acquire there is refused.
 
 Writes that must be atomic go through the Lua scripts in `_lua`. Redis errors are translated into
 `LeaseBackendError` in this module, so callers never see redis exception types.
@@ -31,6 +39,7 @@ from controlplane.leases import _lua
 from controlplane.leases.base import (
     AccountSnapshot,
     Dimension,
+    HeldLease,
     InvalidLeaseRequest,
     Lease,
     LeaseBackendError,
@@ -107,7 +116,8 @@ class RedisLeaseStore:
 
     `namespace` prefixes every key (tests use a unique one per run). `retain_ms` is how long an
     expired lease record stays readable for the reclaimer. Past it, the record vanishes and only the
-    reconciler can repair its counters.
+    reconciler can repair its counters. `fail_closed` refuses acquires in an account that is not
+    live (see the module docstring); the composition root turns it on.
     """
 
     def __init__(
@@ -117,6 +127,7 @@ class RedisLeaseStore:
         namespace: str = "vidroute:",
         retain_ms: int = 600_000,
         on_unknown_slots_full: UnknownSlotsFullHook | None = None,
+        fail_closed: bool = False,
     ) -> None:
         if "{" in namespace or "}" in namespace:
             raise InvalidLeaseRequest(
@@ -127,12 +138,13 @@ class RedisLeaseStore:
         self._ns = namespace
         self._retain_ms = retain_ms
         self._on_unknown_slots_full = on_unknown_slots_full
-        self._registered: set[str] = set()
+        self._fail_closed = fail_closed
         self._acquire = client.register_script(_lua.ACQUIRE)
         self._drop = client.register_script(_lua.DROP)
         self._renew = client.register_script(_lua.RENEW)
         self._unknown = client.register_script(_lua.UNKNOWN)
         self._adjust = client.register_script(_lua.ADJUST)
+        self._restore = client.register_script(_lua.RESTORE)
 
     # -- key layout --
 
@@ -144,10 +156,9 @@ class RedisLeaseStore:
         return [self._key("capacity", account, d.key) for d in dims]
 
     async def _register(self, account: str) -> None:
+        # Every time, never "once per process": after a flush the set is empty again.
         validate_account(account)
-        if account not in self._registered:
-            await self._redis.sadd(f"{self._ns}accounts", account)
-            self._registered.add(account)
+        await self._redis.sadd(f"{self._ns}accounts", account)
 
     # -- LeaseStore --
 
@@ -164,6 +175,8 @@ class RedisLeaseStore:
             self._key("leases", req.account),
             self._key("fence", req.account),
             self._key("dims", req.account),
+            self._key("unknown", req.account),
+            self._key("live", req.account),
             *self._capacity_keys(req.account, req.dimensions),
         ]
         args: list[str | int] = [
@@ -175,25 +188,24 @@ class RedisLeaseStore:
             self._retain_ms,
             _encode_dims(req.dimensions),
             req.account,
+            "1" if self._fail_closed else "0",
+            self._key("lease", req.account, ""),
+            self._key("capacity", req.account, ""),
+            _RECLAIM_BATCH,
         ]
         for dim in req.dimensions:
             args += [dim.key, dim.capacity]
         async with _translated("acquire"):
             await self._register(req.account)
             reply = await self._acquire(keys=keys, args=args)
-            if int(reply[0]) == 3:
-                # An expired record of this attempt still holds slots: return them, retry once.
-                if await self._reclaim_one(req.account, req.attempt_id, None):
-                    self.metrics.reclaimed += 1
-                reply = await self._acquire(keys=keys, args=args)
         code = int(reply[0])
+        self.metrics.reclaimed += int(reply[2])
+        if code == 4:
+            self.metrics.rejected_not_live += 1
+            return None
         if code == 0:
             self.metrics.rejected_no_capacity += 1
             return None
-        if code == 3:
-            raise LeaseBackendError(
-                f"acquire: expired lease of {req.attempt_id} could not be reclaimed"
-            )
         if code == 2:
             self.metrics.reacquired += 1
         else:
@@ -208,7 +220,8 @@ class RedisLeaseStore:
         ]
         async with _translated("renew"):
             reply = await self._renew(
-                keys=keys, args=[lease.token, lease.attempt_id, self._retain_ms]
+                keys=keys,
+                args=[lease.token, lease.attempt_id, self._retain_ms, lease.fencing_token],
             )
         if int(reply[0]) == 0:
             self.metrics.renew_failed += 1
@@ -226,6 +239,7 @@ class RedisLeaseStore:
                 lease.dimensions,
                 mode="release",
                 now_ms=None,
+                fence=str(lease.fencing_token),
             )
         if released:
             self.metrics.released += 1
@@ -276,6 +290,62 @@ class RedisLeaseStore:
                         break
         self.metrics.reclaimed += len(reclaimed)
         return reclaimed
+
+    async def is_live(self, account: str) -> bool:
+        """Whether the account's live marker exists. See `LeaseStore.is_live`."""
+        async with _translated("is_live"):
+            return bool(await self._redis.exists(self._key("live", account)))
+
+    async def restore(
+        self,
+        account: str,
+        holders: Sequence[HeldLease],
+        *,
+        ttl_ms: int,
+        max_term_ms: int,
+        unknown_cap: int | None = None,
+    ) -> list[str]:
+        """Rebuild missing holders' leases and mark the account live. See `LeaseStore.restore`."""
+        validate_account(account)
+        if ttl_ms < 1 or max_term_ms < ttl_ms:
+            raise InvalidLeaseRequest("restore needs 1 <= ttl_ms <= max_term_ms")
+        keys = [
+            self._key("leases", account),
+            self._key("fence", account),
+            self._key("dims", account),
+            self._key("unknown", account),
+            self._key("live", account),
+        ]
+        rows: list[list[str]] = []
+        for h in holders:
+            if h.account != account:
+                raise InvalidLeaseRequest(f"holder {h.attempt_id} is in {h.account}, not {account}")
+            keys.append(self._key("lease", account, h.attempt_id))
+            keys += self._capacity_keys(account, h.dimensions)
+            rows.append(
+                [
+                    h.attempt_id,
+                    h.token,
+                    str(h.fencing_token),
+                    _encode_dims(h.dimensions),
+                    str(h.slots),
+                    "1" if h.unknown else "0",
+                ]
+            )
+        args: list[str | int] = [
+            ttl_ms,
+            max_term_ms,
+            self._retain_ms,
+            account,
+            "" if unknown_cap is None else unknown_cap,
+            json.dumps(rows, separators=(",", ":")),
+        ]
+        async with _translated("restore"):
+            await self._register(account)
+            reply = await self._restore(keys=keys, args=args)
+        restored = [_text(r) for r in reply]
+        self.metrics.restored += len(restored)
+        return restored
 
     async def used(self, account: str, dimension_key: str) -> int:
         """Slots counted in one dimension."""
@@ -350,6 +420,7 @@ class RedisLeaseStore:
         *,
         mode: str,
         now_ms: int | None,
+        fence: str = "",
     ) -> bool:
         keys = [
             self._key("lease", account, attempt_id),
@@ -357,7 +428,14 @@ class RedisLeaseStore:
             self._key("unknown", account),
             *self._capacity_keys(account, dims),
         ]
-        args = [token, attempt_id, _encode_dims(dims), mode, "" if now_ms is None else str(now_ms)]
+        args = [
+            token,
+            attempt_id,
+            _encode_dims(dims),
+            mode,
+            "" if now_ms is None else str(now_ms),
+            fence,
+        ]
         return int(await self._drop(keys=keys, args=args)) == 1
 
     async def _reclaim_one(self, account: str, attempt_id: str, now_ms: int | None) -> bool:
@@ -384,7 +462,9 @@ class RedisLeaseStore:
             self._key("unknown", lease.account),
         ]
         async with _translated(f"{mode}_unknown"):
-            code, accepting = await self._unknown(keys=keys, args=[lease.token, mode, cap])
+            code, accepting = await self._unknown(
+                keys=keys, args=[lease.token, mode, cap, lease.fencing_token]
+            )
         if int(code) == -1:
             raise LeaseLostError(f"lease for {lease.attempt_id} in {lease.account} is not held")
         return int(code), int(accepting) == 1

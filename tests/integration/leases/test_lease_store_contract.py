@@ -2,7 +2,9 @@
 
 Every test gets a `Backend`: the store plus a way to move its clock forward. The memory store
 advances its injected clock. Redis polls server TIME until the target passes, with a deadline.
-Nothing sleeps a fixed time in the hope that something happened.
+Nothing sleeps a fixed time in the hope that something happened. `flush` loses the store's data as
+a Redis FLUSHALL would (Redis: every key of the test's namespace; memory: `forget_everything`), and
+`build` makes another store over the same data, e.g. a fail-closed one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from controlplane.leases import (
     CounterKind,
     Dimension,
     Drift,
+    HeldLease,
     InFlightAttempt,
     InvalidLeaseRequest,
     Lease,
@@ -53,6 +56,8 @@ class Backend:
     name: str
     store: LeaseStore
     advance: Callable[[int], Awaitable[None]]
+    flush: Callable[[], Awaitable[None]]
+    build: Callable[[bool], LeaseStore]
     full_events: list[str] = field(default_factory=list)
 
 
@@ -85,7 +90,18 @@ def memory_backend() -> Backend:
         clock.now += ms
 
     store = MemoryLeaseStore(clock=clock, on_unknown_slots_full=events.append)
-    return Backend("memory", store, advance, events)
+
+    async def flush() -> None:
+        assert isinstance(backend.store, MemoryLeaseStore)
+        backend.store.forget_everything()
+
+    def build(fail_closed: bool) -> LeaseStore:
+        # The memory store's data lives in the instance, so the backend's store becomes the new one.
+        backend.store = MemoryLeaseStore(clock=clock, fail_closed=fail_closed)
+        return backend.store
+
+    backend = Backend("memory", store, advance, flush, build, events)
+    return backend
 
 
 @pytest.fixture
@@ -99,7 +115,15 @@ def redis_backend(redis_client: Redis, redis_namespace: str) -> Backend:
     async def advance(ms: int) -> None:
         await wait_for_server_clock(store, await store.now_ms() + ms)
 
-    return Backend("redis", store, advance, events)
+    async def flush() -> None:
+        keys = [key async for key in redis_client.scan_iter(match=f"{redis_namespace}*")]
+        if keys:
+            await redis_client.delete(*keys)
+
+    def build(fail_closed: bool) -> LeaseStore:
+        return RedisLeaseStore(redis_client, namespace=redis_namespace, fail_closed=fail_closed)
+
+    return Backend("redis", store, advance, flush, build, events)
 
 
 @pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
@@ -395,6 +419,104 @@ def test_in_flight_fact_comes_only_from_in_flight_states() -> None:
     unknown = fact("SUBMIT_UNKNOWN")
     assert unknown is not None
     assert unknown.unknown is True
+
+
+# -- expiry on acquire, fencing, and losing the store's data (9.11.2) ------------------------------
+
+
+async def test_acquire_reclaims_expired_leases_of_the_account(backend: Backend) -> None:
+    """A dead holder's expired slots come back on the next acquire, with no sweeper running."""
+    one = (Dimension("all-video", 1),)
+    await must_acquire(backend.store, request_for("a-dead", one, ttl_ms=SHORT_TTL))
+    assert await backend.store.acquire(request_for("a-new", one)) is None
+    await backend.advance(SHORT_TTL + 1)
+    fresh = await must_acquire(backend.store, request_for("a-new", one))
+    assert await backend.store.used(ACCOUNT, "all-video") == 1
+    assert backend.store.metrics.reclaimed == 1
+    assert await backend.store.reclaim_expired() == []
+    assert [lease.attempt_id for lease in (await backend.store.snapshot(ACCOUNT)).leases] == [
+        fresh.attempt_id
+    ]
+
+
+async def test_stale_fencing_token_cannot_renew_release_or_mark(backend: Backend) -> None:
+    """A holder with the right token but an old fencing token is refused and changes nothing."""
+    lease = await must_acquire(backend.store, request_for("a-1"))
+    stale = dataclasses.replace(lease, fencing_token=lease.fencing_token - 1)
+    assert await backend.store.renew(stale) is None
+    assert await backend.store.release(stale) is False
+    with pytest.raises(LeaseLostError):
+        await backend.store.mark_unknown(stale, 2)
+    assert await usage(backend.store) == {"all-video": 1, "gen4.5": 1, "region-us": 1}
+    assert (await backend.store.snapshot(ACCOUNT)).leases == (lease,)
+    assert await backend.store.release(lease) is True
+
+
+async def test_after_a_flush_the_account_is_found_reclaimed_and_reconciled(
+    backend: Backend,
+) -> None:
+    """The same store instance lists, reclaims and reconciles an account again after a flush."""
+    store = backend.store
+    await must_acquire(store, request_for("a-before"))
+    await backend.flush()
+    store = backend.store
+    assert await store.accounts() == []
+    await must_acquire(store, request_for("a-after", ttl_ms=SHORT_TTL))
+    assert await store.accounts() == [ACCOUNT]
+    await backend.advance(SHORT_TTL + 1)
+    assert await store.reclaim_expired() == ["a-after"]
+    await store.set_used(ACCOUNT, "gen4.5", 2)  # leaked after the flush
+
+    async def audit(drift: Drift) -> None:
+        pass
+
+    drifts = await reconcile(store, [], audit)
+    assert [(d.dimension, d.delta) for d in drifts] == [("gen4.5", -2)]
+
+
+async def test_fail_closed_store_refuses_acquires_until_restored(backend: Backend) -> None:
+    """A fail-closed store admits nothing in an account until restore, and again after a flush."""
+    store = backend.build(True)
+    assert await store.is_live(ACCOUNT) is False
+    assert await store.acquire(request_for("a-1")) is None
+    assert store.metrics.rejected_not_live == 1
+    assert await usage(store) == {"all-video": 0, "gen4.5": 0, "region-us": 0}
+    assert await store.restore(ACCOUNT, [], ttl_ms=LONG_TTL, max_term_ms=600_000) == []
+    assert await store.is_live(ACCOUNT) is True
+    await must_acquire(store, request_for("a-1"))
+    await backend.flush()
+    assert await store.is_live(ACCOUNT) is False
+    assert await store.acquire(request_for("a-2")) is None
+    assert await usage(store) == {"all-video": 0, "gen4.5": 0, "region-us": 0}
+
+
+async def test_restore_rebuilds_held_leases_with_their_tokens(backend: Backend) -> None:
+    """Restored holders count against capacity, keep their tokens, and release as before."""
+    store = backend.build(True)
+    await store.restore(ACCOUNT, [], ttl_ms=LONG_TTL, max_term_ms=600_000)
+    before = await must_acquire(store, request_for("a-1", (ALL_VIDEO, GEN45)))
+    unknown = await must_acquire(store, request_for("a-2", (ALL_VIDEO, GEN45)))
+    await backend.flush()
+    held = [
+        HeldLease("a-1", ACCOUNT, before.token, before.fencing_token, (ALL_VIDEO, GEN45)),
+        HeldLease("a-2", ACCOUNT, unknown.token, 7, (ALL_VIDEO, GEN45), unknown=True),
+    ]
+    restored = await store.restore(
+        ACCOUNT, held, ttl_ms=LONG_TTL, max_term_ms=600_000, unknown_cap=1
+    )
+    assert restored == ["a-1", "a-2"]
+    assert await store.restore(ACCOUNT, held, ttl_ms=LONG_TTL, max_term_ms=600_000) == []
+    assert await store.used(ACCOUNT, "gen4.5") == 2  # restored once, not twice
+    assert await store.unknown_used(ACCOUNT) == 1
+    assert await store.accepting_new(ACCOUNT) is False  # the unknown budget of 1 is full
+    assert await store.acquire(request_for("a-3", (ALL_VIDEO, GEN45))) is None
+    by_id = {lease.attempt_id: lease for lease in (await store.snapshot(ACCOUNT)).leases}
+    assert (by_id["a-1"].token, by_id["a-1"].fencing_token) == (before.token, before.fencing_token)
+    assert await store.release(dataclasses.replace(by_id["a-2"], fencing_token=6)) is False
+    assert await store.release(by_id["a-1"]) is True
+    assert await store.release(by_id["a-2"]) is True
+    newer = await must_acquire(store, request_for("a-3", (ALL_VIDEO, GEN45)))
+    assert newer.fencing_token > 7  # the fence counter rose past every restored holder
 
 
 # -- validation and backend errors -----------------------------------------------------------------
