@@ -39,6 +39,7 @@ from controlplane.persistence.catalog_store import IN_FLIGHT_TASK_STATES, Catalo
 from controlplane.persistence.errors import ConcurrentModification
 from controlplane.persistence.records import Failure, NewAttempt, NewRouteDecision, TaskRecord
 from controlplane.persistence.repository import Store
+from controlplane.scheduling.expiry import settle_overdue
 from controlplane.scheduling.gather import (
     RequeueFacts,
     capacity_views,
@@ -198,6 +199,8 @@ class Dispatcher:
         queued = self._mine(
             await self._catalogs.tasks_in_states([TaskState.QUEUED], limit=cfg.scan_limit)
         )
+        # Past a task or queue deadline: FAILED here, never dispatched (domain.deadlines).
+        queued = await settle_overdue(self._store, self._catalogs, queued, self._clock())
         if not queued:
             return 0
         in_flight = self._mine(
