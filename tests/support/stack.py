@@ -1,20 +1,29 @@
-"""The whole platform for end-to-end tests: emulators, sidecar processes, a control plane process.
+"""The whole platform for end-to-end tests, on production terms: emulators, sidecar processes, a
+control plane process, every duration compressed by one factor.
 
-    with ProviderFarm(workdir) as farm:                      # emulators (threads) + 3 sidecars
+    with ProviderFarm(workdir, time_scale=0.02) as farm:      # emulators (threads) + 3 sidecars
         cp = ControlPlane(workdir, farm, database_url=..., redis_url=...)
         cp.start()
         task_id = cp.create_task("runway")                   # STRICT_MODEL, pinned
         task = cp.wait_terminal(task_id, timeout_s=60)
         cp.kill(); cp.start()                                # SIGKILL and restart, same database
 
-* Emulators run in this process (`EmulatorThread`) in ``advance="time"`` mode, so jobs progress
-  whether or not anyone polls, and sign webhooks with `CALLBACK_SECRET`.
-* Each sidecar is ``python -m adapter_sidecars.<name>`` with short timeouts (submit read
-  1.5 s) and ``recovery_settle_seconds: 0``; a provider's base URL can be swapped (the DNS case).
-* The control plane is `vidroute serve` (its execution clocks shortened through
-  ``VIDROUTE_EXECUTION_TUNING``) on PostgreSQL/SQLite, Redis leases in a logical database of its
-  own (`RedisDb`: the lease store's key namespace is not configurable from the environment),
-  callbacks on, a tiny poll scale.
+* **One factor.** `ProviderFarm.time_scale` is handed to every process of the run as
+  ``VIDROUTE_TIME_SCALE`` (sidecars and control plane multiply every duration they have by it)
+  and to the emulators' job durations; tests scale their fault durations with
+  `ProviderFarm.seconds` (``farm.seconds(40)`` is a 40 s provider stall). So every deadline and
+  window keeps its production order: at 0.02 the sidecar's 60 s ``submit_read`` is 1.2 s and the
+  control plane's 1800 s unknown-recovery deadline 36 s.
+* **Shipped configuration.** Each sidecar runs from its shipped
+  ``adapter_sidecars/<name>/config.example.yaml`` with only the listen address, the provider base
+  URL and the account keys substituted; the control plane runs on its defaults.
+* **Real-provider emulators.** The emulators serve no emulator-only route (Runway task listing,
+  Veo operation list, billing export) unless a test names one in ``extensions`` (which also
+  turns on the sidecar's matching option); jobs take production-like times (scaled) in
+  ``advance="time"`` mode and webhooks are signed with `CALLBACK_SECRET`.
+* The control plane is `vidroute serve` on PostgreSQL/SQLite, Redis leases in a logical
+  database of its own (`RedisDb`: the lease store's key namespace is not configurable from the
+  environment), callbacks on.
 
 Every wait polls a condition with a deadline; nothing sleeps a fixed time.
 """
@@ -29,7 +38,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -56,6 +65,9 @@ from vidroute.scheduler.v1 import scheduler_service_pb2 as api
 ROOT = Path(__file__).resolve().parents[2]
 CALLBACK_SECRET = "e2e-callback-secret"
 UNRESOLVABLE_URL = "http://nonexistent.invalid:8080"
+# The factor of a run unless a test picks its own: production's 60 s submit_read becomes 1.2 s,
+# the 1800 s unknown-recovery deadline 36 s. ``VIDROUTE_E2E_TIME_SCALE`` changes it by hand.
+DEFAULT_TIME_SCALE = float(os.environ.get("VIDROUTE_E2E_TIME_SCALE") or 0.02)
 TERMINAL = frozenset(
     {
         scheduler_pb2.TASK_STATE_SUCCEEDED,
@@ -65,91 +77,96 @@ TERMINAL = frozenset(
 )
 T = TypeVar("T")
 
+# Production-like provider timings (seconds, before the factor): time in the provider's queue
+# and generating. Real jobs take about a minute; what matters is that they are long next to the
+# polling schedule's first steps and short next to the recovery and plausibility windows.
+JOB_QUEUE_S = 5.0
+JOB_RUN_S = 60.0
+
 
 @dataclass(frozen=True)
 class Provider:
-    """One provider of the stack: its control-plane name, sidecar module, pinned model."""
+    """One provider of the stack: its control-plane name, sidecar package, pinned model."""
 
     name: str  # the provider name the capabilities and VIDROUTE_ADAPTERS use
-    sidecar_module: str
+    package: str  # adapter_sidecars.<package>, whose config.example.yaml is the shipped config
     model: str
-    emulator: Callable[[], Any]
-    options: Mapping[str, Any] = field(default_factory=dict)
+    emulator: Callable[[float, frozenset[str]], Any]  # (time scale, extensions) -> emulator
     callbacks: bool = False  # does the provider push webhooks?
 
+    @property
+    def shipped_config(self) -> Path:
+        return ROOT / "adapter_sidecars" / self.package / "config.example.yaml"
 
-def _runway() -> RunwayEmulator:
+
+def _runway(scale: float, extensions: frozenset[str]) -> RunwayEmulator:
+    # The tier limits are Runway's defaults; only the balance is an account fact we choose, so a
+    # long soak never runs out of credits.
     return RunwayEmulator(
         RunwayConfig(
             advance="time",
-            queue_s=0.2,
-            run_s=0.8,
-            max_concurrent=8,
-            max_daily=100_000,
+            queue_s=JOB_QUEUE_S * scale,
+            run_s=JOB_RUN_S * scale,
+            url_ttl_s=86400.0 * scale,
             credit_balance=10_000_000,
             callback_secret=CALLBACK_SECRET,
+            extensions=extensions,
         )
     )
 
 
-def _veo() -> VeoEmulator:
+def _veo(scale: float, extensions: frozenset[str]) -> VeoEmulator:
     return VeoEmulator(
-        VeoConfig(advance="time", queue_s=0.2, run_s=0.8, callback_secret=CALLBACK_SECRET)
+        VeoConfig(
+            advance="time",
+            queue_s=JOB_QUEUE_S * scale,
+            run_s=JOB_RUN_S * scale,
+            url_ttl_s=86400.0 * scale,
+            retention_s=2 * 86400.0 * scale,
+            callback_secret=CALLBACK_SECRET,
+            extensions=extensions,
+        )
     )
 
 
-def _selfhosted() -> SelfHostedEmulator:
+def _selfhosted(scale: float, extensions: frozenset[str]) -> SelfHostedEmulator:
+    # speed = wall seconds per simulated GPU second: 1.0 on real hardware.
     return SelfHostedEmulator(
         SelfHostedConfig(
             advance="time",
             workers=4,
-            max_queue=256,
-            speed=0.01,
+            speed=1.0 * scale,
+            url_ttl_s=86400.0 * scale,
             callback_secret=CALLBACK_SECRET,
+            extensions=extensions,
         )
     )
 
 
 PROVIDERS: dict[str, Provider] = {
-    "runway": Provider(
-        "runway",
-        "adapter_sidecars.runway",
-        "gen4.5",
-        _runway,
-        {"api_version": "2024-11-06", "recovery_settle_seconds": 0},
-    ),
-    "google": Provider(
-        "google",
-        "adapter_sidecars.veo",
-        "veo-3.1-generate-preview",
-        _veo,
-        {"recovery_settle_seconds": 0},
-        callbacks=True,
-    ),
-    "self_hosted": Provider(
-        "self_hosted",
-        "adapter_sidecars.selfhosted",
-        "wan2.2-t2v",
-        _selfhosted,
-        {"recovery_settle_seconds": 0},
-        callbacks=True,
-    ),
+    "runway": Provider("runway", "runway", "gen4.5", _runway),
+    "google": Provider("google", "veo", "veo-3.1-generate-preview", _veo, callbacks=True),
+    "self_hosted": Provider("self_hosted", "selfhosted", "wan2.2-t2v", _selfhosted, callbacks=True),
 }
-SIDECAR_TIMEOUTS = {"connect": 1.0, "write": 2.0, "read": 3.0, "submit_read": 1.5, "pool": 1.0}
-# The engine's clocks, shortened through VIDROUTE_EXECUTION_TUNING. The grace must exceed the
-# longest submit a sidecar can make (connect + write + submit read, ~4.5 s) or a live submit
-# would be settled as interrupted under its own feet.
-EXECUTION_OVERRIDES = {
-    "submitting_grace_s": 8.0,
-    "claim_lease_s": 10.0,
-    "idle_sleep_s": 0.2,
-    "recovery_base_s": 0.5,
-    "recovery_cap_s": 3.0,
-    "cancel_retry_s": 1.0,
-    "fetch_retry_base_s": 0.5,
-    "fetch_retry_cap_s": 3.0,
-}
-POLL_SCALE = 0.02
+
+
+def shipped_sidecar_config(
+    provider: str, *, base_url: str, extensions: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The provider's shipped sidecar config with only listen, base URL and keys substituted.
+
+    An emulator extension named in `extensions` also switches on the sidecar option of the same
+    name (``provider.options.task_listing: true``), as an operator would for such a provider.
+    """
+    config = yaml.safe_load(PROVIDERS[provider].shipped_config.read_text(encoding="utf-8"))
+    config["listen"] = "127.0.0.1:0"
+    config.setdefault("provider", {})["base_url"] = base_url
+    options = config["provider"].get("options") or {}
+    options.update({name: True for name in extensions})
+    config["provider"]["options"] = options
+    for account in config["accounts"]:
+        account["credential_ref"] = f"env:VIDROUTE_E2E_KEY:-key_e2e_{provider}"
+    return dict(config)
 
 
 def wait_for(
@@ -174,20 +191,33 @@ def free_port() -> int:
 
 
 class ProviderFarm:
-    """The three emulators (threads) and their sidecars (processes)."""
+    """The three emulators (threads) and their sidecars (processes), on one time scale."""
 
     def __init__(
         self,
         workdir: Path,
         *,
+        time_scale: float = DEFAULT_TIME_SCALE,
         base_urls: Mapping[str, str] | None = None,
         providers: Iterable[str] = PROVIDERS,
+        extensions: Mapping[str, Iterable[str]] | None = None,
     ) -> None:
         self.workdir = workdir
+        self.time_scale = time_scale
         self._base_urls = dict(base_urls or {})
         self.providers = list(providers)
+        self.extensions = {p: frozenset((extensions or {}).get(p, ())) for p in self.providers}
         self.emulators: dict[str, EmulatorThread] = {}
         self.sidecars: dict[str, processes.Proc] = {}
+
+    def seconds(self, production_s: float) -> float:
+        """`production_s` seconds of production time on this run's clock."""
+        return production_s * self.time_scale
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What every process of this run gets: the one time scale."""
+        return {"VIDROUTE_TIME_SCALE": repr(self.time_scale)}
 
     def __enter__(self) -> ProviderFarm:
         try:
@@ -203,32 +233,26 @@ class ProviderFarm:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         for name in self.providers:
-            self.emulators[name] = EmulatorThread(PROVIDERS[name].emulator())
+            emulator = PROVIDERS[name].emulator(self.time_scale, self.extensions[name])
+            self.emulators[name] = EmulatorThread(emulator)
             self.emulators[name].start()
         pending = {name: self._spawn_sidecar(name) for name in self.providers}
         for name, (popen, port_file, log_path) in pending.items():
             self.sidecars[name] = _await_port(popen, port_file, log_path, f"sidecar {name}")
 
     def _spawn_sidecar(self, name: str) -> tuple[Any, Path, Path]:
-        provider = PROVIDERS[name]
-        config = {
-            "listen": "127.0.0.1:0",
-            "provider": {
-                "base_url": self._base_urls.get(name) or self.emulators[name].url,
-                "options": dict(provider.options),
-            },
-            "timeouts": dict(SIDECAR_TIMEOUTS),
-            "health": {"probe_interval_seconds": 1.0},
-            "shutdown_grace_seconds": 1,
-            "accounts": [{"name": "e2e", "region": "us", "credential_ref": "env:E2E_KEY:-key_e2e"}],
-        }
+        config = shipped_sidecar_config(
+            name,
+            base_url=self._base_urls.get(name) or self.emulators[name].url,
+            extensions=self.extensions[name],
+        )
         path = self.workdir / f"sidecar-{name}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         return _spawn(
-            ["-m", provider.sidecar_module, "--config", str(path), "--listen", "127.0.0.1:0"],
+            ["-m", f"adapter_sidecars.{PROVIDERS[name].package}", "--config", str(path)],
             workdir=self.workdir,
             name=f"sidecar-{name}",
-            env={},
+            env=self.env,
         )
 
     def stop(self) -> None:
@@ -365,7 +389,11 @@ def spec_for(
 
 
 class ControlPlane:
-    """`vidroute serve` as a child process; SIGKILL and restart keep the database and ports."""
+    """`vidroute serve` as a child process; SIGKILL and restart keep the database and ports.
+
+    It runs on its defaults, on the farm's time scale; `env` adds variables a test is about
+    (never timings: those come from the one factor).
+    """
 
     def __init__(
         self,
@@ -374,16 +402,13 @@ class ControlPlane:
         *,
         database_url: str,
         redis_url: str | None,
-        poll_scale: float = POLL_SCALE,
-        execution_overrides: Mapping[str, float] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
         self.farm = farm
         self.database_url = database_url
         self.redis_url = redis_url
-        self.poll_scale = poll_scale
-        self.overrides = dict(EXECUTION_OVERRIDES if execution_overrides is None else {})
-        self.overrides.update(execution_overrides or {})
+        self.extra_env = dict(env or {})
         self.callback_port = free_port()
         self.proc: processes.Proc | None = None
         self.generation = 0
@@ -394,6 +419,7 @@ class ControlPlane:
     def start(self) -> None:
         secrets_env = ",".join(f"{name}={CALLBACK_SECRET}" for name in PROVIDERS)
         env = {
+            **self.farm.env,
             "VIDROUTE_DATABASE_URL": self.database_url,
             "VIDROUTE_REDIS_URL": self.redis_url or "",
             "VIDROUTE_ADAPTERS": self.farm.adapters_env,
@@ -401,9 +427,8 @@ class ControlPlane:
             "VIDROUTE_CALLBACK_LISTEN": f"127.0.0.1:{self.callback_port}",
             "VIDROUTE_CALLBACK_PUBLIC_URL": f"http://127.0.0.1:{self.callback_port}",
             "VIDROUTE_CALLBACK_SECRETS": secrets_env,
-            "VIDROUTE_POLL_SCALE": str(self.poll_scale),
             "VIDROUTE_WORKER_ID": f"e2e-cp-{self.generation}",
-            "VIDROUTE_EXECUTION_TUNING": json.dumps(self.overrides),
+            **self.extra_env,
         }
         name = f"controlplane-{self.generation}"
         self.generation += 1
