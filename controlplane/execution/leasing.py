@@ -2,7 +2,9 @@
 
 An attempt row stores only its lease token; the lease record (account, dimensions) lives in the
 `LeaseStore`, so `LeaseKeeper` finds it by token (random and unique; the scheduler may have
-acquired it under a provisional attempt id). Every call here happens AFTER
+acquired it under a provisional attempt id), and holds it only if the record's fencing token is
+the one the attempt row stored: a lease rebuilt or re-granted under another fence is not this
+attempt's to renew or release (9.11.1). Every call here happens AFTER
 the database transaction that justified it committed, and never raises: PostgreSQL is the source
 of truth and the lease reconciler (9.11.2) repairs any counter a lost call leaves wrong.
 
@@ -10,6 +12,8 @@ of truth and the lease reconciler (9.11.2) repairs any counter a lost call leave
 * SUBMIT_UNKNOWN            -> `mark_unknown` into the account's unknown budget
 * unknown resolved (found)  -> `resolve_unknown`
 * in flight (poll/recovery) -> `renew` (heartbeat)
+* right before a submit      -> `still_held`: renew, and say whether the lease is still this
+                               attempt's; the submit worker sends nothing when it is not
 * ABANDONED                 -> nothing: the slot stays counted until the reconciler or the
                                lease's max term says otherwise (the job may still be running)
 """
@@ -39,9 +43,33 @@ class LeaseKeeper:
         for account in await self._store.accounts():
             snapshot = await self._store.snapshot(account)
             for lease in snapshot.leases:
-                if lease.token == attempt.lease_token:
-                    return lease
+                if lease.token != attempt.lease_token:
+                    continue
+                fence = attempt.fencing_token
+                if fence is not None and lease.fencing_token != fence:
+                    log.warning(
+                        "attempt %s: lease fence %s is not the attempt's %s; not its lease",
+                        attempt.id,
+                        lease.fencing_token,
+                        fence,
+                    )
+                    return None
+                return lease
         return None
+
+    async def still_held(self, attempt: AttemptRecord) -> bool:
+        """Renew the attempt's lease; True only if the store still has it under its fence.
+
+        Without a store (no quota configured) there is nothing to fence and the answer is True.
+        A store error is False: the caller must not act on a lease it cannot vouch for.
+        """
+        if self._store is None:
+            return True
+        try:
+            lease = await self.find(attempt)
+            return lease is not None and await self._store.renew(lease) is not None
+        except LeaseError as exc:
+            return self._failed("still_held", attempt, exc)
 
     async def release(self, attempt: AttemptRecord) -> bool:
         try:

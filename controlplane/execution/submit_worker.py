@@ -9,6 +9,13 @@ For each claimed ``attempt.submit`` message::
                                                stable client_request_key, then apply the outcome
                                                and mark the message done in ONE transaction
 
+Right before the adapter call the worker renews the attempt's lease and checks that the store still
+holds it under the attempt's fencing token (9.11.1). If not (the lease expired and was reclaimed,
+or Redis lost it and the scheduler has not rebuilt it), the worker does NOT submit: nothing left,
+so the attempt fails as ``PROVEN_ABSENT`` ("never sent") and the task is requeued without
+excluding the candidate, exactly like a recovery that proved the job absent. The dispatcher then
+admits it again under a fresh lease, within capacity. A slot held by no lease is never used.
+
 An exception from the adapter call is an UNKNOWN outcome (the request may have left). If the
 database fails after the adapter answered, nothing is written: the attempt stays SUBMITTING, and
 `settle` (from the re-delivered message or the engine's sweep) moves it to SUBMIT_UNKNOWN once
@@ -25,21 +32,25 @@ from datetime import timedelta
 from controlplane.adapters.types import SubmitKind, SubmitResult
 from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.failover import FailureStage
+from controlplane.domain.spec import RoutingMode
 from controlplane.domain.states import TASK_MACHINE, AttemptState, TaskState
 from controlplane.execution.contracts import TOPIC_SUBMIT
 from controlplane.execution.events import EventNormalizer
 from controlplane.execution.outcomes import (
+    PROVEN_ABSENT,
     AfterCommit,
     ExecutionDeps,
     accept,
     claim_batch,
     fail_attempt,
+    is_current,
     job_ref,
     plan_of,
+    requeue,
     to_unknown,
 )
 from controlplane.persistence.execution_store import AccountInfo
-from controlplane.persistence.records import AttemptChanges, AttemptRecord, OutboxRecord
+from controlplane.persistence.records import AttemptChanges, AttemptRecord, Failure, OutboxRecord
 from controlplane.persistence.repository import Store
 
 __all__ = ["SubmitWorker"]
@@ -112,7 +123,9 @@ class SubmitWorker:
             return
         account = await self._deps.xstore.account(started.provider_account_id)
         adapter = self._deps.adapter(account)
-        await self._deps.leases.renew(started)
+        if not await self._deps.leases.still_held(started):
+            await self._not_sent(started, message)
+            return
         self.submits += 1
         began = time.monotonic()
         try:
@@ -130,6 +143,51 @@ class SubmitWorker:
             )
         await self.apply(started.id, result, message)
         await self._observe(account, started, result, time.monotonic() - began)
+
+    async def _not_sent(self, attempt: AttemptRecord, message: OutboxRecord) -> None:
+        """The lease is not this attempt's any more: fail it unsent and requeue (module doc)."""
+        log.warning(
+            "attempt %s: lease not held under fence %s; not submitted",
+            attempt.id,
+            attempt.fencing_token,
+        )
+        failure = Failure(
+            ErrorClass.INTERNAL_RETRYABLE.value,
+            PROVEN_ABSENT,
+            f"never sent: lease not held under fencing token {attempt.fencing_token}",
+        )
+        after = AfterCommit()
+        async with self._deps.xstore.unit(self._deps.clock()) as u:
+            current = await u.attempt(attempt.id)
+            task = None if current is None else await u.task(attempt.task_id)
+            moved = None
+            if current is not None and current.state is AttemptState.SUBMITTING:
+                moved = await u.move_attempt(
+                    current, AttemptState.FAILED, PROVEN_ABSENT, AttemptChanges(failure=failure)
+                )
+            if moved is not None:
+                after.release.append(moved)
+            if moved is not None and task is not None and await is_current(u, task, moved):
+                runtime = await u.runtime(moved.id)
+                attempts = await u.attempts_of(task.id)
+                if runtime is not None and runtime.cancel_requested_at is not None:
+                    await u.move_task(task, TaskState.CANCELLED, "cancel requested; not sent")
+                elif len(attempts) >= self._deps.config.limits.max_total_attempts:
+                    await u.move_task(task, TaskState.FAILED, "MAX_TOTAL_ATTEMPTS", failure=failure)
+                else:
+                    strict = task.spec.routing.mode is RoutingMode.STRICT_MODEL
+                    await requeue(
+                        u,
+                        task,
+                        moved,
+                        attempts,
+                        reason=PROVEN_ABSENT,
+                        error_class=failure.failure_class,
+                        same_model_only=strict,
+                        limits=self._deps.config.limits,
+                    )
+            await u.complete_message(message.id, self._deps.config.worker_id)
+        await after.run(self._deps.leases)
 
     async def _observe(
         self, account: AccountInfo, attempt: AttemptRecord, result: SubmitResult, took_s: float
