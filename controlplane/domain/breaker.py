@@ -12,6 +12,13 @@ State machine (9.15.2)::
     OPEN --(cooldown elapsed)--> HALF_OPEN
     HALF_OPEN --(k probe successes)--> CLOSED     (cooldown ladder resets)
     HALF_OPEN --(any probe failure)--> OPEN       (next cooldown: 30s → 1m → 2m → 5m → 10m, capped)
+    any --(AUTH / PERMISSION / account misconfigured)--> OPEN   (`trip`, on the account's key)
+
+Account breakers (9.15.1, 9.9.1 "先熔断错误账号"): a static account fault is not health noise
+for one model, it disables the whole account at once. `account_key` names the breaker that
+holds that fact: model ``""`` and operation SUBMIT. It closes like any breaker: after its
+cooldown it admits probes, a probe that succeeds closes it, a probe that fails with the same
+fault reopens it for the next, longer cooldown; an operator can pin it with ForceBreaker.
 """
 
 from __future__ import annotations
@@ -111,6 +118,18 @@ _NOT_COUNTED: frozenset[str] = frozenset(
 )
 
 
+# 9.9.1 classes whose handling row says `disables_account` (mirrored here: the breaker module
+# reads failure strings, not the error table).
+DISABLES_ACCOUNT: frozenset[str] = frozenset(
+    {"AUTH", "PERMISSION", FailureKind.ACCOUNT_MISCONFIGURED}
+)
+
+
+def account_key(key: BreakerKey) -> BreakerKey:
+    """The breaker of `key`'s whole account: open while the account itself is unusable."""
+    return BreakerKey(key.provider, key.account, key.region, "", Operation.SUBMIT)
+
+
 def counts_for_breaker(failure: str) -> bool:
     """Whether a failure (``FailureKind`` or 9.9 error-class string) is endpoint-health evidence.
 
@@ -166,6 +185,9 @@ class BreakerConfig:
     cooldowns_s: tuple[float, ...] = (30.0, 60.0, 120.0, 300.0, 600.0)
     half_open_max_probes: int = 1
     half_open_successes_to_close: int = 3
+    # How long a probe admission is held without its result (the attempt never submitted, the
+    # replica died) before the slot frees for another probe. Longer than any submit can take.
+    half_open_probe_ttl_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.window_seconds <= 0 or self.min_samples < 1 or self.consecutive_failures < 1:
@@ -176,6 +198,8 @@ class BreakerConfig:
             raise ValueError("cooldowns_s must be a non-empty list of positive seconds")
         if self.half_open_max_probes < 1 or self.half_open_successes_to_close < 1:
             raise ValueError("half-open probe limits must be at least 1")
+        if self.half_open_probe_ttl_s <= 0:
+            raise ValueError("half_open_probe_ttl_s must be positive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +262,11 @@ class CircuitBreaker:
     def open_until(self) -> float | None:
         return self._open_until
 
+    @property
+    def level(self) -> int:
+        """Index into ``cooldowns_s`` of the current or last open; -1 after a full close."""
+        return self._level
+
     def metrics(self) -> MetricsSnapshot:
         self._prune(self._clock())
         n = len(self._window)
@@ -294,17 +323,45 @@ class CircuitBreaker:
             if permit is None or not self._is_current_probe(permit):
                 return None  # only the admitted probes speak for the half-open endpoint
             self._probes -= 1
-            if outcome.neutral:
-                return None
-            if outcome.succeeded and not self._is_slow(outcome):
-                self._probe_successes += 1
-                if self._probe_successes >= self.config.half_open_successes_to_close:
-                    return self._move(BreakerState.CLOSED, "probes_succeeded")
-                return None
-            return self._move(BreakerState.OPEN, "probe_failed", level=self._level + 1)
+            return self._probe_result(outcome, None)
         if outcome.neutral:
             return None
         return self._record_closed(outcome)
+
+    def record_probe(
+        self, outcome: CallOutcome, successes: int | None = None
+    ) -> BreakerTransition | None:
+        """The result of a probe admitted outside this breaker (the replicas' shared ledger).
+
+        `successes` is the half-open phase's probe-success count including this one, when the
+        ledger keeps it for every replica; None counts on this breaker.
+        """
+        if self._state is not BreakerState.HALF_OPEN:
+            return None
+        return self._probe_result(outcome, successes)
+
+    def probe_succeeded(self, outcome: CallOutcome) -> bool:
+        """Whether `outcome`, as a probe, counts toward closing (fast enough and successful)."""
+        return outcome.succeeded and not self._is_slow(outcome)
+
+    def trip(self, reason: str) -> BreakerTransition | None:
+        """Open at once (an account fault, 9.15.1); from HALF_OPEN with the next cooldown."""
+        if self._state is BreakerState.OPEN:
+            return None
+        level = self._level + 1 if self._state is BreakerState.HALF_OPEN else 0
+        return self._move(BreakerState.OPEN, reason, level=level)
+
+    def _probe_result(
+        self, outcome: CallOutcome, successes: int | None
+    ) -> BreakerTransition | None:
+        if outcome.neutral:
+            return None
+        if self.probe_succeeded(outcome):
+            self._probe_successes = self._probe_successes + 1 if successes is None else successes
+            if self._probe_successes >= self.config.half_open_successes_to_close:
+                return self._move(BreakerState.CLOSED, "probes_succeeded")
+            return None
+        return self._move(BreakerState.OPEN, "probe_failed", level=self._level + 1)
 
     def force(self, state: BreakerState, reason: str) -> BreakerTransition:
         """Operator override. OPEN pins the breaker open until forced again; others unpin."""
@@ -316,10 +373,22 @@ class CircuitBreaker:
         return self._move(state, f"forced:{reason}")
 
     def apply_remote(
-        self, state: BreakerState, until: float | None, reason: str = "shared_state"
+        self,
+        state: BreakerState,
+        until: float | None,
+        reason: str = "shared_state",
+        level: int | None = None,
     ) -> BreakerTransition | None:
-        """Adopt the shared health state; a local operator pin wins over it."""
-        if self._pinned or (state is self._state and state is not BreakerState.OPEN):
+        """Adopt the shared health state; a local operator pin wins over it.
+
+        `level` is the publisher's cooldown step, so a probe failing on this replica reopens
+        with the cooldown after the one every replica just served.
+        """
+        if self._pinned:
+            return None
+        if level is not None:
+            self._level = min(level, len(self.config.cooldowns_s) - 1)
+        if state is self._state and state is not BreakerState.OPEN:
             return None
         if state is BreakerState.OPEN:
             if until is None:

@@ -24,7 +24,7 @@ import enum
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -118,6 +118,8 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self.leading = False
         self.dispatched = 0
+        # Runs before each round admits anything; the runtime wires the lease rebuild here (9.11.2).
+        self.before_admit: Callable[[], Awaitable[object]] | None = None
 
     # ---- loop ---------------------------------------------------------------------------------
 
@@ -194,6 +196,8 @@ class Dispatcher:
     async def tick(self) -> int:
         """One dispatch round; returns how many tasks it took off the queue."""
         await self.catalog()
+        if self.before_admit is not None:
+            await self.before_admit()
         await self.monitor.sync()
         cfg = self.config
         queued = self._mine(
@@ -272,13 +276,15 @@ class Dispatcher:
         catalog = await self.catalog()
         spec = task.spec
         group = (task.tenant_id, spec.service_class.value, spec.mode.value)
+        # OPEN breakers (the candidate's or its account's), and HALF_OPEN ones whose probe
+        # slots are all taken, refuse here; `admit` below is what actually takes a probe slot.
+        circuit_open = {}
+        for c in catalog.candidates:
+            if (reason := await self.monitor.refusal(submit_key(c))) is not None:
+                circuit_open[c.id] = reason
         ctx = routing.RoutingContext(
             now=now,
-            circuit_open={
-                c.id: reason
-                for c in catalog.candidates
-                if (reason := self.monitor.open_reason(submit_key(c))) is not None
-            },
+            circuit_open=circuit_open,
             excluded=facts.excluded,
             same_model_only=facts.same_model_only,
             allowed_regions=self.config.allowed_regions.get(task.tenant_id),
@@ -335,6 +341,10 @@ class Dispatcher:
             candidate = catalog.by_id(cid)
             if candidate is None:
                 continue
+            breaker = submit_key(candidate)
+            if not await self.monitor.admit(breaker, key):  # e.g. a HALF_OPEN probe slot taken
+                refused.append(cid)
+                continue
             lease = await self._leases.acquire(
                 LeaseRequest(
                     attempt_id=key,
@@ -345,6 +355,7 @@ class Dispatcher:
                 )
             )
             if lease is None:
+                await self.monitor.release(breaker, key)
                 refused.append(cid)
                 continue
             final = decision.after_leasing(cid, refused)
@@ -384,6 +395,7 @@ class Dispatcher:
                 )
             except BaseException:
                 await self._leases.release(lease)  # 9.20: a lease without an attempt is a leak
+                await self.monitor.release(breaker, key)
                 raise
             self._remember(group, cid)
             return DispatchResult(task.id, DispatchOutcome.SELECTED, final, record.id)

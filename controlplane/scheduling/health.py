@@ -7,6 +7,13 @@ is persisted to ``provider_health_events`` and published to the shared state so 
 adopt it on their next `sync` (mirrored transitions are not persisted again: the replica that
 caused a transition owns its audit row).
 
+Admission (9.15.2): every call asks `admit` with a holder (the attempt's client request key for
+a submit, the worker's call id otherwise). CLOSED admits; OPEN refuses; HALF_OPEN admits at
+most ``half_open_max_probes`` holders across all replicas (the shared probe ledger), and only
+those holders' results, reported through `record_outcome(..., holder=...)`, decide whether the
+breaker closes or reopens. A submit must also pass its account's breaker (`account_key`),
+which AUTH / PERMISSION / a misconfigured account open at once (9.9.1 `disables_account`).
+
 Clock: wall-clock seconds, so OPEN-until instants mean the same thing on every replica.
 """
 
@@ -19,18 +26,25 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from controlplane.domain.breaker import (
+    DISABLES_ACCOUNT,
     BreakerKey,
     BreakerRegistry,
     BreakerState,
     BreakerTransition,
     CallOutcome,
+    CircuitBreaker,
     Operation,
     Permit,
+    account_key,
 )
 from controlplane.domain.routing import Candidate, HealthView
 from controlplane.domain.scoring import HealthWindows, Window
 from controlplane.persistence.catalog_store import CatalogStore, HealthEvent
-from controlplane.scheduling.shared_state import InProcessSharedState, SharedBreakerState
+from controlplane.scheduling.shared_state import (
+    InProcessSharedState,
+    SharedBreakerState,
+    SharedRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -84,21 +98,18 @@ class HealthMonitor:
         latency_s: float | None,
         *,
         cost_micros: int = 0,
+        holder: str | None = None,
         permit: Permit | None = None,
     ) -> BreakerTransition | None:
         """Feed one call result: `error_class` None is success, else a 9.9 class / FailureKind.
 
-        In HALF_OPEN a result without a permit counts as a probe while probe slots are free.
+        `holder` is the one `admit` was given: in HALF_OPEN only the admitted probes' results
+        count. A disabling error (AUTH, PERMISSION) opens the account's breaker at once.
         """
         outcome = CallOutcome(error_class, None if latency_s is None else latency_s * 1000)
-        breaker = self.registry.get(key)
-        transition = breaker.tick()
-        await self._emit(transition)
-        if permit is None and breaker.state is BreakerState.HALF_OPEN:
-            admitted = breaker.try_acquire()
-            permit = admitted if isinstance(admitted, Permit) else None
-        result = breaker.record(outcome, permit)
-        await self._emit(result)
+        if key.operation is Operation.SUBMIT or error_class in DISABLES_ACCOUNT:
+            await self._record_account(account_key(key), outcome, holder)
+        result = await self._record_one(key, outcome, holder, permit)
         if key.operation is Operation.SUBMIT and not outcome.neutral and not outcome.succeeded:
             # A refused submit is a failed attempt of this candidate. Accepted submits are
             # counted when their generation ends (`observe_generation`), with its real duration.
@@ -113,23 +124,57 @@ class HealthMonitor:
         window = self._windows.setdefault(_candidate_id(key), HealthWindows())
         window.observe(succeeded, duration_s, cost_micros, self._clock())
 
-    def admit(self, key: BreakerKey) -> Permit | None:
-        """A permit for one call (HALF_OPEN probes are limited), or None while refused."""
-        admitted = self.registry.try_acquire(key)
-        return admitted if isinstance(admitted, Permit) else None
+    async def admit(self, key: BreakerKey, holder: str) -> bool:
+        """May `holder` make one call on `key` now? HALF_OPEN admits the configured probes.
+
+        A submit must pass its account's breaker as well. An admission whose call is never made
+        goes back through `release`; otherwise `record_outcome(..., holder=holder)` ends it.
+        """
+        keys = self._keys(key)
+        for n, k in enumerate(keys):
+            if not await self._admit_one(k, holder):
+                for taken in keys[:n]:
+                    await self._release_one(taken, holder)
+                return False
+        return True
+
+    async def release(self, key: BreakerKey, holder: str) -> None:
+        """Give back an admission whose call was never made (no lease, no attempt)."""
+        for k in self._keys(key):
+            await self._release_one(k, holder)
 
     # ---- what routing reads ----------------------------------------------------------------
 
     def open_reason(self, key: BreakerKey) -> str | None:
-        """Why new work must not go to `key` (OPEN), else None; HALF_OPEN admits probes."""
-        breaker = self.registry.get(key)
-        breaker.tick()
-        if breaker.state is not BreakerState.OPEN:
-            return None
-        until = breaker.open_until
-        if until is None:
-            return "breaker pinned OPEN by an operator"
-        return f"breaker OPEN for {max(0.0, until - self._clock()):.0f} s more"
+        """Why new work must not go to `key` (it or its account OPEN), else None."""
+        for k in self._keys(key):
+            breaker = self.registry.get(k)
+            breaker.tick()
+            if breaker.state is not BreakerState.OPEN:
+                continue
+            scope = "account breaker" if k.model == "" and k != key else "breaker"
+            until = breaker.open_until
+            if until is None:
+                return f"{scope} pinned OPEN by an operator"
+            return f"{scope} OPEN for {max(0.0, until - self._clock()):.0f} s more"
+        return None
+
+    async def refusal(self, key: BreakerKey) -> str | None:
+        """`open_reason`, or why a HALF_OPEN `key` takes no probe now (every slot in flight).
+
+        A hint for routing's records; `admit` is what decides.
+        """
+        reason = self.open_reason(key)
+        if reason is not None:
+            return reason
+        for k in self._keys(key):
+            breaker = self.registry.get(k)
+            if breaker.state is not BreakerState.HALF_OPEN:
+                continue
+            limit = breaker.config.half_open_max_probes
+            if await self._shared.probes_free(k, limit) == 0:
+                return f"breaker HALF_OPEN: {limit} of {limit} probes in flight"
+        return None
 
     def health_view(self, candidate_id: str) -> HealthView | None:
         windows = self._windows.get(candidate_id)
@@ -173,23 +218,97 @@ class HealthMonitor:
         return next(s for s in self.statuses() if s.key == key)
 
     async def sync(self) -> None:
-        """Apply clock-driven transitions and adopt what other replicas published."""
+        """Adopt what other replicas published, then apply clock-driven transitions (an adopted
+        OPEN whose cooldown has passed is HALF_OPEN at once)."""
+        for record in await self._shared.read_all():
+            self._adopt(record)
         for transition in self.registry.tick():
             await self._emit(transition, publish=False)  # every replica times out alike
-        for record in await self._shared.read_all():
-            if record.version <= self._applied.get(record.key, 0):
-                continue
-            self._applied[record.key] = record.version
-            breaker = self.registry.get(record.key)
-            if record.forced:
-                self._forced[record.key] = record.state
-                breaker.force(record.state, f"remote:{record.reason}")
-                continue
-            if self._forced.pop(record.key, None) is not None:
-                breaker.force(BreakerState.CLOSED, "remote:override_released")  # unpin first
-            if record.state is BreakerState.OPEN and record.until is None:
-                continue  # malformed: an unforced OPEN always carries its cooldown end
-            breaker.apply_remote(record.state, record.until, record.reason)
+
+    def _adopt(self, record: SharedRecord) -> None:
+        if record.version <= self._applied.get(record.key, 0):
+            return
+        self._applied[record.key] = record.version
+        breaker = self.registry.get(record.key)
+        if record.forced:
+            self._forced[record.key] = record.state
+            breaker.force(record.state, f"remote:{record.reason}")
+            return
+        if self._forced.pop(record.key, None) is not None:
+            breaker.force(BreakerState.CLOSED, "remote:override_released")  # unpin first
+        if record.state is BreakerState.OPEN and record.until is None:
+            return  # malformed: an unforced OPEN always carries its cooldown end
+        level = record.level if record.level >= 0 else None
+        breaker.apply_remote(record.state, record.until, record.reason, level)
+
+    async def _fresh(self, key: BreakerKey) -> CircuitBreaker:
+        """`key`'s breaker after its clock and the shared state: the replica that admitted a
+        probe, or tripped the breaker, may not be this one."""
+        breaker = self.registry.get(key)
+        await self._emit(breaker.tick(), publish=False)
+        record = await self._shared.read(key)
+        if record is not None:
+            self._adopt(record)
+        return breaker
+
+    # ---- admission and results, one key -----------------------------------------------------
+
+    @staticmethod
+    def _keys(key: BreakerKey) -> list[BreakerKey]:
+        return [account_key(key), key] if key.operation is Operation.SUBMIT else [key]
+
+    async def _admit_one(self, key: BreakerKey, holder: str) -> bool:
+        breaker = self.registry.get(key)
+        await self._emit(breaker.tick(), publish=False)
+        if breaker.state is not BreakerState.CLOSED:
+            breaker = await self._fresh(key)
+        if breaker.state is BreakerState.CLOSED:
+            return True
+        if breaker.state is BreakerState.OPEN:
+            return False
+        cfg = breaker.config
+        return await self._shared.acquire_probe(
+            key, holder, cfg.half_open_max_probes, cfg.half_open_probe_ttl_s
+        )
+
+    async def _release_one(self, key: BreakerKey, holder: str) -> None:
+        breaker = self.registry.get(key)
+        if breaker.state is BreakerState.HALF_OPEN:
+            await self._shared.finish_probe(
+                key, holder, False, breaker.config.half_open_probe_ttl_s
+            )
+
+    async def _record_one(
+        self, key: BreakerKey, outcome: CallOutcome, holder: str | None, permit: Permit | None
+    ) -> BreakerTransition | None:
+        breaker = await self._fresh(key)
+        if breaker.state is BreakerState.HALF_OPEN and holder is not None:
+            finish = await self._shared.finish_probe(
+                key, holder, breaker.probe_succeeded(outcome), breaker.config.half_open_probe_ttl_s
+            )
+            result = breaker.record_probe(outcome, finish.successes) if finish.was_probe else None
+        else:
+            result = breaker.record(outcome, permit)
+        await self._emit(result)
+        return result
+
+    async def _record_account(
+        self, key: BreakerKey, outcome: CallOutcome, holder: str | None
+    ) -> None:
+        """The account breaker hears only what speaks for the account: a disabling error trips
+        it; a probe that got through (any non-disabling answer from the provider proves the
+        credentials; a success counts toward closing) frees its slot."""
+        breaker = await self._fresh(key)
+        result = None
+        if breaker.state is BreakerState.HALF_OPEN and holder is not None:
+            finish = await self._shared.finish_probe(
+                key, holder, outcome.succeeded, breaker.config.half_open_probe_ttl_s
+            )
+            if finish.was_probe and outcome.succeeded:
+                result = breaker.record_probe(outcome, finish.successes)
+        if outcome.failure in DISABLES_ACCOUNT:
+            result = breaker.trip(f"account_disabled:{outcome.failure}")
+        await self._emit(result)
 
     async def _emit(
         self, transition: BreakerTransition | None, *, publish: bool = True, forced: bool = False
@@ -204,11 +323,18 @@ class HealthMonitor:
             transition.reason,
         )
         if publish:
-            until = self.registry.get(transition.key).open_until
+            breaker = self.registry.get(transition.key)
             record = await self._shared.publish(
-                transition.key, transition.new, until, forced, transition.reason
+                transition.key,
+                transition.new,
+                breaker.open_until,
+                forced,
+                transition.reason,
+                level=breaker.level,
             )
             self._applied[transition.key] = record.version
+            if transition.old is BreakerState.HALF_OPEN:
+                await self._shared.clear_probes(transition.key)  # the next phase starts empty
         await self._persist([transition])
 
     async def _persist(self, transitions: Sequence[BreakerTransition]) -> None:

@@ -7,12 +7,20 @@ monotonically increasing ``version`` per key, so a replica applies each change o
 `RedisSharedState` keeps one hash per key plus a set of all keys; `InProcessSharedState` is
 the embedded default (one replica) and the fake beside it. PostgreSQL stays the audit record:
 every transition and operator action is also written to ``provider_health_events``.
+
+The probe ledger (9.15.2 "HALF_OPEN 只允许少量探测") makes half-open admission global: the
+replica that dispatches a probe and the one whose submit worker learns its result may differ,
+so the slots (one per admitted call, named by its holder, expiring after the probe TTL) and the
+phase's probe-success count live here, not in one replica's breaker. The replica that moves a
+breaker out of HALF_OPEN clears its ledger, so a later half-open phase starts empty.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controlplane.domain.breaker import BreakerKey, BreakerState, Operation
@@ -28,6 +36,16 @@ class SharedRecord:
     forced: bool
     reason: str
     version: int
+    level: int = -1  # the cooldown step of the last open (`CircuitBreaker.level`)
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeFinish:
+    """What the ledger knew of a finished call: was it an admitted probe, and how many probes
+    of this half-open phase have succeeded so far (including it)."""
+
+    was_probe: bool
+    successes: int
 
 
 def key_text(key: BreakerKey) -> str:
@@ -44,7 +62,14 @@ def key_from_text(raw: str) -> BreakerKey:
 
 class SharedBreakerState(Protocol):
     async def publish(
-        self, key: BreakerKey, state: BreakerState, until: float | None, forced: bool, reason: str
+        self,
+        key: BreakerKey,
+        state: BreakerState,
+        until: float | None,
+        forced: bool,
+        reason: str,
+        *,
+        level: int = -1,
     ) -> SharedRecord:
         """Store a new state for `key`, bumping its version."""
         ...
@@ -53,25 +78,128 @@ class SharedBreakerState(Protocol):
         """Every published record."""
         ...
 
+    async def read(self, key: BreakerKey) -> SharedRecord | None:
+        """The published record of one key, if any."""
+        ...
+
+    async def acquire_probe(self, key: BreakerKey, holder: str, limit: int, ttl_s: float) -> bool:
+        """Take one of `limit` probe slots for `holder` (idempotent per holder), if one is free."""
+        ...
+
+    async def probes_free(self, key: BreakerKey, limit: int) -> int:
+        """How many of `limit` probe slots are free now (a hint; `acquire_probe` decides)."""
+        ...
+
+    async def finish_probe(
+        self, key: BreakerKey, holder: str, succeeded: bool, ttl_s: float
+    ) -> ProbeFinish:
+        """Free `holder`'s slot; when it held one and `succeeded`, count a probe success (the
+        count expires `ttl_s` after the last one, like a slot)."""
+        ...
+
+    async def clear_probes(self, key: BreakerKey) -> None:
+        """Forget the half-open phase of `key` (slots and success count)."""
+        ...
+
+
+@dataclass
+class _Ledger:
+    slots: dict[str, float] = field(default_factory=dict)  # holder -> expires at
+    successes: int = 0
+
 
 class InProcessSharedState:
     """Shared state for a single replica (no Redis)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._records: dict[BreakerKey, SharedRecord] = {}
+        self._ledgers: dict[BreakerKey, _Ledger] = {}
+        self._clock = clock
 
     async def publish(
-        self, key: BreakerKey, state: BreakerState, until: float | None, forced: bool, reason: str
+        self,
+        key: BreakerKey,
+        state: BreakerState,
+        until: float | None,
+        forced: bool,
+        reason: str,
+        *,
+        level: int = -1,
     ) -> SharedRecord:
         previous = self._records.get(key)
         record = SharedRecord(
-            key, state, until, forced, reason, (previous.version if previous else 0) + 1
+            key, state, until, forced, reason, (previous.version if previous else 0) + 1, level
         )
         self._records[key] = record
         return record
 
     async def read_all(self) -> list[SharedRecord]:
         return list(self._records.values())
+
+    async def read(self, key: BreakerKey) -> SharedRecord | None:
+        return self._records.get(key)
+
+    def _ledger(self, key: BreakerKey) -> _Ledger:
+        ledger = self._ledgers.setdefault(key, _Ledger())
+        now = self._clock()
+        ledger.slots = {h: until for h, until in ledger.slots.items() if until > now}
+        return ledger
+
+    async def acquire_probe(self, key: BreakerKey, holder: str, limit: int, ttl_s: float) -> bool:
+        ledger = self._ledger(key)
+        if holder not in ledger.slots and len(ledger.slots) >= limit:
+            return False
+        ledger.slots[holder] = self._clock() + ttl_s
+        return True
+
+    async def probes_free(self, key: BreakerKey, limit: int) -> int:
+        return max(0, limit - len(self._ledger(key).slots))
+
+    async def finish_probe(
+        self, key: BreakerKey, holder: str, succeeded: bool, ttl_s: float
+    ) -> ProbeFinish:
+        ledger = self._ledger(key)
+        was_probe = ledger.slots.pop(holder, None) is not None
+        if was_probe and succeeded:
+            ledger.successes += 1
+        return ProbeFinish(was_probe, ledger.successes)
+
+    async def clear_probes(self, key: BreakerKey) -> None:
+        self._ledgers.pop(key, None)
+
+
+# KEYS[1] slots (zset holder -> expiry, Redis TIME seconds); ARGV holder, limit, ttl_s.
+_ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and
+   redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3]) * 1000))
+return 1
+"""
+# KEYS[1] slots, KEYS[2] success counter; ARGV holder, succeeded ("1"/"0"), ttl_s.
+_FINISH = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local was = redis.call('ZREM', KEYS[1], ARGV[1])
+local successes = tonumber(redis.call('GET', KEYS[2]) or '0')
+if was == 1 and ARGV[2] == '1' then
+  successes = redis.call('INCR', KEYS[2])
+  redis.call('PEXPIRE', KEYS[2], math.ceil(tonumber(ARGV[3]) * 1000))
+end
+return {was, successes}
+"""
+_FREE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+"""
 
 
 class RedisSharedState:
@@ -84,8 +212,19 @@ class RedisSharedState:
     def _hash(self, raw: str) -> str:
         return f"{self._prefix}:breaker:{raw}"
 
+    def _probe_keys(self, key: BreakerKey) -> list[str]:
+        raw = key_text(key)
+        return [f"{self._prefix}:probes:{raw}", f"{self._prefix}:probe-successes:{raw}"]
+
     async def publish(
-        self, key: BreakerKey, state: BreakerState, until: float | None, forced: bool, reason: str
+        self,
+        key: BreakerKey,
+        state: BreakerState,
+        until: float | None,
+        forced: bool,
+        reason: str,
+        *,
+        level: int = -1,
     ) -> SharedRecord:
         raw = key_text(key)
         async with self._redis.pipeline(transaction=True) as pipe:
@@ -97,11 +236,35 @@ class RedisSharedState:
                     "until": "" if until is None else repr(until),
                     "forced": "1" if forced else "0",
                     "reason": reason,
+                    "level": str(level),
                 },
             )
             pipe.hincrby(self._hash(raw), "version", 1)
             results = await pipe.execute()
-        return SharedRecord(key, state, until, forced, reason, int(results[-1]))
+        return SharedRecord(key, state, until, forced, reason, int(results[-1]), level)
+
+    async def read(self, key: BreakerKey) -> SharedRecord | None:
+        raw = key_text(key)
+        return _record(raw, await self._redis.hgetall(self._hash(raw)))
+
+    async def acquire_probe(self, key: BreakerKey, holder: str, limit: int, ttl_s: float) -> bool:
+        slots, _ = self._probe_keys(key)
+        return bool(await self._redis.eval(_ACQUIRE, 1, slots, holder, limit, repr(ttl_s)))
+
+    async def probes_free(self, key: BreakerKey, limit: int) -> int:
+        slots, _ = self._probe_keys(key)
+        return max(0, limit - int(await self._redis.eval(_FREE, 1, slots)))
+
+    async def finish_probe(
+        self, key: BreakerKey, holder: str, succeeded: bool, ttl_s: float
+    ) -> ProbeFinish:
+        was, successes = await self._redis.eval(
+            _FINISH, 2, *self._probe_keys(key), holder, "1" if succeeded else "0", repr(ttl_s)
+        )
+        return ProbeFinish(bool(was), int(successes))
+
+    async def clear_probes(self, key: BreakerKey) -> None:
+        await self._redis.delete(*self._probe_keys(key))
 
     async def read_all(self) -> list[SharedRecord]:
         keys = sorted(_text(k) for k in await self._redis.smembers(f"{self._prefix}:breakers"))
@@ -111,22 +274,22 @@ class RedisSharedState:
             for raw in keys:
                 pipe.hgetall(self._hash(raw))
             rows = await pipe.execute()
-        out = []
-        for raw, row in zip(keys, rows, strict=True):
-            data = {_text(k): _text(v) for k, v in row.items()}
-            if "state" not in data:
-                continue
-            out.append(
-                SharedRecord(
-                    key_from_text(raw),
-                    BreakerState(data["state"]),
-                    float(data["until"]) if data.get("until") else None,
-                    data.get("forced") == "1",
-                    data.get("reason", ""),
-                    int(data.get("version", "0")),
-                )
-            )
-        return out
+        return [r for raw, row in zip(keys, rows, strict=True) if (r := _record(raw, row))]
+
+
+def _record(raw: str, row: Any) -> SharedRecord | None:
+    data = {_text(k): _text(v) for k, v in row.items()}
+    if "state" not in data:
+        return None
+    return SharedRecord(
+        key_from_text(raw),
+        BreakerState(data["state"]),
+        float(data["until"]) if data.get("until") else None,
+        data.get("forced") == "1",
+        data.get("reason", ""),
+        int(data.get("version", "0")),
+        int(data.get("level", "-1")),
+    )
 
 
 def _text(value: Any) -> str:

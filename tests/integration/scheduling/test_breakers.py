@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
 
@@ -12,13 +13,15 @@ from controlplane.api import provider_views
 from controlplane.domain.breaker import BreakerConfig, BreakerKey, BreakerRegistry, BreakerState
 from controlplane.domain.breaker import Operation as Op
 from controlplane.domain.exceptions import InvalidSpec
+from controlplane.domain.states import TaskState
+from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.persistence.catalog_store import CatalogStore
 from controlplane.persistence.repository import Store
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.shared_state import InProcessSharedState, RedisSharedState
 from controlplane.service.providers import ForceBreakerInput, ProviderAdminService
 from tests.integration.scheduling.conftest import DispatcherFactory
-from tests.integration.scheduling.support import make_spec
+from tests.integration.scheduling.support import make_spec, strict
 from tests.integration.scheduling.test_dispatcher import new_task
 
 GEN45 = BreakerKey("runway", "prod-us", "us", "gen4.5", Op.SUBMIT)
@@ -53,8 +56,8 @@ async def test_force_breaker_is_recorded_and_blocks_routing(
     assert released.state is BreakerState.HALF_OPEN
     assert not released.forced
     assert next(e.reason for e in await catalog_store.health_events()) == "forced:released:fixed"
-    health = await admin.provider_health("runway")
-    assert provider_views.breaker(health[0]).state == provider_views.breaker_state(
+    (gen45,) = [s for s in await admin.provider_health("runway") if s.key == GEN45]
+    assert provider_views.breaker(gen45).state == provider_views.breaker_state(
         BreakerState.HALF_OPEN
     )
 
@@ -138,3 +141,212 @@ async def test_generation_outcomes_feed_the_health_windows() -> None:
     assert degraded is not None
     assert degraded.success_lower_bound < healthy.success_lower_bound
     assert degraded.mean_latency_s == pytest.approx(40.0)
+
+
+# ---- HALF_OPEN probes, account breakers (9.15.2, 9.15.1) ------------------------------------
+
+
+class ManualClock:
+    """Wall-clock seconds that a test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+GEN45_ID = "runway/gen4.5/prod-us"
+PROBING = BreakerConfig(
+    consecutive_failures=2,
+    cooldowns_s=(30.0, 60.0, 120.0),
+    half_open_max_probes=1,  # below the candidate's capacity (2): leases never hide the limit
+    half_open_successes_to_close=2,
+)
+
+
+def probing_monitor(
+    catalog_store: CatalogStore, clock: ManualClock, shared: object | None = None
+) -> HealthMonitor:
+    return HealthMonitor(
+        BreakerRegistry(PROBING, clock),
+        events=catalog_store,
+        shared=shared or InProcessSharedState(),  # type: ignore[arg-type]
+        clock=clock,
+    )
+
+
+async def strict_tasks(store: Store, n: int, prefix: str = "t") -> list[int]:
+    tasks = [
+        await new_task(store, make_spec(**strict("gen4.5")), key=f"{prefix}{i}") for i in range(n)
+    ]
+    return [t.id for t in tasks]
+
+
+async def attempts_on(store: Store, task_ids: list[int], model: str = "gen4.5") -> list[str]:
+    """Client request keys of the attempts on `model` among `task_ids`."""
+    keys = []
+    for task_id in task_ids:
+        detail = await store.get_task(task_id)
+        assert detail is not None
+        keys += [a.client_request_key for a in detail.attempts if a.provider_model == model]
+    return keys
+
+
+async def trip_to_half_open(monitor: HealthMonitor, clock: ManualClock) -> float:
+    """Open GEN45 with failures, then let its cooldown pass; returns the cooldown served."""
+    for _ in range(PROBING.consecutive_failures):
+        await monitor.record_outcome(GEN45, "PROVIDER_OVERLOADED", 1.0)
+    until = monitor.registry.get(GEN45).open_until
+    assert until is not None
+    cooldown = until - clock.now
+    clock.now = until + 0.001
+    await monitor.sync()
+    assert monitor.registry.get(GEN45).state is BreakerState.HALF_OPEN
+    return cooldown
+
+
+async def test_half_open_admits_exactly_the_configured_probes(
+    store: Store, catalog_store: CatalogStore, make_dispatcher: DispatcherFactory
+) -> None:
+    """Of 6 tasks that can only run on a HALF_OPEN candidate, exactly half_open_max_probes get
+    an attempt; the rest stay QUEUED with the breaker as the reason."""
+    clock = ManualClock()
+    monitor = probing_monitor(catalog_store, clock)
+    dispatcher = make_dispatcher(monitor=monitor)
+    await dispatcher.catalog()
+    await trip_to_half_open(monitor, clock)
+    ids = await strict_tasks(store, 6)
+    assert await dispatcher.tick() == 6
+    assert len(await attempts_on(store, ids)) == PROBING.half_open_max_probes
+    waiting = [d for i in ids if (d := await store.get_task(i)) and not d.attempts]
+    assert len(waiting) == 6 - PROBING.half_open_max_probes
+    for detail in waiting:
+        assert detail.task.state is TaskState.QUEUED
+        snapshot = detail.route_decisions[-1].candidate_snapshot
+        (gen45,) = [c for c in snapshot["candidates"] if c["id"] == GEN45_ID]
+        assert gen45["reason"] == "CIRCUIT_OPEN"
+        assert "probes in flight" in gen45["detail"]
+
+
+async def test_probe_successes_close_and_a_probe_failure_reopens_longer(
+    store: Store, catalog_store: CatalogStore, make_dispatcher: DispatcherFactory
+) -> None:
+    """A failed probe reopens with the next cooldown of the ladder; in the next phase only its
+    own probes count, one at a time, until the required successes close the breaker."""
+    clock = ManualClock()
+    monitor = probing_monitor(catalog_store, clock)
+
+    async def dispatch_round() -> list[str]:
+        # Fresh capacity each round: the probes' leases would end with their attempts.
+        await make_dispatcher(monitor=monitor, leases=MemoryLeaseStore()).tick()
+        return await attempts_on(store, ids)
+
+    first = await trip_to_half_open(monitor, clock)
+    assert first == pytest.approx(PROBING.cooldowns_s[0])
+    ids = await strict_tasks(store, 4)
+    (probe,) = await dispatch_round()
+    await monitor.record_outcome(GEN45, "PROVIDER_OVERLOADED", 1.0, holder=probe)
+    breaker = monitor.registry.get(GEN45)
+    assert breaker.state is BreakerState.OPEN
+    assert breaker.open_until == pytest.approx(clock.now + PROBING.cooldowns_s[1])
+    assert await dispatch_round() == [probe]  # OPEN: nothing new
+    clock.now = (breaker.open_until or 0) + 0.001
+    await monitor.sync()
+    assert breaker.state is BreakerState.HALF_OPEN
+    _, second = await dispatch_round()
+    await monitor.record_outcome(GEN45, None, 1.0, holder=probe)  # an old phase's probe
+    await monitor.record_outcome(GEN45, None, 1.0, holder=second)
+    assert breaker.state is BreakerState.HALF_OPEN  # 1 of 2 successes
+    *_, third = await dispatch_round()
+    assert third != second
+    await monitor.record_outcome(GEN45, None, 1.0, holder=third)
+    assert breaker.state is BreakerState.CLOSED
+    assert len(await dispatch_round()) == 4  # closed: the last task goes too
+    events = [(e.old_state, e.new_state, e.reason) for e in await catalog_store.health_events()]
+    assert ("HALF_OPEN", "OPEN", "probe_failed") in events
+    assert ("HALF_OPEN", "CLOSED", "probes_succeeded") in events
+
+
+@pytest.mark.redis
+async def test_two_replicas_sharing_redis_admit_the_configured_probes_together(
+    store: Store,
+    catalog_store: CatalogStore,
+    redis_server_url: str,
+    make_dispatcher: DispatcherFactory,
+) -> None:
+    """Two dispatchers with their own breakers but one Redis admit half_open_max_probes in
+    total, and probe successes reported on either replica add up to close it for both."""
+    clock = ManualClock()
+    client = aioredis.Redis.from_url(redis_server_url)
+    prefix = f"test-{secrets.token_hex(4)}"
+    try:
+        monitors = [
+            probing_monitor(catalog_store, clock, RedisSharedState(client, prefix))
+            for _ in range(2)
+        ]
+        dispatchers = [make_dispatcher(monitor=m) for m in monitors]
+        for d in dispatchers:
+            await d.catalog()
+        await trip_to_half_open(monitors[0], clock)
+        await monitors[1].sync()
+        assert monitors[1].registry.get(GEN45).state is BreakerState.HALF_OPEN
+        ids = await strict_tasks(store, 8)
+
+        async def both_replicas_dispatch() -> list[str]:
+            queued = [d.task for i in ids if (d := await store.get_task(i)) and not d.attempts]
+            await asyncio.gather(
+                *(dispatchers[n % 2].dispatch(task) for n, task in enumerate(queued))
+            )
+            return await attempts_on(store, ids)
+
+        (first,) = await both_replicas_dispatch()
+        await monitors[1].record_outcome(GEN45, None, 1.0, holder=first)  # worker on replica 1
+        assert monitors[1].registry.get(GEN45).state is BreakerState.HALF_OPEN
+        await monitors[0].sync()
+        probes = await both_replicas_dispatch()
+        assert len(probes) == 2  # the freed slot admitted one more probe, across both replicas
+        (second,) = [p for p in probes if p != first]
+        await monitors[0].record_outcome(GEN45, None, 1.0, holder=second)
+        assert monitors[0].registry.get(GEN45).state is BreakerState.CLOSED  # 2 successes shared
+        await monitors[1].sync()
+        assert monitors[1].registry.get(GEN45).state is BreakerState.CLOSED
+    finally:
+        keys = [k async for k in client.scan_iter(f"{prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()
+
+
+async def test_an_auth_failure_disables_the_account_from_the_next_task_on(
+    store: Store, catalog_store: CatalogStore, make_dispatcher: DispatcherFactory
+) -> None:
+    """One AUTH result opens the account's breaker: every model of the account is CIRCUIT_OPEN
+    for the next task; after the cooldown one probe is admitted and its success closes it."""
+    clock = ManualClock()
+    monitor = HealthMonitor(
+        BreakerRegistry(BreakerConfig(half_open_successes_to_close=1), clock),
+        events=catalog_store,
+        clock=clock,
+    )
+    dispatcher = make_dispatcher(monitor=monitor)
+    catalog = await dispatcher.catalog()
+    await monitor.record_outcome(GEN45, "AUTH", 0.1, holder="revoked-1")
+    account = BreakerKey("runway", "prod-us", "us", "", Op.SUBMIT)
+    assert monitor.registry.get(account).state is BreakerState.OPEN
+    assert monitor.registry.get(GEN45).state is BreakerState.CLOSED  # AUTH says nothing of it
+    task = await new_task(store, make_spec())
+    result = await dispatcher.dispatch(task)
+    assert result.decision is not None
+    runway = [result.decision.verdict(c.id) for c in catalog.candidates if c.account == "prod-us"]
+    assert not any(v.eligible for v in runway)
+    blocked = [v for v in runway if v.reason == "CIRCUIT_OPEN"]
+    assert GEN45_ID in {v.candidate.id for v in blocked}
+    assert all(v.detail.startswith("account breaker OPEN") for v in blocked)
+    (event,) = [e for e in await catalog_store.health_events() if e.model is None]
+    assert (event.new_state, event.reason) == ("OPEN", "account_disabled:AUTH")
+    clock.now = (monitor.registry.get(account).open_until or 0) + 0.001
+    assert await monitor.admit(GEN45, "probe-1")
+    assert not await monitor.admit(GEN45, "probe-2")  # one probe at a time
+    await monitor.record_outcome(GEN45, None, 1.0, holder="probe-1")
+    assert monitor.registry.get(account).state is BreakerState.CLOSED
