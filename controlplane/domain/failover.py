@@ -8,8 +8,15 @@ Three answers, in the order they are considered::
                 *rejected submit* whose class allows it (429/overload/5xx-not-created/quota),
                 bounded by `FailoverLimits.max_same_candidate_retries`
     FAIL_OVER   fail the attempt and hand the task back to the scheduler for a new attempt,
-                excluding the failed candidate; bounded by max_total_attempts and
-                max_provider_switches; STRICT_MODEL keeps the model (another account at most)
+                excluding the failed candidate; bounded by max_total_attempts,
+                max_provider_switches and max_estimated_platform_loss_micros; STRICT_MODEL keeps
+                the model (another account at most)
+
+The estimated platform loss of a task (9.16.4) is what providers may have billed for attempts
+whose result was never delivered: a job accepted and then failed or cancelled, an ABANDONED or
+still SUBMIT_UNKNOWN submit (`estimated_platform_loss`). A new attempt may end the same way, so a
+failover is refused when the loss so far plus the failed attempt's cost (the best estimate of
+the next one) would exceed the limit (`platform_loss_exceeded`).
 
 A failure whose outcome is unknown (``provider_may_have_accepted``) never reaches this function:
 it enters recovery (9.17). Calling `decide` with one is a programming error and raises.
@@ -18,14 +25,18 @@ it enters recovery (9.17). Calling `decide` with one is a programming error and 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
 
 from controlplane.domain.errors import ErrorClass, ProviderError, may_fail_over, may_retry_same
 from controlplane.domain.spec import RoutingMode
+from controlplane.domain.states import AttemptState
 
 __all__ = [
+    "MAX_ESTIMATED_PLATFORM_LOSS",
+    "AttemptCost",
     "FailoverAction",
     "FailoverDecision",
     "FailoverInput",
@@ -34,7 +45,11 @@ __all__ = [
     "backoff_delay_s",
     "count_switches",
     "decide",
+    "estimated_platform_loss",
+    "platform_loss_exceeded",
 ]
+
+MAX_ESTIMATED_PLATFORM_LOSS = "MAX_ESTIMATED_PLATFORM_LOSS"
 
 
 class FailoverAction(enum.Enum):
@@ -56,6 +71,9 @@ class FailoverLimits:
 
     max_total_attempts: int = 3
     max_provider_switches: int = 2
+    # Integer micros of the task's currency; 0 means no limit. Ten dollars: one lost
+    # long generation is absorbed, a second one on the same task is not.
+    max_estimated_platform_loss_micros: int = 10_000_000
     max_same_candidate_retries: int = 3
     retry_base_s: float = 1.0
     retry_cap_s: float = 60.0
@@ -76,6 +94,49 @@ class FailoverInput:
     same_candidate_retries: int
     now: datetime
     deadline_at: datetime | None = None
+    # `estimated_platform_loss` of the task's attempts, the failed one included, and the
+    # failed attempt's estimated cost (what a new attempt is expected to cost).
+    platform_loss_micros: int = 0
+    next_attempt_cost_micros: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptCost:
+    """What the loss estimate needs of one attempt; `had_job`: a provider job was recorded."""
+
+    state: AttemptState
+    estimated_cost_micros: int
+    actual_cost_micros: int | None = None
+    had_job: bool = False
+
+
+# Ended without delivering, though a provider job existed and may have been billed.
+_JOB_LOST = frozenset({AttemptState.FAILED, AttemptState.CANCELLED})
+# A submit whose fate is (or stayed) unknown: the provider may hold and bill a job.
+_MAYBE_BILLED = frozenset({AttemptState.ABANDONED, AttemptState.SUBMIT_UNKNOWN})
+
+
+def estimated_platform_loss(attempts: Iterable[AttemptCost]) -> int:
+    """Micros providers may have billed for this task's attempts without a delivered result.
+
+    A provider's reported actual cost replaces the estimate when known (a failed job is often
+    free); a rejected submit (no job) costs nothing."""
+    loss = 0
+    for a in attempts:
+        if (a.state in _JOB_LOST and a.had_job) or a.state in _MAYBE_BILLED:
+            cost = (
+                a.actual_cost_micros
+                if a.actual_cost_micros is not None
+                else a.estimated_cost_micros
+            )
+            loss += max(0, cost)
+    return loss
+
+
+def platform_loss_exceeded(limits: FailoverLimits, loss_micros: int, next_cost_micros: int) -> bool:
+    """Whether one more attempt could take the task's platform loss past the limit."""
+    limit = limits.max_estimated_platform_loss_micros
+    return limit > 0 and loss_micros + max(0, next_cost_micros) > limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +214,8 @@ def decide(inp: FailoverInput, limits: FailoverLimits, *, unit_random: float) ->
         return _fail("MAX_TOTAL_ATTEMPTS")
     if inp.provider_switches_so_far >= limits.max_provider_switches:
         return _fail("MAX_PROVIDER_SWITCHES")
+    if platform_loss_exceeded(limits, inp.platform_loss_micros, inp.next_attempt_cost_micros):
+        return _fail(MAX_ESTIMATED_PLATFORM_LOSS)
     strict = inp.routing_mode is RoutingMode.STRICT_MODEL
     return FailoverDecision(
         FailoverAction.FAIL_OVER,

@@ -7,7 +7,11 @@
   scheduled, lease moved to the unknown budget. Never a new attempt, never a re-send (9.17).
 * `fail_attempt`: a definite failure (rejected submit, failed job): the 9.9.1 matrix via
   `controlplane.domain.failover.decide` chooses RETRY_SAME / FAIL_OVER / FAIL_TASK.
-* `requeue`: hand the task back to the scheduler (task -> QUEUED + ``task.requeue``).
+* `requeue`: hand the task back to the scheduler (task -> QUEUED + ``task.requeue``), unless
+  the task is past its deadline or a new attempt could push its estimated platform loss past
+  ``max_estimated_platform_loss_micros`` (9.16.4): then the task FAILS with that reason. Every
+  path that gives a task a new attempt (failover here, recovery's PROVEN_ABSENT / ABANDONED)
+  goes through it, so these bounds hold on all of them.
 
 Lease calls are collected in `AfterCommit` and run only once the transaction committed.
 """
@@ -16,19 +20,25 @@ from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.adapters.types import CompiledPlan, JobRef, JobSnapshot, SubmitResult
+from controlplane.domain.deadlines import TASK_DEADLINE_EXCEEDED
 from controlplane.domain.errors import ErrorClass, ProviderError
 from controlplane.domain.failover import (
+    MAX_ESTIMATED_PLATFORM_LOSS,
+    AttemptCost,
     FailoverAction,
     FailoverInput,
+    FailoverLimits,
     FailureStage,
     backoff_delay_s,
     count_switches,
     decide,
+    estimated_platform_loss,
+    platform_loss_exceeded,
 )
 from controlplane.domain.polling import PollPhase, next_poll_delay
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
@@ -63,6 +73,7 @@ __all__ = [
     "fail_attempt",
     "job_ref",
     "plan_of",
+    "platform_loss",
     "requeue",
     "to_unknown",
 ]
@@ -313,6 +324,8 @@ async def fail_attempt(
     """Apply a definite failure; returns the action taken (None if only the attempt moved)."""
     attempts = await u.attempts_of(task.id)
     runtime = await u.runtime(attempt.id)
+    # The failing attempt counts as ended: its job (if any) was billed for nothing.
+    ended = [a if a.id != attempt.id else _as_failed(a) for a in attempts]
     decision = decide(
         FailoverInput(
             error=error,
@@ -325,6 +338,8 @@ async def fail_attempt(
             same_candidate_retries=runtime.submit_retries if runtime else 0,
             now=u.now,
             deadline_at=task.deadline_at,
+            platform_loss_micros=await platform_loss(u, ended),
+            next_attempt_cost_micros=attempt.estimated_cost_micros,
         ),
         deps.config.limits,
         unit_random=deps.rng.random(),
@@ -369,7 +384,7 @@ async def fail_attempt(
         await u.move_task(task, TaskState.CANCELLED, "cancel requested; attempt failed")
         return FailoverAction.FAIL_TASK
     if decision.action is FailoverAction.FAIL_OVER:
-        await requeue(
+        return await requeue(
             u,
             task,
             attempt,
@@ -377,8 +392,8 @@ async def fail_attempt(
             reason=decision.reason,
             error_class=error.error_class.value,
             same_model_only=decision.same_model_only,
+            limits=deps.config.limits,
         )
-        return FailoverAction.FAIL_OVER
     await u.move_task(task, TaskState.FAILED, decision.reason, failure=failure)
     return FailoverAction.FAIL_TASK
 
@@ -392,8 +407,22 @@ async def requeue(
     reason: str,
     error_class: str,
     same_model_only: bool,
-) -> bool:
-    """Task -> QUEUED (via SCHEDULING when needed) plus a ``task.requeue`` message."""
+    limits: FailoverLimits,
+) -> FailoverAction | None:
+    """Task -> QUEUED (via SCHEDULING when needed) plus a ``task.requeue`` message: FAIL_OVER.
+
+    Past the task deadline, or when a new attempt could take the estimated platform loss past
+    the limit, the task FAILS instead (FAIL_TASK). None: another writer moved the task first.
+    """
+    refusal = await _requeue_refusal(u, task, attempt, attempts, limits)
+    if refusal is not None:
+        # As for decide's FAIL_TASK reasons: the failure keeps the attempt's class and code,
+        # the message (and the transition) lead with why no new attempt was made.
+        code, detail = refusal
+        base = attempt.failure or Failure(error_class, reason)
+        failure = Failure(base.failure_class, base.code, f"{code}: {detail}; {base.message}")
+        moved = await u.move_task(task, TaskState.FAILED, code, failure=failure)
+        return FailoverAction.FAIL_TASK if moved is not None else None
     excluded = sorted(
         {
             (a.provider_account_id, a.provider_model)
@@ -421,11 +450,53 @@ async def requeue(
     if not TASK_MACHINE.can(task.state, TaskState.QUEUED):
         current = await u.move_task(task, TaskState.SCHEDULING, reason)
     if current is None:
-        return False
+        return None
     if await u.move_task(current, TaskState.QUEUED, reason) is None:
-        return False
+        return None
     await u.enqueue(NewOutboxMessage(TOPIC_REQUEUE, str(task.id), request.to_payload()))
-    return True
+    return FailoverAction.FAIL_OVER
+
+
+def _as_failed(attempt: AttemptRecord) -> AttemptRecord:
+    if ATTEMPT_MACHINE.is_terminal(attempt.state):
+        return attempt
+    return replace(attempt, state=AttemptState.FAILED)
+
+
+async def platform_loss(u: ExecUnit, attempts: list[AttemptRecord]) -> int:
+    """The task's estimated platform loss over `attempts` (`estimated_platform_loss`)."""
+    costs = [
+        AttemptCost(
+            state=a.state,
+            estimated_cost_micros=a.estimated_cost_micros,
+            actual_cost_micros=a.actual_cost_micros,
+            had_job=await u.job_of(a.id) is not None,
+        )
+        for a in attempts
+    ]
+    return estimated_platform_loss(costs)
+
+
+async def _requeue_refusal(
+    u: ExecUnit,
+    task: TaskRecord,
+    attempt: AttemptRecord,
+    attempts: list[AttemptRecord],
+    limits: FailoverLimits,
+) -> tuple[str, str] | None:
+    """(code, detail) when the task must not get a new attempt, else None."""
+    if task.deadline_at is not None and u.now >= task.deadline_at:
+        return TASK_DEADLINE_EXCEEDED, f"task deadline {task.deadline_at.isoformat()} passed"
+    # `attempts` may predate the ended attempt's last move; `attempt` is its final row.
+    others = [a for a in attempts if a.id != attempt.id]
+    loss = await platform_loss(u, [*others, _as_failed(attempt)])
+    if platform_loss_exceeded(limits, loss, attempt.estimated_cost_micros):
+        limit = limits.max_estimated_platform_loss_micros
+        return MAX_ESTIMATED_PLATFORM_LOSS, (
+            f"estimated platform loss {loss} micros plus a new attempt's "
+            f"{attempt.estimated_cost_micros} would exceed {limit}"
+        )
+    return None
 
 
 def outputs_json(job: ProviderJobRecord | None) -> list[dict[str, object]]:

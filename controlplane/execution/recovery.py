@@ -305,4 +305,5 @@ class RecoveryWorker:
                 reason=reason,
                 error_class=failure.failure_class,
                 same_model_only=task.spec.routing.mode is RoutingMode.STRICT_MODEL,
+                limits=limits,
             )
