@@ -270,7 +270,9 @@ def _breaker_feed(runtime: SchedulingRuntime) -> SubmitObserver:
         failure = None if result.error is None else result.error.error_class.value
         if result.kind is SubmitKind.ACCEPTED:
             failure = None
-        await runtime.monitor.record_outcome(key, failure, took_s)
+        await runtime.monitor.record_outcome(
+            key, failure, took_s, holder=attempt.client_request_key
+        )
 
     return observe
 
