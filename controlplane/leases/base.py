@@ -240,6 +240,8 @@ class LeaseStore(Protocol):
     """
 
     metrics: LeaseMetrics
+    fail_closed: bool
+    """Refuse acquires in accounts that are not live. Turn it on only where something restores."""
 
     async def now_ms(self) -> int:
         """Return the store's clock in ms: Redis server TIME, or the memory store's clock."""

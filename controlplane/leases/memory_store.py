@@ -49,7 +49,7 @@ class MemoryLeaseStore:
         self.metrics = LeaseMetrics()
         self._clock = clock
         self._on_unknown_slots_full = on_unknown_slots_full
-        self._fail_closed = fail_closed
+        self.fail_closed = fail_closed
         self._lock = asyncio.Lock()
         self.forget_everything()
 
@@ -75,7 +75,7 @@ class MemoryLeaseStore:
         async with self._lock:
             now = self._clock()
             self._accounts.add(req.account)
-            if self._fail_closed and req.account not in self._live:
+            if self.fail_closed and req.account not in self._live:
                 self.metrics.rejected_not_live += 1
                 return None
             for lease in [v for (a, _), v in self._leases.items() if a == req.account]:

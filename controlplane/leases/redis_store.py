@@ -117,7 +117,7 @@ class RedisLeaseStore:
     `namespace` prefixes every key (tests use a unique one per run). `retain_ms` is how long an
     expired lease record stays readable for the reclaimer. Past it, the record vanishes and only the
     reconciler can repair its counters. `fail_closed` refuses acquires in an account that is not
-    live (see the module docstring); the composition root turns it on.
+    live (see the module docstring); the scheduling runtime turns it on.
     """
 
     def __init__(
@@ -138,7 +138,7 @@ class RedisLeaseStore:
         self._ns = namespace
         self._retain_ms = retain_ms
         self._on_unknown_slots_full = on_unknown_slots_full
-        self._fail_closed = fail_closed
+        self.fail_closed = fail_closed
         self._acquire = client.register_script(_lua.ACQUIRE)
         self._drop = client.register_script(_lua.DROP)
         self._renew = client.register_script(_lua.RENEW)
@@ -188,7 +188,7 @@ class RedisLeaseStore:
             self._retain_ms,
             _encode_dims(req.dimensions),
             req.account,
-            "1" if self._fail_closed else "0",
+            "1" if self.fail_closed else "0",
             self._key("lease", req.account, ""),
             self._key("capacity", req.account, ""),
             _RECLAIM_BATCH,

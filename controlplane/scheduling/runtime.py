@@ -131,8 +131,18 @@ def build_scheduling(
         is_leader=lambda: dispatcher.leading,
         wake=dispatcher.wake,
         worker_id=worker_id,
-        config=upkeep_config or UpkeepConfig(default_concurrency=config.default_concurrency),
+        config=upkeep_config
+        or UpkeepConfig(
+            default_concurrency=config.default_concurrency,
+            lease_ttl_ms=config.lease_ttl_ms,
+            lease_max_term_ms=config.lease_max_term_ms,
+        ),
     )
+    # No round admits work while the lease store has lost an account (9.11.2): the store refuses
+    # acquires there (fail closed) and the dispatcher rebuilds before its round. Fail closed is
+    # switched on here because this is what runs the rebuild that lifts it.
+    leases.fail_closed = True
+    dispatcher.before_admit = upkeep.ensure_leases_live
     return SchedulingRuntime(
         dispatcher, monitor, ProviderAdminService(catalog_store, monitor), catalog_store, upkeep
     )
