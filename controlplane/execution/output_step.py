@@ -176,6 +176,9 @@ class OutputStep:
                     expected_mime=str(first.get("mime_type") or "video/mp4"),
                     provider_checksum=_checksum(str(first.get("checksum") or "")),
                     expires_at=datetime.fromisoformat(str(expires)) if expires else None,
+                    # A silent request gets a silent file, whatever the model rendered: the
+                    # compile plan's LOSSLESS "stripped on delivery" happens here.
+                    strip_audio=not spec.output.with_audio,
                 )
             except ValueError as exc:
                 result = OutputExpired(f"unusable output locator: {exc}")
