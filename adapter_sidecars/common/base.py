@@ -127,8 +127,24 @@ class HttpAdapter:
         return find(self.capabilities, account=account, model=model)
 
     def describe(self) -> AdapterInfo:
-        """Name, version and capability entries."""
-        return AdapterInfo(self.name, ADAPTER_VERSION, self.capabilities)
+        """Name, version, capability entries and the submit facts the control plane needs."""
+        return AdapterInfo(
+            self.name,
+            ADAPTER_VERSION,
+            self.capabilities,
+            submit_budget_s=self.submit_budget_s(),
+            honours_idempotency_key=any(
+                c.operations.client_idempotency_key for c in self.capabilities
+            ),
+        )
+
+    def submit_budget_s(self) -> float:
+        """The longest one Submit can take here: pool + connect + write + submit_read.
+
+        A subclass that does more inside Submit (fetch assets, retry a not-sent create) adds
+        that time: the control plane's Submit deadline is derived from this figure."""
+        t = self.config.timeouts
+        return t.pool + t.connect + t.write + t.submit_read
 
     # -- compile -------------------------------------------------------------------------------
     def compile(self, request: CompileInput) -> Plan:

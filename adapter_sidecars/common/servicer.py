@@ -9,7 +9,12 @@ friends); gRPC status codes only say the request to the adapter was wrong:
 * anything unexpected -> INTERNAL, logged once (the interceptor).
 
 A Submit whose RPC is cancelled mid-flight (client deadline) is shielded so the provider call
-completes and is logged with its outcome: the caller must treat a cancelled Submit as UNKNOWN.
+completes; its outcome goes to the submit journal (`common.journal`) like every other, and the
+caller, which must treat a cancelled Submit as UNKNOWN, finds it there: RecoverSubmission asks
+the journal before the adapter searches the provider (method ``submit_journal``). A Submit of a
+key whose call is in flight, or whose journaled outcome may have created a job, sends nothing
+and answers from the journal. Describe declares the adapter's submit budget and the journal's
+retention, from which the control plane derives its Submit deadline.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Any, TypeVar
 import grpc
 
 from adapter_sidecars.common import convert
+from adapter_sidecars.common.config import SidecarConfig
+from adapter_sidecars.common.journal import JOURNAL_METHOD, Gate, SubmitJournal
 from adapter_sidecars.common.types import (
     AdapterRequestError,
     CompileInput,
@@ -31,12 +38,15 @@ from adapter_sidecars.common.types import (
     InvalidRequest,
     ProviderAdapter,
     RecoverInput,
+    RecoverResult,
     SubmitInput,
+    SubmitKind,
     SubmitOutcome,
     UsageInput,
 )
 from controlplane.api.convert import spec_from_proto
 from controlplane.capabilities.proto import capability_to_proto
+from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.exceptions import InvalidSpec
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
@@ -67,23 +77,31 @@ def _adapter_errors(fn: Handler[R]) -> Handler[R]:
 class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
     """Delegates every RPC to one `ProviderAdapter`."""
 
-    def __init__(self, adapter: ProviderAdapter) -> None:
+    def __init__(self, adapter: ProviderAdapter, journal: SubmitJournal | None = None) -> None:
         self.adapter = adapter
+        self.info = adapter.describe()
+        if journal is None:
+            config = getattr(adapter, "config", None)
+            journal = (
+                SubmitJournal.from_config(config)
+                if isinstance(config, SidecarConfig)
+                else SubmitJournal(retention_s=21600.0)
+            )
+        self.journal = journal
 
-    async def Describe(
-        self, request: svc.DescribeRequest, context: Ctx
-    ) -> svc.DescribeResponse:
+    async def Describe(self, request: svc.DescribeRequest, context: Ctx) -> svc.DescribeResponse:
         info = self.adapter.describe()
         return svc.DescribeResponse(
             adapter=info.adapter,
             adapter_version=info.adapter_version,
             capabilities=[capability_to_proto(c) for c in info.capabilities],
+            submit_budget_seconds=info.submit_budget_s,
+            submit_journal_retention_seconds=self.journal.retention_s,
+            submit_journal_durable=self.journal.durable,
         )
 
     @_adapter_errors
-    async def Compile(
-        self, request: svc.CompileRequest, context: Ctx
-    ) -> svc.CompileResponse:
+    async def Compile(self, request: svc.CompileRequest, context: Ctx) -> svc.CompileResponse:
         spec, violations = spec_from_proto(request.spec)
         if violations:
             raise InvalidSpec(violations)
@@ -93,15 +111,22 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
         return svc.CompileResponse(plan=convert.plan_to_proto(plan))
 
     @_adapter_errors
-    async def Submit(
-        self, request: svc.SubmitRequest, context: Ctx
-    ) -> svc.SubmitResponse:
+    async def Submit(self, request: svc.SubmitRequest, context: Ctx) -> svc.SubmitResponse:
         if not request.client_request_key:
             raise InvalidRequest("client_request_key is required")
         submit = SubmitInput(
             convert.plan_from_proto(request.plan), request.client_request_key, request.callback_url
         )
-        task = asyncio.ensure_future(self.adapter.submit(submit))
+        key = submit.client_request_key
+        gate, journaled = self.journal.gate(key, honours_key=self.info.honours_idempotency_key)
+        if gate is Gate.REPLAY and journaled is not None:
+            log.info("submit %s answered from the journal: %s", key, journaled.kind.value)
+            return svc.SubmitResponse(**convert.submit_outcome(journaled))  # type: ignore[arg-type]
+        if gate is Gate.IN_FLIGHT:
+            return svc.SubmitResponse(**convert.submit_outcome(_in_flight(key)))  # type: ignore[arg-type]
+        # Marked in flight before the first await, so a concurrent Submit of the key sees it.
+        self.journal.begin(key)
+        task = asyncio.ensure_future(self._journaled(submit))
         try:
             outcome: SubmitOutcome = await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -109,19 +134,29 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
             raise
         return svc.SubmitResponse(**convert.submit_outcome(outcome))  # type: ignore[arg-type]
 
+    async def _journaled(self, submit: SubmitInput) -> SubmitOutcome:
+        """The provider call, with its outcome journaled however it ends."""
+        key = submit.client_request_key
+        try:
+            outcome = await self.adapter.submit(submit)
+        except AdapterRequestError:
+            self.journal.abort(key)  # refused before anything was sent
+            raise
+        except BaseException as exc:
+            self.journal.crashed(key, exc)
+            raise
+        self.journal.finish(key, outcome)
+        return outcome
+
     @_adapter_errors
-    async def GetJob(
-        self, request: svc.GetJobRequest, context: Ctx
-    ) -> svc.GetJobResponse:
+    async def GetJob(self, request: svc.GetJobRequest, context: Ctx) -> svc.GetJobResponse:
         result = await self.adapter.get_job(convert.job_ref_from_proto(request.job))
         return svc.GetJobResponse(
             status=convert.job_status(result.status), error=convert.error(result.error)
         )
 
     @_adapter_errors
-    async def CancelJob(
-        self, request: svc.CancelJobRequest, context: Ctx
-    ) -> svc.CancelJobResponse:
+    async def CancelJob(self, request: svc.CancelJobRequest, context: Ctx) -> svc.CancelJobResponse:
         result = await self.adapter.cancel_job(convert.job_ref_from_proto(request.job))
         return svc.CancelJobResponse(
             acknowledged=result.acknowledged,
@@ -134,20 +169,27 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
         self, request: svc.RecoverSubmissionRequest, context: Ctx
     ) -> svc.RecoverSubmissionResponse:
         plan = convert.plan_from_proto(request.plan) if request.HasField("plan") else None
-        result = await self.adapter.recover_submission(
-            RecoverInput(
-                account=request.account or (plan.account if plan else ""),
-                model=request.model or (plan.model if plan else ""),
-                client_request_key=request.client_request_key,
-                request_hash=request.request_hash,
-                provider_request_id=request.provider_request_id,
-                submitted_after=convert.from_timestamp(
-                    request.submitted_after, request.HasField("submitted_after")
-                ),
-                submitted_before=convert.from_timestamp(
-                    request.submitted_before, request.HasField("submitted_before")
-                ),
-                plan=plan,
+        known = (
+            self.journal.verdict(request.client_request_key) if request.client_request_key else None
+        )
+        result = (
+            RecoverResult(known[0], JOURNAL_METHOD, job=known[1])
+            if known is not None
+            else await self.adapter.recover_submission(
+                RecoverInput(
+                    account=request.account or (plan.account if plan else ""),
+                    model=request.model or (plan.model if plan else ""),
+                    client_request_key=request.client_request_key,
+                    request_hash=request.request_hash,
+                    provider_request_id=request.provider_request_id,
+                    submitted_after=convert.from_timestamp(
+                        request.submitted_after, request.HasField("submitted_after")
+                    ),
+                    submitted_before=convert.from_timestamp(
+                        request.submitted_before, request.HasField("submitted_before")
+                    ),
+                    plan=plan,
+                )
             )
         )
         return svc.RecoverSubmissionResponse(
@@ -158,9 +200,7 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
         )
 
     @_adapter_errors
-    async def ListUsage(
-        self, request: svc.ListUsageRequest, context: Ctx
-    ) -> svc.ListUsageResponse:
+    async def ListUsage(self, request: svc.ListUsageRequest, context: Ctx) -> svc.ListUsageResponse:
         if not (request.HasField("start_time") and request.HasField("end_time")):
             raise InvalidRequest("start_time and end_time are required")
         start = request.start_time.ToDatetime(tzinfo=UTC)
@@ -195,15 +235,26 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
 
 
+def _in_flight(key: str) -> SubmitOutcome:
+    return SubmitOutcome(
+        SubmitKind.UNKNOWN,
+        error=make_error(
+            ErrorClass.SUBMISSION_UNKNOWN,
+            "SUBMIT_IN_FLIGHT",
+            f"a submit with key {key} is still running in the sidecar; recover it",
+        ),
+    )
+
+
 def _log_orphan(task: asyncio.Future[SubmitOutcome], submit: SubmitInput) -> None:
-    """Record the fate of a submit whose caller went away (it must recover it)."""
+    """Log the fate of a submit whose caller went away (the journal holds the outcome)."""
     if task.cancelled() or task.exception() is not None:
         log.warning("orphaned submit %s ended without outcome", submit.client_request_key)
         return
     outcome = task.result()
     job = outcome.job.provider_job_id if outcome.job else "-"
     log.warning(
-        "orphaned submit %s finished %s job=%s after the caller cancelled",
+        "orphaned submit %s finished %s job=%s after the caller cancelled (journaled)",
         submit.client_request_key,
         outcome.kind.value,
         job,

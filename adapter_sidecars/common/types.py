@@ -259,7 +259,11 @@ class UsageRecord:
     cost_micros: int
     currency: str
     raw_json: str
+    #: Empty for an aggregate (a daily total); never invented.
     provider_job_id: str = ""
+    #: The create call's request id / client key, when the provider's record names them.
+    provider_request_id: str = ""
+    client_request_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +303,11 @@ class AdapterInfo:
     adapter: str
     adapter_version: str
     capabilities: Sequence[Capability] = field(default_factory=tuple)
+    #: The longest one Submit takes inside the adapter (seconds; 0: not declared).
+    submit_budget_s: float = 0.0
+    #: The provider deduplicates creates by the client request key, so re-sending an UNKNOWN
+    #: submit with the same key cannot create a second job.
+    honours_idempotency_key: bool = False
 
 
 class ProviderAdapter(Protocol):

@@ -101,6 +101,11 @@ class SelfHostedAdapter(HttpAdapter):
             outcome = await self.send_create(request, account)
         return outcome
 
+    def submit_budget_s(self) -> float:
+        """The full create call plus the not-sent first try (pool + connect) it may retry."""
+        t = self.config.timeouts
+        return super().submit_budget_s() + t.pool + t.connect
+
     def _gpu_rate(self, account: str, model: str) -> tuple[int, int]:
         cap = self.entry(account, model)
         if cap is None:

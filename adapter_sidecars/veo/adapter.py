@@ -70,6 +70,10 @@ class VeoAdapter(HttpAdapter):
         #: ``provider.options.asset_max_bytes`` / ``asset_fetch_timeout_seconds`` (optional).
         self.asset_limits = assets.AssetLimits.from_options(config.provider_options)
 
+    def submit_budget_s(self) -> float:
+        """The create call plus the asset fetch that precedes it inside Submit."""
+        return super().submit_budget_s() + self.asset_limits.fetch_timeout_s
+
     @classmethod
     def from_config(cls, config: SidecarConfig) -> VeoAdapter:
         """Build with the packaged (or configured) capability files."""

@@ -1,0 +1,321 @@
+"""The sidecar's submit journal: every Submit outcome by client_request_key (design 9.17.4).
+
+No acceptance may be lost across the seam between the control plane and the sidecar. A Submit
+whose gRPC caller gave up (its deadline passed) still runs to its end inside the sidecar; the
+journal keeps that late outcome, and RecoverSubmission reads the journal before asking the
+provider anything. One journal per sidecar process:
+
+* `begin(key)` marks a provider call in flight; `finish(key, outcome)` records how it ended
+  (ACCEPTED with the job, REJECTED, UNKNOWN; an exception of the call is UNKNOWN).
+* `gate(key, honours_key)` decides whether a new provider call for the key may start. Never
+  while one is in flight or after an ACCEPTED (the journaled outcome is the answer); after an
+  UNKNOWN only when the provider honours the idempotency key (the provider then deduplicates);
+  after definite REJECTEDs always, because nothing was created and the control plane's
+  RETRY_SAME deliberately re-sends with the same key.
+* `verdict(key)`: FOUND when any outcome of the key was ACCEPTED, NOT_FOUND when every outcome
+  was a definite REJECTED, INCONCLUSIVE while a call is in flight; None when the journal knows
+  nothing conclusive (no entry, or only UNKNOWN), so the adapter's own search runs.
+
+Durability: with `path` set the journal is an append-only JSON-lines file, replayed (and
+compacted, dropping entries older than the retention) when the sidecar starts, so a restarted
+sidecar still knows every outcome of the retention window. A call that was in flight when the
+process died has no outcome line: after the restart it counts as UNKNOWN (its fate was never
+seen). Without a path the journal lives in memory only and a restart forgets it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from adapter_sidecars.common.config import SidecarConfig
+from adapter_sidecars.common.types import (
+    JobRef,
+    RecoveryVerdict,
+    SubmitKind,
+    SubmitOutcome,
+    TransportStage,
+)
+from controlplane.domain.errors import ErrorClass, ProviderError, make_error
+
+__all__ = ["JOURNAL_METHOD", "Gate", "SubmitJournal"]
+
+log = logging.getLogger(__name__)
+JOURNAL_METHOD = "submit_journal"
+
+
+class Gate(enum.Enum):
+    """What `SubmitJournal.gate` allows for a new Submit of a key."""
+
+    SEND = "SEND"  # start a provider call
+    IN_FLIGHT = "IN_FLIGHT"  # a call for the key runs now: answer UNKNOWN, send nothing
+    REPLAY = "REPLAY"  # answer the journaled outcome, send nothing
+
+
+@dataclass(slots=True)
+class _Entry:
+    """What the journal knows about one key."""
+
+    first_at: datetime
+    in_flight: int = 0
+    outcomes: list[SubmitOutcome] = field(default_factory=list)
+
+    def accepted(self) -> SubmitOutcome | None:
+        return next((o for o in self.outcomes if o.kind is SubmitKind.ACCEPTED and o.job), None)
+
+    def definitely_rejected(self) -> bool:
+        return bool(self.outcomes) and all(_definite_rejection(o) for o in self.outcomes)
+
+
+def _definite_rejection(outcome: SubmitOutcome) -> bool:
+    return outcome.kind is SubmitKind.REJECTED and not (
+        outcome.error is not None and outcome.error.provider_may_have_accepted
+    )
+
+
+class SubmitJournal:
+    """Submit outcomes by client_request_key (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        retention_s: float,
+        path: Path | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.retention_s = retention_s
+        self.path = path
+        self._clock = clock
+        self._entries: dict[str, _Entry] = {}
+        if path is not None:
+            self._load(path)
+
+    @classmethod
+    def from_config(cls, config: SidecarConfig) -> SubmitJournal:
+        """The journal a sidecar's configuration asks for (``submit_journal``)."""
+        journal = cls(
+            retention_s=config.submit_journal_retention_s, path=config.submit_journal_path
+        )
+        if journal.path is None:
+            log.warning(
+                "submit journal in memory only: a restarted sidecar forgets late submit "
+                "outcomes (set submit_journal.path to keep them)"
+            )
+        else:
+            log.info("submit journal %s: %d keys replayed", journal.path, len(journal))
+        return journal
+
+    @property
+    def durable(self) -> bool:
+        """Whether the journal survives a restart (it is a file)."""
+        return self.path is not None
+
+    # -- writing -----------------------------------------------------------------------------
+    def begin(self, key: str) -> None:
+        """A provider call for `key` starts now."""
+        now = self._clock()
+        entry = self._entries.setdefault(key, _Entry(now))
+        entry.in_flight += 1
+        self._append({"key": key, "event": "begin", "at": now.isoformat()})
+
+    def finish(self, key: str, outcome: SubmitOutcome) -> None:
+        """The provider call for `key` ended with `outcome`."""
+        now = self._clock()
+        entry = self._entries.setdefault(key, _Entry(now))
+        entry.in_flight = max(0, entry.in_flight - 1)
+        entry.outcomes.append(outcome)
+        self._append({"key": key, "event": "outcome", "at": now.isoformat(), **_dump(outcome)})
+        if outcome.kind is not SubmitKind.REJECTED:
+            log.info(
+                "journal: submit %s %s job=%s",
+                key,
+                outcome.kind.value,
+                outcome.job.provider_job_id if outcome.job else "-",
+            )
+
+    def abort(self, key: str) -> None:
+        """The call for `key` was refused before anything was sent (a malformed request)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        entry.in_flight = max(0, entry.in_flight - 1)
+        if not entry.outcomes and not entry.in_flight:
+            del self._entries[key]
+        self._append({"key": key, "event": "abort", "at": self._clock().isoformat()})
+
+    def crashed(self, key: str, exc: BaseException) -> None:
+        """The provider call for `key` raised: its fate is unknown."""
+        self.finish(
+            key,
+            SubmitOutcome(
+                SubmitKind.UNKNOWN,
+                error=make_error(
+                    ErrorClass.SUBMISSION_UNKNOWN,
+                    "ADAPTER_EXCEPTION",
+                    f"the submit raised {type(exc).__name__}",
+                ),
+            ),
+        )
+
+    # -- reading -----------------------------------------------------------------------------
+    def gate(self, key: str, *, honours_key: bool) -> tuple[Gate, SubmitOutcome | None]:
+        """May a new Submit of `key` call the provider? (module docstring)."""
+        self._prune()
+        entry = self._entries.get(key)
+        if entry is None:
+            return Gate.SEND, None
+        if entry.in_flight:
+            return Gate.IN_FLIGHT, None
+        accepted = entry.accepted()
+        if accepted is not None:
+            return Gate.REPLAY, accepted
+        unsure = [o for o in entry.outcomes if not _definite_rejection(o)]
+        if not unsure or honours_key:
+            return Gate.SEND, None
+        return Gate.REPLAY, unsure[-1]
+
+    def verdict(self, key: str) -> tuple[RecoveryVerdict, JobRef | None] | None:
+        """The journal's recovery verdict for `key`, or None when it cannot decide."""
+        self._prune()
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        accepted = entry.accepted()
+        if accepted is not None:
+            return RecoveryVerdict.FOUND, accepted.job
+        if entry.in_flight:
+            return RecoveryVerdict.INCONCLUSIVE, None
+        if entry.definitely_rejected():
+            return RecoveryVerdict.NOT_FOUND, None
+        return None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    # -- persistence -------------------------------------------------------------------------
+    def _prune(self) -> None:
+        horizon = self._clock() - timedelta(seconds=self.retention_s)
+        old = [k for k, e in self._entries.items() if e.first_at < horizon and not e.in_flight]
+        for key in old:
+            del self._entries[key]
+
+    def _append(self, record: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        line = json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n"
+        # One write + fsync per record: an outcome must be on disk before it is reported.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _load(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+                key, at = str(record["key"]), datetime.fromisoformat(record["at"])
+            except (ValueError, KeyError, TypeError):
+                # A torn last line of a crash: everything before it is intact.
+                log.warning("journal %s: line %d unreadable, skipped", path, number)
+                continue
+            entry = self._entries.setdefault(key, _Entry(at))
+            if record.get("event") == "outcome":
+                entry.outcomes.append(_load_outcome(record))
+            elif record.get("event") == "begin":
+                entry.in_flight += 1
+                continue
+            entry.in_flight = max(0, entry.in_flight - 1)
+            if not entry.outcomes and not entry.in_flight:  # aborted before sending
+                del self._entries[key]
+        for key, entry in self._entries.items():
+            for _ in range(entry.in_flight):  # died mid-call: the fate was never seen
+                entry.outcomes.append(
+                    SubmitOutcome(
+                        SubmitKind.UNKNOWN,
+                        error=make_error(
+                            ErrorClass.SUBMISSION_UNKNOWN,
+                            "SIDECAR_RESTARTED",
+                            f"submit {key} was in flight when the sidecar stopped",
+                        ),
+                    )
+                )
+            entry.in_flight = 0
+        self._prune()
+        self._compact(path)
+
+    def _compact(self, path: Path) -> None:
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        with tmp.open("w", encoding="utf-8") as out:
+            for key, entry in self._entries.items():
+                for outcome in entry.outcomes:
+                    record = {"key": key, "event": "outcome", "at": entry.first_at.isoformat()}
+                    out.write(json.dumps({**record, **_dump(outcome)}, sort_keys=True) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+
+
+def _dump(outcome: SubmitOutcome) -> dict[str, Any]:
+    job = outcome.job
+    err = outcome.error
+    return {
+        "kind": outcome.kind.value,
+        "job": None
+        if job is None
+        else {
+            "id": job.provider_job_id,
+            "account": job.account,
+            "model": job.model,
+            "request_id": job.provider_request_id,
+        },
+        "raw_status": outcome.raw_status,
+        "stage": outcome.transport_stage.value,
+        "started_at": outcome.request_started_at.isoformat()
+        if outcome.request_started_at
+        else None,
+        "error": None
+        if err is None
+        else {
+            "class": err.error_class.value,
+            "code": err.code,
+            "message": err.message,
+            "retry_after_ms": err.retry_after_ms,
+            "raw_status_code": err.raw_status_code,
+        },
+    }
+
+
+def _load_outcome(record: dict[str, Any]) -> SubmitOutcome:
+    job = record.get("job")
+    err = record.get("error")
+    error: ProviderError | None = None
+    if isinstance(err, dict):
+        error = make_error(
+            ErrorClass(err["class"]),
+            str(err.get("code", "")),
+            str(err.get("message", "")),
+            retry_after_ms=err.get("retry_after_ms"),
+            raw_status_code=err.get("raw_status_code"),
+        )
+    started = record.get("started_at")
+    return SubmitOutcome(
+        SubmitKind(record["kind"]),
+        job=None
+        if not isinstance(job, dict)
+        else JobRef(str(job["id"]), str(job["account"]), str(job["model"]), str(job["request_id"])),
+        raw_status=str(record.get("raw_status", "")),
+        error=error,
+        transport_stage=TransportStage(record.get("stage", "NONE")),
+        request_started_at=datetime.fromisoformat(started) if started else None,
+    )
