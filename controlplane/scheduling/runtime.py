@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -131,9 +132,9 @@ def build_scheduling(
         is_leader=lambda: dispatcher.leading,
         wake=dispatcher.wake,
         worker_id=worker_id,
-        config=upkeep_config
-        or UpkeepConfig(
-            default_concurrency=config.default_concurrency,
+        # Rebuilt leases live as long as the dispatcher's own, whatever the upkeep config says.
+        config=dataclasses.replace(
+            upkeep_config or UpkeepConfig(default_concurrency=config.default_concurrency),
             lease_ttl_ms=config.lease_ttl_ms,
             lease_max_term_ms=config.lease_max_term_ms,
         ),
