@@ -41,11 +41,10 @@ Tolerances against `ExpectedMedia` (chosen here; see design 9.22's ffprobe step)
 * Audio: required when asked. When not asked, an audio track is not a reason to refuse (that
   would push the engine towards paying for a new generation): with ``strip_audio`` it is
   removed before storing (the LOSSLESS "stripped on delivery" transform of models that always
-  render audio, like Veo 3 on the Gemini API). Stripping remuxes the first video stream into a
-  new MP4 without re-encoding (packets copied as they are), and the result is probed again: it
-  must hold no audio stream and the same video (codec, size, duration within one frame), or the
-  fetch is a `TransientFetchError` and nothing is stored. The stored asset's size and SHA-256
-  are those of the stripped file; the provider checksum is checked on the download.
+  render audio, like Veo 3 on the Gemini API) by `controlplane.execution.remux`: the video
+  stream copied without re-encoding and the result proven silent and identical in video, or
+  the fetch is a `TransientFetchError` and nothing is stored. The stored asset's size and
+  SHA-256 are those of the stripped file; the provider checksum is checked on the download.
 """
 
 from __future__ import annotations
@@ -67,6 +66,7 @@ from urllib.parse import urlsplit
 import av
 import httpx
 
+from controlplane.execution.remux import size_and_sha256, strip_audio
 from controlplane.storage import ObjectStore, validate_key
 
 __all__ = [
@@ -372,11 +372,11 @@ async def fetch_output(
         stripped = False
         if request.strip_audio and probe.has_audio:
             silent = Path(spool_dir) / "silent.mp4"
-            failure = await asyncio.to_thread(_strip_audio, spool, silent, probe)
-            if failure is not None:
-                return failure
+            problem = await asyncio.to_thread(strip_audio, spool, silent)
+            if problem is not None:  # our remux failed, not the provider: try again later
+                return TransientFetchError(problem)
             spool, stripped = silent, True
-            size, sha256 = await asyncio.to_thread(_size_and_sha256, silent)
+            size, sha256 = await asyncio.to_thread(size_and_sha256, silent)
         stored = await store.put(request.storage_key, spool, content_type=request.expected_mime)
     return StoredAsset(
         uri=stored.uri,
@@ -392,50 +392,6 @@ async def fetch_output(
         has_audio=probe.has_audio and not stripped,
         audio_stripped=stripped,
     )
-
-
-def _strip_audio(source: Path, target: Path, before: _Probe) -> TransientFetchError | None:
-    """Remux `source`'s first video stream into `target` without re-encoding, then prove it.
-
-    Blocking; run in a thread. Only the first video stream is kept: audio, data and subtitle
-    tracks are all left behind, so nothing audible survives."""
-    try:
-        with (
-            av.open(str(source), mode="r") as src,
-            av.open(str(target), mode="w", format="mp4") as dst,
-        ):
-            video_in = src.streams.video[0]
-            video_out = dst.add_stream_from_template(video_in)
-            for packet in src.demux(video_in):
-                if packet.dts is None:  # the demuxer's end-of-stream flush packet
-                    continue
-                packet.stream = video_out
-                dst.mux(packet)
-    except (av.FFmpegError, ValueError) as exc:
-        return TransientFetchError(f"stripping the audio track failed: {exc}")
-    after = _probe(target)
-    if isinstance(after, OutputInvalid):
-        return TransientFetchError(f"the audio-stripped file does not probe: {after.reason}")
-    frame_ms = 1000 / before.fps if before.fps else 0.0
-    same_video = (after.codec, after.width, after.height) == (
-        before.codec,
-        before.width,
-        before.height,
-    ) and abs(after.duration_ms - before.duration_ms) <= max(frame_ms, 1.0)
-    if after.has_audio or not same_video:
-        return TransientFetchError(
-            f"the audio-stripped file is not the same silent video: {after} vs {before}"
-        )
-    return None
-
-
-def _size_and_sha256(path: Path) -> tuple[int, str]:
-    digest, size = hashlib.sha256(), 0
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
 
 
 async def _download(

@@ -21,6 +21,7 @@ from controlplane.execution.output_fetch import (
     StoredAsset,
     fetch_output,
 )
+from controlplane.execution.remux import strip_audio
 from controlplane.storage import FilesystemObjectStore
 from tests.integration.execution.exec_harness import Harness
 from tests.integration.execution.file_server import FileServer
@@ -115,3 +116,12 @@ async def test_delivery_asks_for_stripping_when_the_task_wants_no_audio(lite: Ha
     spec = (await lite.detail(attempt.task_id)).task.spec
     assert spec.output.with_audio is False
     assert [c.strip_audio for c in lite.fetch.calls] == [True]
+
+
+def test_a_file_that_cannot_be_remuxed_is_reported_not_stored(tmp_path: Path) -> None:
+    """strip_audio names the problem for bytes it cannot remux, instead of writing a file."""
+    broken = tmp_path / "broken.mp4"
+    broken.write_bytes(WITH_AUDIO[: len(WITH_AUDIO) // 3])  # the index box (moov) is gone
+    problem = strip_audio(broken, tmp_path / "silent.mp4")
+    assert problem is not None
+    assert "stripping the audio track failed" in problem
