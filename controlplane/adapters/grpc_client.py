@@ -4,11 +4,19 @@ The channel has gRPC's transparent retries disabled: a Submit must never be re-s
 transport (design 9.20.1). Read RPCs may be retried by the callers that own the policy. Errors
 an adapter reports in-band are rebuilt with the control plane's own handling matrix
 (`make_error`), so retry/failover flags always come from one table.
+
+The Submit deadline is derived from what the sidecar declares in Describe (its submit budget:
+the create call's timeouts) plus `submit_margin_s`, so the control plane never gives up on a
+Submit the sidecar is still allowed to finish: an acceptance that lands after the caller left
+would otherwise be known only to the sidecar's journal. A configured `submit_timeout_s` shorter
+than the declared budget is refused (`SubmitDeadlineTooShort`, logged): Describe fails, so the
+adapter's capabilities are never published and the control plane is not ready for it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -41,6 +49,31 @@ from vidroute.adapter.v1 import adapter_pb2, adapter_service_pb2, adapter_servic
 from vidroute.common.v1 import error_pb2
 
 NO_RETRIES = [("grpc.enable_retries", 0)]
+#: Seconds added to the sidecar's declared submit budget for the Submit deadline.
+DEFAULT_SUBMIT_MARGIN_S = 5.0
+
+log = logging.getLogger(__name__)
+
+
+class SubmitDeadlineTooShort(Exception):
+    """A configured Submit deadline is shorter than the sidecar's own submit budget."""
+
+
+def submit_deadline_s(
+    budget_s: float, *, margin_s: float, configured_s: float | None = None
+) -> float:
+    """The Submit deadline for a sidecar declaring `budget_s` (0: not declared).
+
+    `configured_s` (an operator's explicit deadline) wins when it is at least the budget and
+    raises `SubmitDeadlineTooShort` when it is shorter; otherwise budget + margin."""
+    if configured_s is not None and configured_s > 0:
+        if configured_s < budget_s:
+            raise SubmitDeadlineTooShort(
+                f"configured Submit deadline {configured_s:g} s is shorter than the sidecar's "
+                f"submit budget {budget_s:g} s: an acceptance could arrive after we gave up"
+            )
+        return configured_s
+    return budget_s + margin_s
 
 
 class AdapterClient(Protocol):
@@ -173,21 +206,74 @@ class GrpcAdapterClient:
     """An `AdapterClient` for one sidecar address."""
 
     def __init__(
-        self, address: str, *, timeout_s: float = 30.0, fetch_timeout_s: float = 900.0
+        self,
+        address: str,
+        *,
+        timeout_s: float = 30.0,
+        fetch_timeout_s: float = 900.0,
+        submit_margin_s: float = DEFAULT_SUBMIT_MARGIN_S,
+        submit_timeout_s: float | None = None,
+        recovery_window_s: float = 0.0,
     ) -> None:
+        self._address = address
         self._channel = grpc.aio.insecure_channel(address, options=NO_RETRIES)
         self._stub = adapter_service_pb2_grpc.ProviderAdapterServiceStub(self._channel)
         self._timeout = timeout_s
         self._fetch_timeout = fetch_timeout_s
+        self._submit_margin = submit_margin_s
+        self._submit_configured = submit_timeout_s
+        self._recovery_window = recovery_window_s
+        #: The Submit deadline in seconds, known once Describe answered (None before).
+        self.submit_deadline_s: float | None = None
 
     async def close(self) -> None:
         await self._channel.close()
 
     async def describe(self) -> list[adapter_pb2.CapabilityEntry]:
+        """The capability entries; also derives the Submit deadline from the declared budget.
+
+        Raises `SubmitDeadlineTooShort` (logged) when a configured deadline is too short."""
         reply = await self._stub.Describe(
             adapter_service_pb2.DescribeRequest(), timeout=self._timeout
         )
+        self._learn_submit_budget(reply)
         return list(reply.capabilities)
+
+    def _learn_submit_budget(self, reply: adapter_service_pb2.DescribeResponse) -> None:
+        budget = reply.submit_budget_seconds
+        try:
+            deadline = submit_deadline_s(
+                budget, margin_s=self._submit_margin, configured_s=self._submit_configured
+            )
+        except SubmitDeadlineTooShort as exc:
+            log.error("adapter %s at %s not usable: %s", reply.adapter, self._address, exc)
+            self.submit_deadline_s = None
+            raise
+        if budget <= 0:
+            # An older sidecar that declares nothing: keep the fixed deadline, say so.
+            deadline = self._submit_configured or self._timeout
+            log.warning(
+                "adapter %s declares no submit budget; Submit deadline stays %g s",
+                reply.adapter,
+                deadline,
+            )
+        retention = reply.submit_journal_retention_seconds
+        if self._recovery_window and retention < self._recovery_window:
+            log.warning(
+                "adapter %s keeps submit outcomes %g s, less than the recovery window %g s",
+                reply.adapter,
+                retention,
+                self._recovery_window,
+            )
+        if deadline != self.submit_deadline_s:
+            log.info(
+                "adapter %s: submit budget %g s, Submit deadline %g s, journal %s",
+                reply.adapter,
+                budget,
+                deadline,
+                "file" if reply.submit_journal_durable else "memory only",
+            )
+        self.submit_deadline_s = deadline
 
     async def compile(
         self, spec: GenerationSpec, *, account: str, model: str, model_version: str = ""
@@ -206,6 +292,19 @@ class GrpcAdapterClient:
     async def submit(
         self, plan: CompiledPlan, client_request_key: str, callback_url: str = ""
     ) -> SubmitResult:
+        if self.submit_deadline_s is None:
+            try:
+                await self.describe()
+            except Exception as exc:  # nothing was sent: the submit can be tried again
+                return SubmitResult(
+                    kind=SubmitKind.REJECTED,
+                    error=make_error(
+                        ErrorClass.TRANSIENT_NETWORK,
+                        "ADAPTER_SUBMIT_DEADLINE_UNKNOWN",
+                        f"the sidecar's submit budget is not known ({type(exc).__name__})",
+                    ),
+                )
+        assert self.submit_deadline_s is not None
         try:
             reply = await self._stub.Submit(
                 adapter_service_pb2.SubmitRequest(
@@ -213,7 +312,7 @@ class GrpcAdapterClient:
                     client_request_key=client_request_key,
                     callback_url=callback_url,
                 ),
-                timeout=self._timeout,
+                timeout=self.submit_deadline_s,
             )
         except grpc.aio.AioRpcError as exc:
             return _submit_transport_failure(exc)
@@ -295,6 +394,8 @@ class GrpcAdapterClient:
                 cost_micros=r.cost.amount_micros,
                 currency=r.cost.currency_code or "USD",
                 raw_json=r.raw_json or json.dumps({}),
+                provider_request_id=r.provider_request_id,
+                client_request_key=r.client_request_key,
             )
             for r in reply.records
         ]

@@ -171,6 +171,10 @@ class RecoverResult:
 
 @dataclass(frozen=True, slots=True)
 class UsageRecord:
+    """A provider usage row. Only a row with a job id AND a request identity of one attempt
+    (its client key or recorded provider request id) can identify that attempt's job; an
+    aggregate (empty job id) is evidence for reconciliation, never a job."""
+
     provider_job_id: str
     model: str
     usage_time: datetime | None
@@ -179,3 +183,5 @@ class UsageRecord:
     cost_micros: int
     currency: str
     raw_json: str
+    provider_request_id: str = ""
+    client_request_key: str = ""
