@@ -104,6 +104,8 @@ def spawn(name: str, argv: Sequence[str], workdir: Path, cwd: Path | None = None
 def _flag_value(value: Any) -> str:
     if isinstance(value, bool):
         raise TypeError("booleans are passed as --flag / --no-flag")
+    if isinstance(value, set | frozenset):  # emulator extensions: --extensions a,b
+        return ",".join(sorted(value))
     if isinstance(value, Mapping | list | tuple):
         return json.dumps(value)
     return str(value)

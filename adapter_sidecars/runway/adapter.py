@@ -1,10 +1,15 @@
-"""The Runway adapter: tasks API over httpx (provider-apis.md §1).
+"""The Runway adapter: tasks API over httpx (provider-apis.md §1, §5).
 
-Runway has no client idempotency key, so an UNKNOWN submit is recovered by searching the
-account's recent tasks (emulator extension ``GET /v1/tasks?createdAfter=&createdBefore=``,
-which returns each task's request body) and matching the plan's native request exactly.
-The verdict is NOT_FOUND only when the listing is complete, the window has settled (a request
-still in flight at Runway could yet create a task) and nothing matches; otherwise INCONCLUSIVE.
+Runway has no client idempotency key and no task listing (§5), so against the real API an
+UNKNOWN submit cannot be searched for: RecoverSubmission answers INCONCLUSIVE and says why, and
+Describe declares ``task_search: false``. With ``provider.options.task_listing: true`` (for the
+emulator's ``task_listing`` extension, ``GET /v1/tasks?createdAfter=&createdBefore=``, which
+returns each task's request body) the adapter declares ``task_search`` and matches the plan's
+native request exactly. The verdict is NOT_FOUND only when the listing is complete, the window
+has settled (a request still in flight at Runway could yet create a task) and nothing matches.
+
+Usage (``POST /v1/organization/usage``) is daily credit totals per model: its records carry no
+provider job id, because a day's total identifies no job.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from adapter_sidecars.common import base
 from adapter_sidecars.common.base import HttpAdapter, payload_of, raw_json, unreadable, with_raw
 from adapter_sidecars.common.config import Account, SidecarConfig
 from adapter_sidecars.common.jobs import iso_z, parse_timestamp
+from adapter_sidecars.common.options import option_flag, with_task_search
 from adapter_sidecars.common.recovery import match_listing, settled
 from adapter_sidecars.common.transport import HttpReply, utcnow
 from adapter_sidecars.common.types import (
@@ -43,6 +49,11 @@ from controlplane.domain.spec import GenerationSpec
 
 PACKAGE_DIR = Path(__file__).parent
 DEFAULT_API_VERSION = "2024-11-06"
+#: RecoverSubmission's method when nothing can be searched (the real Runway).
+NO_SEARCH = (
+    "task_search unsupported: Runway has no task listing or request lookup "
+    "(provider.options.task_listing is off), so an unknown submit cannot be proven either way"
+)
 
 
 class RunwayAdapter(HttpAdapter):
@@ -53,8 +64,17 @@ class RunwayAdapter(HttpAdapter):
 
     @classmethod
     def from_config(cls, config: SidecarConfig) -> RunwayAdapter:
-        """Build with the packaged (or configured) capability files."""
-        return cls(config, base.load_capabilities(config, PACKAGE_DIR, cls.provider))
+        """Build with the packaged (or configured) capability files; ``task_listing`` on
+        declares the task search it enables."""
+        caps = base.load_capabilities(config, PACKAGE_DIR, cls.provider)
+        if option_flag(config, "task_listing"):
+            caps = with_task_search(caps)
+        return cls(config, caps)
+
+    @property
+    def task_listing(self) -> bool:
+        """Whether the provider offers the emulator's task listing (never the real Runway)."""
+        return option_flag(self.config, "task_listing")
 
     # -- hooks ---------------------------------------------------------------------------------
     def compile_native(self, spec: GenerationSpec, cap: Capability) -> Plan:
@@ -105,6 +125,9 @@ class RunwayAdapter(HttpAdapter):
         status = mapping.task_status(
             task, url_ttl_seconds=self._ttl(job.account, job.model), now=utcnow()
         )
+        cap = self.entry(job.account, job.model)
+        if cap is not None:
+            status = mapping.with_cost(status, task, cap.commercial)
         return JobResult(status=with_raw(status, task))
 
     # -- cancel --------------------------------------------------------------------------------
@@ -129,6 +152,8 @@ class RunwayAdapter(HttpAdapter):
     async def recover_submission(self, request: RecoverInput) -> RecoverResult:
         """Search the account's tasks in the submit window for the plan's exact request."""
         method = "task_search"
+        if not self.task_listing:
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, NO_SEARCH)
         if request.plan is None or request.plan.native_request is None:
             return RecoverResult(RecoveryVerdict.INCONCLUSIVE, f"{method}: no plan to match")
         account = self.account(request.account)
@@ -195,6 +220,8 @@ class RunwayAdapter(HttpAdapter):
         return UsageResult(tuple(records))
 
     def _usage_record(self, account: str, when: datetime, used: dict[str, Any]) -> UsageRecord:
+        """One model's credits on one day: an aggregate, so no provider job id (it names no
+        job, and recovery must never adopt it as one)."""
         model = str(used.get("model", ""))
         credits = float(used.get("amount", 0))
         cap = self.entry(account, model)

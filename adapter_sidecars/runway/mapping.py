@@ -10,12 +10,14 @@ limit; 502/503/504 are load shedding that creates nothing; any other 5xx is not 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 from adapter_sidecars.common.jobs import map_state, parse_timestamp, progress_of, url_expiry
 from adapter_sidecars.common.transport import HttpReply, create_error_outcome, retry_after_ms
 from adapter_sidecars.common.types import JobState, JobStatus, Output, SubmitOutcome
+from controlplane.capabilities.loader import Commercial
 from controlplane.domain.errors import ErrorClass, ProviderError, classify_http_status, make_error
 
 STATUS: Mapping[str, JobState] = {
@@ -72,6 +74,23 @@ def task_status(task: Mapping[str, Any], *, url_ttl_seconds: int, now: datetime)
         )
         return JobStatus(state, raw, failure=failure, updated_at=created)
     return JobStatus(state, raw, progress=progress_of(task.get("progress")), updated_at=created)
+
+
+def with_cost(status: JobStatus, task: Mapping[str, Any], commercial: Commercial) -> JobStatus:
+    """A terminal task's final ``cost.credits`` (§5) as the actual cost in integer micros.
+
+    Only terminal tasks carry ``cost``; ``estimatedCost`` on running ones is a ceiling, not a
+    charge, so it is not reported. No price per credit known: no actual cost."""
+    cost = task.get("cost")
+    credits = cost.get("credits") if isinstance(cost, dict) else None
+    per_credit = commercial.micros_per_provider_unit
+    if not status.state.terminal or per_credit <= 0:
+        return status
+    if isinstance(credits, bool) or not isinstance(credits, int | float):
+        return status
+    return replace(
+        status, actual_cost_micros=round(credits * per_credit), currency=commercial.currency
+    )
 
 
 def _message(body: Any, status: int) -> str:

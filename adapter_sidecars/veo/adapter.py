@@ -3,19 +3,29 @@
 Submit inlines the plan's image references as base64 bytes first (`assets.resolve_body`); an
 asset that cannot be fetched or fails its checks is REJECTED before any byte reaches Google.
 
-Veo has no cancel and no idempotency key. An UNKNOWN submit is recovered through the
-emulator's operations listing (``GET /v1beta/models/{m}/operations?filter=createTime...``,
-which returns each operation's request as sent, images as bytes); without the listing the
-verdict is INCONCLUSIVE. A listed request matches when its non-image fields equal the plan's and
-each image's (SHA-256, mimeType) is what Submit sent for the plan's reference (`_match`).
-Usage comes from the emulator's billing export of billed seconds.
+Veo has no cancel, no idempotency key, no operations listing and no usage API on the Gemini
+surface (provider-apis.md §5): against the real API an UNKNOWN submit is INCONCLUSIVE (said so
+in the method), ListUsage answers UNSUPPORTED_CAPABILITY, and Describe declares
+``task_search: false``. Two sidecar options, off by default, use the emulator's extensions
+instead: ``provider.options.operation_list: true`` searches
+``GET /v1beta/models/{m}/operations?filter=createTime...`` (each operation's request as sent,
+images as bytes) and declares ``task_search``; a listed request matches when its non-image
+fields equal the plan's and each image's (SHA-256, mimeType) is what Submit sent for the plan's
+reference (`_match`). ``provider.options.billing_export: true`` reads usage from the
+emulator's billing export of billed seconds per operation.
+
+Generated files are Google https URIs (``https://generativelanguage.googleapis.com/v1beta/
+files/{id}:download?alt=media``). Like ``files.download`` of ``google-genai``, FetchOutput keeps
+only the file id and downloads it through the configured base URL, so the API key goes only to
+the provider endpoint this sidecar is configured for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -27,12 +37,15 @@ from adapter_sidecars.common import base
 from adapter_sidecars.common.base import HttpAdapter, payload_of, unreadable, with_raw
 from adapter_sidecars.common.config import Account, SidecarConfig
 from adapter_sidecars.common.jobs import iso_z, parse_timestamp
+from adapter_sidecars.common.options import option_flag, with_task_search
 from adapter_sidecars.common.recovery import match_listing, settled
 from adapter_sidecars.common.transport import HttpReply, rejected, utcnow
 from adapter_sidecars.common.types import (
     CancelResult,
+    FetchOutputInput,
     JobRef,
     JobResult,
+    OutputPart,
     Plan,
     RecoverInput,
     RecoverResult,
@@ -52,6 +65,18 @@ from controlplane.domain.spec import GenerationSpec
 
 PACKAGE_DIR = Path(__file__).parent
 API = "/v1beta"
+#: RecoverSubmission's method when nothing can be searched (the real Gemini API).
+NO_SEARCH = (
+    "operation_search unsupported: the Gemini API has no operations listing "
+    "(provider.options.operation_list is off), so an unknown submit cannot be proven either way"
+)
+NO_USAGE = make_error(
+    ErrorClass.UNSUPPORTED_CAPABILITY,
+    "USAGE_UNSUPPORTED",
+    "the Gemini API has no usage export (provider.options.billing_export is off)",
+)
+#: The file id of a Gemini file URI, as google-genai's `t_file_name` reads it.
+_FILE_ID = re.compile(r"/files/([a-z0-9]+)")
 
 
 class VeoAdapter(HttpAdapter):
@@ -76,8 +101,12 @@ class VeoAdapter(HttpAdapter):
 
     @classmethod
     def from_config(cls, config: SidecarConfig) -> VeoAdapter:
-        """Build with the packaged (or configured) capability files."""
-        return cls(config, base.load_capabilities(config, PACKAGE_DIR, cls.provider))
+        """Build with the packaged (or configured) capability files; ``operation_list`` on
+        declares the task search it enables."""
+        caps = base.load_capabilities(config, PACKAGE_DIR, cls.provider)
+        if option_flag(config, "operation_list"):
+            caps = with_task_search(caps)
+        return cls(config, caps)
 
     # -- hooks ---------------------------------------------------------------------------------
     def compile_native(self, spec: GenerationSpec, cap: Capability) -> Plan:
@@ -135,6 +164,25 @@ class VeoAdapter(HttpAdapter):
         status = mapping.operation_status(op, url_ttl_seconds=self._ttl(job), now=utcnow())
         return JobResult(status=with_raw(status, op))
 
+    # -- outputs -------------------------------------------------------------------------------
+    async def fetch_output(self, request: FetchOutputInput) -> AsyncIterator[OutputPart]:
+        """Download a Gemini file by its id through the configured base URL (see the module
+        docstring); any other URI goes the generic way (provider origin only)."""
+        local = self.local_file_uri(request.uri)
+        if local is not None:
+            request = replace(request, uri=local)
+        async for part in super().fetch_output(request):
+            yield part
+
+    def local_file_uri(self, uri: str) -> str | None:
+        """``{base_url}/v1beta/files/{id}:download?alt=media`` for a Gemini https file URI."""
+        if not uri.startswith("https://") or not mapping.is_gemini_file(uri):
+            return None
+        match = _FILE_ID.search(httpx.URL(uri).path)
+        if match is None:
+            return None
+        return f"{self.config.base_url}{API}/files/{match.group(1)}:download?alt=media"
+
     # -- cancel --------------------------------------------------------------------------------
     async def cancel_job(self, job: JobRef) -> CancelResult:
         """Veo cannot cancel: acknowledged only when the operation already ended."""
@@ -152,6 +200,8 @@ class VeoAdapter(HttpAdapter):
     async def recover_submission(self, request: RecoverInput) -> RecoverResult:
         """Search the model's operations in the window for the plan's exact request."""
         method = "operation_search"
+        if not option_flag(self.config, "operation_list"):
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, NO_SEARCH)
         plan = request.plan
         if plan is None or plan.native_request is None:
             return RecoverResult(RecoveryVerdict.INCONCLUSIVE, f"{method}: no plan to match")
@@ -247,8 +297,10 @@ class VeoAdapter(HttpAdapter):
 
     # -- usage ---------------------------------------------------------------------------------
     async def list_usage(self, request: UsageInput) -> UsageResult:
-        """Billed seconds per operation (billing export)."""
+        """Billed seconds per operation (the emulator's billing export, when enabled)."""
         account = self.account(request.account)
+        if not option_flag(self.config, "billing_export"):
+            return UsageResult(error=NO_USAGE)
         reply = await self.call(
             "GET",
             f"{API}/__billing/usage",

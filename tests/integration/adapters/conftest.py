@@ -41,6 +41,46 @@ async def veo_emulator() -> AsyncIterator[VeoEmulator]:
 
 
 @pytest.fixture
+async def runway_search_emulator() -> AsyncIterator[RunwayEmulator]:
+    """A Runway emulator with its emulator-only task listing (tests of the search itself)."""
+    config = RunwayConfig(queued_polls=1, running_polls=2, extensions=frozenset({"task_listing"}))
+    async with RunwayEmulator(config) as emu:
+        yield emu
+
+
+@pytest.fixture
+async def veo_search_emulator() -> AsyncIterator[VeoEmulator]:
+    """A Veo emulator with its emulator-only operations listing and billing export."""
+    extensions = frozenset({"operation_list", "billing_export"})
+    async with VeoEmulator(
+        VeoConfig(queued_polls=1, running_polls=2, extensions=extensions)
+    ) as emu:
+        yield emu
+
+
+@pytest.fixture
+async def runway_search_adapter(
+    runway_search_emulator: RunwayEmulator,
+) -> AsyncIterator[RunwayAdapter]:
+    """A Runway adapter with provider.options.task_listing on, against the listing emulator."""
+    options = {"recovery_settle_seconds": 0, "task_listing": True}
+    config = sidecar_config(runway_search_emulator.url, "RUNWAY_API_KEY", options=options)
+    adapter = RunwayAdapter.from_config(config)
+    yield adapter
+    await adapter.aclose()
+
+
+@pytest.fixture
+async def veo_search_adapter(veo_search_emulator: VeoEmulator) -> AsyncIterator[VeoAdapter]:
+    """A Veo adapter with operation_list and billing_export on, against the extended emulator."""
+    options = {"recovery_settle_seconds": 0, "operation_list": True, "billing_export": True}
+    config = sidecar_config(veo_search_emulator.url, "GEMINI_API_KEY", options=options)
+    adapter = VeoAdapter.from_config(config)
+    yield adapter
+    await adapter.aclose()
+
+
+@pytest.fixture
 async def asset_server() -> AsyncIterator[AssetServer]:
     """A real HTTP server for image assets."""
     async with AssetServer() as server:

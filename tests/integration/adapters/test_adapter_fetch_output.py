@@ -63,14 +63,18 @@ async def _fetch(stub, job, uri, max_bytes=0) -> list[svc.FetchOutputResponse]: 
 
 
 async def test_veo_output_streams_through_the_sidecar_with_the_key(stub, keyed_veo) -> None:  # type: ignore[no-untyped-def]
-    """A Gemini file URI is flagged, carries no key, 403s without it, and FetchOutput streams
-    the MP4 in 64 KiB chunks with the content type declared first."""
+    """A Gemini file URI (Google's https shape) is flagged, carries no key, 403s without it at
+    the provider, and FetchOutput streams the MP4 by file id through the sidecar's base URL in
+    64 KiB chunks with the content type declared first."""
     job, output = await _succeeded(stub)
     assert output.fetch_through_adapter
+    assert output.uri.startswith("https://generativelanguage.googleapis.com/v1beta/files/")
     assert KEY not in output.uri
+    # The download path at the provider, as google-genai builds it from the file id.
+    at_provider = keyed_veo.url + httpx.URL(output.uri).raw_path.decode()
     async with httpx.AsyncClient(follow_redirects=True) as http:
-        assert (await http.get(output.uri)).status_code == 403  # the control plane's old path
-        direct = await http.get(output.uri, headers={"x-goog-api-key": KEY})
+        assert (await http.get(at_provider)).status_code == 403  # the control plane's old path
+        direct = await http.get(at_provider, headers={"x-goog-api-key": KEY})
 
     replies = await _fetch(stub, job, output.uri)
 

@@ -1,4 +1,10 @@
-"""Every adapter through its gRPC sidecar: job lifecycle, cancel, recovery verdicts, usage."""
+"""Every adapter through its gRPC sidecar: job lifecycle, cancel, recovery verdicts, usage.
+
+`world` is each adapter against its emulator as the real provider behaves. `searchable` is each
+adapter with a recovery search: self-hosted (its job API has a lookup by idempotency key) and
+Runway / Veo with their emulator-only listings switched on by name (``task_listing``,
+``operation_list``), for the tests of the search itself.
+"""
 
 from __future__ import annotations
 
@@ -46,6 +52,43 @@ async def world(provider, sidecar_factory):  # type: ignore[no-untyped-def]
     return name, sidecar.stub, emulator
 
 
+@pytest.fixture(params=list(MODELS))
+def search_provider(request):  # type: ignore[no-untyped-def]
+    """(name, adapter, emulator) of an adapter that can search: emulator extensions on by name."""
+    name = request.param
+    suffix = "" if name == "selfhosted" else "_search"
+    return (
+        name,
+        request.getfixturevalue(f"{name}{suffix}_adapter"),
+        request.getfixturevalue(f"{name}{suffix}_emulator"),
+    )
+
+
+@pytest.fixture
+async def searchable(search_provider, sidecar_factory):  # type: ignore[no-untyped-def]
+    """(name, stub, emulator) of a searching adapter behind an in-process sidecar."""
+    name, adapter, emulator = search_provider
+    return name, (await sidecar_factory(adapter)).stub, emulator
+
+
+@pytest.fixture(params=["runway", "veo"])
+def real_provider(request):  # type: ignore[no-untyped-def]
+    """(name, adapter, emulator) of Runway / Veo as the real providers are: no listing at all."""
+    name = request.param
+    return (
+        name,
+        request.getfixturevalue(f"{name}_adapter"),
+        request.getfixturevalue(f"{name}_emulator"),
+    )
+
+
+@pytest.fixture
+async def unsearchable(real_provider, sidecar_factory):  # type: ignore[no-untyped-def]
+    """(name, stub, emulator) of a real-provider adapter behind an in-process sidecar."""
+    name, adapter, emulator = real_provider
+    return name, (await sidecar_factory(adapter)).stub, emulator
+
+
 async def _plan(name, stub) -> pb.CompilePlan:  # type: ignore[no-untyped-def]
     spec = make_spec(duration_ms=8000)
     response = await stub.Compile(svc.CompileRequest(spec=spec_to_proto(spec), model=MODELS[name]))
@@ -85,9 +128,10 @@ async def test_job_runs_to_success_with_outputs(world):
     assert status.raw_payload_json
 
 
-async def test_dropped_response_is_recovered_to_the_created_job(world):
-    """After drop_after_body the submit is UNKNOWN and recovery FINDS the one job created."""
-    name, stub, emulator = world
+async def test_dropped_response_is_recovered_to_the_created_job(searchable):
+    """With a search, after drop_after_body the submit is UNKNOWN and recovery FINDS the one
+    job created."""
+    name, stub, emulator = searchable
     plan = await _plan(name, stub)
     emulator.add_faults({"route": ROUTES[name], "action": "drop_after_body"})
     submitted, after, before = await _submit(stub, plan, "k-dropped")
@@ -99,9 +143,10 @@ async def test_dropped_response_is_recovered_to_the_created_job(world):
     assert recovered.method
 
 
-async def test_never_created_is_not_found_once_the_window_settles(world):
-    """With nothing created, recovery is NOT_FOUND only after the submit window settled."""
-    name, stub, _ = world
+async def test_never_created_is_not_found_once_the_window_settles(searchable):
+    """With a search and nothing created, recovery is NOT_FOUND only after the submit window
+    settled."""
+    name, stub, _ = searchable
     plan = await _plan(name, stub)
     now = datetime.now(UTC)
     verdict = None
@@ -114,6 +159,26 @@ async def test_never_created_is_not_found_once_the_window_settles(world):
             break
         await asyncio.sleep(0.1)
     assert verdict == pb.RECOVERY_VERDICT_NOT_FOUND
+
+
+async def test_without_a_listing_recovery_is_inconclusive_and_says_why(unsearchable):
+    """Against Runway / Veo as they really are (no listing), recovery of a dropped submit and
+    of a never-created one is INCONCLUSIVE, never NOT_FOUND, and its method names the missing
+    capability; no listing route is even called."""
+    name, stub, emulator = unsearchable
+    plan = await _plan(name, stub)
+    emulator.add_faults({"route": ROUTES[name], "action": "drop_after_body"})
+    submitted, after, before = await _submit(stub, plan, "k-dropped")
+    assert submitted.kind == pb.SUBMIT_OUTCOME_KIND_UNKNOWN
+    assert len(emulator.truth()) == 1
+    long_ago = before - timedelta(hours=1)
+    for window in ((after, before), (long_ago - timedelta(seconds=2), long_ago)):
+        recovered = await stub.RecoverSubmission(_recover_request(plan, "k", *window))
+        assert recovered.verdict == pb.RECOVERY_VERDICT_INCONCLUSIVE
+        assert "unsupported" in recovered.method
+        assert "listing" in recovered.method
+    listings = [k for k in emulator.counters if k == "GET /v1/tasks" or k.endswith("/operations")]
+    assert listings == []
 
 
 async def test_cancel_is_acknowledged_or_honestly_unsupported(world):
@@ -132,9 +197,10 @@ async def test_cancel_is_acknowledged_or_honestly_unsupported(world):
     assert status.state == pb.JOB_STATE_CANCELLED
 
 
-async def test_usage_after_a_finished_job(world):
-    """ListUsage reports the finished job's provider units in milliunits with a cost."""
-    name, stub, _ = world
+async def test_usage_after_a_finished_job(searchable):
+    """ListUsage reports the finished job's provider units in milliunits with a cost (Veo: from
+    the emulator's billing export, named)."""
+    name, stub, _ = searchable
     submitted, _, _ = await _submit(stub, await _plan(name, stub), "k-usage")
     for _ in range(10):
         status = (await stub.GetJob(svc.GetJobRequest(job=submitted.job))).status
@@ -151,3 +217,43 @@ async def test_usage_after_a_finished_job(world):
     assert not usage.HasField("error")
     assert usage.records
     assert all(r.provider_milliunits > 0 and r.cost.amount_micros > 0 for r in usage.records)
+
+
+async def _finished(name, stub) -> None:  # type: ignore[no-untyped-def]
+    submitted, _, _ = await _submit(stub, await _plan(name, stub), f"k-{name}-usage")
+    for _ in range(10):
+        status = (await stub.GetJob(svc.GetJobRequest(job=submitted.job))).status
+        if status.state == pb.JOB_STATE_SUCCEEDED:
+            return
+    raise AssertionError(f"job did not succeed: {status}")
+
+
+def _usage_request() -> svc.ListUsageRequest:
+    now = datetime.now(UTC)
+    return svc.ListUsageRequest(
+        account="prod-us",
+        start_time=_ts(now - timedelta(days=1)),
+        end_time=_ts(now + timedelta(days=1)),
+    )
+
+
+async def test_runway_usage_records_name_no_job(runway_adapter, sidecar_factory):  # type: ignore[no-untyped-def]
+    """Runway's usage is a daily total per model: its records carry no provider job id, so
+    nothing downstream can take a day's total for a job."""
+    stub = (await sidecar_factory(runway_adapter)).stub
+    await _finished("runway", stub)
+    usage = await stub.ListUsage(_usage_request())
+    assert not usage.HasField("error")
+    [record] = usage.records
+    assert (record.model, record.provider_milliunits) == ("gen4.5", 96_000)
+    assert record.provider_job_id == ""
+
+
+async def test_veo_usage_without_an_export_is_unsupported(veo_adapter, sidecar_factory):  # type: ignore[no-untyped-def]
+    """The Gemini API has no usage export: ListUsage answers UNSUPPORTED_CAPABILITY, not an
+    empty list that would read as "nothing was billed"."""
+    stub = (await sidecar_factory(veo_adapter)).stub
+    await _finished("veo", stub)
+    usage = await stub.ListUsage(_usage_request())
+    assert usage.error.error_class == 2  # ERROR_CLASS_UNSUPPORTED_CAPABILITY
+    assert list(usage.records) == []

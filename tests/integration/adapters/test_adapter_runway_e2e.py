@@ -32,7 +32,8 @@ async def _compile(stub, spec, model: str = "gen4.5") -> pb.CompilePlan:  # type
 async def test_describe_lists_every_model_for_the_configured_account(
     runway_adapter, sidecar_factory
 ):
-    """Describe returns one entry per model, stamped with the account and its region."""
+    """Describe returns one entry per model, stamped with the account and its region, and
+    declares no task search (the real Runway has no task listing)."""
     sidecar = await sidecar_factory(runway_adapter)
     response = await sidecar.stub.Describe(svc.DescribeRequest())
     assert response.adapter == "runway"
@@ -41,12 +42,22 @@ async def test_describe_lists_every_model_for_the_configured_account(
     gen45 = models["gen4.5"]
     assert (gen45.account, gen45.region) == ("prod-us", "us")
     assert gen45.price.per_output_second.amount_micros == 120_000
-    assert gen45.operations.task_search
+    assert not any(c.operations.task_search for c in response.capabilities)
     assert models["veo3.1"].constraints[0].require == "duration_seconds == 8"
 
 
+async def test_task_listing_option_declares_the_search(runway_search_adapter, sidecar_factory):
+    """With provider.options.task_listing on (the emulator's extension), Describe declares
+    task_search on every entry."""
+    sidecar = await sidecar_factory(runway_search_adapter)
+    response = await sidecar.stub.Describe(svc.DescribeRequest())
+    assert response.capabilities
+    assert all(c.operations.task_search for c in response.capabilities)
+
+
 async def test_compile_submit_poll_until_succeeded(runway_adapter, sidecar_factory):
-    """A text-to-video plan is accepted and polls through QUEUED/RUNNING to SUCCEEDED."""
+    """A text-to-video plan is accepted and polls through QUEUED/RUNNING to SUCCEEDED, whose
+    cost.credits becomes the actual cost in micros."""
     sidecar = await sidecar_factory(runway_adapter)
     plan = await _compile(sidecar.stub, make_spec())
     assert plan.submittable
@@ -75,6 +86,11 @@ async def test_compile_submit_poll_until_succeeded(runway_adapter, sidecar_facto
     expires = output.expires_at.ToDatetime(tzinfo=UTC)
     assert timedelta(hours=23) < expires - datetime.now(UTC) < timedelta(hours=25)
     assert json.loads(status.raw_payload_json)["status"] == "SUCCEEDED"
+    # cost.credits of the finished task (60 credits at 10000 micros each) is the actual cost.
+    assert (status.actual_cost.amount_micros, status.actual_cost.currency_code) == (
+        600_000,
+        "USD",
+    )
 
 
 async def test_unsubmittable_plan_is_refused_by_submit(runway_adapter, sidecar_factory):

@@ -57,12 +57,20 @@ def _ts(when: datetime) -> timestamp_pb2.Timestamp:
 
 
 @pytest.fixture
+def veo_emulator(veo_search_emulator: VeoEmulator) -> VeoEmulator:
+    """The Veo emulator with its operations listing named: the recovery tests here are about
+    matching listed requests (images as bytes), which the real Gemini API cannot list."""
+    return veo_search_emulator
+
+
+@pytest.fixture
 async def adapter(veo_emulator: VeoEmulator) -> AsyncIterator[VeoAdapter]:
-    """A Veo adapter with a small asset cap and a short fetch deadline."""
+    """A Veo adapter with a small asset cap, a short fetch deadline and the listing search."""
     options = {
         "recovery_settle_seconds": 0,
         "asset_max_bytes": MAX_BYTES,
         "asset_fetch_timeout_seconds": 0.5,
+        "operation_list": True,
     }
     adapter = VeoAdapter.from_config(
         sidecar_config(veo_emulator.url, "GEMINI_API_KEY", options=options)
