@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 NODE_INSTALLED := node_modules/.installed
+# google-genai 2.34.x for the Gemini-API SDK test; cannot share .venv with the 3.x in constraints.
+SDK_GENAI2 := $(VENV)/sdk-genai2
+SDK_GENAI2_REQ := tests/integration/sdk/genai2-requirements.txt
 
 .PHONY: up test lint typecheck proto proto-check buf-lint buf-breaking bench clean
 
@@ -11,6 +14,11 @@ $(INSTALLED): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt pip
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@touch $@
+
+$(SDK_GENAI2)/.installed: $(SDK_GENAI2_REQ) | $(INSTALLED)
+	rm -rf $(SDK_GENAI2)
+	$(PY) -m pip install --quiet --disable-pip-version-check --target $(SDK_GENAI2) -r $(SDK_GENAI2_REQ)
 	@touch $@
 
 $(NODE_INSTALLED): package.json package-lock.json
@@ -22,7 +30,7 @@ up: $(INSTALLED)
 	$(VENV)/bin/vidroute up
 
 ## The whole test suite, PostgreSQL and Redis tests included.
-test: $(INSTALLED) $(NODE_INSTALLED)
+test: $(INSTALLED) $(NODE_INSTALLED) $(SDK_GENAI2)/.installed
 	bash scripts/ensure_services.sh
 	$(PY) -m pytest
 
