@@ -236,3 +236,66 @@ async def test_time_mode_progresses_by_the_clock() -> None:
     async with RunwayEmulator(config) as emu, client(emu.url, headers=RUNWAY_HEADERS) as rw:
         task_id = await _create(rw)
         await poll_until(rw, f"/v1/tasks/{task_id}", "status", {"SUCCEEDED"})
+
+
+async def test_every_status_carries_its_cost_field(
+    runway: RunwayEmulator, rw: httpx.AsyncClient
+) -> None:
+    """Create and PENDING / THROTTLED / RUNNING carry estimatedCost, SUCCEEDED / FAILED /
+    CANCELLED carry cost in whole credits (0 when not billed), as runwayml >= 5.14 requires."""
+    runway.add_faults({"route": "POST /v1/text_to_video", "action": "throttle_polls", "n": 1})
+    created = await rw.post("/v1/text_to_video", json=T2V_BODY)
+    assert created.json()["estimatedCost"] == {"credits": 60}
+    task_id = created.json()["id"]
+    seen = [(await rw.get(f"/v1/tasks/{task_id}")).json() for _ in range(5)]
+    by_status = {t["status"]: t for t in seen}
+    assert set(by_status) == {"THROTTLED", "PENDING", "RUNNING", "SUCCEEDED"}
+    for status in ("THROTTLED", "PENDING", "RUNNING"):
+        assert by_status[status]["estimatedCost"] == {"credits": 60}, status
+        assert "cost" not in by_status[status]
+    assert by_status["SUCCEEDED"]["cost"] == {"credits": 60}
+    assert "estimatedCost" not in by_status["SUCCEEDED"]
+    cancelled_id = await _create(rw)
+    assert (await rw.delete(f"/v1/tasks/{cancelled_id}")).status_code == 204
+    assert (await rw.get(f"/v1/tasks/{cancelled_id}")).json()["cost"] == {"credits": 0}
+    runway.add_faults({"route": "POST /v1/text_to_video", "action": "fail_job", "code": "INTERNAL"})
+    failed_id = await _create(rw)
+    failed = await poll_until(rw, f"/v1/tasks/{failed_id}", "status", {"FAILED"})
+    assert failed["cost"] == {"credits": 0}
+
+
+async def test_seed_on_veo31_and_output_format_on_gen45(rw: httpx.AsyncClient) -> None:
+    """veo3.1 accepts seed; gen4.5 accepts outputFormat (a non-mp4 format adds its surcharge)
+    and refuses an unknown one; outputFormat on veo3.1 is an unrecognized key."""
+    veo = {"model": "veo3.1", "promptText": "p", "ratio": "1280:720", "seed": 5}
+    assert (await rw.post("/v1/text_to_video", json=veo)).status_code == 200
+    prores = await rw.post("/v1/text_to_video", json={**T2V_BODY, "outputFormat": "prores"})
+    assert prores.json()["estimatedCost"] == {"credits": (12 + 5) * 5}
+    bad = await rw.post("/v1/text_to_video", json={**T2V_BODY, "outputFormat": "gif"})
+    assert [i["path"] for i in bad.json()["issues"]] == [["outputFormat"]]
+    other = await rw.post("/v1/text_to_video", json={**veo, "outputFormat": "mp4"})
+    assert other.json()["issues"][0]["code"] == "unrecognized_keys"
+
+
+async def test_upload_slot_takes_only_its_own_fields(
+    runway: RunwayEmulator, rw: httpx.AsyncClient
+) -> None:
+    """POST /v1/uploads hands out a slot; a multipart POST with wrong fields is 403 and leaves
+    the runway:// URI unusable (400 on create); the right fields are 204 and make it usable."""
+    slot = (await rw.post("/v1/uploads", json={"filename": "a.png", "type": "ephemeral"})).json()
+    assert slot["runwayUri"].startswith("runway://")
+    body = {**T2V_BODY, "promptImage": slot["runwayUri"]}
+    async with client(runway.url) as storage:
+        forged = {**slot["fields"], "x-amz-signature": "0" * 64}
+        denied = await storage.post(
+            slot["uploadUrl"], data=forged, files={"file": ("a.png", b"png")}
+        )
+        assert denied.status_code == 403
+        assert (await rw.post("/v1/image_to_video", json=body)).status_code == 400
+        stored = await storage.post(
+            slot["uploadUrl"], data=slot["fields"], files={"file": ("a.png", b"png")}
+        )
+        assert stored.status_code == 204
+    assert (await rw.post("/v1/image_to_video", json=body)).status_code == 200
+    bad = await rw.post("/v1/uploads", json={"filename": "a.png", "type": "permanent"})
+    assert bad.status_code == 400
