@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.adapters.types import CompiledPlan, JobRef, JobSnapshot, SubmitResult
-from controlplane.domain.deadlines import TASK_DEADLINE_EXCEEDED
 from controlplane.domain.errors import ErrorClass, ProviderError
 from controlplane.domain.failover import (
-    MAX_ESTIMATED_PLATFORM_LOSS,
-    AttemptCost,
     FailoverAction,
     FailoverInput,
     FailoverLimits,
@@ -37,11 +34,10 @@ from controlplane.domain.failover import (
     backoff_delay_s,
     count_switches,
     decide,
-    estimated_platform_loss,
-    platform_loss_exceeded,
 )
 from controlplane.domain.polling import PollPhase, next_poll_delay
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
+from controlplane.execution.bounds import as_failed, platform_loss, requeue_refusal
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.contracts import (
     TOPIC_CANCEL,
@@ -73,7 +69,6 @@ __all__ = [
     "fail_attempt",
     "job_ref",
     "plan_of",
-    "platform_loss",
     "requeue",
     "to_unknown",
 ]
@@ -325,7 +320,7 @@ async def fail_attempt(
     attempts = await u.attempts_of(task.id)
     runtime = await u.runtime(attempt.id)
     # The failing attempt counts as ended: its job (if any) was billed for nothing.
-    ended = [a if a.id != attempt.id else _as_failed(a) for a in attempts]
+    ended = [a if a.id != attempt.id else as_failed(a) for a in attempts]
     decision = decide(
         FailoverInput(
             error=error,
@@ -414,7 +409,7 @@ async def requeue(
     Past the task deadline, or when a new attempt could take the estimated platform loss past
     the limit, the task FAILS instead (FAIL_TASK). None: another writer moved the task first.
     """
-    refusal = await _requeue_refusal(u, task, attempt, attempts, limits)
+    refusal = await requeue_refusal(u, task, attempt, attempts, limits)
     if refusal is not None:
         # As for decide's FAIL_TASK reasons: the failure keeps the attempt's class and code,
         # the message (and the transition) lead with why no new attempt was made.
@@ -455,48 +450,6 @@ async def requeue(
         return None
     await u.enqueue(NewOutboxMessage(TOPIC_REQUEUE, str(task.id), request.to_payload()))
     return FailoverAction.FAIL_OVER
-
-
-def _as_failed(attempt: AttemptRecord) -> AttemptRecord:
-    if ATTEMPT_MACHINE.is_terminal(attempt.state):
-        return attempt
-    return replace(attempt, state=AttemptState.FAILED)
-
-
-async def platform_loss(u: ExecUnit, attempts: list[AttemptRecord]) -> int:
-    """The task's estimated platform loss over `attempts` (`estimated_platform_loss`)."""
-    costs = [
-        AttemptCost(
-            state=a.state,
-            estimated_cost_micros=a.estimated_cost_micros,
-            actual_cost_micros=a.actual_cost_micros,
-            had_job=await u.job_of(a.id) is not None,
-        )
-        for a in attempts
-    ]
-    return estimated_platform_loss(costs)
-
-
-async def _requeue_refusal(
-    u: ExecUnit,
-    task: TaskRecord,
-    attempt: AttemptRecord,
-    attempts: list[AttemptRecord],
-    limits: FailoverLimits,
-) -> tuple[str, str] | None:
-    """(code, detail) when the task must not get a new attempt, else None."""
-    if task.deadline_at is not None and u.now >= task.deadline_at:
-        return TASK_DEADLINE_EXCEEDED, f"task deadline {task.deadline_at.isoformat()} passed"
-    # `attempts` may predate the ended attempt's last move; `attempt` is its final row.
-    others = [a for a in attempts if a.id != attempt.id]
-    loss = await platform_loss(u, [*others, _as_failed(attempt)])
-    if platform_loss_exceeded(limits, loss, attempt.estimated_cost_micros):
-        limit = limits.max_estimated_platform_loss_micros
-        return MAX_ESTIMATED_PLATFORM_LOSS, (
-            f"estimated platform loss {loss} micros plus a new attempt's "
-            f"{attempt.estimated_cost_micros} would exceed {limit}"
-        )
-    return None
 
 
 def outputs_json(job: ProviderJobRecord | None) -> list[dict[str, object]]:
