@@ -220,4 +220,6 @@ def usage_record(rec: UsageRecord) -> pb.UsageRecord:
         provider_unit=rec.provider_unit,
         cost=money(rec.cost_micros, rec.currency),
         raw_json=rec.raw_json,
+        provider_request_id=rec.provider_request_id,
+        client_request_key=rec.client_request_key,
     )

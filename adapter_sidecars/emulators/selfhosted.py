@@ -318,6 +318,9 @@ class SelfHostedEmulator(Emulator):
         rows = [
             {
                 "job_id": j.id,
+                # Our job API (§3.4) names the create call's Idempotency-Key in each row, so a
+                # usage row can be tied to exactly one request.
+                "idempotency_key": j.idempotency_key,
                 "model": j.data["model"],
                 "gpu_seconds": self._gpu_seconds(j),
                 "finished_at": iso(j.finished_at),
@@ -331,6 +334,7 @@ class SelfHostedEmulator(Emulator):
         rows += [
             {
                 "job_id": c.get("ref"),
+                "idempotency_key": None,
                 "model": c.get("model"),
                 "gpu_seconds": float(c.get("seconds", c.get("gpu_seconds", 0))),
                 "finished_at": iso(c["at"]),

@@ -195,4 +195,5 @@ class SelfHostedAdapter(HttpAdapter):
             currency="USD",
             raw_json=json.dumps(row, sort_keys=True, separators=(",", ":")),
             provider_job_id=str(row.get("job_id") or ""),
+            client_request_key=str(row.get("idempotency_key") or ""),
         )

@@ -246,7 +246,24 @@ async def test_runway_usage_records_name_no_job(runway_adapter, sidecar_factory)
     assert not usage.HasField("error")
     [record] = usage.records
     assert (record.model, record.provider_milliunits) == ("gen4.5", 96_000)
-    assert record.provider_job_id == ""
+    assert (record.provider_job_id, record.client_request_key) == ("", "")
+
+
+async def test_selfhosted_usage_records_name_their_job_and_key(selfhosted_adapter, sidecar_factory):  # type: ignore[no-untyped-def]
+    """Our job API's usage rows name the job and the Idempotency-Key it was created with, so
+    a record identifies exactly one attempt's job."""
+    stub = (await sidecar_factory(selfhosted_adapter)).stub
+    submitted, _, _ = await _submit(stub, await _plan("selfhosted", stub), "k-selfhosted-usage")
+    for _ in range(10):
+        status = (await stub.GetJob(svc.GetJobRequest(job=submitted.job))).status
+        if status.state == pb.JOB_STATE_SUCCEEDED:
+            break
+    usage = await stub.ListUsage(_usage_request())
+    [record] = usage.records
+    assert (record.provider_job_id, record.client_request_key) == (
+        submitted.job.provider_job_id,
+        "k-selfhosted-usage",
+    )
 
 
 async def test_veo_usage_without_an_export_is_unsupported(veo_adapter, sidecar_factory):  # type: ignore[no-untyped-def]
