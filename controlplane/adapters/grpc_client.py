@@ -321,7 +321,9 @@ class GrpcAdapterClient:
         )
         return SubmitResult(
             kind=kind,
-            job=_job_ref(reply.job) if reply.HasField("job") else None,
+            # A job without an id names nothing: the worker treats ACCEPTED without a job as
+            # UNKNOWN (9.17.3), never as a job to poll.
+            job=_job_ref(reply.job) if reply.job.provider_job_id else None,
             raw_status=reply.raw_status,
             error=error_from_proto(reply.error, reply.HasField("error")),
             transport_stage=adapter_pb2.TransportStage.Name(reply.transport_stage).removeprefix(
@@ -370,9 +372,11 @@ class GrpcAdapterClient:
             if verdict_name == "UNSPECIFIED"
             else RecoveryVerdict(verdict_name)
         )
+        if verdict is RecoveryVerdict.FOUND and not reply.job.provider_job_id:
+            verdict = RecoveryVerdict.INCONCLUSIVE  # FOUND must name the job
         return RecoverResult(
             verdict=verdict,
-            job=_job_ref(reply.job) if reply.HasField("job") else None,
+            job=_job_ref(reply.job) if reply.job.provider_job_id else None,
             method=reply.method,
             error=error_from_proto(reply.error, reply.HasField("error")),
         )

@@ -7,8 +7,12 @@ Each due attempt gets one step per turn, cheapest evidence first:
    the submit message or `ExecutionConfig.idempotent_providers`): re-send the SAME plan with
    the SAME client_request_key; ACCEPTED = FOUND, a definite REJECTED proves it was not created;
 3. otherwise `AdapterClient.recover` (key, request id, account task search in the adapter);
-4. after `usage_lookup_after_queries` inconclusive steps: usage records, FOUND only when exactly
-   one unknown job appears in the window and this is the account's only unknown attempt.
+4. after `usage_lookup_after_queries` inconclusive steps: usage records, FOUND only when they
+   identify one job of THIS attempt (a job id plus its client key or recorded provider request
+   id, `controlplane.execution.usage_match`). Aggregates (Runway's daily totals) and ambiguous
+   matches are stored as evidence for reconciliation (`evidence`) and stay INCONCLUSIVE.
+
+A job with an empty id is never adopted, whatever the source claims.
 
 FOUND records the job and continues as ACCEPTED. NOT_FOUND (conclusive) fails the attempt with
 ``PROVEN_ABSENT`` and requeues the task WITHOUT excluding the candidate (chosen over "back to
@@ -36,6 +40,7 @@ from controlplane.domain.failover import FailureStage, backoff_delay_s
 from controlplane.domain.spec import RoutingMode
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.events import IngestOutcome
+from controlplane.execution.evidence import record_evidence
 from controlplane.execution.outcomes import (
     PROVEN_ABSENT,
     AfterCommit,
@@ -47,6 +52,7 @@ from controlplane.execution.outcomes import (
     plan_of,
     requeue,
 )
+from controlplane.execution.usage_match import match_usage
 from controlplane.persistence.execution_store import AccountInfo, AttemptRuntime, ExecUnit
 from controlplane.persistence.records import AttemptChanges, AttemptRecord, Failure, TaskRecord
 
@@ -173,15 +179,30 @@ class RecoveryWorker:
         except Exception as exc:
             log.info("attempt %s: list_usage raised %r", attempt.id, exc)
             return None
-        ids = {r.provider_job_id for r in records if r.model in ("", attempt.provider_model)}
-        unknown = ids - await self._deps.xstore.known_job_ids(attempt.provider_account_id, ids)
-        if (
-            len(unknown) != 1
-            or await self._deps.xstore.unknown_attempts_on(attempt.provider_account_id) != 1
-        ):
-            return None
-        ref = job_ref(attempt, account, unknown.pop())
-        return RecoverResult(RecoveryVerdict.FOUND, ref, method="usage_records")
+        found = match_usage(
+            records,
+            model=attempt.provider_model,
+            # An unknown submit has no provider job row yet, so no provider request id was
+            # recorded for it: the client request key is its only identity.
+            client_request_key=attempt.client_request_key,
+        )
+        if found.job_id:
+            known = await self._deps.xstore.known_job_ids(
+                attempt.provider_account_id, [found.job_id]
+            )
+            if not known:
+                ref = job_ref(attempt, account, found.job_id)
+                return RecoverResult(RecoveryVerdict.FOUND, ref, method="usage_records")
+            log.warning(
+                "attempt %s: usage names job %s, which another attempt holds",
+                attempt.id,
+                found.job_id,
+            )
+        if found.evidence:
+            async with self._deps.xstore.unit(self._deps.clock()) as u:
+                for kind, details in found.evidence:
+                    await record_evidence(u, attempt, kind, details)
+        return None
 
     async def _rejected(self, attempt_id: int, error: ProviderError) -> None:
         after = AfterCommit()
@@ -203,6 +224,12 @@ class RecoveryWorker:
             task = None if attempt is None else await u.task(attempt.task_id)
             if attempt is None or task is None or attempt.state is not AttemptState.SUBMIT_UNKNOWN:
                 return
+            if result.verdict is RecoveryVerdict.FOUND and not (
+                result.job is not None and result.job.provider_job_id
+            ):
+                # A FOUND without a job id names nothing: adopting it would poll an empty id.
+                log.warning("attempt %s: %s found no job id; inconclusive", attempt.id, result)
+                result = RecoverResult(RecoveryVerdict.INCONCLUSIVE, method=result.method)
             if result.verdict is RecoveryVerdict.FOUND and result.job is not None:
                 await accept(
                     u,

@@ -140,11 +140,22 @@ async def test_idempotent_provider_resends_with_the_same_key(lite: Harness) -> N
 
 
 async def test_usage_records_are_the_last_resort(lite: Harness) -> None:
-    """When queries stay inconclusive, a single unknown job in the usage window is adopted."""
+    """When queries stay inconclusive, the one usage job carrying this attempt's client request
+    key is adopted."""
     attempt = await lite.task_with_attempt()
     lite.fake.script_submit(_unknown())
     lite.fake.usage.append(
-        UsageRecord("job-usage", "gen4.5", lite.clock.now, 1000, "s", 250_000, "USD", "{}")
+        UsageRecord(
+            "job-usage",
+            "gen4.5",
+            lite.clock.now,
+            1000,
+            "s",
+            250_000,
+            "USD",
+            "{}",
+            client_request_key=attempt.client_request_key,
+        )
     )
     engine = lite.engine(usage_lookup_after_queries=1)
     await engine.run_until_idle()
