@@ -242,6 +242,8 @@ class LeaseStore(Protocol):
     metrics: LeaseMetrics
     fail_closed: bool
     """Refuse acquires in accounts that are not live. Turn it on only where something restores."""
+    on_not_live: Callable[[str], None] | None
+    """Told the account whenever a fail-closed acquire is refused there: time to restore it."""
 
     async def now_ms(self) -> int:
         """Return the store's clock in ms: Redis server TIME, or the memory store's clock."""

@@ -50,6 +50,7 @@ class MemoryLeaseStore:
         self._clock = clock
         self._on_unknown_slots_full = on_unknown_slots_full
         self.fail_closed = fail_closed
+        self.on_not_live: Callable[[str], None] | None = None
         self._lock = asyncio.Lock()
         self.forget_everything()
 
@@ -77,6 +78,8 @@ class MemoryLeaseStore:
             self._accounts.add(req.account)
             if self.fail_closed and req.account not in self._live:
                 self.metrics.rejected_not_live += 1
+                if self.on_not_live is not None:
+                    self.on_not_live(req.account)
                 return None
             for lease in [v for (a, _), v in self._leases.items() if a == req.account]:
                 if lease.expires_at_ms <= now:  # a dead holder's slots come back on acquire

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -139,6 +139,7 @@ class RedisLeaseStore:
         self._retain_ms = retain_ms
         self._on_unknown_slots_full = on_unknown_slots_full
         self.fail_closed = fail_closed
+        self.on_not_live: Callable[[str], None] | None = None
         self._acquire = client.register_script(_lua.ACQUIRE)
         self._drop = client.register_script(_lua.DROP)
         self._renew = client.register_script(_lua.RENEW)
@@ -202,6 +203,8 @@ class RedisLeaseStore:
         self.metrics.reclaimed += int(reply[2])
         if code == 4:
             self.metrics.rejected_not_live += 1
+            if self.on_not_live is not None:
+                self.on_not_live(req.account)
             return None
         if code == 0:
             self.metrics.rejected_no_capacity += 1

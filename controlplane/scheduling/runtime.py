@@ -143,6 +143,7 @@ def build_scheduling(
     # acquires there (fail closed) and the dispatcher rebuilds before its round. Fail closed is
     # switched on here because this is what runs the rebuild that lifts it.
     leases.fail_closed = True
+    leases.on_not_live = upkeep.kick
     dispatcher.before_admit = upkeep.ensure_leases_live
     return SchedulingRuntime(
         dispatcher, monitor, ProviderAdminService(catalog_store, monitor), catalog_store, upkeep

@@ -15,8 +15,9 @@ source of truth; the store is only ever adjusted towards it.
 Redis loss: a flush, a restart without persistence or a failover to an empty replica removes the
 accounts' live markers with the data, and the fail-closed store then refuses every acquire. The
 dispatcher calls `ensure_leases_live` before each round, which runs the pass above at once when
-any catalog account is not live: no new work is admitted before the holders are back, so in flight
-never exceeds capacity, and capacity returns within one dispatcher round rather than one period.
+any catalog account is not live, and a refused acquire in a lost account `kick`s the next round
+of upkeep at once: no new work is admitted before the holders are back, so in flight never
+exceeds capacity, and capacity returns well within one period.
 
 Queue messages: `task.queued` and `task.requeue` outbox rows are wake-ups for the dispatcher
 (which reads the queue facts from the tasks themselves), so upkeep completes them and wakes it.
@@ -145,6 +146,7 @@ class Upkeep:
         self.config = config or UpkeepConfig()
         self._clock = clock
         self._pass = asyncio.Lock()  # the period and the dispatcher may both ask for a pass
+        self._kicked = asyncio.Event()
         self.drifts_corrected = 0
         self.leases_restored = 0
         self.rebuilds = 0
@@ -286,13 +288,29 @@ class Upkeep:
                 )
             )
 
+    def kick(self, account: str = "") -> None:
+        """Run the next round now, e.g. because the store refused an acquire in a lost account."""
+        self._kicked.set()
+
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            self._kicked.clear()
             try:
                 await self.drain_queue_messages()
                 if self._is_leader():
                     await self.reconcile_leases()
             except Exception:  # upkeep must outlive a bad round
                 log.exception("scheduler upkeep round failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.config.interval_s)
+            waiters = [
+                asyncio.ensure_future(stop.wait()),
+                asyncio.ensure_future(self._kicked.wait()),
+            ]
+            try:
+                await asyncio.wait(
+                    waiters, timeout=self.config.interval_s, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await waiter

@@ -475,11 +475,15 @@ async def test_after_a_flush_the_account_is_found_reclaimed_and_reconciled(
 
 
 async def test_fail_closed_store_refuses_acquires_until_restored(backend: Backend) -> None:
-    """A fail-closed store admits nothing in an account until restore, and again after a flush."""
+    """A fail-closed store admits nothing in an account until restore (and says so), nor after a
+    flush."""
     store = backend.build(True)
+    told: list[str] = []
+    store.on_not_live = told.append
     assert await store.is_live(ACCOUNT) is False
     assert await store.acquire(request_for("a-1")) is None
     assert store.metrics.rejected_not_live == 1
+    assert told == [ACCOUNT]
     assert await usage(store) == {"all-video": 0, "gen4.5": 0, "region-us": 0}
     assert await store.restore(ACCOUNT, [], ttl_ms=LONG_TTL, max_term_ms=600_000) == []
     assert await store.is_live(ACCOUNT) is True
