@@ -10,6 +10,7 @@ from the pinned requirements file when `make test` has not already done so.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -56,7 +57,7 @@ def genai2_path() -> Path:
     stamp = GENAI2_DIR / ".installed"
     want = hashlib.sha256(GENAI2_REQUIREMENTS.read_bytes()).hexdigest()
     if not stamp.exists() or stamp.read_text().strip() not in ("", want):
-        subprocess.run(["rm", "-rf", str(GENAI2_DIR)], check=True)
+        shutil.rmtree(GENAI2_DIR, ignore_errors=True)
         subprocess.run(
             [
                 sys.executable,

@@ -73,6 +73,24 @@ def test_text_to_video_lifecycle_parses_with_cost_fields(runway_emulator: Emulat
     assert job["body"]["seed"] == 7
 
 
+def test_strict_validation_would_catch_a_task_without_cost(
+    runway_emulator: EmulatorThread,
+) -> None:
+    """Control for the tests above: the strict SDK refuses a SUCCEEDED task without ``cost``
+    (the emulator's shape before provider-apis.md §5), so a drift in the emulator fails them."""
+    task = {
+        "id": "7b1c2d3e-0000-4000-8000-000000000000",
+        "createdAt": "2026-03-02T10:15:30.120Z",
+        "status": "SUCCEEDED",
+        "output": ["https://cdn.example.com/out.mp4"],
+    }
+    runway_emulator.add_faults(
+        {"route": "GET /v1/tasks/*", "action": "status", "code": 200, "body": task}
+    )
+    with _client(runway_emulator) as client, pytest.raises(runwayml.APIResponseValidationError):
+        client.tasks.retrieve(task["id"])
+
+
 def test_veo31_accepts_seed_and_bills_no_audio(runway_emulator: EmulatorThread) -> None:
     """veo3.1 via Runway takes the SDK's seed (runwayml >= 5.18) and prices audio=false at the
     no-audio rate (20 credits/s x 8 s)."""
