@@ -2,6 +2,8 @@
 
     pytest tests/e2e --soak-size 500 --soak-seed 1234      # a long soak, reproducible
     pytest tests/e2e/test_crash.py --crash-rounds 10 --crash-seed 7
+    VIDROUTE_SOAK_SIZE=500 VIDROUTE_CRASH_ROUNDS=10 make test   # the same through make
+    VIDROUTE_E2E_TIME_SCALE=0.05 pytest tests/e2e              # another (single) time factor
 
 Seeds default to a fresh random value that the test prints (``-s`` or the failure report shows
 it); pass it back with ``--soak-seed`` / ``--crash-seed`` to replay a run.
@@ -9,6 +11,7 @@ it); pass it back with ``--soak-seed`` / ``--crash-seed`` to replay a run.
 
 from __future__ import annotations
 
+import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +26,17 @@ _RUNNING: list[Any] = []
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("vidroute e2e")
-    group.addoption("--soak-size", type=int, default=40, help="tasks in the soak (default 40)")
+    soak = int(os.environ.get("VIDROUTE_SOAK_SIZE") or 40)
+    rounds = int(os.environ.get("VIDROUTE_CRASH_ROUNDS") or 3)
+    group.addoption(
+        "--soak-size", type=int, default=soak, help=f"tasks in the soak (default {soak})"
+    )
     group.addoption("--soak-seed", type=int, default=None, help="replay a soak seed")
     group.addoption(
-        "--crash-rounds", type=int, default=3, help="SIGKILLs of the control plane (default 3)"
+        "--crash-rounds",
+        type=int,
+        default=rounds,
+        help=f"SIGKILLs of the control plane (default {rounds})",
     )
     group.addoption("--crash-seed", type=int, default=None, help="replay a crash seed")
     group.addoption(
@@ -61,7 +71,7 @@ def redis_db(redis_server_url: str) -> Iterator[RedisDb]:
 
 @pytest.fixture
 def farm(tmp_path: Path) -> Iterator[ProviderFarm]:
-    """The three emulators and their sidecar processes."""
+    """The three emulators and their sidecar processes, on the run's one time scale."""
     with ProviderFarm(tmp_path / "farm") as started:
         _RUNNING.append(started)
         try:

@@ -3,15 +3,20 @@
 A `Workload` draws, from one `random.Random`, which provider each task is pinned to, which fault
 (if any) is armed on that provider's emulator just before the task is created, and whether the
 task is cancelled a little later. The same seed gives the same plan; the interleaving with the
-control plane's own timing is of course not replayed.
+control plane's own timing is of course not replayed. Fault and cancel times are production
+seconds, multiplied by the farm's one time scale.
 
-`check_truth` compares the emulators' truth with GetTask: every job a provider really created is
-recorded by exactly one attempt (no job lost, none created twice for one attempt), and where the
-sidecar sends the attempt's key, at most one job exists per key.
+On real-provider terms a Runway or Veo create whose answer is lost cannot be proven absent or
+named (no listing, no idempotency key), so such a task may end FAILED(SUBMISSION_UNKNOWN) with
+its attempt ABANDONED and the provider's job unrecorded. `check_truth` compares the emulators'
+truth with GetTask: every job a provider really created is recorded by exactly one attempt or
+is the one job of an ABANDONED attempt of its task (matched by the task's unique prompt); any
+other job is a duplicate (created twice for one task or attempt) or a lost one.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import secrets
 import time
@@ -19,7 +24,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.stack import ControlPlane, ProviderFarm, describe, task_events
+from tests.support.stack import ControlPlane, ProviderFarm, task_events
+from vidroute.common.v1 import error_pb2
 from vidroute.scheduler.v1 import scheduler_pb2 as sp
 
 SUBMIT_ROUTE = {
@@ -33,14 +39,38 @@ POLL_ROUTE = {
     "self_hosted": "GET /v1/jobs/*",
 }
 CALLBACK_PROVIDERS = frozenset({"self_hosted"})
+# Providers whose submit neither takes an idempotency key nor can be searched (provider-apis §5):
+# a lost answer there is never proven absent, so the task may end FAILED(SUBMISSION_UNKNOWN).
+UNNAMEABLE_PROVIDERS = frozenset({"runway", "google"})
+# Faults after which the create may have been accepted without its answer (9.17.3).
+MAYBE_ACCEPTED = frozenset(
+    {"drop_after_partial_body", "drop_after_body", "stall_response", "corrupt_json", "missing_id"}
+)
+# Production seconds (times the farm's scale): a stall past every shipped submit_read (30-60 s),
+# one within it, how long a refused port stays closed.
+STALL_PAST_READ_S = 90.0
+STALL_WITHIN_READ_S = 20.0
+REFUSED_FOR_S = 15.0
 
-# (name, weight, rule builder or None for "no fault"); a builder gets (provider, rng).
+# (name, weight, rule builder or None for "no fault"); a builder gets (provider, rng). The rule's
+# action is the name unless the builder sets one. Faults that make a Runway/Veo create unknown
+# are rarer there: an account holds at most two unknown submits (9.11.3) for the whole 1800 s
+# recovery window, which is most of a modest run.
 FAULTS: list[tuple[str, int, Any]] = [
     ("none", 8, None),
     ("refuse_connection", 1, "refuse"),
     ("drop_after_partial_body", 2, lambda p, r: {"route": SUBMIT_ROUTE[p]}),
     ("drop_after_body", 2, lambda p, r: {"route": SUBMIT_ROUTE[p]}),
-    ("stall_response", 2, lambda p, r: {"route": SUBMIT_ROUTE[p], "seconds": 3}),
+    ("stall_response", 2, lambda p, r: {"route": SUBMIT_ROUTE[p], "seconds": STALL_PAST_READ_S}),
+    (
+        "slow_response",
+        2,
+        lambda p, r: {
+            "route": SUBMIT_ROUTE[p],
+            "action": "stall_response",
+            "seconds": STALL_WITHIN_READ_S,
+        },
+    ),
     ("corrupt_json", 2, lambda p, r: {"route": SUBMIT_ROUTE[p]}),
     ("missing_id", 1, lambda p, r: {"route": SUBMIT_ROUTE[p]}),
     (
@@ -64,6 +94,12 @@ FAULTS: list[tuple[str, int, Any]] = [
     ("callback_before_response", 1, lambda p, r: {"route": SUBMIT_ROUTE[p]}),
 ]
 CALLBACK_FAULTS = frozenset({"callback_twice", "callback_out_of_order", "callback_before_response"})
+
+
+def _weight(name: str, weight: int, provider: str) -> int:
+    if provider in UNNAMEABLE_PROVIDERS and name in MAYBE_ACCEPTED:
+        return 1
+    return weight
 
 
 @dataclass
@@ -95,24 +131,30 @@ class Workload:
         for i in range(self.size):
             provider = rng.choice(self.providers)
             names = [
-                (name, weight)
+                (name, _weight(name, weight, provider))
                 for name, weight, _ in FAULTS
                 if name not in CALLBACK_FAULTS or provider in CALLBACK_PROVIDERS
             ]
             fault = rng.choices([n for n, _ in names], [w for _, w in names])[0]
-            cancel = rng.uniform(0.2, 3.0) if rng.random() < self.cancel_share else None
+            # Production seconds after creation; scaled when the cancel is sent.
+            cancel = rng.uniform(10.0, 150.0) if rng.random() < self.cancel_share else None
             self.tasks.append(Planned(i, provider, fault, cancel, f"soak {tag} #{i} kite"))
+        self.armed: Counter[str] = Counter()
 
     def arm(self, farm: ProviderFarm, planned: Planned) -> None:
         """Add the planned fault to the provider's emulator (next matching request fires it)."""
         if planned.fault == "none":
             return
+        self.armed[planned.fault] += 1
         emulator = farm.emulator(planned.provider)
         builder = next(b for n, _, b in FAULTS if n == planned.fault)
         if builder == "refuse":
-            emulator.call(emulator.emulator.refuse_connections, 300)
+            emulator.call(emulator.emulator.refuse_connections, farm.seconds(REFUSED_FOR_S) * 1000)
             return
-        emulator.add_faults({**builder(planned.provider, self._rng), "action": planned.fault})
+        rule = {"action": planned.fault, **builder(planned.provider, self._rng)}
+        if "seconds" in rule:
+            rule["seconds"] = farm.seconds(rule["seconds"])
+        emulator.add_faults(rule)
 
     def submit_all(
         self, farm: ProviderFarm, cp: ControlPlane, *, gap_s: tuple[float, float] = (0.0, 0.3)
@@ -123,7 +165,8 @@ class Workload:
             self.arm(farm, planned)
             planned.task_id = cp.create_task(planned.provider, prompt=planned.prompt)
             if planned.cancel_after_s is not None:
-                cancels.append((time.monotonic() + planned.cancel_after_s, planned))
+                due = time.monotonic() + farm.seconds(planned.cancel_after_s)
+                cancels.append((due, planned))
             self._cancel_due(cp, cancels)
             wait_until = time.monotonic() + self._rng.uniform(*gap_s)
             while time.monotonic() < wait_until:
@@ -153,6 +196,11 @@ class Workload:
             done[planned.task_id] = cp.wait_terminal(planned.task_id, timeout_s=left)
         return done
 
+    @property
+    def prompts(self) -> dict[str, str]:
+        """Task id -> its unique prompt (what finds its jobs in the emulators' truth)."""
+        return {p.task_id: p.prompt for p in self.tasks}
+
     def summary(self, tasks: dict[str, sp.Task]) -> str:
         outcome: Counter[tuple[str, str, str]] = Counter()
         for planned in self.tasks:
@@ -166,38 +214,88 @@ class Workload:
         )
 
 
-def check_truth(farm: ProviderFarm, tasks: dict[str, sp.Task]) -> list[str]:
-    """Problems found comparing the emulators' truth with the attempts (empty when none)."""
-    problems: list[str] = []
+def jobs_of(farm: ProviderFarm, provider: str, prompt: str) -> list[dict[str, Any]]:
+    """The provider's jobs whose create body carries `prompt` (unique per task)."""
+    return [j for j in farm.truth(provider) if prompt in json.dumps(j.get("body", {}))]
+
+
+@dataclass
+class TruthReport:
+    """What the emulators' truth says about the run; `problems` must be empty."""
+
+    jobs: int = 0
+    abandoned_jobs: int = 0  # jobs of ABANDONED attempts, which nothing could name
+    duplicates: int = 0  # jobs beyond one per attempt that recorded it or was abandoned
+    problems: list[str] = field(default_factory=list)
+
+
+def check_truth(
+    farm: ProviderFarm, tasks: dict[str, sp.Task], prompts: dict[str, str] | None = None
+) -> TruthReport:
+    """Compare every provider job with the attempts; `prompts` maps task id -> its prompt."""
+    report = TruthReport()
     recorded: dict[tuple[str, str], str] = {}
     for task in tasks.values():
         for attempt in task.attempts:
             job_id = attempt.provider_job.provider_job_id
             if job_id:
                 recorded[(attempt.provider, job_id)] = attempt.attempt_id
+    unrecorded: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for provider in farm.providers:
         per_key: dict[str, list[str]] = defaultdict(list)
         for job in farm.truth(provider):
+            report.jobs += 1
             if (provider, job["id"]) not in recorded:
-                problems.append(
-                    f"{provider} job {job['id']} was created but no attempt recorded it "
-                    f"(key={job.get('idempotency_key') or job.get('client_key')}, "
-                    f"prompt={job.get('body', {}).get('prompt') or job.get('body', {})})"
-                )
+                unrecorded[provider].append(job)
             key = job.get("idempotency_key") or job.get("client_key")
             if key:
                 per_key[key].append(job["id"])
         for key, ids in per_key.items():
             if len(ids) > 1:
-                problems.append(f"{provider}: {len(ids)} jobs for one attempt key {key}: {ids}")
-    return problems
+                report.duplicates += len(ids) - 1
+                report.problems.append(f"{provider}: {len(ids)} jobs for one attempt key {key}")
+    claimed: set[tuple[str, str]] = set()
+    for task in tasks.values():
+        prompt = (prompts or {}).get(task.task_id, "")
+        mine = [
+            (p, job)
+            for p, jobs in unrecorded.items()
+            for job in jobs
+            if prompt and prompt in json.dumps(job.get("body", {}))
+        ]
+        abandoned = sum(a.state == sp.ATTEMPT_STATE_ABANDONED for a in task.attempts)
+        for p, job in mine[:abandoned]:
+            claimed.add((p, job["id"]))
+            report.abandoned_jobs += 1
+        if len(mine) > abandoned:
+            report.duplicates += len(mine) - abandoned
+    for provider, jobs in unrecorded.items():
+        for job in jobs:
+            if (provider, job["id"]) not in claimed:
+                report.problems.append(
+                    f"{provider} job {job['id']} was created but no attempt recorded it and no "
+                    f"ABANDONED attempt of its task explains it (key={job.get('client_key')}, "
+                    f"body={job.get('body')})"
+                )
+    return report
 
 
-def assert_truth(farm: ProviderFarm, tasks: dict[str, sp.Task]) -> None:
-    problems = check_truth(farm, tasks)
-    if problems:
-        bad = {t.task_id: describe(t) for t in tasks.values() if t.attempts}
-        raise AssertionError("\n".join(problems) + f"\n{len(bad)} tasks")
+def assert_truth(
+    farm: ProviderFarm, tasks: dict[str, sp.Task], prompts: dict[str, str] | None = None
+) -> TruthReport:
+    report = check_truth(farm, tasks, prompts)
+    if report.problems or report.duplicates:
+        raise AssertionError(f"{report.duplicates} duplicate jobs\n" + "\n".join(report.problems))
+    return report
+
+
+def faults_fired(farm: ProviderFarm) -> int:
+    """How many fault rules fired on the emulators (refused connections not included)."""
+    return sum(
+        int(rule.get("fired", 0))
+        for p in farm.providers
+        for rule in farm.emulator(p).call(farm.emulator(p).emulator.faults)
+    )
 
 
 # Providers whose expire_output fault is final: the Veo emulator puts the job's files past
@@ -216,6 +314,15 @@ def _failed_by_provider(farm: ProviderFarm, task: sp.Task) -> bool:
     return any(a.provider_job.provider_job_id in failed for a in task.attempts)
 
 
+def _abandoned_unknown(task: sp.Task) -> bool:
+    """FAILED(SUBMISSION_UNKNOWN) with its one attempt ABANDONED: what 9.17.5 prescribes."""
+    return (
+        task.state == sp.TASK_STATE_FAILED
+        and task.failure.error_class == error_pb2.ERROR_CLASS_SUBMISSION_UNKNOWN
+        and [a.state for a in task.attempts] == [sp.ATTEMPT_STATE_ABANDONED]
+    )
+
+
 def unexplained_outcomes(
     workload: Workload, tasks: dict[str, sp.Task], farm: ProviderFarm, database_url: str
 ) -> list[str]:
@@ -228,6 +335,12 @@ def unexplained_outcomes(
         for p in workload.tasks
         if p.fault == "expire_output" and p.provider in EXPIRY_IS_FINAL
     )
+    # Likewise the may-have-been-accepted faults on providers where nothing can name the job.
+    unnameable = Counter(
+        p.provider
+        for p in workload.tasks
+        if p.fault in MAYBE_ACCEPTED and p.provider in UNNAMEABLE_PROVIDERS
+    )
     for planned in workload.tasks:
         task = tasks[planned.task_id]
         if task.state == sp.TASK_STATE_SUCCEEDED:
@@ -238,6 +351,9 @@ def unexplained_outcomes(
             continue
         if task.failure.code == "OUTPUT_EXPIRED" and final_expiries[planned.provider] > 0:
             final_expiries[planned.provider] -= 1
+            continue
+        if _abandoned_unknown(task) and unnameable[planned.provider] > 0:
+            unnameable[planned.provider] -= 1
             continue
         errors = [(a.attempt_no, a.error.code, a.error.message) for a in task.attempts]
         bad.append(
