@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -61,6 +62,12 @@ async def _serve(
 
     overrides: dict[str, object] = {"listen": listen}
     supervisor = None
+    scale = 1.0
+    if whole_stack:  # one time scale for the control plane and every child of the dev stack
+        from clients.devstack import time_scale
+
+        scale = time_scale(os.environ)
+        overrides["time_scale"] = scale
     settings = Settings.from_env(None, **overrides)
     configure_logging(settings.log_level)
     if whole_stack:
@@ -69,7 +76,9 @@ async def _serve(
         adapter_ports = {k: 0 if ephemeral_ports else v for k, v in DEV_ADAPTER_PORTS.items()}
         try:
             adapters = await asyncio.to_thread(
-                start_stack, supervisor, provider_ports, adapter_ports
+                functools.partial(
+                    start_stack, supervisor, provider_ports, adapter_ports, scale=scale
+                )
             )
         except Exception:
             supervisor.stop_all()

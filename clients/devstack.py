@@ -10,6 +10,12 @@ then the child binds a free port and reports it (an emulator prints its URL, a s
 its port file), and `start_stack` wires the sidecars and the control plane to what was bound.
 That is what ``vidroute up --ephemeral-ports`` (and the e2e test of `make up`) uses, so two
 stacks on one machine never fight over a port.
+
+Production terms, faster: the sidecars run their shipped configs, the emulators answer like the
+real providers (an emulator-only route only when `start_stack` is asked for it by name), and the
+whole stack runs on one time scale, ``VIDROUTE_TIME_SCALE`` (`DEV_TIME_SCALE` unless set): every
+process multiplies every duration it has by it, and the emulators' job times are production-like
+times multiplied by it, so a task takes seconds and every deadline keeps its production order.
 """
 
 from __future__ import annotations
@@ -30,6 +36,19 @@ import httpx
 log = logging.getLogger("vidroute.up")
 ROOT = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"listening on (http://\S+)")
+DEV_TIME_SCALE = 0.1
+# Production-like provider job times in seconds (queued, generating), before the time scale.
+JOB_QUEUE_S = 5.0
+JOB_RUN_S = 60.0
+# The sidecar extension option that goes with an emulator extension (same name).
+EXTENSIONS = {"runway": ("task_listing",), "veo": ("operation_list", "billing_export")}
+
+
+def time_scale(environ: Mapping[str, str]) -> float:
+    """The dev stack's one factor: ``VIDROUTE_TIME_SCALE`` if set, else `DEV_TIME_SCALE`."""
+    from controlplane.domain.timescale import check_factor
+
+    return check_factor(environ.get("VIDROUTE_TIME_SCALE") or DEV_TIME_SCALE, "VIDROUTE_TIME_SCALE")
 
 
 @dataclass(frozen=True)
@@ -44,8 +63,21 @@ class Child:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
-def emulator_child(name: str, port: int) -> Child:
-    """A provider emulator in time mode; port 0 means "any free port, reported in the log"."""
+def emulator_child(
+    name: str, port: int, scale: float = DEV_TIME_SCALE, extensions: tuple[str, ...] = ()
+) -> Child:
+    """A provider emulator in time mode; port 0 means "any free port, reported in the log".
+
+    Job times are production-like times on the stack's time scale; `extensions` names the
+    emulator-only routes to serve (none by default: it answers like the real provider).
+    """
+    timing = ["--queue-s", str(JOB_QUEUE_S * scale), "--run-s", str(JOB_RUN_S * scale)]
+    if name == "selfhosted":  # a worker pool: wall seconds per simulated GPU second
+        timing = ["--speed", str(scale)]
+    unknown = set(extensions) - set(EXTENSIONS.get(name, ()))
+    if unknown:
+        raise ValueError(f"{name} emulator has no extensions {sorted(unknown)}")
+    named = ["--extensions", ",".join(extensions)] if extensions else []
     return Child(
         name=f"emulator-{name}",
         args=(
@@ -55,19 +87,26 @@ def emulator_child(name: str, port: int) -> Child:
             str(port),
             "--advance",
             "time",
-            "--queue-s",
-            "1",
-            "--run-s",
-            "3",
+            *timing,
+            *named,
         ),
         ready_url=f"http://127.0.0.1:{port}/__emulator/faults" if port else "",
         listen_log=not port,
     )
 
 
-def adapter_child(name: str, port: int, provider_url: str = "") -> Child:
-    """An adapter sidecar on its example config, pointed at `provider_url` when given."""
-    config = ROOT / "adapter_sidecars" / name / "config.example.yaml"
+def adapter_child(
+    name: str,
+    port: int,
+    provider_url: str = "",
+    scale: float = DEV_TIME_SCALE,
+    config: Path | None = None,
+) -> Child:
+    """An adapter sidecar on its shipped config (or `config`), pointed at `provider_url`."""
+    config = config or ROOT / "adapter_sidecars" / name / "config.example.yaml"
+    env = {"VIDROUTE_TIME_SCALE": str(scale)}
+    if provider_url:
+        env["VIDROUTE_ADAPTER_BASE_URL"] = provider_url
     return Child(
         name=f"adapter-{name}",
         args=(
@@ -79,30 +118,66 @@ def adapter_child(name: str, port: int, provider_url: str = "") -> Child:
             f"127.0.0.1:{port}",
         ),
         port_file=True,
-        env={"VIDROUTE_ADAPTER_BASE_URL": provider_url} if provider_url else {},
+        env=env,
     )
 
 
-def stack(provider_ports: Mapping[str, int], adapter_ports: Mapping[str, int]) -> list[Child]:
+def stack(
+    provider_ports: Mapping[str, int],
+    adapter_ports: Mapping[str, int],
+    scale: float = DEV_TIME_SCALE,
+) -> list[Child]:
     """The children on fixed ports, in start order (the example configs name these ports)."""
-    return [emulator_child(name, port) for name, port in provider_ports.items()] + [
-        adapter_child(name, port) for name, port in adapter_ports.items()
+    return [emulator_child(name, port, scale) for name, port in provider_ports.items()] + [
+        adapter_child(name, port, scale=scale) for name, port in adapter_ports.items()
     ]
 
 
+def _with_options(name: str, extensions: tuple[str, ...], run_dir: Path) -> Path | None:
+    """The shipped sidecar config with the options of `extensions` on, written to `run_dir`."""
+    if not extensions:
+        return None
+    import yaml
+
+    shipped = ROOT / "adapter_sidecars" / name / "config.example.yaml"
+    config = yaml.safe_load(shipped.read_text(encoding="utf-8"))
+    options = config.setdefault("provider", {}).get("options") or {}
+    options.update({extension: True for extension in extensions})
+    config["provider"]["options"] = options
+    path = run_dir / f"adapter-{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
 def start_stack(
-    supervisor: Supervisor, provider_ports: Mapping[str, int], adapter_ports: Mapping[str, int]
+    supervisor: Supervisor,
+    provider_ports: Mapping[str, int],
+    adapter_ports: Mapping[str, int],
+    *,
+    scale: float = DEV_TIME_SCALE,
+    extensions: Mapping[str, tuple[str, ...]] | None = None,
 ) -> dict[str, str]:
     """Start every emulator, then every sidecar pointed at its emulator's bound URL.
 
-    Returns each sidecar's bound ``host:port`` by name (``runway``, ``veo``, ``selfhosted``).
+    `extensions` asks for emulator-only routes by name, per emulator (``{"runway":
+    ("task_listing",)}``), and switches on the matching sidecar option. Returns each sidecar's
+    bound ``host:port`` by name (``runway``, ``veo``, ``selfhosted``).
     """
+    named = dict(extensions or {})
     urls = {
-        name: supervisor.start(emulator_child(name, port))
+        name: supervisor.start(emulator_child(name, port, scale, named.get(name, ())))
         for name, port in provider_ports.items()
     }
     return {
-        name: supervisor.start(adapter_child(name, port, urls.get(name, "")))
+        name: supervisor.start(
+            adapter_child(
+                name,
+                port,
+                urls.get(name, ""),
+                scale,
+                _with_options(name, named.get(name, ()), supervisor.run_dir),
+            )
+        )
         for name, port in adapter_ports.items()
     }
 
@@ -113,6 +188,7 @@ class Supervisor:
     def __init__(self, run_dir: Path) -> None:
         # Absolute: children run in the repository root, their --port-file must still land here.
         self._run_dir = run_dir.resolve()
+        self.run_dir = self._run_dir
         self._procs: list[tuple[Child, subprocess.Popen[bytes]]] = []
         (run_dir / "log").mkdir(parents=True, exist_ok=True)
 
