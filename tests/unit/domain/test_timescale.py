@@ -55,6 +55,7 @@ NOT_DURATIONS = frozenset(
         "jitter_min",
         "max_aging_bonus",
         "max_cancel_calls",
+        "max_estimated_platform_loss_micros",  # money (integer micros), not time
         "max_fetch_attempts",
         "max_output_bytes",
         "max_output_refreshes",
