@@ -142,7 +142,8 @@ def _all_durations(factor: float) -> dict[str, float]:
                 out[where] = value
     for fn in KEYWORD_CONFIGURED:
         for name, value in scaled_defaults(fn, factor).items():
-            out[f"{fn.__name__}({name})"] = value
+            if value is not None:  # "not set": derived elsewhere (e.g. from the sidecar)
+                out[f"{fn.__name__}({name})"] = value
     for path in SHIPPED:
         scale = {"VIDROUTE_TIME_SCALE": str(factor)} if factor != 1.0 else {}
         config = _sidecar(path, scale)
@@ -246,3 +247,16 @@ def test_sidecar_environment_beats_the_file_and_scales_every_timing() -> None:
     assert from_env.account("a") is not None
     with pytest.raises(ConfigError, match="VIDROUTE_TIME_SCALE"):
         parse_config(data, {"VIDROUTE_TIME_SCALE": "0"})
+
+
+def test_no_production_configuration_sets_the_factor() -> None:
+    """Neither a shipped sidecar config nor a Kubernetes manifest sets a time scale."""
+    manifests = sorted((ROOT / "k8s").rglob("*.yaml"))
+    assert manifests, "the k8s manifests were not found"
+    setting = [
+        str(path.relative_to(ROOT))
+        for path in [*SHIPPED, *manifests]
+        if "time_scale" in path.read_text(encoding="utf-8").lower()
+    ]
+    assert not setting, f"production configuration sets the time scale: {setting}"
+    assert all(_sidecar(path).time_scale == 1.0 for path in SHIPPED)
