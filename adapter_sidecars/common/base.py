@@ -244,11 +244,20 @@ class HttpAdapter:
         )
 
     async def get_job(self, job: JobRef) -> JobResult:
-        """Poll the job and normalize its status."""
+        """Poll the job and normalize its status.
+
+        A 404 for a job we hold is never a status: the provider may have lost, expired or
+        deleted it, or be answering from a replica that has not seen it yet. It is the
+        transient error `job_not_found` (code JOB_NOT_FOUND), and the control plane decides
+        (a cancel it asked for is confirmed; otherwise it keeps polling, then gives up)."""
+        if not job.provider_job_id:
+            raise InvalidRequest("job.provider_job_id is required")
         account = self.account(job.account)
         reply = await self.call("GET", self.job_path(job), account)
         if isinstance(reply, ProviderError):
             return JobResult(error=reply)
+        if reply.status == 404:
+            return JobResult(error=job_not_found(reply, job))
         return self.job_status(reply, job)
 
     def job_path(self, job: JobRef) -> str:
@@ -451,6 +460,20 @@ def _unexpected(response: httpx.Response, why: str) -> ProviderError:
 def too_large(message: str) -> ProviderError:
     """An output over the caller's size cap (code OUTPUT_TOO_LARGE)."""
     return make_error(ErrorClass.INTERNAL_PERMANENT, "OUTPUT_TOO_LARGE", message)
+
+
+#: Error code of a poll answered 404 for a job we hold (see `HttpAdapter.get_job`).
+JOB_NOT_FOUND = "JOB_NOT_FOUND"
+
+
+def job_not_found(reply: HttpReply, job: JobRef) -> ProviderError:
+    """The provider does not know a job we hold: worth polling again, never "cancelled"."""
+    return make_error(
+        ErrorClass.INTERNAL_RETRYABLE,
+        JOB_NOT_FOUND,
+        f"the provider answered HTTP 404 for job {job.provider_job_id}",
+        raw_status_code=reply.status,
+    )
 
 
 def unreadable(reply: HttpReply) -> ProviderError:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from adapter_sidecars.common import base
-from adapter_sidecars.common.base import HttpAdapter, payload_of, raw_json, unreadable, with_raw
+from adapter_sidecars.common.base import HttpAdapter, payload_of, unreadable, with_raw
 from adapter_sidecars.common.config import Account, SidecarConfig
 from adapter_sidecars.common.jobs import iso_z, parse_timestamp
 from adapter_sidecars.common.options import option_flag, with_task_search
@@ -30,8 +30,6 @@ from adapter_sidecars.common.types import (
     CancelResult,
     JobRef,
     JobResult,
-    JobState,
-    JobStatus,
     Plan,
     RecoverInput,
     RecoverResult,
@@ -113,10 +111,8 @@ class RunwayAdapter(HttpAdapter):
         return cap.output_url_ttl_seconds if cap else 86400
 
     def job_status(self, reply: HttpReply, job: JobRef) -> JobResult:
-        if reply.status == 404:
-            # Runway answers 404 for a task deleted by DELETE /v1/tasks/{id} (§1.5).
-            status = JobStatus(JobState.CANCELLED, "NOT_FOUND", raw_json(reply.json()))
-            return JobResult(status=status)
+        # A 404 never reaches this hook: `HttpAdapter.get_job` reports it as JOB_NOT_FOUND
+        # (Runway deletes a task on DELETE, but it also answers 404 for a task it lost).
         if not reply.ok:
             return JobResult(error=mapping.http_error(reply))
         task = payload_of(reply)

@@ -131,15 +131,21 @@ ATTEMPT_MACHINE: StateMachine[AttemptState] = StateMachine(
             | _PROVIDER_LIVE
             | _PROVIDER_END
         ),
-        _A.ACCEPTED: frozenset({_A.CANCEL_REQUESTED} | _PROVIDER_LIVE | _PROVIDER_END),
+        # -> ABANDONED: the provider stopped knowing the job we hold (polls NOT_FOUND for
+        # job_not_found_abandon_after_s); a lost job, never a fail-over by itself.
+        _A.ACCEPTED: frozenset(
+            {_A.CANCEL_REQUESTED, _A.ABANDONED} | _PROVIDER_LIVE | _PROVIDER_END
+        ),
         # Queued and throttled share one phase (40): the provider may move between them.
         _A.PROVIDER_QUEUED: frozenset(
-            {_A.PROVIDER_THROTTLED, _A.RUNNING, _A.CANCEL_REQUESTED} | _PROVIDER_END
+            {_A.PROVIDER_THROTTLED, _A.RUNNING, _A.CANCEL_REQUESTED, _A.ABANDONED}
+            | _PROVIDER_END
         ),
         _A.PROVIDER_THROTTLED: frozenset(
-            {_A.PROVIDER_QUEUED, _A.RUNNING, _A.CANCEL_REQUESTED} | _PROVIDER_END
+            {_A.PROVIDER_QUEUED, _A.RUNNING, _A.CANCEL_REQUESTED, _A.ABANDONED}
+            | _PROVIDER_END
         ),
-        _A.RUNNING: frozenset({_A.CANCEL_REQUESTED} | _PROVIDER_END),
+        _A.RUNNING: frozenset({_A.CANCEL_REQUESTED, _A.ABANDONED} | _PROVIDER_END),
         # A cancel is a request, not a fact (9.18.3): the provider's real terminal state wins.
         _A.CANCEL_REQUESTED: _PROVIDER_END,
         _A.SUCCEEDED: frozenset(),

@@ -53,6 +53,14 @@ class ExecutionConfig:
     # Usage records are the last resort (9.17.4 step 6), consulted after this many queries.
     usage_lookup_after_queries: int = 3
     allow_new_attempt_after_abandon: bool = False
+    # A held job the provider answers NOT_FOUND for is polled on (backing off) for this long,
+    # then treated like a lost job: ABANDONED, the task by `allow_new_attempt_after_abandon`,
+    # never a fail-over by itself. A cancel we sent that then reads NOT_FOUND is cancelled.
+    job_not_found_abandon_after_s: float = 3600.0
+    # Background lookup of ABANDONED attempts (9.17.5): every period, for at most this long
+    # after the abandonment; the result is recorded, never applied to the task.
+    abandoned_lookup_period_s: float = 900.0
+    abandoned_lookup_for_s: float = 21600.0
 
     deliver_if_succeeded_during_cancel: bool = True
     cancel_retry_s: float = 5.0

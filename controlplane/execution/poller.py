@@ -6,6 +6,7 @@ LOCKED`` by pushing their due time past a claim lease, so replicas never poll th
 at once and a crashed poller's claim simply expires. The snapshot goes to the one
 `EventNormalizer`; the next due time comes from the pure `controlplane.domain.polling` schedule.
 A job past its plausible duration is flagged stuck (``stuck_since``) and still polled, slowly.
+A NOT_FOUND for the job we hold goes to `controlplane.execution.lost_jobs`, never to a status.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from controlplane.adapters.types import PollResult
 from controlplane.domain.polling import PollPhase, next_poll_delay
 from controlplane.domain.states import ATTEMPT_MACHINE
 from controlplane.execution.events import EventNormalizer, EventSource, Observation, phase_of
+from controlplane.execution.lost_jobs import is_job_not_found, on_job_not_found, on_job_seen
 from controlplane.execution.outcomes import ExecutionDeps, job_ref
 from controlplane.persistence.execution_store import POLLABLE_STATES
 
@@ -47,7 +49,7 @@ class Poller:
         snap = await self._deps.xstore.snapshot(attempt_id)
         if snap is None:
             return
-        attempt, job, _ = snap
+        attempt, job, runtime = snap
         if job is None or attempt.state not in POLLABLE_STATES:
             return
         account = await self._deps.xstore.account(attempt.provider_account_id)
@@ -60,7 +62,11 @@ class Poller:
         except Exception as exc:
             log.info("attempt %s: get_job raised %r", attempt.id, exc)
             result = PollResult(None)
-        if result.snapshot is not None:
+        if is_job_not_found(result.error):
+            # Never "cancelled by the provider", never a fail-over by itself (`lost_jobs`).
+            await on_job_not_found(self._deps, self._normalizer, attempt, job, runtime)
+        elif result.snapshot is not None:
+            await on_job_seen(self._deps, attempt, runtime)
             await self._normalizer.ingest(
                 Observation(
                     attempt.provider_account_id,

@@ -21,7 +21,8 @@ its honest history); a cancel asked meanwhile cancels the task instead. INCONCLU
 with exponential backoff. Past `unknown_recovery_deadline_s`, `max_recovery_queries` or
 `max_unknown_age_s` the attempt is ABANDONED (lease left to reconciliation) and the task FAILS
 with SUBMISSION_UNKNOWN unless `allow_new_attempt_after_abandon` requeues it; the reason records
-which policy applied.
+which policy applied. An ABANDONED attempt then gets a background lookup (`LateLookup`) whose
+result is recorded and never revives the task.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from controlplane.domain.spec import RoutingMode
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.events import IngestOutcome
 from controlplane.execution.evidence import record_evidence
+from controlplane.execution.late_lookup import LateLookup
 from controlplane.execution.outcomes import (
     PROVEN_ABSENT,
     AfterCommit,
@@ -56,7 +58,7 @@ from controlplane.execution.usage_match import match_usage
 from controlplane.persistence.execution_store import AccountInfo, AttemptRuntime, ExecUnit
 from controlplane.persistence.records import AttemptChanges, AttemptRecord, Failure, TaskRecord
 
-__all__ = ["RecoveryWorker"]
+__all__ = ["RecoveryWorker", "settle_task"]
 
 log = logging.getLogger(__name__)
 _WINDOW_SLACK = timedelta(minutes=5)
@@ -69,6 +71,7 @@ class RecoveryWorker:
         self._deps = deps
         self.resubmits = 0
         self.abandoned = 0
+        self.late = LateLookup(deps, self)
 
     async def run_once(self) -> int:
         cfg = self._deps.config
@@ -77,7 +80,12 @@ class RecoveryWorker:
         )
         for attempt_id in ids:
             await self.step(attempt_id)
-        return len(ids)
+        late = await self._deps.xstore.claim_late_lookups(
+            cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s, now=self._deps.clock()
+        )
+        for attempt_id in late:
+            await self.late.step(attempt_id)
+        return len(ids) + len(late)
 
     async def step(self, attempt_id: int) -> RecoveryVerdict | None:
         """One recovery step; returns the verdict reached (None if nothing was done)."""
@@ -109,7 +117,7 @@ class RecoveryWorker:
             result.verdict is RecoveryVerdict.INCONCLUSIVE
             and queries + 1 >= cfg.usage_lookup_after_queries
         ):
-            result = await self._usage(attempt, account, started) or result
+            result = await self.usage_lookup(attempt, account, started) or result
         await self._apply(attempt_id, result)
         return result.verdict
 
@@ -167,9 +175,10 @@ class RecoveryWorker:
             log.info("attempt %s: recover raised %r", attempt.id, exc)
             return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method="recover_error")
 
-    async def _usage(
+    async def usage_lookup(
         self, attempt: AttemptRecord, account: AccountInfo, started: datetime
     ) -> RecoverResult | None:
+        """FOUND when usage identifies this attempt's job; otherwise evidence is stored."""
         try:
             records = await self._deps.adapter(account).list_usage(
                 str(attempt.compile_plan.get("account", account.account_name)),
@@ -294,7 +303,8 @@ class RecoveryWorker:
             if moved is None:
                 return False
             # The lease is NOT released: the job may be running; reconciliation settles it.
-            await u.set_runtime(moved.id, moved.task_id, next_recovery_at=None)
+            # The background lookup (`LateLookup`) keeps looking, recording what it finds.
+            await u.set_runtime(moved.id, moved.task_id, next_recovery_at=self.late.first_at(u.now))
             reason = "ABANDONED_NEW_ATTEMPT" if policy else "ABANDONED_TASK_FAILED"
             await self._after_attempt_end(u, moved, task, reason, failure, requeue_ok=policy)
         self.abandoned += 1
@@ -310,27 +320,45 @@ class RecoveryWorker:
         *,
         requeue_ok: bool = True,
     ) -> None:
-        if not await is_current(u, task, attempt):
-            return
-        runtime = await u.runtime(attempt.id)
-        limits = self._deps.config.limits
-        attempts = await u.attempts_of(task.id)
-        if runtime is not None and runtime.cancel_requested_at is not None:
-            await u.move_task(task, TaskState.CANCELLED, f"cancel requested; {reason}")
-        elif not requeue_ok:
-            await u.move_task(task, TaskState.FAILED, reason, failure=failure)
-        elif task.deadline_at is not None and u.now >= task.deadline_at:
-            await u.move_task(task, TaskState.FAILED, "TASK_DEADLINE_EXCEEDED", failure=failure)
-        elif len(attempts) >= limits.max_total_attempts:
-            await u.move_task(task, TaskState.FAILED, "MAX_TOTAL_ATTEMPTS", failure=failure)
-        else:
-            await requeue(
-                u,
-                task,
-                attempt,
-                attempts,
-                reason=reason,
-                error_class=failure.failure_class,
-                same_model_only=task.spec.routing.mode is RoutingMode.STRICT_MODEL,
-                limits=limits,
-            )
+        await settle_task(
+            u, self._deps, attempt, task, reason=reason, failure=failure, requeue_ok=requeue_ok
+        )
+
+
+async def settle_task(
+    u: ExecUnit,
+    deps: ExecutionDeps,
+    attempt: AttemptRecord,
+    task: TaskRecord,
+    *,
+    reason: str,
+    failure: Failure,
+    requeue_ok: bool = True,
+) -> None:
+    """The task once its current attempt ended with no job outcome (proven absent, abandoned,
+    lost): cancelled if a cancel was asked, FAILED when `requeue_ok` is False (the abandon
+    policy), otherwise requeued within the deadline and attempt limits."""
+    if not await is_current(u, task, attempt):
+        return
+    runtime = await u.runtime(attempt.id)
+    limits = deps.config.limits
+    attempts = await u.attempts_of(task.id)
+    if runtime is not None and runtime.cancel_requested_at is not None:
+        await u.move_task(task, TaskState.CANCELLED, f"cancel requested; {reason}")
+    elif not requeue_ok:
+        await u.move_task(task, TaskState.FAILED, reason, failure=failure)
+    elif task.deadline_at is not None and u.now >= task.deadline_at:
+        await u.move_task(task, TaskState.FAILED, "TASK_DEADLINE_EXCEEDED", failure=failure)
+    elif len(attempts) >= limits.max_total_attempts:
+        await u.move_task(task, TaskState.FAILED, "MAX_TOTAL_ATTEMPTS", failure=failure)
+    else:
+        await requeue(
+            u,
+            task,
+            attempt,
+            attempts,
+            reason=reason,
+            error_class=failure.failure_class,
+            same_model_only=task.spec.routing.mode is RoutingMode.STRICT_MODEL,
+            limits=limits,
+        )

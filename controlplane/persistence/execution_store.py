@@ -96,6 +96,10 @@ attempt_runtime = Table(
     Column("last_unrecognized_status", Text, nullable=True),
     Column("fetch_attempts", Integer, nullable=False, server_default=text("0")),
     Column("output_refreshes", Integer, nullable=False, server_default=text("0")),
+    # Revision 0003: a held job the provider stopped knowing, and late lookups of ABANDONED.
+    Column("job_not_found_since", UtcDateTime, nullable=True),
+    Column("late_found_job_id", Text, nullable=True),
+    Column("late_found_method", Text, nullable=True),
     Column("updated_at", UtcDateTime, nullable=False),
     Index("ix_attempt_runtime_next_poll_at", "next_poll_at"),
     Index("ix_attempt_runtime_next_recovery_at", "next_recovery_at"),
@@ -163,6 +167,9 @@ class AttemptRuntime:
     last_unrecognized_status: str | None
     fetch_attempts: int
     output_refreshes: int
+    job_not_found_since: datetime | None
+    late_found_job_id: str | None
+    late_found_method: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,6 +493,15 @@ class ExecutionStore:
     ) -> list[int]:
         """SUBMIT_UNKNOWN attempts whose recovery step is due, claimed like polls."""
         states = (AttemptState.SUBMIT_UNKNOWN,)
+        return await self._claim(
+            R.c.next_recovery_at, states, worker=worker, limit=limit, lease_s=lease_s, now=now
+        )
+
+    async def claim_late_lookups(
+        self, worker: str, *, limit: int, lease_s: float, now: datetime
+    ) -> list[int]:
+        """ABANDONED attempts whose background lookup is due (same due column as recovery)."""
+        states = (AttemptState.ABANDONED,)
         return await self._claim(
             R.c.next_recovery_at, states, worker=worker, limit=limit, lease_s=lease_s, now=now
         )
