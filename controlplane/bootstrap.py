@@ -80,6 +80,7 @@ from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.records import AttemptRecord
 from controlplane.persistence.repository import Store
 from controlplane.scheduling.dispatcher import DispatcherConfig
+from controlplane.scheduling.readiness import CatalogReadiness
 from controlplane.scheduling.runtime import SchedulingRuntime, build_scheduling
 from controlplane.scheduling.upkeep import UpkeepConfig
 from controlplane.server import ControlPlaneServer, start_server
@@ -207,8 +208,10 @@ async def publish_from_adapters(
     """
     documents: list[dict[str, Any]] = []
     accounts: dict[tuple[str, str, str], AccountConfig] = {}
+    described: dict[str, list[tuple[str, str, str]]] = {}
     for provider, client in adapters.items():
         for entry in await client.describe():
+            described.setdefault(provider, []).append((entry.provider, entry.account, entry.model))
             documents.append(document_from_describe(entry))
             key = (entry.provider, entry.account, entry.region)
             accounts[key] = AccountConfig(
@@ -221,6 +224,8 @@ async def publish_from_adapters(
     counts = await publish_documents(
         runtime.catalog_store, documents, accounts.values(), now=_utcnow(), source="describe"
     )
+    for provider in adapters:  # what readiness waits for (an adapter may describe nothing)
+        runtime.dispatcher.readiness.described(provider, described.get(provider, []))
     await runtime.dispatcher.catalog(refresh=True)
     log.info("published capabilities from %d adapters: %s", len(adapters), counts)
     return len(documents)
@@ -319,9 +324,12 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
     cleanup: list[Callable[[], Awaitable[Any]]] = []
     background: list[Callable[[], Awaitable[Any]]] = []
 
+    def not_ready() -> str | None:  # rebound below once there is a dispatcher
+        return None
+
     async def probe() -> bool:
         await store.ping()
-        return True
+        return not_ready() is None  # an unready catalog is NOT_SERVING (liveness unaffected)
 
     canceller = None
     admin = None
@@ -351,6 +359,8 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             ),
         )
         admin = runtime.admin
+        runtime.dispatcher.readiness = CatalogReadiness(frozenset(settings.adapters))
+        not_ready = runtime.dispatcher.not_ready
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0 * scale, connect=5.0 * scale))
         cleanup.append(http.aclose)
         object_store = object_store_from_url(

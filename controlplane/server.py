@@ -1,10 +1,11 @@
 """The control plane's gRPC server: scheduler API, health, reflection, graceful shutdown.
 
 Health reflects dependencies: the scheduler service reports SERVING only while its database
-answers (re-checked every few seconds). On SIGTERM/SIGINT the server enters graceful shutdown
-(health NOT_SERVING for every service), stops accepting, drains in-flight RPCs for `grace`
-seconds, then runs the cleanup callbacks (closing the database engine and Redis). A second
-signal exits at once. Shutdown is idempotent.
+answers and its capability catalog is ready (the probe says both; re-checked every few seconds,
+five times as often while not serving, so readiness follows a finished start quickly).
+On SIGTERM/SIGINT the server enters graceful shutdown (health NOT_SERVING for every service),
+stops accepting, drains in-flight RPCs for `grace` seconds, then runs the cleanup callbacks
+(closing the database engine and Redis). A second signal exits at once. Shutdown is idempotent.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class ControlPlaneServer:
     cleanup: Sequence[Callable[[], Awaitable[None]]] = ()
     probe_interval: float = 5.0
     _stopping: bool = field(default=False, init=False)
+    _healthy: bool = field(default=False, init=False)
     _probe_task: asyncio.Task[None] | None = field(default=None, init=False)
 
     async def refresh_health(self) -> bool:
@@ -53,6 +55,7 @@ class ControlPlaneServer:
         except Exception:  # a failing probe means NOT_SERVING, never a crash
             log.warning("dependency probe failed", exc_info=True)
             healthy = False
+        self._healthy = healthy
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if healthy
@@ -65,7 +68,8 @@ class ControlPlaneServer:
 
     async def _probe_loop(self) -> None:
         while not self._stopping:
-            await asyncio.sleep(self.probe_interval)
+            # A ratio, not a second duration: it scales with the configured interval.
+            await asyncio.sleep(self.probe_interval / (1 if self._healthy else 5))
             await self.refresh_health()
 
     def start_probing(self) -> None:

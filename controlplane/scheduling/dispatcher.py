@@ -4,6 +4,8 @@ One dispatcher per shard leads (`controlplane.scheduling.leader`); the others wa
 over when the leader's database session dies. Each round (`tick`):
 
 1. refresh the capability catalog when stale and sync breaker state with the other replicas;
+   while the catalog is not ready (`CatalogReadiness`: empty, or lacking what a configured
+   adapter described) the round is skipped and every task stays QUEUED;
 2. rebuild the fair queue from PostgreSQL (QUEUED tasks are the facts; the DRR state carried
    over from the last round only accelerates, 9.12.4), honouring per-tenant max in-flight and
    a requeue's ``not_before``;
@@ -49,6 +51,7 @@ from controlplane.scheduling.gather import (
 )
 from controlplane.scheduling.health import HealthMonitor, submit_key
 from controlplane.scheduling.leader import LeaderLock
+from controlplane.scheduling.readiness import CatalogReadiness
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +121,9 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self.leading = False
         self.dispatched = 0
+        self.readiness = CatalogReadiness()  # the composition root names the adapters
+        self.skipped_rounds = 0
+        self._unready_reason: str | None = None
         # Runs before each round admits anything; the runtime wires the lease rebuild here (9.11.2).
         self.before_admit: Callable[[], Awaitable[object]] | None = None
 
@@ -193,9 +199,23 @@ class Dispatcher:
             )
         return self._catalog
 
+    def not_ready(self) -> str | None:
+        """Why this dispatcher must not route now (see `CatalogReadiness`), or None."""
+        return self.readiness.problem(self._catalog)
+
     async def tick(self) -> int:
         """One dispatch round; returns how many tasks it took off the queue."""
         await self.catalog()
+        if self.not_ready() is not None:
+            await self.catalog(refresh=True)  # publication may have just finished
+        reason = self.not_ready()
+        if reason != self._unready_reason:
+            log.log(logging.WARNING if reason else logging.INFO, "dispatch %s", reason or "ready")
+            self._unready_reason = reason
+        if reason is not None:
+            self.skipped_rounds += 1
+            log.debug("dispatch round skipped: %s", reason)
+            return 0
         if self.before_admit is not None:
             await self.before_admit()
         await self.monitor.sync()
@@ -256,6 +276,9 @@ class Dispatcher:
 
     async def dispatch(self, task: TaskRecord, facts: RequeueFacts | None = None) -> DispatchResult:
         """Route one QUEUED task end to end (see the module docstring)."""
+        await self.catalog()
+        if self.not_ready() is not None:
+            return DispatchResult(task.id, DispatchOutcome.SKIPPED)  # it stays QUEUED
         now = self._clock()
         if not await self._store.transition_task(
             task.id, task.status_version, TaskState.SCHEDULING, now=now, reason="dispatch"
