@@ -380,6 +380,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             leases=leases,
             fetch=fetcher_for(http, object_store),
             on_submit=_breaker_feed(runtime),
+            breakers=runtime.monitor,
             on_attempt_end=_health_feed(runtime),
         )
         canceller = execution.cancel_service

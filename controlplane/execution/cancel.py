@@ -24,8 +24,10 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
+from controlplane.domain.breaker import Operation
 from controlplane.domain.exceptions import NotFound
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
+from controlplane.execution.breakers import TRANSPORT_FAILURE
 from controlplane.execution.contracts import TOPIC_CANCEL
 from controlplane.execution.events import EventNormalizer, EventSource, Observation
 from controlplane.execution.outcomes import AfterCommit, ExecutionDeps, claim_batch, job_ref
@@ -139,11 +141,20 @@ class CancelWorker:
             return
         account = await self._deps.xstore.account(attempt.provider_account_id)
         ref = job_ref(attempt, account, job.provider_job_id, job.provider_request_id or "")
+        call = await self._deps.gate.begin(account, attempt.provider_model, Operation.CANCEL)
+        if call is None:  # the CANCEL breaker refuses: ask again later, not counted as a call
+            await self._store.retry_later(
+                message.id,
+                cfg.worker_id,
+                available_at=self._deps.clock() + timedelta(seconds=cfg.breaker_retry_s),
+            )
+            return
         try:
             result = await self._deps.adapter(account).cancel_job(ref)
         except Exception as exc:
             log.info("attempt %s: cancel_job raised %r", attempt.id, exc)
             result = None
+        await self._deps.gate.end(call, TRANSPORT_FAILURE if result is None else result.error)
         if result is not None and result.snapshot is not None:
             await self._normalizer.ingest(
                 Observation(

@@ -66,6 +66,9 @@ class ExecutionConfig:
     cancel_retry_s: float = 5.0
     max_cancel_calls: int = 5
 
+    # A call its operation breaker refuses (9.15) is tried again after this long, not at once.
+    breaker_retry_s: float = 30.0
+
     fetch_retry_base_s: float = 2.0
     fetch_retry_cap_s: float = 120.0
     max_fetch_attempts: int = 8

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from controlplane.adapters.grpc_client import AdapterClient
+from controlplane.execution.breakers import OperationBreakers, OperationGate
 from controlplane.execution.cancel import CancelService, CancelWorker
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.events import EventNormalizer
@@ -64,6 +65,7 @@ class ExecutionEngine:
         rng: random.Random | None = None,
         on_submit: SubmitObserver | None = None,
         on_attempt_end: AttemptEndObserver | None = None,
+        breakers: OperationBreakers | None = None,
     ) -> None:
         self.config = config or ExecutionConfig()
         self.store = store
@@ -76,6 +78,7 @@ class ExecutionEngine:
             rng=rng or random.Random(),
             on_submit=on_submit,
             on_attempt_end=on_attempt_end,
+            gate=OperationGate(breakers),
         )
         self._sleep = sleep
         self.normalizer = EventNormalizer(self.deps)

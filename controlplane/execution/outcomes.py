@@ -38,6 +38,7 @@ from controlplane.domain.failover import (
 from controlplane.domain.polling import PollPhase, next_poll_delay
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
 from controlplane.execution.bounds import as_failed, platform_loss, requeue_refusal
+from controlplane.execution.breakers import OperationGate
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.contracts import (
     TOPIC_CANCEL,
@@ -94,6 +95,8 @@ class ExecutionDeps:
     # Told when a provider job reaches a terminal state (succeeded or not), with the snapshot:
     # the generation outcomes that feed the routing health windows (9.13.3).
     on_attempt_end: AttemptEndObserver | None = None
+    # The operation breakers (POLL, CANCEL, DOWNLOAD_OUTPUT, USAGE_QUERY) around provider calls.
+    gate: OperationGate = field(default_factory=OperationGate)
 
     def adapter(self, account: AccountInfo) -> AdapterClient:
         try:

@@ -28,9 +28,11 @@ import httpx
 
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.adapters.types import JobRef
+from controlplane.domain.breaker import Operation
 from controlplane.domain.errors import ErrorClass, ProviderError
 from controlplane.domain.failover import backoff_delay_s
 from controlplane.domain.states import TaskState
+from controlplane.execution.breakers import TRANSPORT_FAILURE, GuardedCall
 from controlplane.execution.contracts import TOPIC_OUTPUT_FETCH
 from controlplane.execution.events import (
     EventNormalizer,
@@ -185,11 +187,18 @@ class OutputStep:
             else:
                 if first.get("fetch_through_adapter") and job is not None:
                     request = await self._through_adapter(attempt, job, request)
+                account = await self._deps.xstore.account(attempt.provider_account_id)
+                call = await self._deps.gate.begin(
+                    account, attempt.provider_model, Operation.DOWNLOAD_OUTPUT
+                )
+                if call is None:  # the DOWNLOAD_OUTPUT breaker refuses: not a fetch attempt
+                    wait = timedelta(seconds=cfg.breaker_retry_s)
+                    await self._store.retry_later(
+                        message.id, cfg.worker_id, available_at=self._deps.clock() + wait
+                    )
+                    return
                 self.fetches += 1
-                try:
-                    result = await self._fetch(request)
-                except StorageError as exc:
-                    result = TransientFetchError(f"platform storage failed: {exc!r}")
+                result = await self._guarded_fetch(call, request)
         if isinstance(result, StoredAsset):
             await self._deliver(message, attempt_id, asdict(result))
         elif isinstance(result, OutputInvalid):
@@ -217,6 +226,23 @@ class OutputStep:
                 unit_random=self._deps.rng.random(),
             )
             await self._retry(message, attempt_id, "fetch_attempts", delay)
+
+    async def _guarded_fetch(self, call: GuardedCall, request: FetchRequest) -> FetchResult:
+        """Fetch, telling the breaker what the download says about the provider's endpoint."""
+        try:
+            result = await self._fetch(request)
+        except StorageError as exc:
+            await self._deps.gate.release(call)  # our storage failed, not the download
+            return TransientFetchError(f"platform storage failed: {exc!r}")
+        if isinstance(result, TransientFetchError):
+            await self._deps.gate.end(call, TRANSPORT_FAILURE)
+        elif isinstance(result, OutputExpired):
+            await self._deps.gate.end(call, "OUTPUT_EXPIRED")
+        elif isinstance(result, OutputInvalid):
+            await self._deps.gate.end(call, "ASSET_INVALID")
+        else:
+            await self._deps.gate.end(call, None)
+        return result
 
     async def _through_adapter(
         self, attempt: AttemptRecord, job: ProviderJobRecord, request: FetchRequest

@@ -7,6 +7,8 @@ at once and a crashed poller's claim simply expires. The snapshot goes to the on
 `EventNormalizer`; the next due time comes from the pure `controlplane.domain.polling` schedule.
 A job past its plausible duration is flagged stuck (``stuck_since``) and still polled, slowly.
 A NOT_FOUND for the job we hold goes to `controlplane.execution.lost_jobs`, never to a status.
+While the POLL breaker of the job's endpoint refuses, the poll is not made and is due again
+after ``breaker_retry_s`` (9.15).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import logging
 from datetime import timedelta
 
 from controlplane.adapters.types import PollResult
+from controlplane.domain.breaker import Operation
 from controlplane.domain.polling import PollPhase, next_poll_delay
 from controlplane.domain.states import ATTEMPT_MACHINE
+from controlplane.execution.breakers import TRANSPORT_FAILURE
 from controlplane.execution.events import EventNormalizer, EventSource, Observation, phase_of
 from controlplane.execution.lost_jobs import is_job_not_found, on_job_not_found, on_job_seen
 from controlplane.execution.outcomes import ExecutionDeps, job_ref
@@ -35,6 +39,7 @@ class Poller:
         self._normalizer = normalizer
         self.polls = 0
         self.stuck_flags = 0
+        self.refused = 0  # polls the POLL breaker refused
 
     async def run_once(self) -> int:
         cfg = self._deps.config
@@ -54,6 +59,14 @@ class Poller:
             return
         account = await self._deps.xstore.account(attempt.provider_account_id)
         await self._deps.leases.renew(attempt)
+        call = await self._deps.gate.begin(account, attempt.provider_model, Operation.POLL)
+        if call is None:
+            self.refused += 1
+            now = self._deps.clock()
+            async with self._deps.xstore.unit(now) as u:
+                delay = timedelta(seconds=self._deps.config.breaker_retry_s)
+                await u.set_runtime(attempt.id, attempt.task_id, next_poll_at=now + delay)
+            return
         self.polls += 1
         try:
             result = await self._deps.adapter(account).get_job(
@@ -62,6 +75,9 @@ class Poller:
         except Exception as exc:
             log.info("attempt %s: get_job raised %r", attempt.id, exc)
             result = PollResult(None)
+            await self._deps.gate.end(call, TRANSPORT_FAILURE)
+        else:
+            await self._deps.gate.end(call, result.error)
         if is_job_not_found(result.error):
             # Never "cancelled by the provider", never a fail-over by itself (`lost_jobs`).
             await on_job_not_found(self._deps, self._normalizer, attempt, job, runtime)

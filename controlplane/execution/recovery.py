@@ -36,10 +36,12 @@ from controlplane.adapters.types import (
     RecoveryVerdict,
     SubmitKind,
 )
+from controlplane.domain.breaker import Operation
 from controlplane.domain.errors import ErrorClass, ProviderError
 from controlplane.domain.failover import FailureStage, backoff_delay_s
 from controlplane.domain.spec import RoutingMode
 from controlplane.domain.states import AttemptState, TaskState
+from controlplane.execution.breakers import TRANSPORT_FAILURE
 from controlplane.execution.events import IngestOutcome
 from controlplane.execution.evidence import record_evidence
 from controlplane.execution.late_lookup import LateLookup
@@ -179,6 +181,9 @@ class RecoveryWorker:
         self, attempt: AttemptRecord, account: AccountInfo, started: datetime
     ) -> RecoverResult | None:
         """FOUND when usage identifies this attempt's job; otherwise evidence is stored."""
+        call = await self._deps.gate.begin(account, attempt.provider_model, Operation.USAGE_QUERY)
+        if call is None:
+            return None  # the USAGE_QUERY breaker refuses: this step stays inconclusive
         try:
             records = await self._deps.adapter(account).list_usage(
                 str(attempt.compile_plan.get("account", account.account_name)),
@@ -187,7 +192,9 @@ class RecoveryWorker:
             )
         except Exception as exc:
             log.info("attempt %s: list_usage raised %r", attempt.id, exc)
+            await self._deps.gate.end(call, TRANSPORT_FAILURE)
             return None
+        await self._deps.gate.end(call, None)
         found = match_usage(
             records,
             model=attempt.provider_model,
