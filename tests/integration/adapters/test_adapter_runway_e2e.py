@@ -46,15 +46,6 @@ async def test_describe_lists_every_model_for_the_configured_account(
     assert models["veo3.1"].constraints[0].require == "duration_seconds == 8"
 
 
-async def test_task_listing_option_declares_the_search(runway_search_adapter, sidecar_factory):
-    """With provider.options.task_listing on (the emulator's extension), Describe declares
-    task_search on every entry."""
-    sidecar = await sidecar_factory(runway_search_adapter)
-    response = await sidecar.stub.Describe(svc.DescribeRequest())
-    assert response.capabilities
-    assert all(c.operations.task_search for c in response.capabilities)
-
-
 async def test_compile_submit_poll_until_succeeded(runway_adapter, sidecar_factory):
     """A text-to-video plan is accepted and polls through QUEUED/RUNNING to SUCCEEDED, whose
     cost.credits becomes the actual cost in micros."""
@@ -125,7 +116,8 @@ async def test_invalid_spec_is_invalid_argument_with_field_violations(
 
 @pytest.mark.parametrize("delete_mode", ["cancel", "delete"])
 async def test_cancel_is_idempotent_in_both_delete_modes(delete_mode, sidecar_factory):
-    """Cancelling twice is acknowledged both times, whether Runway keeps or deletes the task."""
+    """Cancelling twice is acknowledged both times, whether Runway keeps or deletes the task;
+    a later poll reads CANCELLED, or (deleted) JOB_NOT_FOUND, never a made-up status."""
     from adapter_support import sidecar_config
 
     from adapter_sidecars.emulators import RunwayConfig
@@ -138,8 +130,12 @@ async def test_cancel_is_idempotent_in_both_delete_modes(delete_mode, sidecar_fa
         for _ in range(2):
             cancelled = await sidecar.stub.CancelJob(svc.CancelJobRequest(job=job))
             assert cancelled.acknowledged
-        status = (await sidecar.stub.GetJob(svc.GetJobRequest(job=job))).status
-        assert status.state == pb.JOB_STATE_CANCELLED
+        polled = await sidecar.stub.GetJob(svc.GetJobRequest(job=job))
+        if delete_mode == "cancel":
+            assert polled.status.state == pb.JOB_STATE_CANCELLED
+        else:
+            assert polled.status.state == pb.JOB_STATE_UNSPECIFIED
+            assert polled.error.code == "JOB_NOT_FOUND"
 
 
 async def test_usage_reports_credits_as_milliunits_and_micros(
