@@ -16,8 +16,9 @@ provider anything. One journal per sidecar process:
   was a definite REJECTED, INCONCLUSIVE while a call is in flight; None when the journal knows
   nothing conclusive (no entry, or only UNKNOWN), so the adapter's own search runs.
 
-Durability: with `path` set the journal is an append-only JSON-lines file, replayed (and
-compacted, dropping entries older than the retention) when the sidecar starts, so a restarted
+Durability: with `path` set the journal is an append-only JSON-lines file (fsync'd per line),
+replayed and compacted (entries older than the retention dropped) when the sidecar starts and
+whenever enough lines were appended, so the file stays bounded and a restarted
 sidecar still knows every outcome of the retention window. A call that was in flight when the
 process died has no outcome line: after the restart it counts as UNKNOWN (its fate was never
 seen). Without a path the journal lives in memory only and a restart forgets it.
@@ -49,6 +50,8 @@ __all__ = ["JOURNAL_METHOD", "Gate", "SubmitJournal"]
 
 log = logging.getLogger(__name__)
 JOURNAL_METHOD = "submit_journal"
+#: Appended lines after which the file is rewritten (at least; more with many live keys).
+_COMPACT_AFTER = 1000
 
 
 class Gate(enum.Enum):
@@ -94,6 +97,8 @@ class SubmitJournal:
         self.path = path
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
+        self._appended = 0
+        self._compacted_lines = 0  # lines the last rewrite left; the file stays under 2x + 1000
         if path is not None:
             self._load(path)
 
@@ -217,6 +222,13 @@ class SubmitJournal:
             os.fsync(fd)
         finally:
             os.close(fd)
+        self._appended += 1
+        if self._appended > max(_COMPACT_AFTER, self._compacted_lines):
+            # Rewrite what the retention still keeps (this record included: the in-memory
+            # state already has it), so the file stays bounded.
+            self._prune()
+            self._compact(self.path)
+            self._appended = 0
 
     def _load(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -256,14 +268,21 @@ class SubmitJournal:
 
     def _compact(self, path: Path) -> None:
         tmp = path.with_suffix(path.suffix + ".tmp")
+        lines = 0
         with tmp.open("w", encoding="utf-8") as out:
             for key, entry in self._entries.items():
+                at = entry.first_at.isoformat()
                 for outcome in entry.outcomes:
-                    record = {"key": key, "event": "outcome", "at": entry.first_at.isoformat()}
+                    record = {"key": key, "event": "outcome", "at": at}
                     out.write(json.dumps({**record, **_dump(outcome)}, sort_keys=True) + "\n")
+                    lines += 1
+                for _ in range(entry.in_flight):  # still running: its outcome line follows
+                    out.write(json.dumps({"key": key, "event": "begin", "at": at}) + "\n")
+                    lines += 1
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, path)
+        self._compacted_lines = lines
 
 
 def _dump(outcome: SubmitOutcome) -> dict[str, Any]:

@@ -57,11 +57,15 @@ def test_accepted_is_replayed_and_found() -> None:
     journal.begin("k")
     journal.finish("k", accepted())
     gate, outcome = journal.gate("k", honours_key=False)
-    assert gate is Gate.REPLAY and outcome is not None and outcome.job is not None
+    assert gate is Gate.REPLAY
+    assert outcome is not None
+    assert outcome.job is not None
     assert outcome.job.provider_job_id == "job-1"
     verdict = journal.verdict("k")
-    assert verdict is not None and verdict[0] is RecoveryVerdict.FOUND
-    assert verdict[1] is not None and verdict[1].provider_job_id == "job-1"
+    assert verdict is not None
+    assert verdict[0] is RecoveryVerdict.FOUND
+    assert verdict[1] is not None
+    assert verdict[1].provider_job_id == "job-1"
 
 
 def test_definite_rejection_allows_retry_and_proves_absence() -> None:
@@ -81,7 +85,9 @@ def test_unknown_blocks_a_second_call_unless_the_provider_deduplicates() -> None
     journal.begin("k")
     journal.finish("k", unknown())
     gate, outcome = journal.gate("k", honours_key=False)
-    assert gate is Gate.REPLAY and outcome is not None and outcome.kind is SubmitKind.UNKNOWN
+    assert gate is Gate.REPLAY
+    assert outcome is not None
+    assert outcome.kind is SubmitKind.UNKNOWN
     assert journal.gate("k", honours_key=True) == (Gate.SEND, None)
     assert journal.verdict("k") is None
 
@@ -106,10 +112,13 @@ def test_file_journal_survives_a_restart(tmp_path: Path) -> None:
     first.begin("cut")
     again = SubmitJournal(retention_s=60, path=path)
     verdict = again.verdict("done")
-    assert verdict is not None and verdict[1] is not None
+    assert verdict is not None
+    assert verdict[1] is not None
     assert verdict[1].provider_job_id == "job-9"
     gate, outcome = again.gate("cut", honours_key=False)
-    assert gate is Gate.REPLAY and outcome is not None and outcome.kind is SubmitKind.UNKNOWN
+    assert gate is Gate.REPLAY
+    assert outcome is not None
+    assert outcome.kind is SubmitKind.UNKNOWN
     assert again.durable
 
 
@@ -125,3 +134,28 @@ def test_entries_older_than_the_retention_are_forgotten(tmp_path: Path) -> None:
     clock.now = T0 + timedelta(seconds=61)
     assert SubmitJournal(retention_s=60, path=path, clock=clock).verdict("k") is None
     assert journal.verdict("k") is None
+
+
+def test_the_file_is_compacted_and_keeps_every_live_key(tmp_path: Path) -> None:
+    """Once enough lines were appended the file is rewritten without expired keys, and a
+    replay still knows every live key, a call still in flight included."""
+    clock = Clock()
+    path = tmp_path / "journal.jsonl"
+    journal = SubmitJournal(retention_s=60, path=path, clock=clock)
+    for i in range(400):
+        journal.begin(f"old{i}")
+        journal.finish(f"old{i}", accepted(f"job-old-{i}"))
+    clock.now = T0 + timedelta(seconds=120)
+    for i in range(300):
+        journal.begin(f"k{i}")
+        journal.finish(f"k{i}", accepted(f"job-{i}"))
+    journal.begin("running")
+    assert len(path.read_text().splitlines()) < 800
+    again = SubmitJournal(retention_s=60, path=path, clock=clock)
+    assert len(again) == 301
+    verdict = again.verdict("k0")
+    assert verdict is not None
+    assert verdict[1] is not None
+    assert verdict[1].provider_job_id == "job-0"
+    assert again.verdict("old0") is None
+    assert again.gate("running", honours_key=False)[0] is Gate.REPLAY
