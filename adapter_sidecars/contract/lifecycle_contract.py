@@ -256,7 +256,8 @@ class CancelContract:
             gone = adapter.stub.GetJob(
                 adapter_service_pb2.GetJobRequest(job=job), timeout=adapter.rpc_timeout_s
             )
-            assert not gone.HasField("status") and gone.error.code == "JOB_NOT_FOUND", gone
+            assert not gone.HasField("status"), gone
+            assert gone.error.code == "JOB_NOT_FOUND", gone
             return
         after = adapter.get_job(job)
         assert after.state == CANCELLED, state_name(after.state)
