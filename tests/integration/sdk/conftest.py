@@ -53,10 +53,11 @@ def veo_emulator() -> Iterator[EmulatorThread]:
 def genai2_path() -> Path:
     """The site directory holding google-genai 2.34.x, installed on first use.
 
-    The stamp holds the requirements file's hash, so a changed pin reinstalls."""
+    The stamp (written here and by `make test`) holds the requirements file's SHA-256, so a
+    changed pin reinstalls."""
     stamp = GENAI2_DIR / ".installed"
     want = hashlib.sha256(GENAI2_REQUIREMENTS.read_bytes()).hexdigest()
-    if not stamp.exists() or stamp.read_text().strip() not in ("", want):
+    if not stamp.exists() or stamp.read_text().strip() != want:
         shutil.rmtree(GENAI2_DIR, ignore_errors=True)
         subprocess.run(
             [
