@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.stack import ControlPlane, ProviderFarm, RedisDb
+from tests.support.stack import DEFAULT_TIME_SCALE, ControlPlane, ProviderFarm, RedisDb
 
 _RUNNING: list[Any] = []
 
@@ -70,9 +70,14 @@ def redis_db(redis_server_url: str) -> Iterator[RedisDb]:
 
 
 @pytest.fixture
-def farm(tmp_path: Path) -> Iterator[ProviderFarm]:
-    """The three emulators and their sidecar processes, on the run's one time scale."""
-    with ProviderFarm(tmp_path / "farm") as started:
+def farm(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ProviderFarm]:
+    """The three emulators and their sidecar processes, on the run's one time scale: the test
+    module's ``TIME_SCALE`` if it has one, else the default; ``VIDROUTE_E2E_TIME_SCALE`` wins.
+    """
+    scale = getattr(request.module, "TIME_SCALE", DEFAULT_TIME_SCALE)
+    if os.environ.get("VIDROUTE_E2E_TIME_SCALE"):
+        scale = DEFAULT_TIME_SCALE
+    with ProviderFarm(tmp_path / "farm", time_scale=scale) as started:
         _RUNNING.append(started)
         try:
             yield started

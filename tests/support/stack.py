@@ -239,6 +239,7 @@ class ProviderFarm:
         pending = {name: self._spawn_sidecar(name) for name in self.providers}
         for name, (popen, port_file, log_path) in pending.items():
             self.sidecars[name] = _await_port(popen, port_file, log_path, f"sidecar {name}")
+            expect_time_scale(self.sidecars[name], self.time_scale, f"sidecar {name}")
 
     def _spawn_sidecar(self, name: str) -> tuple[Any, Path, Path]:
         config = shipped_sidecar_config(
@@ -304,6 +305,12 @@ def _spawn(
             stderr=subprocess.STDOUT,
         )
     return popen, port_file, log_path
+
+
+def expect_time_scale(proc: processes.Proc, factor: float, what: str) -> None:
+    """The process logged that it runs on `factor` (each logs its factor once at start)."""
+    wanted = f"time scale {factor:g}"
+    wait_for(lambda: wanted in proc.log(), timeout_s=30, what=f"{what} logs {wanted!r}")
 
 
 def _await_port(
@@ -439,6 +446,7 @@ class ControlPlane:
             env=env,
         )
         self.proc = _await_port(popen, port_file, log_path, name)
+        expect_time_scale(self.proc, self.farm.time_scale, name)
         self._connect()
         self.wait_capabilities()
 
