@@ -439,6 +439,20 @@ async def test_acquire_reclaims_expired_leases_of_the_account(backend: Backend) 
     ]
 
 
+async def test_acquire_reclaims_an_expired_unknown_lease_from_both_budgets(
+    backend: Backend,
+) -> None:
+    """An expired unknown lease reclaimed on acquire gives back its slots and its unknown slot."""
+    dead = await must_acquire(backend.store, request_for("a-dead", ttl_ms=SHORT_TTL))
+    assert await backend.store.mark_unknown(dead, 1) is True
+    assert await backend.store.accepting_new(ACCOUNT) is False
+    await backend.advance(SHORT_TTL + 1)
+    await must_acquire(backend.store, request_for("a-new", (GEN45,)))
+    assert await usage(backend.store) == {"all-video": 0, "gen4.5": 1, "region-us": 0}
+    assert await backend.store.unknown_used(ACCOUNT) == 0
+    assert await backend.store.accepting_new(ACCOUNT) is True
+
+
 async def test_stale_fencing_token_cannot_renew_release_or_mark(backend: Backend) -> None:
     """A holder with the right token but an old fencing token is refused and changes nothing."""
     lease = await must_acquire(backend.store, request_for("a-1"))
