@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -18,6 +18,7 @@ import pytest
 import pytest_asyncio
 
 from controlplane.adapters.fake import FakeAdapterClient
+from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.domain.spec import GenerationSpec, Mode, OutputSpec, RoutingMode, RoutingPolicy
 from controlplane.domain.states import TaskState
 from controlplane.execution.config import ExecutionConfig
@@ -115,11 +116,14 @@ class Harness:
     def xstore(self) -> ExecutionStore:
         return ExecutionStore(self.store.engine)
 
-    def engine(self, **overrides: Any) -> ExecutionEngine:
+    def engine(
+        self, adapters: Mapping[str, AdapterClient] | None = None, **overrides: Any
+    ) -> ExecutionEngine:
+        """An engine over the fake adapter (or real `adapters`), with config `overrides`."""
         config = ExecutionConfig(**{**_config_fields(self.config), **overrides})
         engine = ExecutionEngine(
             self.store,
-            {"runway": self.fake, "self_hosted": self.fake},
+            adapters or {"runway": self.fake, "self_hosted": self.fake},
             config=config,
             leases=self.leases,
             fetch=self.fetch,
@@ -147,8 +151,10 @@ class Harness:
         provider: str = "runway",
         account_id: int | None = None,
         deadline_at: datetime | None = None,
+        compile_plan: dict[str, Any] | None = None,
     ) -> AttemptRecord:
-        """A task the 'scheduler' turned into a READY_TO_SUBMIT attempt holding a lease."""
+        """A task the 'scheduler' turned into a READY_TO_SUBMIT attempt holding a lease
+        (`compile_plan`: a real adapter's plan instead of the fake one)."""
         self._n += 1
         account_id = account_id or await self.account(provider)
         spec = GenerationSpec(
@@ -168,10 +174,18 @@ class Harness:
             deadline_at=deadline_at,
         )
         assert await self.store.transition_task(task.id, 0, TaskState.SCHEDULING, now=self.clock())
-        return await self.new_attempt(task.id, account_id, provider=provider)
+        return await self.new_attempt(
+            task.id, account_id, provider=provider, compile_plan=compile_plan
+        )
 
     async def new_attempt(
-        self, task_id: int, account_id: int, *, provider: str = "runway", model: str = "gen4.5"
+        self,
+        task_id: int,
+        account_id: int,
+        *,
+        provider: str = "runway",
+        model: str = "gen4.5",
+        compile_plan: dict[str, Any] | None = None,
     ) -> AttemptRecord:
         """Create the next attempt of a SCHEDULING task, as the scheduler would."""
         self._n += 1
@@ -199,7 +213,8 @@ class Harness:
                 routing_policy_version="r-1",
                 client_request_key=key,
                 normalized_spec_hash="spec",
-                compile_plan={
+                compile_plan=compile_plan
+                or {
                     "provider": provider,
                     "account": ACCOUNT,
                     "model": model,

@@ -22,7 +22,8 @@ from tests.integration.execution.exec_harness import ACCOUNT, Harness
 
 def _not_found() -> PollResult:
     return PollResult(
-        None, make_error(ErrorClass.INTERNAL_RETRYABLE, "JOB_NOT_FOUND", "HTTP 404", raw_status_code=404)
+        None,
+        make_error(ErrorClass.INTERNAL_RETRYABLE, "JOB_NOT_FOUND", "HTTP 404", raw_status_code=404),
     )
 
 
@@ -63,7 +64,9 @@ async def test_not_found_keeps_the_attempt_then_abandons_without_failover(lite: 
     assert detail.task.state is TaskState.FAILED
     assert len(lite.fake.submit_calls) == 1
     assert await lite.messages(TOPIC_REQUEUE) == []
-    kinds = [e.raw_status for e in await lite.xstore.events(attempt_id=attempt.id) if is_evidence(e)]
+    kinds = [
+        e.raw_status for e in await lite.xstore.events(attempt_id=attempt.id) if is_evidence(e)
+    ]
     assert kinds == [EvidenceKind.JOB_NOT_FOUND.value]
 
 
@@ -80,7 +83,8 @@ async def test_a_real_status_ends_the_not_found_streak(lite: Harness) -> None:
         await engine.run_until_idle()
     runtime = await lite.xstore.runtime(attempt.id)
     assert (await lite.attempt(attempt.id)).state is AttemptState.RUNNING
-    assert runtime is not None and runtime.job_not_found_since is None
+    assert runtime is not None
+    assert runtime.job_not_found_since is None
 
 
 async def test_not_found_after_our_cancel_is_the_cancel_confirmed(lite: Harness) -> None:
@@ -137,12 +141,14 @@ async def test_abandoned_attempt_lookup_records_the_late_job(lite: Harness) -> N
     lite.clock.advance(600)
     await engine.run_until_idle()
     assert len(lite.fake.recover_calls) == calls  # found once: the lookup is over
-    kinds = [e.raw_status for e in await lite.xstore.events(attempt_id=attempt.id) if is_evidence(e)]
+    kinds = [
+        e.raw_status for e in await lite.xstore.events(attempt_id=attempt.id) if is_evidence(e)
+    ]
     assert kinds == [EvidenceKind.LATE_FOUND.value]
 
 
 async def test_abandoned_lookup_stops_at_its_cap(lite: Harness) -> None:
-    """An inconclusive background lookup is repeated each period and ends at abandoned_lookup_for_s."""
+    """An inconclusive background lookup repeats each period and ends at abandoned_lookup_for_s."""
     attempt = await lite.task_with_attempt()
     lite.fake.script_submit(_unknown())
     engine = lite.engine(
@@ -163,4 +169,5 @@ async def test_abandoned_lookup_stops_at_its_cap(lite: Harness) -> None:
     late_calls = len(lite.fake.recover_calls) - start
     assert 2 <= late_calls <= 6
     runtime = await lite.xstore.runtime(attempt.id)
-    assert runtime is not None and runtime.next_recovery_at is None
+    assert runtime is not None
+    assert runtime.next_recovery_at is None
