@@ -92,16 +92,16 @@ def memory_backend() -> Backend:
     store = MemoryLeaseStore(clock=clock, on_unknown_slots_full=events.append)
 
     async def flush() -> None:
-        assert isinstance(backend.store, MemoryLeaseStore)
-        backend.store.forget_everything()
+        assert isinstance(made.store, MemoryLeaseStore)
+        made.store.forget_everything()
 
     def build(fail_closed: bool) -> LeaseStore:
         # The memory store's data lives in the instance, so the backend's store becomes the new one.
-        backend.store = MemoryLeaseStore(clock=clock, fail_closed=fail_closed)
-        return backend.store
+        made.store = MemoryLeaseStore(clock=clock, fail_closed=fail_closed)
+        return made.store
 
-    backend = Backend("memory", store, advance, flush, build, events)
-    return backend
+    made = Backend("memory", store, advance, flush, build, events)
+    return made
 
 
 @pytest.fixture

@@ -12,14 +12,14 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy import select
 
-from controlplane.domain.states import AttemptState, TaskState
+from controlplane.domain.states import IN_FLIGHT_ATTEMPT_STATES, AttemptState, TaskState
 from controlplane.execution.leasing import LeaseKeeper
 from controlplane.leases.redis_store import RedisLeaseStore
 from controlplane.persistence.models import lease_audit_events
 from controlplane.persistence.records import AttemptRecord
 from controlplane.persistence.repository import Store
 from controlplane.scheduling.dispatcher import Dispatcher
-from controlplane.scheduling.upkeep import IN_FLIGHT_ATTEMPT_STATES, Upkeep
+from controlplane.scheduling.upkeep import Upkeep
 from tests.integration.scheduling.conftest import (
     DispatcherFactory,
     adapter,
