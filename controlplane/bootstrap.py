@@ -26,6 +26,10 @@ The only module that reads environment variables:
   longest wait for a first attempt (`DeadlinePolicy`; 0: no limit). Defaults 86400 / 21600.
 - ``VIDROUTE_WORKER_ID``: this replica's name in claims. Default ``<hostname>-<pid>``.
 - ``VIDROUTE_LOG_LEVEL``: logging level. Default ``INFO``.
+- ``VIDROUTE_ADAPTER_SUBMIT_MARGIN_S``: seconds the Submit deadline adds to the submit budget each
+  sidecar declares in Describe. Default 5. ``VIDROUTE_ADAPTER_SUBMIT_TIMEOUT_S`` fixes the
+  deadline instead; one shorter than a sidecar's budget is refused (that adapter is never
+  published, so the control plane is not ready for it) with an error in the log.
 """
 
 from __future__ import annotations
@@ -144,6 +148,8 @@ class Settings:
     log_level: str = "INFO"
     migrate_on_start: bool = True
     health_probe_interval_s: float = 5.0
+    adapter_submit_margin_s: float = 5.0
+    adapter_submit_timeout_s: float = 0.0  # 0: derive from each sidecar's declared budget
     safety_policy_path: str = ""
     deadlines: DeadlinePolicy = field(default_factory=DeadlinePolicy)
 
@@ -167,6 +173,8 @@ class Settings:
             "log_level": env.get("VIDROUTE_LOG_LEVEL") or "INFO",
             "safety_policy_path": env.get("VIDROUTE_SAFETY_POLICY", ""),
             "deadlines": _deadlines(env),
+            "adapter_submit_margin_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_MARGIN_S") or 5.0),
+            "adapter_submit_timeout_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_TIMEOUT_S") or 0),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
@@ -339,6 +347,8 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         leases, redis_client = await _lease_store(settings, cleanup)
         worker = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         adapter_timing = scaled_defaults(GrpcAdapterClient, scale)
+        adapter_timing["submit_margin_s"] = settings.adapter_submit_margin_s * scale
+        adapter_timing["submit_timeout_s"] = settings.adapter_submit_timeout_s * scale or None
         adapters = {
             name: GrpcAdapterClient(addr, **adapter_timing)
             for name, addr in settings.adapters.items()

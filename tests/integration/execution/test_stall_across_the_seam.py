@@ -20,7 +20,7 @@ from adapter_sidecars.common.config import parse_config
 from adapter_sidecars.common.server import SidecarServer
 from adapter_sidecars.emulators import RunwayConfig, RunwayEmulator
 from adapter_sidecars.runway.adapter import RunwayAdapter
-from controlplane.adapters.grpc_client import GrpcAdapterClient
+from controlplane.adapters.grpc_client import GrpcAdapterClient, SubmitDeadlineTooShort
 from controlplane.adapters.types import CompiledPlan
 from controlplane.domain.spec import GenerationSpec, Mode, OutputSpec
 from controlplane.domain.states import AttemptState, TaskState
@@ -146,3 +146,16 @@ async def test_an_acceptance_after_the_caller_left_is_adopted_from_the_journal(
         assert len(seam.emulator.truth()) == 1
     finally:
         await client.close()
+
+
+async def test_a_configured_deadline_below_the_sidecars_budget_is_refused(seam: Seam) -> None:
+    """A control plane configured with a Submit deadline shorter than the budget the sidecar
+    declares refuses that adapter at Describe (so it is never published) and submits nothing."""
+    client = GrpcAdapterClient(seam.address, submit_timeout_s=OLD_DEADLINE_S)
+    try:
+        with pytest.raises(SubmitDeadlineTooShort):
+            await client.describe()
+        assert client.submit_deadline_s is None
+    finally:
+        await client.close()
+    assert seam.emulator.truth() == []
