@@ -198,7 +198,11 @@ async def accept(
     reason: str,
     after: AfterCommit,
 ) -> AttemptRecord:
-    """Record `job` for the attempt and move attempt/task forward (idempotent)."""
+    """Record `job` for the attempt and move attempt/task forward (idempotent).
+
+    A job without an id names nothing (its poll would address the collection): refused."""
+    if not job.provider_job_id:
+        raise ValueError(f"attempt {attempt.id}: refusing to adopt a job with an empty id")
     existing = await u.job_of(attempt.id)
     if existing is None:
         clash = await u.job_by_ref(attempt.provider_account_id, job.provider_job_id)
