@@ -359,7 +359,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             database_url=settings.database_url,
             leases=leases,
             adapters=adapters,
-            policy=example_policy(ROUTING_POLICY_VERSION),
+            policy=scale_durations(example_policy(ROUTING_POLICY_VERSION), scale),
             redis_client=redis_client,
             worker_id=worker,
             breaker_config=scale_durations(BreakerConfig(), scale),
@@ -410,7 +410,11 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             host, _, port = settings.callback_listen.rpartition(":")
             callbacks = CallbackServer(
                 CallbackReceiver(
-                    verifier=CallbackVerifier(settings.callback_secrets, clock=_utcnow),
+                    verifier=CallbackVerifier(
+                        settings.callback_secrets,
+                        clock=_utcnow,
+                        **scaled_defaults(CallbackVerifier, scale),
+                    ),
                     deps=execution.deps,
                     normalizer=execution.normalizer,
                 ),

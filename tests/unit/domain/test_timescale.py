@@ -22,6 +22,7 @@ from adapter_sidecars.common.config import ConfigError, SidecarConfig, load_conf
 from controlplane.adapters.grpc_client import GrpcAdapterClient
 from controlplane.bootstrap import Settings
 from controlplane.domain.breaker import BreakerConfig
+from controlplane.domain.scoring import example_policy
 from controlplane.domain.timescale import (
     TimeScaleError,
     check_factor,
@@ -29,6 +30,7 @@ from controlplane.domain.timescale import (
     scale_durations,
     scaled_defaults,
 )
+from controlplane.execution.callbacks import CallbackVerifier
 from controlplane.execution.config import ExecutionConfig
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.leases.redis_store import RedisLeaseStore
@@ -42,6 +44,18 @@ FACTORS = (0.5, 0.1, 0.05, 0.02, 0.01)
 # here is a reviewed decision; anything numeric not named like a duration must be listed.
 NOT_DURATIONS = frozenset(
     {
+        "accepted",  # CallbackVerifier's counters (metrics, not settings)
+        "bad_signature",
+        "stale",
+        "unknown_provider",
+        "buckets",
+        "hysteresis_delta",
+        "max_cost_per_success_micros",
+        "max_safety_failure_rate",
+        "min_quality_pass_rate",
+        "min_success_rate",
+        "shares",
+        "value_threshold_micros",
         "batch",
         "batch_size",
         "class_weights",
@@ -126,11 +140,12 @@ def _control_plane(factor: float) -> list[Any]:
             UpkeepConfig(),
             BreakerConfig(),
             Settings(),
+            example_policy("timescale-test"),
         )
     ]
 
 
-KEYWORD_CONFIGURED = (GrpcAdapterClient, RedisLeaseStore, MemoryLeaseStore)
+KEYWORD_CONFIGURED = (GrpcAdapterClient, RedisLeaseStore, MemoryLeaseStore, CallbackVerifier)
 
 
 def _all_durations(factor: float) -> dict[str, float]:
