@@ -77,7 +77,9 @@ class Poller:
             result = PollResult(None)
             await self._deps.gate.end(call, TRANSPORT_FAILURE)
         else:
-            await self._deps.gate.end(call, result.error)
+            # A job the provider does not know says nothing about the endpoint's health.
+            outcome = None if is_job_not_found(result.error) else result.error
+            await self._deps.gate.end(call, outcome)
         if is_job_not_found(result.error):
             # Never "cancelled by the provider", never a fail-over by itself (`lost_jobs`).
             await on_job_not_found(self._deps, self._normalizer, attempt, job, runtime)
