@@ -269,7 +269,10 @@ class GetJobResponse(_message.Message):
 
     @_builtins.property
     def error(self) -> _error_pb2.Error:
-        """Set when the provider could not be queried; status is then unset."""
+        """Set when the provider could not be queried; status is then unset. A job the provider does
+        not know (HTTP 404) is code "JOB_NOT_FOUND", class INTERNAL_RETRYABLE: never a CANCELLED
+        status, since a lost job reads the same as a deleted one; the caller decides.
+        """
 
     def __init__(
         self,
