@@ -168,7 +168,8 @@ class Sampler:
                 self._keep(self.max_db, Counter((p, m) for p, m in rows))
                 self._keep(self.max_truth, self._live_jobs())
                 self.samples += 1
-                await asyncio.sleep(0.005)
+                # An attempt admitted over capacity stays in flight for a whole job (seconds).
+                await asyncio.sleep(0.02)
         except Exception as exc:  # reported by the test, never swallowed
             self.errors.append(repr(exc))
         finally:
