@@ -1,0 +1,95 @@
+"""What the database says after a run: a task's persisted history and the invariant report.
+
+The e2e tests compare three views: GetTask, this (the control plane's own PostgreSQL/SQLite
+rows, read directly) and the emulators' truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+
+async def _task_events(database_url: str, task_id: str) -> list[tuple[str, dict[str, Any]]]:
+    from sqlalchemy import text
+
+    from controlplane.persistence.db import create_engine
+
+    engine = create_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                text("SELECT kind, payload FROM task_events WHERE task_id = :t ORDER BY seq"),
+                {"t": int(task_id)},
+            )
+            return [
+                (str(kind), payload if isinstance(payload, dict) else json.loads(payload))
+                for kind, payload in rows
+            ]
+    finally:
+        await engine.dispose()
+
+
+def task_events(database_url: str, task_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """The task's persisted history (kind, payload), in order."""
+    return asyncio.run(_task_events(database_url, task_id))
+
+
+async def _audit(database_url: str, redis_url: str | None, *, reclaim_ahead_ms: int | None) -> Any:
+    from redis.asyncio import Redis
+
+    from controlplane.audit.invariants import check_invariants
+    from controlplane.audit.snapshot import read_snapshot
+    from controlplane.leases.base import Dimension
+    from controlplane.leases.reconciler import InFlightAttempt, reconcile
+    from controlplane.leases.redis_store import RedisLeaseStore
+    from controlplane.persistence.db import create_engine
+
+    engine = create_engine(database_url)
+    client = Redis.from_url(redis_url) if redis_url else None
+    try:
+        store = RedisLeaseStore(client) if client is not None else None
+        if store is not None and reclaim_ahead_ms is not None:
+            # A SIGKILLed holder never releases: its leases end when their TTL does. Jump the
+            # store's clock past every TTL, then let the reconciler repair the counters.
+            await store.reclaim_expired(now_ms=int(time.time() * 1000) + reclaim_ahead_ms)
+            snap = await read_snapshot(engine)
+            names = {a.id: f"{a.provider}:{a.account_name}" for a in snap.accounts}
+            facts = [
+                fact
+                for a in snap.attempts
+                if (
+                    fact := InFlightAttempt.from_state(
+                        attempt_id=a.client_request_key,
+                        account=names.get(a.provider_account_id or -1, ""),
+                        dimensions=(
+                            Dimension("account", 0),
+                            Dimension(f"model:{a.provider_model}", 0),
+                        ),
+                        slots=1,
+                        state=a.status,
+                    )
+                )
+                is not None
+            ]
+
+            async def ignore(_drift: object) -> None:
+                return None
+
+            await reconcile(store, facts, ignore)
+        return await check_invariants(engine, lease_store=store, require_all_terminal=True)
+    finally:
+        if client is not None:
+            await client.aclose()
+        await engine.dispose()
+
+
+def audit(database_url: str, redis_url: str | None, *, reclaim_ahead_ms: int | None = None) -> Any:
+    """The invariant report with every task required terminal and the Redis leases checked.
+
+    `reclaim_ahead_ms` (crash tests only) first reclaims every lease whose TTL would have run
+    out that far in the future and reconciles the counters, as production would after a crash.
+    """
+    return asyncio.run(_audit(database_url, redis_url, reclaim_ahead_ms=reclaim_ahead_ms))
