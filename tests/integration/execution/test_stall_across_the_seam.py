@@ -12,6 +12,8 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +23,7 @@ from adapter_sidecars.common.server import SidecarServer
 from adapter_sidecars.emulators import RunwayConfig, RunwayEmulator
 from adapter_sidecars.runway.adapter import RunwayAdapter
 from controlplane.adapters.grpc_client import GrpcAdapterClient, SubmitDeadlineTooShort
-from controlplane.adapters.types import CompiledPlan
+from controlplane.adapters.types import CompiledPlan, RecoverQuery, RecoveryVerdict, SubmitKind
 from controlplane.domain.spec import GenerationSpec, Mode, OutputSpec
 from controlplane.domain.states import AttemptState, TaskState
 from tests.integration.execution.exec_harness import Harness
@@ -159,3 +161,62 @@ async def test_a_configured_deadline_below_the_sidecars_budget_is_refused(seam: 
     finally:
         await client.close()
     assert seam.emulator.truth() == []
+
+
+async def test_a_restarted_sidecar_still_knows_the_late_acceptance(tmp_path: Path) -> None:
+    """With a journal file, an acceptance that landed after the caller left survives a restart
+    of the sidecar: the new process answers RecoverSubmission FOUND by submit_journal."""
+    journal = tmp_path / "journal" / "runway.jsonl"
+    async with RunwayEmulator(RunwayConfig(queued_polls=1, running_polls=1)) as emulator:
+        config = parse_config(
+            {
+                "provider": {"base_url": emulator.url},
+                "timeouts": {"submit_read": 60},
+                "submit_journal": {"path": str(journal)},
+                "accounts": [
+                    {"name": "prod-us", "region": "us", "credential_ref": "env:K:-key_test"}
+                ],
+            },
+            {"VIDROUTE_TIME_SCALE": str(SCALE)},
+        )
+        first = SidecarServer(RunwayAdapter.from_config(config), "127.0.0.1:0")
+        client = FixedDeadlineClient(f"127.0.0.1:{await first.start()}")
+        spec = GenerationSpec(
+            tenant_id="tenant-a",
+            prompt="a kite",
+            mode=Mode.TEXT_TO_VIDEO,
+            output=OutputSpec(width=1280, height=720, duration_ms=4000),
+        )
+        plan = await client.compile(spec, account="prod-us", model="gen4.5")
+        emulator.add_faults({"route": ROUTE, "action": "stall_response", "seconds": STALL_S})
+        sent = await client.submit(plan, "crk-restart")
+        await client.close()
+        assert sent.kind is SubmitKind.UNKNOWN
+        deadline = time.monotonic() + 10 * STALL_S
+        while '"kind":"ACCEPTED"' not in (journal.read_text() if journal.exists() else ""):
+            assert time.monotonic() < deadline, "the late outcome was never journaled"
+            await asyncio.sleep(0.05)
+        await first.stop()
+        second = SidecarServer(RunwayAdapter.from_config(config), "127.0.0.1:0")
+        again = GrpcAdapterClient(f"127.0.0.1:{await second.start()}")
+        try:
+            now = datetime.now(UTC)
+            found = await again.recover(
+                RecoverQuery(
+                    account="prod-us",
+                    model="gen4.5",
+                    client_request_key="crk-restart",
+                    request_hash=plan.request_hash,
+                    plan_json=plan.plan_json,
+                    submitted_after=now - timedelta(minutes=5),
+                    submitted_before=now,
+                )
+            )
+        finally:
+            await again.close()
+            await second.stop()
+        [truth] = emulator.truth()
+        assert found.verdict is RecoveryVerdict.FOUND
+        assert found.method == "submit_journal"
+        assert found.job is not None
+        assert found.job.provider_job_id == truth["id"]
