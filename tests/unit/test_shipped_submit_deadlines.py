@@ -10,6 +10,7 @@ sidecar's declared budget with its shipped margin, computed by the same function
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from adapter_sidecars.common.base import HttpAdapter
-from adapter_sidecars.common.config import parse_config
+from adapter_sidecars.common.config import SidecarConfig, parse_config
 from adapter_sidecars.runway.adapter import RunwayAdapter
 from adapter_sidecars.selfhosted.adapter import SelfHostedAdapter
 from adapter_sidecars.veo.adapter import VeoAdapter
@@ -31,10 +32,10 @@ from controlplane.domain.timescale import scale_durations, scaled_defaults
 from controlplane.execution.config import ExecutionConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-ADAPTERS: dict[str, type[HttpAdapter]] = {
-    "runway": RunwayAdapter,
-    "veo": VeoAdapter,
-    "selfhosted": SelfHostedAdapter,
+ADAPTERS: dict[str, Callable[[SidecarConfig], HttpAdapter]] = {
+    "runway": RunwayAdapter.from_config,
+    "veo": VeoAdapter.from_config,
+    "selfhosted": SelfHostedAdapter.from_config,
 }
 
 
@@ -56,7 +57,7 @@ SCALES = sorted({1.0, DEV_TIME_SCALE})
 def _budget(name: str, data: dict[str, Any], scale: float) -> tuple[float, float]:
     """(submit budget, journal retention) of the sidecar `data` configures, at `scale`."""
     config = parse_config(data, {"VIDROUTE_TIME_SCALE": str(scale)})
-    adapter = ADAPTERS[name].from_config(config)
+    adapter = ADAPTERS[name](config)
     try:
         return adapter.submit_budget_s(), config.submit_journal_retention_s
     finally:
