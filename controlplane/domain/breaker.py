@@ -16,16 +16,18 @@ State machine (9.15.2)::
 
 Account breakers (9.15.1, 9.9.1 "先熔断错误账号"): a static account fault is not health noise
 for one model, it disables the whole account at once. `account_key` names the breaker that
-holds that fact: model ``""`` and operation SUBMIT. It closes like any breaker: after its
-cooldown it admits probes, a probe that succeeds closes it, a probe that fails with the same
-fault reopens it for the next, longer cooldown; an operator can pin it with ForceBreaker.
+holds that fact: model ``""`` and operation SUBMIT. It closes like any breaker, on its own
+ladder (`account_config`): after ``account_cooldowns_s[0]`` (10 min by default: a revoked key
+does not come back in seconds) it admits one probe, whose success closes it and whose same fault
+reopens it for the next, longer cooldown. After rotating the key an operator closes it at once
+with ForceBreaker (model empty, operation SUBMIT), or pins it OPEN.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 Clock = Callable[[], float]
@@ -130,6 +132,16 @@ def account_key(key: BreakerKey) -> BreakerKey:
     return BreakerKey(key.provider, key.account, key.region, "", Operation.SUBMIT)
 
 
+def account_config(config: BreakerConfig) -> BreakerConfig:
+    """How an account breaker runs: its own cooldown ladder, one probe, one success closes."""
+    return replace(
+        config,
+        cooldowns_s=config.account_cooldowns_s,
+        half_open_max_probes=1,
+        half_open_successes_to_close=1,
+    )
+
+
 def counts_for_breaker(failure: str) -> bool:
     """Whether a failure (``FailureKind`` or 9.9 error-class string) is endpoint-health evidence.
 
@@ -188,6 +200,9 @@ class BreakerConfig:
     # How long a probe admission is held without its result (the attempt never submitted, the
     # replica died) before the slot frees for another probe. Longer than any submit can take.
     half_open_probe_ttl_s: float = 600.0
+    # The cooldown ladder of an account breaker (AUTH / PERMISSION): each probe costs one task
+    # a failed attempt, so a disabled account is retried rarely.
+    account_cooldowns_s: tuple[float, ...] = (600.0, 1800.0, 3600.0)
 
     def __post_init__(self) -> None:
         if self.window_seconds <= 0 or self.min_samples < 1 or self.consecutive_failures < 1:
@@ -200,6 +215,8 @@ class BreakerConfig:
             raise ValueError("half-open probe limits must be at least 1")
         if self.half_open_probe_ttl_s <= 0:
             raise ValueError("half_open_probe_ttl_s must be positive")
+        if not self.account_cooldowns_s or any(c <= 0 for c in self.account_cooldowns_s):
+            raise ValueError("account_cooldowns_s must be a non-empty list of positive seconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -506,7 +523,10 @@ class BreakerRegistry:
     def get(self, key: BreakerKey) -> CircuitBreaker:
         breaker = self._breakers.get(key)
         if breaker is None:
-            breaker = CircuitBreaker(key, self.config_for(key), self.clock)
+            config = self.config_for(key)
+            if key == account_key(key):
+                config = account_config(config)
+            breaker = CircuitBreaker(key, config, self.clock)
             self._breakers[key] = breaker
         return breaker
 
