@@ -196,7 +196,10 @@ async def test_a_revoked_account_is_skipped_from_the_next_task_on(
 ) -> None:
     """Tasks created one after another: the first that reaches the revoked account gets 401 and
     fails over; no later task is sent there. Emulator truth: exactly one submit reached the
-    provider without creating a job, and every task has exactly one job."""
+    provider without creating a job, and every task has exactly one job.
+
+    Routing reaches the revoked account once the good one is at its capacity (2 running jobs),
+    which is why tasks are created until one lands there."""
     port = free_port()
     async with RunwayEmulator(RunwayConfig(api_key=GOOD_KEY)) as emulator:
         sidecar = runway_sidecar(emulator, port, ("prod-us", GOOD_KEY), ("revoked-us", "old"))

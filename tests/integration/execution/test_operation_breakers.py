@@ -67,7 +67,8 @@ async def test_failing_polls_open_the_poll_breaker_which_then_delays_polls(lite:
     assert len(lite.fake.get_job_calls) == polled
     assert engine.poller.refused >= 1
     runtime = await lite.xstore.runtime(attempt.id)
-    assert runtime is not None and runtime.next_poll_at is not None
+    assert runtime is not None
+    assert runtime.next_poll_at is not None
     assert runtime.next_poll_at == lite.clock.now + timedelta(seconds=RETRY_S)
     for _ in range(8):
         lite.clock.advance(RETRY_S)

@@ -350,3 +350,31 @@ async def test_an_auth_failure_disables_the_account_from_the_next_task_on(
     assert not await monitor.admit(GEN45, "probe-2")  # one probe at a time
     await monitor.record_outcome(GEN45, None, 1.0, holder="probe-1")
     assert monitor.registry.get(account).state is BreakerState.CLOSED
+
+
+@pytest.mark.redis
+async def test_a_probe_slot_without_a_result_expires_after_its_ttl(redis_server_url: str) -> None:
+    """A probe whose result never comes (its replica died) frees its slot after the probe TTL,
+    in Redis as in process; until then the slot is held."""
+    client = aioredis.Redis.from_url(redis_server_url)
+    prefix = f"test-{secrets.token_hex(4)}"
+    try:
+        for shared in (RedisSharedState(client, prefix), InProcessSharedState()):
+            assert await shared.acquire_probe(GEN45, "lost-probe", 1, 0.3)
+            assert await shared.acquire_probe(GEN45, "lost-probe", 1, 0.3)  # idempotent
+            assert not await shared.acquire_probe(GEN45, "next", 1, 0.3)
+            deadline = time.monotonic() + 5
+            while not await shared.acquire_probe(GEN45, "next", 1, 0.3):
+                assert time.monotonic() < deadline, "the lost probe's slot never expired"
+                await asyncio.sleep(0.05)
+            finish = await shared.finish_probe(GEN45, "lost-probe", True, 0.3)
+            assert not finish.was_probe  # its slot expired: a late result is not a probe
+            assert finish.successes == 0
+            assert (await shared.finish_probe(GEN45, "next", True, 0.3)).successes == 1
+            await shared.clear_probes(GEN45)
+            assert await shared.probes_free(GEN45, 1) == 1
+    finally:
+        keys = [k async for k in client.scan_iter(f"{prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+        await client.aclose()

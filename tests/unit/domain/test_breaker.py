@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.domain.breaker import (
+    DISABLES_ACCOUNT,
     BreakerConfig,
     BreakerKey,
     BreakerRegistry,
@@ -18,6 +19,7 @@ from controlplane.domain.breaker import (
     Operation,
     Permit,
     Rejection,
+    account_key,
     counts_for_breaker,
 )
 
@@ -376,3 +378,71 @@ def test_registry_keys_are_independent() -> None:
     assert isinstance(registry.try_acquire(poll), Permit)
     forced = registry.force(poll, BreakerState.OPEN, "maintenance")
     assert forced.key == poll
+
+
+# ---- externally admitted probes, account breakers, shared cooldown level -------------------
+
+
+def test_trip_opens_at_once_and_from_half_open_with_the_next_cooldown() -> None:
+    """`trip` opens a CLOSED breaker on the first cooldown and a HALF_OPEN one on the next."""
+    breaker, clock = make(BreakerConfig(cooldowns_s=(10.0, 20.0, 40.0)))
+    transition = breaker.trip("account_disabled:AUTH")
+    assert transition is not None
+    assert transition.new is BreakerState.OPEN
+    assert breaker.open_until == clock.now + 10.0
+    assert breaker.trip("again") is None  # already open
+    clock.advance(10.0)
+    breaker.tick()
+    assert breaker.state is BreakerState.HALF_OPEN
+    breaker.trip("account_disabled:AUTH")
+    assert breaker.open_until == clock.now + 20.0
+
+
+def test_record_probe_closes_on_the_shared_success_count() -> None:
+    """A probe result counts only in HALF_OPEN; the ledger's success count decides closing."""
+    breaker, clock = make(BreakerConfig(cooldowns_s=(10.0,), half_open_successes_to_close=3))
+    assert breaker.record_probe(OK, successes=3) is None  # CLOSED: not a probe phase
+    trip(breaker)
+    clock.advance(10.0)
+    breaker.tick()
+    assert breaker.record_probe(OK, successes=2) is None
+    assert breaker.state is BreakerState.HALF_OPEN
+    assert breaker.record_probe(CallOutcome.failed("AUTH")) is None  # neutral
+    transition = breaker.record_probe(OK, successes=3)
+    assert transition is not None
+    assert transition.new is BreakerState.CLOSED
+
+
+def test_a_failed_external_probe_reopens_on_the_next_cooldown() -> None:
+    """A counted failure reported as a probe reopens with the ladder's next step."""
+    breaker, clock = make(BreakerConfig(cooldowns_s=(10.0, 30.0)))
+    trip(breaker)
+    clock.advance(10.0)
+    breaker.tick()
+    transition = breaker.record_probe(FAIL)
+    assert transition is not None
+    assert transition.reason == "probe_failed"
+    assert breaker.open_until == clock.now + 30.0
+
+
+def test_remote_level_carries_the_cooldown_ladder_across_replicas() -> None:
+    """A replica adopting OPEN at level 1 reopens a failed probe at level 2, like the origin."""
+    breaker, clock = make(BreakerConfig(cooldowns_s=(10.0, 20.0, 40.0)))
+    breaker.apply_remote(BreakerState.OPEN, clock.now + 20.0, level=1)
+    assert breaker.level == 1
+    clock.advance(20.0)
+    breaker.tick()
+    breaker.record_probe(FAIL)
+    assert breaker.open_until == clock.now + 40.0
+
+
+def test_account_breakers_run_on_the_account_ladder() -> None:
+    """The account key (model "") gets account_cooldowns_s, one probe, one success to close."""
+    config = BreakerConfig(account_cooldowns_s=(600.0, 1800.0), half_open_successes_to_close=3)
+    registry = BreakerRegistry(config, FakeClock())
+    account = account_key(KEY)
+    assert account == BreakerKey("google", "acct-1", "us-central1", "", Operation.SUBMIT)
+    assert registry.get(account).config.cooldowns_s == (600.0, 1800.0)
+    assert registry.get(account).config.half_open_successes_to_close == 1
+    assert registry.get(KEY).config is config
+    assert {"AUTH", "PERMISSION"} <= DISABLES_ACCOUNT
