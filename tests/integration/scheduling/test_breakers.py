@@ -229,6 +229,29 @@ async def test_half_open_admits_exactly_the_configured_probes(
         assert "probes in flight" in gen45["detail"]
 
 
+async def test_tasks_the_probe_limit_turns_away_go_to_other_candidates(
+    store: Store, catalog_store: CatalogStore, make_dispatcher: DispatcherFactory
+) -> None:
+    """With the top-ranked candidate HALF_OPEN, one of 6 unpinned tasks probes it (its capacity
+    would take 2) and the other 5 are placed on other candidates in the same round."""
+    clock = ManualClock()
+    monitor = probing_monitor(catalog_store, clock)
+    dispatcher = make_dispatcher(monitor=monitor)
+    await dispatcher.catalog()
+    await trip_to_half_open(monitor, clock)
+    ids = [(await new_task(store, make_spec(), key=f"auto{i}")).id for i in range(6)]
+    assert await dispatcher.tick() == 6
+    details = [d for i in ids if (d := await store.get_task(i)) is not None]
+    assert all(len(d.attempts) == 1 for d in details)
+    on_gen45 = [d for d in details if d.attempts[0].provider_model == "gen4.5"]
+    assert len(on_gen45) == PROBING.half_open_max_probes
+    for detail in details:
+        if detail not in on_gen45:
+            snapshot = detail.route_decisions[-1].candidate_snapshot
+            (gen45,) = [c for c in snapshot["candidates"] if c["id"] == GEN45_ID]
+            assert gen45["reason"] == "CIRCUIT_OPEN"
+
+
 async def test_probe_successes_close_and_a_probe_failure_reopens_longer(
     store: Store, catalog_store: CatalogStore, make_dispatcher: DispatcherFactory
 ) -> None:
