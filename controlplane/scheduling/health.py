@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from controlplane.domain.breaker import (
     DISABLES_ACCOUNT,
@@ -42,9 +43,12 @@ from controlplane.domain.scoring import HealthWindows, Window
 from controlplane.persistence.catalog_store import CatalogStore, HealthEvent
 from controlplane.scheduling.shared_state import (
     InProcessSharedState,
+    ProbeFinish,
     SharedBreakerState,
     SharedRecord,
 )
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +176,8 @@ class HealthMonitor:
             if breaker.state is not BreakerState.HALF_OPEN:
                 continue
             limit = breaker.config.half_open_max_probes
-            if await self._shared.probes_free(k, limit) == 0:
+            free = await self._safely("probe count", k, self._shared.probes_free(k, limit), limit)
+            if free == 0:
                 return f"breaker HALF_OPEN: {limit} of {limit} probes in flight"
         return None
 
@@ -246,7 +251,7 @@ class HealthMonitor:
         probe, or tripped the breaker, may not be this one."""
         breaker = self.registry.get(key)
         await self._emit(breaker.tick(), publish=False)
-        record = await self._shared.read(key)
+        record = await self._safely("read", key, self._shared.read(key), None)
         if record is not None:
             self._adopt(record)
         return breaker
@@ -267,25 +272,40 @@ class HealthMonitor:
         if breaker.state is BreakerState.OPEN:
             return False
         cfg = breaker.config
-        return await self._shared.acquire_probe(
+        # Without the ledger the limit cannot be proven across replicas: no probe then.
+        acquire = self._shared.acquire_probe(
             key, holder, cfg.half_open_max_probes, cfg.half_open_probe_ttl_s
         )
+        return await self._safely("probe admission", key, acquire, False)
+
+    async def _finish(self, breaker: CircuitBreaker, holder: str, succeeded: bool) -> ProbeFinish:
+        ttl = breaker.config.half_open_probe_ttl_s
+        finish = self._shared.finish_probe(breaker.key, holder, succeeded, ttl)
+        # An unreachable ledger: the result is not counted; the slot frees after its TTL.
+        return await self._safely("probe result", breaker.key, finish, ProbeFinish(False, 0))
+
+    async def _safely(self, what: str, key: BreakerKey, call: Awaitable[T], fallback: T) -> T:
+        """The shared state's answer, or `fallback` while it is unreachable (Redis lost): the
+        local breakers keep working, and an outcome must never fail the worker reporting it."""
+        try:
+            return await call
+        except Exception:
+            log.warning(
+                "breaker %s: shared %s failed; using %r", key, what, fallback, exc_info=True
+            )
+            return fallback
 
     async def _release_one(self, key: BreakerKey, holder: str) -> None:
         breaker = self.registry.get(key)
         if breaker.state is BreakerState.HALF_OPEN:
-            await self._shared.finish_probe(
-                key, holder, False, breaker.config.half_open_probe_ttl_s
-            )
+            await self._finish(breaker, holder, False)
 
     async def _record_one(
         self, key: BreakerKey, outcome: CallOutcome, holder: str | None, permit: Permit | None
     ) -> BreakerTransition | None:
         breaker = await self._fresh(key)
         if breaker.state is BreakerState.HALF_OPEN and holder is not None:
-            finish = await self._shared.finish_probe(
-                key, holder, breaker.probe_succeeded(outcome), breaker.config.half_open_probe_ttl_s
-            )
+            finish = await self._finish(breaker, holder, breaker.probe_succeeded(outcome))
             result = breaker.record_probe(outcome, finish.successes) if finish.was_probe else None
         else:
             result = breaker.record(outcome, permit)
@@ -301,9 +321,7 @@ class HealthMonitor:
         breaker = await self._fresh(key)
         result = None
         if breaker.state is BreakerState.HALF_OPEN and holder is not None:
-            finish = await self._shared.finish_probe(
-                key, holder, outcome.succeeded, breaker.config.half_open_probe_ttl_s
-            )
+            finish = await self._finish(breaker, holder, outcome.succeeded)
             if finish.was_probe and outcome.succeeded:
                 result = breaker.record_probe(outcome, finish.successes)
         if outcome.failure in DISABLES_ACCOUNT:
@@ -324,7 +342,7 @@ class HealthMonitor:
         )
         if publish:
             breaker = self.registry.get(transition.key)
-            record = await self._shared.publish(
+            published = self._shared.publish(
                 transition.key,
                 transition.new,
                 breaker.open_until,
@@ -332,9 +350,16 @@ class HealthMonitor:
                 transition.reason,
                 level=breaker.level,
             )
-            self._applied[transition.key] = record.version
+            # An operator's override must reach every replica or fail loudly; a transition
+            # learnt from outcomes still holds here (and is audited) while Redis is away.
+            record = await (
+                published if forced else self._safely("publish", transition.key, published, None)
+            )
+            if record is not None:
+                self._applied[transition.key] = record.version
             if transition.old is BreakerState.HALF_OPEN:
-                await self._shared.clear_probes(transition.key)  # the next phase starts empty
+                clear = self._shared.clear_probes(transition.key)  # the next phase starts empty
+                await self._safely("probe reset", transition.key, clear, None)
         await self._persist([transition])
 
     async def _persist(self, transitions: Sequence[BreakerTransition]) -> None:

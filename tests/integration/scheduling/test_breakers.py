@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 import time
 
 import pytest
@@ -400,4 +401,29 @@ async def test_a_probe_slot_without_a_result_expires_after_its_ttl(redis_server_
         keys = [k async for k in client.scan_iter(f"{prefix}:*")]
         if keys:
             await client.delete(*keys)
+        await client.aclose()
+
+
+async def test_breakers_keep_working_locally_while_redis_is_unreachable() -> None:
+    """With the shared state unreachable, outcomes still trip the local breaker without raising
+    into the worker, and HALF_OPEN admits no probe (the limit cannot be proven globally)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # nothing listens here once the socket is closed
+    client = aioredis.Redis.from_url(f"redis://127.0.0.1:{dead}", socket_connect_timeout=0.5)
+    clock = ManualClock()
+    monitor = HealthMonitor(
+        BreakerRegistry(PROBING, clock), shared=RedisSharedState(client), clock=clock
+    )
+    try:
+        await monitor.record_outcome(GEN45, None, 1.0)
+        for _ in range(PROBING.consecutive_failures):
+            await monitor.record_outcome(GEN45, "PROVIDER_OVERLOADED", 1.0, holder="x")
+        breaker = monitor.registry.get(GEN45)
+        assert breaker.state is BreakerState.OPEN
+        assert not await monitor.admit(GEN45, "t1")
+        clock.now = (breaker.open_until or 0) + 0.001
+        assert not await monitor.admit(GEN45, "t2")
+        assert breaker.state is BreakerState.HALF_OPEN
+    finally:
         await client.aclose()
