@@ -23,6 +23,7 @@ from typing import Protocol
 from controlplane.domain.breaker import BreakerKey, Operation
 from controlplane.domain.errors import ProviderError
 from controlplane.persistence.execution_store import AccountInfo
+from controlplane.persistence.records import AttemptRecord
 
 __all__ = ["TRANSPORT_FAILURE", "GuardedCall", "OperationBreakers", "OperationGate"]
 
@@ -81,6 +82,24 @@ class OperationGate:
             log.info("breaker %s refuses the call; retrying later", key)
             return None
         return call
+
+    async def release_unsent(self, account: AccountInfo, attempt: AttemptRecord) -> None:
+        """`attempt` ended before its submit was sent (cancelled, lease lost): give back the
+        HALF_OPEN probe slot the dispatcher may have taken for it, so the next probe need not
+        wait for the slot's TTL."""
+        if self._breakers is None:
+            return
+        key = BreakerKey(
+            account.provider,
+            account.account_name,
+            account.region,
+            attempt.provider_model,
+            Operation.SUBMIT,
+        )
+        try:
+            await self._breakers.release(key, attempt.client_request_key)
+        except Exception:
+            log.warning("breaker %s: probe slot not released", key, exc_info=True)
 
     async def release(self, call: GuardedCall) -> None:
         """The call failed for a reason of ours (platform storage): no evidence either way."""

@@ -73,6 +73,7 @@ class CancelService:
             raise NotFound("task", str(task_id))
         live = [a for a in detail.attempts if not ATTEMPT_MACHINE.is_terminal(a.state)]
         after = AfterCommit()
+        unsent = None
         async with self._deps.xstore.unit(self._deps.clock()) as u:
             attempt = await u.attempt(live[-1].id) if live else None
             task = await u.task(task_id)
@@ -89,6 +90,7 @@ class CancelService:
                 if gone is None:
                     return None
                 after.release.append(gone)
+                unsent = gone
                 moved = await u.move_task(task, TaskState.CANCELLED, reason)
                 if moved is None:
                     return None
@@ -114,6 +116,9 @@ class CancelService:
                 )
                 result = CancelOutcome(task, asked.id, True, "cancel requested at the provider")
         await after.run(self._deps.leases)
+        if unsent is not None:
+            account = await self._deps.xstore.account(unsent.provider_account_id)
+            await self._deps.gate.release_unsent(account, unsent)
         return result
 
 

@@ -81,6 +81,7 @@ class SubmitWorker:
         after = AfterCommit()
         started = None
         interrupted = False
+        unsent = None
         async with self._deps.xstore.unit(now) as u:
             attempt = await u.attempt(attempt_id)
             task = None if attempt is None else await u.task(attempt.task_id)
@@ -95,6 +96,7 @@ class SubmitWorker:
                 moved = await u.move_attempt(attempt, AttemptState.CANCELLED, "task ended")
                 if moved is not None:
                     after.release.append(moved)
+                    unsent = moved
                 await u.complete_message(message.id, worker)
             else:
                 account = await u.account(attempt.provider_account_id)
@@ -117,6 +119,9 @@ class SubmitWorker:
                         started.id, started.task_id, supports_idempotency_key=supports
                     )
         await after.run(self._deps.leases)
+        if unsent is not None:
+            account = await self._deps.xstore.account(unsent.provider_account_id)
+            await self._deps.gate.release_unsent(account, unsent)
         if interrupted:
             await self.settle(attempt_id, message)
         if started is None:
@@ -188,6 +193,8 @@ class SubmitWorker:
                     )
             await u.complete_message(message.id, self._deps.config.worker_id)
         await after.run(self._deps.leases)
+        account = await self._deps.xstore.account(attempt.provider_account_id)
+        await self._deps.gate.release_unsent(account, attempt)
 
     async def _observe(
         self, account: AccountInfo, attempt: AttemptRecord, result: SubmitResult, took_s: float

@@ -158,3 +158,18 @@ async def test_an_open_usage_breaker_leaves_the_usage_step_inconclusive(lite: Ha
             break
     detail = await lite.detail(attempt.task_id)
     assert [j.provider_job_id for j in detail.provider_jobs] == ["job-usage"]
+
+
+async def test_an_attempt_cancelled_before_submit_frees_its_probe_slot(lite: Harness) -> None:
+    """A HALF_OPEN probe slot taken for an attempt that is cancelled before its submit is given
+    back at once, so the next probe need not wait for the slot's TTL."""
+    attempt = await lite.task_with_attempt()
+    engine, monitor = guarded(lite)
+    key = await key_of(lite, attempt, Op.SUBMIT)
+    await monitor.force(key, BreakerState.OPEN, "incident")
+    await monitor.force(key, None, "probing")  # released into HALF_OPEN
+    assert await monitor.admit(key, attempt.client_request_key)  # as the dispatcher did
+    assert not await monitor.admit(key, "next-task")
+    await engine.cancel_service.cancel(attempt.task_id)
+    assert lite.fake.submit_calls == []
+    assert await monitor.admit(key, "next-task")
