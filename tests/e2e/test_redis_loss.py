@@ -241,6 +241,8 @@ def test_leases_survive_redis_flush_and_restart_under_load(
 ) -> None:
     """Across a FLUSHALL and a restart of an empty Redis under load, in flight never exceeds
     capacity (database and provider truth), and capacity is back within one reconcile period.
+
+    Prints ``FIGURES redis-loss: ...`` with the tasks, the losses and the duplicates (must be 0).
     """
     capacity = _capacity()
     with ProviderFarm(tmp_path / "farm", time_scale=TIME_SCALE, providers=USED_PROVIDERS) as farm:
@@ -251,10 +253,11 @@ def test_leases_survive_redis_flush_and_restart_under_load(
         cp.start()
         try:
             with Sampler(fresh_postgres_url, farm) as sampler:
-                task_ids = [
-                    cp.create_task(USED_PROVIDERS[i % len(USED_PROVIDERS)], prompt=f"fox {i}")
-                    for i in range(TASKS)
-                ]
+                prompts: dict[str, str] = {}  # task id -> prompt, for the truth check
+                for i in range(TASKS):
+                    provider = USED_PROVIDERS[i % len(USED_PROVIDERS)]
+                    prompts[cp.create_task(provider, prompt=f"fox {i}")] = f"fox {i}"
+                task_ids = list(prompts)
                 client = private_redis.client()
                 full = {
                     (p, PROVIDERS[p].model): capacity[(p, PROVIDERS[p].model)]
@@ -292,10 +295,13 @@ def test_leases_survive_redis_flush_and_restart_under_load(
                     what="a new attempt admitted after the restart",
                 )
                 tasks = {t: cp.wait_terminal(t, timeout_s=180) for t in task_ids}
+            truth = assert_truth(farm, tasks, prompts)
             print(
-                f"\n{TASKS} tasks, {sampler.samples} samples; live again {flush_s:.3f} s after "
-                f"FLUSHALL, {restart_s:.3f} s after kill+restart (period {RECONCILE_PERIOD_S} s); "
-                f"max in flight db={dict(sampler.max_db)} truth={dict(sampler.max_truth)}"
+                f"\nFIGURES redis-loss: time_scale={TIME_SCALE} tasks={TASKS} "
+                f"losses=2 (FLUSHALL, SIGKILL+restart) samples={sampler.samples} "
+                f"live_again_s={flush_s:.3f},{restart_s:.3f} period_s={RECONCILE_PERIOD_S} "
+                f"max_in_flight_db={dict(sampler.max_db)} max_live_jobs={dict(sampler.max_truth)} "
+                f"capacity={full} provider_jobs={truth.jobs} duplicates={truth.duplicates}"
             )
             assert not sampler.errors, sampler.errors
             assert sampler.samples > 100
@@ -308,7 +314,6 @@ def test_leases_survive_redis_flush_and_restart_under_load(
             assert restart_s <= RECONCILE_PERIOD_S, f"{restart_s:.3f} s after the restart"
             states = Counter(sp.TaskState.Name(t.state) for t in tasks.values())
             assert states == {"TASK_STATE_SUCCEEDED": TASKS}, states
-            assert_truth(farm, tasks)
             report = audit(fresh_postgres_url, private_redis.url)
             assert report.ok, report.render()
         except BaseException:
