@@ -303,11 +303,12 @@ async def test_two_replicas_sharing_redis_admit_the_configured_probes_together(
     total, and probe successes reported on either replica add up to close it for both."""
     clock = ManualClock()
     client = aioredis.Redis.from_url(redis_server_url)
+    peer = aioredis.Redis.from_url(redis_server_url)  # each replica has its own connections
     prefix = f"test-{secrets.token_hex(4)}"
     try:
         monitors = [
-            probing_monitor(catalog_store, clock, RedisSharedState(client, prefix))
-            for _ in range(2)
+            probing_monitor(catalog_store, clock, RedisSharedState(c, prefix))
+            for c in (client, peer)
         ]
         dispatchers = [make_dispatcher(monitor=m) for m in monitors]
         for d in dispatchers:
@@ -340,6 +341,7 @@ async def test_two_replicas_sharing_redis_admit_the_configured_probes_together(
         if keys:
             await client.delete(*keys)
         await client.aclose()
+        await peer.aclose()
 
 
 async def test_an_auth_failure_disables_the_account_from_the_next_task_on(
