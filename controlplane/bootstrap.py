@@ -77,7 +77,7 @@ from controlplane.execution.outcomes import AttemptEndObserver, SubmitObserver
 from controlplane.execution.output_step import fetcher_for
 from controlplane.leases.base import LeaseStore
 from controlplane.leases.memory_store import MemoryLeaseStore
-from controlplane.leases.redis_store import RedisLeaseStore
+from controlplane.leases.redis_store import RedisClientConfig, RedisLeaseStore, redis_client
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.execution_store import AccountInfo
 from controlplane.persistence.migrate import upgrade
@@ -318,7 +318,7 @@ async def _lease_store(
     scale = settings.time_scale
     if not settings.redis_url:
         return MemoryLeaseStore(**scaled_defaults(MemoryLeaseStore, scale)), None
-    client: Redis = Redis.from_url(settings.redis_url)
+    client = redis_client(settings.redis_url, scale_durations(RedisClientConfig(), scale))
     cleanup.append(client.aclose)
     return RedisLeaseStore(client, **scaled_defaults(RedisLeaseStore, scale)), client
 
