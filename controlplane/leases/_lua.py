@@ -201,7 +201,8 @@ return new
 # KEYS[1] expiry index, KEYS[2] fence counter, KEYS[3] dimension-key set, KEYS[4] unknown-budget
 # hash, KEYS[5] live marker, then per holder its lease hash followed by its capacity hashes.
 # ARGV: ttl_ms, max_term_ms, retain_ms, account, unknown cap ('' = leave), holders_json: a list of
-# [attempt_id, token, fence, dims_json, slots, unknown '0'/'1'] (all strings) in KEYS order.
+# [attempt_id, token, fence, dims_json, slots, unknown '0'/'1', sent '0'/'1'] (all strings) in KEYS
+# order. An unsent holder is rebuilt only if the account was not live (see `HeldLease.sent`).
 # A holder whose record exists is left alone; a missing one is recreated with its own token and
 # fencing token and its slots counted. The fence counter is raised past every holder's token, so
 # new grants still fence out the old ones. Marks the account live. Returns the restored ids.
@@ -212,13 +213,14 @@ local now = now_ms('')
 local ttl = tonumber(ARGV[1])
 local max_fence = tonumber(redis.call('GET', KEYS[2]) or '0')
 local restored = {}
+local was_live = redis.call('EXISTS', KEYS[5]) == 1
 local k = 6
 for _, h in ipairs(cjson.decode(ARGV[6])) do
   local lease_key = KEYS[k]
   local dims = cjson.decode(h[4])
   local fence = tonumber(h[3])
   if fence > max_fence then max_fence = fence end
-  if redis.call('EXISTS', lease_key) == 0 then
+  if redis.call('EXISTS', lease_key) == 0 and (h[7] == '1' or not was_live) then
     local slots = tonumber(h[5])
     for j, d in ipairs(dims) do
       redis.call('HINCRBY', KEYS[k + j], 'used', slots)

@@ -181,6 +181,11 @@ class Lease:
 class HeldLease:
     """A lease PostgreSQL says `attempt_id` holds: its token and fencing token from the attempt row,
     its dimensions from the catalog. `unknown` puts its slots in the unknown budget too (9.11.3).
+
+    `sent` is False for an attempt not submitted yet. Its lease is rebuilt only in an account the
+    store lost: in a live account a missing lease of an unsent attempt expired, its slot may be
+    someone else's by now, and the submit worker's fencing check must refuse it, not a rebuild
+    bring it back over capacity.
     """
 
     attempt_id: str
@@ -190,6 +195,7 @@ class HeldLease:
     dimensions: tuple[Dimension, ...]
     slots: int = 1
     unknown: bool = False
+    sent: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,8 +293,9 @@ class LeaseStore(Protocol):
         """Rebuild the leases of `holders` that the store lacks, then mark the account live.
 
         In one atomic step per account: each holder without a record gets one again with its own
-        token and fencing token (expiring `ttl_ms` from now) and its slots counted; holders whose
-        record exists are left alone; the fence counter rises past every holder's token; the
+        token and fencing token (expiring `ttl_ms` from now) and its slots counted, unsent holders
+        only if the account was not live (see `HeldLease.sent`); holders whose record exists are
+        left alone; the fence counter rises past every holder's token; the
         unknown budget's cap is set when given. Returns the attempt ids whose lease was rebuilt.
         Counters the holders do not explain are the reconciler's to correct, not this call's.
         """

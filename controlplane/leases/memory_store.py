@@ -220,11 +220,12 @@ class MemoryLeaseStore:
             now = self._clock()
             self._accounts.add(account)
             restored: list[str] = []
+            was_live = account in self._live
             for h in holders:
                 if h.account != account:
                     raise InvalidLeaseRequest(f"holder {h.attempt_id} is in {h.account}")
                 self._fence[account] = max(self._fence.get(account, 0), h.fencing_token)
-                if (account, h.attempt_id) in self._leases:
+                if (account, h.attempt_id) in self._leases or (was_live and not h.sent):
                     continue
                 for dim in h.dimensions:
                     ref = (account, dim.key)

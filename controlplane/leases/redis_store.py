@@ -354,6 +354,7 @@ class RedisLeaseStore:
                     _encode_dims(h.dimensions),
                     str(h.slots),
                     "1" if h.unknown else "0",
+                    "1" if h.sent else "0",
                 ]
             )
         args: list[str | int] = [

@@ -37,7 +37,9 @@ HOLDING_STATES: frozenset[str] = frozenset(
 )
 """Attempts whose lease must survive a loss of the store: the in-flight ones of 9.11.2, plus the
 ones not sent yet, which hold the lease the dispatcher took and will send under it. ABANDONED is
-not among them (9.11.2 does not count it); its unrenewed lease would only have lived to its TTL."""
+not among them (9.11.2 does not count it); its unrenewed lease would only have lived to its TTL.
+The unsent ones are rebuilt only in an account the store lost (`HeldLease.sent`)."""
+_IN_FLIGHT = frozenset(s.value for s in IN_FLIGHT_ATTEMPT_STATES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,7 @@ async def restore_holders(
                 fence,
                 lease_dimensions(candidate, dc),
                 unknown=status == AttemptState.SUBMIT_UNKNOWN.value,
+                sent=status in _IN_FLIGHT,
             )
         )
     restored: list[str] = []

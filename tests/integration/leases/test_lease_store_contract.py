@@ -537,6 +537,21 @@ async def test_restore_rebuilds_held_leases_with_their_tokens(backend: Backend) 
     assert newer.fencing_token > 7  # the fence counter rose past every restored holder
 
 
+async def test_restore_into_a_live_account_leaves_unsent_holders_out(backend: Backend) -> None:
+    """A live account gets back only its sent holders; an unsent one's lease expired for good."""
+    store = backend.build(True)
+    await store.restore(ACCOUNT, [], ttl_ms=LONG_TTL, max_term_ms=600_000)
+    sent = HeldLease("a-sent", ACCOUNT, "t-sent", 1, (GEN45,))
+    unsent = HeldLease("a-unsent", ACCOUNT, "t-unsent", 2, (GEN45,), sent=False)
+    restored = await store.restore(ACCOUNT, [sent, unsent], ttl_ms=LONG_TTL, max_term_ms=600_000)
+    assert restored == ["a-sent"]
+    assert await store.used(ACCOUNT, "gen4.5") == 1
+    await backend.flush()
+    restored = await store.restore(ACCOUNT, [sent, unsent], ttl_ms=LONG_TTL, max_term_ms=600_000)
+    assert restored == ["a-sent", "a-unsent"]
+    assert await store.used(ACCOUNT, "gen4.5") == 2
+
+
 # -- validation and backend errors -----------------------------------------------------------------
 
 
