@@ -20,6 +20,8 @@ Format (every key but ``provider.base_url`` and ``accounts`` has a default)::
     submit_journal:                    # submit outcomes by client_request_key (common.journal)
       path: null                       # env VIDROUTE_ADAPTER_SUBMIT_JOURNAL; null: memory only
       retention_s: 21600               # >= the control plane's recovery window (1800 s)
+      sole_submitter: false            # true only if no other process submits for these accounts
+      clock_skew_s: 5                  # allowed skew between the control plane's clock and ours
     accounts:
       - name: prod-us
         region: us
@@ -37,6 +39,16 @@ health probe interval, the shutdown grace, and any ``*_seconds`` field added lat
 (`controlplane.domain.timescale`). A test compresses time with it so that every deadline keeps
 its production order against the control plane's, which reads the same variable. Production
 configurations never set it (default 1.0).
+
+``submit_journal.sole_submitter`` makes the journal authoritative for absence: RecoverSubmission
+may then answer NOT_FOUND for a key the journal never saw (`common.journal`). Set it true only
+when this process (or the one process at a time owning its journal file) is the ONLY submitter
+for its accounts: one replica, no other sidecar or tool submitting with them, and no overlap of
+an old and a new process (k8s: ``replicas: 1`` with ``strategy: {type: Recreate}``; the shipped
+manifests run RollingUpdate or two replicas and keep it false, tests/unit/k8s checks that). A
+wrong true can declare absent a job another submitter created. ``clock_skew_s`` widens the
+window the journal must have covered, because the attempt's times come from the control plane's
+clock.
 """
 
 from __future__ import annotations
@@ -152,6 +164,9 @@ class SidecarConfig:
     # long it keeps an outcome; retention must cover the control plane's recovery window.
     submit_journal_path: Path | None = None
     submit_journal_retention_s: float = 21600.0
+    # The journal proves absence only when this sidecar is its accounts' only submitter (above).
+    submit_journal_sole_submitter: bool = False
+    submit_journal_clock_skew_s: float = 5.0
     provider_options: Mapping[str, Any] = field(default_factory=dict)
     # The factor every duration above was already multiplied by (1.0 in production); adapter
     # code that falls back to a built-in default duration multiplies it by this.
@@ -236,7 +251,7 @@ def _parse_unscaled(data: Mapping[str, Any], environ: Mapping[str, str]) -> Side
 
 
 def _journal(raw: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
-    unknown = set(raw) - {"path", "retention_s"}
+    unknown = set(raw) - {"path", "retention_s", "sole_submitter", "clock_skew_s"}
     if unknown:
         raise ConfigError(f"submit_journal: unknown keys {sorted(unknown)}")
     path = environ.get("VIDROUTE_ADAPTER_SUBMIT_JOURNAL") or raw.get("path")
@@ -245,7 +260,19 @@ def _journal(raw: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, An
         "submit_journal_retention_s": _number(
             raw.get("retention_s", 21600), "submit_journal.retention_s"
         ),
+        "submit_journal_sole_submitter": _flag(
+            raw.get("sole_submitter", False), "submit_journal.sole_submitter"
+        ),
+        "submit_journal_clock_skew_s": _number(
+            raw.get("clock_skew_s", 5), "submit_journal.clock_skew_s"
+        ),
     }
+
+
+def _flag(value: Any, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    return value
 
 
 def _accounts(raw: Any, environ: Mapping[str, str]) -> tuple[Account, ...]:

@@ -18,6 +18,7 @@ from adapter_sidecars.common.types import (
     Output,
     OutputPart,
     Plan,
+    RecoverInput,
     SubmitOutcome,
     Transformation,
     TransformationKind,
@@ -42,6 +43,28 @@ def timestamp(when: datetime | None) -> timestamp_pb2.Timestamp | None:
 def from_timestamp(ts: timestamp_pb2.Timestamp, present: bool) -> datetime | None:
     """A Timestamp field as an aware UTC datetime, None when unset."""
     return ts.ToDatetime(tzinfo=UTC) if present else None
+
+
+def recover_input(request: svc.RecoverSubmissionRequest) -> RecoverInput:
+    """A RecoverSubmission request as the adapter's input (account/model default to the plan's)."""
+    plan = plan_from_proto(request.plan) if request.HasField("plan") else None
+    return RecoverInput(
+        account=request.account or (plan.account if plan else ""),
+        model=request.model or (plan.model if plan else ""),
+        client_request_key=request.client_request_key,
+        request_hash=request.request_hash,
+        provider_request_id=request.provider_request_id,
+        submitted_after=from_timestamp(
+            request.submitted_after, request.HasField("submitted_after")
+        ),
+        submitted_before=from_timestamp(
+            request.submitted_before, request.HasField("submitted_before")
+        ),
+        plan=plan,
+        request_started_at=from_timestamp(
+            request.request_started_at, request.HasField("request_started_at")
+        ),
+    )
 
 
 def money(micros: int, currency: str) -> money_pb2.Money:

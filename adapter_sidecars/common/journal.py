@@ -12,9 +12,26 @@ provider anything. One journal per sidecar process:
   UNKNOWN only when the provider honours the idempotency key (the provider then deduplicates);
   after definite REJECTEDs always, because nothing was created and the control plane's
   RETRY_SAME deliberately re-sends with the same key.
-* `verdict(key)`: FOUND when any outcome of the key was ACCEPTED, NOT_FOUND when every outcome
-  was a definite REJECTED, INCONCLUSIVE while a call is in flight; None when the journal knows
-  nothing conclusive (no entry, or only UNKNOWN), so the adapter's own search runs.
+* `verdict(key, window)`: FOUND when any outcome of the key was ACCEPTED, NOT_FOUND when every
+  outcome was a definite REJECTED, INCONCLUSIVE while a call is in flight; None when the journal
+  knows nothing conclusive (no entry, or only UNKNOWN), so the adapter's own search runs.
+
+Absence from the journal is a proof (NOT_FOUND) only when the journal is authoritative for the
+key's whole submit `window` (`SubmitWindow`): the sidecar is its accounts' sole submitter
+(``submit_journal.sole_submitter``; otherwise another process may have sent it), the journal's
+coverage began no later than the attempt's request start minus the clock-skew allowance (every
+Submit that could carry the key arrived while it was recording: `begin` is written before a
+byte goes to the provider), and the window has settled (now >= submitted_before + the submit
+budget + the recovery settle + the skew), so a Submit still in transit from a dead control
+plane would have arrived and been journaled. The NOT_FOUND is journaled (fsync'd) before it is
+answered, as a definite rejection SUBMIT_PROVEN_ABSENT; from then on a Submit of that key is
+refused without any provider call (the refusal is journaled too), so a very late stale request
+cannot create a job after absence was declared.
+
+Coverage starts when the journal started recording: the process start for a memory journal; for
+a file journal the time its header was first written (kept across restarts and compactions; a
+file without a header starts coverage at the load). Retention prunes entries first seen before
+now - retention, so coverage is never older than that horizon.
 
 Durability: with `path` set the journal is an append-only JSON-lines file (fsync'd per line),
 replayed and compacted (entries older than the retention dropped) when the sidecar starts and
@@ -37,21 +54,19 @@ from pathlib import Path
 from typing import Any
 
 from adapter_sidecars.common.config import SidecarConfig
-from adapter_sidecars.common.types import (
-    JobRef,
-    RecoveryVerdict,
-    SubmitKind,
-    SubmitOutcome,
-    TransportStage,
-)
-from controlplane.domain.errors import ErrorClass, ProviderError, make_error
+from adapter_sidecars.common.journal_records import dump_outcome, load_outcome
+from adapter_sidecars.common.types import JobRef, RecoveryVerdict, SubmitKind, SubmitOutcome
+from controlplane.domain.errors import ErrorClass, make_error
 
-__all__ = ["JOURNAL_METHOD", "Gate", "SubmitJournal"]
+__all__ = ["JOURNAL_METHOD", "PROVEN_ABSENT", "Gate", "SubmitJournal", "SubmitWindow"]
 
 log = logging.getLogger(__name__)
 JOURNAL_METHOD = "submit_journal"
 #: Appended lines after which the file is rewritten (at least; more with many live keys).
 _COMPACT_AFTER = 1000
+#: The code of the journal's own definite rejection: recovery proved the key absent.
+PROVEN_ABSENT = "SUBMIT_PROVEN_ABSENT"
+_HEADER = "covered_from"  # the file's first record: when this journal started recording
 
 
 class Gate(enum.Enum):
@@ -60,6 +75,16 @@ class Gate(enum.Enum):
     SEND = "SEND"  # start a provider call
     IN_FLIGHT = "IN_FLIGHT"  # a call for the key runs now: answer UNKNOWN, send nothing
     REPLAY = "REPLAY"  # answer the journaled outcome, send nothing
+    REFUSE = "REFUSE"  # the key was declared absent: refuse (journal it), send nothing
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitWindow:
+    """When an attempt's Submit could have reached this sidecar (control plane's clock)."""
+
+    started_at: datetime | None  # the attempt was committed SUBMITTING: no Submit before this
+    submitted_before: datetime | None  # no Submit of the attempt was sent after this
+    arrival_s: float  # the submit budget + the recovery settle: a Submit's longest way here
 
 
 @dataclass(slots=True)
@@ -76,6 +101,13 @@ class _Entry:
     def definitely_rejected(self) -> bool:
         return bool(self.outcomes) and all(_definite_rejection(o) for o in self.outcomes)
 
+    def proven_absent(self) -> SubmitOutcome | None:
+        return next((o for o in self.outcomes if _is_absence(o)), None)
+
+
+def _is_absence(outcome: SubmitOutcome) -> bool:
+    return outcome.error is not None and outcome.error.code == PROVEN_ABSENT
+
 
 def _definite_rejection(outcome: SubmitOutcome) -> bool:
     return outcome.kind is SubmitKind.REJECTED and not (
@@ -91,11 +123,16 @@ class SubmitJournal:
         *,
         retention_s: float,
         path: Path | None = None,
+        sole_submitter: bool = False,
+        clock_skew_s: float = 5.0,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.retention_s = retention_s
         self.path = path
+        self.sole_submitter = sole_submitter
+        self.clock_skew_s = clock_skew_s
         self._clock = clock
+        self._started = clock()  # a file journal replaces it with its header's time
         self._entries: dict[str, _Entry] = {}
         self._appended = 0
         self._compacted_lines = 0  # lines the last rewrite left; the file stays under 2x + 1000
@@ -106,7 +143,10 @@ class SubmitJournal:
     def from_config(cls, config: SidecarConfig) -> SubmitJournal:
         """The journal a sidecar's configuration asks for (``submit_journal``)."""
         journal = cls(
-            retention_s=config.submit_journal_retention_s, path=config.submit_journal_path
+            retention_s=config.submit_journal_retention_s,
+            path=config.submit_journal_path,
+            sole_submitter=config.submit_journal_sole_submitter,
+            clock_skew_s=config.submit_journal_clock_skew_s,
         )
         if journal.path is None:
             log.warning(
@@ -122,6 +162,10 @@ class SubmitJournal:
         """Whether the journal survives a restart (it is a file)."""
         return self.path is not None
 
+    def covered_from(self) -> datetime:
+        """Since when every Submit this sidecar received is in the journal (module docstring)."""
+        return max(self._started, self._clock() - timedelta(seconds=self.retention_s))
+
     # -- writing -----------------------------------------------------------------------------
     def begin(self, key: str) -> None:
         """A provider call for `key` starts now."""
@@ -136,7 +180,8 @@ class SubmitJournal:
         entry = self._entries.setdefault(key, _Entry(now))
         entry.in_flight = max(0, entry.in_flight - 1)
         entry.outcomes.append(outcome)
-        self._append({"key": key, "event": "outcome", "at": now.isoformat(), **_dump(outcome)})
+        record = {"key": key, "event": "outcome", "at": now.isoformat()}
+        self._append({**record, **dump_outcome(outcome)})
         if outcome.kind is not SubmitKind.REJECTED:
             log.info(
                 "journal: submit %s %s job=%s",
@@ -176,6 +221,9 @@ class SubmitJournal:
         entry = self._entries.get(key)
         if entry is None:
             return Gate.SEND, None
+        absent = entry.proven_absent()
+        if absent is not None:
+            return Gate.REFUSE, absent
         if entry.in_flight:
             return Gate.IN_FLIGHT, None
         accepted = entry.accepted()
@@ -186,12 +234,24 @@ class SubmitJournal:
             return Gate.SEND, None
         return Gate.REPLAY, unsure[-1]
 
-    def verdict(self, key: str) -> tuple[RecoveryVerdict, JobRef | None] | None:
+    def refused(self, key: str, absent: SubmitOutcome) -> None:
+        """A Submit of a key declared absent was refused: journal it, as evidence."""
+        log.warning("journal: submit %s refused, the key was declared absent", key)
+        self.finish(key, absent)
+
+    def verdict(
+        self, key: str, window: SubmitWindow | None = None
+    ) -> tuple[RecoveryVerdict, JobRef | None] | None:
         """The journal's recovery verdict for `key`, or None when it cannot decide."""
         self._prune()
         entry = self._entries.get(key)
         if entry is None:
-            return None
+            if not self.proves_absence(window):
+                return None
+            # Journaled (fsync'd) before it is answered: from now on the key is refused.
+            self.finish(key, _absence(key))
+            log.info("journal: submit %s proven absent (sole submitter, window covered)", key)
+            return RecoveryVerdict.NOT_FOUND, None
         accepted = entry.accepted()
         if accepted is not None:
             return RecoveryVerdict.FOUND, accepted.job
@@ -200,6 +260,18 @@ class SubmitJournal:
         if entry.definitely_rejected():
             return RecoveryVerdict.NOT_FOUND, None
         return None
+
+    def proves_absence(self, window: SubmitWindow | None) -> bool:
+        """Would every Submit of `window` be in this journal by now? (module docstring)"""
+        if not self.sole_submitter or window is None:
+            return False
+        if window.started_at is None or window.submitted_before is None:
+            return False
+        skew = timedelta(seconds=self.clock_skew_s)
+        if self.covered_from() > window.started_at - skew:
+            return False  # the journal started after the Submit could have arrived
+        settled_at = window.submitted_before + timedelta(seconds=window.arrival_s) + skew
+        return self._clock() >= settled_at
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -236,6 +308,9 @@ class SubmitJournal:
         for number, line in enumerate(lines, 1):
             try:
                 record = json.loads(line)
+                if number == 1 and record.get("event") == _HEADER:
+                    self._started = datetime.fromisoformat(record["at"])
+                    continue
                 key, at = str(record["key"]), datetime.fromisoformat(record["at"])
             except (ValueError, KeyError, TypeError):
                 # A torn last line of a crash: everything before it is intact.
@@ -243,7 +318,7 @@ class SubmitJournal:
                 continue
             entry = self._entries.setdefault(key, _Entry(at))
             if record.get("event") == "outcome":
-                entry.outcomes.append(_load_outcome(record))
+                entry.outcomes.append(load_outcome(record))
             elif record.get("event") == "begin":
                 entry.in_flight += 1
                 continue
@@ -270,11 +345,13 @@ class SubmitJournal:
         tmp = path.with_suffix(path.suffix + ".tmp")
         lines = 0
         with tmp.open("w", encoding="utf-8") as out:
+            out.write(json.dumps({"event": _HEADER, "at": self._started.isoformat()}) + "\n")
             for key, entry in self._entries.items():
                 at = entry.first_at.isoformat()
                 for outcome in entry.outcomes:
                     record = {"key": key, "event": "outcome", "at": at}
-                    out.write(json.dumps({**record, **_dump(outcome)}, sort_keys=True) + "\n")
+                    line = json.dumps({**record, **dump_outcome(outcome)}, sort_keys=True)
+                    out.write(line + "\n")
                     lines += 1
                 for _ in range(entry.in_flight):  # still running: its outcome line follows
                     out.write(json.dumps({"key": key, "event": "begin", "at": at}) + "\n")
@@ -285,56 +362,12 @@ class SubmitJournal:
         self._compacted_lines = lines
 
 
-def _dump(outcome: SubmitOutcome) -> dict[str, Any]:
-    job = outcome.job
-    err = outcome.error
-    return {
-        "kind": outcome.kind.value,
-        "job": None
-        if job is None
-        else {
-            "id": job.provider_job_id,
-            "account": job.account,
-            "model": job.model,
-            "request_id": job.provider_request_id,
-        },
-        "raw_status": outcome.raw_status,
-        "stage": outcome.transport_stage.value,
-        "started_at": outcome.request_started_at.isoformat()
-        if outcome.request_started_at
-        else None,
-        "error": None
-        if err is None
-        else {
-            "class": err.error_class.value,
-            "code": err.code,
-            "message": err.message,
-            "retry_after_ms": err.retry_after_ms,
-            "raw_status_code": err.raw_status_code,
-        },
-    }
-
-
-def _load_outcome(record: dict[str, Any]) -> SubmitOutcome:
-    job = record.get("job")
-    err = record.get("error")
-    error: ProviderError | None = None
-    if isinstance(err, dict):
-        error = make_error(
-            ErrorClass(err["class"]),
-            str(err.get("code", "")),
-            str(err.get("message", "")),
-            retry_after_ms=err.get("retry_after_ms"),
-            raw_status_code=err.get("raw_status_code"),
-        )
-    started = record.get("started_at")
+def _absence(key: str) -> SubmitOutcome:
     return SubmitOutcome(
-        SubmitKind(record["kind"]),
-        job=None
-        if not isinstance(job, dict)
-        else JobRef(str(job["id"]), str(job["account"]), str(job["model"]), str(job["request_id"])),
-        raw_status=str(record.get("raw_status", "")),
-        error=error,
-        transport_stage=TransportStage(record.get("stage", "NONE")),
-        request_started_at=datetime.fromisoformat(started) if started else None,
+        SubmitKind.REJECTED,
+        error=make_error(
+            ErrorClass.INTERNAL_PERMANENT,
+            PROVEN_ABSENT,
+            f"submit {key} was proven absent by the submit journal; it is never sent",
+        ),
     )

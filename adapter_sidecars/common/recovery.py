@@ -29,8 +29,14 @@ def settled(submitted_before: datetime | None, config: SidecarConfig, now: datet
     """
     if submitted_before is None:
         return False
-    extra = float(config.provider_options.get("recovery_settle_seconds", 30 * config.time_scale))
-    return now >= submitted_before + timedelta(seconds=config.timeouts.submit_read + extra)
+    return now >= submitted_before + timedelta(
+        seconds=config.timeouts.submit_read + settle_s(config)
+    )
+
+
+def settle_s(config: SidecarConfig) -> float:
+    """``provider.options.recovery_settle_seconds`` (already scaled), 30 s scaled by default."""
+    return float(config.provider_options.get("recovery_settle_seconds", 30 * config.time_scale))
 
 
 def match_listing(

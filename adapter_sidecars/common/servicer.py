@@ -14,7 +14,9 @@ caller, which must treat a cancelled Submit as UNKNOWN, finds it there: RecoverS
 the journal before the adapter searches the provider (method ``submit_journal``). A Submit of a
 key whose call is in flight, or whose journaled outcome may have created a job, sends nothing
 and answers from the journal. Describe declares the adapter's submit budget and the journal's
-retention, from which the control plane derives its Submit deadline.
+retention, from which the control plane derives its Submit deadline. With
+``submit_journal.sole_submitter`` the journal also proves absence (NOT_FOUND for a key it never
+saw in a settled, fully covered window); a later Submit of such a key is refused unsent.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ import grpc
 
 from adapter_sidecars.common import convert
 from adapter_sidecars.common.config import SidecarConfig
-from adapter_sidecars.common.journal import JOURNAL_METHOD, Gate, SubmitJournal
+from adapter_sidecars.common.journal import JOURNAL_METHOD, Gate, SubmitJournal, SubmitWindow
+from adapter_sidecars.common.recovery import settle_s
 from adapter_sidecars.common.types import (
     AdapterRequestError,
     CompileInput,
@@ -119,6 +122,9 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
         )
         key = submit.client_request_key
         gate, journaled = self.journal.gate(key, honours_key=self.info.honours_idempotency_key)
+        if gate is Gate.REFUSE and journaled is not None:
+            self.journal.refused(key, journaled)  # declared absent: never sent from now on
+            return svc.SubmitResponse(**convert.submit_outcome(journaled))  # type: ignore[arg-type]
         if gate is Gate.REPLAY and journaled is not None:
             log.info("submit %s answered from the journal: %s", key, journaled.kind.value)
             return svc.SubmitResponse(**convert.submit_outcome(journaled))  # type: ignore[arg-type]
@@ -168,35 +174,32 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
     async def RecoverSubmission(
         self, request: svc.RecoverSubmissionRequest, context: Ctx
     ) -> svc.RecoverSubmissionResponse:
-        plan = convert.plan_from_proto(request.plan) if request.HasField("plan") else None
+        recover = convert.recover_input(request)
         known = (
-            self.journal.verdict(request.client_request_key) if request.client_request_key else None
+            self.journal.verdict(recover.client_request_key, self._window(recover))
+            if recover.client_request_key
+            else None
         )
         result = (
             RecoverResult(known[0], JOURNAL_METHOD, job=known[1])
             if known is not None
-            else await self.adapter.recover_submission(
-                RecoverInput(
-                    account=request.account or (plan.account if plan else ""),
-                    model=request.model or (plan.model if plan else ""),
-                    client_request_key=request.client_request_key,
-                    request_hash=request.request_hash,
-                    provider_request_id=request.provider_request_id,
-                    submitted_after=convert.from_timestamp(
-                        request.submitted_after, request.HasField("submitted_after")
-                    ),
-                    submitted_before=convert.from_timestamp(
-                        request.submitted_before, request.HasField("submitted_before")
-                    ),
-                    plan=plan,
-                )
-            )
+            else await self.adapter.recover_submission(recover)
         )
         return svc.RecoverSubmissionResponse(
             verdict=pb.RecoveryVerdict.Value(f"RECOVERY_VERDICT_{result.verdict.value}"),
             job=convert.job_ref(result.job) if result.job else None,
             method=result.method,
             error=convert.error(result.error),
+        )
+
+    def _window(self, recover: RecoverInput) -> SubmitWindow:
+        """When the key's Submit could have reached us: the journal's proof of absence needs it."""
+        config = getattr(self.adapter, "config", None)
+        settle = settle_s(config) if isinstance(config, SidecarConfig) else 0.0
+        return SubmitWindow(
+            started_at=recover.request_started_at,
+            submitted_before=recover.submitted_before,
+            arrival_s=self.info.submit_budget_s + settle,
         )
 
     @_adapter_errors

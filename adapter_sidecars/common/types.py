@@ -227,6 +227,8 @@ class RecoverInput:
     submitted_after: datetime | None = None
     submitted_before: datetime | None = None
     plan: Plan | None = None
+    # When the attempt was committed SUBMITTING (no slack): what the submit journal checks.
+    request_started_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

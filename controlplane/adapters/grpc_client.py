@@ -361,6 +361,9 @@ class GrpcAdapterClient:
                 submitted_after=_ts(query.submitted_after),
                 submitted_before=_ts(query.submitted_before),
                 plan=plan_to_proto(query.plan_json),
+                request_started_at=_ts(query.request_started_at)
+                if query.request_started_at is not None
+                else None,
             ),
             timeout=self._timeout,
         )

@@ -159,6 +159,9 @@ class RecoverQuery:
     submitted_after: datetime
     submitted_before: datetime
     provider_request_id: str = ""
+    # When the attempt was committed SUBMITTING, without the listing slack of submitted_after:
+    # the sidecar's submit journal proves absence only for a window it covered from this on.
+    request_started_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

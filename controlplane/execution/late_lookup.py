@@ -92,6 +92,7 @@ class LateLookup:
                     plan_json=attempt.compile_plan,
                     submitted_after=started - _WINDOW_SLACK,
                     submitted_before=unknown_since or attempt.updated_at,
+                    request_started_at=attempt.request_started_at,
                 )
             )
         except Exception as exc:

@@ -171,6 +171,7 @@ class RecoveryWorker:
                     # adapters wait submit_read + settle past this bound before a NOT_FOUND is
                     # conclusive, and with "now" that moment never comes.
                     submitted_before=unknown_since,
+                    request_started_at=attempt.request_started_at,
                 )
             )
         except Exception as exc:

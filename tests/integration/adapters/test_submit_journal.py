@@ -1,11 +1,12 @@
-"""The sidecar's submit journal: outcomes by client_request_key, kept across a restart."""
+"""The sidecar's submit journal: outcomes by client_request_key, kept across a restart, and its
+proof of absence when it is the accounts' sole submitter."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from adapter_sidecars.common.journal import Gate, SubmitJournal
+from adapter_sidecars.common.journal import PROVEN_ABSENT, Gate, SubmitJournal, SubmitWindow
 from adapter_sidecars.common.types import (
     JobRef,
     RecoveryVerdict,
@@ -159,3 +160,123 @@ def test_the_file_is_compacted_and_keeps_every_live_key(tmp_path: Path) -> None:
     assert verdict[1].provider_job_id == "job-0"
     assert again.verdict("old0") is None
     assert again.gate("running", honours_key=False)[0] is Gate.REPLAY
+
+
+# --- proof of absence (submit_journal.sole_submitter) --------------------------------------------
+
+SKEW_S = 5.0
+ARRIVAL_S = 30.0  # submit budget + settle, as the servicer computes it
+STARTED = T0 + timedelta(seconds=10)  # the attempt was committed SUBMITTING (>= T0 + skew)
+BEFORE = T0 + timedelta(seconds=20)  # it went unknown; no Submit of it was sent later
+SETTLED = BEFORE + timedelta(seconds=ARRIVAL_S + SKEW_S)
+WINDOW = SubmitWindow(started_at=STARTED, submitted_before=BEFORE, arrival_s=ARRIVAL_S)
+
+
+def authoritative(clock: Clock, path: Path | None = None) -> SubmitJournal:
+    return SubmitJournal(
+        retention_s=3600, path=path, sole_submitter=True, clock_skew_s=SKEW_S, clock=clock
+    )
+
+
+def test_an_unseen_key_is_proven_absent_once_the_covered_window_settled() -> None:
+    """A sole submitter's journal that covered the whole window answers NOT_FOUND for a key it
+    never saw, and from then on refuses a Submit of that key."""
+    clock = Clock()
+    journal = authoritative(clock)
+    clock.now = SETTLED
+    assert journal.verdict("never-sent", WINDOW) == (RecoveryVerdict.NOT_FOUND, None)
+    gate, refusal = journal.gate("never-sent", honours_key=False)
+    assert gate is Gate.REFUSE
+    assert refusal is not None
+    assert refusal.kind is SubmitKind.REJECTED
+    assert refusal.error is not None
+    assert refusal.error.code == PROVEN_ABSENT
+    assert not refusal.error.provider_may_have_accepted
+    assert journal.gate("never-sent", honours_key=True)[0] is Gate.REFUSE
+
+
+def test_no_proof_without_sole_submitter() -> None:
+    """When another process may submit for the accounts, an unseen key proves nothing."""
+    clock = Clock()
+    journal = SubmitJournal(retention_s=3600, clock_skew_s=SKEW_S, clock=clock)
+    clock.now = SETTLED + timedelta(hours=1)
+    assert journal.verdict("never-sent", WINDOW) is None
+    assert journal.gate("never-sent", honours_key=False) == (Gate.SEND, None)
+
+
+def test_no_proof_when_the_journal_started_after_the_request_could_arrive() -> None:
+    """A journal that began recording later than the request start minus the skew allowance
+    may have missed the Submit: no proof (a restarted memory journal is this case)."""
+    clock = Clock()
+    journal = authoritative(clock)
+    clock.now = SETTLED
+    late_start = SubmitWindow(T0 + timedelta(seconds=SKEW_S - 1), BEFORE, ARRIVAL_S)
+    assert journal.verdict("k", late_start) is None
+    on_the_edge = SubmitWindow(T0 + timedelta(seconds=SKEW_S), BEFORE, ARRIVAL_S)
+    assert journal.verdict("k", on_the_edge) == (RecoveryVerdict.NOT_FOUND, None)
+
+
+def test_no_proof_before_the_window_settled_or_without_a_window() -> None:
+    """A Submit still in transit could arrive until submitted_before + budget + settle + skew;
+    before then, or without a known request start, the journal proves nothing."""
+    clock = Clock()
+    journal = authoritative(clock)
+    clock.now = SETTLED - timedelta(seconds=1)
+    assert journal.verdict("k", WINDOW) is None
+    assert journal.verdict("k") is None
+    clock.now = SETTLED
+    assert journal.verdict("k", SubmitWindow(None, BEFORE, ARRIVAL_S)) is None
+    assert journal.gate("k", honours_key=False) == (Gate.SEND, None)
+    assert journal.verdict("k", WINDOW) == (RecoveryVerdict.NOT_FOUND, None)
+
+
+def test_a_journaled_key_is_never_proven_absent() -> None:
+    """A key the journal saw (in flight, or ended UNKNOWN) is never turned into NOT_FOUND."""
+    clock = Clock()
+    journal = authoritative(clock)
+    clock.now = STARTED
+    journal.begin("running")
+    journal.begin("lost")
+    journal.finish("lost", unknown())
+    clock.now = SETTLED
+    assert journal.verdict("running", WINDOW) == (RecoveryVerdict.INCONCLUSIVE, None)
+    assert journal.verdict("lost", WINDOW) is None
+
+
+def test_file_coverage_and_the_absence_survive_a_restart(tmp_path: Path) -> None:
+    """A file journal keeps its coverage start (its header) and the declared absence across
+    a restart: the restarted sidecar still proves the window and still refuses the key."""
+    clock = Clock()
+    path = tmp_path / "journal.jsonl"
+    authoritative(clock, path)
+    clock.now = SETTLED
+    again = authoritative(clock, path)
+    assert again.covered_from() == T0
+    assert again.verdict("gone", WINDOW) == (RecoveryVerdict.NOT_FOUND, None)
+    third = authoritative(clock, path)
+    assert third.gate("gone", honours_key=False)[0] is Gate.REFUSE
+    memory = authoritative(clock)  # a memory journal restarted now covers only from now
+    assert memory.covered_from() == SETTLED
+    assert memory.verdict("other", WINDOW) is None
+
+
+def test_a_file_without_header_covers_only_from_its_load(tmp_path: Path) -> None:
+    """A journal file with no coverage header (written before it existed) proves nothing
+    about requests older than the moment it was loaded."""
+    clock = Clock()
+    path = tmp_path / "journal.jsonl"
+    path.write_text('{"key":"x","event":"begin","at":"2026-06-01T11:00:00+00:00"}\n')
+    clock.now = SETTLED
+    journal = authoritative(clock, path)
+    assert journal.covered_from() == SETTLED
+    assert journal.verdict("k", WINDOW) is None
+
+
+def test_retention_moves_the_coverage_start_forward() -> None:
+    """Entries older than the retention are pruned, so coverage never reaches further back
+    than now - retention: an old window is no longer proven."""
+    clock = Clock()
+    journal = SubmitJournal(retention_s=60, sole_submitter=True, clock_skew_s=SKEW_S, clock=clock)
+    clock.now = T0 + timedelta(seconds=100)
+    assert journal.covered_from() == T0 + timedelta(seconds=40)
+    assert journal.verdict("k", WINDOW) is None

@@ -360,6 +360,7 @@ class RecoverSubmissionRequest(_message.Message):
     SUBMITTED_AFTER_FIELD_NUMBER: _builtins.int
     SUBMITTED_BEFORE_FIELD_NUMBER: _builtins.int
     PLAN_FIELD_NUMBER: _builtins.int
+    REQUEST_STARTED_AT_FIELD_NUMBER: _builtins.int
     account: _builtins.str
     """Provider account name."""
     model: _builtins.str
@@ -382,6 +383,14 @@ class RecoverSubmissionRequest(_message.Message):
     def plan(self) -> _adapter_pb2.CompilePlan:
         """The plan that was submitted, for providers that must match on request content."""
 
+    @_builtins.property
+    def request_started_at(self) -> _timestamp_pb2.Timestamp:
+        """When the control plane committed the attempt as SUBMITTING (its clock): no Submit of this
+        attempt can reach the adapter earlier. Unlike submitted_after it carries no slack for
+        provider listings; the submit journal needs the true start to prove it saw every Submit
+        of the key. Unset when not known (the journal then proves nothing).
+        """
+
     def __init__(
         self,
         *,
@@ -393,10 +402,11 @@ class RecoverSubmissionRequest(_message.Message):
         submitted_after: _timestamp_pb2.Timestamp | None = ...,
         submitted_before: _timestamp_pb2.Timestamp | None = ...,
         plan: _adapter_pb2.CompilePlan | None = ...,
+        request_started_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "submitted_after", b"submitted_after", "submitted_before", b"submitted_before"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "request_started_at", b"request_started_at", "submitted_after", b"submitted_after", "submitted_before", b"submitted_before"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account", b"account", "client_request_key", b"client_request_key", "model", b"model", "plan", b"plan", "provider_request_id", b"provider_request_id", "request_hash", b"request_hash", "submitted_after", b"submitted_after", "submitted_before", b"submitted_before"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account", b"account", "client_request_key", b"client_request_key", "model", b"model", "plan", b"plan", "provider_request_id", b"provider_request_id", "request_hash", b"request_hash", "request_started_at", b"request_started_at", "submitted_after", b"submitted_after", "submitted_before", b"submitted_before"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
