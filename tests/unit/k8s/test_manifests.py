@@ -440,3 +440,44 @@ def test_no_secret_values_are_committed() -> None:
                 for var in container.get("env", []):
                     if re.search(r"KEY|TOKEN|PASSWORD|SECRET|DATABASE_URL", var["name"]):
                         assert "value" not in var, var["name"]
+
+
+# --- the submit journal's sole-submitter claim ---------------------------------------------------
+
+
+def sole_submitter_violations(docs: list[Doc]) -> list[str]:
+    """Adapters whose ConfigMap claims sole_submitter while their pods may overlap or multiply."""
+    deployments = by_kind(docs, "Deployment")
+    wrong = []
+    for component in sorted(ADAPTERS):
+        config = parse_config(_config(docs, component), {})
+        spec = deployments[component]["spec"]
+        strategy = (spec.get("strategy") or {}).get("type", "RollingUpdate")
+        if config.submit_journal_sole_submitter and (
+            spec.get("replicas", 1) != 1 or strategy != "Recreate"
+        ):
+            wrong.append(f"{component}: replicas={spec.get('replicas', 1)} strategy={strategy}")
+    return wrong
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_sole_submitter_only_where_one_pod_at_a_time_submits(overlay: str) -> None:
+    """A ConfigMap claims submit_journal.sole_submitter only for a Deployment of 1 Recreate pod."""
+    assert sole_submitter_violations(rendered(overlay)) == []
+
+
+def test_sole_submitter_check_catches_a_rolling_or_replicated_claim() -> None:
+    """Claiming sole_submitter on prod's two rolling Runway replicas is reported, as is one
+    rolling replica; one Recreate replica is accepted."""
+    docs = rendered("prod")
+    configmap = by_kind(docs, "ConfigMap")["adapter-runway-config"]
+    text = configmap["data"]["config.yaml"]
+    assert "sole_submitter: false" in text
+    configmap["data"]["config.yaml"] = text.replace("sole_submitter: false", "sole_submitter: true")
+    deployment = by_kind(docs, "Deployment")["adapter-runway"]
+    assert deployment["spec"]["replicas"] == 2
+    assert sole_submitter_violations(docs) == ["adapter-runway: replicas=2 strategy=RollingUpdate"]
+    deployment["spec"]["replicas"] = 1
+    assert sole_submitter_violations(docs) == ["adapter-runway: replicas=1 strategy=RollingUpdate"]
+    deployment["spec"]["strategy"] = {"type": "Recreate"}
+    assert sole_submitter_violations(docs) == []
