@@ -12,6 +12,17 @@ Three answers, in the order they are considered::
                 max_provider_switches and max_estimated_platform_loss_micros; STRICT_MODEL keeps
                 the model (another account at most)
 
+Exclusions (`exclusion_is_soft`): a FAIL_OVER excludes the failed (account, model) from the
+task's next routing. After a failure of the endpoint's health (a class the circuit breaker
+counts, 429, short-term quota, AUTH / PERMISSION, which open the account's breaker) the exclusion
+is SOFT: routing prefers any other eligible candidate, but when nothing else is eligible the
+softly excluded candidate stays eligible, paced by its breaker (OPEN keeps the task QUEUED) and
+by `requeue_backoff` (no new attempt on it before ``retry_at``). A 30 s network blip at the only
+provider of a pinned task therefore waits and retries instead of failing as "no eligible
+candidate"; the attempt bounds still end the task, with the failure's true class. Any other
+class (UNSUPPORTED_CAPABILITY, INVALID_INPUT, ASSET_*, permanent failures) excludes HARD: the
+candidate said it cannot do this task.
+
 The estimated platform loss of a task (9.16.4) is what providers may have billed for attempts
 whose result was never delivered: a job accepted and then failed or cancelled, an ABANDONED or
 still SUBMIT_UNKNOWN submit (`estimated_platform_loss`). A new attempt may end the same way, so a
@@ -36,6 +47,7 @@ from controlplane.domain.states import AttemptState
 
 __all__ = [
     "MAX_ESTIMATED_PLATFORM_LOSS",
+    "SOFT_EXCLUSION_CLASSES",
     "AttemptCost",
     "FailoverAction",
     "FailoverDecision",
@@ -46,7 +58,9 @@ __all__ = [
     "count_switches",
     "decide",
     "estimated_platform_loss",
+    "exclusion_is_soft",
     "platform_loss_exceeded",
+    "requeue_backoff_s",
 ]
 
 MAX_ESTIMATED_PLATFORM_LOSS = "MAX_ESTIMATED_PLATFORM_LOSS"
@@ -74,10 +88,20 @@ class FailoverLimits:
     # Integer micros of the task's currency; 0 means no limit. Ten dollars: one lost
     # long generation is absorbed, a second one on the same task is not.
     max_estimated_platform_loss_micros: int = 10_000_000
+    # Count-bounded (9.9.1 "限次"), not time-bounded: after ~3.5-7 s of backoff a task with
+    # another candidate fails over quickly; a task whose only candidate keeps failing is paced
+    # from then on by the soft exclusion's `requeue_backoff_s` and the candidate's breaker
+    # (fed by every one of these sends), which is what rides out a longer outage.
     max_same_candidate_retries: int = 3
     retry_base_s: float = 1.0
     retry_cap_s: float = 60.0
     max_retry_after_s: float = 300.0
+    # The earliest a softly excluded candidate may get the task's next attempt: exponential
+    # in the task's attempts so far, with equal jitter. 10 s base: an attempt's own retries
+    # took ~3.5-7 s, so the second attempt's sends (which trip the breaker's 8 consecutive
+    # failures) and the breaker's 30 s cooldown keep a third one off the endpoint for ~45 s.
+    requeue_backoff_base_s: float = 10.0
+    requeue_backoff_cap_s: float = 300.0
     # SAFETY_OUTPUT regeneration is a product decision (9.9.1); off by default.
     regenerate_on_safety_output: bool = False
 
@@ -155,6 +179,46 @@ def backoff_delay_s(retry_no: int, *, base_s: float, cap_s: float, unit_random: 
         raise ValueError("retry_no must be >= 0")
     ceiling = min(cap_s, base_s * (2.0**retry_no))
     return ceiling / 2.0 + (ceiling / 2.0) * unit_random
+
+
+# The endpoint failed, not the task's fit to it: another try later may well succeed (9.15.1,
+# 9.9.1 rows 配额耗尽 / 429 / 明确未受理的 5xx; AUTH / PERMISSION wait on the account breaker).
+SOFT_EXCLUSION_CLASSES = frozenset(
+    {
+        ErrorClass.TRANSIENT_NETWORK,
+        ErrorClass.PROVIDER_OVERLOADED,
+        ErrorClass.RATE_LIMITED,
+        ErrorClass.INTERNAL_RETRYABLE,
+        ErrorClass.QUOTA,
+        ErrorClass.AUTH,
+        ErrorClass.PERMISSION,
+    }
+)
+
+
+def exclusion_is_soft(error_class: str | ErrorClass | None) -> bool:
+    """Whether a failure of this class excludes its candidate softly (see the module doc).
+
+    Unknown or missing classes exclude hard: a soft exclusion must be earned by a known
+    endpoint-health failure, never granted to a failure nobody classified."""
+    if error_class is None:
+        return False
+    if isinstance(error_class, str):
+        try:
+            error_class = ErrorClass(error_class)
+        except ValueError:
+            return False
+    return error_class in SOFT_EXCLUSION_CLASSES
+
+
+def requeue_backoff_s(attempts_so_far: int, limits: FailoverLimits, *, unit_random: float) -> float:
+    """How long a softly excluded candidate waits before the task's next attempt on it."""
+    return backoff_delay_s(
+        max(0, attempts_so_far - 1),
+        base_s=limits.requeue_backoff_base_s,
+        cap_s=limits.requeue_backoff_cap_s,
+        unit_random=unit_random,
+    )
 
 
 def count_switches(candidates: list[tuple[int, str]]) -> int:

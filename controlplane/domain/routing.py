@@ -5,7 +5,8 @@ lease pre-checks, compile plans, health windows) and this module turns them into
 explainable `RouteDecisionSnapshot` (9.10.2). The order is the design's:
 
 1-2. the task, the policy snapshot and the candidates are the inputs;
-3.   capability hard filters: failover exclusions, STRICT/PREFERRED pinning, lifecycle (no new
+3.   capability hard filters: failover exclusions (hard ones always; soft ones, see below),
+     STRICT/PREFERRED pinning, lifecycle (no new
      work on SUNSET), mode, inputs (last frame, references, samples), aspect/resolution/duration
      through the capability's constraint expressions;
 4.   region and tenant policy;
@@ -20,6 +21,12 @@ explainable `RouteDecisionSnapshot` (9.10.2). The order is the design's:
 
 Steps 9-12 (lease, Attempt + RouteDecision + outbox, submit) belong to the dispatcher, which
 calls `RouteDecisionSnapshot.after_leasing` to record which ranked candidates refused a lease.
+
+Soft exclusions (`RoutingContext.soft_excluded`, 9.15 / `controlplane.domain.failover`): a
+candidate that failed this task for its endpoint's health is passed over while any other
+candidate is eligible; when none is, the decision is taken again with the soft exclusions
+lifted (``selection_reason`` says so): the candidate is eligible again once its ``retry_at`` has
+passed (before that it is RETRY_BACKOFF, a transient reason) and its breaker admits it.
 
 Outcomes: SELECTED; NO_CAPACITY when nothing is eligible but some candidate was refused only
 for a transient reason (capacity or an open breaker): the task stays QUEUED; otherwise
@@ -57,6 +64,7 @@ class Reason(StrEnum):
     """Why a candidate is not eligible (stable codes, stored in decisions)."""
 
     EXCLUDED_BY_FAILOVER = "EXCLUDED_BY_FAILOVER"
+    RETRY_BACKOFF = "RETRY_BACKOFF"
     STRICT_MODEL_MISMATCH = "STRICT_MODEL_MISMATCH"
     SUNSET = "SUNSET"
     UNSUPPORTED_MODE = "UNSUPPORTED_MODE"
@@ -72,7 +80,8 @@ class Reason(StrEnum):
 
 
 #: Reasons that may clear by themselves: a task rejected only for these waits, never fails.
-TRANSIENT_REASONS = frozenset({Reason.NO_CAPACITY, Reason.CIRCUIT_OPEN})
+TRANSIENT_REASONS = frozenset({Reason.NO_CAPACITY, Reason.CIRCUIT_OPEN, Reason.RETRY_BACKOFF})
+SOFT_LIFTED = "soft_exclusion_lifted"
 
 
 class Outcome(StrEnum):
@@ -193,6 +202,9 @@ class RoutingContext:
     health: Mapping[str, HealthView] = field(default_factory=dict)
     quality: Mapping[str, float] = field(default_factory=dict)
     excluded: frozenset[tuple[int, str]] = frozenset()  # (account_id, model) from failover
+    # Softly excluded (account_id, model) -> not before this instant (None: no wait).
+    soft_excluded: Mapping[tuple[int, str], datetime | None] = field(default_factory=dict)
+    soft_lifted: bool = False  # the second pass: soft exclusions no longer apply
     same_model_only: str = ""  # a STRICT task's requeue: only this model
     allowed_regions: frozenset[str] | None = None  # tenant/compliance policy; None = any
     preferred_regions: tuple[str, ...] = ()
@@ -431,6 +443,12 @@ def hard_reject(
     r = spec.routing
     if (c.account_id, c.model) in ctx.excluded:
         return Reason.EXCLUDED_BY_FAILOVER, "failed earlier for this task"
+    if (c.account_id, c.model) in ctx.soft_excluded:
+        retry_at = ctx.soft_excluded[(c.account_id, c.model)]
+        if not ctx.soft_lifted:
+            return Reason.EXCLUDED_BY_FAILOVER, "endpoint failed earlier for this task (soft)"
+        if retry_at is not None and retry_at > ctx.now:
+            return Reason.RETRY_BACKOFF, f"no new attempt on it before {retry_at.isoformat()}"
     if r.mode is RoutingMode.STRICT_MODEL and not _pinned(spec, c):
         return Reason.STRICT_MODEL_MISMATCH, (
             f"task pins {r.required_provider or '*'}/{r.required_model or '*'}"
@@ -499,8 +517,11 @@ def _compile_reject(
 def prefilter(
     spec: GenerationSpec, candidates: Sequence[Candidate], ctx: RoutingContext
 ) -> list[Candidate]:
-    """Candidates that pass every static filter: the only ones worth an adapter Compile call."""
-    return [c for c in candidates if hard_reject(spec, c, ctx) is None]
+    """Candidates that pass every static filter: the only ones worth an adapter Compile call.
+
+    Soft exclusions are lifted here: the second pass of `route` may need those candidates."""
+    lifted = replace(ctx, soft_lifted=True)
+    return [c for c in candidates if hard_reject(spec, c, lifted) is None]
 
 
 # ---- step 8: scoring and selection ------------------------------------------------------------
@@ -598,7 +619,37 @@ def route(
     ctx: RoutingContext,
     catalog_version: str = "",
 ) -> RouteDecisionSnapshot:
-    """Run steps 3-8 and return the decision; deterministic for equal inputs."""
+    """Run steps 3-8 and return the decision; deterministic for equal inputs.
+
+    When soft exclusions leave nothing eligible, the decision is taken again without them."""
+    first = _route_once(
+        task_id, spec, candidates, compiled, cfg=cfg, ctx=ctx, catalog=catalog_version
+    )
+    if first.outcome is Outcome.SELECTED or not ctx.soft_excluded or ctx.soft_lifted:
+        return first
+    second = _route_once(
+        task_id,
+        spec,
+        candidates,
+        compiled,
+        cfg=cfg,
+        ctx=replace(ctx, soft_lifted=True),
+        catalog=catalog_version,
+    )
+    why = f"{SOFT_LIFTED}:{second.selection_reason}" if second.selection_reason else SOFT_LIFTED
+    return replace(second, selection_reason=why)
+
+
+def _route_once(
+    task_id: str,
+    spec: GenerationSpec,
+    candidates: Sequence[Candidate],
+    compiled: Mapping[str, CompileResult],
+    *,
+    cfg: RouterConfig,
+    ctx: RoutingContext,
+    catalog: str,
+) -> RouteDecisionSnapshot:
     verdicts: list[Verdict] = []
     for c in sorted(candidates, key=lambda c: c.id):
         rejected = hard_reject(spec, c, ctx)
@@ -639,7 +690,7 @@ def route(
         task_id=task_id,
         outcome=Outcome.NO_ELIGIBLE_CANDIDATE,
         policy_version=cfg.policy.version,
-        catalog_version=catalog_version,
+        catalog_version=catalog,
         verdicts=tuple(verdicts),
         ranked=(),
     )

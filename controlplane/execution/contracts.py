@@ -15,7 +15,9 @@ Topic the execution engine produces for the scheduler::
 
 The scheduler consumes ``task.requeue`` exactly like ``task.queued`` with three extra rules:
 
-1. never select a candidate listed in `excluded_candidates` (account id + model);
+1. never select a candidate listed in `excluded_candidates` (account id + model), unless the
+   entry is ``soft`` (an endpoint-health failure): then prefer any other eligible candidate and
+   fall back to it only when none is, not before its ``retry_at``;
 2. when `same_model_only` is true (routing mode STRICT_MODEL), select only `required_model`;
 3. `attempts_so_far` / `provider_switches_so_far` are informative; the limits were already
    checked here (`controlplane.domain.failover`), so the scheduler must not fail the task for
@@ -47,16 +49,32 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class ExcludedCandidate:
-    """A candidate the scheduler must not pick again for this task."""
+    """A candidate the scheduler must not pick again for this task (`soft`: see rule 1)."""
 
     provider_account_id: int
     provider_model: str
+    soft: bool = False
+    retry_at: datetime | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "provider_account_id": self.provider_account_id,
             "provider_model": self.provider_model,
         }
+        if self.soft:  # a hard exclusion keeps the payload shape older readers know
+            data["soft"] = True
+            data["retry_at"] = self.retry_at.isoformat() if self.retry_at else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ExcludedCandidate:
+        raw = data.get("retry_at")
+        return cls(
+            int(data["provider_account_id"]),
+            str(data["provider_model"]),
+            soft=bool(data.get("soft", False)),
+            retry_at=datetime.fromisoformat(raw) if raw else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +121,7 @@ class RequeueRequest:
             reason=str(payload["reason"]),
             error_class=str(payload.get("error_class", "")),
             excluded_candidates=tuple(
-                ExcludedCandidate(int(c["provider_account_id"]), str(c["provider_model"]))
-                for c in payload.get("excluded_candidates", [])
+                ExcludedCandidate.from_json(c) for c in payload.get("excluded_candidates", [])
             ),
             same_model_only=bool(payload.get("same_model_only", False)),
             required_model=str(payload.get("required_model", "")),

@@ -34,6 +34,8 @@ from controlplane.domain.failover import (
     backoff_delay_s,
     count_switches,
     decide,
+    exclusion_is_soft,
+    requeue_backoff_s,
 )
 from controlplane.domain.polling import PollPhase, next_poll_delay
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
@@ -395,6 +397,7 @@ async def fail_attempt(
             error_class=error.error_class.value,
             same_model_only=decision.same_model_only,
             limits=deps.config.limits,
+            unit_random=deps.rng.random(),
         )
     await u.move_task(task, TaskState.FAILED, decision.reason, failure=failure)
     return FailoverAction.FAIL_TASK
@@ -410,8 +413,13 @@ async def requeue(
     error_class: str,
     same_model_only: bool,
     limits: FailoverLimits,
+    unit_random: float = 1.0,
 ) -> FailoverAction | None:
     """Task -> QUEUED (via SCHEDULING when needed) plus a ``task.requeue`` message: FAIL_OVER.
+
+    Every FAILED attempt's candidate is excluded (except PROVEN_ABSENT: nothing failed there);
+    softly after an endpoint-health failure (`exclusion_is_soft`), the failed attempt's own
+    candidate then not before `requeue_backoff_s` (`unit_random` is its jitter draw).
 
     Past the task deadline, or when a new attempt could take the estimated platform loss past
     the limit, the task FAILS instead (FAIL_TASK). None: another writer moved the task first.
@@ -425,22 +433,15 @@ async def requeue(
         failure = Failure(base.failure_class, base.code, f"{code}: {detail}; {base.message}")
         moved = await u.move_task(task, TaskState.FAILED, code, failure=failure)
         return FailoverAction.FAIL_TASK if moved is not None else None
-    excluded = sorted(
-        {
-            (a.provider_account_id, a.provider_model)
-            for a in attempts
-            if a.state is AttemptState.FAILED
-            and (a.failure is None or a.failure.code != PROVEN_ABSENT)
-        }
+    excluded = _exclusions(
+        attempt, attempts, reason, limits=limits, now=u.now, unit_random=unit_random
     )
-    if attempt.state is AttemptState.FAILED and reason != PROVEN_ABSENT:
-        excluded = sorted(set(excluded) | {(attempt.provider_account_id, attempt.provider_model)})
     request = RequeueRequest(
         task_id=task.id,
         failed_attempt_id=attempt.id,
         reason=reason,
         error_class=error_class,
-        excluded_candidates=tuple(ExcludedCandidate(a, m) for a, m in excluded),
+        excluded_candidates=excluded,
         same_model_only=same_model_only,
         required_model=attempt.provider_model if same_model_only else "",
         attempts_so_far=len(attempts),
@@ -457,6 +458,41 @@ async def requeue(
         return None
     await u.enqueue(NewOutboxMessage(TOPIC_REQUEUE, str(task.id), request.to_payload()))
     return FailoverAction.FAIL_OVER
+
+
+def _exclusions(
+    attempt: AttemptRecord,
+    attempts: list[AttemptRecord],
+    reason: str,
+    *,
+    limits: FailoverLimits,
+    now: datetime,
+    unit_random: float,
+) -> tuple[ExcludedCandidate, ...]:
+    """What the next routing must avoid: hard wins over soft for the same candidate."""
+    ended = {a.id: a for a in attempts}
+    if attempt.state is AttemptState.FAILED and reason != PROVEN_ABSENT:
+        ended[attempt.id] = attempt
+    hard: set[tuple[int, str]] = set()
+    soft: set[tuple[int, str]] = set()
+    for a in ended.values():
+        if a.state is not AttemptState.FAILED or (a.failure and a.failure.code == PROVEN_ABSENT):
+            continue
+        key = (a.provider_account_id, a.provider_model)
+        (soft if exclusion_is_soft(a.failure.failure_class if a.failure else None) else hard).add(
+            key
+        )
+    mine = (attempt.provider_account_id, attempt.provider_model)
+    retry_at = now + timedelta(
+        seconds=requeue_backoff_s(len(attempts), limits, unit_random=unit_random)
+    )
+    return tuple(
+        [ExcludedCandidate(a, m) for a, m in sorted(hard)]
+        + [
+            ExcludedCandidate(a, m, soft=True, retry_at=retry_at if (a, m) == mine else None)
+            for a, m in sorted(soft - hard)
+        ]
+    )
 
 
 def outputs_json(job: ProviderJobRecord | None) -> list[dict[str, object]]:

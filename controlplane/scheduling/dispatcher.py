@@ -309,6 +309,7 @@ class Dispatcher:
             now=now,
             circuit_open=circuit_open,
             excluded=facts.excluded,
+            soft_excluded=facts.soft_excluded,
             same_model_only=facts.same_model_only,
             allowed_regions=self.config.allowed_regions.get(task.tenant_id),
             incumbent=self._incumbents.get(group),
@@ -345,7 +346,7 @@ class Dispatcher:
             )
         if decision.outcome is routing.Outcome.NO_CAPACITY:
             return await self._record(task, version, decision, TaskState.QUEUED)
-        return await self._record(task, version, decision, TaskState.FAILED)
+        return await self._record(task, version, decision, TaskState.FAILED, facts.error_class)
 
     async def _lease_and_persist(
         self,
@@ -437,11 +438,14 @@ class Dispatcher:
         version: int,
         decision: routing.RouteDecisionSnapshot,
         target: TaskState,
+        error_class: str = "",
     ) -> DispatchResult:
         failure = None
         if target is TaskState.FAILED:
             failure = Failure(
-                "UNSUPPORTED_CAPABILITY", decision.outcome.value, decision.failure_message()[:4000]
+                _ending_class(decision, error_class),
+                decision.outcome.value,
+                decision.failure_message()[:4000],
             )
         stored = await self._catalogs.record_decision(
             task.id,
@@ -468,6 +472,17 @@ class Dispatcher:
             )
         except Exception:  # it stays SCHEDULING until the next leader's `recover_orphans`
             log.exception("task %s could not go back to QUEUED", task_id)
+
+
+def _ending_class(decision: routing.RouteDecisionSnapshot, error_class: str) -> str:
+    """The class a NO_ELIGIBLE_CANDIDATE ending reports.
+
+    When a failover exclusion took a candidate away, the task failed because of that earlier
+    failure (its class, e.g. INTERNAL_PERMANENT), not for a capability it never lacked."""
+    by_failover = any(
+        v.reason == routing.Reason.EXCLUDED_BY_FAILOVER.value for v in decision.verdicts
+    )
+    return error_class if by_failover and error_class else "UNSUPPORTED_CAPABILITY"
 
 
 def _with(ctx: routing.RoutingContext, **changes: Any) -> routing.RoutingContext:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +18,7 @@ from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.adapters.types import CompiledPlan
 from controlplane.domain.routing import Candidate, CapacityView, CompileResult, TransformKind
 from controlplane.domain.spec import GenerationSpec
+from controlplane.execution.contracts import ExcludedCandidate
 from controlplane.leases.base import Dimension, LeaseError, LeaseStore
 
 log = logging.getLogger(__name__)
@@ -28,29 +29,45 @@ class RequeueFacts:
     """What earlier ``task.requeue`` messages ask of the next decision."""
 
     excluded: frozenset[tuple[int, str]] = frozenset()
+    # Softly excluded candidates and the earliest instant of a new attempt on each.
+    soft_excluded: Mapping[tuple[int, str], datetime | None] = field(default_factory=dict)
     same_model_only: str = ""
     not_before: datetime | None = None
     attempts_so_far: int = 0
     provider_switches_so_far: int = 0
+    error_class: str = ""  # the latest failure's class (what a NO_ELIGIBLE ending reports)
 
 
 def requeue_facts(payloads: Sequence[Mapping[str, Any]]) -> RequeueFacts:
-    """Merge every requeue of a task: exclusions accumulate, the latest wins for the rest."""
+    """Merge every requeue of a task: exclusions accumulate, the latest wins for the rest.
+
+    A candidate excluded hard by any requeue stays hard; a soft one waits for the latest of
+    its ``retry_at`` instants."""
     if not payloads:
         return RequeueFacts()
-    excluded = frozenset(
-        (int(c["provider_account_id"]), str(c["provider_model"]))
-        for p in payloads
-        for c in p.get("excluded_candidates", [])
-    )
+    hard: set[tuple[int, str]] = set()
+    soft: dict[tuple[int, str], datetime | None] = {}
+    for p in payloads:
+        for raw in p.get("excluded_candidates", []):
+            c = ExcludedCandidate.from_json(raw)
+            key = (c.provider_account_id, c.provider_model)
+            if not c.soft:
+                hard.add(key)
+                continue
+            known = soft.get(key)
+            soft[key] = (
+                c.retry_at if known is None or (c.retry_at and c.retry_at > known) else known
+            )
     last = payloads[-1]
     raw_nb = last.get("not_before")
     return RequeueFacts(
-        excluded=excluded,
+        excluded=frozenset(hard),
+        soft_excluded={k: v for k, v in soft.items() if k not in hard},
         same_model_only=str(last.get("required_model", "")) if last.get("same_model_only") else "",
         not_before=datetime.fromisoformat(raw_nb) if raw_nb else None,
         attempts_so_far=int(last.get("attempts_so_far", 0)),
         provider_switches_so_far=int(last.get("provider_switches_so_far", 0)),
+        error_class=str(last.get("error_class", "")),
     )
 
 

@@ -15,7 +15,7 @@ from controlplane.adapters.types import (
 )
 from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.contracts import TOPIC_OUTPUT_FETCH, TOPIC_REQUEUE
+from controlplane.execution.contracts import TOPIC_OUTPUT_FETCH, TOPIC_REQUEUE, RequeueRequest
 from controlplane.execution.engine import ExecutionEngine
 from controlplane.execution.events import EventSource, IngestOutcome, Observation
 from controlplane.persistence.records import AttemptRecord
@@ -131,7 +131,7 @@ async def test_late_success_of_old_attempt_is_stored_not_adopted(harness: Harnes
 
 async def test_job_failure_fails_over_with_exclusion(lite: Harness) -> None:
     """A retryable job failure after acceptance requeues the task, excluding the failed
-    candidate.
+    candidate softly (an endpoint-health failure) and not again before a backoff.
     """
     engine, attempt = await accepted(lite)
     failure = make_error(ErrorClass.INTERNAL_RETRYABLE, "GPU_LOST", "worker died")
@@ -141,9 +141,13 @@ async def test_job_failure_fails_over_with_exclusion(lite: Harness) -> None:
     detail = await lite.detail(attempt.task_id)
     assert detail.task.state is TaskState.QUEUED
     [message] = await lite.messages(TOPIC_REQUEUE)
-    assert message.payload["excluded_candidates"] == [
-        {"provider_account_id": attempt.provider_account_id, "provider_model": "gen4.5"}
-    ]
+    [excluded] = RequeueRequest.from_payload(message.payload).excluded_candidates
+    assert (excluded.provider_account_id, excluded.provider_model, excluded.soft) == (
+        attempt.provider_account_id,
+        "gen4.5",
+        True,
+    )
+    assert excluded.retry_at is not None and excluded.retry_at > detail.task.updated_at
     assert await lite.used(attempt.provider_account_id) == (0, 0)
 
 
