@@ -147,7 +147,8 @@ async def test_job_failure_fails_over_with_exclusion(lite: Harness) -> None:
         "gen4.5",
         True,
     )
-    assert excluded.retry_at is not None and excluded.retry_at > detail.task.updated_at
+    assert excluded.retry_at is not None
+    assert excluded.retry_at > detail.task.updated_at
     assert await lite.used(attempt.provider_account_id) == (0, 0)
 
 

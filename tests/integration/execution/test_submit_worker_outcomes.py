@@ -112,7 +112,7 @@ async def test_rate_limited_retries_same_candidate_with_same_key(harness: Harnes
 
 async def test_retries_exhausted_fail_over_to_scheduler(lite: Harness) -> None:
     """After the bounded same-candidate retries an overload fails the attempt and requeues the
-    task.
+    task, excluding the candidate softly (endpoint health) with a retry instant after now.
     """
     attempt = await lite.task_with_attempt()
     lite.fake.script_submit(*[_rejected(ErrorClass.PROVIDER_OVERLOADED)] * 4)
@@ -131,6 +131,10 @@ async def test_retries_exhausted_fail_over_to_scheduler(lite: Harness) -> None:
     assert [(c.provider_account_id, c.provider_model) for c in request.excluded_candidates] == [
         (attempt.provider_account_id, "gen4.5")
     ]
+    [excluded] = request.excluded_candidates
+    assert excluded.soft
+    assert excluded.retry_at is not None
+    assert excluded.retry_at > detail.task.updated_at  # the instant the task was requeued
     assert await lite.used(attempt.provider_account_id) == (0, 0)
 
 
@@ -160,6 +164,8 @@ async def test_strict_model_failover_keeps_the_model(lite: Harness) -> None:
     request = RequeueRequest.from_payload(message.payload)
     assert request.same_model_only is True
     assert request.required_model == attempt.provider_model
+    # The candidate said it cannot do this: a hard exclusion, never offered again.
+    assert [c.soft for c in request.excluded_candidates] == [False]
     assert (await lite.detail(attempt.task_id)).task.state is TaskState.QUEUED
 
 

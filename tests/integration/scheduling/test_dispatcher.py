@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
 from controlplane.domain import routing
+from controlplane.domain.failover import FailoverLimits
 from controlplane.domain.fairqueue import FairQueueConfig
 from controlplane.domain.hashing import normalized_spec_hash
 from controlplane.domain.scoring import ScoreWeights, example_policy
@@ -23,6 +25,8 @@ from controlplane.persistence.repository import Store
 from controlplane.scheduling.dispatcher import DispatcherConfig, DispatchOutcome
 from tests.integration.scheduling.conftest import DispatcherFactory
 from tests.integration.scheduling.support import NOW, CompilingAdapter, make_spec, strict
+
+SECOND = timedelta(seconds=1)
 
 
 async def new_task(store: Store, spec: GenerationSpec, key: str = "k1") -> TaskRecord:
@@ -177,6 +181,106 @@ async def test_requeue_exclusions_and_strict_model_are_honoured(
     snapshot = detail.route_decisions[1].candidate_snapshot
     by_id = {c["id"]: c for c in snapshot["candidates"]}
     assert by_id[first.decision.selected or ""]["reason"] == "EXCLUDED_BY_FAILOVER"
+
+
+async def _requeue(store: Store, task_id: int, request: RequeueRequest) -> None:
+    """Move the task back to QUEUED with `request`, as the execution side's `requeue` does."""
+    detail = await store.get_task(task_id)
+    assert detail is not None
+    assert await store.transition_task(
+        task_id,
+        detail.task.status_version,
+        TaskState.QUEUED,
+        now=NOW,
+        reason=request.reason,
+        outbox=[NewOutboxMessage(TOPIC_REQUEUE, str(task_id), request.to_payload())],
+    )
+
+
+async def test_soft_exclusion_keeps_the_only_candidate_after_its_backoff(
+    store: Store, make_dispatcher: DispatcherFactory
+) -> None:
+    """STRICT to a one-account model whose submit was refused (TRANSIENT_NETWORK): the task
+    waits QUEUED (RETRY_BACKOFF) until the requeue's retry instant, then gets a new attempt on
+    the same candidate; it never fails as NO_ELIGIBLE_CANDIDATE."""
+    model = "gen4.5"
+    task = await new_task(store, make_spec(**strict(model)))
+    first = await make_dispatcher().dispatch(task)
+    assert first.outcome is DispatchOutcome.SELECTED
+    assert first.decision is not None
+    detail = await store.get_task(task.id)
+    assert detail is not None
+    failed = detail.attempts[0]
+    retry_at = NOW + FailoverLimits().requeue_backoff_base_s * SECOND
+    excluded = ExcludedCandidate(failed.provider_account_id, model, soft=True, retry_at=retry_at)
+    request = RequeueRequest(
+        task.id,
+        failed.id,
+        "FAIL_OVER_SAME_MODEL",
+        "TRANSIENT_NETWORK",
+        (excluded,),
+        True,
+        model,
+        1,
+        0,
+    )
+    await _requeue(store, task.id, request)
+
+    await make_dispatcher().tick()
+    detail = await store.get_task(task.id)
+    assert detail is not None
+    assert detail.task.state is TaskState.QUEUED
+    assert len(detail.attempts) == 1
+    waiting = detail.route_decisions[-1]
+    assert waiting.reason_code == "NO_CAPACITY"
+    by_id = {c["id"]: c for c in waiting.candidate_snapshot["candidates"]}
+    assert by_id[first.decision.selected or ""]["reason"] == "RETRY_BACKOFF"
+
+    later = retry_at + SECOND
+    await make_dispatcher(clock=lambda: later).tick()
+    detail = await store.get_task(task.id)
+    assert detail is not None
+    assert detail.task.state is TaskState.SUBMITTING
+    second = detail.attempts[-1]
+    assert (second.attempt_no, second.provider_account_id, second.provider_model) == (
+        2,
+        failed.provider_account_id,
+        model,
+    )
+    chosen = detail.route_decisions[-1].candidate_snapshot
+    assert chosen["selection_reason"].startswith("soft_exclusion_lifted")
+
+
+async def test_no_eligible_after_a_hard_exclusion_reports_the_failure_class(
+    store: Store, make_dispatcher: DispatcherFactory
+) -> None:
+    """When a hard failover exclusion removed the last candidate, the task fails with that
+    failure's class (here INTERNAL_PERMANENT), not UNSUPPORTED_CAPABILITY."""
+    model = "gen4.5"
+    task = await new_task(store, make_spec(**strict(model)))
+    assert (await make_dispatcher().dispatch(task)).outcome is DispatchOutcome.SELECTED
+    detail = await store.get_task(task.id)
+    assert detail is not None
+    failed = detail.attempts[0]
+    request = RequeueRequest(
+        task.id,
+        failed.id,
+        "FAIL_OVER_SAME_MODEL",
+        "INTERNAL_PERMANENT",
+        (ExcludedCandidate(failed.provider_account_id, model),),
+        True,
+        model,
+        1,
+        0,
+    )
+    await _requeue(store, task.id, request)
+    await make_dispatcher().tick()
+    detail = await store.get_task(task.id)
+    assert detail is not None
+    assert detail.task.state is TaskState.FAILED
+    assert detail.task.failure is not None
+    assert detail.task.failure.failure_class == "INTERNAL_PERMANENT"
+    assert detail.task.failure.code == "NO_ELIGIBLE_CANDIDATE"
 
 
 async def test_lease_is_released_when_the_attempt_transaction_fails(
