@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import text
@@ -62,7 +64,13 @@ TIME_SCALE = 0.02
 # Production seconds. Self-hosted's shipped submit_read is 30 s, Runway's 60 s.
 STALL_PAST_SELFHOSTED_READ_S = 45.0
 STALL_WITHIN_RUNWAY_READ_S = 40.0
+# A network blip the shipped retry policy rides out: each attempt's own retries (~3.5-7 s), a
+# requeue backoff (5-10 s), a second attempt whose sends trip the breaker (8 consecutive
+# failures), the breaker's 30 s cooldown: the third attempt comes >= ~42 s after the first send.
 REFUSED_FOR_S = 30.0
+# An outage that outlasts all of it: the third attempt also fails, MAX_TOTAL_ATTEMPTS (3) ends it.
+REFUSED_LONG_S = 300.0
+MAX_TOTAL_ATTEMPTS = 3  # FailoverLimits' shipped default
 
 
 class Stack:
@@ -202,19 +210,49 @@ def test_failure_before_connect_is_retried_and_never_unknown(
             cp.kill()
 
 
-@pytest.mark.parametrize("provider", ["runway", "self_hosted"])
-def test_refused_connection_is_retried_with_the_same_key(stack: Stack, provider: str) -> None:
-    """ECONNREFUSED proves nothing was sent: the same attempt retries and succeeds, one job."""
+def _refuse(stack: Stack, provider: str, production_s: float) -> None:
+    """Reset the emulators, then refuse every connection to `provider` for `production_s`."""
     stack.farm.reset()
     emulator = stack.farm.emulator(provider)
-    emulator.call(emulator.emulator.refuse_connections, stack.farm.seconds(REFUSED_FOR_S) * 1000)
+    emulator.call(emulator.emulator.refuse_connections, stack.farm.seconds(production_s) * 1000)
+
+
+def _listening(url: str) -> bool:
+    """Whether the emulator behind `url` accepts TCP connections again."""
+    parts = urlsplit(url)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 80), 0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _assert_refused_attempts(stack: Stack, task: sp.Task) -> None:
+    """Every attempt that did not succeed was refused before sending: FAILED, never UNKNOWN."""
+    history = stack.history(task)
+    for attempt in task.attempts:
+        assert UNKNOWN not in _states(history, attempt.attempt_id), describe(task)
+        if attempt.state != sp.ATTEMPT_STATE_SUCCEEDED:
+            assert attempt.state == sp.ATTEMPT_STATE_FAILED, describe(task)
+            assert attempt.error.error_class == errors_pb2.ERROR_CLASS_TRANSIENT_NETWORK
+
+
+@pytest.mark.parametrize("provider", ["runway", "self_hosted"])
+def test_refused_connection_is_retried_with_the_same_key(stack: Stack, provider: str) -> None:
+    """ECONNREFUSED proves nothing was sent: a 30 s refusal at the only candidate is retried
+    (each attempt with its own key, new attempts on the same candidate paced by backoff and its
+    breaker) until it succeeds, with exactly one provider job."""
+    _refuse(stack, provider, REFUSED_FOR_S)
     task_id = stack.cp.create_task(provider, prompt=f"refused {secrets.token_hex(4)}")
     task = stack.cp.wait_terminal(task_id, 60)
     truth = stack.farm.truth(provider)
     assert task.state == sp.TASK_STATE_SUCCEEDED, describe(task)
     assert len(truth) == 1
-    for attempt in task.attempts:
-        assert UNKNOWN not in _states(stack.history(task), attempt.attempt_id)
+    first = _states(stack.history(task), task.attempts[0].attempt_id)
+    # The refusal was really hit: the first attempt was re-sent, or ended and a new one came.
+    assert len(task.attempts) > 1 or first.count("SUBMITTING") > 1, first
+    assert len(task.attempts) <= MAX_TOTAL_ATTEMPTS
+    _assert_refused_attempts(stack, task)
     _assert_mp4(task)
     stack.assert_clean()
 
@@ -432,4 +470,28 @@ def test_veo_output_is_stored(stack: Stack) -> None:
     assert len(task.attempts) == 1
     assert task.state == sp.TASK_STATE_SUCCEEDED, describe(task)
     _assert_mp4(task)
+    stack.assert_clean()
+
+
+@pytest.mark.parametrize("provider", ["runway", "self_hosted"])
+def test_refusal_past_the_retry_policy_fails_with_its_true_class(
+    stack: Stack, provider: str
+) -> None:
+    """A refusal that outlasts the retry policy ends the task FAILED at MAX_TOTAL_ATTEMPTS with
+    TRANSIENT_NETWORK (never NO_ELIGIBLE_CANDIDATE for the candidate it kept), and no job."""
+    _refuse(stack, provider, REFUSED_LONG_S)
+    task_id = stack.cp.create_task(provider, prompt=f"refused long {secrets.token_hex(4)}")
+    try:
+        task = stack.cp.wait_terminal(task_id, 60)
+        assert stack.farm.truth(provider) == []
+        assert task.state == sp.TASK_STATE_FAILED, describe(task)
+        assert task.failure.error_class == errors_pb2.ERROR_CLASS_TRANSIENT_NETWORK, describe(task)
+        assert "MAX_TOTAL_ATTEMPTS" in task.failure.message, describe(task)
+        assert "NO_ELIGIBLE_CANDIDATE" not in (task.failure.code + task.failure.message)
+        assert len(task.attempts) == MAX_TOTAL_ATTEMPTS, describe(task)
+        _assert_refused_attempts(stack, task)
+    finally:
+        # The next test needs the emulator back: the refusal ends by itself, wait for it.
+        url = stack.farm.emulator(provider).url
+        wait_for(lambda: _listening(url), timeout_s=30, what=f"{provider} listening again")
     stack.assert_clean()
