@@ -6,6 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
+from adapter_sidecars.common.config import ConfigError, SidecarConfig, parse_config
 from adapter_sidecars.common.journal import PROVEN_ABSENT, Gate, SubmitJournal, SubmitWindow
 from adapter_sidecars.common.types import (
     JobRef,
@@ -280,3 +283,32 @@ def test_retention_moves_the_coverage_start_forward() -> None:
     clock.now = T0 + timedelta(seconds=100)
     assert journal.covered_from() == T0 + timedelta(seconds=40)
     assert journal.verdict("k", WINDOW) is None
+
+
+def _journal_config(
+    section: dict[str, object], environ: dict[str, str] | None = None
+) -> SidecarConfig:
+    return parse_config(
+        {
+            "provider": {"base_url": "http://127.0.0.1:1"},
+            "accounts": [{"name": "prod-us", "credential_ref": "env:K"}],
+            "submit_journal": section,
+        },
+        environ or {},
+    )
+
+
+def test_sole_submitter_is_off_unless_set_to_a_boolean() -> None:
+    """sole_submitter defaults to false, must be a YAML boolean (a string is refused, naming
+    the key), and the clock-skew allowance is scaled with every other duration."""
+    assert not _journal_config({}).submit_journal_sole_submitter
+    assert _journal_config({"sole_submitter": True}).submit_journal_sole_submitter
+    with pytest.raises(ConfigError, match=r"submit_journal\.sole_submitter"):
+        _journal_config({"sole_submitter": "yes"})
+    with pytest.raises(ConfigError, match="unknown keys"):
+        _journal_config({"sole_submiter": True})
+    scaled = _journal_config({"clock_skew_s": 5}, {"VIDROUTE_TIME_SCALE": "0.1"})
+    assert scaled.submit_journal_clock_skew_s == pytest.approx(0.5)
+    journal = SubmitJournal.from_config(_journal_config({"sole_submitter": True}))
+    assert journal.sole_submitter
+    assert journal.clock_skew_s == 5.0
