@@ -471,7 +471,10 @@ def _exclusions(
 ) -> tuple[ExcludedCandidate, ...]:
     """What the next routing must avoid: hard wins over soft for the same candidate."""
     ended = {a.id: a for a in attempts}
-    if attempt.state is AttemptState.FAILED and reason != PROVEN_ABSENT:
+    # Only a failure of this attempt earns its candidate a backoff: a PROVEN_ABSENT or
+    # abandoned attempt failed nowhere (earlier failures keep the instants they were given).
+    failed_here = attempt.state is AttemptState.FAILED and reason != PROVEN_ABSENT
+    if failed_here:
         ended[attempt.id] = attempt
     hard: set[tuple[int, str]] = set()
     soft: set[tuple[int, str]] = set()
@@ -479,10 +482,11 @@ def _exclusions(
         if a.state is not AttemptState.FAILED or (a.failure and a.failure.code == PROVEN_ABSENT):
             continue
         key = (a.provider_account_id, a.provider_model)
-        (soft if exclusion_is_soft(a.failure.failure_class if a.failure else None) else hard).add(
-            key
-        )
-    mine = (attempt.provider_account_id, attempt.provider_model)
+        if exclusion_is_soft(a.failure.failure_class if a.failure else None):
+            soft.add(key)
+        else:
+            hard.add(key)
+    mine = (attempt.provider_account_id, attempt.provider_model) if failed_here else None
     retry_at = now + timedelta(
         seconds=requeue_backoff_s(len(attempts), limits, unit_random=unit_random)
     )
