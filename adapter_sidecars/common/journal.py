@@ -32,6 +32,9 @@ Coverage starts when the journal started recording: the process start for a memo
 a file journal the time its header was first written (kept across restarts and compactions; a
 file without a header starts coverage at the load). Retention prunes entries first seen before
 now - retention, so coverage is never older than that horizon.
+A memory journal forgets its declared absences on a restart; its coverage then starts anew, so
+it proves nothing about older requests, and a stale Submit queued for the old process died with
+that process's sockets.
 
 Durability: with `path` set the journal is an append-only JSON-lines file (fsync'd per line),
 replayed and compacted (entries older than the retention dropped) when the sidecar starts and
