@@ -97,6 +97,13 @@ def validate_account(account: str) -> None:
         raise InvalidLeaseRequest(f"account must be non-empty and free of braces, got {account!r}")
 
 
+def validate_restore(account: str, ttl_ms: int, max_term_ms: int) -> None:
+    """Reject a `LeaseStore.restore` call whose account or lease timings cannot be honoured."""
+    validate_account(account)
+    if ttl_ms < 1 or max_term_ms < ttl_ms:
+        raise InvalidLeaseRequest("restore needs 1 <= ttl_ms <= max_term_ms")
+
+
 @dataclass(frozen=True, slots=True)
 class Dimension:
     """One capacity the provider enforces for an account, e.g. `Dimension("all-video", 20)`.

@@ -26,6 +26,7 @@ from controlplane.leases.base import (
     LeaseRequest,
     UnknownSlotsFullHook,
     validate_account,
+    validate_restore,
 )
 
 __all__ = ["MemoryLeaseStore", "wall_clock_ms"]
@@ -213,9 +214,7 @@ class MemoryLeaseStore:
         unknown_cap: int | None = None,
     ) -> list[str]:
         """Rebuild missing holders' leases and mark the account live. See `LeaseStore.restore`."""
-        validate_account(account)
-        if ttl_ms < 1 or max_term_ms < ttl_ms:
-            raise InvalidLeaseRequest("restore needs 1 <= ttl_ms <= max_term_ms")
+        validate_restore(account, ttl_ms, max_term_ms)
         async with self._lock:
             now = self._clock()
             self._accounts.add(account)

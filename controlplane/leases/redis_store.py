@@ -51,6 +51,7 @@ from controlplane.leases.base import (
     LeaseRequest,
     UnknownSlotsFullHook,
     validate_account,
+    validate_restore,
 )
 
 __all__ = ["RedisClientConfig", "RedisLeaseStore", "redis_client"]
@@ -330,9 +331,7 @@ class RedisLeaseStore:
         unknown_cap: int | None = None,
     ) -> list[str]:
         """Rebuild missing holders' leases and mark the account live. See `LeaseStore.restore`."""
-        validate_account(account)
-        if ttl_ms < 1 or max_term_ms < ttl_ms:
-            raise InvalidLeaseRequest("restore needs 1 <= ttl_ms <= max_term_ms")
+        validate_restore(account, ttl_ms, max_term_ms)
         keys = [
             self._key("leases", account),
             self._key("fence", account),

@@ -238,7 +238,9 @@ def _assert_refused_attempts(stack: Stack, task: sp.Task) -> None:
 
 
 @pytest.mark.parametrize("provider", ["runway", "self_hosted"])
-def test_refused_connection_at_the_only_candidate_is_ridden_out_with_one_job(stack: Stack, provider: str) -> None:
+def test_refused_connection_at_the_only_candidate_is_ridden_out_with_one_job(
+    stack: Stack, provider: str
+) -> None:
     """ECONNREFUSED proves nothing was sent: a 30 s refusal at the only candidate is retried
     (each attempt with its own key, new attempts on the same candidate paced by backoff and its
     breaker) until it succeeds, with exactly one provider job."""
