@@ -29,7 +29,6 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from controlplane.adapters.types import CompiledPlan, Transformation, TransformationKind
-from controlplane.capabilities.loader import expand_for_accounts, load_file
 from controlplane.capabilities.publish import (
     AccountConfig,
     documents_from_directory,
@@ -37,9 +36,7 @@ from controlplane.capabilities.publish import (
 )
 from controlplane.domain import routing
 from controlplane.domain.breaker import BreakerConfig, BreakerRegistry
-from controlplane.domain.hashing import normalized_spec_hash
 from controlplane.domain.scoring import example_policy
-from controlplane.domain.spec import GenerationSpec, Mode, OutputSpec
 from controlplane.leases.redis_store import RedisLeaseStore
 from controlplane.persistence.catalog_store import CatalogStore
 from controlplane.persistence.db import create_engine
@@ -48,6 +45,9 @@ from controlplane.persistence.repository import Store
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import LocalLock
+from vidroute_core.capabilities.loader import expand_for_accounts, load_file
+from vidroute_core.hashing import normalized_spec_hash
+from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 DIRS = sorted(ROOT.glob("adapter_sidecars/*/capabilities"))

@@ -46,7 +46,7 @@ EXTENSIONS = {"runway": ("task_listing",), "veo": ("operation_list", "billing_ex
 
 def time_scale(environ: Mapping[str, str]) -> float:
     """The dev stack's one factor: ``VIDROUTE_TIME_SCALE`` if set, else `DEV_TIME_SCALE`."""
-    from controlplane.domain.timescale import check_factor
+    from vidroute_core.timescale import check_factor
 
     return check_factor(environ.get("VIDROUTE_TIME_SCALE") or DEV_TIME_SCALE, "VIDROUTE_TIME_SCALE")
 

@@ -64,12 +64,6 @@ from controlplane.domain.breaker import BreakerConfig, BreakerKey, Operation
 from controlplane.domain.deadlines import DeadlinePolicy
 from controlplane.domain.safety import SafetyPolicy
 from controlplane.domain.scoring import example_policy
-from controlplane.domain.timescale import (
-    check_factor,
-    scale_durations,
-    scale_value,
-    scaled_defaults,
-)
 from controlplane.execution.callbacks import CallbackReceiver, CallbackServer, CallbackVerifier
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.engine import ExecutionEngine
@@ -90,6 +84,12 @@ from controlplane.scheduling.upkeep import UpkeepConfig
 from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.tasks import TaskService
 from controlplane.storage import object_store_from_url
+from vidroute_core.timescale import (
+    check_factor,
+    scale_durations,
+    scale_value,
+    scaled_defaults,
+)
 
 log = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from controlplane.api.errors import DomainErrorInterceptor
 from controlplane.api.servicer import SchedulerServicer
 from vidroute.scheduler.v1 import scheduler_service_pb2, scheduler_service_pb2_grpc
+from vidroute_core.wire.status import DomainErrorInterceptor
 
 log = logging.getLogger(__name__)
 

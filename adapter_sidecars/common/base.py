@@ -49,15 +49,15 @@ from adapter_sidecars.common.types import (
     UnknownAccount,
     UnknownModel,
 )
-from controlplane.capabilities.loader import (
+from vidroute_core.capabilities.loader import (
     Capability,
     expand_for_accounts,
     find,
     load_directory,
 )
-from controlplane.domain.errors import ErrorClass, ProviderError, make_error
-from controlplane.domain.spec import GenerationSpec
-from controlplane.domain.validation import ensure_valid
+from vidroute_core.errors import ErrorClass, ProviderError, make_error
+from vidroute_core.spec import GenerationSpec
+from vidroute_core.validation import ensure_valid
 
 ADAPTER_VERSION = "0.1.0"
 #: Size of one FetchOutput part.

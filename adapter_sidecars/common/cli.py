@@ -21,7 +21,7 @@ from pathlib import Path
 from adapter_sidecars.common.config import ConfigError, SidecarConfig, load_config
 from adapter_sidecars.common.server import serve
 from adapter_sidecars.common.types import ProviderAdapter
-from controlplane.capabilities.loader import CapabilityLoadError
+from vidroute_core.capabilities.loader import CapabilityLoadError
 
 AdapterFactory = Callable[[SidecarConfig], ProviderAdapter]
 

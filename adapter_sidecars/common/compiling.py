@@ -26,10 +26,10 @@ from math import gcd
 from typing import Any
 
 from adapter_sidecars.common.types import Plan, Transformation, TransformationKind
-from controlplane.capabilities.constraints import violations
-from controlplane.capabilities.loader import Capability
-from controlplane.domain.hashing import canonical_json, normalize_asset_uri, request_hash
-from controlplane.domain.spec import AssetRef, GenerationSpec, Mode
+from vidroute_core.capabilities.constraints import violations
+from vidroute_core.capabilities.loader import Capability
+from vidroute_core.hashing import canonical_json, normalize_asset_uri, request_hash
+from vidroute_core.spec import AssetRef, GenerationSpec, Mode
 
 #: Short side in pixels of each resolution class.
 RESOLUTION_PX: Mapping[str, int] = {
@@ -76,7 +76,7 @@ def constraint_env(
     duration_seconds: int,
     with_audio: bool,
 ) -> dict[str, str | int | bool]:
-    """Identifier values for `controlplane.capabilities.constraints`."""
+    """Identifier values for `vidroute_core.capabilities.constraints`."""
     return {
         "mode": spec.mode.value,
         "resolution": resolution,

@@ -36,7 +36,7 @@ production configs. Only the composition root passes ``os.environ`` in; nothing 
 ``time_scale`` (or ``VIDROUTE_TIME_SCALE``, which wins) multiplies every duration of the
 sidecar together: timeouts, ``provider.options.*_seconds`` (the recovery settle window), the
 health probe interval, the shutdown grace, and any ``*_seconds`` field added later
-(`controlplane.domain.timescale`). A test compresses time with it so that every deadline keeps
+(`vidroute_core.timescale`). A test compresses time with it so that every deadline keeps
 its production order against the control plane's, which reads the same variable. Production
 configurations never set it (default 1.0).
 
@@ -60,7 +60,7 @@ from typing import Any
 
 import yaml
 
-from controlplane.domain.timescale import SECONDS, TimeScaleError, check_factor, scale_durations
+from vidroute_core.timescale import SECONDS, TimeScaleError, check_factor, scale_durations
 
 
 class ConfigError(ValueError):

@@ -1,7 +1,7 @@
 """Protobuf <-> adapter-type translation for ``vidroute.adapter.v1`` (the servicer's only helper).
 
 Enums cross by name (``JobState.RUNNING`` <-> ``JOB_STATE_RUNNING``), never by number. Specs are
-decoded with `controlplane.api.convert.spec_from_proto`, the same decoder the scheduler API uses.
+decoded with `vidroute_core.wire.spec.spec_from_proto`, the same decoder the scheduler API uses.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from adapter_sidecars.common.types import (
     TransportStage,
     UsageRecord,
 )
-from controlplane.domain.errors import ProviderError
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
 from vidroute.common.v1 import error_pb2, money_pb2
+from vidroute_core.errors import ProviderError
 
 
 def timestamp(when: datetime | None) -> timestamp_pb2.Timestamp | None:

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from adapter_sidecars.common.types import JobRef, SubmitKind, SubmitOutcome, TransportStage
-from controlplane.domain.errors import ErrorClass, ProviderError, make_error
+from vidroute_core.errors import ErrorClass, ProviderError, make_error
 
 __all__ = ["dump_outcome", "load_outcome"]
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from adapter_sidecars.common.config import ConfigError, SidecarConfig
-from controlplane.capabilities.loader import Capability
+from vidroute_core.capabilities.loader import Capability
 
 
 def option_flag(config: SidecarConfig, name: str) -> bool:

@@ -27,8 +27,8 @@ from grpc_reflection.v1alpha import reflection
 
 from adapter_sidecars.common.servicer import AdapterServicer
 from adapter_sidecars.common.types import ProviderAdapter
-from controlplane.api.errors import DomainErrorInterceptor
 from vidroute.adapter.v1 import adapter_service_pb2, adapter_service_pb2_grpc
+from vidroute_core.wire.status import DomainErrorInterceptor
 
 log = logging.getLogger(__name__)
 

@@ -47,13 +47,13 @@ from adapter_sidecars.common.types import (
     SubmitOutcome,
     UsageInput,
 )
-from controlplane.api.convert import spec_from_proto
-from controlplane.capabilities.proto import capability_to_proto
-from controlplane.domain.errors import ErrorClass, make_error
-from controlplane.domain.exceptions import InvalidSpec
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
 from vidroute.adapter.v1 import adapter_service_pb2_grpc as svc_grpc
+from vidroute_core.errors import ErrorClass, make_error
+from vidroute_core.exceptions import InvalidSpec
+from vidroute_core.wire.capability import capability_to_proto
+from vidroute_core.wire.spec import spec_from_proto
 
 log = logging.getLogger(__name__)
 Ctx = grpc.aio.ServicerContext[Any, Any]

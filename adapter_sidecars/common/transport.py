@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 
 from adapter_sidecars.common.types import SubmitKind, SubmitOutcome, TransportStage
-from controlplane.domain.errors import ErrorClass, ProviderError, make_error
+from vidroute_core.errors import ErrorClass, ProviderError, make_error
 
 
 @dataclass

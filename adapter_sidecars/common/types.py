@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from controlplane.capabilities.loader import Capability
-from controlplane.domain.errors import ProviderError
-from controlplane.domain.spec import GenerationSpec
+from vidroute_core.capabilities.loader import Capability
+from vidroute_core.errors import ProviderError
+from vidroute_core.spec import GenerationSpec
 
 
 class AdapterRequestError(Exception):

@@ -41,9 +41,9 @@ from adapter_sidecars.common.types import (
 )
 from adapter_sidecars.runway import compile as runway_compile
 from adapter_sidecars.runway import mapping
-from controlplane.capabilities.loader import Capability
-from controlplane.domain.errors import ProviderError
-from controlplane.domain.spec import GenerationSpec
+from vidroute_core.capabilities.loader import Capability
+from vidroute_core.errors import ProviderError
+from vidroute_core.spec import GenerationSpec
 
 PACKAGE_DIR = Path(__file__).parent
 DEFAULT_API_VERSION = "2024-11-06"

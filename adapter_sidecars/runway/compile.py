@@ -18,8 +18,8 @@ from typing import Any
 
 from adapter_sidecars.common.compiling import Draft, Resolved, finish, resolve
 from adapter_sidecars.common.types import Plan, TransformationKind
-from controlplane.capabilities.loader import Capability
-from controlplane.domain.spec import AssetRef, GenerationSpec, Mode
+from vidroute_core.capabilities.loader import Capability
+from vidroute_core.spec import AssetRef, GenerationSpec, Mode
 
 ENDPOINTS = {
     Mode.TEXT_TO_VIDEO: "POST /v1/text_to_video",

@@ -17,8 +17,8 @@ from typing import Any
 from adapter_sidecars.common.jobs import map_state, parse_timestamp, progress_of, url_expiry
 from adapter_sidecars.common.transport import HttpReply, create_error_outcome, retry_after_ms
 from adapter_sidecars.common.types import JobState, JobStatus, Output, SubmitOutcome
-from controlplane.capabilities.loader import Commercial
-from controlplane.domain.errors import ErrorClass, ProviderError, classify_http_status, make_error
+from vidroute_core.capabilities.loader import Commercial
+from vidroute_core.errors import ErrorClass, ProviderError, classify_http_status, make_error
 
 STATUS: Mapping[str, JobState] = {
     "PENDING": JobState.QUEUED,

@@ -41,10 +41,10 @@ from adapter_sidecars.common.types import (
 )
 from adapter_sidecars.selfhosted import compile as selfhosted_compile
 from adapter_sidecars.selfhosted import mapping
-from controlplane.capabilities.loader import Capability
-from controlplane.domain.errors import ProviderError
-from controlplane.domain.hashing import canonical_json
-from controlplane.domain.spec import GenerationSpec
+from vidroute_core.capabilities.loader import Capability
+from vidroute_core.errors import ProviderError
+from vidroute_core.hashing import canonical_json
+from vidroute_core.spec import GenerationSpec
 
 PACKAGE_DIR = Path(__file__).parent
 _NOT_SENT = frozenset({TransportStage.DNS, TransportStage.CONNECT, TransportStage.TLS})

@@ -11,8 +11,8 @@ from typing import Any
 
 from adapter_sidecars.common.compiling import finish, resolve
 from adapter_sidecars.common.types import Plan
-from controlplane.capabilities.loader import Capability
-from controlplane.domain.spec import GenerationSpec
+from vidroute_core.capabilities.loader import Capability
+from vidroute_core.spec import GenerationSpec
 
 ENDPOINT = "POST /v1/jobs"
 

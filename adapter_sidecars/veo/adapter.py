@@ -58,10 +58,10 @@ from adapter_sidecars.common.types import (
 )
 from adapter_sidecars.veo import assets, mapping
 from adapter_sidecars.veo import compile as veo_compile
-from controlplane.capabilities.loader import Capability
-from controlplane.domain.errors import ErrorClass, ProviderError, make_error
-from controlplane.domain.hashing import canonical_json
-from controlplane.domain.spec import GenerationSpec
+from vidroute_core.capabilities.loader import Capability
+from vidroute_core.errors import ErrorClass, ProviderError, make_error
+from vidroute_core.hashing import canonical_json
+from vidroute_core.spec import GenerationSpec
 
 PACKAGE_DIR = Path(__file__).parent
 API = "/v1beta"

@@ -40,7 +40,7 @@ from urllib.parse import unquote_to_bytes, urlsplit, urlunsplit
 import httpx
 
 from adapter_sidecars.common.config import ConfigError
-from controlplane.domain.errors import ErrorClass, ProviderError, make_error
+from vidroute_core.errors import ErrorClass, ProviderError, make_error
 
 REF_URI = "assetUri"
 LEGACY_URI = "uri"

@@ -18,8 +18,8 @@ from typing import Any
 from adapter_sidecars.common.compiling import Draft, finish, resolve
 from adapter_sidecars.common.types import Plan, TransformationKind
 from adapter_sidecars.veo import assets
-from controlplane.capabilities.loader import Capability
-from controlplane.domain.spec import AssetRef, GenerationSpec, Mode
+from vidroute_core.capabilities.loader import Capability
+from vidroute_core.spec import AssetRef, GenerationSpec, Mode
 
 
 def _image(path: str, asset: AssetRef, draft: Draft) -> dict[str, str]:

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 from adapter_sidecars.common.jobs import map_state, url_expiry
 from adapter_sidecars.common.transport import HttpReply, create_error_outcome, retry_after_ms
 from adapter_sidecars.common.types import JobState, JobStatus, Output, SubmitOutcome
-from controlplane.domain.errors import ErrorClass, ProviderError, classify_http_status, make_error
+from vidroute_core.errors import ErrorClass, ProviderError, classify_http_status, make_error
 
 PENDING_STATES: Mapping[str, JobState] = {
     "RUNNING": JobState.RUNNING,

@@ -42,8 +42,8 @@ from controlplane.adapters.types import (
     SubmitResult,
     UsageRecord,
 )
-from controlplane.domain.errors import ErrorClass, make_error
-from controlplane.domain.spec import GenerationSpec
+from vidroute_core.errors import ErrorClass, make_error
+from vidroute_core.spec import GenerationSpec
 
 __all__ = ["FakeAdapterClient", "SubmitCall"]
 

@@ -42,11 +42,11 @@ from controlplane.adapters.types import (
     TransformationKind,
     UsageRecord,
 )
-from controlplane.api.convert import spec_to_proto
-from controlplane.domain.errors import ErrorClass, ProviderError, make_error
-from controlplane.domain.spec import GenerationSpec
 from vidroute.adapter.v1 import adapter_pb2, adapter_service_pb2, adapter_service_pb2_grpc
 from vidroute.common.v1 import error_pb2
+from vidroute_core.errors import ErrorClass, ProviderError, make_error
+from vidroute_core.spec import GenerationSpec
+from vidroute_core.wire.spec import spec_to_proto
 
 NO_RETRIES = [("grpc.enable_retries", 0)]
 #: Seconds added to the sidecar's declared submit budget for the Submit deadline.

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from controlplane.domain.errors import ProviderError
+from vidroute_core.errors import ProviderError
 
 
 class TransformationKind(enum.Enum):

@@ -1,1 +1,4 @@
-"""gRPC boundary: servicers, protobuf <-> domain conversion, error mapping."""
+"""gRPC boundary: servicers and the views they render.
+
+Spec conversion and the error mapping are the kernel's (`vidroute_core.wire`).
+"""

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from controlplane.api.views import timestamp
-from controlplane.capabilities.proto import capability_to_proto
 from controlplane.domain.breaker import BreakerState
 from controlplane.scheduling.health import BreakerStatus
 from controlplane.service.providers import ProviderAccountView
 from vidroute.scheduler.v1 import scheduler_pb2 as pb
+from vidroute_core.wire.capability import capability_to_proto
 
 
 def breaker_state(state: BreakerState) -> pb.BreakerState.ValueType:

@@ -2,7 +2,7 @@
 
 No SQL, Redis or provider call here: each method decodes the request, calls a transport-neutral
 service, and encodes the result. Errors are domain exceptions, mapped to gRPC statuses by
-`controlplane.api.errors.DomainErrorInterceptor`.
+`vidroute_core.wire.status.DomainErrorInterceptor`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from typing import Any
 import grpc
 
 from controlplane.api import provider_views, views
-from controlplane.api.convert import spec_from_proto
 from controlplane.domain.states import TaskState
 from controlplane.service.providers import ForceBreakerInput, ProviderAdminService
 from controlplane.service.tasks import (
@@ -24,6 +23,7 @@ from controlplane.service.tasks import (
     parse_task_id,
 )
 from vidroute.scheduler.v1 import scheduler_pb2, scheduler_service_pb2, scheduler_service_pb2_grpc
+from vidroute_core.wire.spec import spec_from_proto
 
 _UNIMPLEMENTED = "implemented by the scheduler execution and decision issues"
 

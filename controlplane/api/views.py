@@ -7,7 +7,6 @@ from datetime import datetime
 
 from google.protobuf import timestamp_pb2
 
-from controlplane.api.convert import spec_to_proto
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.persistence.records import (
     AttemptRecord,
@@ -21,6 +20,7 @@ from controlplane.persistence.records import (
 from vidroute.adapter.v1 import adapter_pb2
 from vidroute.common.v1 import error_pb2, money_pb2
 from vidroute.scheduler.v1 import scheduler_pb2 as pb
+from vidroute_core.wire.spec import spec_to_proto
 
 _JOB_STATE = {
     AttemptState.ACCEPTED: adapter_pb2.JOB_STATE_QUEUED,

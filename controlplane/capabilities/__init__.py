@@ -1,4 +1,4 @@
-"""The capability matrix as data: versioned YAML entries, their schema and constraint language.
-
-Shared by the scheduler (hard filtering, design 9.6) and the adapter sidecars (Describe, Compile).
+"""The control plane's side of the capability matrix: the catalog built from published entries,
+publication and its consistency checks. The file model and the constraint language are the
+kernel's (`vidroute_core.capabilities`), shared with the adapter sidecars.
 """

@@ -14,9 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from controlplane.capabilities.loader import CapabilityLoadError, parse_entry
 from controlplane.domain.routing import Candidate, Price, catalog_version
 from controlplane.persistence.catalog_store import CapabilityRecord, CatalogStore
+from vidroute_core.capabilities.loader import CapabilityLoadError, parse_entry
 
 log = logging.getLogger(__name__)
 

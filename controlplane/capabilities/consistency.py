@@ -18,8 +18,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from controlplane.capabilities.constraints import ConstraintError, Environment, parse, violations
-from controlplane.capabilities.loader import Capability
+from vidroute_core.capabilities.constraints import ConstraintError, Environment, parse, violations
+from vidroute_core.capabilities.loader import Capability
 
 MAX_ENVIRONMENTS = 200_000
 

@@ -25,12 +25,6 @@ import yaml
 from google.protobuf import json_format
 
 from controlplane.capabilities.consistency import ConsistencyError, check_entry
-from controlplane.capabilities.loader import (
-    ANY_ACCOUNT,
-    Capability,
-    CapabilityLoadError,
-    parse_entry,
-)
 from controlplane.persistence.catalog_store import (
     AccountSpec,
     CapabilityVersion,
@@ -40,6 +34,12 @@ from controlplane.persistence.catalog_store import (
     PublishCounts,
 )
 from vidroute.adapter.v1 import adapter_pb2
+from vidroute_core.capabilities.loader import (
+    ANY_ACCOUNT,
+    Capability,
+    CapabilityLoadError,
+    parse_entry,
+)
 
 PRICE_UNIT = "output_second"
 

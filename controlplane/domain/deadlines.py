@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from controlplane.domain.spec import GenerationSpec
+from vidroute_core.spec import GenerationSpec
 
 __all__ = [
     "QUEUE_DEADLINE_EXCEEDED",

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
 
-from controlplane.domain.errors import ErrorClass, ProviderError, may_fail_over, may_retry_same
-from controlplane.domain.spec import RoutingMode
 from controlplane.domain.states import AttemptState
+from vidroute_core.errors import ErrorClass, ProviderError, may_fail_over, may_retry_same
+from vidroute_core.spec import RoutingMode
 
 __all__ = [
     "MAX_ESTIMATED_PLATFORM_LOSS",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from controlplane.domain.timescale import SECONDS
+from vidroute_core.timescale import SECONDS
 
 __all__ = ["PollPhase", "PollPlan", "PollingPolicy", "next_poll_delay"]
 

@@ -43,12 +43,12 @@ from enum import StrEnum
 from math import gcd
 from typing import TYPE_CHECKING, Any
 
-from controlplane.capabilities.constraints import ConstraintError, violations
 from controlplane.domain import scoring
-from controlplane.domain.spec import GenerationSpec, RoutingMode
+from vidroute_core.capabilities.constraints import ConstraintError, violations
+from vidroute_core.spec import GenerationSpec, RoutingMode
 
 if TYPE_CHECKING:  # the loader pulls in YAML/JSON Schema; the domain only reads the fields
-    from controlplane.capabilities.loader import Capability
+    from vidroute_core.capabilities.loader import Capability
 
 RESOLUTION_PX: Mapping[str, int] = {
     "480p": 480,

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from controlplane.domain.exceptions import PreconditionFailed
-from controlplane.domain.spec import AssetRef, GenerationSpec, Mode
+from vidroute_core.exceptions import PreconditionFailed
+from vidroute_core.spec import AssetRef, GenerationSpec, Mode
 
 __all__ = [
     "REASON",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 # Re-exported: the exception lives with the domain's other errors so it subclasses DomainError.
-from controlplane.domain.exceptions import IllegalTransition
+from vidroute_core.exceptions import IllegalTransition
 
 __all__ = [
     "ATTEMPT_MACHINE",

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from controlplane.domain.breaker import Operation
-from controlplane.domain.exceptions import NotFound
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
 from controlplane.execution.breakers import TRANSPORT_FAILURE
 from controlplane.execution.contracts import TOPIC_CANCEL
@@ -33,6 +32,7 @@ from controlplane.execution.events import EventNormalizer, EventSource, Observat
 from controlplane.execution.outcomes import AfterCommit, ExecutionDeps, claim_batch, job_ref
 from controlplane.persistence.records import NewOutboxMessage, OutboxRecord, TaskRecord
 from controlplane.persistence.repository import Store
+from vidroute_core.exceptions import NotFound
 
 __all__ = ["CancelOutcome", "CancelService", "CancelWorker"]
 

@@ -25,7 +25,6 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.adapters.types import JobRef, JobSnapshot, JobState
-from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.failover import FailureStage
 from controlplane.domain.polling import PollPhase
 from controlplane.domain.states import ATTEMPT_MACHINE, ATTEMPT_PHASE, AttemptState, TaskState
@@ -46,6 +45,7 @@ from controlplane.persistence.records import (
     ProviderJobRecord,
     TaskRecord,
 )
+from vidroute_core.errors import ErrorClass, make_error
 
 __all__ = [
     "EventNormalizer",

@@ -25,7 +25,6 @@ from datetime import datetime, timedelta
 
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.adapters.types import CompiledPlan, JobRef, JobSnapshot, SubmitResult
-from controlplane.domain.errors import ErrorClass, ProviderError
 from controlplane.domain.failover import (
     FailoverAction,
     FailoverInput,
@@ -63,6 +62,7 @@ from controlplane.persistence.records import (
     TaskRecord,
 )
 from controlplane.persistence.repository import Store
+from vidroute_core.errors import ErrorClass, ProviderError
 
 __all__ = [
     "PROVEN_ABSENT",

@@ -29,7 +29,6 @@ import httpx
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.adapters.types import JobRef
 from controlplane.domain.breaker import Operation
-from controlplane.domain.errors import ErrorClass, ProviderError
 from controlplane.domain.failover import backoff_delay_s
 from controlplane.domain.states import TaskState
 from controlplane.execution.breakers import TRANSPORT_FAILURE, GuardedCall
@@ -69,6 +68,7 @@ from controlplane.persistence.records import (
 )
 from controlplane.persistence.repository import Store
 from controlplane.storage.base import ObjectStore, StorageError
+from vidroute_core.errors import ErrorClass, ProviderError
 
 __all__ = ["FetchFn", "OutputStep", "adapter_source", "fetcher_for"]
 

@@ -37,9 +37,7 @@ from controlplane.adapters.types import (
     SubmitKind,
 )
 from controlplane.domain.breaker import Operation
-from controlplane.domain.errors import ErrorClass, ProviderError
 from controlplane.domain.failover import FailureStage, backoff_delay_s
-from controlplane.domain.spec import RoutingMode
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.breakers import TRANSPORT_FAILURE
 from controlplane.execution.events import IngestOutcome
@@ -59,6 +57,8 @@ from controlplane.execution.outcomes import (
 from controlplane.execution.usage_match import match_usage
 from controlplane.persistence.execution_store import AccountInfo, AttemptRuntime, ExecUnit
 from controlplane.persistence.records import AttemptChanges, AttemptRecord, Failure, TaskRecord
+from vidroute_core.errors import ErrorClass, ProviderError
+from vidroute_core.spec import RoutingMode
 
 __all__ = ["RecoveryWorker", "settle_task"]
 

@@ -30,9 +30,7 @@ import time
 from datetime import timedelta
 
 from controlplane.adapters.types import SubmitKind, SubmitResult
-from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.failover import FailureStage
-from controlplane.domain.spec import RoutingMode
 from controlplane.domain.states import TASK_MACHINE, AttemptState, TaskState
 from controlplane.execution.contracts import TOPIC_SUBMIT
 from controlplane.execution.events import EventNormalizer
@@ -52,6 +50,8 @@ from controlplane.execution.outcomes import (
 from controlplane.persistence.execution_store import AccountInfo
 from controlplane.persistence.records import AttemptChanges, AttemptRecord, Failure, OutboxRecord
 from controlplane.persistence.repository import Store
+from vidroute_core.errors import ErrorClass, make_error
+from vidroute_core.spec import RoutingMode
 
 __all__ = ["SubmitWorker"]
 

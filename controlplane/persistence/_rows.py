@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from sqlalchemy.engine import RowMapping
 
-from controlplane.domain.codec import spec_from_dict
-from controlplane.domain.spec import ServiceClass
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.persistence.records import (
     AttemptRecord,
@@ -16,6 +14,8 @@ from controlplane.persistence.records import (
     TaskEventRecord,
     TaskRecord,
 )
+from vidroute_core.codec import spec_from_dict
+from vidroute_core.spec import ServiceClass
 
 
 def failure_columns(failure: Failure | None) -> dict[str, str | None]:

@@ -13,7 +13,6 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from controlplane.domain.exceptions import IdempotencyConflict
 from controlplane.domain.states import TASK_MACHINE, TaskState
 from controlplane.persistence import _rows
 from controlplane.persistence.errors import InvalidPageToken
@@ -30,6 +29,7 @@ from controlplane.persistence.records import (
     RouteDecisionRecord,
     TaskRecord,
 )
+from vidroute_core.exceptions import IdempotencyConflict
 
 A = task_attempts
 

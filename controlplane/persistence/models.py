@@ -31,9 +31,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from controlplane.domain.spec import ServiceClass
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.persistence.coltypes import BigIntPK, JsonDoc, JsonDocOrNull, UtcDateTime
+from vidroute_core.spec import ServiceClass
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from controlplane.domain.spec import GenerationSpec, ServiceClass
 from controlplane.domain.states import AttemptState, TaskState
+from vidroute_core.spec import GenerationSpec, ServiceClass
 
 
 @dataclass(frozen=True, slots=True)

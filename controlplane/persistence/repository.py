@@ -23,9 +23,6 @@ from sqlalchemy import insert, literal_column, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from controlplane.domain.codec import spec_to_dict
-from controlplane.domain.exceptions import NotFound
-from controlplane.domain.spec import GenerationSpec
 from controlplane.domain.states import ATTEMPT_MACHINE, AttemptState, TaskState
 from controlplane.persistence import _rows, _sql
 from controlplane.persistence.errors import ConcurrentModification, DuplicateRecord
@@ -53,6 +50,9 @@ from controlplane.persistence.records import (
     TaskEventRecord,
     TaskRecord,
 )
+from vidroute_core.codec import spec_to_dict
+from vidroute_core.exceptions import NotFound
+from vidroute_core.spec import GenerationSpec
 
 A = task_attempts
 DEFAULT_PAGE_SIZE = 50

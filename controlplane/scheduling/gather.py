@@ -17,9 +17,9 @@ from typing import Any
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.adapters.types import CompiledPlan
 from controlplane.domain.routing import Candidate, CapacityView, CompileResult, TransformKind
-from controlplane.domain.spec import GenerationSpec
 from controlplane.execution.contracts import ExcludedCandidate
 from controlplane.leases.base import Dimension, LeaseError, LeaseStore
+from vidroute_core.spec import GenerationSpec
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from controlplane.capabilities.catalog import candidate_from_record
-from controlplane.capabilities.loader import Capability
 from controlplane.domain.breaker import BreakerKey, BreakerState, Operation
-from controlplane.domain.exceptions import InvalidSpec
-from controlplane.domain.validation import FieldViolation
 from controlplane.persistence.catalog_store import CatalogStore
 from controlplane.scheduling.health import BreakerStatus, HealthMonitor
+from vidroute_core.capabilities.loader import Capability
+from vidroute_core.exceptions import InvalidSpec
+from vidroute_core.validation import FieldViolation
 
 
 @dataclass(frozen=True, slots=True)

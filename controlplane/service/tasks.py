@@ -16,15 +16,15 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from controlplane.domain.deadlines import DeadlinePolicy, deadlines_for
-from controlplane.domain.exceptions import InvalidSpec, NotFound, PreconditionFailed
-from controlplane.domain.hashing import normalized_spec_hash
 from controlplane.domain.safety import SafetyPolicy, ensure_allowed
-from controlplane.domain.spec import GenerationSpec
 from controlplane.domain.states import TASK_MACHINE, TaskState
-from controlplane.domain.validation import FieldViolation
 from controlplane.persistence import errors as store_errors
 from controlplane.persistence.records import TaskDetail, TaskEventRecord, TaskRecord
 from controlplane.persistence.repository import Store
+from vidroute_core.exceptions import InvalidSpec, NotFound, PreconditionFailed
+from vidroute_core.hashing import normalized_spec_hash
+from vidroute_core.spec import GenerationSpec
+from vidroute_core.validation import FieldViolation
 
 MAX_IDEMPOTENCY_KEY = 128
 _TERMINAL = TASK_MACHINE.terminal

@@ -27,9 +27,9 @@ from adapter_sidecars.contract.harness import ManagedProcess, sidecar_config, st
 from adapter_sidecars.contract.profile import load_profile
 from adapter_sidecars.contract.suite import SubmitBoundaryContract
 from adapter_sidecars.runway.adapter import RunwayAdapter
-from controlplane.api.errors import DomainErrorInterceptor
 from vidroute.adapter.v1 import adapter_pb2, adapter_service_pb2, adapter_service_pb2_grpc
 from vidroute.common.v1 import error_pb2
+from vidroute_core.wire.status import DomainErrorInterceptor
 
 ROOT = Path(__file__).resolve().parents[2]
 BOUNDARY_TEST = "test_read_timeout_after_body_is_unknown_with_one_job"

@@ -32,7 +32,6 @@ import pytest
 import redis
 from sqlalchemy import select
 
-from controlplane.capabilities.loader import load_file
 from controlplane.domain.states import IN_FLIGHT_ATTEMPT_STATES
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.models import provider_accounts, task_attempts
@@ -48,6 +47,7 @@ from tests.support.stack import (
 )
 from tests.support.workload import assert_truth
 from vidroute.scheduler.v1 import scheduler_pb2 as sp
+from vidroute_core.capabilities.loader import load_file
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
 

@@ -10,7 +10,7 @@ import pytest
 from controlplane.bootstrap import Settings, load_safety_policy
 from controlplane.domain.deadlines import DeadlinePolicy, deadlines_for
 from controlplane.domain.safety import PolicyError
-from controlplane.domain.spec import GenerationSpec, Mode, OutputSpec, RoutingPolicy
+from vidroute_core.spec import GenerationSpec, Mode, OutputSpec, RoutingPolicy
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 

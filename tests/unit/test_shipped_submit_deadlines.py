@@ -28,8 +28,8 @@ from controlplane.adapters.grpc_client import (
     SubmitDeadlineTooShort,
     submit_deadline_s,
 )
-from controlplane.domain.timescale import scale_durations, scaled_defaults
 from controlplane.execution.config import ExecutionConfig
+from vidroute_core.timescale import scale_durations, scaled_defaults
 
 ROOT = Path(__file__).resolve().parents[2]
 ADAPTERS: dict[str, Callable[[SidecarConfig], HttpAdapter]] = {

@@ -10,7 +10,7 @@ from typing import Any
 
 from adapter_sidecars.common.config import SidecarConfig, parse_config
 from adapter_sidecars.emulators.http import BodyReader, HttpServer, Request, Response
-from controlplane.domain.spec import AssetRef, GenerationSpec, Mode, OutputSpec, RoutingPolicy
+from vidroute_core.spec import AssetRef, GenerationSpec, Mode, OutputSpec, RoutingPolicy
 
 IMAGE = AssetRef(
     object_uri="https://assets.example.com/frames/f0.png?X-Amz-Signature=abc",

@@ -18,15 +18,15 @@ from adapter_sidecars.common.types import CompileInput, Plan, TransformationKind
 from adapter_sidecars.runway.adapter import RunwayAdapter
 from adapter_sidecars.selfhosted.adapter import SelfHostedAdapter
 from adapter_sidecars.veo.adapter import VeoAdapter
-from controlplane.api.convert import spec_from_proto
-from controlplane.capabilities.constraints import (
+from vidroute.common.v1.generation_pb2 import GenerationSpec
+from vidroute_core.capabilities.constraints import (
     Constraint,
     ConstraintSyntaxError,
     ConstraintTypeError,
     parse,
 )
-from controlplane.domain.spec import Mode
-from vidroute.common.v1.generation_pb2 import GenerationSpec
+from vidroute_core.spec import Mode
+from vidroute_core.wire.spec import spec_from_proto
 
 K = TransformationKind
 TESTDATA = Path(__file__).resolve().parents[2] / "testdata"

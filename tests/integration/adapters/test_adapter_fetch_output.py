@@ -16,10 +16,10 @@ from adapter_support import Asset, AssetServer, make_spec, sidecar_config
 from adapter_sidecars.emulators import VeoConfig, VeoEmulator
 from adapter_sidecars.emulators.http import BodyReader, HttpServer, Request, Response
 from adapter_sidecars.veo.adapter import VeoAdapter
-from controlplane.api.convert import spec_to_proto
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
 from vidroute.common.v1 import error_pb2
+from vidroute_core.wire.spec import spec_to_proto
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,9 +15,9 @@ import pytest
 from adapter_support import make_spec
 from google.protobuf import timestamp_pb2
 
-from controlplane.api.convert import spec_to_proto
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
+from vidroute_core.wire.spec import spec_to_proto
 
 MODELS = {"runway": "gen4.5", "veo": "veo-3.1-generate-preview", "selfhosted": "wan2.2-t2v"}
 ROUTES = {

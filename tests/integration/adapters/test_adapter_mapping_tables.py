@@ -13,7 +13,7 @@ from adapter_sidecars.common.types import JobState, SubmitKind
 from adapter_sidecars.runway import mapping as runway
 from adapter_sidecars.selfhosted import mapping as selfhosted
 from adapter_sidecars.veo import mapping as veo
-from controlplane.domain.errors import ErrorClass
+from vidroute_core.errors import ErrorClass
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 E = ErrorClass

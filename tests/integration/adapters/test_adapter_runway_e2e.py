@@ -12,10 +12,10 @@ from google.protobuf import timestamp_pb2
 
 from adapter_sidecars.emulators import RunwayEmulator
 from adapter_sidecars.runway.adapter import RunwayAdapter
-from controlplane.api.convert import spec_to_proto
-from controlplane.domain.spec import Mode
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
+from vidroute_core.spec import Mode
+from vidroute_core.wire.spec import spec_to_proto
 
 
 def _ts(when: datetime) -> timestamp_pb2.Timestamp:

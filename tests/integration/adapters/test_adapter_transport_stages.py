@@ -21,7 +21,7 @@ from adapter_sidecars.common.types import (
     TransportStage,
 )
 from adapter_sidecars.runway.adapter import RunwayAdapter
-from controlplane.domain.errors import ErrorClass
+from vidroute_core.errors import ErrorClass
 
 MODELS = {"runway": "gen4.5", "veo": "veo-3.1-generate-preview", "selfhosted": "wan2.2-t2v"}
 ROUTES = {

@@ -27,10 +27,10 @@ from adapter_sidecars.common import convert
 from adapter_sidecars.common.types import CompileInput, TransformationKind
 from adapter_sidecars.emulators import VeoEmulator
 from adapter_sidecars.veo.adapter import VeoAdapter
-from controlplane.domain.spec import AssetRef, Mode
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
 from vidroute.common.v1 import error_pb2
+from vidroute_core.spec import AssetRef, Mode
 
 MODEL = "veo-3.1-generate-preview"
 SUBMIT_ROUTE = f"POST /v1beta/models/{MODEL}:predictLongRunning"

@@ -17,7 +17,7 @@ from adapter_sidecars.common.types import (
     SubmitOutcome,
     TransportStage,
 )
-from controlplane.domain.errors import ErrorClass, make_error
+from vidroute_core.errors import ErrorClass, make_error
 
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 

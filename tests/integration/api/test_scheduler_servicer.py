@@ -2,7 +2,7 @@
 
 grpcio-testing drives servicers synchronously, so a small bridge runs our async servicer on an
 event loop in a background thread and applies the same error mapping the server's interceptor
-applies (`controlplane.api.errors.to_status`).
+applies (`vidroute_core.wire.status.to_status`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ import grpc_testing
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from controlplane.api.errors import to_status
 from controlplane.api.servicer import SchedulerServicer
-from controlplane.domain.exceptions import DomainError
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.repository import Store
@@ -29,6 +27,8 @@ from controlplane.service.tasks import TaskService
 from vidroute.common.v1 import generation_pb2 as gen
 from vidroute.scheduler.v1 import scheduler_pb2
 from vidroute.scheduler.v1 import scheduler_service_pb2 as api
+from vidroute_core.exceptions import DomainError
+from vidroute_core.wire.status import to_status
 
 SERVICE = api.DESCRIPTOR.services_by_name["SchedulerService"]
 

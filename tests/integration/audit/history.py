@@ -14,7 +14,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from controlplane.audit import Invariant, InvariantReport
-from controlplane.domain.spec import GenerationSpec, Mode, OutputSpec
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.leases import Dimension, Lease, LeaseRequest, MemoryLeaseStore
 from controlplane.persistence.records import (
@@ -27,6 +26,7 @@ from controlplane.persistence.records import (
     TaskRecord,
 )
 from controlplane.persistence.repository import Store
+from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
 NOW = datetime(2026, 6, 24, 10, 0, 0, tzinfo=UTC)
 A = AttemptState

@@ -19,7 +19,6 @@ import pytest_asyncio
 
 from controlplane.adapters.fake import FakeAdapterClient
 from controlplane.adapters.grpc_client import AdapterClient
-from controlplane.domain.spec import GenerationSpec, Mode, OutputSpec, RoutingMode, RoutingPolicy
 from controlplane.domain.states import TaskState
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.engine import ExecutionEngine
@@ -37,6 +36,7 @@ from controlplane.persistence.records import (
     TaskDetail,
 )
 from controlplane.persistence.repository import Store
+from vidroute_core.spec import GenerationSpec, Mode, OutputSpec, RoutingMode, RoutingPolicy
 
 START = datetime(2026, 6, 24, 10, 0, 0, tzinfo=UTC)
 ACCOUNT = "prod"

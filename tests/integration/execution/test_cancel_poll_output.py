@@ -98,7 +98,7 @@ async def test_cancel_during_unknown_submit_cancels_when_proven_absent(lite: Har
     task.
     """
     from controlplane.adapters.types import RecoverResult, RecoveryVerdict, SubmitKind, SubmitResult
-    from controlplane.domain.errors import ErrorClass, make_error
+    from vidroute_core.errors import ErrorClass, make_error
 
     attempt = await lite.task_with_attempt()
     lite.fake.script_submit(

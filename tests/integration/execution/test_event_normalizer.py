@@ -13,13 +13,13 @@ from controlplane.adapters.types import (
     SubmitKind,
     SubmitResult,
 )
-from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.contracts import TOPIC_OUTPUT_FETCH, TOPIC_REQUEUE, RequeueRequest
 from controlplane.execution.engine import ExecutionEngine
 from controlplane.execution.events import EventSource, IngestOutcome, Observation
 from controlplane.persistence.records import AttemptRecord
 from tests.integration.execution.exec_harness import Harness
+from vidroute_core.errors import ErrorClass, make_error
 
 
 def snap(state: JobState, raw: str | None = None, **kw: object) -> JobSnapshot:

@@ -9,11 +9,11 @@ end the same way, so a failover is allowed only while loss + 250 000 stays withi
 from __future__ import annotations
 
 from controlplane.adapters.types import JobSnapshot, JobState, SubmitKind, SubmitResult
-from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.failover import FailoverLimits
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.contracts import TOPIC_REQUEUE
 from tests.integration.execution.exec_harness import Harness
+from vidroute_core.errors import ErrorClass, make_error
 
 COST = 250_000
 

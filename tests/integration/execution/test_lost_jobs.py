@@ -13,11 +13,11 @@ from controlplane.adapters.types import (
     SubmitKind,
     SubmitResult,
 )
-from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.contracts import TOPIC_REQUEUE
 from controlplane.execution.evidence import EvidenceKind, is_evidence
 from tests.integration.execution.exec_harness import ACCOUNT, Harness
+from vidroute_core.errors import ErrorClass, make_error
 
 
 def _not_found() -> PollResult:

@@ -8,7 +8,6 @@ from datetime import timedelta
 from controlplane.adapters.types import CancelResult, JobState, PollResult, UsageRecord
 from controlplane.domain.breaker import BreakerConfig, BreakerKey, BreakerRegistry, BreakerState
 from controlplane.domain.breaker import Operation as Op
-from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.breakers import OperationGate
 from controlplane.execution.engine import ExecutionEngine
@@ -17,6 +16,7 @@ from controlplane.scheduling.health import HealthMonitor
 from tests.integration.execution.exec_harness import Harness
 from tests.integration.execution.test_cancel_poll_output import done, snap
 from tests.integration.execution.test_recovery_flow import _unknown
+from vidroute_core.errors import ErrorClass, make_error
 
 RETRY_S = 30.0
 OVERLOADED = make_error(ErrorClass.PROVIDER_OVERLOADED, "503", "overloaded")

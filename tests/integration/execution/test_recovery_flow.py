@@ -16,12 +16,12 @@ from controlplane.adapters.types import (
     SubmitResult,
     UsageRecord,
 )
-from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.contracts import TOPIC_REQUEUE, RequeueRequest
 from controlplane.execution.events import EventSource, IngestOutcome, Observation
 from controlplane.persistence.execution_store import ExecUnit, ExecutionStore
 from tests.integration.execution.exec_harness import ACCOUNT, Harness
+from vidroute_core.errors import ErrorClass, make_error
 
 
 def _unknown() -> SubmitResult:

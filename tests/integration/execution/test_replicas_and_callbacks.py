@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 from controlplane.adapters.types import JobSnapshot, JobState, SubmitKind, SubmitResult
-from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.callbacks import (
     SIGNATURE_HEADER,
@@ -28,6 +27,7 @@ from controlplane.persistence.db import create_engine
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.repository import Store
 from tests.integration.execution.exec_harness import Harness, _harness, wait_for
+from vidroute_core.errors import ErrorClass, make_error
 
 SECRET = "s3cret"
 

@@ -24,9 +24,9 @@ from adapter_sidecars.emulators import RunwayConfig, RunwayEmulator
 from adapter_sidecars.runway.adapter import RunwayAdapter
 from controlplane.adapters.grpc_client import GrpcAdapterClient, SubmitDeadlineTooShort
 from controlplane.adapters.types import CompiledPlan, RecoverQuery, RecoveryVerdict, SubmitKind
-from controlplane.domain.spec import GenerationSpec, Mode, OutputSpec
 from controlplane.domain.states import AttemptState, TaskState
 from tests.integration.execution.exec_harness import Harness
+from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
 SCALE = 1 / 15
 SUBMIT_READ_S = 60 * SCALE  # the sidecar's shipped submit_read

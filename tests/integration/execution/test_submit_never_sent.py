@@ -24,9 +24,9 @@ from adapter_sidecars.emulators import RunwayConfig, RunwayEmulator
 from adapter_sidecars.runway.adapter import RunwayAdapter
 from controlplane.adapters.grpc_client import GrpcAdapterClient
 from controlplane.adapters.types import CompiledPlan, RecoveryVerdict, SubmitKind, SubmitResult
-from controlplane.domain.spec import GenerationSpec, Mode, OutputSpec
 from controlplane.domain.states import AttemptState, TaskState
 from tests.integration.execution.exec_harness import Harness
+from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
 SCALE = 1 / 50
 # The journal may prove absence once submitted_before + budget (80 s) + settle (30 s) + skew

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 
 from controlplane.adapters.types import JobRef, SubmitKind, SubmitResult
-from controlplane.domain.errors import ErrorClass, make_error
-from controlplane.domain.spec import RoutingMode
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.contracts import TOPIC_REQUEUE, TOPIC_SUBMIT, RequeueRequest
 from tests.integration.execution.exec_harness import Harness
+from vidroute_core.errors import ErrorClass, make_error
+from vidroute_core.spec import RoutingMode
 
 
 def _rejected(

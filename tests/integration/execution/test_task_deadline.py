@@ -13,10 +13,10 @@ from controlplane.adapters.types import (
     SubmitKind,
     SubmitResult,
 )
-from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.contracts import TOPIC_REQUEUE
 from tests.integration.execution.exec_harness import Harness
+from vidroute_core.errors import ErrorClass, make_error
 
 
 def unknown() -> SubmitResult:

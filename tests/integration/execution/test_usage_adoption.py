@@ -10,10 +10,10 @@ from controlplane.adapters.types import (
     SubmitResult,
     UsageRecord,
 )
-from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.states import AttemptState
 from controlplane.execution.evidence import EvidenceKind, is_evidence
 from tests.integration.execution.exec_harness import ACCOUNT, Harness
+from vidroute_core.errors import ErrorClass, make_error
 
 
 def _unknown() -> SubmitResult:

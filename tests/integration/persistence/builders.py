@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from controlplane.domain.spec import GenerationSpec, Mode, OutputSpec
 from controlplane.domain.states import TaskState
 from controlplane.persistence.records import (
     AttemptRecord,
@@ -14,6 +13,7 @@ from controlplane.persistence.records import (
     TaskRecord,
 )
 from controlplane.persistence.repository import Store
+from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
 NOW = datetime(2026, 6, 24, 10, 0, 0, tzinfo=UTC)
 

@@ -7,13 +7,13 @@ from datetime import timedelta
 
 import pytest
 
-from controlplane.domain.exceptions import NotFound
 from controlplane.domain.states import AttemptState
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.errors import DuplicateRecord
 from controlplane.persistence.records import NewOutboxMessage, NewProviderJob
 from controlplane.persistence.repository import Store
 from tests.integration.persistence.builders import NOW, Scenario
+from vidroute_core.exceptions import NotFound
 
 
 async def test_claim_complete_and_expiry(store: Store) -> None:

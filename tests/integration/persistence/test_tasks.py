@@ -9,13 +9,13 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from controlplane.domain.exceptions import IdempotencyConflict
 from controlplane.domain.states import TaskState
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.errors import InvalidPageToken
 from controlplane.persistence.models import generation_tasks, outbox, task_events
 from controlplane.persistence.repository import Store
 from tests.integration.persistence.builders import NOW, Scenario, make_spec
+from vidroute_core.exceptions import IdempotencyConflict
 
 
 async def _count(engine: AsyncEngine, table: object) -> int:

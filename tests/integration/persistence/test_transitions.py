@@ -10,7 +10,6 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from controlplane.domain.exceptions import NotFound
 from controlplane.domain.states import (
     ATTEMPT_MACHINE,
     TASK_MACHINE,
@@ -23,6 +22,7 @@ from controlplane.persistence.models import outbox, route_decisions, task_attemp
 from controlplane.persistence.records import AttemptChanges, Failure, NewOutboxMessage
 from controlplane.persistence.repository import Store
 from tests.integration.persistence.builders import NOW, Scenario
+from vidroute_core.exceptions import NotFound
 
 LATER = NOW + timedelta(minutes=1)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from adapter_sidecars.common.compiling import finish, resolve
 from controlplane.adapters.types import CompiledPlan, Transformation, TransformationKind
-from controlplane.capabilities.loader import Capability, expand_for_accounts, load_file
 from controlplane.capabilities.publish import AccountConfig
-from controlplane.domain.spec import GenerationSpec, Mode, OutputSpec, RoutingMode, RoutingPolicy
+from vidroute_core.capabilities.loader import Capability, expand_for_accounts, load_file
+from vidroute_core.spec import GenerationSpec, Mode, OutputSpec, RoutingMode, RoutingPolicy
 
 ROOT = Path(__file__).resolve().parents[3]
 CAPABILITY_DIRS = sorted(ROOT.glob("adapter_sidecars/*/capabilities"))

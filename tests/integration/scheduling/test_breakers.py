@@ -13,7 +13,6 @@ import redis.asyncio as aioredis
 from controlplane.api import provider_views
 from controlplane.domain.breaker import BreakerConfig, BreakerKey, BreakerRegistry, BreakerState
 from controlplane.domain.breaker import Operation as Op
-from controlplane.domain.exceptions import InvalidSpec
 from controlplane.domain.states import TaskState
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.persistence.catalog_store import CatalogStore
@@ -24,6 +23,7 @@ from controlplane.service.providers import ForceBreakerInput, ProviderAdminServi
 from tests.integration.scheduling.conftest import DispatcherFactory
 from tests.integration.scheduling.support import make_spec, strict
 from tests.integration.scheduling.test_dispatcher import new_task
+from vidroute_core.exceptions import InvalidSpec
 
 GEN45 = BreakerKey("runway", "prod-us", "us", "gen4.5", Op.SUBMIT)
 

@@ -6,7 +6,6 @@ from dataclasses import replace
 from datetime import timedelta
 
 from controlplane.domain.deadlines import DeadlinePolicy
-from controlplane.domain.spec import GenerationSpec, RoutingPolicy
 from controlplane.domain.states import TaskState
 from controlplane.persistence.catalog_store import CatalogStore
 from controlplane.persistence.records import TaskRecord
@@ -15,6 +14,7 @@ from controlplane.scheduling.expiry import DEADLINE_FAILURE_CLASS
 from controlplane.service.tasks import CreateTaskInput, TaskService
 from tests.integration.scheduling.conftest import DispatcherFactory
 from tests.integration.scheduling.support import NOW, make_spec
+from vidroute_core.spec import GenerationSpec, RoutingPolicy
 
 POLICY = DeadlinePolicy(max_task_age_s=600.0, max_queue_delay_s=120.0)
 

@@ -12,9 +12,7 @@ from sqlalchemy import select
 from controlplane.domain import routing
 from controlplane.domain.failover import FailoverLimits
 from controlplane.domain.fairqueue import FairQueueConfig
-from controlplane.domain.hashing import normalized_spec_hash
 from controlplane.domain.scoring import ScoreWeights, example_policy
-from controlplane.domain.spec import GenerationSpec, Mode
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.contracts import TOPIC_REQUEUE, ExcludedCandidate, RequeueRequest
 from controlplane.leases.memory_store import MemoryLeaseStore
@@ -25,6 +23,8 @@ from controlplane.persistence.repository import Store
 from controlplane.scheduling.dispatcher import DispatcherConfig, DispatchOutcome
 from tests.integration.scheduling.conftest import DispatcherFactory
 from tests.integration.scheduling.support import NOW, CompilingAdapter, make_spec, strict
+from vidroute_core.hashing import normalized_spec_hash
+from vidroute_core.spec import GenerationSpec, Mode
 
 SECOND = timedelta(seconds=1)
 

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from controlplane.capabilities.catalog import load_catalog
-from controlplane.capabilities.proto import capability_to_proto as capability_proto
 from controlplane.capabilities.publish import (
     PublishError,
     documents_from_file,
@@ -24,6 +23,7 @@ from tests.integration.scheduling.support import (
     NOW,
     catalog_capabilities,
 )
+from vidroute_core.wire.capability import capability_to_proto as capability_proto
 
 RUNWAY = next(d for d in CAPABILITY_DIRS if d.parent.name == "runway") / "runway-2026-06.yaml"
 

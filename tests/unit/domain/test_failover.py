@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.failover import (
     FailoverAction,
     FailoverInput,
@@ -18,7 +17,8 @@ from controlplane.domain.failover import (
     count_switches,
     decide,
 )
-from controlplane.domain.spec import RoutingMode
+from vidroute_core.errors import ErrorClass, make_error
+from vidroute_core.spec import RoutingMode
 
 NOW = datetime(2026, 6, 24, tzinfo=UTC)
 LIMITS = FailoverLimits()

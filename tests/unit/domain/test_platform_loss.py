@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.domain.errors import ErrorClass, make_error
 from controlplane.domain.failover import (
     MAX_ESTIMATED_PLATFORM_LOSS,
     AttemptCost,
@@ -19,8 +18,9 @@ from controlplane.domain.failover import (
     estimated_platform_loss,
     platform_loss_exceeded,
 )
-from controlplane.domain.spec import RoutingMode
 from controlplane.domain.states import AttemptState
+from vidroute_core.errors import ErrorClass, make_error
+from vidroute_core.spec import RoutingMode
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 _S = AttemptState

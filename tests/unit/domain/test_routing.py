@@ -10,7 +10,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adapter_sidecars.common.compiling import resolve
-from controlplane.capabilities.loader import Capability, expand_for_accounts, load_file
 from controlplane.domain import routing
 from controlplane.domain.routing import (
     Candidate,
@@ -26,7 +25,8 @@ from controlplane.domain.routing import (
     TransformKind,
 )
 from controlplane.domain.scoring import example_policy
-from controlplane.domain.spec import (
+from vidroute_core.capabilities.loader import Capability, expand_for_accounts, load_file
+from vidroute_core.spec import (
     AssetRef,
     GenerationSpec,
     Mode,

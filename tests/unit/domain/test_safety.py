@@ -11,7 +11,6 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.domain.exceptions import PreconditionFailed
 from controlplane.domain.safety import (
     REASON,
     BlockRule,
@@ -21,7 +20,8 @@ from controlplane.domain.safety import (
     ensure_allowed,
     normalize_text,
 )
-from controlplane.domain.spec import AssetRef, GenerationSpec, Mode, OutputSpec
+from vidroute_core.exceptions import PreconditionFailed
+from vidroute_core.spec import AssetRef, GenerationSpec, Mode, OutputSpec
 
 ROOT = Path(__file__).resolve().parents[3]
 GORE = BlockRule("graphic-violence", terms=("gore", "severed head"), fields=("prompt",))

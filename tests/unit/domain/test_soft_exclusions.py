@@ -7,15 +7,15 @@ from datetime import timedelta
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controlplane.domain.errors import HANDLING, ErrorClass, RetryRule
 from controlplane.domain.failover import (
     FailoverLimits,
     exclusion_is_soft,
     requeue_backoff_s,
 )
 from controlplane.domain.routing import Outcome, Reason, RoutingContext
-from controlplane.domain.spec import RoutingMode
 from tests.unit.domain.test_routing import NOW, decide, make_spec
+from vidroute_core.errors import HANDLING, ErrorClass, RetryRule
+from vidroute_core.spec import RoutingMode
 
 ELIGIBLE = tuple(sorted(v.candidate.id for v in decide(make_spec()).verdicts if v.eligible))
 BY_ID = {v.candidate.id: v.candidate for v in decide(make_spec()).verdicts}

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from controlplane.domain.exceptions import DomainError
 from controlplane.domain.states import (
     ATTEMPT_MACHINE,
     ATTEMPT_PHASE,
@@ -23,6 +22,7 @@ from controlplane.domain.states import (
     StateMachine,
     TaskState,
 )
+from vidroute_core.exceptions import DomainError
 
 # The tables restated from design 9.3.1 / 9.8 / 9.8.1 / 9.17 / 9.18.3, independently of the code.
 _TASK_EDGES = """

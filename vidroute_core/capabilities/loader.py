@@ -25,8 +25,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-from controlplane.capabilities.constraints import Constraint, ConstraintError, validate_syntax
-from controlplane.domain.spec import Mode
+from vidroute_core.capabilities.constraints import Constraint, ConstraintError, validate_syntax
+from vidroute_core.spec import Mode
 
 ANY_ACCOUNT = "*"
 
@@ -120,7 +120,7 @@ class Capability:
 
 
 def _schema() -> dict[str, Any]:
-    text = resources.files("controlplane.capabilities").joinpath("capability.schema.json")
+    text = resources.files("vidroute_core.capabilities").joinpath("capability.schema.json")
     loaded: dict[str, Any] = json.loads(text.read_text(encoding="utf-8"))
     return loaded
 

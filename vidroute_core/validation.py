@@ -18,8 +18,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from controlplane.domain.exceptions import InvalidSpec
-from controlplane.domain.spec import AssetRef, GenerationSpec, Mode, RoutingMode, ServiceClass
+from vidroute_core.exceptions import InvalidSpec
+from vidroute_core.spec import AssetRef, GenerationSpec, Mode, RoutingMode, ServiceClass
 
 # Prompt lengths count Unicode code points after NFC; the largest provider limits are about 4k.
 MAX_PROMPT_CHARS = 4000

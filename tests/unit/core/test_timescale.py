@@ -23,19 +23,19 @@ from controlplane.adapters.grpc_client import GrpcAdapterClient
 from controlplane.bootstrap import Settings
 from controlplane.domain.breaker import BreakerConfig
 from controlplane.domain.scoring import example_policy
-from controlplane.domain.timescale import (
-    TimeScaleError,
-    check_factor,
-    is_duration_name,
-    scale_durations,
-    scaled_defaults,
-)
 from controlplane.execution.callbacks import CallbackVerifier
 from controlplane.execution.config import ExecutionConfig
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.leases.redis_store import RedisLeaseStore
 from controlplane.scheduling.dispatcher import DispatcherConfig
 from controlplane.scheduling.upkeep import UpkeepConfig
+from vidroute_core.timescale import (
+    TimeScaleError,
+    check_factor,
+    is_duration_name,
+    scale_durations,
+    scaled_defaults,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = sorted(ROOT.glob("adapter_sidecars/*/config.example.yaml"))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controlplane.domain.spec import (
+from vidroute_core.spec import (
     AssetRef,
     GenerationSpec,
     Mode,

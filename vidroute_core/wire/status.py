@@ -17,7 +17,7 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from controlplane.domain.exceptions import (
+from vidroute_core.exceptions import (
     DomainError,
     IdempotencyConflict,
     IllegalTransition,

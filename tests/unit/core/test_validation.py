@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from controlplane.domain.exceptions import DomainError, InvalidSpec
-from controlplane.domain.spec import (
+from vidroute_core.exceptions import DomainError, InvalidSpec
+from vidroute_core.spec import (
     AssetRef,
     GenerationSpec,
     Mode,
@@ -16,7 +16,7 @@ from controlplane.domain.spec import (
     RoutingMode,
     RoutingPolicy,
 )
-from controlplane.domain.validation import (
+from vidroute_core.validation import (
     MAX_DURATION_MS,
     MAX_NEGATIVE_PROMPT_CHARS,
     MAX_PROMPT_CHARS,

@@ -11,7 +11,7 @@ details); nothing below it raises anything else on purpose. The hierarchy::
     └── NotFound(resource, resource_id)           the named thing does not exist (for this tenant)
 
 A provider's failure is not an exception here: adapters return a
-`controlplane.domain.errors.ProviderError` value, because the scheduler branches on its class
+`vidroute_core.errors.ProviderError` value, because the scheduler branches on its class
 rather than unwinding the stack.
 """
 
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from controlplane.domain.validation import FieldViolation
+    from vidroute_core.validation import FieldViolation
 
 
 class DomainError(Exception):

@@ -16,15 +16,15 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from controlplane.domain.codec import spec_from_dict, spec_to_dict
-from controlplane.domain.hashing import (
+from vidroute_core.codec import spec_from_dict, spec_to_dict
+from vidroute_core.hashing import (
     canonical_json,
     normalize_asset_uri,
     normalized_spec,
     normalized_spec_hash,
     request_hash,
 )
-from controlplane.domain.spec import (
+from vidroute_core.spec import (
     AssetRef,
     GenerationSpec,
     Mode,
@@ -33,7 +33,7 @@ from controlplane.domain.spec import (
     RoutingPolicy,
     ServiceClass,
 )
-from controlplane.domain.validation import validate_spec
+from vidroute_core.validation import validate_spec
 
 VECTORS = sorted((Path(__file__).parents[2] / "testdata" / "hashing").glob("*.json"))
 REQUEST_KEYS = (

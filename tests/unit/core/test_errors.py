@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.domain.errors import (
+from vidroute_core.errors import (
     HANDLING,
     ErrorClass,
     FailoverRule,

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 
 from google.protobuf import timestamp_pb2
 
-from controlplane.capabilities.loader import Capability
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.common.v1 import generation_pb2, money_pb2
+from vidroute_core.capabilities.loader import Capability
 
 
 def _timestamp(when: datetime | None) -> timestamp_pb2.Timestamp | None:

@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from controlplane.domain.spec import AssetRef, GenerationSpec, RoutingPolicy
+from vidroute_core.spec import AssetRef, GenerationSpec, RoutingPolicy
 
 HASH_PREFIX = "sha256:"
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")

@@ -11,7 +11,9 @@ from __future__ import annotations
 import enum
 from typing import TypeVar
 
-from controlplane.domain.spec import (
+from vidroute.common.v1 import generation_pb2 as gen_pb
+from vidroute.common.v1 import money_pb2
+from vidroute_core.spec import (
     AssetRef,
     GenerationSpec,
     Mode,
@@ -20,9 +22,7 @@ from controlplane.domain.spec import (
     RoutingPolicy,
     ServiceClass,
 )
-from controlplane.domain.validation import FieldViolation, validate_spec
-from vidroute.common.v1 import generation_pb2 as gen_pb
-from vidroute.common.v1 import money_pb2
+from vidroute_core.validation import FieldViolation, validate_spec
 
 E = TypeVar("E", bound=enum.Enum)
 

@@ -1,7 +1,7 @@
 """The user's intent: `GenerationSpec` and its parts (design 9.4).
 
 These are plain frozen dataclasses mirroring `vidroute.common.v1`; the gRPC boundary converts
-protobuf messages into them (``controlplane.api.convert``) and nothing below that boundary sees a
+protobuf messages into them (``vidroute_core.wire.spec``) and nothing below that boundary sees a
 protobuf. Durations are whole milliseconds and money is integer micros: no floats travel through
 the domain where a rounding error could cost money or flip a constraint.
 """

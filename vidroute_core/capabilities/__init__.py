@@ -1,0 +1,1 @@
+"""Capability files (design 9.6): the model and loader, and the constraint language they embed."""
