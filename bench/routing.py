@@ -34,8 +34,18 @@ from controlplane.capabilities.publish import (
     documents_from_directory,
     publish_documents,
 )
-from controlplane.domain import routing
 from controlplane.domain.breaker import BreakerConfig, BreakerRegistry
+from controlplane.domain.routing.candidates import (
+    Candidate,
+    CapacityView,
+    CompileResult,
+    HealthView,
+    Price,
+    RoutingContext,
+    TransformKind,
+)
+from controlplane.domain.routing.filters import prefilter
+from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.scoring import example_policy
 from controlplane.leases.redis_store import RedisLeaseStore
 from controlplane.persistence.catalog_store import CatalogStore
@@ -60,7 +70,7 @@ SPEC = GenerationSpec(
 )
 
 
-def candidates(n: int) -> list[routing.Candidate]:
+def candidates(n: int) -> list[Candidate]:
     """`n` candidates: the real catalog entries cloned over synthetic accounts and regions."""
     base = []
     for directory in DIRS:
@@ -73,7 +83,7 @@ def candidates(n: int) -> list[routing.Candidate]:
         )
         com = cap.commercial
         out.append(
-            routing.Candidate(
+            Candidate(
                 cap.provider,
                 cap.account,
                 i + 1,
@@ -84,7 +94,7 @@ def candidates(n: int) -> list[routing.Candidate]:
                 cap.lifecycle,
                 cap.sunset_at,
                 cap,
-                routing.Price(
+                Price(
                     com.price_version,
                     com.currency,
                     com.price_micros_per_output_second + i,
@@ -97,27 +107,27 @@ def candidates(n: int) -> list[routing.Candidate]:
 
 def pure(n: int, iterations: int) -> dict[str, float]:
     cands = candidates(n)
-    cfg = routing.RouterConfig(policy=example_policy("bench"), shadow_policy=example_policy("s"))
-    ctx = routing.RoutingContext(
+    cfg = RouterConfig(policy=example_policy("bench"), shadow_policy=example_policy("s"))
+    ctx = RoutingContext(
         now=NOW,
-        capacity={c.id: routing.CapacityView(3, 4) for c in cands},
-        health={c.id: routing.HealthView(0.9, 100.0, 120.0) for c in cands},
+        capacity={c.id: CapacityView(3, 4) for c in cands},
+        health={c.id: HealthView(0.9, 100.0, 120.0) for c in cands},
     )
     compiled = {
-        c.id: routing.CompileResult(
+        c.id: CompileResult(
             True,
-            (("prompt", routing.TransformKind.EXACT, "p"),),
+            (("prompt", TransformKind.EXACT, "p"),),
             c.price.estimate(SPEC),
             "USD",
             "sha256:x",
         )
-        for c in routing.prefilter(SPEC, cands, ctx)
+        for c in prefilter(SPEC, cands, ctx)
     }
     samples = []
     for i in range(iterations):
         start = time.perf_counter()
-        routing.prefilter(SPEC, cands, ctx)
-        routing.route(str(i), SPEC, cands, compiled, cfg=cfg, ctx=ctx)
+        prefilter(SPEC, cands, ctx)
+        route(str(i), SPEC, cands, compiled, cfg=cfg, ctx=ctx)
         samples.append(time.perf_counter() - start)
     samples.sort()
     return {
@@ -190,7 +200,7 @@ async def end_to_end(tasks: int) -> dict[str, float]:
             leases=RedisLeaseStore(client, namespace=namespace),
             adapters={"runway": adapter, "google": adapter, "self_hosted": adapter},
             monitor=HealthMonitor(BreakerRegistry(BreakerConfig(), time.time)),
-            router=routing.RouterConfig(policy=example_policy("bench")),
+            router=RouterConfig(policy=example_policy("bench")),
             leader=LocalLock("bench"),
             config=DispatcherConfig(batch_size=256, default_concurrency=1_000_000),
             clock=lambda: NOW,

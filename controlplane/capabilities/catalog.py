@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from controlplane.domain.routing import Candidate, Price, catalog_version
+from controlplane.domain.routing.candidates import Candidate, Price, catalog_version
 from controlplane.persistence.catalog_store import CapabilityRecord, CatalogStore
 from vidroute_core.capabilities.loader import CapabilityLoadError, parse_entry
 

@@ -34,7 +34,10 @@ from typing import Any
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.capabilities.catalog import CapabilityCatalog, load_catalog
 from controlplane.domain import fairqueue as fq
-from controlplane.domain import routing
+from controlplane.domain.routing.candidates import Incumbent, RoutingContext
+from controlplane.domain.routing.decision import Outcome, RouteDecisionSnapshot
+from controlplane.domain.routing.filters import Reason, prefilter
+from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.states import TaskState
 from controlplane.leases.base import LeaseRequest, LeaseStore
 from controlplane.persistence.catalog_store import IN_FLIGHT_TASK_STATES, CatalogStore
@@ -91,7 +94,7 @@ class DispatchOutcome(enum.Enum):
 class DispatchResult:
     task_id: int
     outcome: DispatchOutcome
-    decision: routing.RouteDecisionSnapshot | None = None
+    decision: RouteDecisionSnapshot | None = None
     attempt_id: int | None = None
 
 
@@ -106,7 +109,7 @@ class Dispatcher:
         leases: LeaseStore,
         adapters: Mapping[str, AdapterClient],
         monitor: HealthMonitor,
-        router: routing.RouterConfig,
+        router: RouterConfig,
         leader: LeaderLock,
         config: DispatcherConfig | None = None,
         clock: Callable[[], datetime] = utcnow,
@@ -117,7 +120,7 @@ class Dispatcher:
         self._catalog: CapabilityCatalog | None = None
         self._catalog_at = 0.0
         self._fq_snapshot: fq.FairQueueSnapshot | None = None
-        self._incumbents: dict[tuple[str, str, str], routing.Incumbent] = {}
+        self._incumbents: dict[tuple[str, str, str], Incumbent] = {}
         self._wake = asyncio.Event()
         self.leading = False
         self.dispatched = 0
@@ -305,7 +308,7 @@ class Dispatcher:
         for c in catalog.candidates:
             if (reason := await self.monitor.refusal(submit_key(c))) is not None:
                 circuit_open[c.id] = reason
-        ctx = routing.RoutingContext(
+        ctx = RoutingContext(
             now=now,
             circuit_open=circuit_open,
             excluded=facts.excluded,
@@ -316,17 +319,17 @@ class Dispatcher:
             canary_stages=self.config.canary_stages,
         )
         # Capacity and health only for candidates that survive the other static filters.
-        survivors = routing.prefilter(spec, catalog.candidates, ctx)
+        survivors = prefilter(spec, catalog.candidates, ctx)
         capacity = await capacity_views(self._leases, survivors, self.config.default_concurrency)
         health = {c.id: h for c in survivors if (h := self.monitor.health_view(c.id)) is not None}
         ctx = _with(ctx, capacity=capacity, health=health)
         compiled, plans = await compile_all(
             self._adapters,
             spec,
-            routing.prefilter(spec, survivors, ctx),
+            prefilter(spec, survivors, ctx),
             timeout_s=self.config.compile_timeout_s,
         )
-        decision = routing.route(
+        decision = route(
             str(task.id),
             spec,
             catalog.candidates,
@@ -335,7 +338,7 @@ class Dispatcher:
             ctx=ctx,
             catalog_version=catalog.version,
         )
-        if decision.outcome is routing.Outcome.SELECTED:
+        if decision.outcome is Outcome.SELECTED:
             return await self._lease_and_persist(
                 task=task,
                 version=version,
@@ -344,7 +347,7 @@ class Dispatcher:
                 catalog=catalog,
                 group=group,
             )
-        if decision.outcome is routing.Outcome.NO_CAPACITY:
+        if decision.outcome is Outcome.NO_CAPACITY:
             return await self._record(task, version, decision, TaskState.QUEUED)
         return await self._record(task, version, decision, TaskState.FAILED, facts.error_class)
 
@@ -353,7 +356,7 @@ class Dispatcher:
         *,
         task: TaskRecord,
         version: int,
-        decision: routing.RouteDecisionSnapshot,
+        decision: RouteDecisionSnapshot,
         plans: Mapping[str, Any],
         catalog: CapabilityCatalog,
         group: tuple[str, str, str],
@@ -430,13 +433,13 @@ class Dispatcher:
     def _remember(self, group: tuple[str, str, str], chosen: str) -> None:
         current = self._incumbents.get(group)
         if current is None or current.candidate_id != chosen:
-            self._incumbents[group] = routing.Incumbent(chosen, self._clock().timestamp())
+            self._incumbents[group] = Incumbent(chosen, self._clock().timestamp())
 
     async def _record(
         self,
         task: TaskRecord,
         version: int,
-        decision: routing.RouteDecisionSnapshot,
+        decision: RouteDecisionSnapshot,
         target: TaskState,
         error_class: str = "",
     ) -> DispatchResult:
@@ -474,18 +477,16 @@ class Dispatcher:
             log.exception("task %s could not go back to QUEUED", task_id)
 
 
-def _ending_class(decision: routing.RouteDecisionSnapshot, error_class: str) -> str:
+def _ending_class(decision: RouteDecisionSnapshot, error_class: str) -> str:
     """The class a NO_ELIGIBLE_CANDIDATE ending reports.
 
     When a failover exclusion took a candidate away, the task failed because of that earlier
     failure (its class, e.g. INTERNAL_PERMANENT), not for a capability it never lacked."""
-    by_failover = any(
-        v.reason == routing.Reason.EXCLUDED_BY_FAILOVER.value for v in decision.verdicts
-    )
+    by_failover = any(v.reason == Reason.EXCLUDED_BY_FAILOVER.value for v in decision.verdicts)
     return error_class if by_failover and error_class else "UNSUPPORTED_CAPABILITY"
 
 
-def _with(ctx: routing.RoutingContext, **changes: Any) -> routing.RoutingContext:
+def _with(ctx: RoutingContext, **changes: Any) -> RoutingContext:
     from dataclasses import replace
 
     return replace(ctx, **changes)

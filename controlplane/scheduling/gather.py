@@ -16,7 +16,12 @@ from typing import Any
 
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.adapters.types import CompiledPlan
-from controlplane.domain.routing import Candidate, CapacityView, CompileResult, TransformKind
+from controlplane.domain.routing.candidates import (
+    Candidate,
+    CapacityView,
+    CompileResult,
+    TransformKind,
+)
 from controlplane.execution.contracts import ExcludedCandidate
 from controlplane.leases.base import Dimension, LeaseError, LeaseStore
 from vidroute_core.spec import GenerationSpec

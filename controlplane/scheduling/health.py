@@ -38,7 +38,7 @@ from controlplane.domain.breaker import (
     Permit,
     account_key,
 )
-from controlplane.domain.routing import Candidate, HealthView
+from controlplane.domain.routing.candidates import Candidate, HealthView
 from controlplane.domain.scoring import HealthWindows, Window
 from controlplane.persistence.catalog_store import CatalogStore, HealthEvent
 from controlplane.scheduling.shared_state import (

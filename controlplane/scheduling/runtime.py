@@ -33,8 +33,8 @@ from controlplane.capabilities.publish import (
     documents_from_directory,
     publish_documents,
 )
-from controlplane.domain import routing
 from controlplane.domain.breaker import BreakerConfig, BreakerRegistry
+from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import RoutingPolicy
 from controlplane.leases.base import LeaseStore
 from controlplane.persistence.catalog_store import CatalogStore, PublishCounts
@@ -121,7 +121,7 @@ def build_scheduling(
         leases=leases,
         adapters=adapters,
         monitor=monitor,
-        router=routing.RouterConfig(policy=policy, shadow_policy=shadow_policy),
+        router=RouterConfig(policy=policy, shadow_policy=shadow_policy),
         leader=leader_lock_for(database_url, f"shard-{config.shard}"),
         config=config,
     )

@@ -11,8 +11,8 @@ import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.capabilities.publish import documents_from_directory, publish_documents
-from controlplane.domain import routing
 from controlplane.domain.breaker import BreakerConfig, BreakerRegistry
+from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import example_policy
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.persistence.catalog_store import CatalogStore
@@ -104,7 +104,7 @@ def make_dispatcher(  # noqa: PLR0917 - pytest injects fixtures positionally
             "leases": leases,
             "adapters": adapter.for_providers(["runway", "google", "self_hosted"]),
             "monitor": monitor,
-            "router": routing.RouterConfig(policy=example_policy("router-v17")),
+            "router": RouterConfig(policy=example_policy("router-v17")),
             "leader": LocalLock(f"test-{id(overrides)}"),
             "config": DispatcherConfig(),
             "clock": lambda: NOW,

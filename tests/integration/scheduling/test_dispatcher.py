@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from controlplane.domain import routing
 from controlplane.domain.failover import FailoverLimits
 from controlplane.domain.fairqueue import FairQueueConfig
+from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import ScoreWeights, example_policy
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.contracts import TOPIC_REQUEUE, ExcludedCandidate, RequeueRequest
@@ -125,7 +125,7 @@ async def test_shadow_policy_is_recorded_and_never_executed(
         example_policy("shadow-cost-only"),
         weights={"default": ScoreWeights(0, 0, 0, 1, 0, 0, 0)},
     )
-    router = routing.RouterConfig(policy=example_policy("router-v17"), shadow_policy=cheap)
+    router = RouterConfig(policy=example_policy("router-v17"), shadow_policy=cheap)
     task = await new_task(store, make_spec())
     await make_dispatcher(router=router).tick()
     detail = await store.get_task(task.id)

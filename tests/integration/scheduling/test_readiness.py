@@ -4,7 +4,7 @@ an empty or partial catalog keeps tasks QUEUED, never fails them."""
 from __future__ import annotations
 
 from controlplane.capabilities.publish import documents_from_directory, publish_documents
-from controlplane.domain import routing
+from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import example_policy
 from controlplane.domain.states import TaskState
 from controlplane.leases.memory_store import MemoryLeaseStore
@@ -34,7 +34,7 @@ def bare_dispatcher(
         leases=MemoryLeaseStore(),
         adapters=adapter.for_providers(["runway", "google", "self_hosted"]),
         monitor=monitor,
-        router=routing.RouterConfig(policy=example_policy("router-v17")),
+        router=RouterConfig(policy=example_policy("router-v17")),
         leader=LocalLock("readiness"),
         config=DispatcherConfig(),
         clock=lambda: NOW,

@@ -10,20 +10,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adapter_sidecars.common.compiling import resolve
-from controlplane.domain import routing
-from controlplane.domain.routing import (
+from controlplane.domain.routing.candidates import (
     Candidate,
     CapacityView,
     CompileResult,
     HealthView,
     Incumbent,
-    Outcome,
     Price,
-    Reason,
-    RouterConfig,
     RoutingContext,
     TransformKind,
 )
+from controlplane.domain.routing.decision import Outcome, RouteDecisionSnapshot
+from controlplane.domain.routing.filters import Reason, prefilter
+from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.scoring import example_policy
 from vidroute_core.capabilities.loader import Capability, expand_for_accounts, load_file
 from vidroute_core.spec import (
@@ -111,10 +110,10 @@ def decide(
     ctx: RoutingContext | None = None,
     cfg: RouterConfig = CFG,
     task_id: str = "1",
-) -> routing.RouteDecisionSnapshot:
+) -> RouteDecisionSnapshot:
     ctx = ctx or RoutingContext(now=NOW)
-    compiled = {c.id: compile_for(spec, c) for c in routing.prefilter(spec, CATALOG, ctx)}
-    return routing.route(task_id, spec, CATALOG, compiled, cfg=cfg, ctx=ctx)
+    compiled = {c.id: compile_for(spec, c) for c in prefilter(spec, CATALOG, ctx)}
+    return route(task_id, spec, CATALOG, compiled, cfg=cfg, ctx=ctx)
 
 
 # ---- strategies ----------------------------------------------------------------------------
@@ -247,8 +246,8 @@ def test_selected_candidate_never_violates_a_hard_constraint(
     spec: GenerationSpec, ctx: RoutingContext
 ) -> None:
     """Whatever the scores, every candidate in the lease order satisfies every hard constraint."""
-    compiled = {c.id: compile_for(spec, c) for c in routing.prefilter(spec, CATALOG, ctx)}
-    decision = routing.route("42", spec, CATALOG, compiled, cfg=CFG, ctx=ctx)
+    compiled = {c.id: compile_for(spec, c) for c in prefilter(spec, CATALOG, ctx)}
+    decision = route("42", spec, CATALOG, compiled, cfg=CFG, ctx=ctx)
     for cid in decision.ranked:
         c = decision.verdict(cid).candidate
         assert violated(spec, c, ctx, compiled.get(cid)) == [], cid

@@ -12,7 +12,9 @@ from controlplane.domain.failover import (
     exclusion_is_soft,
     requeue_backoff_s,
 )
-from controlplane.domain.routing import Outcome, Reason, RoutingContext
+from controlplane.domain.routing.candidates import RoutingContext
+from controlplane.domain.routing.decision import Outcome
+from controlplane.domain.routing.filters import Reason
 from tests.unit.domain.test_routing import NOW, decide, make_spec
 from vidroute_core.errors import HANDLING, ErrorClass, RetryRule
 from vidroute_core.spec import RoutingMode

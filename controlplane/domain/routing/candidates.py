@@ -1,0 +1,141 @@
+"""The inputs of a routing decision (design 9.10 steps 1-2): who could run a task, and the facts
+about each candidate at decision time.
+
+A `Candidate` is one provider + account + region + model version with its capability and its
+effective `Price`. The dispatcher gathers, keyed by candidate id, what is known now: the adapter's
+`CompileResult`, and in a `RoutingContext` the open breakers, lease pre-checks (`CapacityView`),
+health windows (`HealthView`), failover exclusions and the routing group's `Incumbent`.
+`catalog_version` names the capability and price versions a decision was made against.
+
+Pure data: `filters` decides which candidates are eligible, `selection` which one runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from vidroute_core.spec import GenerationSpec
+
+if TYPE_CHECKING:  # the loader pulls in YAML/JSON Schema; the domain only reads the fields
+    from vidroute_core.capabilities.loader import Capability
+
+
+class TransformKind(StrEnum):
+    EXACT = "EXACT"
+    LOSSLESS = "LOSSLESS"
+    DEGRADE = "DEGRADE"
+    REJECT = "REJECT"
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """The effective price version of a candidate; integer micros per output second."""
+
+    price_version: str
+    currency: str
+    micros_per_second: int
+    micros_per_second_with_audio: int | None = None
+
+    def estimate(self, spec: GenerationSpec) -> int:
+        """Pre-compile estimate: whole seconds (rounded up) x samples x the audio-aware price."""
+        per_s = self.micros_per_second
+        if spec.output.with_audio and self.micros_per_second_with_audio is not None:
+            per_s = self.micros_per_second_with_audio
+        seconds = -(-spec.output.duration_ms // 1000)
+        return per_s * seconds * max(1, spec.output.sample_count)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """provider + account + region + model + model_version with its capability and price."""
+
+    provider: str
+    account: str
+    account_id: int
+    region: str
+    model: str
+    model_version: str
+    capability_version: str
+    lifecycle: str  # preview | stable | deprecated | sunset
+    sunset_at: datetime | None
+    capability: Capability
+    price: Price
+
+    @property
+    def id(self) -> str:
+        """The stable candidate id of decisions: ``provider/model/account``."""
+        return f"{self.provider}/{self.model}/{self.account}"
+
+    @property
+    def lease_account(self) -> str:
+        """The lease store's account scope (hash tag) for this candidate."""
+        return f"{self.provider}:{self.account}"
+
+
+@dataclass(frozen=True, slots=True)
+class CompileResult:
+    """The adapter's verdict for one candidate; `error` is set when compile itself failed."""
+
+    submittable: bool
+    transformations: tuple[tuple[str, TransformKind, str], ...] = ()
+    estimated_cost_micros: int = 0
+    currency: str = "USD"
+    request_hash: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityView:
+    """Lease pre-check: free slots of the tightest dimension, and whether new work is accepted."""
+
+    available: int
+    maximum: int
+    accepting_new: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class HealthView:
+    """Health figures of a candidate from the EWMA windows (9.13.3)."""
+
+    success_lower_bound: float
+    samples: float
+    mean_latency_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Incumbent:
+    """The candidate this routing group used last, and since when (seconds, any clock)."""
+
+    candidate_id: str
+    since_s: float
+
+
+@dataclass(frozen=True)
+class RoutingContext:
+    """Dynamic facts at decision time; every mapping is keyed by candidate id."""
+
+    now: datetime
+    circuit_open: Mapping[str, str] = field(default_factory=dict)
+    capacity: Mapping[str, CapacityView] = field(default_factory=dict)
+    health: Mapping[str, HealthView] = field(default_factory=dict)
+    quality: Mapping[str, float] = field(default_factory=dict)
+    excluded: frozenset[tuple[int, str]] = frozenset()  # (account_id, model) from failover
+    # Softly excluded (account_id, model) -> not before this instant (None: no wait).
+    soft_excluded: Mapping[tuple[int, str], datetime | None] = field(default_factory=dict)
+    soft_lifted: bool = False  # the second pass: soft exclusions no longer apply
+    same_model_only: str = ""  # a STRICT task's requeue: only this model
+    allowed_regions: frozenset[str] | None = None  # tenant/compliance policy; None = any
+    preferred_regions: tuple[str, ...] = ()
+    incumbent: Incumbent | None = None
+    canary_stages: Mapping[str, int] = field(default_factory=dict)
+
+
+def catalog_version(candidates: Sequence[Candidate]) -> str:
+    """A short digest of the capability and price versions a decision was made against."""
+    parts = sorted(f"{c.id}@{c.capability_version}#{c.price.price_version}" for c in candidates)
+    return "cat-" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]

@@ -1,0 +1,173 @@
+"""The explainable routing decision (design 9.10.2): every candidate's fate and the choice made.
+
+A `RouteDecisionSnapshot` is what ``route_decisions.candidate_snapshot`` stores: one `Verdict` per
+candidate (eligible or the `filters.Reason` it was refused for, its score and components, its
+compile plan), the `Outcome`, and the ranked lease fall-through order whose head is the selection.
+The dispatcher records the lease outcome with `after_leasing`.
+
+Outcomes: SELECTED; NO_CAPACITY when nothing is eligible but some candidate was refused only for a
+transient reason (capacity, an open breaker, a retry backoff): the task stays QUEUED; otherwise
+NO_ELIGIBLE_CANDIDATE and the task fails with every candidate's reason (`failure_message`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from controlplane.domain.routing.candidates import Candidate, CompileResult
+from controlplane.domain.routing.filters import Reason
+
+
+class Outcome(StrEnum):
+    SELECTED = "SELECTED"
+    NO_CAPACITY = "NO_CAPACITY"
+    NO_ELIGIBLE_CANDIDATE = "NO_ELIGIBLE_CANDIDATE"
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One candidate's fate in a decision."""
+
+    candidate: Candidate
+    eligible: bool
+    reason: str = ""
+    detail: str = ""
+    score: float | None = None
+    components: Mapping[str, float] = field(default_factory=dict)
+    penalties: Mapping[str, float] = field(default_factory=dict)
+    estimated_cost_micros: int | None = None
+    compile: CompileResult | None = None
+    canary: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.candidate
+        data: dict[str, Any] = {
+            "id": c.id,
+            "eligible": self.eligible,
+            "provider": c.provider,
+            "account": c.account,
+            "account_id": c.account_id,
+            "region": c.region,
+            "model": c.model,
+            "model_version": c.model_version,
+            "capability_version": c.capability_version,
+            "price_version": c.price.price_version,
+            "lifecycle": c.lifecycle,
+            "currency": c.price.currency,
+            "estimated_cost_micros": self.estimated_cost_micros,
+        }
+        if not self.eligible:
+            data.update(reason=self.reason, detail=self.detail)
+        if self.score is not None:
+            data.update(score=round(self.score, 6), components=dict(self.components))
+        if self.penalties:
+            data["penalties"] = dict(self.penalties)
+        if self.compile is not None:
+            data["transformations"] = [[f, k.value, d] for f, k, d in self.compile.transformations]
+        if self.canary:
+            data["canary"] = True
+        return data
+
+
+@dataclass(frozen=True)
+class RouteDecisionSnapshot:
+    """The explainable decision (9.10.2), stored in ``route_decisions.candidate_snapshot``."""
+
+    task_id: str
+    outcome: Outcome
+    policy_version: str
+    catalog_version: str
+    verdicts: tuple[Verdict, ...]
+    ranked: tuple[str, ...]  # lease fall-through order; first is the selection
+    selection_reason: str = ""
+    bucket: int | None = None
+    shadow_policy_version: str = ""
+    shadow_selected: str = ""
+    shadow_scores: Mapping[str, float] = field(default_factory=dict)
+    lease_refused: tuple[str, ...] = ()
+
+    @property
+    def selected(self) -> str | None:
+        return self.ranked[0] if self.outcome is Outcome.SELECTED and self.ranked else None
+
+    def verdict(self, candidate_id: str) -> Verdict:
+        return next(v for v in self.verdicts if v.candidate.id == candidate_id)
+
+    @property
+    def capability_version(self) -> str:
+        """The selected candidate's capability version, else the catalog's version."""
+        chosen = self.selected
+        return self.verdict(chosen).candidate.capability_version if chosen else self.catalog_version
+
+    def after_leasing(self, leased: str | None, refused: Sequence[str]) -> RouteDecisionSnapshot:
+        """Record the lease outcome: refused candidates become NO_CAPACITY; `leased` is selected."""
+        gone = set(refused)
+        verdicts = tuple(
+            replace(
+                v,
+                eligible=False,
+                reason=Reason.NO_CAPACITY.value,
+                detail="lease refused at acquire",
+            )
+            if v.candidate.id in gone
+            else v
+            for v in self.verdicts
+        )
+        if leased is None:
+            return replace(
+                self,
+                outcome=Outcome.NO_CAPACITY,
+                verdicts=verdicts,
+                ranked=(),
+                lease_refused=tuple(refused),
+                selection_reason="all_leases_refused",
+            )
+        rest = tuple(c for c in self.ranked if c != leased and c not in gone)
+        reason = self.selection_reason if not gone else "lease_fallthrough"
+        return replace(
+            self,
+            verdicts=verdicts,
+            ranked=(leased, *rest),
+            lease_refused=tuple(refused),
+            selection_reason=reason,
+        )
+
+    def failure_message(self) -> str:
+        """One line per rejected candidate: why nothing could run."""
+        return (
+            "; ".join(
+                f"{v.candidate.id}: {v.reason} ({v.detail})"
+                for v in self.verdicts
+                if not v.eligible
+            )
+            or "no candidates in the capability catalog"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "task_id": self.task_id,
+            "outcome": self.outcome.value,
+            "policy_version": self.policy_version,
+            "catalog_version": self.catalog_version,
+            "capability_version": self.capability_version,
+            "selected": self.selected,
+            "ranked": list(self.ranked),
+            "selection_reason": self.selection_reason,
+            "candidates": [v.to_json() for v in self.verdicts],
+        }
+        if self.bucket is not None:
+            data["bucket"] = self.bucket
+        if self.lease_refused:
+            data["lease_refused"] = list(self.lease_refused)
+        if self.shadow_policy_version:
+            data["shadow"] = {
+                "policy_version": self.shadow_policy_version,
+                "selected": self.shadow_selected,
+                "scores": dict(self.shadow_scores),
+                "executed": False,
+            }
+            data["shadow_selected"] = self.shadow_selected
+        return data
