@@ -16,6 +16,7 @@ from typing import Any
 
 from controlplane.audit.report import Invariant, Violation
 from controlplane.audit.snapshot import AttemptRow, Snapshot
+from controlplane.domain.states import AttemptState
 
 __all__ = [
     "check_attempt_binding",
@@ -207,7 +208,7 @@ def check_cost_accounting(snap: Snapshot) -> tuple[list[Violation], int]:
             found.append(_v(rule, subject, f"actual_cost_micros {actual!r} invalid"))
         if not (isinstance(a.currency, str) and _CURRENCY.fullmatch(a.currency)):
             found.append(_v(rule, subject, f"currency {a.currency!r} is not ISO-4217"))
-        if a.status == "SUCCEEDED" and a.id in with_job and actual is None:
+        if a.status == AttemptState.SUCCEEDED.value and a.id in with_job and actual is None:
             unsettled += 1
     return found, unsettled
 

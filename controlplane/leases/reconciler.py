@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
+from controlplane.domain.states import IN_FLIGHT_ATTEMPT_STATES, AttemptState
 from controlplane.leases.base import AccountSnapshot, Dimension, LeaseStore
 
 __all__ = [
@@ -37,20 +38,12 @@ __all__ = [
     "reconcile",
 ]
 
-IN_FLIGHT_STATES = frozenset(
-    {
-        "SUBMITTING",
-        "SUBMIT_UNKNOWN",
-        "ACCEPTED",
-        "PROVIDER_QUEUED",
-        "PROVIDER_THROTTLED",
-        "RUNNING",
-        "CANCEL_REQUESTED",
-    }
-)
-"""Attempt states that hold provider capacity (9.11.2)."""
+IN_FLIGHT_STATES: frozenset[str] = frozenset(s.value for s in IN_FLIGHT_ATTEMPT_STATES)
+"""The stored values of the domain's `IN_FLIGHT_ATTEMPT_STATES`: attempts that hold provider
+capacity (9.11.2). Attempt rows reach the reconciler with their stored status, so it compares
+values."""
 
-UNKNOWN_STATE = "SUBMIT_UNKNOWN"
+UNKNOWN_STATE = AttemptState.SUBMIT_UNKNOWN.value
 """The in-flight state whose slots also count in the unknown_submission_slots budget (9.11.3)."""
 
 UNKNOWN_BUDGET = "unknown_submission_slots"
@@ -76,7 +69,8 @@ class InFlightAttempt:
         slots: int,
         state: str,
     ) -> InFlightAttempt | None:
-        """Build the fact for an attempt in `state`; None if that state holds no capacity."""
+        """Build the fact for an attempt whose stored status is `state`; None if that state holds no
+        capacity."""
         if state not in IN_FLIGHT_STATES:
             return None
         return cls(attempt_id, account, dimensions, slots, unknown=state == UNKNOWN_STATE)
