@@ -26,6 +26,7 @@ import tempfile
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGING = ROOT / "packaging"
@@ -34,11 +35,21 @@ NAMES = ("core", "controlplane", "adapters", "contract")
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache")
 
 
+def pyproject(name: str) -> dict[str, Any]:
+    """The parsed ``packaging/<name>/pyproject.toml``."""
+    return tomllib.loads((PACKAGING / name / "pyproject.toml").read_text(encoding="utf-8"))
+
+
 def stage_paths(name: str) -> list[str]:
     """The repository-relative paths distribution `name` is built from."""
-    config = tomllib.loads((PACKAGING / name / "pyproject.toml").read_text(encoding="utf-8"))
-    paths: list[str] = config["tool"]["vidroute-stage"]["paths"]
+    paths: list[str] = pyproject(name)["tool"]["vidroute-stage"]["paths"]
     return paths
+
+
+def wheel_name(name: str) -> str:
+    """The file name of the wheel of distribution `name` (pure Python, any platform)."""
+    project = pyproject(name)["project"]
+    return f"{project['name'].replace('-', '_')}-{project['version']}-py3-none-any.whl"
 
 
 def stage(name: str, into: Path) -> Path:
@@ -76,9 +87,7 @@ def build(name: str, out: Path) -> Path:
             check=True,
             cwd=staged,
         )
-    project = tomllib.loads((PACKAGING / name / "pyproject.toml").read_text(encoding="utf-8"))
-    dist_name = project["project"]["name"].replace("-", "_")
-    return out / f"{dist_name}-{project['project']['version']}-py3-none-any.whl"
+    return out / wheel_name(name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

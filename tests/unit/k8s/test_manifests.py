@@ -36,6 +36,8 @@ ADAPTERS = {  # component -> (provider in config.example.yaml, gRPC port)
     "adapter-veo": ("veo", 50062),
     "adapter-selfhosted": ("selfhosted", 50063),
 }
+# Component -> the image it runs, which is a build target of k8s/Dockerfile of the same name.
+IMAGES = {"controlplane": "vidroute-controlplane", **dict.fromkeys(ADAPTERS, "vidroute-adapter")}
 
 Doc = dict[str, Any]
 
@@ -262,15 +264,17 @@ def test_every_container_has_requests_within_limits(overlay: str) -> None:
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_every_container_runs_the_one_vidroute_image(overlay: str) -> None:
-    """All components share one image, retagged by the overlay."""
-    tags = {
-        c["image"]
-        for d in by_kind(rendered(overlay), "Deployment").values()
-        for c in pod_spec(d)["containers"]
-    }
+def test_each_deployment_runs_the_image_of_its_deployable(overlay: str) -> None:
+    """The control plane runs vidroute-controlplane, every sidecar vidroute-adapter; the overlay
+    gives both the one release tag."""
+    tags = set()
+    for name, deployment in by_kind(rendered(overlay), "Deployment").items():
+        for container in pod_spec(deployment)["containers"]:
+            image, _, tag = container["image"].partition(":")
+            assert image == IMAGES[name], name
+            tags.add(tag)
     assert len(tags) == 1
-    assert re.fullmatch(r"vidroute:[\w.-]+", tags.pop())
+    assert re.fullmatch(r"[\w.-]+", tags.pop())
 
 
 # --- wiring between the objects ------------------------------------------------------------------
