@@ -8,7 +8,7 @@ NODE_INSTALLED := node_modules/.installed
 SDK_GENAI2 := $(VENV)/sdk-genai2
 SDK_GENAI2_REQ := tests/integration/sdk/genai2-requirements.txt
 
-.PHONY: up test lint typecheck proto proto-check buf-lint buf-breaking bench clean
+.PHONY: up test lint typecheck dists proto proto-check buf-lint buf-breaking bench clean
 
 $(INSTALLED): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,12 +34,22 @@ test: $(INSTALLED) $(NODE_INSTALLED) $(SDK_GENAI2)/.installed
 	bash scripts/ensure_services.sh
 	$(PY) -m pytest
 
+## Style and types: ruff (lint + format check) on everything, mypy on the tests (looser
+## settings, pyproject's tests.* override), buf lint on proto/.
 lint: $(INSTALLED) $(NODE_INSTALLED)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy --explicit-package-bases tests
 	npx buf lint
 
+## mypy strict on the packages, then the looser run on tests.
 typecheck: $(INSTALLED)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy --explicit-package-bases tests
+
+## The deployable wheels (packaging/*/pyproject.toml) into dist/; k8s/Dockerfile builds the same.
+dists: $(INSTALLED)
+	$(PY) scripts/build_dists.py --out dist
 
 ## Regenerate vidroute/ from proto/ (commit the result).
 proto: $(INSTALLED)
@@ -57,4 +67,4 @@ bench: $(INSTALLED)
 	$(PY) -m bench.routing
 
 clean:
-	rm -rf $(VENV) node_modules var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) node_modules var dist .pytest_cache .mypy_cache .ruff_cache
