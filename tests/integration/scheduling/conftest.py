@@ -1,9 +1,9 @@
-"""Fixtures of the scheduling suite: each test runs on SQLite and on a fresh PostgreSQL database."""
+"""Fixtures of the scheduling suite: each test runs on SQLite and on a fresh PostgreSQL database
+(`database_url` and `engine`, migrated, are tests/integration/conftest.py's)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,38 +16,11 @@ from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import example_policy
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.persistence.catalog_store import CatalogStore
-from controlplane.persistence.db import create_engine
-from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.repository import Store
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import LocalLock
 from tests.integration.scheduling.support import ACCOUNTS, CAPABILITY_DIRS, NOW, CompilingAdapter
-
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
-]
-
-
-@pytest.fixture(params=BACKENDS)
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty database of the backend under test (not yet migrated)."""
-    if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'vidroute.db'}"
-    return str(request.getfixturevalue("fresh_postgres_url"))
-
-
-@pytest_asyncio.fixture
-async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
-    """A migrated engine, disposed afterwards."""
-    await upgrade(database_url)
-    eng = create_engine(database_url)
-    try:
-        yield eng
-    finally:
-        await eng.dispose()
-
 
 @pytest.fixture
 def store(engine: AsyncEngine) -> Store:

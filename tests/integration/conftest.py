@@ -1,0 +1,57 @@
+"""Fixtures every integration suite shares: the two database backends and a database on each.
+
+A test that uses `backend` (directly or through `empty_url`/`database_url`/`engine`) runs once on
+SQLite (a fresh file) and once on PostgreSQL (a throwaway database of its own, dropped after
+it). A suite that keeps one database per session (tests/integration/persistence) overrides
+`database_url`; the engine on it is this one. Stores and builders stay with their suites.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from controlplane.persistence.db import create_engine
+from controlplane.persistence.migrate import upgrade
+
+BACKENDS = [
+    pytest.param("sqlite", id="sqlite"),
+    pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The database backend under test."""
+    return str(request.param)
+
+
+# Synchronous on purpose: `fresh_postgres_url` runs asyncio.run, which must not happen inside
+# the test's event loop, and it is requested lazily so a SQLite run never needs the server.
+@pytest.fixture
+def empty_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty database of the backend (no tables), removed after the test."""
+    if backend == "postgresql":
+        return str(request.getfixturevalue("fresh_postgres_url"))
+    return f"sqlite+aiosqlite:///{tmp_path / 'vidroute.db'}"
+
+
+@pytest_asyncio.fixture
+async def database_url(empty_url: str) -> str:
+    """The test's database, migrated to head."""
+    await upgrade(empty_url)
+    return empty_url
+
+
+@pytest_asyncio.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on the test's database, disposed afterwards."""
+    eng = create_engine(database_url)
+    try:
+        yield eng
+    finally:
+        await eng.dispose()
