@@ -26,6 +26,7 @@ from collections import defaultdict
 from controlplane.audit.execution_rules import int_or_none, non_empty
 from controlplane.audit.report import Invariant, Violation
 from controlplane.audit.snapshot import AttemptRow, EventRow, OutboxRow, Snapshot
+from controlplane.domain.outbox import Topic
 from controlplane.domain.states import (
     ATTEMPT_MACHINE,
     IN_FLIGHT_ATTEMPT_STATES,
@@ -52,8 +53,6 @@ _BEFORE_ADOPTION = frozenset(
     for s in (TaskState.QUEUED, TaskState.SCHEDULING, TaskState.SUBMITTING, TaskState.RUNNING)
 )
 _ADOPTING = frozenset({TaskState.OUTPUT_FETCHING.value, TaskState.SUCCEEDED.value})
-# The scheduler's hand-off to the submit worker (``controlplane.execution.contracts``).
-_SUBMIT_TOPIC = "attempt.submit"
 
 
 def is_terminal_task(status: str) -> bool:
@@ -199,7 +198,7 @@ def _awaiting_submit(snap: Snapshot) -> set[int]:
     named = (
         int_or_none(m.payload.get("attempt_id")) or int_or_none(m.aggregate_id)
         for m in snap.undone_outbox
-        if m.topic == _SUBMIT_TOPIC
+        if m.topic == Topic.SUBMIT
     )
     return {attempt_id for attempt_id in named if attempt_id is not None}
 

@@ -1,80 +1,77 @@
-"""Contracts between the execution side and the scheduler: outbox topics and `RequeueRequest`.
+"""Failover history: what a requeue asks of the task's next routing decision.
 
-Topics the execution engine consumes::
+The execution side hands a task back to the scheduler with a `RequeueRequest`: in ONE
+transaction it fails the attempt, moves the task to QUEUED, stores the request as rows (one
+``task_requeues`` row, one ``task_exclusions`` row per excluded candidate) and enqueues a
+``task.requeue`` wake-up (`controlplane.domain.outbox`). The dispatcher reads the rows of every
+queued task it considers and turns them into `RequeueFacts` (`requeue_facts`, the one builder),
+which it routes with exactly like a ``task.queued`` task plus three rules:
 
-    attempt.submit   {task_id, attempt_id, [supports_idempotency_key]}   written by the scheduler
-                     with `Store.create_attempt_with_decision`; the attempt is READY_TO_SUBMIT and
-                     holds a lease whose token is on the attempt row.
-    attempt.cancel   {task_id, attempt_id}        written by `CancelService`
-    output.fetch     {task_id, attempt_id, provider_job_id}   written by the event normalizer
-
-Topic the execution engine produces for the scheduler::
-
-    task.requeue     `RequeueRequest.to_payload()`; the task is already QUEUED (moved there in
-                     the same transaction that failed the attempt and wrote this message).
-
-The scheduler consumes ``task.requeue`` exactly like ``task.queued`` with three extra rules:
-
-1. never select a candidate listed in `excluded_candidates` (account id + model), unless the
-   entry is ``soft`` (an endpoint-health failure): then prefer any other eligible candidate and
-   fall back to it only when none is, not before its ``retry_at``;
-2. when `same_model_only` is true (routing mode STRICT_MODEL), select only `required_model`;
+1. never select a candidate in `excluded`, and pass over one in `soft_excluded` (an
+   endpoint-health failure) while any other is eligible: fall back to it only when none is,
+   and not before its ``retry_at``;
+2. when `same_model_only` is set (routing mode STRICT_MODEL), select only that model;
 3. `attempts_so_far` / `provider_switches_so_far` are informative; the limits were already
-   checked here (`controlplane.domain.failover`), so the scheduler must not fail the task for
-   them, only for "no eligible candidate" (its own rule).
+   checked on the execution side (`controlplane.domain.failover`), so the scheduler must not
+   fail the task for them, only for "no eligible candidate" (its own rule).
 
 `not_before` asks the scheduler not to create the new attempt earlier (None = at once).
+
+Across a task's requeues exclusions accumulate (`merge_exclusion`: hard beats soft, a soft one
+waits for the latest retry instant any requeue gave it) and the latest requeue wins for the
+rest. The counts are not stored: the task's attempts are their truth.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-TOPIC_SUBMIT = "attempt.submit"
-TOPIC_CANCEL = "attempt.cancel"
-TOPIC_OUTPUT_FETCH = "output.fetch"
-TOPIC_REQUEUE = "task.requeue"
+from controlplane.domain.failover import count_switches
 
 __all__ = [
-    "TOPIC_CANCEL",
-    "TOPIC_OUTPUT_FETCH",
-    "TOPIC_REQUEUE",
-    "TOPIC_SUBMIT",
     "ExcludedCandidate",
+    "RequeueFacts",
     "RequeueRequest",
+    "merge_exclusion",
+    "requeue_facts",
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class ExcludedCandidate:
-    """A candidate the scheduler must not pick again for this task (`soft`: see rule 1)."""
+    """A candidate the scheduler must not pick again for this task (`soft`: see rule 1).
+
+    `attempt_id` / `error_class`: the failed attempt that caused the exclusion, and its class.
+    """
 
     provider_account_id: int
     provider_model: str
     soft: bool = False
     retry_at: datetime | None = None
+    attempt_id: int | None = None
+    error_class: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "provider_account_id": self.provider_account_id,
-            "provider_model": self.provider_model,
-        }
-        if self.soft:  # a hard exclusion keeps the payload shape older readers know
-            data["soft"] = True
-            data["retry_at"] = self.retry_at.isoformat() if self.retry_at else None
-        return data
+    @property
+    def key(self) -> tuple[int, str]:
+        return self.provider_account_id, self.provider_model
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ExcludedCandidate:
-        raw = data.get("retry_at")
-        return cls(
-            int(data["provider_account_id"]),
-            str(data["provider_model"]),
-            soft=bool(data.get("soft", False)),
-            retry_at=datetime.fromisoformat(raw) if raw else None,
-        )
+
+def merge_exclusion(known: ExcludedCandidate | None, new: ExcludedCandidate) -> ExcludedCandidate:
+    """One candidate excluded again: a hard exclusion wins over a soft one and stays hard; a
+    soft one waits for the latest ``retry_at`` (None: no wait). The result keeps the cause of
+    whichever exclusion decided it (the known one on a tie)."""
+    if known is None:
+        return new
+    if not known.soft:
+        return known
+    if not new.soft:
+        return replace(new, retry_at=None)
+    if new.retry_at is not None and (known.retry_at is None or new.retry_at > known.retry_at):
+        return new
+    return known
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +81,8 @@ class RequeueRequest:
     `reason` is a stable code (e.g. ``FAIL_OVER``, ``PROVEN_ABSENT``, ``ABANDONED_NEW_ATTEMPT``);
     `error_class` is the `ErrorClass` value of the failure that caused it ("" if none).
     A PROVEN_ABSENT requeue does not exclude the candidate: nothing failed there, the submit
-    simply never reached the provider.
+    simply never reached the provider. `required_model` is set exactly when the new attempt
+    must keep the model (`same_model_only`).
     """
 
     task_id: int
@@ -94,38 +92,47 @@ class RequeueRequest:
     excluded_candidates: tuple[ExcludedCandidate, ...]
     same_model_only: bool
     required_model: str
-    attempts_so_far: int
-    provider_switches_so_far: int
     not_before: datetime | None = None
 
-    def to_payload(self) -> dict[str, Any]:
-        return {
-            "task_id": self.task_id,
-            "failed_attempt_id": self.failed_attempt_id,
-            "reason": self.reason,
-            "error_class": self.error_class,
-            "excluded_candidates": [c.to_json() for c in self.excluded_candidates],
-            "same_model_only": self.same_model_only,
-            "required_model": self.required_model,
-            "attempts_so_far": self.attempts_so_far,
-            "provider_switches_so_far": self.provider_switches_so_far,
-            "not_before": self.not_before.isoformat() if self.not_before else None,
-        }
+    def wake_up(self) -> dict[str, Any]:
+        """The ``task.requeue`` message's payload: which task, after which attempt."""
+        return {"task_id": self.task_id, "failed_attempt_id": self.failed_attempt_id}
 
-    @classmethod
-    def from_payload(cls, payload: dict[str, Any]) -> RequeueRequest:
-        not_before = payload.get("not_before")
-        return cls(
-            task_id=int(payload["task_id"]),
-            failed_attempt_id=int(payload["failed_attempt_id"]),
-            reason=str(payload["reason"]),
-            error_class=str(payload.get("error_class", "")),
-            excluded_candidates=tuple(
-                ExcludedCandidate.from_json(c) for c in payload.get("excluded_candidates", [])
-            ),
-            same_model_only=bool(payload.get("same_model_only", False)),
-            required_model=str(payload.get("required_model", "")),
-            attempts_so_far=int(payload.get("attempts_so_far", 0)),
-            provider_switches_so_far=int(payload.get("provider_switches_so_far", 0)),
-            not_before=datetime.fromisoformat(not_before) if not_before else None,
-        )
+
+@dataclass(frozen=True, slots=True)
+class RequeueFacts:
+    """What a task's requeues ask of its next decision (the default: it was never requeued)."""
+
+    excluded: frozenset[tuple[int, str]] = frozenset()
+    # Softly excluded candidates and the earliest instant of a new attempt on each.
+    soft_excluded: Mapping[tuple[int, str], datetime | None] = field(default_factory=dict)
+    same_model_only: str = ""
+    not_before: datetime | None = None
+    attempts_so_far: int = 0
+    provider_switches_so_far: int = 0
+    error_class: str = ""  # the latest failure's class (what a NO_ELIGIBLE ending reports)
+
+
+def requeue_facts(
+    exclusions: Iterable[ExcludedCandidate],
+    tried: Sequence[tuple[int, str]],
+    *,
+    required_model: str,
+    not_before: datetime | None,
+    error_class: str,
+) -> RequeueFacts:
+    """A requeued task's facts: every exclusion of all its requeues (merged by
+    `merge_exclusion`, in whichever order they come), the (account, model) of each of its
+    attempts in order, and its latest requeue's model pin ("" = any), `not_before` and class."""
+    merged: dict[tuple[int, str], ExcludedCandidate] = {}
+    for c in exclusions:
+        merged[c.key] = merge_exclusion(merged.get(c.key), c)
+    return RequeueFacts(
+        excluded=frozenset(k for k, c in merged.items() if not c.soft),
+        soft_excluded={k: c.retry_at for k, c in merged.items() if c.soft},
+        same_model_only=required_model,
+        not_before=not_before,
+        attempts_so_far=len(tried),
+        provider_switches_so_far=count_switches(list(tried)),
+        error_class=error_class,
+    )

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from controlplane.domain.breaker import Operation
+from controlplane.domain.outbox import Topic
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
 from controlplane.execution.breakers import TRANSPORT_FAILURE
-from controlplane.execution.contracts import TOPIC_CANCEL
 from controlplane.execution.events import EventNormalizer, EventSource, Observation
 from controlplane.execution.outcomes import AfterCommit, ExecutionDeps, claim_batch, job_ref
 from controlplane.persistence.records import NewOutboxMessage, OutboxRecord, TaskRecord
@@ -109,7 +109,7 @@ class CancelService:
                 await u.set_runtime(asked.id, asked.task_id, cancel_requested_at=u.now)
                 await u.enqueue(
                     NewOutboxMessage(
-                        TOPIC_CANCEL,
+                        Topic.CANCEL,
                         str(asked.id),
                         {"task_id": asked.task_id, "attempt_id": asked.id},
                     )
@@ -131,7 +131,7 @@ class CancelWorker:
         self._normalizer = normalizer
 
     async def run_once(self) -> int:
-        messages = await claim_batch(self._store, self._deps, TOPIC_CANCEL)
+        messages = await claim_batch(self._store, self._deps, Topic.CANCEL)
         for message in messages:
             await self.handle(message)
         return len(messages)

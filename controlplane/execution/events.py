@@ -26,9 +26,9 @@ from typing import Any
 
 from controlplane.adapters.types import JobRef, JobSnapshot, JobState
 from controlplane.domain.failover import FailureStage
+from controlplane.domain.outbox import Topic
 from controlplane.domain.polling import PollPhase
 from controlplane.domain.states import ATTEMPT_MACHINE, ATTEMPT_PHASE, AttemptState, TaskState
-from controlplane.execution.contracts import TOPIC_OUTPUT_FETCH
 from controlplane.execution.outcomes import (
     AfterCommit,
     ExecutionDeps,
@@ -321,7 +321,7 @@ class EventNormalizer:
             return IngestOutcome.NOT_ADOPTED
         await u.enqueue(
             NewOutboxMessage(
-                TOPIC_OUTPUT_FETCH,
+                Topic.OUTPUT_FETCH,
                 str(attempt.id),
                 {
                     "task_id": task.id,

@@ -36,18 +36,13 @@ from controlplane.domain.failover import (
     exclusion_is_soft,
     requeue_backoff_s,
 )
+from controlplane.domain.outbox import Topic
 from controlplane.domain.polling import PollPhase, next_poll_delay
+from controlplane.domain.requeue import ExcludedCandidate, RequeueRequest
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
 from controlplane.execution.bounds import as_failed, platform_loss, requeue_refusal
 from controlplane.execution.breakers import OperationGate
 from controlplane.execution.config import ExecutionConfig
-from controlplane.execution.contracts import (
-    TOPIC_CANCEL,
-    TOPIC_REQUEUE,
-    TOPIC_SUBMIT,
-    ExcludedCandidate,
-    RequeueRequest,
-)
 from controlplane.execution.leasing import LeaseKeeper
 from controlplane.persistence.errors import DuplicateRecord
 from controlplane.persistence.execution_store import AccountInfo, ExecUnit, ExecutionStore
@@ -262,7 +257,7 @@ async def accept(
 
 def _cancel_message(attempt: AttemptRecord) -> NewOutboxMessage:
     return NewOutboxMessage(
-        TOPIC_CANCEL, str(attempt.id), {"task_id": attempt.task_id, "attempt_id": attempt.id}
+        Topic.CANCEL, str(attempt.id), {"task_id": attempt.task_id, "attempt_id": attempt.id}
     )
 
 
@@ -365,7 +360,7 @@ async def fail_attempt(
         await u.set_runtime(moved.id, moved.task_id, next_recovery_at=None, unknown_since=None)
         await u.enqueue(
             NewOutboxMessage(
-                TOPIC_SUBMIT,
+                Topic.SUBMIT,
                 str(moved.id),
                 {"task_id": moved.task_id, "attempt_id": moved.id},
                 available_at=u.now + timedelta(seconds=decision.retry_delay_s),
@@ -415,7 +410,8 @@ async def requeue(
     limits: FailoverLimits,
     unit_random: float = 1.0,
 ) -> FailoverAction | None:
-    """Task -> QUEUED (via SCHEDULING when needed) plus a ``task.requeue`` message: FAIL_OVER.
+    """Task -> QUEUED (via SCHEDULING when needed), its failover history stored and a
+    ``task.requeue`` wake-up enqueued, all in this transaction: FAIL_OVER.
 
     Every FAILED attempt's candidate is excluded (except PROVEN_ABSENT: nothing failed there);
     softly after an endpoint-health failure (`exclusion_is_soft`), the failed attempt's own
@@ -444,10 +440,6 @@ async def requeue(
         excluded_candidates=excluded,
         same_model_only=same_model_only,
         required_model=attempt.provider_model if same_model_only else "",
-        attempts_so_far=len(attempts),
-        provider_switches_so_far=count_switches(
-            [(a.provider_account_id, a.provider_model) for a in attempts]
-        ),
     )
     current: TaskRecord | None = task
     if not TASK_MACHINE.can(task.state, TaskState.QUEUED):
@@ -456,7 +448,9 @@ async def requeue(
         return None
     if await u.move_task(current, TaskState.QUEUED, reason) is None:
         return None
-    await u.enqueue(NewOutboxMessage(TOPIC_REQUEUE, str(task.id), request.to_payload()))
+    # The history is rows in this transaction; the message only wakes the dispatcher.
+    await u.record_requeue(request)
+    await u.enqueue(NewOutboxMessage(Topic.REQUEUE, str(task.id), request.wake_up()))
     return FailoverAction.FAIL_OVER
 
 
@@ -476,26 +470,43 @@ def _exclusions(
     failed_here = attempt.state is AttemptState.FAILED and reason != PROVEN_ABSENT
     if failed_here:
         ended[attempt.id] = attempt
-    hard: set[tuple[int, str]] = set()
-    soft: set[tuple[int, str]] = set()
+    # Each candidate's first failure of a kind is its cause (the one that first excluded it).
+    hard: dict[tuple[int, str], AttemptRecord] = {}
+    soft: dict[tuple[int, str], AttemptRecord] = {}
     for a in ended.values():
         if a.state is not AttemptState.FAILED or (a.failure and a.failure.code == PROVEN_ABSENT):
             continue
         key = (a.provider_account_id, a.provider_model)
         if exclusion_is_soft(a.failure.failure_class if a.failure else None):
-            soft.add(key)
+            soft.setdefault(key, a)
         else:
-            hard.add(key)
+            hard.setdefault(key, a)
     mine = (attempt.provider_account_id, attempt.provider_model) if failed_here else None
+    if mine in soft:
+        soft[mine] = attempt  # its new backoff is this failure's
     retry_at = now + timedelta(
         seconds=requeue_backoff_s(len(attempts), limits, unit_random=unit_random)
     )
     return tuple(
-        [ExcludedCandidate(a, m) for a, m in sorted(hard)]
+        [_excluded(hard[key]) for key in sorted(hard)]
         + [
-            ExcludedCandidate(a, m, soft=True, retry_at=retry_at if (a, m) == mine else None)
-            for a, m in sorted(soft - hard)
+            _excluded(soft[key], soft=True, retry_at=retry_at if key == mine else None)
+            for key in sorted(soft.keys() - hard.keys())
         ]
+    )
+
+
+def _excluded(
+    cause: AttemptRecord, *, soft: bool = False, retry_at: datetime | None = None
+) -> ExcludedCandidate:
+    """The exclusion of `cause`'s candidate, naming the failed attempt that caused it."""
+    return ExcludedCandidate(
+        cause.provider_account_id,
+        cause.provider_model,
+        soft=soft,
+        retry_at=retry_at,
+        attempt_id=cause.id,
+        error_class=cause.failure.failure_class if cause.failure else "",
     )
 
 

@@ -30,9 +30,9 @@ from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.adapters.types import JobRef
 from controlplane.domain.breaker import Operation
 from controlplane.domain.failover import backoff_delay_s
+from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TaskState
 from controlplane.execution.breakers import TRANSPORT_FAILURE, GuardedCall
-from controlplane.execution.contracts import TOPIC_OUTPUT_FETCH
 from controlplane.execution.events import (
     EventNormalizer,
     EventSource,
@@ -136,7 +136,7 @@ class OutputStep:
         self.fetches = 0
 
     async def run_once(self) -> int:
-        messages = await claim_batch(self._store, self._deps, TOPIC_OUTPUT_FETCH)
+        messages = await claim_batch(self._store, self._deps, Topic.OUTPUT_FETCH)
         for message in messages:
             await self.handle(message)
         return len(messages)

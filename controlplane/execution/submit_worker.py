@@ -31,8 +31,8 @@ from datetime import timedelta
 
 from controlplane.adapters.types import SubmitKind, SubmitResult
 from controlplane.domain.failover import FailureStage
+from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TASK_MACHINE, AttemptState, TaskState
-from controlplane.execution.contracts import TOPIC_SUBMIT
 from controlplane.execution.events import EventNormalizer
 from controlplane.execution.outcomes import (
     PROVEN_ABSENT,
@@ -69,7 +69,7 @@ class SubmitWorker:
 
     async def run_once(self) -> int:
         """Claim and handle one batch; returns how many messages were claimed."""
-        messages = await claim_batch(self._store, self._deps, TOPIC_SUBMIT)
+        messages = await claim_batch(self._store, self._deps, Topic.SUBMIT)
         for message in messages:
             await self.handle(message)
         return len(messages)

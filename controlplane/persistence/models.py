@@ -18,6 +18,7 @@ from typing import Any, cast
 from sqlalchemy import (
     CHAR,
     BigInteger,
+    Boolean,
     CheckConstraint,
     ForeignKey,
     Index,
@@ -336,6 +337,57 @@ class OutboxMessage(Base):
     done_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
 
+class TaskRequeue(Base):
+    """One hand-back of a task to the scheduler for a new attempt (`controlplane.domain.requeue`).
+
+    Written in the transaction that failed the attempt and queued the task again; the latest
+    row of a task carries its model pin (`required_model`, NULL = any), `not_before` and the
+    failure's class. The attempt counts are not copied here: ``task_attempts`` holds them.
+    """
+
+    __tablename__ = "task_requeues"
+    __table_args__ = (Index("ix_task_requeues_task_id_id", "task_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    task_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("generation_tasks.id"))
+    failed_attempt_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("task_attempts.id"))
+    reason: Mapped[str] = mapped_column(Text)
+    error_class: Mapped[str] = mapped_column(Text)
+    required_model: Mapped[str | None] = mapped_column(Text)
+    not_before: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    created_at: Mapped[datetime] = _created()
+
+
+class TaskExclusion(Base):
+    """A candidate (account, model) a task's next attempts must avoid, and why (9.15).
+
+    One row per candidate however often it is excluded: a requeue merges into it (hard beats
+    soft, a soft one keeps the latest `retry_at`), so the rows are the merged failover history.
+    """
+
+    __tablename__ = "task_exclusions"
+    __table_args__ = (
+        UniqueConstraint(
+            "task_id",
+            "provider_account_id",
+            "provider_model",
+            name="uq_task_exclusions_candidate",
+        ),
+        CheckConstraint("soft OR retry_at IS NULL", name="retry_only_when_soft"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    task_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("generation_tasks.id"))
+    provider_account_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("provider_accounts.id"))
+    provider_model: Mapped[str] = mapped_column(Text)
+    soft: Mapped[bool] = mapped_column(Boolean)
+    retry_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    attempt_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("task_attempts.id"))
+    error_class: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _created()
+
+
 class LeaseAuditEvent(Base):
     """A drift the lease reconciler found between PostgreSQL and Redis (9.11.2)."""
 
@@ -365,3 +417,5 @@ provider_health_events = _table(ProviderHealthEvent)
 task_events = _table(TaskEvent)
 outbox = _table(OutboxMessage)
 lease_audit_events = _table(LeaseAuditEvent)
+task_requeues = _table(TaskRequeue)
+task_exclusions = _table(TaskExclusion)

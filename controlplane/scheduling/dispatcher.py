@@ -34,6 +34,7 @@ from typing import Any
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.capabilities.catalog import CapabilityCatalog, load_catalog
 from controlplane.domain import fairqueue as fq
+from controlplane.domain.requeue import RequeueFacts
 from controlplane.domain.routing.candidates import Incumbent, RoutingContext
 from controlplane.domain.routing.decision import Outcome, RouteDecisionSnapshot
 from controlplane.domain.routing.filters import Reason, prefilter
@@ -45,13 +46,7 @@ from controlplane.persistence.errors import ConcurrentModification
 from controlplane.persistence.records import Failure, NewAttempt, NewRouteDecision, TaskRecord
 from controlplane.persistence.repository import Store
 from controlplane.scheduling.expiry import settle_overdue
-from controlplane.scheduling.gather import (
-    RequeueFacts,
-    capacity_views,
-    compile_all,
-    lease_dimensions,
-    requeue_facts,
-)
+from controlplane.scheduling.gather import capacity_views, compile_all, lease_dimensions
 from controlplane.scheduling.health import HealthMonitor, submit_key
 from controlplane.scheduling.leader import LeaderLock
 from controlplane.scheduling.readiness import CatalogReadiness
@@ -233,11 +228,8 @@ class Dispatcher:
         in_flight = self._mine(
             await self._catalogs.tasks_in_states(IN_FLIGHT_TASK_STATES, limit=cfg.scan_limit)
         )
-        facts = {
-            t.id: requeue_facts(await self._catalogs.requeue_payloads(t.id))
-            for t in queued
-            if t.status_version > 0
-        }
+        # One read for the round; a task never moved (version 0) was never requeued.
+        facts = await self._catalogs.requeue_facts([t.id for t in queued if t.status_version > 0])
         by_id = {str(t.id): t for t in queued}
         queue = fq.FairQueue.rebuild(
             cfg.fair_queue,

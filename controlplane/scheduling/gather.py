@@ -1,6 +1,8 @@
-"""The dispatcher's fact gathering: failover exclusions, lease pre-checks, compile calls.
+"""The dispatcher's fact gathering: lease pre-checks and compile calls.
 
-Everything the pure pipeline (`controlplane.domain.routing`) needs but cannot fetch itself.
+Everything the pure pipeline (`controlplane.domain.routing`) needs but cannot fetch itself,
+besides the failover history, which is rows read with the queued tasks
+(`controlplane.persistence.exclusions.load_facts`).
 Compiles run concurrently, one per candidate that passed the static filters, each under a
 timeout; an adapter failure becomes that candidate's COMPILE_REJECT, never a failed dispatch.
 """
@@ -10,9 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
 
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.adapters.types import CompiledPlan
@@ -22,58 +21,10 @@ from controlplane.domain.routing.candidates import (
     CompileResult,
     TransformKind,
 )
-from controlplane.execution.contracts import ExcludedCandidate
 from controlplane.leases.base import Dimension, LeaseError, LeaseStore
 from vidroute_core.spec import GenerationSpec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class RequeueFacts:
-    """What earlier ``task.requeue`` messages ask of the next decision."""
-
-    excluded: frozenset[tuple[int, str]] = frozenset()
-    # Softly excluded candidates and the earliest instant of a new attempt on each.
-    soft_excluded: Mapping[tuple[int, str], datetime | None] = field(default_factory=dict)
-    same_model_only: str = ""
-    not_before: datetime | None = None
-    attempts_so_far: int = 0
-    provider_switches_so_far: int = 0
-    error_class: str = ""  # the latest failure's class (what a NO_ELIGIBLE ending reports)
-
-
-def requeue_facts(payloads: Sequence[Mapping[str, Any]]) -> RequeueFacts:
-    """Merge every requeue of a task: exclusions accumulate, the latest wins for the rest.
-
-    A candidate excluded hard by any requeue stays hard; a soft one waits for the latest of
-    its ``retry_at`` instants."""
-    if not payloads:
-        return RequeueFacts()
-    hard: set[tuple[int, str]] = set()
-    soft: dict[tuple[int, str], datetime | None] = {}
-    for p in payloads:
-        for raw in p.get("excluded_candidates", []):
-            c = ExcludedCandidate.from_json(raw)
-            key = (c.provider_account_id, c.provider_model)
-            if not c.soft:
-                hard.add(key)
-                continue
-            known = soft.get(key)
-            soft[key] = (
-                c.retry_at if known is None or (c.retry_at and c.retry_at > known) else known
-            )
-    last = payloads[-1]
-    raw_nb = last.get("not_before")
-    return RequeueFacts(
-        excluded=frozenset(hard),
-        soft_excluded={k: v for k, v in soft.items() if k not in hard},
-        same_model_only=str(last.get("required_model", "")) if last.get("same_model_only") else "",
-        not_before=datetime.fromisoformat(raw_nb) if raw_nb else None,
-        attempts_so_far=int(last.get("attempts_so_far", 0)),
-        provider_switches_so_far=int(last.get("provider_switches_so_far", 0)),
-        error_class=str(last.get("error_class", "")),
-    )
 
 
 def lease_dimensions(candidate: Candidate, default_concurrency: int) -> tuple[Dimension, ...]:

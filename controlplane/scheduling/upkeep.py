@@ -35,6 +35,7 @@ from datetime import UTC, datetime
 from sqlalchemy import insert
 
 from controlplane.capabilities.catalog import CapabilityCatalog
+from controlplane.domain.outbox import Topic
 from controlplane.leases.base import LeaseStore
 from controlplane.leases.reconciler import Drift, reconcile
 from controlplane.persistence.models import lease_audit_events
@@ -42,7 +43,7 @@ from controlplane.persistence.repository import Store
 from controlplane.scheduling.lease_rebuild import HOLDING_STATES, in_flight_facts, restore_holders
 
 log = logging.getLogger(__name__)
-QUEUE_TOPICS = ("task.queued", "task.requeue")
+QUEUE_TOPICS = (Topic.QUEUED, Topic.REQUEUE)
 __all__ = ["HOLDING_STATES", "QUEUE_TOPICS", "Upkeep", "UpkeepConfig", "in_flight_facts"]
 
 

@@ -8,6 +8,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.audit import Invariant, check_invariants
+from controlplane.domain.outbox import Topic
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.models import (
@@ -77,7 +78,7 @@ async def test_undone_message_of_no_task_breaks_quiescence(
     await tamper.insert(
         outbox,
         {
-            "topic": "task.requeue",
+            "topic": Topic.REQUEUE,
             "aggregate_id": "999999",
             "payload": {"task_id": 999999},
             "created_at": NOW,

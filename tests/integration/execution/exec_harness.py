@@ -19,13 +19,16 @@ import pytest_asyncio
 
 from controlplane.adapters.fake import FakeAdapterClient
 from controlplane.adapters.grpc_client import AdapterClient
+from controlplane.domain.requeue import ExcludedCandidate
 from controlplane.domain.states import TaskState
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.engine import ExecutionEngine
 from controlplane.execution.output_fetch import FetchRequest, FetchResult, StoredAsset
 from controlplane.leases.base import Dimension, LeaseRequest, LeaseStore
 from controlplane.leases.memory_store import MemoryLeaseStore
+from controlplane.persistence import exclusions
 from controlplane.persistence.db import create_engine
+from controlplane.persistence.exclusions import RequeueRow
 from controlplane.persistence.execution_store import ExecutionStore
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.records import (
@@ -250,6 +253,16 @@ class Harness:
         return await self.store.claim(
             topic, "inspector", limit=100, lease_seconds=1, now=self.clock() + timedelta(days=30)
         )
+
+    async def requeues(self, task_id: int) -> list[RequeueRow]:
+        """The task's stored requeues, oldest first."""
+        async with self.store.engine.connect() as conn:
+            return await exclusions.requeues_of(conn, task_id)
+
+    async def excluded(self, task_id: int) -> list[ExcludedCandidate]:
+        """The task's excluded candidates (its merged failover history)."""
+        async with self.store.engine.connect() as conn:
+            return await exclusions.exclusions_of(conn, task_id)
 
     async def used(self, account_id: int, provider: str = "runway") -> tuple[int, int]:
         account = f"{provider}-{account_id}"

@@ -13,8 +13,8 @@ from controlplane.adapters.types import (
     SubmitKind,
     SubmitResult,
 )
+from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.contracts import TOPIC_OUTPUT_FETCH, TOPIC_REQUEUE, RequeueRequest
 from controlplane.execution.engine import ExecutionEngine
 from controlplane.execution.events import EventSource, IngestOutcome, Observation
 from controlplane.persistence.records import AttemptRecord
@@ -103,7 +103,7 @@ async def test_succeeded_adopts_and_queues_output_fetch(lite: Harness) -> None:
     detail = await lite.detail(attempt.task_id)
     assert detail.task.state is TaskState.OUTPUT_FETCHING
     assert detail.task.adopted_attempt_id == attempt.id
-    assert len(await lite.messages(TOPIC_OUTPUT_FETCH)) == 1
+    assert len(await lite.messages(Topic.OUTPUT_FETCH)) == 1
 
 
 async def test_late_success_of_old_attempt_is_stored_not_adopted(harness: Harness) -> None:
@@ -140,8 +140,8 @@ async def test_job_failure_fails_over_with_exclusion(lite: Harness) -> None:
     )
     detail = await lite.detail(attempt.task_id)
     assert detail.task.state is TaskState.QUEUED
-    [message] = await lite.messages(TOPIC_REQUEUE)
-    [excluded] = RequeueRequest.from_payload(message.payload).excluded_candidates
+    assert len(await lite.messages(Topic.REQUEUE)) == 1
+    [excluded] = await lite.excluded(attempt.task_id)
     assert (excluded.provider_account_id, excluded.provider_model, excluded.soft) == (
         attempt.provider_account_id,
         "gen4.5",
@@ -161,7 +161,7 @@ async def test_safety_output_failure_is_not_regenerated(lite: Harness) -> None:
     )
     detail = await lite.detail(attempt.task_id)
     assert detail.task.state is TaskState.FAILED
-    assert await lite.messages(TOPIC_REQUEUE) == []
+    assert await lite.messages(Topic.REQUEUE) == []
 
 
 async def test_unknown_job_is_stored_unmatched(lite: Harness) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from controlplane.adapters.types import JobSnapshot, JobState, SubmitKind, SubmitResult
 from controlplane.domain.failover import FailoverLimits
+from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.contracts import TOPIC_REQUEUE
 from tests.integration.execution.exec_harness import Harness
 from vidroute_core.errors import ErrorClass, make_error
 
@@ -52,7 +52,7 @@ async def test_an_accepted_then_failed_job_over_the_limit_fails_the_task(lite: H
     assert detail.task.failure is not None
     assert detail.task.failure.code == "GENERATION_FAILED"  # the provider's failure, kept
     assert detail.task.failure.message.startswith("MAX_ESTIMATED_PLATFORM_LOSS")
-    assert await lite.messages(TOPIC_REQUEUE) == []
+    assert await lite.messages(Topic.REQUEUE) == []
     assert len(lite.fake.submit_calls) == 1
 
 
@@ -60,7 +60,7 @@ async def test_within_the_limit_the_task_fails_over(lite: Harness) -> None:
     """At a limit of 500 000 the same failure fails over: QUEUED with one requeue message."""
     task_id = await run_accepted_then_failed(lite, max_loss=500_000)
     assert (await lite.detail(task_id)).task.state is TaskState.QUEUED
-    assert len(await lite.messages(TOPIC_REQUEUE)) == 1
+    assert len(await lite.messages(Topic.REQUEUE)) == 1
 
 
 async def test_a_provider_reported_cost_replaces_the_estimate(lite: Harness) -> None:
@@ -106,4 +106,4 @@ async def test_an_abandoned_submit_counts_as_loss_on_the_recovery_path(lite: Har
     assert detail.task.state is TaskState.FAILED
     assert detail.task.failure is not None
     assert detail.task.failure.message.startswith("MAX_ESTIMATED_PLATFORM_LOSS")
-    assert await lite.messages(TOPIC_REQUEUE) == []
+    assert await lite.messages(Topic.REQUEUE) == []

@@ -13,8 +13,8 @@ from controlplane.adapters.types import (
     SubmitKind,
     SubmitResult,
 )
+from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.contracts import TOPIC_REQUEUE
 from controlplane.execution.evidence import EvidenceKind, is_evidence
 from tests.integration.execution.exec_harness import ACCOUNT, Harness
 from vidroute_core.errors import ErrorClass, make_error
@@ -63,7 +63,7 @@ async def test_not_found_keeps_the_attempt_then_abandons_without_failover(lite: 
     assert [a.state for a in detail.attempts] == [AttemptState.ABANDONED]
     assert detail.task.state is TaskState.FAILED
     assert len(lite.fake.submit_calls) == 1
-    assert await lite.messages(TOPIC_REQUEUE) == []
+    assert await lite.messages(Topic.REQUEUE) == []
     kinds = [
         e.raw_status for e in await lite.xstore.events(attempt_id=attempt.id) if is_evidence(e)
     ]

@@ -16,8 +16,8 @@ from controlplane.adapters.types import (
     SubmitResult,
     UsageRecord,
 )
+from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.contracts import TOPIC_REQUEUE, RequeueRequest
 from controlplane.execution.events import EventSource, IngestOutcome, Observation
 from controlplane.persistence.execution_store import ExecUnit, ExecutionStore
 from tests.integration.execution.exec_harness import ACCOUNT, Harness
@@ -71,10 +71,10 @@ async def test_not_found_proves_absence_and_requeues(harness: Harness) -> None:
     assert failed.state is AttemptState.FAILED
     assert failed.failure is not None
     assert failed.failure.code == "PROVEN_ABSENT"
-    [message] = await harness.messages(TOPIC_REQUEUE)
-    request = RequeueRequest.from_payload(message.payload)
-    assert request.reason == "PROVEN_ABSENT"
-    assert request.excluded_candidates == ()
+    assert len(await harness.messages(Topic.REQUEUE)) == 1
+    [requeue] = await harness.requeues(attempt.task_id)
+    assert requeue.reason == "PROVEN_ABSENT"
+    assert await harness.excluded(attempt.task_id) == []
     assert len(harness.fake.submit_calls) == 1
     assert await harness.used(attempt.provider_account_id) == (0, 0)
 
@@ -118,8 +118,9 @@ async def test_abandon_policy_may_requeue(lite: Harness) -> None:
     await engine.run_until_idle()
     detail = await lite.detail(attempt.task_id)
     assert detail.task.state is TaskState.QUEUED
-    [message] = await lite.messages(TOPIC_REQUEUE)
-    assert message.payload["reason"] == "ABANDONED_NEW_ATTEMPT"
+    assert len(await lite.messages(Topic.REQUEUE)) == 1
+    [requeue] = await lite.requeues(attempt.task_id)
+    assert requeue.reason == "ABANDONED_NEW_ATTEMPT"
 
 
 async def test_idempotent_provider_resends_with_the_same_key(lite: Harness) -> None:

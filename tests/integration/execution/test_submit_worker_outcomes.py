@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from controlplane.adapters.types import JobRef, SubmitKind, SubmitResult
+from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.contracts import TOPIC_REQUEUE, TOPIC_SUBMIT, RequeueRequest
 from tests.integration.execution.exec_harness import Harness
 from vidroute_core.errors import ErrorClass, make_error
 from vidroute_core.spec import RoutingMode
@@ -125,13 +125,15 @@ async def test_retries_exhausted_fail_over_to_scheduler(lite: Harness) -> None:
     assert detail.task.state is TaskState.QUEUED
     assert [a.state for a in detail.attempts] == [AttemptState.FAILED]
     assert len(lite.fake.submit_calls) == 4
-    [message] = await lite.messages(TOPIC_REQUEUE)
-    request = RequeueRequest.from_payload(message.payload)
-    assert request.reason == "FAIL_OVER"
-    assert [(c.provider_account_id, c.provider_model) for c in request.excluded_candidates] == [
+    assert len(await lite.messages(Topic.REQUEUE)) == 1
+    [requeue] = await lite.requeues(attempt.task_id)
+    assert requeue.reason == "FAIL_OVER"
+    excluded_candidates = await lite.excluded(attempt.task_id)
+    assert [(c.provider_account_id, c.provider_model) for c in excluded_candidates] == [
         (attempt.provider_account_id, "gen4.5")
     ]
-    [excluded] = request.excluded_candidates
+    [excluded] = excluded_candidates
+    assert excluded.attempt_id == attempt.id
     assert excluded.soft
     assert excluded.retry_at is not None
     assert excluded.retry_at > detail.task.updated_at  # the instant the task was requeued
@@ -148,7 +150,7 @@ async def test_safety_input_fails_task_without_failover(harness: Harness) -> Non
     assert detail.task.state is TaskState.FAILED
     assert detail.task.failure is not None
     assert detail.task.failure.failure_class == "SAFETY_INPUT"
-    assert await harness.messages(TOPIC_REQUEUE) == []
+    assert await harness.messages(Topic.REQUEUE) == []
     assert len(harness.fake.submit_calls) == 1
 
 
@@ -160,12 +162,12 @@ async def test_strict_model_failover_keeps_the_model(lite: Harness) -> None:
     lite.fake.script_submit(_rejected(ErrorClass.UNSUPPORTED_CAPABILITY))
     await lite.engine().run_until_idle()
 
-    [message] = await lite.messages(TOPIC_REQUEUE)
-    request = RequeueRequest.from_payload(message.payload)
-    assert request.same_model_only is True
-    assert request.required_model == attempt.provider_model
+    assert len(await lite.messages(Topic.REQUEUE)) == 1
+    [requeue] = await lite.requeues(attempt.task_id)
+    assert requeue.required_model == attempt.provider_model  # same model only
     # The candidate said it cannot do this: a hard exclusion, never offered again.
-    assert [c.soft for c in request.excluded_candidates] == [False]
+    excluded = await lite.excluded(attempt.task_id)
+    assert [(c.soft, c.error_class) for c in excluded] == [(False, "UNSUPPORTED_CAPABILITY")]
     assert (await lite.detail(attempt.task_id)).task.state is TaskState.QUEUED
 
 
@@ -189,7 +191,7 @@ async def test_duplicate_submit_message_is_a_noop(lite: Harness) -> None:
         __import__(
             "controlplane.persistence.records", fromlist=["NewOutboxMessage"]
         ).NewOutboxMessage(
-            TOPIC_SUBMIT, str(attempt.id), {"task_id": attempt.task_id, "attempt_id": attempt.id}
+            Topic.SUBMIT, str(attempt.id), {"task_id": attempt.task_id, "attempt_id": attempt.id}
         ),
         now=lite.clock(),
     )

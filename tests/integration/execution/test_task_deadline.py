@@ -13,8 +13,8 @@ from controlplane.adapters.types import (
     SubmitKind,
     SubmitResult,
 )
+from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.contracts import TOPIC_REQUEUE
 from tests.integration.execution.exec_harness import Harness
 from vidroute_core.errors import ErrorClass, make_error
 
@@ -40,7 +40,7 @@ async def test_recovery_proving_absence_after_the_deadline_does_not_requeue(lite
     detail = await lite.detail(attempt.task_id)
     assert detail.task.state is TaskState.FAILED
     assert [a.state for a in detail.attempts] == [AttemptState.FAILED]
-    assert await lite.messages(TOPIC_REQUEUE) == []
+    assert await lite.messages(Topic.REQUEUE) == []
     assert len(lite.fake.submit_calls) == 1
 
 
@@ -59,7 +59,7 @@ async def test_a_job_failing_after_the_deadline_is_not_failed_over(lite: Harness
     assert detail.task.state is TaskState.FAILED
     assert detail.task.failure is not None
     assert detail.task.failure.message.startswith("TASK_DEADLINE_EXCEEDED")
-    assert await lite.messages(TOPIC_REQUEUE) == []
+    assert await lite.messages(Topic.REQUEUE) == []
 
 
 async def test_a_job_running_across_the_deadline_is_left_to_finish_and_delivered(

@@ -7,8 +7,8 @@ PROVEN_ABSENT ("never sent") and the task is requeued without excluding the cand
 
 from __future__ import annotations
 
+from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.contracts import TOPIC_REQUEUE, RequeueRequest
 from controlplane.execution.outcomes import PROVEN_ABSENT
 from controlplane.leases.base import HeldLease
 from controlplane.leases.memory_store import MemoryLeaseStore
@@ -24,10 +24,11 @@ async def _assert_not_sent_and_requeued(h: Harness, attempt_id: int, task_id: in
     assert failed.failure is not None
     assert failed.failure.code == PROVEN_ABSENT
     assert (await h.detail(task_id)).task.state is TaskState.QUEUED
-    [message] = await h.messages(TOPIC_REQUEUE)
-    request = RequeueRequest.from_payload(message.payload)
-    assert request.reason == PROVEN_ABSENT
-    assert request.excluded_candidates == ()
+    [message] = await h.messages(Topic.REQUEUE)
+    assert message.payload == {"task_id": task_id, "failed_attempt_id": attempt_id}
+    [requeue] = await h.requeues(task_id)
+    assert requeue.reason == PROVEN_ABSENT
+    assert await h.excluded(task_id) == []
 
 
 async def test_submit_is_not_sent_when_the_store_lost_the_lease(lite: Harness) -> None:

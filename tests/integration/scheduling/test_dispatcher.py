@@ -11,12 +11,14 @@ from sqlalchemy import select
 
 from controlplane.domain.failover import FailoverLimits
 from controlplane.domain.fairqueue import FairQueueConfig
+from controlplane.domain.outbox import Topic
+from controlplane.domain.requeue import ExcludedCandidate, RequeueRequest
 from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import ScoreWeights, example_policy
 from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.contracts import TOPIC_REQUEUE, ExcludedCandidate, RequeueRequest
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.persistence.catalog_store import CatalogStore
+from controlplane.persistence.execution_store import ExecutionStore
 from controlplane.persistence.models import outbox
 from controlplane.persistence.records import NewOutboxMessage, TaskRecord
 from controlplane.persistence.repository import Store
@@ -39,7 +41,7 @@ async def new_task(store: Store, spec: GenerationSpec, key: str = "k1") -> TaskR
 async def submit_messages(store: Store) -> list[dict[str, Any]]:
     async with store.engine.connect() as conn:
         rows = await conn.execute(
-            select(outbox.c.payload).where(outbox.c.topic == "attempt.submit")
+            select(outbox.c.payload).where(outbox.c.topic == Topic.SUBMIT)
         )
         return [dict(r[0]) for r in rows]
 
@@ -159,17 +161,8 @@ async def test_requeue_exclusions_and_strict_model_are_honoured(
         excluded_candidates=(ExcludedCandidate(failed.provider_account_id, model),),
         same_model_only=True,
         required_model=model,
-        attempts_so_far=1,
-        provider_switches_so_far=0,
     )
-    assert await store.transition_task(
-        task.id,
-        detail.task.status_version,
-        TaskState.QUEUED,
-        now=NOW,
-        reason="FAIL_OVER",
-        outbox=[NewOutboxMessage(TOPIC_REQUEUE, str(task.id), request.to_payload())],
-    )
+    await _requeue(store, task.id, request)
     await dispatcher.tick()
     detail = await store.get_task(task.id)
     assert detail is not None
@@ -184,17 +177,14 @@ async def test_requeue_exclusions_and_strict_model_are_honoured(
 
 
 async def _requeue(store: Store, task_id: int, request: RequeueRequest) -> None:
-    """Move the task back to QUEUED with `request`, as the execution side's `requeue` does."""
-    detail = await store.get_task(task_id)
-    assert detail is not None
-    assert await store.transition_task(
-        task_id,
-        detail.task.status_version,
-        TaskState.QUEUED,
-        now=NOW,
-        reason=request.reason,
-        outbox=[NewOutboxMessage(TOPIC_REQUEUE, str(task_id), request.to_payload())],
-    )
+    """Move the task back to QUEUED with `request`, as the execution side's `requeue` does: in
+    one transaction, the failover history as rows and a wake-up message."""
+    async with ExecutionStore(store.engine).unit(NOW) as u:
+        task = await u.task(task_id)
+        assert task is not None
+        assert await u.move_task(task, TaskState.QUEUED, request.reason)
+        await u.record_requeue(request)
+        await u.enqueue(NewOutboxMessage(Topic.REQUEUE, str(task_id), request.wake_up()))
 
 
 async def test_soft_exclusion_keeps_the_only_candidate_after_its_backoff(
@@ -221,8 +211,6 @@ async def test_soft_exclusion_keeps_the_only_candidate_after_its_backoff(
         (excluded,),
         True,
         model,
-        1,
-        0,
     )
     await _requeue(store, task.id, request)
 
@@ -270,8 +258,6 @@ async def test_no_eligible_after_a_hard_exclusion_reports_the_failure_class(
         (ExcludedCandidate(failed.provider_account_id, model),),
         True,
         model,
-        1,
-        0,
     )
     await _requeue(store, task.id, request)
     await make_dispatcher().tick()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
+from controlplane.domain.outbox import Topic
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.persistence.models import lease_audit_events, outbox
 from controlplane.persistence.repository import Store
@@ -90,6 +91,6 @@ async def test_queue_wakeups_are_completed_and_wake_the_dispatcher(
     assert woken == [1]
     async with store.engine.connect() as conn:
         pending = await conn.execute(
-            select(outbox.c.id).where(outbox.c.topic == "task.queued", outbox.c.done_at.is_(None))
+            select(outbox.c.id).where(outbox.c.topic == Topic.QUEUED, outbox.c.done_at.is_(None))
         )
         assert pending.all() == []
