@@ -43,21 +43,12 @@ from tests.support.stack import (
     task_events,
     wait_for,
 )
+from tests.support.workload import POLL_ROUTE, SUBMIT_ROUTE
 from vidroute.common.v1 import error_pb2 as errors_pb2
 from vidroute.scheduler.v1 import scheduler_pb2 as sp
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(180)]
 
-SUBMIT_ROUTE = {
-    "runway": "POST /v1/text_to_video",
-    "google": "POST /v1beta/models/*:predictLongRunning",
-    "self_hosted": "POST /v1/jobs",
-}
-POLL_ROUTE = {
-    "runway": "GET /v1/tasks/*",
-    "google": "GET /v1beta/models/*/operations/*",
-    "self_hosted": "GET /v1/jobs/*",
-}
 UNKNOWN = "SUBMIT_UNKNOWN"
 FRAME_TOLERANCE = 1.0  # frames
 TIME_SCALE = 0.02

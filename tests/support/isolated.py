@@ -65,8 +65,8 @@ exec(sys.argv[1])
 """
 
 
-def install(wheels: Iterable[Path], target: Path) -> Path:
-    """`pip install --no-deps --no-index --target`: exactly these wheels, nothing fetched."""
+def pip_install(target: Path, *args: str, timeout: float = 120) -> Path:
+    """`pip install --target TARGET ARGS...` with this interpreter's pip, quietly."""
     subprocess.run(
         [
             sys.executable,
@@ -75,16 +75,19 @@ def install(wheels: Iterable[Path], target: Path) -> Path:
             "install",
             "--quiet",
             "--disable-pip-version-check",
-            "--no-deps",
-            "--no-index",
             "--target",
             str(target),
-            *map(str, wheels),
+            *args,
         ],
         check=True,
-        timeout=120,
+        timeout=timeout,
     )
     return target
+
+
+def install(wheels: Iterable[Path], target: Path) -> Path:
+    """Exactly these wheels (`--no-deps`), nothing fetched (`--no-index`)."""
+    return pip_install(target, "--no-deps", "--no-index", *map(str, wheels))
 
 
 def installed_distributions(target: Path) -> list[metadata.Distribution]:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from adapter_sidecars.emulators import (
     VeoConfig,
     VeoEmulator,
 )
+from tests.support.isolated import pip_install
 
 ROOT = Path(__file__).resolve().parents[3]
 GENAI2_DIR = ROOT / ".venv" / "sdk-genai2"
@@ -59,21 +58,6 @@ def genai2_path() -> Path:
     want = hashlib.sha256(GENAI2_REQUIREMENTS.read_bytes()).hexdigest()
     if not stamp.exists() or stamp.read_text().strip() != want:
         shutil.rmtree(GENAI2_DIR, ignore_errors=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--target",
-                str(GENAI2_DIR),
-                "-r",
-                str(GENAI2_REQUIREMENTS),
-            ],
-            check=True,
-            timeout=600,
-        )
+        pip_install(GENAI2_DIR, "-r", str(GENAI2_REQUIREMENTS), timeout=600)
         stamp.write_text(want)
     return GENAI2_DIR
