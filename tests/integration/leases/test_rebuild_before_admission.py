@@ -24,8 +24,6 @@ from tests.integration.scheduling.conftest import (
     DispatcherFactory,
     adapter,
     catalog_store,
-    database_url,
-    engine,
     make_dispatcher,
     monitor,
     published,
