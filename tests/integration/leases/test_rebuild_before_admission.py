@@ -35,8 +35,6 @@ from tests.integration.scheduling.test_dispatcher import new_task
 __all__ = [
     "adapter",
     "catalog_store",
-    "database_url",
-    "engine",
     "make_dispatcher",
     "monitor",
     "published",
