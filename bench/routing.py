@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from controlplane.persistence.catalog_store import CatalogStore
+from controlplane.persistence.repository import Store
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from controlplane.adapters.types import CompiledPlan, Transformation, TransformationKind
 from controlplane.capabilities.publish import (
     AccountConfig,
     documents_from_directory,
@@ -48,13 +49,12 @@ from controlplane.domain.routing.filters import prefilter
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.scoring import example_policy
 from controlplane.leases.redis_store import RedisLeaseStore
-from controlplane.persistence.catalog_store import CatalogStore
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.migrate import upgrade
-from controlplane.persistence.repository import Store
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import LocalLock
+from vidroute_core.adapter import CompiledPlan, Transformation, TransformationKind
 from vidroute_core.capabilities.loader import expand_for_accounts, load_file
 from vidroute_core.hashing import normalized_spec_hash
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec

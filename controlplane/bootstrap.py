@@ -52,12 +52,10 @@ import yaml
 from redis.asyncio import Redis
 
 from controlplane.adapters.grpc_client import GrpcAdapterClient
-from controlplane.adapters.types import JobSnapshot, JobState, SubmitKind, SubmitResult
 from controlplane.api.servicer import SchedulerServicer
 from controlplane.capabilities.publish import (
     AccountConfig,
     PublishError,
-    document_from_describe,
     publish_documents,
 )
 from controlplane.domain.breaker import BreakerConfig, BreakerKey, Operation
@@ -84,6 +82,7 @@ from controlplane.scheduling.upkeep import UpkeepConfig
 from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.tasks import TaskService
 from controlplane.storage import object_store_from_url
+from vidroute_core.adapter import JobSnapshot, JobState, SubmitKind, SubmitOutcome
 from vidroute_core.timescale import (
     check_factor,
     scale_durations,
@@ -218,14 +217,15 @@ async def publish_from_adapters(
     accounts: dict[tuple[str, str, str], AccountConfig] = {}
     described: dict[str, list[tuple[str, str, str]]] = {}
     for provider, client in adapters.items():
-        for entry in await client.describe():
-            described.setdefault(provider, []).append((entry.provider, entry.account, entry.model))
-            documents.append(document_from_describe(entry))
-            key = (entry.provider, entry.account, entry.region)
+        for entry in (await client.describe()).capability_documents:
+            name, account, region = entry["provider"], entry["account"], entry.get("region", "")
+            described.setdefault(provider, []).append((name, account, entry["model"]))
+            documents.append(dict(entry))
+            key = (name, account, region)
             accounts[key] = AccountConfig(
-                provider=entry.provider,
-                account_name=entry.account,
-                region=entry.region,
+                provider=name,
+                account_name=account,
+                region=region,
                 credential_ref=f"sidecar:{provider}",
                 adapter_address=addresses[provider],
             )
@@ -271,7 +271,7 @@ def _breaker_feed(runtime: SchedulingRuntime) -> SubmitObserver:
     """Submit outcomes -> the SUBMIT breaker and health windows of that candidate."""
 
     async def observe(
-        account: AccountInfo, attempt: AttemptRecord, result: SubmitResult, took_s: float
+        account: AccountInfo, attempt: AttemptRecord, result: SubmitOutcome, took_s: float
     ) -> None:
         key = BreakerKey(
             account.provider,

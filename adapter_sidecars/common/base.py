@@ -5,7 +5,7 @@ validation, sending a submit exactly once through the stage classifier, turning 
 a usable id into UNKNOWN, reading polls and cancels with plain (retry-safe) calls, and the
 health probe. A provider subclass supplies the wire details through a few hooks:
 
-* `compile_native(spec, cap)`: `Plan` for one entry (uses `common.compiling`).
+* `compile_native(spec, cap)`: `CompiledPlan` for one entry (uses `common.compiling`).
 * `submit_headers(...)`, `created_job(...)`, `submit_error(...)`: the create call.
 * `job_path(...)`, `job_status(...)`: polling.
 * `cancel_job`, `recover_submission`, `list_usage`: provider-specific operations.
@@ -33,21 +33,23 @@ from adapter_sidecars.common import transport
 from adapter_sidecars.common.config import Account, SidecarConfig
 from adapter_sidecars.common.transport import HttpReply
 from adapter_sidecars.common.types import (
-    AdapterInfo,
     CompileInput,
     FetchOutputInput,
     InvalidRequest,
-    JobRef,
-    JobResult,
-    JobStatus,
     MalformedPlan,
-    OutputPart,
-    Plan,
     SubmitInput,
-    SubmitKind,
-    SubmitOutcome,
     UnknownAccount,
     UnknownModel,
+)
+from vidroute_core.adapter import (
+    AdapterInfo,
+    CompiledPlan,
+    JobRef,
+    JobSnapshot,
+    OutputChunk,
+    PollResult,
+    SubmitKind,
+    SubmitOutcome,
 )
 from vidroute_core.capabilities.loader import (
     Capability,
@@ -131,7 +133,7 @@ class HttpAdapter:
         return AdapterInfo(
             self.name,
             ADAPTER_VERSION,
-            self.capabilities,
+            tuple(self.capabilities),
             submit_budget_s=self.submit_budget_s(),
             honours_idempotency_key=any(
                 c.operations.client_idempotency_key for c in self.capabilities
@@ -147,19 +149,19 @@ class HttpAdapter:
         return t.pool + t.connect + t.write + t.submit_read
 
     # -- compile -------------------------------------------------------------------------------
-    def compile(self, request: CompileInput) -> Plan:
+    def compile(self, request: CompileInput) -> CompiledPlan:
         """Validate the spec, pick the entry and let the provider map it."""
         ensure_valid(request.spec)
         account = self.account(request.account)
         cap = self.capability(account.name, request.model, request.model_version)
         return self.compile_native(request.spec, cap)
 
-    def compile_native(self, spec: GenerationSpec, cap: Capability) -> Plan:
+    def compile_native(self, spec: GenerationSpec, cap: Capability) -> CompiledPlan:
         """Provider hook: map `spec` to a native request for `cap`."""
         raise NotImplementedError
 
     # -- submit --------------------------------------------------------------------------------
-    def check_plan(self, plan: Plan) -> Account:
+    def check_plan(self, plan: CompiledPlan) -> Account:
         """Refuse plans this adapter cannot send (wrong provider, not submittable, no body)."""
         if plan.provider != self.provider:
             raise MalformedPlan(f"plan is for provider {plan.provider!r}, not {self.provider!r}")
@@ -215,7 +217,7 @@ class HttpAdapter:
         """Provider hook: authentication (and versioning) headers of every call."""
         raise NotImplementedError
 
-    def created_job(self, reply: HttpReply, plan: Plan) -> tuple[str, str] | None:
+    def created_job(self, reply: HttpReply, plan: CompiledPlan) -> tuple[str, str] | None:
         """Provider hook: (job id, raw status) from a 2xx create reply; None if unusable."""
         raise NotImplementedError
 
@@ -243,7 +245,7 @@ class HttpAdapter:
             params=params,
         )
 
-    async def get_job(self, job: JobRef) -> JobResult:
+    async def get_job(self, job: JobRef) -> PollResult:
         """Poll the job and normalize its status.
 
         A 404 for a job we hold is never a status: the provider may have lost, expired or
@@ -255,16 +257,16 @@ class HttpAdapter:
         account = self.account(job.account)
         reply = await self.call("GET", self.job_path(job), account)
         if isinstance(reply, ProviderError):
-            return JobResult(error=reply)
+            return PollResult(error=reply)
         if reply.status == 404:
-            return JobResult(error=job_not_found(reply, job))
+            return PollResult(error=job_not_found(reply, job))
         return self.job_status(reply, job)
 
     def job_path(self, job: JobRef) -> str:
         """Provider hook: path that reads one job."""
         raise NotImplementedError
 
-    def job_status(self, reply: HttpReply, job: JobRef) -> JobResult:
+    def job_status(self, reply: HttpReply, job: JobRef) -> PollResult:
         """Provider hook: normalize a poll reply."""
         raise NotImplementedError
 
@@ -275,7 +277,7 @@ class HttpAdapter:
         By default only URIs on the provider base URL's own origin (scheme, host, port)."""
         return origin(uri) == origin(httpx.URL(self.config.base_url))
 
-    async def fetch_output(self, request: FetchOutputInput) -> AsyncIterator[OutputPart]:
+    async def fetch_output(self, request: FetchOutputInput) -> AsyncIterator[OutputChunk]:
         """Stream one output URI with the account's credentials (see the module docstring).
 
         Raises `InvalidRequest` / `UnknownAccount` before anything is sent."""
@@ -297,7 +299,7 @@ class HttpAdapter:
 
     async def _stream_output(
         self, url: httpx.URL, account: Account, limit: int
-    ) -> AsyncIterator[OutputPart]:
+    ) -> AsyncIterator[OutputChunk]:
         home = origin(httpx.URL(self.config.base_url))
         target = url
         try:
@@ -312,18 +314,18 @@ class HttpAdapter:
                     if response.is_redirect:
                         target = target.join(response.headers["location"])
                         if target.scheme not in ("http", "https"):
-                            yield OutputPart(error=_unexpected(response, "redirect to non-HTTP"))
+                            yield OutputChunk(error=_unexpected(response, "redirect to non-HTTP"))
                             return
                         continue
                     failure = output_http_error(response)
                     if failure is not None:
-                        yield OutputPart(error=failure)
+                        yield OutputChunk(error=failure)
                         return
                     content_type = response.headers.get("content-type", "")
                     declared = response.headers.get("content-length", "")
                     length = int(declared) if declared.isdigit() else 0
                     if length > limit:
-                        yield OutputPart(
+                        yield OutputChunk(
                             content_type=content_type,
                             content_length=length,
                             error=too_large(f"Content-Length {length} exceeds {limit} bytes"),
@@ -333,19 +335,19 @@ class HttpAdapter:
                     async for chunk in response.aiter_bytes(OUTPUT_CHUNK_BYTES):
                         sent += len(chunk)
                         if sent > limit:
-                            yield OutputPart(error=too_large(f"body exceeds {limit} bytes"))
+                            yield OutputChunk(error=too_large(f"body exceeds {limit} bytes"))
                             return
                         if first:
-                            yield OutputPart(chunk, content_type, length)
+                            yield OutputChunk(chunk, content_type, length)
                             first = False
                         else:
-                            yield OutputPart(chunk)
+                            yield OutputChunk(chunk)
                     if first:
-                        yield OutputPart(b"", content_type, length)
+                        yield OutputChunk(b"", content_type, length)
                     return
                 finally:
                     await response.aclose()
-            yield OutputPart(
+            yield OutputChunk(
                 error=make_error(
                     ErrorClass.TRANSIENT_NETWORK,
                     "TOO_MANY_REDIRECTS",
@@ -353,7 +355,7 @@ class HttpAdapter:
                 )
             )
         except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
-            yield OutputPart(
+            yield OutputChunk(
                 error=make_error(
                     ErrorClass.TRANSIENT_NETWORK,
                     "TRANSPORT",
@@ -393,7 +395,7 @@ def payload_of(reply: HttpReply) -> Mapping[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-def with_raw(status: JobStatus, payload: Any) -> JobStatus:
+def with_raw(status: JobSnapshot, payload: Any) -> JobSnapshot:
     """Attach the raw payload (kept for debugging and audit, design 9.8)."""
     return replace(status, raw_payload_json=raw_json(payload))
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from math import gcd
 from typing import Any
 
-from adapter_sidecars.common.types import Plan, Transformation, TransformationKind
+from vidroute_core.adapter import CompiledPlan, Transformation, TransformationKind
 from vidroute_core.capabilities.constraints import violations
 from vidroute_core.capabilities.loader import Capability
 from vidroute_core.hashing import canonical_json, normalize_asset_uri, request_hash
@@ -303,8 +303,8 @@ def finish(
     *,
     endpoint: str,
     native_request: Mapping[str, Any] | None,
-) -> Plan:
-    """Build the `Plan`: canonical native JSON, cost estimate and request hash.
+) -> CompiledPlan:
+    """Build the `CompiledPlan`: canonical native JSON, cost estimate and request hash.
 
     A plan that is not submittable carries no native request and no hash: it cannot be sent.
     """
@@ -338,7 +338,7 @@ def finish(
                 if asset.checksum_sha256
             },
         )
-    return Plan(
+    return CompiledPlan(
         provider=cap.provider,
         account=cap.account,
         model=cap.model,

@@ -1,7 +1,7 @@
 """Helpers shared by the providers' status mappings: raw states, timestamps, output expiry.
 
 An unknown raw status is never an exception: it maps to UNRECOGNIZED with the raw value kept
-(design 9.8, 9.25.3 "供应商返回未知新状态"). Output expiry is read from the signed URL itself
+(design 9.8, 9.25.3 "供应商返回未知新状态"). JobOutput expiry is read from the signed URL itself
 when it says (``exp``/``Expires`` unix seconds, ``X-Goog-Date`` + ``X-Goog-Expires``, a JWT's
 ``exp`` claim in ``_jwt``/``token``), otherwise it is "now + the entry's known TTL": the link
 was minted no earlier than this poll, so that bound is never too late by more than the TTL.
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlsplit
 
-from adapter_sidecars.common.types import JobState
+from vidroute_core.adapter import JobState
 
 
 def map_state(raw: str, table: Mapping[str, JobState]) -> JobState:

@@ -58,7 +58,7 @@ from typing import Any
 
 from adapter_sidecars.common.config import SidecarConfig
 from adapter_sidecars.common.journal_records import dump_outcome, load_outcome
-from adapter_sidecars.common.types import JobRef, RecoveryVerdict, SubmitKind, SubmitOutcome
+from vidroute_core.adapter import JobRef, RecoveryVerdict, SubmitKind, SubmitOutcome
 from vidroute_core.errors import ErrorClass, make_error
 
 __all__ = ["JOURNAL_METHOD", "PROVEN_ABSENT", "Gate", "SubmitJournal", "SubmitWindow"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from adapter_sidecars.common.types import JobRef, SubmitKind, SubmitOutcome, TransportStage
+from vidroute_core.adapter import JobRef, SubmitKind, SubmitOutcome, TransportStage
 from vidroute_core.errors import ErrorClass, ProviderError, make_error
 
 __all__ = ["dump_outcome", "load_outcome"]

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from adapter_sidecars.common.config import SidecarConfig
-from adapter_sidecars.common.types import RecoveryVerdict
+from vidroute_core.adapter import RecoveryVerdict
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -22,15 +22,16 @@ saw in a settled, fully covered window); a later Submit of such a key is refused
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC
 from functools import wraps
 from typing import Any, TypeVar
 
 import grpc
 
-from adapter_sidecars.common import convert
 from adapter_sidecars.common.config import SidecarConfig
 from adapter_sidecars.common.journal import JOURNAL_METHOD, Gate, SubmitJournal, SubmitWindow
 from adapter_sidecars.common.recovery import settle_s
@@ -39,20 +40,23 @@ from adapter_sidecars.common.types import (
     CompileInput,
     FetchOutputInput,
     InvalidRequest,
+    MalformedPlan,
     ProviderAdapter,
-    RecoverInput,
-    RecoverResult,
     SubmitInput,
-    SubmitKind,
-    SubmitOutcome,
     UsageInput,
 )
-from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
 from vidroute.adapter.v1 import adapter_service_pb2_grpc as svc_grpc
+from vidroute_core.adapter import (
+    CompiledPlan,
+    RecoverQuery,
+    RecoverResult,
+    SubmitKind,
+    SubmitOutcome,
+)
 from vidroute_core.errors import ErrorClass, make_error
 from vidroute_core.exceptions import InvalidSpec
-from vidroute_core.wire.capability import capability_to_proto
+from vidroute_core.wire import adapter as wire
 from vidroute_core.wire.spec import spec_from_proto
 
 log = logging.getLogger(__name__)
@@ -93,14 +97,10 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
         self.journal = journal
 
     async def Describe(self, request: svc.DescribeRequest, context: Ctx) -> svc.DescribeResponse:
-        info = self.adapter.describe()
-        return svc.DescribeResponse(
-            adapter=info.adapter,
-            adapter_version=info.adapter_version,
-            capabilities=[capability_to_proto(c) for c in info.capabilities],
-            submit_budget_seconds=info.submit_budget_s,
-            submit_journal_retention_seconds=self.journal.retention_s,
-            submit_journal_durable=self.journal.durable,
+        return wire.describe_to_proto(
+            self.adapter.describe(),
+            journal_retention_s=self.journal.retention_s,
+            journal_durable=self.journal.durable,
         )
 
     @_adapter_errors
@@ -111,25 +111,27 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
         plan = self.adapter.compile(
             CompileInput(spec, request.model, request.account, request.model_version)
         )
-        return svc.CompileResponse(plan=convert.plan_to_proto(plan))
+        return svc.CompileResponse(plan=wire.plan_to_proto(plan))
 
     @_adapter_errors
     async def Submit(self, request: svc.SubmitRequest, context: Ctx) -> svc.SubmitResponse:
         if not request.client_request_key:
             raise InvalidRequest("client_request_key is required")
         submit = SubmitInput(
-            convert.plan_from_proto(request.plan), request.client_request_key, request.callback_url
+            with_native(wire.plan_from_proto(request.plan)),
+            request.client_request_key,
+            request.callback_url,
         )
         key = submit.client_request_key
         gate, journaled = self.journal.gate(key, honours_key=self.info.honours_idempotency_key)
         if gate is Gate.REFUSE and journaled is not None:
             self.journal.refused(key, journaled)  # declared absent: never sent from now on
-            return svc.SubmitResponse(**convert.submit_outcome(journaled))  # type: ignore[arg-type]
+            return wire.submit_to_proto(journaled)
         if gate is Gate.REPLAY and journaled is not None:
             log.info("submit %s answered from the journal: %s", key, journaled.kind.value)
-            return svc.SubmitResponse(**convert.submit_outcome(journaled))  # type: ignore[arg-type]
+            return wire.submit_to_proto(journaled)
         if gate is Gate.IN_FLIGHT:
-            return svc.SubmitResponse(**convert.submit_outcome(_in_flight(key)))  # type: ignore[arg-type]
+            return wire.submit_to_proto(_in_flight(key))
         # Marked in flight before the first await, so a concurrent Submit of the key sees it.
         self.journal.begin(key)
         task = asyncio.ensure_future(self._journaled(submit))
@@ -138,7 +140,7 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
         except asyncio.CancelledError:
             task.add_done_callback(lambda t: _log_orphan(t, submit))
             raise
-        return svc.SubmitResponse(**convert.submit_outcome(outcome))  # type: ignore[arg-type]
+        return wire.submit_to_proto(outcome)
 
     async def _journaled(self, submit: SubmitInput) -> SubmitOutcome:
         """The provider call, with its outcome journaled however it ends."""
@@ -156,43 +158,34 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
 
     @_adapter_errors
     async def GetJob(self, request: svc.GetJobRequest, context: Ctx) -> svc.GetJobResponse:
-        result = await self.adapter.get_job(convert.job_ref_from_proto(request.job))
-        return svc.GetJobResponse(
-            status=convert.job_status(result.status), error=convert.error(result.error)
-        )
+        return wire.poll_to_proto(await self.adapter.get_job(wire.job_ref_from_proto(request.job)))
 
     @_adapter_errors
     async def CancelJob(self, request: svc.CancelJobRequest, context: Ctx) -> svc.CancelJobResponse:
-        result = await self.adapter.cancel_job(convert.job_ref_from_proto(request.job))
-        return svc.CancelJobResponse(
-            acknowledged=result.acknowledged,
-            status=convert.job_status(result.status),
-            error=convert.error(result.error),
+        return wire.cancel_to_proto(
+            await self.adapter.cancel_job(wire.job_ref_from_proto(request.job))
         )
 
     @_adapter_errors
     async def RecoverSubmission(
         self, request: svc.RecoverSubmissionRequest, context: Ctx
     ) -> svc.RecoverSubmissionResponse:
-        recover = convert.recover_input(request)
+        recover = wire.recover_query_from_proto(request)
+        if recover.plan is not None:
+            recover = replace(recover, plan=with_native(recover.plan))
         known = (
             self.journal.verdict(recover.client_request_key, self._window(recover))
             if recover.client_request_key
             else None
         )
         result = (
-            RecoverResult(known[0], JOURNAL_METHOD, job=known[1])
+            RecoverResult(known[0], method=JOURNAL_METHOD, job=known[1])
             if known is not None
             else await self.adapter.recover_submission(recover)
         )
-        return svc.RecoverSubmissionResponse(
-            verdict=pb.RecoveryVerdict.Value(f"RECOVERY_VERDICT_{result.verdict.value}"),
-            job=convert.job_ref(result.job) if result.job else None,
-            method=result.method,
-            error=convert.error(result.error),
-        )
+        return wire.recover_to_proto(result)
 
-    def _window(self, recover: RecoverInput) -> SubmitWindow:
+    def _window(self, recover: RecoverQuery) -> SubmitWindow:
         """When the key's Submit could have reached us: the journal's proof of absence needs it."""
         config = getattr(self.adapter, "config", None)
         settle = settle_s(config) if isinstance(config, SidecarConfig) else 0.0
@@ -210,10 +203,8 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
         end = request.end_time.ToDatetime(tzinfo=UTC)
         if end <= start:
             raise InvalidRequest("end_time must be after start_time")
-        result = await self.adapter.list_usage(UsageInput(request.account, start, end))
-        return svc.ListUsageResponse(
-            records=[convert.usage_record(r) for r in result.records],
-            error=convert.error(result.error),
+        return wire.usage_to_proto(
+            await self.adapter.list_usage(UsageInput(request.account, start, end))
         )
 
     async def FetchOutput(
@@ -227,15 +218,28 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
                 raise InvalidRequest("max_bytes must not be negative")
             parts = self.adapter.fetch_output(
                 FetchOutputInput(
-                    convert.job_ref_from_proto(request.job), request.uri, request.max_bytes
+                    wire.job_ref_from_proto(request.job), request.uri, request.max_bytes
                 )
             )
             async for part in parts:
-                yield convert.output_part(part)
+                yield wire.chunk_to_proto(part)
         except InvalidRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except AdapterRequestError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+
+
+def with_native(plan: CompiledPlan) -> CompiledPlan:
+    """The plan with its native body parsed (what the adapter sends); raises `MalformedPlan`."""
+    if not plan.native_request_json:
+        return plan
+    try:
+        native = json.loads(plan.native_request_json)
+    except ValueError as exc:
+        raise MalformedPlan(f"native_request_json is not JSON: {exc}") from None
+    if not isinstance(native, dict):
+        raise MalformedPlan("native_request_json must be a JSON object")
+    return replace(plan, native_request=native)
 
 
 def _in_flight(key: str) -> SubmitOutcome:

@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from adapter_sidecars.common.types import SubmitKind, SubmitOutcome, TransportStage
+from vidroute_core.adapter import SubmitKind, SubmitOutcome, TransportStage
 from vidroute_core.errors import ErrorClass, ProviderError, make_error
 
 

@@ -26,21 +26,21 @@ from adapter_sidecars.common.jobs import iso_z, parse_timestamp
 from adapter_sidecars.common.options import option_flag, with_task_search
 from adapter_sidecars.common.recovery import match_listing, settled
 from adapter_sidecars.common.transport import HttpReply, utcnow
-from adapter_sidecars.common.types import (
+from adapter_sidecars.common.types import UsageInput
+from adapter_sidecars.runway import compile as runway_compile
+from adapter_sidecars.runway import mapping
+from vidroute_core.adapter import (
     CancelResult,
+    CompiledPlan,
     JobRef,
-    JobResult,
-    Plan,
-    RecoverInput,
+    PollResult,
+    RecoverQuery,
     RecoverResult,
     RecoveryVerdict,
     SubmitOutcome,
-    UsageInput,
     UsageRecord,
     UsageResult,
 )
-from adapter_sidecars.runway import compile as runway_compile
-from adapter_sidecars.runway import mapping
 from vidroute_core.capabilities.loader import Capability
 from vidroute_core.errors import ProviderError
 from vidroute_core.spec import GenerationSpec
@@ -75,7 +75,7 @@ class RunwayAdapter(HttpAdapter):
         return option_flag(self.config, "task_listing")
 
     # -- hooks ---------------------------------------------------------------------------------
-    def compile_native(self, spec: GenerationSpec, cap: Capability) -> Plan:
+    def compile_native(self, spec: GenerationSpec, cap: Capability) -> CompiledPlan:
         return runway_compile.build_request(spec, cap)
 
     def auth_headers(self, account: Account) -> dict[str, str]:
@@ -90,7 +90,7 @@ class RunwayAdapter(HttpAdapter):
             headers["x-runway-on-behalf-of"] = str(on_behalf_of)
         return headers
 
-    def created_job(self, reply: HttpReply, plan: Plan) -> tuple[str, str] | None:
+    def created_job(self, reply: HttpReply, plan: CompiledPlan) -> tuple[str, str] | None:
         body = payload_of(reply)
         job_id = body.get("id") if body else None
         if not isinstance(job_id, str) or not job_id:
@@ -110,21 +110,21 @@ class RunwayAdapter(HttpAdapter):
         cap = self.entry(account, model)
         return cap.output_url_ttl_seconds if cap else 86400
 
-    def job_status(self, reply: HttpReply, job: JobRef) -> JobResult:
+    def job_status(self, reply: HttpReply, job: JobRef) -> PollResult:
         # A 404 never reaches this hook: `HttpAdapter.get_job` reports it as JOB_NOT_FOUND
         # (Runway deletes a task on DELETE, but it also answers 404 for a task it lost).
         if not reply.ok:
-            return JobResult(error=mapping.http_error(reply))
+            return PollResult(error=mapping.http_error(reply))
         task = payload_of(reply)
         if task is None:
-            return JobResult(error=unreadable(reply))
+            return PollResult(error=unreadable(reply))
         status = mapping.task_status(
             task, url_ttl_seconds=self._ttl(job.account, job.model), now=utcnow()
         )
         cap = self.entry(job.account, job.model)
         if cap is not None:
             status = mapping.with_cost(status, task, cap.commercial)
-        return JobResult(status=with_raw(status, task))
+        return PollResult(snapshot=with_raw(status, task))
 
     # -- cancel --------------------------------------------------------------------------------
     async def cancel_job(self, job: JobRef) -> CancelResult:
@@ -135,8 +135,8 @@ class RunwayAdapter(HttpAdapter):
         """
         account = self.account(job.account)
         current = await self.get_job(job)
-        if current.status is not None and current.status.state.terminal:
-            return CancelResult(True, status=current.status)
+        if current.snapshot is not None and current.snapshot.state.terminal:
+            return CancelResult(True, snapshot=current.snapshot)
         reply = await self.call("DELETE", self.job_path(job), account)
         if isinstance(reply, ProviderError):
             return CancelResult(False, error=reply)
@@ -145,13 +145,13 @@ class RunwayAdapter(HttpAdapter):
         return CancelResult(False, error=mapping.http_error(reply))
 
     # -- recovery ------------------------------------------------------------------------------
-    async def recover_submission(self, request: RecoverInput) -> RecoverResult:
+    async def recover_submission(self, request: RecoverQuery) -> RecoverResult:
         """Search the account's tasks in the submit window for the plan's exact request."""
         method = "task_search"
         if not self.task_listing:
-            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, NO_SEARCH)
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method=NO_SEARCH)
         if request.plan is None or request.plan.native_request is None:
-            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, f"{method}: no plan to match")
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method=f"{method}: no plan to match")
         account = self.account(request.account)
         now = utcnow()
         after = (request.submitted_after or now - timedelta(days=1)) - timedelta(minutes=1)
@@ -165,12 +165,14 @@ class RunwayAdapter(HttpAdapter):
             params={"createdAfter": iso_z(after), "createdBefore": iso_z(before)},
         )
         if isinstance(reply, ProviderError):
-            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method, error=reply)
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method=method, error=reply)
         if reply.status in (404, 405):
-            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, f"{method}: listing unavailable")
+            return RecoverResult(
+                RecoveryVerdict.INCONCLUSIVE, method=f"{method}: listing unavailable"
+            )
         if not reply.ok:
             return RecoverResult(
-                RecoveryVerdict.INCONCLUSIVE, method, error=mapping.http_error(reply)
+                RecoveryVerdict.INCONCLUSIVE, method=method, error=mapping.http_error(reply)
             )
         body = payload_of(reply) or {}
         tasks = body.get("data")
@@ -183,7 +185,7 @@ class RunwayAdapter(HttpAdapter):
             complete=complete and settled(request.submitted_before, self.config, now),
         )
         job = JobRef(task_id, account=account.name, model=request.model) if task_id else None
-        return RecoverResult(verdict, method, job=job)
+        return RecoverResult(verdict, method=method, job=job)
 
     # -- usage ---------------------------------------------------------------------------------
     async def list_usage(self, request: UsageInput) -> UsageResult:
@@ -224,6 +226,7 @@ class RunwayAdapter(HttpAdapter):
         micros_per_credit = cap.commercial.micros_per_provider_unit if cap else 10_000
         currency = cap.commercial.currency if cap else "USD"
         return UsageRecord(
+            provider_job_id="",  # a daily aggregate names no job
             model=model,
             usage_time=when,
             provider_milliunits=round(credits * 1000),

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from adapter_sidecars.common.compiling import Draft, Resolved, finish, resolve
-from adapter_sidecars.common.types import Plan, TransformationKind
+from vidroute_core.adapter import CompiledPlan, TransformationKind
 from vidroute_core.capabilities.loader import Capability
 from vidroute_core.spec import AssetRef, GenerationSpec, Mode
 
@@ -50,7 +50,7 @@ def _image(asset: AssetRef, position: str, path: str, draft: Draft) -> dict[str,
     return {"uri": asset.object_uri, "position": position}
 
 
-def build_request(spec: GenerationSpec, cap: Capability) -> Plan:
+def build_request(spec: GenerationSpec, cap: Capability) -> CompiledPlan:
     """Compile `spec` for one Runway entry."""
     resolved, draft = resolve(spec, cap)
     endpoint = ENDPOINTS.get(spec.mode, "")

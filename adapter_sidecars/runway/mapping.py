@@ -16,7 +16,7 @@ from typing import Any
 
 from adapter_sidecars.common.jobs import map_state, parse_timestamp, progress_of, url_expiry
 from adapter_sidecars.common.transport import HttpReply, create_error_outcome, retry_after_ms
-from adapter_sidecars.common.types import JobState, JobStatus, Output, SubmitOutcome
+from vidroute_core.adapter import JobOutput, JobSnapshot, JobState, SubmitOutcome
 from vidroute_core.capabilities.loader import Commercial
 from vidroute_core.errors import ErrorClass, ProviderError, classify_http_status, make_error
 
@@ -57,26 +57,28 @@ def failure_class(code: str | None) -> ErrorClass:
     return best[1] if best else ErrorClass.INTERNAL_RETRYABLE
 
 
-def task_status(task: Mapping[str, Any], *, url_ttl_seconds: int, now: datetime) -> JobStatus:
+def task_status(task: Mapping[str, Any], *, url_ttl_seconds: int, now: datetime) -> JobSnapshot:
     """Normalize one task object (``GET /v1/tasks/{id}``)."""
     raw = str(task.get("status", ""))
     state = map_state(raw, STATUS)
     created = parse_timestamp(task.get("createdAt"))
     if state is JobState.SUCCEEDED:
         urls = [u for u in task.get("output") or [] if isinstance(u, str)]
-        outputs = tuple(Output(u, "video/mp4", url_expiry(u, url_ttl_seconds, now)) for u in urls)
-        return JobStatus(state, raw, outputs=outputs, updated_at=created, progress=1.0)
+        outputs = tuple(
+            JobOutput(u, "video/mp4", url_expiry(u, url_ttl_seconds, now)) for u in urls
+        )
+        return JobSnapshot(state, raw, outputs=outputs, updated_at=created, progress=1.0)
     if state is JobState.FAILED:
         code = task.get("failureCode")
         code = code if isinstance(code, str) else None
         failure = make_error(
             failure_class(code), code or "UNKNOWN", str(task.get("failure") or "task failed")
         )
-        return JobStatus(state, raw, failure=failure, updated_at=created)
-    return JobStatus(state, raw, progress=progress_of(task.get("progress")), updated_at=created)
+        return JobSnapshot(state, raw, failure=failure, updated_at=created)
+    return JobSnapshot(state, raw, progress=progress_of(task.get("progress")), updated_at=created)
 
 
-def with_cost(status: JobStatus, task: Mapping[str, Any], commercial: Commercial) -> JobStatus:
+def with_cost(status: JobSnapshot, task: Mapping[str, Any], commercial: Commercial) -> JobSnapshot:
     """A terminal task's final ``cost.credits`` (§5) as the actual cost in integer micros.
 
     Only terminal tasks carry ``cost``; ``estimatedCost`` on running ones is a ceiling, not a

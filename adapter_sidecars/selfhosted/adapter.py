@@ -23,24 +23,23 @@ from adapter_sidecars.common.config import Account, SidecarConfig
 from adapter_sidecars.common.jobs import iso_z, parse_timestamp
 from adapter_sidecars.common.recovery import settled
 from adapter_sidecars.common.transport import HttpReply, utcnow
-from adapter_sidecars.common.types import (
+from adapter_sidecars.common.types import SubmitInput, UsageInput
+from adapter_sidecars.selfhosted import compile as selfhosted_compile
+from adapter_sidecars.selfhosted import mapping
+from vidroute_core.adapter import (
     CancelResult,
+    CompiledPlan,
     JobRef,
-    JobResult,
-    Plan,
-    RecoverInput,
+    PollResult,
+    RecoverQuery,
     RecoverResult,
     RecoveryVerdict,
-    SubmitInput,
     SubmitKind,
     SubmitOutcome,
     TransportStage,
-    UsageInput,
     UsageRecord,
     UsageResult,
 )
-from adapter_sidecars.selfhosted import compile as selfhosted_compile
-from adapter_sidecars.selfhosted import mapping
 from vidroute_core.capabilities.loader import Capability
 from vidroute_core.errors import ProviderError
 from vidroute_core.hashing import canonical_json
@@ -62,7 +61,7 @@ class SelfHostedAdapter(HttpAdapter):
         return cls(config, base.load_capabilities(config, PACKAGE_DIR, cls.provider))
 
     # -- hooks ---------------------------------------------------------------------------------
-    def compile_native(self, spec: GenerationSpec, cap: Capability) -> Plan:
+    def compile_native(self, spec: GenerationSpec, cap: Capability) -> CompiledPlan:
         return selfhosted_compile.build_request(spec, cap)
 
     def auth_headers(self, account: Account) -> dict[str, str]:
@@ -77,7 +76,7 @@ class SelfHostedAdapter(HttpAdapter):
             return super().submit_body(request)
         return canonical_json({**native, "webhook_url": request.callback_url})
 
-    def created_job(self, reply: HttpReply, plan: Plan) -> tuple[str, str] | None:
+    def created_job(self, reply: HttpReply, plan: CompiledPlan) -> tuple[str, str] | None:
         body = payload_of(reply)
         job_id = body.get("id") if body else None
         if not isinstance(job_id, str) or not job_id or body is None:
@@ -112,17 +111,17 @@ class SelfHostedAdapter(HttpAdapter):
             return 0, 0
         return cap.output_url_ttl_seconds, cap.commercial.micros_per_provider_unit
 
-    def job_status(self, reply: HttpReply, job: JobRef) -> JobResult:
+    def job_status(self, reply: HttpReply, job: JobRef) -> PollResult:
         if not reply.ok:
-            return JobResult(error=mapping.http_error(reply))
+            return PollResult(error=mapping.http_error(reply))
         payload = payload_of(reply)
         if payload is None:
-            return JobResult(error=unreadable(reply))
+            return PollResult(error=unreadable(reply))
         ttl, rate = self._gpu_rate(job.account, job.model or str(payload.get("model", "")))
         status = mapping.job_status(
             payload, url_ttl_seconds=ttl, now=utcnow(), micros_per_gpu_second=rate
         )
-        return JobResult(status=with_raw(status, payload))
+        return PollResult(snapshot=with_raw(status, payload))
 
     # -- cancel --------------------------------------------------------------------------------
     async def cancel_job(self, job: JobRef) -> CancelResult:
@@ -137,7 +136,7 @@ class SelfHostedAdapter(HttpAdapter):
         return CancelResult(True)
 
     # -- recovery ------------------------------------------------------------------------------
-    async def recover_submission(self, request: RecoverInput) -> RecoverResult:
+    async def recover_submission(self, request: RecoverQuery) -> RecoverResult:
         """Look the attempt's key up: the job API stores every key it accepted."""
         method = "idempotency_key"
         account = self.account(request.account)
@@ -145,23 +144,25 @@ class SelfHostedAdapter(HttpAdapter):
             "GET", "/v1/jobs", account, params={"idempotency_key": request.client_request_key}
         )
         if isinstance(reply, ProviderError):
-            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method, error=reply)
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method=method, error=reply)
         if not reply.ok:
             return RecoverResult(
-                RecoveryVerdict.INCONCLUSIVE, method, error=mapping.http_error(reply)
+                RecoveryVerdict.INCONCLUSIVE, method=method, error=mapping.http_error(reply)
             )
         body = payload_of(reply) or {}
         jobs = [j for j in body.get("jobs") or [] if isinstance(j, dict) and j.get("id")]
         if len(jobs) == 1:
             job = JobRef(str(jobs[0]["id"]), account.name, request.model)
-            return RecoverResult(RecoveryVerdict.FOUND, method, job=job)
+            return RecoverResult(RecoveryVerdict.FOUND, method=method, job=job)
         if jobs:  # one key, several jobs: the server broke its own contract
-            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, f"{method}: {len(jobs)} jobs")
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method=f"{method}: {len(jobs)} jobs")
         if not settled(request.submitted_before, self.config, utcnow()):
             # A request still in flight (or queued in the server's accept backlog) may create
             # the job after this lookup: NOT_FOUND now would license a fail-over (9.17.5).
-            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, f"{method}: window not settled")
-        return RecoverResult(RecoveryVerdict.NOT_FOUND, method)
+            return RecoverResult(
+                RecoveryVerdict.INCONCLUSIVE, method=f"{method}: window not settled"
+            )
+        return RecoverResult(RecoveryVerdict.NOT_FOUND, method=method)
 
     # -- usage ---------------------------------------------------------------------------------
     async def list_usage(self, request: UsageInput) -> UsageResult:

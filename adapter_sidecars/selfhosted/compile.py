@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from adapter_sidecars.common.compiling import finish, resolve
-from adapter_sidecars.common.types import Plan
+from vidroute_core.adapter import CompiledPlan
 from vidroute_core.capabilities.loader import Capability
 from vidroute_core.spec import GenerationSpec
 
 ENDPOINT = "POST /v1/jobs"
 
 
-def build_request(spec: GenerationSpec, cap: Capability) -> Plan:
+def build_request(spec: GenerationSpec, cap: Capability) -> CompiledPlan:
     """Compile `spec` for one self-hosted entry."""
     resolved, draft = resolve(spec, cap)
     body: dict[str, Any] = {

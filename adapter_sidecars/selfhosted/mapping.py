@@ -15,7 +15,7 @@ from typing import Any
 
 from adapter_sidecars.common.jobs import map_state, parse_timestamp, progress_of, url_expiry
 from adapter_sidecars.common.transport import HttpReply, create_error_outcome, retry_after_ms
-from adapter_sidecars.common.types import JobState, JobStatus, Output, SubmitOutcome
+from vidroute_core.adapter import JobOutput, JobSnapshot, JobState, SubmitOutcome
 from vidroute_core.errors import ErrorClass, ProviderError, classify_http_status, make_error
 
 STATUS: Mapping[str, JobState] = {
@@ -48,7 +48,7 @@ def job_error(error: Mapping[str, Any] | None) -> ProviderError:
 
 def job_status(
     job: Mapping[str, Any], *, url_ttl_seconds: int, now: datetime, micros_per_gpu_second: int
-) -> JobStatus:
+) -> JobSnapshot:
     """Normalize ``GET /v1/jobs/{id}``; cost = reported GPU seconds x rate."""
     raw = str(job.get("status", ""))
     state = map_state(raw, STATUS)
@@ -60,11 +60,11 @@ def job_status(
     cost = None
     if isinstance(gpu_seconds, int | float) and state.terminal:
         cost = round(float(gpu_seconds) * micros_per_gpu_second)
-    outputs: tuple[Output, ...] = ()
+    outputs: tuple[JobOutput, ...] = ()
     failure = None
     if state is JobState.SUCCEEDED:
         outputs = tuple(
-            Output(
+            JobOutput(
                 str(o["url"]),
                 str(o.get("content_type") or "video/mp4"),
                 parse_timestamp(o.get("expires_at"))
@@ -75,7 +75,7 @@ def job_status(
         )
     elif state is JobState.FAILED:
         failure = job_error(job.get("error") if isinstance(job.get("error"), dict) else None)
-    return JobStatus(
+    return JobSnapshot(
         state,
         raw,
         progress=progress_of(job.get("progress")),

@@ -40,24 +40,22 @@ from adapter_sidecars.common.jobs import iso_z, parse_timestamp
 from adapter_sidecars.common.options import option_flag, with_task_search
 from adapter_sidecars.common.recovery import match_listing, settled
 from adapter_sidecars.common.transport import HttpReply, rejected, utcnow
-from adapter_sidecars.common.types import (
+from adapter_sidecars.common.types import FetchOutputInput, SubmitInput, UsageInput
+from adapter_sidecars.veo import assets, mapping
+from adapter_sidecars.veo import compile as veo_compile
+from vidroute_core.adapter import (
     CancelResult,
-    FetchOutputInput,
+    CompiledPlan,
     JobRef,
-    JobResult,
-    OutputPart,
-    Plan,
-    RecoverInput,
+    OutputChunk,
+    PollResult,
+    RecoverQuery,
     RecoverResult,
     RecoveryVerdict,
-    SubmitInput,
     SubmitOutcome,
-    UsageInput,
     UsageRecord,
     UsageResult,
 )
-from adapter_sidecars.veo import assets, mapping
-from adapter_sidecars.veo import compile as veo_compile
 from vidroute_core.capabilities.loader import Capability
 from vidroute_core.errors import ErrorClass, ProviderError, make_error
 from vidroute_core.hashing import canonical_json
@@ -109,7 +107,7 @@ class VeoAdapter(HttpAdapter):
         return cls(config, caps)
 
     # -- hooks ---------------------------------------------------------------------------------
-    def compile_native(self, spec: GenerationSpec, cap: Capability) -> Plan:
+    def compile_native(self, spec: GenerationSpec, cap: Capability) -> CompiledPlan:
         return veo_compile.build_request(spec, cap)
 
     def auth_headers(self, account: Account) -> dict[str, str]:
@@ -133,7 +131,7 @@ class VeoAdapter(HttpAdapter):
             request = replace(request, plan=plan)
         return await self.send_create(request, account)
 
-    def created_job(self, reply: HttpReply, plan: Plan) -> tuple[str, str] | None:
+    def created_job(self, reply: HttpReply, plan: CompiledPlan) -> tuple[str, str] | None:
         body = payload_of(reply)
         name = body.get("name") if body else None
         if not isinstance(name, str) or "/operations/" not in name:
@@ -155,17 +153,17 @@ class VeoAdapter(HttpAdapter):
         cap = self.entry(job.account, model)
         return cap.output_url_ttl_seconds if cap else 0
 
-    def job_status(self, reply: HttpReply, job: JobRef) -> JobResult:
+    def job_status(self, reply: HttpReply, job: JobRef) -> PollResult:
         if not reply.ok:
-            return JobResult(error=mapping.http_error(reply))
+            return PollResult(error=mapping.http_error(reply))
         op = payload_of(reply)
         if op is None:
-            return JobResult(error=unreadable(reply))
+            return PollResult(error=unreadable(reply))
         status = mapping.operation_status(op, url_ttl_seconds=self._ttl(job), now=utcnow())
-        return JobResult(status=with_raw(status, op))
+        return PollResult(snapshot=with_raw(status, op))
 
     # -- outputs -------------------------------------------------------------------------------
-    async def fetch_output(self, request: FetchOutputInput) -> AsyncIterator[OutputPart]:
+    async def fetch_output(self, request: FetchOutputInput) -> AsyncIterator[OutputChunk]:
         """Download a Gemini file by its id through the configured base URL (see the module
         docstring); any other URI goes the generic way (provider origin only)."""
         local = self.local_file_uri(request.uri)
@@ -187,24 +185,24 @@ class VeoAdapter(HttpAdapter):
     async def cancel_job(self, job: JobRef) -> CancelResult:
         """Veo cannot cancel: acknowledged only when the operation already ended."""
         result = await self.get_job(job)
-        if result.status is not None and result.status.state.terminal:
-            return CancelResult(True, status=result.status)
+        if result.snapshot is not None and result.snapshot.state.terminal:
+            return CancelResult(True, snapshot=result.snapshot)
         error = result.error or make_error(
             ErrorClass.UNSUPPORTED_CAPABILITY,
             "CANCEL_UNSUPPORTED",
             "Veo operations cannot be cancelled; the job will run to completion",
         )
-        return CancelResult(False, status=result.status, error=error)
+        return CancelResult(False, snapshot=result.snapshot, error=error)
 
     # -- recovery ------------------------------------------------------------------------------
-    async def recover_submission(self, request: RecoverInput) -> RecoverResult:
+    async def recover_submission(self, request: RecoverQuery) -> RecoverResult:
         """Search the model's operations in the window for the plan's exact request."""
         method = "operation_search"
         if not option_flag(self.config, "operation_list"):
-            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, NO_SEARCH)
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method=NO_SEARCH)
         plan = request.plan
         if plan is None or plan.native_request is None:
-            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, f"{method}: no plan to match")
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method=f"{method}: no plan to match")
         account = self.account(request.account)
         now = utcnow()
         after = (request.submitted_after or now - timedelta(days=1)) - timedelta(minutes=1)
@@ -219,12 +217,14 @@ class VeoAdapter(HttpAdapter):
             params={"filter": f'createTime>="{iso_z(after)}" AND createTime<"{iso_z(before)}"'},
         )
         if isinstance(reply, ProviderError):
-            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method, error=reply)
+            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method=method, error=reply)
         if reply.status in (404, 405, 501):
-            return RecoverResult(RecoveryVerdict.INCONCLUSIVE, f"{method}: listing unavailable")
+            return RecoverResult(
+                RecoveryVerdict.INCONCLUSIVE, method=f"{method}: listing unavailable"
+            )
         if not reply.ok:
             return RecoverResult(
-                RecoveryVerdict.INCONCLUSIVE, method, error=mapping.http_error(reply)
+                RecoveryVerdict.INCONCLUSIVE, method=method, error=mapping.http_error(reply)
             )
         body = payload_of(reply) or {}
         ops = body.get("operations")
@@ -240,7 +240,7 @@ class VeoAdapter(HttpAdapter):
             complete=complete and settled(request.submitted_before, self.config, now),
         )
         job = JobRef(name, account.name, request.model) if name else None
-        return RecoverResult(verdict, method, job=job)
+        return RecoverResult(verdict, method=method, job=job)
 
     async def _match(
         self, items: Sequence[Mapping[str, Any]], native: Mapping[str, Any], *, complete: bool

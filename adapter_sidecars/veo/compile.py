@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from adapter_sidecars.common.compiling import Draft, finish, resolve
-from adapter_sidecars.common.types import Plan, TransformationKind
 from adapter_sidecars.veo import assets
+from vidroute_core.adapter import CompiledPlan, TransformationKind
 from vidroute_core.capabilities.loader import Capability
 from vidroute_core.spec import AssetRef, GenerationSpec, Mode
 
@@ -36,7 +36,7 @@ def _image(path: str, asset: AssetRef, draft: Draft) -> dict[str, str]:
     return assets.reference(uri, asset.mime_type, asset.checksum_sha256)
 
 
-def build_request(spec: GenerationSpec, cap: Capability) -> Plan:
+def build_request(spec: GenerationSpec, cap: Capability) -> CompiledPlan:
     """Compile `spec` for one Veo entry."""
     resolved, draft = resolve(spec, cap)
     model = str(cap.native.get("model", cap.model))

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from adapter_sidecars.common.jobs import map_state, url_expiry
 from adapter_sidecars.common.transport import HttpReply, create_error_outcome, retry_after_ms
-from adapter_sidecars.common.types import JobState, JobStatus, Output, SubmitOutcome
+from vidroute_core.adapter import JobOutput, JobSnapshot, JobState, SubmitOutcome
 from vidroute_core.errors import ErrorClass, ProviderError, classify_http_status, make_error
 
 PENDING_STATES: Mapping[str, JobState] = {
@@ -65,18 +65,18 @@ def is_gemini_file(uri: str) -> bool:
     return parts.scheme in ("http", "https") and bool(_GEMINI_FILE.search(parts.path))
 
 
-def operation_status(op: Mapping[str, Any], *, url_ttl_seconds: int, now: datetime) -> JobStatus:
+def operation_status(op: Mapping[str, Any], *, url_ttl_seconds: int, now: datetime) -> JobSnapshot:
     """Normalize one operation (``GET /v1beta/{name}``)."""
     metadata = op.get("metadata") if isinstance(op.get("metadata"), dict) else {}
     if not op.get("done"):
         raw = str((metadata or {}).get("state") or "RUNNING")
-        return JobStatus(map_state(raw, PENDING_STATES), raw)
+        return JobSnapshot(map_state(raw, PENDING_STATES), raw)
     error = op.get("error")
     if isinstance(error, dict):
         code = error.get("code")
         if code == 1:
-            return JobStatus(JobState.CANCELLED, "CANCELLED")
-        return JobStatus(JobState.FAILED, "ERROR", failure=_operation_error(error))
+            return JobSnapshot(JobState.CANCELLED, "CANCELLED")
+        return JobSnapshot(JobState.FAILED, "ERROR", failure=_operation_error(error))
     response = op.get("response") if isinstance(op.get("response"), dict) else {}
     inner = (response or {}).get("generateVideoResponse", response) or {}
     samples = inner.get("generatedSamples") or inner.get("videos") or []
@@ -87,7 +87,7 @@ def operation_status(op: Mapping[str, Any], *, url_ttl_seconds: int, now: dateti
         if isinstance(uri, str) and uri:
             mime = str(video.get("mimeType") or "video/mp4")
             outputs.append(
-                Output(
+                JobOutput(
                     uri,
                     mime,
                     url_expiry(uri, url_ttl_seconds, now),
@@ -95,13 +95,13 @@ def operation_status(op: Mapping[str, Any], *, url_ttl_seconds: int, now: dateti
                 )
             )
     if outputs:
-        return JobStatus(JobState.SUCCEEDED, "DONE", outputs=tuple(outputs), progress=1.0)
+        return JobSnapshot(JobState.SUCCEEDED, "DONE", outputs=tuple(outputs), progress=1.0)
     if inner.get("raiMediaFilteredCount"):
         reasons = "; ".join(str(r) for r in inner.get("raiMediaFilteredReasons") or [])
         failure = make_error(ErrorClass.SAFETY_OUTPUT, "RAI_MEDIA_FILTERED", reasons or "filtered")
-        return JobStatus(JobState.FAILED, "FILTERED", failure=failure)
+        return JobSnapshot(JobState.FAILED, "FILTERED", failure=failure)
     failure = make_error(ErrorClass.INTERNAL_RETRYABLE, "EMPTY_RESPONSE", "done without samples")
-    return JobStatus(JobState.FAILED, "DONE", failure=failure)
+    return JobSnapshot(JobState.FAILED, "DONE", failure=failure)
 
 
 def _operation_error(error: Mapping[str, Any]) -> ProviderError:

@@ -4,7 +4,7 @@ Each operation reads from a script queue and records its call, so a test states 
 behaviour and then asserts what the control plane did::
 
     fake = FakeAdapterClient()
-    fake.script_submit(SubmitResult(SubmitKind.UNKNOWN, transport_stage="AWAIT_RESPONSE", ...))
+    fake.script_submit(SubmitOutcome(SubmitKind.UNKNOWN, transport_stage=AWAIT_RESPONSE))
     fake.script_recover(RecoverResult(RecoveryVerdict.FOUND, job=JobRef("job-1", "prod")))
     fake.set_job("job-1", running_snapshot, succeeded_snapshot)   # successive get_job answers
 
@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
-from controlplane.adapters.types import (
+from vidroute_core.adapter import (
+    AdapterDescription,
     CancelResult,
     CompiledPlan,
     JobRef,
@@ -39,7 +40,7 @@ from controlplane.adapters.types import (
     RecoverResult,
     RecoveryVerdict,
     SubmitKind,
-    SubmitResult,
+    SubmitOutcome,
     UsageRecord,
 )
 from vidroute_core.errors import ErrorClass, make_error
@@ -111,15 +112,15 @@ class FakeAdapterClient:
         chunks[0] = OutputChunk(pieces[0], content_type, len(body))
         self._outputs[uri] = chunks
 
-    def accepted(self, job_id: str | None = None, raw_status: str = "PENDING") -> SubmitResult:
+    def accepted(self, job_id: str | None = None, raw_status: str = "PENDING") -> SubmitOutcome:
         """An ACCEPTED result with `job_id` (or a fresh one)."""
         job = job_id or f"job-{next(self._ids)}"
-        return SubmitResult(SubmitKind.ACCEPTED, JobRef(job, self.account), raw_status=raw_status)
+        return SubmitOutcome(SubmitKind.ACCEPTED, JobRef(job, self.account), raw_status=raw_status)
 
     # ---- AdapterClient --------------------------------------------------------------------
 
-    async def describe(self) -> list[Any]:
-        return []
+    async def describe(self) -> AdapterDescription:
+        return AdapterDescription(adapter="fake", adapter_version="0")
 
     async def compile(
         self, spec: GenerationSpec, *, account: str, model: str, model_version: str = ""
@@ -128,11 +129,11 @@ class FakeAdapterClient:
 
     async def submit(
         self, plan: CompiledPlan, client_request_key: str, callback_url: str = ""
-    ) -> SubmitResult:
+    ) -> SubmitOutcome:
         self.submit_calls.append(SubmitCall(plan, client_request_key, callback_url))
         if not self._submits:
             return self.accepted()
-        result: SubmitResult = await _resolve(
+        result: SubmitOutcome = await _resolve(
             self._submits.popleft(), plan, client_request_key, callback_url
         )
         return result

@@ -15,37 +15,32 @@ adapter's capabilities are never published and the control plane is not ready fo
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
-from typing import Any, Protocol
+from dataclasses import replace
+from datetime import datetime
+from typing import Protocol
 
 import grpc
-from google.protobuf import json_format, timestamp_pb2
 
-from controlplane.adapters.types import (
+from vidroute.adapter.v1 import adapter_service_pb2, adapter_service_pb2_grpc
+from vidroute_core.adapter import (
+    AdapterDescription,
+    CallFailure,
     CancelResult,
     CompiledPlan,
-    JobOutput,
     JobRef,
-    JobSnapshot,
-    JobState,
     OutputChunk,
     PollResult,
     RecoverQuery,
     RecoverResult,
-    RecoveryVerdict,
     SubmitKind,
-    SubmitResult,
-    Transformation,
-    TransformationKind,
+    SubmitOutcome,
     UsageRecord,
 )
-from vidroute.adapter.v1 import adapter_pb2, adapter_service_pb2, adapter_service_pb2_grpc
-from vidroute.common.v1 import error_pb2
 from vidroute_core.errors import ErrorClass, ProviderError, make_error
 from vidroute_core.spec import GenerationSpec
+from vidroute_core.wire import adapter as wire
 from vidroute_core.wire.spec import spec_to_proto
 
 NO_RETRIES = [("grpc.enable_retries", 0)]
@@ -79,13 +74,13 @@ def submit_deadline_s(
 class AdapterClient(Protocol):
     """What the scheduler needs from an adapter sidecar."""
 
-    async def describe(self) -> list[adapter_pb2.CapabilityEntry]: ...
+    async def describe(self) -> AdapterDescription: ...
     async def compile(
         self, spec: GenerationSpec, *, account: str, model: str, model_version: str = ""
     ) -> CompiledPlan: ...
     async def submit(
         self, plan: CompiledPlan, client_request_key: str, callback_url: str = ""
-    ) -> SubmitResult: ...
+    ) -> SubmitOutcome: ...
     async def get_job(self, job: JobRef) -> PollResult: ...
     async def cancel_job(self, job: JobRef) -> CancelResult: ...
     async def recover(self, query: RecoverQuery) -> RecoverResult: ...
@@ -98,108 +93,8 @@ class AdapterClient(Protocol):
         ...
 
 
-def _ts(value: datetime) -> timestamp_pb2.Timestamp:
-    ts = timestamp_pb2.Timestamp()
-    ts.FromDatetime(value.astimezone(UTC))
-    return ts
-
-
-def _dt(ts: timestamp_pb2.Timestamp, present: bool) -> datetime | None:
-    return ts.ToDatetime(tzinfo=UTC) if present else None
-
-
-def error_from_proto(msg: error_pb2.Error, present: bool = True) -> ProviderError | None:
-    """Rebuild an in-band adapter error with our handling matrix."""
-    if not present or msg.error_class == error_pb2.ERROR_CLASS_UNSPECIFIED:
-        return None
-    name = error_pb2.ErrorClass.Name(msg.error_class).removeprefix("ERROR_CLASS_")
-    retry_ms = (
-        msg.retry_after.seconds * 1000 + msg.retry_after.nanos // 1_000_000
-        if msg.HasField("retry_after")
-        else None
-    )
-    return make_error(
-        ErrorClass(name),
-        msg.code,
-        msg.message,
-        retry_after_ms=retry_ms,
-        raw_status_code=msg.raw_status_code or None,
-    )
-
-
-def plan_from_proto(plan: adapter_pb2.CompilePlan) -> CompiledPlan:
-    return CompiledPlan(
-        provider=plan.provider,
-        account=plan.account,
-        model=plan.model,
-        model_version=plan.model_version,
-        capability_version=plan.capability_version,
-        price_version=plan.price_version,
-        request_hash=plan.request_hash,
-        estimated_cost_micros=plan.estimated_cost.amount_micros,
-        currency=plan.estimated_cost.currency_code or "USD",
-        submittable=plan.submittable,
-        transformations=tuple(
-            Transformation(
-                field=t.field,
-                kind=TransformationKind(
-                    adapter_pb2.TransformationKind.Name(t.kind).removeprefix("TRANSFORMATION_KIND_")
-                ),
-                detail=t.detail,
-            )
-            for t in plan.transformations
-            if t.kind != adapter_pb2.TRANSFORMATION_KIND_UNSPECIFIED
-        ),
-        plan_json=json_format.MessageToDict(plan, preserving_proto_field_name=True),
-    )
-
-
-def plan_to_proto(plan_json: dict[str, Any]) -> adapter_pb2.CompilePlan:
-    return json_format.ParseDict(plan_json, adapter_pb2.CompilePlan())
-
-
-def _job_ref(msg: adapter_pb2.JobRef) -> JobRef:
-    return JobRef(
-        provider_job_id=msg.provider_job_id,
-        account=msg.account,
-        model=msg.model,
-        provider_request_id=msg.provider_request_id,
-    )
-
-
-def _job_ref_proto(job: JobRef) -> adapter_pb2.JobRef:
-    return adapter_pb2.JobRef(
-        provider_job_id=job.provider_job_id,
-        account=job.account,
-        model=job.model,
-        provider_request_id=job.provider_request_id,
-    )
-
-
-def snapshot_from_proto(status: adapter_pb2.JobStatus) -> JobSnapshot:
-    state_name = adapter_pb2.JobState.Name(status.state).removeprefix("JOB_STATE_")
-    state = JobState.UNRECOGNIZED if state_name == "UNSPECIFIED" else JobState(state_name)
-    return JobSnapshot(
-        state=state,
-        raw_status=status.raw_status,
-        raw_payload_json=status.raw_payload_json,
-        progress=status.progress if status.HasField("progress") else None,
-        outputs=tuple(
-            JobOutput(
-                uri=o.uri,
-                mime_type=o.mime_type,
-                expires_at=_dt(o.expires_at, o.HasField("expires_at")),
-                size_bytes=o.size_bytes,
-                checksum=o.checksum,
-                fetch_through_adapter=o.fetch_through_adapter,
-            )
-            for o in status.outputs
-        ),
-        failure=error_from_proto(status.failure, status.HasField("failure")),
-        actual_cost_micros=(
-            status.actual_cost.amount_micros if status.HasField("actual_cost") else None
-        ),
-    )
+#: An adapter that names no currency prices in USD (the ledger needs one).
+DEFAULT_CURRENCY = "USD"
 
 
 class GrpcAdapterClient:
@@ -229,18 +124,19 @@ class GrpcAdapterClient:
     async def close(self) -> None:
         await self._channel.close()
 
-    async def describe(self) -> list[adapter_pb2.CapabilityEntry]:
-        """The capability entries; also derives the Submit deadline from the declared budget.
+    async def describe(self) -> AdapterDescription:
+        """What the sidecar declares; also derives the Submit deadline from its budget.
 
         Raises `SubmitDeadlineTooShort` (logged) when a configured deadline is too short."""
         reply = await self._stub.Describe(
             adapter_service_pb2.DescribeRequest(), timeout=self._timeout
         )
-        self._learn_submit_budget(reply)
-        return list(reply.capabilities)
+        described = wire.describe_from_proto(reply)
+        self._learn_submit_budget(described)
+        return described
 
-    def _learn_submit_budget(self, reply: adapter_service_pb2.DescribeResponse) -> None:
-        budget = reply.submit_budget_seconds
+    def _learn_submit_budget(self, reply: AdapterDescription) -> None:
+        budget = reply.submit_budget_s
         try:
             deadline = submit_deadline_s(
                 budget, margin_s=self._submit_margin, configured_s=self._submit_configured
@@ -257,7 +153,7 @@ class GrpcAdapterClient:
                 reply.adapter,
                 deadline,
             )
-        retention = reply.submit_journal_retention_seconds
+        retention = reply.submit_journal_retention_s
         if self._recovery_window and retention < self._recovery_window:
             log.warning(
                 "adapter %s keeps submit outcomes %g s, less than the recovery window %g s",
@@ -287,16 +183,17 @@ class GrpcAdapterClient:
             ),
             timeout=self._timeout,
         )
-        return plan_from_proto(reply.plan)
+        plan = wire.plan_from_proto(reply.plan)
+        return replace(plan, currency=plan.currency or DEFAULT_CURRENCY)
 
     async def submit(
         self, plan: CompiledPlan, client_request_key: str, callback_url: str = ""
-    ) -> SubmitResult:
+    ) -> SubmitOutcome:
         if self.submit_deadline_s is None:
             try:
                 await self.describe()
             except Exception as exc:  # nothing was sent: the submit can be tried again
-                return SubmitResult(
+                return SubmitOutcome(
                     kind=SubmitKind.REJECTED,
                     error=make_error(
                         ErrorClass.TRANSIENT_NETWORK,
@@ -308,7 +205,7 @@ class GrpcAdapterClient:
         try:
             reply = await self._stub.Submit(
                 adapter_service_pb2.SubmitRequest(
-                    plan=plan_to_proto(plan.plan_json),
+                    plan=wire.plan_to_proto(plan),
                     client_request_key=client_request_key,
                     callback_url=callback_url,
                 ),
@@ -316,95 +213,39 @@ class GrpcAdapterClient:
             )
         except grpc.aio.AioRpcError as exc:
             return _submit_transport_failure(exc)
-        kind = SubmitKind(
-            adapter_pb2.SubmitOutcomeKind.Name(reply.kind).removeprefix("SUBMIT_OUTCOME_KIND_")
-        )
-        return SubmitResult(
-            kind=kind,
-            # A job without an id names nothing: the worker treats ACCEPTED without a job as
-            # UNKNOWN (9.17.3), never as a job to poll.
-            job=_job_ref(reply.job) if reply.job.provider_job_id else None,
-            raw_status=reply.raw_status,
-            error=error_from_proto(reply.error, reply.HasField("error")),
-            transport_stage=adapter_pb2.TransportStage.Name(reply.transport_stage).removeprefix(
-                "TRANSPORT_STAGE_"
-            ),
-            request_started_at=_dt(reply.request_started_at, reply.HasField("request_started_at")),
-        )
+        return wire.submit_from_proto(reply)
 
     async def get_job(self, job: JobRef) -> PollResult:
         reply = await self._stub.GetJob(
-            adapter_service_pb2.GetJobRequest(job=_job_ref_proto(job)), timeout=self._timeout
+            adapter_service_pb2.GetJobRequest(job=wire.job_ref_to_proto(job)),
+            timeout=self._timeout,
         )
-        if reply.HasField("error") and not reply.HasField("status"):
-            return PollResult(None, error_from_proto(reply.error))
-        return PollResult(snapshot_from_proto(reply.status))
+        return wire.poll_from_proto(reply)
 
     async def cancel_job(self, job: JobRef) -> CancelResult:
         reply = await self._stub.CancelJob(
-            adapter_service_pb2.CancelJobRequest(job=_job_ref_proto(job)), timeout=self._timeout
+            adapter_service_pb2.CancelJobRequest(job=wire.job_ref_to_proto(job)),
+            timeout=self._timeout,
         )
-        return CancelResult(
-            acknowledged=reply.acknowledged,
-            snapshot=snapshot_from_proto(reply.status) if reply.HasField("status") else None,
-            error=error_from_proto(reply.error, reply.HasField("error")),
-        )
+        return wire.cancel_from_proto(reply)
 
     async def recover(self, query: RecoverQuery) -> RecoverResult:
         reply = await self._stub.RecoverSubmission(
-            adapter_service_pb2.RecoverSubmissionRequest(
-                account=query.account,
-                model=query.model,
-                client_request_key=query.client_request_key,
-                request_hash=query.request_hash,
-                provider_request_id=query.provider_request_id,
-                submitted_after=_ts(query.submitted_after),
-                submitted_before=_ts(query.submitted_before),
-                plan=plan_to_proto(query.plan_json),
-                request_started_at=_ts(query.request_started_at)
-                if query.request_started_at is not None
-                else None,
-            ),
-            timeout=self._timeout,
+            wire.recover_query_to_proto(query), timeout=self._timeout
         )
-        verdict_name = adapter_pb2.RecoveryVerdict.Name(reply.verdict).removeprefix(
-            "RECOVERY_VERDICT_"
-        )
-        verdict = (
-            RecoveryVerdict.INCONCLUSIVE
-            if verdict_name == "UNSPECIFIED"
-            else RecoveryVerdict(verdict_name)
-        )
-        if verdict is RecoveryVerdict.FOUND and not reply.job.provider_job_id:
-            verdict = RecoveryVerdict.INCONCLUSIVE  # FOUND must name the job
-        return RecoverResult(
-            verdict=verdict,
-            job=_job_ref(reply.job) if reply.job.provider_job_id else None,
-            method=reply.method,
-            error=error_from_proto(reply.error, reply.HasField("error")),
-        )
+        return wire.recover_from_proto(reply)
 
     async def list_usage(self, account: str, start: datetime, end: datetime) -> list[UsageRecord]:
         reply = await self._stub.ListUsage(
             adapter_service_pb2.ListUsageRequest(
-                account=account, start_time=_ts(start), end_time=_ts(end)
+                account=account, start_time=wire.timestamp(start), end_time=wire.timestamp(end)
             ),
             timeout=self._timeout,
         )
+        # The answer's error is not the caller's concern: an empty list is no evidence.
         return [
-            UsageRecord(
-                provider_job_id=r.provider_job_id,
-                model=r.model,
-                usage_time=_dt(r.usage_time, r.HasField("usage_time")),
-                provider_milliunits=r.provider_milliunits,
-                provider_unit=r.provider_unit,
-                cost_micros=r.cost.amount_micros,
-                currency=r.cost.currency_code or "USD",
-                raw_json=r.raw_json or json.dumps({}),
-                provider_request_id=r.provider_request_id,
-                client_request_key=r.client_request_key,
-            )
-            for r in reply.records
+            replace(r, currency=r.currency or DEFAULT_CURRENCY, raw_json=r.raw_json or "{}")
+            for r in wire.usage_from_proto(reply).records
         ]
 
     async def fetch_output(
@@ -412,18 +253,13 @@ class GrpcAdapterClient:
     ) -> AsyncIterator[OutputChunk]:
         call = self._stub.FetchOutput(
             adapter_service_pb2.FetchOutputRequest(
-                job=_job_ref_proto(job), uri=uri, max_bytes=max_bytes
+                job=wire.job_ref_to_proto(job), uri=uri, max_bytes=max_bytes
             ),
             timeout=self._fetch_timeout,
         )
         try:
             async for reply in call:
-                yield OutputChunk(
-                    data=reply.chunk,
-                    content_type=reply.content_type,
-                    content_length=reply.content_length,
-                    error=error_from_proto(reply.error, reply.HasField("error")),
-                )
+                yield wire.chunk_from_proto(reply)
         except grpc.aio.AioRpcError as exc:
             yield OutputChunk(error=_fetch_rpc_failure(exc))
         finally:
@@ -451,7 +287,7 @@ _REFUSED_BEFORE_PROVIDER = frozenset(
 )
 
 
-def _submit_transport_failure(exc: grpc.aio.AioRpcError) -> SubmitResult:
+def _submit_transport_failure(exc: grpc.aio.AioRpcError) -> SubmitOutcome:
     """The Submit RPC itself failed.
 
     The adapter validates a plan before it calls the provider, so INVALID_ARGUMENT and its kin
@@ -459,16 +295,16 @@ def _submit_transport_failure(exc: grpc.aio.AioRpcError) -> SubmitResult:
     cannot prove the sidecar had not reached the provider yet: UNKNOWN, and recovery decides.
     """
     if exc.code() in _REFUSED_BEFORE_PROVIDER:
-        return SubmitResult(
+        return SubmitOutcome(
             kind=SubmitKind.REJECTED,
             error=make_error(
                 ErrorClass.INVALID_INPUT, f"ADAPTER_{exc.code().name}", exc.details() or ""
             ),
         )
-    return SubmitResult(
+    return SubmitOutcome(
         kind=SubmitKind.UNKNOWN,
         error=make_error(
             ErrorClass.SUBMISSION_UNKNOWN, f"ADAPTER_{exc.code().name}", exc.details() or ""
         ),
-        transport_stage="ADAPTER_RPC",
+        call_failure=CallFailure.ADAPTER_RPC,
     )

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from google.protobuf import json_format
 
 from controlplane.capabilities.consistency import ConsistencyError, check_entry
 from controlplane.persistence.catalog_store import (
@@ -40,6 +39,7 @@ from vidroute_core.capabilities.loader import (
     CapabilityLoadError,
     parse_entry,
 )
+from vidroute_core.wire.capability import capability_document
 
 PRICE_UNIT = "output_second"
 
@@ -110,68 +110,6 @@ def documents_from_directory(directory: Path) -> list[dict[str, Any]]:
     for path in sorted(directory.glob("*.yaml")):
         docs.extend(documents_from_file(path))
     return docs
-
-
-def document_from_describe(entry: adapter_pb2.CapabilityEntry) -> dict[str, Any]:
-    """A Describe entry as a schema document, so it is validated like a file entry."""
-    data = json_format.MessageToDict(entry, preserving_proto_field_name=True)
-    doc: dict[str, Any] = {
-        "provider": entry.provider,
-        "account": entry.account,
-        "model": entry.model,
-        "version": entry.model_version,
-        "capability_version": entry.capability_version,
-        "status": adapter_pb2.Lifecycle.Name(entry.lifecycle).removeprefix("LIFECYCLE_").lower(),
-        "modes": [m.removeprefix("MODE_") for m in data.get("modes", [])],
-        "inputs": {
-            "last_frame": entry.supports_last_frame,
-            "max_reference_images": entry.max_reference_images,
-            "seed": entry.supports_seed,
-            "negative_prompt": entry.supports_negative_prompt,
-            "max_prompt_chars": entry.max_prompt_chars,
-        },
-        "output": {
-            "aspect_ratios": list(entry.aspect_ratios),
-            "durations_seconds": list(entry.durations_seconds),
-            "resolutions": list(entry.resolutions),
-            "native_audio": entry.native_audio,
-            "max_sample_count": max(1, entry.max_sample_count),
-        },
-        "constraints": [
-            {"when": c.when, "require": c.require, "message": c.message} for c in entry.constraints
-        ],
-        "operations": {
-            k: bool(data.get("operations", {}).get(k, False))
-            for k in (
-                "polling",
-                "callback",
-                "cancellation",
-                "client_idempotency_key",
-                "task_search",
-            )
-        },
-        "max_concurrency": entry.max_concurrency,
-        "output_url_ttl_seconds": entry.output_url_ttl_seconds,
-    }
-    if entry.region:
-        doc["region"] = entry.region
-    if entry.HasField("sunset_at"):
-        doc["sunset"] = entry.sunset_at.ToDatetime().isoformat() + "Z"
-    if entry.HasField("price"):
-        p = entry.price
-        commercial: dict[str, Any] = {
-            "currency": p.per_output_second.currency_code or "USD",
-            "price_version": p.price_version,
-            "price_micros_per_output_second": p.per_output_second.amount_micros,
-            "provider_unit": p.provider_unit,
-            "provider_milliunits_per_output_second": p.provider_milliunits_per_output_second,
-        }
-        if p.HasField("per_output_second_with_audio"):
-            commercial["price_micros_per_output_second_with_audio"] = (
-                p.per_output_second_with_audio.amount_micros
-            )
-        doc["commercial"] = commercial
-    return doc
 
 
 def _check(doc: Mapping[str, Any], where: str) -> Capability:
@@ -306,5 +244,5 @@ async def publish_describe(
     source: str = "describe",
 ) -> PublishCounts:
     """Publish what an adapter's Describe reported, through the same checks as a file."""
-    docs = [document_from_describe(e) for e in entries]
+    docs = [capability_document(e) for e in entries]
     return await publish_documents(store, docs, accounts, now=now, source=source)

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from controlplane.adapters.types import JobRef, JobSnapshot, JobState
 from controlplane.domain.failover import FailureStage
 from controlplane.domain.outbox import Topic
 from controlplane.domain.polling import PollPhase
@@ -45,6 +44,7 @@ from controlplane.persistence.records import (
     ProviderJobRecord,
     TaskRecord,
 )
+from vidroute_core.adapter import JobRef, JobSnapshot, JobState
 from vidroute_core.errors import ErrorClass, make_error
 
 __all__ = [

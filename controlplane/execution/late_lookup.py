@@ -19,11 +19,11 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from controlplane.adapters.types import RecoverQuery, RecoverResult, RecoveryVerdict
 from controlplane.domain.states import AttemptState
 from controlplane.execution.evidence import EvidenceKind, record_evidence
-from controlplane.execution.outcomes import ExecutionDeps, job_ref
+from controlplane.execution.outcomes import ExecutionDeps, job_ref, plan_of
 from controlplane.persistence.records import AttemptRecord
+from vidroute_core.adapter import RecoverQuery, RecoverResult, RecoveryVerdict
 
 if TYPE_CHECKING:
     from controlplane.execution.recovery import RecoveryWorker
@@ -80,7 +80,7 @@ class LateLookup:
         for event in reversed(await self._deps.xstore.events(attempt_id=attempt.id)):
             if event.outcome == "UNMATCHED" and event.provider_job_id:
                 ref = job_ref(attempt, account, event.provider_job_id)
-                return RecoverResult(RecoveryVerdict.FOUND, ref, method="early_callback")
+                return RecoverResult(RecoveryVerdict.FOUND, job=ref, method="early_callback")
         started = attempt.request_started_at or unknown_since or attempt.created_at
         try:
             result = await self._deps.adapter(account).recover(
@@ -89,7 +89,7 @@ class LateLookup:
                     model=attempt.provider_model,
                     client_request_key=attempt.client_request_key,
                     request_hash=attempt.request_hash or "",
-                    plan_json=attempt.compile_plan,
+                    plan=plan_of(attempt, account),
                     submitted_after=started - _WINDOW_SLACK,
                     submitted_before=unknown_since or attempt.updated_at,
                     request_started_at=attempt.request_started_at,

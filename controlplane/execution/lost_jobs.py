@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 
-from controlplane.adapters.types import JobSnapshot, JobState
 from controlplane.domain.states import AttemptState
 from controlplane.execution.events import EventNormalizer, EventSource, Observation
 from controlplane.execution.evidence import EvidenceKind, record_evidence
@@ -31,6 +30,7 @@ from controlplane.persistence.records import (
     Failure,
     ProviderJobRecord,
 )
+from vidroute_core.adapter import JobSnapshot, JobState
 from vidroute_core.errors import ErrorClass, ProviderError
 
 __all__ = ["JOB_NOT_FOUND", "is_job_not_found", "on_job_not_found", "on_job_seen"]

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from controlplane.adapters.grpc_client import AdapterClient
-from controlplane.adapters.types import CompiledPlan, JobRef, JobSnapshot, SubmitResult
 from controlplane.domain.failover import (
     FailoverAction,
     FailoverInput,
@@ -57,6 +56,7 @@ from controlplane.persistence.records import (
     TaskRecord,
 )
 from controlplane.persistence.repository import Store
+from vidroute_core.adapter import CompiledPlan, JobRef, JobSnapshot, SubmitOutcome
 from vidroute_core.errors import ErrorClass, ProviderError
 
 __all__ = [
@@ -108,7 +108,7 @@ class ExecutionDeps:
         return f"{base}/callbacks/{account.provider}?attempt={attempt.id}"
 
 
-SubmitObserver = Callable[[AccountInfo, AttemptRecord, SubmitResult, float], Awaitable[None]]
+SubmitObserver = Callable[[AccountInfo, AttemptRecord, SubmitOutcome, float], Awaitable[None]]
 AttemptEndObserver = Callable[[AccountInfo, AttemptRecord, JobSnapshot], Awaitable[None]]
 
 

@@ -27,7 +27,6 @@ from typing import Any
 import httpx
 
 from controlplane.adapters.grpc_client import AdapterClient
-from controlplane.adapters.types import JobRef
 from controlplane.domain.breaker import Operation
 from controlplane.domain.failover import backoff_delay_s
 from controlplane.domain.outbox import Topic
@@ -68,6 +67,7 @@ from controlplane.persistence.records import (
 )
 from controlplane.persistence.repository import Store
 from controlplane.storage.base import ObjectStore, StorageError
+from vidroute_core.adapter import JobRef
 from vidroute_core.errors import ErrorClass, ProviderError
 
 __all__ = ["FetchFn", "OutputStep", "adapter_source", "fetcher_for"]

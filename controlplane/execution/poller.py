@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from controlplane.adapters.types import PollResult
 from controlplane.domain.breaker import Operation
 from controlplane.domain.polling import PollPhase, next_poll_delay
 from controlplane.domain.states import ATTEMPT_MACHINE
@@ -25,6 +24,7 @@ from controlplane.execution.events import EventNormalizer, EventSource, Observat
 from controlplane.execution.lost_jobs import is_job_not_found, on_job_not_found, on_job_seen
 from controlplane.execution.outcomes import ExecutionDeps, job_ref
 from controlplane.persistence.execution_store import POLLABLE_STATES
+from vidroute_core.adapter import PollResult
 
 __all__ = ["Poller"]
 

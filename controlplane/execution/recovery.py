@@ -30,12 +30,6 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from controlplane.adapters.types import (
-    RecoverQuery,
-    RecoverResult,
-    RecoveryVerdict,
-    SubmitKind,
-)
 from controlplane.domain.breaker import Operation
 from controlplane.domain.failover import FailureStage, backoff_delay_s
 from controlplane.domain.states import AttemptState, TaskState
@@ -57,6 +51,7 @@ from controlplane.execution.outcomes import (
 from controlplane.execution.usage_match import match_usage
 from controlplane.persistence.execution_store import AccountInfo, AttemptRuntime, ExecUnit
 from controlplane.persistence.records import AttemptChanges, AttemptRecord, Failure, TaskRecord
+from vidroute_core.adapter import RecoverQuery, RecoverResult, RecoveryVerdict, SubmitKind
 from vidroute_core.errors import ErrorClass, ProviderError
 from vidroute_core.spec import RoutingMode
 
@@ -134,7 +129,7 @@ class RecoveryWorker:
         for event in reversed(await self._deps.xstore.events(attempt_id=attempt.id)):
             if event.outcome == IngestOutcome.UNMATCHED.value:
                 ref = job_ref(attempt, account, event.provider_job_id)
-                return RecoverResult(RecoveryVerdict.FOUND, ref, method="early_callback")
+                return RecoverResult(RecoveryVerdict.FOUND, job=ref, method="early_callback")
         adapter = self._deps.adapter(account)
         if runtime is not None and runtime.supports_idempotency_key:
             self.resubmits += 1
@@ -148,7 +143,9 @@ class RecoveryWorker:
                 log.info("attempt %s: idempotent re-send raised %r", attempt.id, exc)
                 return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method="idempotent_resubmit")
             if sent.kind is SubmitKind.ACCEPTED and sent.job is not None:
-                return RecoverResult(RecoveryVerdict.FOUND, sent.job, method="idempotent_resubmit")
+                return RecoverResult(
+                    RecoveryVerdict.FOUND, job=sent.job, method="idempotent_resubmit"
+                )
             if (
                 sent.kind is SubmitKind.REJECTED
                 and sent.error is not None
@@ -164,7 +161,7 @@ class RecoveryWorker:
                     model=attempt.provider_model,
                     client_request_key=attempt.client_request_key,
                     request_hash=attempt.request_hash or "",
-                    plan_json=attempt.compile_plan,
+                    plan=plan_of(attempt, account),
                     submitted_after=started - _WINDOW_SLACK,
                     # The submit call had ended (or its worker died) when the attempt became
                     # unknown, so no request of it can start later. "Now" would be true too, but
@@ -209,7 +206,7 @@ class RecoveryWorker:
             )
             if not known:
                 ref = job_ref(attempt, account, found.job_id)
-                return RecoverResult(RecoveryVerdict.FOUND, ref, method="usage_records")
+                return RecoverResult(RecoveryVerdict.FOUND, job=ref, method="usage_records")
             log.warning(
                 "attempt %s: usage names job %s, which another attempt holds",
                 attempt.id,

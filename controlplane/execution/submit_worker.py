@@ -29,7 +29,6 @@ import logging
 import time
 from datetime import timedelta
 
-from controlplane.adapters.types import SubmitKind, SubmitResult
 from controlplane.domain.failover import FailureStage
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TASK_MACHINE, AttemptState, TaskState
@@ -50,6 +49,7 @@ from controlplane.execution.outcomes import (
 from controlplane.persistence.execution_store import AccountInfo
 from controlplane.persistence.records import AttemptChanges, AttemptRecord, Failure, OutboxRecord
 from controlplane.persistence.repository import Store
+from vidroute_core.adapter import CallFailure, SubmitKind, SubmitOutcome
 from vidroute_core.errors import ErrorClass, make_error
 from vidroute_core.spec import RoutingMode
 
@@ -141,10 +141,10 @@ class SubmitWorker:
             )
         except Exception as exc:
             log.warning("attempt %s: submit call raised %r; outcome unknown", started.id, exc)
-            result = SubmitResult(
+            result = SubmitOutcome(
                 SubmitKind.UNKNOWN,
                 error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "CLIENT_EXCEPTION", repr(exc)),
-                transport_stage="CLIENT_EXCEPTION",
+                call_failure=CallFailure.CLIENT_EXCEPTION,
             )
         await self.apply(started.id, result, message)
         await self._observe(account, started, result, time.monotonic() - began)
@@ -197,7 +197,7 @@ class SubmitWorker:
         await self._deps.gate.release_unsent(account, attempt)
 
     async def _observe(
-        self, account: AccountInfo, attempt: AttemptRecord, result: SubmitResult, took_s: float
+        self, account: AccountInfo, attempt: AttemptRecord, result: SubmitOutcome, took_s: float
     ) -> None:
         if self._deps.on_submit is None:
             return
@@ -207,7 +207,7 @@ class SubmitWorker:
             log.exception("submit observer failed for attempt %s", attempt.id)
 
     async def apply(
-        self, attempt_id: int, result: SubmitResult, message: OutboxRecord | None = None
+        self, attempt_id: int, result: SubmitOutcome, message: OutboxRecord | None = None
     ) -> None:
         """Apply a submit outcome to a SUBMITTING (or SUBMIT_UNKNOWN) attempt, atomically."""
         kind = result.kind
@@ -241,7 +241,7 @@ class SubmitWorker:
                         u, self._deps, attempt, task, error, stage=FailureStage.SUBMIT, after=after
                     )
             elif attempt.state is AttemptState.SUBMITTING:
-                await to_unknown(u, self._deps, attempt, result.transport_stage, error, after=after)
+                await to_unknown(u, self._deps, attempt, result.uncertain_at, error, after=after)
             if message is not None:
                 await u.complete_message(message.id, self._deps.config.worker_id)
         await after.run(self._deps.leases)

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.adapters.types import UsageRecord
 from controlplane.execution.evidence import EvidenceKind
+from vidroute_core.adapter import UsageRecord
 
 __all__ = ["UsageMatch", "match_usage"]
 

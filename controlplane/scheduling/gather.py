@@ -14,7 +14,6 @@ import logging
 from collections.abc import Mapping, Sequence
 
 from controlplane.adapters.grpc_client import AdapterClient
-from controlplane.adapters.types import CompiledPlan
 from controlplane.domain.routing.candidates import (
     Candidate,
     CapacityView,
@@ -22,6 +21,7 @@ from controlplane.domain.routing.candidates import (
     TransformKind,
 )
 from controlplane.leases.base import Dimension, LeaseError, LeaseStore
+from vidroute_core.adapter import CompiledPlan
 from vidroute_core.spec import GenerationSpec
 
 log = logging.getLogger(__name__)

@@ -1,11 +1,12 @@
 """Capability entries as protobuf: the one conversion the sidecars' Describe and the control
-plane's ListProviders share."""
+plane's ListProviders share, and its way back into a schema document."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
-from google.protobuf import timestamp_pb2
+from google.protobuf import json_format, timestamp_pb2
 
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.common.v1 import generation_pb2, money_pb2
@@ -93,3 +94,66 @@ def capability_to_proto(cap: Capability) -> pb.CapabilityEntry:
             )
         )
     return entry
+
+
+def capability_document(entry: pb.CapabilityEntry) -> dict[str, Any]:
+    """A Describe entry as a capability schema document (the form of a capability file), so the
+    control plane validates and publishes it exactly like a file entry."""
+    data = json_format.MessageToDict(entry, preserving_proto_field_name=True)
+    doc: dict[str, Any] = {
+        "provider": entry.provider,
+        "account": entry.account,
+        "model": entry.model,
+        "version": entry.model_version,
+        "capability_version": entry.capability_version,
+        "status": pb.Lifecycle.Name(entry.lifecycle).removeprefix("LIFECYCLE_").lower(),
+        "modes": [m.removeprefix("MODE_") for m in data.get("modes", [])],
+        "inputs": {
+            "last_frame": entry.supports_last_frame,
+            "max_reference_images": entry.max_reference_images,
+            "seed": entry.supports_seed,
+            "negative_prompt": entry.supports_negative_prompt,
+            "max_prompt_chars": entry.max_prompt_chars,
+        },
+        "output": {
+            "aspect_ratios": list(entry.aspect_ratios),
+            "durations_seconds": list(entry.durations_seconds),
+            "resolutions": list(entry.resolutions),
+            "native_audio": entry.native_audio,
+            "max_sample_count": max(1, entry.max_sample_count),
+        },
+        "constraints": [
+            {"when": c.when, "require": c.require, "message": c.message} for c in entry.constraints
+        ],
+        "operations": {
+            k: bool(data.get("operations", {}).get(k, False))
+            for k in (
+                "polling",
+                "callback",
+                "cancellation",
+                "client_idempotency_key",
+                "task_search",
+            )
+        },
+        "max_concurrency": entry.max_concurrency,
+        "output_url_ttl_seconds": entry.output_url_ttl_seconds,
+    }
+    if entry.region:
+        doc["region"] = entry.region
+    if entry.HasField("sunset_at"):
+        doc["sunset"] = entry.sunset_at.ToDatetime().isoformat() + "Z"
+    if entry.HasField("price"):
+        p = entry.price
+        commercial: dict[str, Any] = {
+            "currency": p.per_output_second.currency_code or "USD",
+            "price_version": p.price_version,
+            "price_micros_per_output_second": p.per_output_second.amount_micros,
+            "provider_unit": p.provider_unit,
+            "provider_milliunits_per_output_second": p.provider_milliunits_per_output_second,
+        }
+        if p.HasField("per_output_second_with_audio"):
+            commercial["price_micros_per_output_second_with_audio"] = (
+                p.per_output_second_with_audio.amount_micros
+            )
+        doc["commercial"] = commercial
+    return doc

@@ -14,11 +14,12 @@ from adapter_support import LAST_IMAGE, make_spec, sidecar_config
 from google.protobuf import json_format
 
 from adapter_sidecars.common.compiling import aspect_label
-from adapter_sidecars.common.types import CompileInput, Plan, TransformationKind
+from adapter_sidecars.common.types import CompileInput
 from adapter_sidecars.runway.adapter import RunwayAdapter
 from adapter_sidecars.selfhosted.adapter import SelfHostedAdapter
 from adapter_sidecars.veo.adapter import VeoAdapter
 from vidroute.common.v1.generation_pb2 import GenerationSpec
+from vidroute_core.adapter import CompiledPlan, TransformationKind
 from vidroute_core.capabilities.constraints import (
     Constraint,
     ConstraintSyntaxError,
@@ -37,12 +38,12 @@ def _adapter(name: str):  # type: ignore[no-untyped-def]
     return ADAPTERS[name].from_config(sidecar_config("http://127.0.0.1:9", "KEY"))
 
 
-def _compile(name: str, model: str, **spec_fields: object) -> Plan:
+def _compile(name: str, model: str, **spec_fields: object) -> CompiledPlan:
     spec = make_spec(**spec_fields)  # type: ignore[arg-type]
     return _adapter(name).compile(CompileInput(spec, model))
 
 
-def _kinds(plan: Plan) -> dict[str, K]:
+def _kinds(plan: CompiledPlan) -> dict[str, K]:
     return {t.field: t.kind for t in plan.transformations}
 
 

@@ -9,10 +9,10 @@ import pytest
 
 from adapter_sidecars.common.jobs import url_expiry
 from adapter_sidecars.common.transport import HttpReply
-from adapter_sidecars.common.types import JobState, SubmitKind
 from adapter_sidecars.runway import mapping as runway
 from adapter_sidecars.selfhosted import mapping as selfhosted
 from adapter_sidecars.veo import mapping as veo
+from vidroute_core.adapter import JobState, SubmitKind
 from vidroute_core.errors import ErrorClass
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -79,7 +79,7 @@ def test_runway_failure_code_row(code, error_class):
 
 
 def test_runway_success_keeps_urls_and_reads_expiry_from_the_link():
-    """Output URLs are kept verbatim; expiry comes from the link's exp parameter."""
+    """JobOutput URLs are kept verbatim; expiry comes from the link's exp parameter."""
     url = "https://cdn.example/v.mp4?_jwt=abc&exp=1780000000"
     status = runway.task_status(
         {"status": "SUCCEEDED", "output": [url]}, url_ttl_seconds=5, now=NOW

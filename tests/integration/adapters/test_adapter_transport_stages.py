@@ -13,14 +13,9 @@ import pytest
 from adapter_support import make_spec, sidecar_config
 
 from adapter_sidecars.common import transport
-from adapter_sidecars.common.types import (
-    CompileInput,
-    SubmitInput,
-    SubmitKind,
-    SubmitOutcome,
-    TransportStage,
-)
+from adapter_sidecars.common.types import CompileInput, SubmitInput
 from adapter_sidecars.runway.adapter import RunwayAdapter
+from vidroute_core.adapter import SubmitKind, SubmitOutcome, TransportStage
 from vidroute_core.errors import ErrorClass
 
 MODELS = {"runway": "gen4.5", "veo": "veo-3.1-generate-preview", "selfhosted": "wan2.2-t2v"}

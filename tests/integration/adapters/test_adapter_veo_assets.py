@@ -23,14 +23,15 @@ import pytest
 from adapter_support import IMAGE, Asset, AssetServer, make_spec, sidecar_config
 from google.protobuf import timestamp_pb2
 
-from adapter_sidecars.common import convert
-from adapter_sidecars.common.types import CompileInput, TransformationKind
+from adapter_sidecars.common.types import CompileInput
 from adapter_sidecars.emulators import VeoEmulator
 from adapter_sidecars.veo.adapter import VeoAdapter
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
 from vidroute.common.v1 import error_pb2
+from vidroute_core.adapter import TransformationKind
 from vidroute_core.spec import AssetRef, Mode
+from vidroute_core.wire import adapter as wire
 
 MODEL = "veo-3.1-generate-preview"
 SUBMIT_ROUTE = f"POST /v1beta/models/{MODEL}:predictLongRunning"
@@ -89,7 +90,7 @@ def _plan(adapter: VeoAdapter, first: AssetRef, last: AssetRef | None = None) ->
     spec = make_spec(mode=mode, duration_ms=8000, first_frame=first, last_frame=last)
     plan = adapter.compile_native(spec, adapter.capability("prod-us", MODEL))
     assert plan.submittable, plan.transformations
-    return convert.plan_to_proto(plan)
+    return wire.plan_to_proto(plan)
 
 
 async def _submit(stub, plan: pb.CompilePlan, key: str) -> svc.SubmitResponse:  # type: ignore[no-untyped-def]

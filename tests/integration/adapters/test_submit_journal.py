@@ -10,7 +10,7 @@ import pytest
 
 from adapter_sidecars.common.config import ConfigError, SidecarConfig, parse_config
 from adapter_sidecars.common.journal import PROVEN_ABSENT, Gate, SubmitJournal, SubmitWindow
-from adapter_sidecars.common.types import (
+from vidroute_core.adapter import (
     JobRef,
     RecoveryVerdict,
     SubmitKind,

@@ -14,7 +14,6 @@ import av
 import httpx
 import pytest
 
-from controlplane.adapters.types import JobOutput, JobSnapshot, JobState
 from controlplane.execution.output_fetch import (
     ExpectedMedia,
     FetchRequest,
@@ -26,6 +25,7 @@ from controlplane.storage import FilesystemObjectStore
 from tests.integration.execution.exec_harness import Harness
 from tests.integration.execution.file_server import FileServer
 from tests.integration.execution.media_files import render_mp4
+from vidroute_core.adapter import JobOutput, JobSnapshot, JobState
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from controlplane.adapters.types import CancelResult, JobOutput, JobSnapshot, JobState, PollResult
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.output_fetch import InvalidReason, OutputExpired, OutputInvalid
 from tests.integration.execution.exec_harness import Harness
+from vidroute_core.adapter import (
+    CancelResult,
+    JobOutput,
+    JobSnapshot,
+    JobState,
+    PollResult,
+    TransportStage,
+)
 
 
 def snap(state: JobState, **kw: object) -> JobSnapshot:
@@ -97,15 +104,15 @@ async def test_cancel_during_unknown_submit_cancels_when_proven_absent(lite: Har
     """A cancel while the submit is unknown is remembered; a proven-absent job then cancels the
     task.
     """
-    from controlplane.adapters.types import RecoverResult, RecoveryVerdict, SubmitKind, SubmitResult
+    from vidroute_core.adapter import RecoverResult, RecoveryVerdict, SubmitKind, SubmitOutcome
     from vidroute_core.errors import ErrorClass, make_error
 
     attempt = await lite.task_with_attempt()
     lite.fake.script_submit(
-        SubmitResult(
+        SubmitOutcome(
             SubmitKind.UNKNOWN,
             error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "T", "t"),
-            transport_stage="AWAIT_RESPONSE",
+            transport_stage=TransportStage.AWAIT_RESPONSE,
         )
     )
     lite.fake.script_recover(RecoverResult(RecoveryVerdict.NOT_FOUND))

@@ -4,21 +4,22 @@ adoption.
 
 from __future__ import annotations
 
-from controlplane.adapters.types import (
-    JobRef,
-    JobSnapshot,
-    JobState,
-    RecoverResult,
-    RecoveryVerdict,
-    SubmitKind,
-    SubmitResult,
-)
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.engine import ExecutionEngine
 from controlplane.execution.events import EventSource, IngestOutcome, Observation
 from controlplane.persistence.records import AttemptRecord
 from tests.integration.execution.exec_harness import Harness
+from vidroute_core.adapter import (
+    JobRef,
+    JobSnapshot,
+    JobState,
+    RecoverResult,
+    RecoveryVerdict,
+    SubmitKind,
+    SubmitOutcome,
+    TransportStage,
+)
 from vidroute_core.errors import ErrorClass, make_error
 
 
@@ -176,15 +177,17 @@ async def test_job_failure_replaces_an_earlier_transport_error(harness: Harness)
     """A recovered submit whose job then fails reports the job's failure, not the old timeout."""
     attempt = await harness.task_with_attempt()
     harness.fake.script_submit(
-        SubmitResult(
+        SubmitOutcome(
             SubmitKind.UNKNOWN,
             error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "TIMEOUT", "read timeout"),
-            transport_stage="AWAIT_RESPONSE",
+            transport_stage=TransportStage.AWAIT_RESPONSE,
         )
     )
     harness.fake.script_recover(
         RecoverResult(
-            RecoveryVerdict.FOUND, JobRef("job-f", harness.fake.account), method="idempotency_key"
+            RecoveryVerdict.FOUND,
+            job=JobRef("job-f", harness.fake.account),
+            method="idempotency_key",
         )
     )
     engine = harness.engine()

@@ -8,11 +8,11 @@ end the same way, so a failover is allowed only while loss + 250 000 stays withi
 
 from __future__ import annotations
 
-from controlplane.adapters.types import JobSnapshot, JobState, SubmitKind, SubmitResult
 from controlplane.domain.failover import FailoverLimits
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
 from tests.integration.execution.exec_harness import Harness
+from vidroute_core.adapter import JobSnapshot, JobState, SubmitKind, SubmitOutcome, TransportStage
 from vidroute_core.errors import ErrorClass, make_error
 
 COST = 250_000
@@ -73,7 +73,7 @@ async def test_a_rejected_submit_costs_nothing(lite: Harness) -> None:
     """A submit the provider refused created no job: no loss, so a 300 000 limit fails over."""
     attempt = await lite.task_with_attempt()
     lite.fake.script_submit(
-        SubmitResult(
+        SubmitOutcome(
             SubmitKind.REJECTED,
             error=make_error(ErrorClass.UNSUPPORTED_CAPABILITY, "NO_MODEL", "no such model"),
         )
@@ -86,10 +86,10 @@ async def test_an_abandoned_submit_counts_as_loss_on_the_recovery_path(lite: Har
     """Recovery's new attempt after ABANDONED is refused too when it could exceed the limit."""
     attempt = await lite.task_with_attempt()
     lite.fake.script_submit(
-        SubmitResult(
+        SubmitOutcome(
             SubmitKind.UNKNOWN,
             error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "TIMEOUT", "no answer"),
-            transport_stage="AFTER_BODY_SENT",
+            transport_stage=TransportStage.AWAIT_RESPONSE,
         )
     )
     engine = lite.engine(

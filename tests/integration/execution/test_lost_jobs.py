@@ -3,7 +3,11 @@ a background lookup whose result is recorded, never applied."""
 
 from __future__ import annotations
 
-from controlplane.adapters.types import (
+from controlplane.domain.outbox import Topic
+from controlplane.domain.states import AttemptState, TaskState
+from controlplane.execution.evidence import EvidenceKind, is_evidence
+from tests.integration.execution.exec_harness import ACCOUNT, Harness
+from vidroute_core.adapter import (
     JobRef,
     JobSnapshot,
     JobState,
@@ -11,12 +15,9 @@ from controlplane.adapters.types import (
     RecoverResult,
     RecoveryVerdict,
     SubmitKind,
-    SubmitResult,
+    SubmitOutcome,
+    TransportStage,
 )
-from controlplane.domain.outbox import Topic
-from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.evidence import EvidenceKind, is_evidence
-from tests.integration.execution.exec_harness import ACCOUNT, Harness
 from vidroute_core.errors import ErrorClass, make_error
 
 
@@ -31,11 +32,11 @@ def _running() -> JobSnapshot:
     return JobSnapshot(JobState.RUNNING, "RUNNING", '{"status":"RUNNING"}')
 
 
-def _unknown() -> SubmitResult:
-    return SubmitResult(
+def _unknown() -> SubmitOutcome:
+    return SubmitOutcome(
         SubmitKind.UNKNOWN,
         error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "TIMEOUT", "read timeout"),
-        transport_stage="AWAIT_RESPONSE",
+        transport_stage=TransportStage.AWAIT_RESPONSE,
     )
 
 
@@ -124,7 +125,9 @@ async def test_abandoned_attempt_lookup_records_the_late_job(lite: Harness) -> N
     assert (await lite.attempt(attempt.id)).state is AttemptState.ABANDONED
     assert (await lite.detail(attempt.task_id)).task.state is TaskState.FAILED
     lite.fake.script_recover(
-        RecoverResult(RecoveryVerdict.FOUND, JobRef("job-late", ACCOUNT), method="submit_journal")
+        RecoverResult(
+            RecoveryVerdict.FOUND, job=JobRef("job-late", ACCOUNT), method="submit_journal"
+        )
     )
     for _ in range(3):
         lite.clock.advance(61)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from controlplane.adapters.types import CancelResult, JobState, PollResult, UsageRecord
 from controlplane.domain.breaker import BreakerConfig, BreakerKey, BreakerRegistry, BreakerState
 from controlplane.domain.breaker import Operation as Op
 from controlplane.domain.states import AttemptState, TaskState
@@ -16,6 +15,7 @@ from controlplane.scheduling.health import HealthMonitor
 from tests.integration.execution.exec_harness import Harness
 from tests.integration.execution.test_cancel_poll_output import done, snap
 from tests.integration.execution.test_recovery_flow import _unknown
+from vidroute_core.adapter import CancelResult, JobState, PollResult, UsageRecord
 from vidroute_core.errors import ErrorClass, make_error
 
 RETRY_S = 30.0

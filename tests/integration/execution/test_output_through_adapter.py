@@ -11,13 +11,13 @@ from pathlib import Path
 
 import httpx
 
-from controlplane.adapters.types import JobOutput, JobSnapshot, JobState, OutputChunk
 from controlplane.domain.states import TaskState
 from controlplane.execution.output_fetch import FetchRequest, FetchResult
 from controlplane.execution.output_step import fetcher_for
 from controlplane.storage import FilesystemObjectStore
 from tests.integration.execution.exec_harness import Harness
 from tests.integration.execution.media_files import render_mp4
+from vidroute_core.adapter import JobOutput, JobSnapshot, JobState, OutputChunk
 from vidroute_core.errors import ErrorClass, make_error
 
 GEMINI_FILE = "https://generativelanguage.invalid/v1beta/files/f1:download?alt=media"

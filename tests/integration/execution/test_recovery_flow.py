@@ -5,30 +5,31 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 import pytest
+from controlplane.persistence.execution_store import ExecUnit, ExecutionStore
 
-from controlplane.adapters.types import (
+from controlplane.domain.outbox import Topic
+from controlplane.domain.states import AttemptState, TaskState
+from controlplane.execution.events import EventSource, IngestOutcome, Observation
+from tests.integration.execution.exec_harness import ACCOUNT, Harness
+from vidroute_core.adapter import (
     JobRef,
     JobSnapshot,
     JobState,
     RecoverResult,
     RecoveryVerdict,
     SubmitKind,
-    SubmitResult,
+    SubmitOutcome,
+    TransportStage,
     UsageRecord,
 )
-from controlplane.domain.outbox import Topic
-from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.events import EventSource, IngestOutcome, Observation
-from controlplane.persistence.execution_store import ExecUnit, ExecutionStore
-from tests.integration.execution.exec_harness import ACCOUNT, Harness
 from vidroute_core.errors import ErrorClass, make_error
 
 
-def _unknown() -> SubmitResult:
-    return SubmitResult(
+def _unknown() -> SubmitOutcome:
+    return SubmitOutcome(
         SubmitKind.UNKNOWN,
         error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "TIMEOUT", "read timeout"),
-        transport_stage="AWAIT_RESPONSE",
+        transport_stage=TransportStage.AWAIT_RESPONSE,
     )
 
 
@@ -39,7 +40,7 @@ async def test_recovery_found_adopts_the_job(harness: Harness) -> None:
     attempt = await harness.task_with_attempt()
     harness.fake.script_submit(_unknown())
     harness.fake.script_recover(
-        RecoverResult(RecoveryVerdict.FOUND, JobRef("job-r", ACCOUNT), method="idempotency_key")
+        RecoverResult(RecoveryVerdict.FOUND, job=JobRef("job-r", ACCOUNT), method="idempotency_key")
     )
     engine = harness.engine()
     await engine.run_until_idle()
@@ -188,13 +189,15 @@ async def test_database_failure_after_job_id_recovers_without_second_submit(
     """
     attempt = await harness.task_with_attempt()
 
-    def accept_then_break(*_args: object) -> SubmitResult:
+    def accept_then_break(*_args: object) -> SubmitOutcome:
         FlakyExecutionStore.armed = True
         return harness.fake.accepted("job-lost")
 
     harness.fake.script_submit(accept_then_break)
     harness.fake.script_recover(
-        RecoverResult(RecoveryVerdict.FOUND, JobRef("job-lost", ACCOUNT), method="idempotency_key")
+        RecoverResult(
+            RecoveryVerdict.FOUND, job=JobRef("job-lost", ACCOUNT), method="idempotency_key"
+        )
     )
     crashed = harness.engine()
     crashed.deps.xstore = FlakyExecutionStore(harness.store.engine)
@@ -224,7 +227,7 @@ async def test_callback_before_submit_response_is_applied_after_accept(lite: Har
     engine = lite.engine()
     done = JobSnapshot(JobState.SUCCEEDED, "SUCCEEDED", '{"status":"SUCCEEDED"}')
 
-    async def early_callback(*_args: object) -> SubmitResult:
+    async def early_callback(*_args: object) -> SubmitOutcome:
         outcome = await engine.normalizer.ingest(
             Observation(
                 attempt.provider_account_id,
@@ -254,7 +257,7 @@ async def test_early_callback_resolves_an_unknown_submit(lite: Harness) -> None:
     engine = lite.engine()
     running = JobSnapshot(JobState.RUNNING, "RUNNING", '{"status":"RUNNING"}')
 
-    async def callback_then_timeout(*_args: object) -> SubmitResult:
+    async def callback_then_timeout(*_args: object) -> SubmitOutcome:
         await engine.normalizer.ingest(
             Observation(
                 attempt.provider_account_id,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from controlplane.persistence.repository import Store
 
-from controlplane.adapters.types import JobSnapshot, JobState, SubmitKind, SubmitResult
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.callbacks import (
     SIGNATURE_HEADER,
@@ -25,8 +25,8 @@ from controlplane.execution.engine import ExecutionEngine
 from controlplane.leases.redis_store import RedisLeaseStore
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.migrate import upgrade
-from controlplane.persistence.repository import Store
 from tests.integration.execution.exec_harness import Harness, _harness, wait_for
+from vidroute_core.adapter import JobSnapshot, JobState, SubmitKind, SubmitOutcome, TransportStage
 from vidroute_core.errors import ErrorClass, make_error
 
 SECRET = "s3cret"
@@ -121,7 +121,7 @@ async def test_unknown_slot_accounting_on_redis(redis_server_url: str, tmp_path:
     """
     from redis.asyncio import Redis
 
-    from controlplane.adapters.types import JobRef, RecoverResult, RecoveryVerdict
+    from vidroute_core.adapter import JobRef, RecoverResult, RecoveryVerdict
 
     url = f"sqlite+aiosqlite:///{tmp_path / 'r.db'}"
     await upgrade(url)
@@ -131,13 +131,13 @@ async def test_unknown_slot_accounting_on_redis(redis_server_url: str, tmp_path:
         try:
             attempt = await h.task_with_attempt()
             h.fake.script_submit(
-                SubmitResult(
+                SubmitOutcome(
                     SubmitKind.UNKNOWN,
                     error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "T", "timeout"),
-                    transport_stage="AWAIT_RESPONSE",
+                    transport_stage=TransportStage.AWAIT_RESPONSE,
                 )
             )
-            h.fake.script_recover(RecoverResult(RecoveryVerdict.FOUND, JobRef("job-z", "prod")))
+            h.fake.script_recover(RecoverResult(RecoveryVerdict.FOUND, job=JobRef("job-z", "prod")))
             engine = h.engine()
             await engine.run_until_idle()
             assert await h.used(attempt.provider_account_id) == (1, 1)

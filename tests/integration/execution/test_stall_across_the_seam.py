@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,9 +22,15 @@ from adapter_sidecars.common.server import SidecarServer
 from adapter_sidecars.emulators import RunwayConfig, RunwayEmulator
 from adapter_sidecars.runway.adapter import RunwayAdapter
 from controlplane.adapters.grpc_client import GrpcAdapterClient, SubmitDeadlineTooShort
-from controlplane.adapters.types import CompiledPlan, RecoverQuery, RecoveryVerdict, SubmitKind
 from controlplane.domain.states import AttemptState, TaskState
 from tests.integration.execution.exec_harness import Harness
+from vidroute_core.adapter import (
+    AdapterDescription,
+    CompiledPlan,
+    RecoverQuery,
+    RecoveryVerdict,
+    SubmitKind,
+)
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
 SCALE = 1 / 15
@@ -69,10 +74,10 @@ class FixedDeadlineClient(GrpcAdapterClient):
     """The control plane before issue 8: a fixed Submit deadline, whatever the sidecar needs
     (here the old 30 s, scaled). Only the deadline differs; every call is the real one."""
 
-    async def describe(self) -> list[Any]:
-        entries = await super().describe()
+    async def describe(self) -> AdapterDescription:
+        described = await super().describe()
         self.submit_deadline_s = OLD_DEADLINE_S
-        return entries
+        return described
 
 
 async def _attempt(harness: Harness, client: GrpcAdapterClient) -> tuple[int, int]:
@@ -207,7 +212,7 @@ async def test_a_restarted_sidecar_still_knows_the_late_acceptance(tmp_path: Pat
                     model="gen4.5",
                     client_request_key="crk-restart",
                     request_hash=plan.request_hash,
-                    plan_json=plan.plan_json,
+                    plan=plan,
                     submitted_after=now - timedelta(minutes=5),
                     submitted_before=now,
                 )

@@ -23,9 +23,9 @@ from adapter_sidecars.common.server import SidecarServer
 from adapter_sidecars.emulators import RunwayConfig, RunwayEmulator
 from adapter_sidecars.runway.adapter import RunwayAdapter
 from controlplane.adapters.grpc_client import GrpcAdapterClient
-from controlplane.adapters.types import CompiledPlan, RecoveryVerdict, SubmitKind, SubmitResult
 from controlplane.domain.states import AttemptState, TaskState
 from tests.integration.execution.exec_harness import Harness
+from vidroute_core.adapter import CompiledPlan, RecoveryVerdict, SubmitKind, SubmitOutcome
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
 SCALE = 1 / 50
@@ -40,7 +40,7 @@ class DiesBeforeSending(GrpcAdapterClient):
 
     async def submit(
         self, plan: CompiledPlan, client_request_key: str, callback_url: str = ""
-    ) -> SubmitResult:
+    ) -> SubmitOutcome:
         raise ConnectionResetError("the control plane died before its Submit left")
 
 

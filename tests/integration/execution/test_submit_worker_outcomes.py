@@ -6,28 +6,31 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.adapters.types import JobRef, SubmitKind, SubmitResult
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
 from tests.integration.execution.exec_harness import Harness
+from vidroute_core.adapter import CallFailure, JobRef, SubmitKind, SubmitOutcome, TransportStage
 from vidroute_core.errors import ErrorClass, make_error
 from vidroute_core.spec import RoutingMode
 
 
 def _rejected(
     error_class: ErrorClass, code: str = "E", retry_after_ms: int | None = None
-) -> SubmitResult:
-    return SubmitResult(
+) -> SubmitOutcome:
+    return SubmitOutcome(
         SubmitKind.REJECTED,
         error=make_error(error_class, code, "refused", retry_after_ms=retry_after_ms),
     )
 
 
-def _unknown(stage: str) -> SubmitResult:
-    return SubmitResult(
+def _unknown(stage: str) -> SubmitOutcome:
+    """UNKNOWN at a provider transport stage, or at a failed call to the adapter itself."""
+    failed_call = CallFailure[stage] if stage in CallFailure.__members__ else None
+    return SubmitOutcome(
         SubmitKind.UNKNOWN,
         error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "TIMEOUT", "no answer"),
-        transport_stage=stage,
+        transport_stage=TransportStage.NONE if failed_call else TransportStage[stage],
+        call_failure=failed_call,
     )
 
 
@@ -84,7 +87,7 @@ async def test_accepted_without_job_id_is_unknown(lite: Harness) -> None:
     """A 2xx whose job id could not be read (9.17.3) is UNKNOWN, not ACCEPTED."""
     attempt = await lite.task_with_attempt()
     lite.fake.script_submit(
-        SubmitResult(SubmitKind.ACCEPTED, job=None, transport_stage="READ_RESPONSE")
+        SubmitOutcome(SubmitKind.ACCEPTED, job=None, transport_stage=TransportStage.READ_RESPONSE)
     )
     await lite.engine().run_until_idle()
     assert (await lite.attempt(attempt.id)).state is AttemptState.SUBMIT_UNKNOWN

@@ -4,26 +4,27 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from controlplane.adapters.types import (
+from controlplane.domain.outbox import Topic
+from controlplane.domain.states import AttemptState, TaskState
+from tests.integration.execution.exec_harness import Harness
+from vidroute_core.adapter import (
     JobOutput,
     JobSnapshot,
     JobState,
     RecoverResult,
     RecoveryVerdict,
     SubmitKind,
-    SubmitResult,
+    SubmitOutcome,
+    TransportStage,
 )
-from controlplane.domain.outbox import Topic
-from controlplane.domain.states import AttemptState, TaskState
-from tests.integration.execution.exec_harness import Harness
 from vidroute_core.errors import ErrorClass, make_error
 
 
-def unknown() -> SubmitResult:
-    return SubmitResult(
+def unknown() -> SubmitOutcome:
+    return SubmitOutcome(
         SubmitKind.UNKNOWN,
         error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "TIMEOUT", "no answer"),
-        transport_stage="AFTER_BODY_SENT",
+        transport_stage=TransportStage.AWAIT_RESPONSE,
     )
 
 

@@ -2,25 +2,26 @@
 
 from __future__ import annotations
 
-from controlplane.adapters.types import (
+from controlplane.domain.states import AttemptState
+from controlplane.execution.evidence import EvidenceKind, is_evidence
+from tests.integration.execution.exec_harness import ACCOUNT, Harness
+from vidroute_core.adapter import (
     JobRef,
     RecoverResult,
     RecoveryVerdict,
     SubmitKind,
-    SubmitResult,
+    SubmitOutcome,
+    TransportStage,
     UsageRecord,
 )
-from controlplane.domain.states import AttemptState
-from controlplane.execution.evidence import EvidenceKind, is_evidence
-from tests.integration.execution.exec_harness import ACCOUNT, Harness
 from vidroute_core.errors import ErrorClass, make_error
 
 
-def _unknown() -> SubmitResult:
-    return SubmitResult(
+def _unknown() -> SubmitOutcome:
+    return SubmitOutcome(
         SubmitKind.UNKNOWN,
         error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "TIMEOUT", "read timeout"),
-        transport_stage="AWAIT_RESPONSE",
+        transport_stage=TransportStage.AWAIT_RESPONSE,
     )
 
 
@@ -92,7 +93,9 @@ async def test_a_found_with_an_empty_job_id_is_inconclusive(lite: Harness) -> No
     """An adapter claiming FOUND without a job id adopts nothing and nothing is polled."""
     attempt = await lite.task_with_attempt()
     lite.fake.script_submit(_unknown())
-    lite.fake.script_recover(RecoverResult(RecoveryVerdict.FOUND, JobRef("", ACCOUNT), "usage"))
+    lite.fake.script_recover(
+        RecoverResult(RecoveryVerdict.FOUND, job=JobRef("", ACCOUNT), method="usage")
+    )
     engine = lite.engine(usage_lookup_after_queries=99)
     await engine.run_until_idle()
     lite.clock.advance(200)

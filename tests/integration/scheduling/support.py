@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from adapter_sidecars.common.compiling import finish, resolve
-from controlplane.adapters.types import CompiledPlan, Transformation, TransformationKind
 from controlplane.capabilities.publish import AccountConfig
+from vidroute_core.adapter import CompiledPlan, Transformation, TransformationKind
 from vidroute_core.capabilities.loader import Capability, expand_for_accounts, load_file
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec, RoutingMode, RoutingPolicy
 

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.adapters.types import UsageRecord
 from controlplane.execution.evidence import EvidenceKind
 from controlplane.execution.usage_match import match_usage
+from vidroute_core.adapter import UsageRecord
 
 KEY = "crk-ours"
 WHEN = datetime(2026, 6, 1, tzinfo=UTC)
