@@ -9,8 +9,11 @@ What lives here is what both sides must agree on to the byte:
   matrix (9.9).
 - `capabilities`: the capability file model, its loader and the constraint language (9.6).
 - `timescale`: the one time factor that compresses every duration for tests.
-- `wire`: protobuf at the edge: spec and capability conversion and the domain-error -> gRPC
-  status mapping (one interceptor for every server).
+- `adapter`: the adapter seam's value types (plans, submit outcomes, job snapshots, recovery,
+  usage, Describe), one name per concept, spoken by the sidecars and the control plane alike.
+- `wire`: protobuf at the edge: spec, capability and adapter-type conversion (`wire.adapter`,
+  both directions) and the domain-error -> gRPC status mapping (one interceptor for every
+  server).
 
 The pure modules import no grpc, sqlalchemy, redis or httpx; only `wire` touches protobuf.
 """

@@ -1,9 +1,12 @@
 """`AdapterClient` over gRPC to a provider adapter sidecar.
 
 The channel has gRPC's transparent retries disabled: a Submit must never be re-sent by the
-transport (design 9.20.1). Read RPCs may be retried by the callers that own the policy. Errors
-an adapter reports in-band are rebuilt with the control plane's own handling matrix
-(`make_error`), so retry/failover flags always come from one table.
+transport (design 9.20.1). Read RPCs may be retried by the callers that own the policy.
+Messages become the kernel's adapter types with `vidroute_core.wire.adapter`, the sidecars' own
+translation: errors an adapter reports in-band are rebuilt there with the handling matrix
+(`make_error`), so retry/failover flags always come from one table. What is the control plane's
+alone stays here: a failed RPC as a `CallFailure`, USD for a plan or usage row naming no
+currency.
 
 The Submit deadline is derived from what the sidecar declares in Describe (its submit budget:
 the create call's timeouts) plus `submit_margin_s`, so the control plane never gives up on a
