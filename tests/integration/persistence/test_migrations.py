@@ -95,6 +95,16 @@ async def test_model_comparison_is_not_vacuous(empty_database_url: str) -> None:
     assert added == ALL_TABLES
 
 
+async def test_failover_history_revision_goes_down_and_up(empty_database_url: str) -> None:
+    """Revision 0004 adds exactly the failover history tables; undone, only they are gone."""
+    await upgrade(empty_database_url)
+    await downgrade(empty_database_url, "0003_attempt_evidence")
+    assert await _tables(empty_database_url) == ALL_TABLES - {"task_requeues", "task_exclusions"}
+    await upgrade(empty_database_url, "0004_task_exclusions")
+    assert await _tables(empty_database_url) == ALL_TABLES
+    assert await _model_diff(empty_database_url) == []
+
+
 async def test_concurrent_upgrades_on_postgres_serialize(postgres_server: PostgresServer) -> None:
     """Replicas migrating one PostgreSQL database at the same moment all succeed, once."""
     name = await postgres_server.create_database(secrets.token_hex(4))
