@@ -71,7 +71,9 @@ PROVIDERS: dict[str, LocalProvider] = {
 _RUNNING: list[ManagedProcess] = []
 
 
-def pytest_contract_targets(config: pytest.Config) -> list[ContractTarget] | None:
+def pytest_contract_targets(  # type: ignore[no-redef]  # this binding replaces the plugin's
+    config: pytest.Config,
+) -> list[ContractTarget] | None:
     """The three in-repo adapters, unless one external adapter is named on the command line."""
     if config.getoption("adapter", default=None):
         return targets_from_options(config)  # noqa: F405 - from the plugin
@@ -79,7 +81,7 @@ def pytest_contract_targets(config: pytest.Config) -> list[ContractTarget] | Non
     return [ContractTarget(load_profile(name), features) for name in PROVIDERS]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session")  # type: ignore[no-redef]  # this binding replaces the plugin's
 def contract_endpoints(
     request: pytest.FixtureRequest,
     contract_target: ContractTarget,

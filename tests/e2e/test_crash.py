@@ -23,7 +23,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.support.stack import ControlPlane, ProviderFarm, RedisDb, audit, wait_for
+from tests.support.evidence import audit
+from tests.support.stack import ControlPlane, ProviderFarm, RedisDb, wait_for
 from tests.support.workload import (
     Planned,
     Workload,

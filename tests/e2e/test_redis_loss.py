@@ -36,12 +36,12 @@ from controlplane.domain.states import IN_FLIGHT_ATTEMPT_STATES
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.models import provider_accounts, task_attempts
 from controlplane.scheduling.upkeep import UpkeepConfig
+from tests.support.evidence import audit
 from tests.support.stack import (
     PROVIDERS,
     ROOT,
     ControlPlane,
     ProviderFarm,
-    audit,
     free_port,
     wait_for,
 )

@@ -62,7 +62,7 @@ def _call(channel: grpc.Channel, pool: Any, method: str, body: dict[str, Any]) -
     desc = service.FindMethodByName(method)
     request_cls = message_factory.GetMessageClass(desc.input_type)
     response_cls = message_factory.GetMessageClass(desc.output_type)
-    call = channel.unary_unary(
+    call: grpc.UnaryUnaryMultiCallable[Any, Any] = channel.unary_unary(
         f"/{SERVICE}/{method}",
         request_serializer=lambda m: m.SerializeToString(),
         response_deserializer=response_cls.FromString,

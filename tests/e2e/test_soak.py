@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.stack import ControlPlane, ProviderFarm, RedisDb, audit
+from tests.support.evidence import audit
+from tests.support.stack import ControlPlane, ProviderFarm, RedisDb
 from tests.support.workload import (
     Workload,
     assert_truth,

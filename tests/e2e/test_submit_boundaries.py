@@ -31,16 +31,15 @@ import pytest
 from sqlalchemy import text
 
 from tests.conftest import PostgresServer
+from tests.support.evidence import audit, task_events
 from tests.support.stack import (
     UNRESOLVABLE_URL,
     ControlPlane,
     ProviderFarm,
     RedisDb,
-    audit,
     describe,
     local_path,
     probe_mp4,
-    task_events,
     wait_for,
 )
 from tests.support.workload import POLL_ROUTE, SUBMIT_ROUTE
@@ -360,13 +359,15 @@ def test_database_failure_after_job_id_is_recovered(stack: Stack) -> None:
     emulator.add_faults(
         {"route": SUBMIT_ROUTE[provider], "action": "stall_response", "seconds": stall}
     )
-    log_mark = len(stack.cp.proc.log()) if stack.cp.proc else 0
+    proc = stack.cp.proc
+    assert proc is not None
+    log_mark = len(proc.log())
     task_id = stack.cp.create_task(provider, prompt=f"db failure {secrets.token_hex(4)}")
     wait_for(emulator.truth, timeout_s=30, what="the provider job")
     _block_database(stack.cp.database_url, allow=False)
     try:
         wait_for(
-            lambda: "execution step submit failed" in stack.cp.proc.log()[log_mark:],
+            lambda: "execution step submit failed" in proc.log()[log_mark:],
             timeout_s=20,
             what="the submit outcome failing to commit",
         )

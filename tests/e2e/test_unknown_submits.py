@@ -25,13 +25,12 @@ from typing import Any
 import pytest
 
 from tests.conftest import PostgresServer
+from tests.support.evidence import audit, task_events
 from tests.support.stack import (
     ControlPlane,
     ProviderFarm,
     RedisDb,
-    audit,
     describe,
-    task_events,
     wait_for,
 )
 from vidroute.common.v1 import error_pb2

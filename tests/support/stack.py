@@ -57,7 +57,6 @@ from adapter_sidecars.emulators.runway import RunwayConfig
 from adapter_sidecars.emulators.selfhosted import SelfHostedConfig
 from adapter_sidecars.emulators.veo import VeoConfig
 from tests.support import processes
-from tests.support.evidence import audit, task_events  # noqa: F401 (re-exported for the tests)
 from vidroute.common.v1 import generation_pb2 as gen
 from vidroute.scheduler.v1 import scheduler_pb2, scheduler_service_pb2_grpc
 from vidroute.scheduler.v1 import scheduler_service_pb2 as api
@@ -550,7 +549,8 @@ class ControlPlane:
             task = self.get_task(task_id)
             return task if any(a.state in wanted for a in task.attempts) else None
 
-        names = [scheduler_pb2.AttemptState.Name(s) for s in wanted]
+        state = scheduler_pb2.AttemptState
+        names = [state.Name(state.ValueType(s)) for s in wanted]
         return wait_for(reached, timeout_s=timeout_s, interval_s=0.1, what=f"attempt in {names}")
 
 

@@ -24,7 +24,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support.stack import ControlPlane, ProviderFarm, task_events
+from tests.support.evidence import task_events
+from tests.support.stack import ControlPlane, ProviderFarm
 from vidroute.common.v1 import error_pb2
 from vidroute.scheduler.v1 import scheduler_pb2 as sp
 

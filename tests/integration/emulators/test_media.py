@@ -16,7 +16,7 @@ from adapter_sidecars.emulators.media import MediaSpec, fit_size, render_mp4
 def test_rendered_clip_matches_request(duration: float, size: tuple[int, int], fps: int) -> None:
     """The clip is H.264 yuv420p in MP4 with the asked size and duration within one frame."""
     data = render_mp4(MediaSpec("a lighthouse", duration, *size, fps=fps))
-    with av.open(io.BytesIO(data)) as container:
+    with av.open(io.BytesIO(data), mode="r") as container:
         assert "mp4" in container.format.name
         stream = container.streams.video[0]
         assert stream.codec_context.name == "h264"

@@ -352,7 +352,9 @@ def test_budget_is_a_hard_filter() -> None:
     decision = decide(spec, ctx)
     assert decision.verdict("runway/veo3.1/prod-us").reason == "OVER_BUDGET"
     assert decision.selected is not None
-    assert decision.verdict(decision.selected).estimated_cost_micros <= 500_000
+    cost = decision.verdict(decision.selected).estimated_cost_micros
+    assert cost is not None
+    assert cost <= 500_000
 
 
 def test_shadow_policy_is_recorded_but_never_changes_the_choice() -> None:
