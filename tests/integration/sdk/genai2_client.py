@@ -87,7 +87,9 @@ def errors_seen(client: genai.Client, webhook: str) -> dict[str, Any]:
     except errors.APIError as exc:
         seen["submit"] = {"type": type(exc).__name__, "code": exc.code, "status": exc.status}
     try:
-        client.operations.get(types.GenerateVideosOperation(name=f"models/{MODEL}/operations/nope"))
+        # google-genai 2.x (this script's SDK) takes `name`; .venv's 3.x types do not.
+        nope = f"models/{MODEL}/operations/nope"
+        client.operations.get(types.GenerateVideosOperation(name=nope))  # type: ignore[call-arg]
     except errors.APIError as exc:
         seen["poll"] = {"type": type(exc).__name__, "code": exc.code, "status": exc.status}
     return seen

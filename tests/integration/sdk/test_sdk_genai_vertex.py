@@ -60,6 +60,7 @@ def test_generate_to_gcs_and_poll(veo_emulator: EmulatorThread) -> None:
         model=MODEL, source=types.GenerateVideosSource(prompt="a lighthouse"), config=config
     )
     prefix = f"projects/vidroute-test/locations/{LOCATION}/publishers/google/models/{MODEL}"
+    assert operation.name is not None
     assert operation.name.startswith(f"{prefix}/operations/")
     done, polls = _poll(client, operation)
     assert polls == 4
