@@ -89,7 +89,7 @@ def runway_sidecar(
 class Stack:
     server: ControlPlaneServer
     store: Store
-    stub: api_grpc.SchedulerServiceStub
+    stub: api_grpc.SchedulerServiceAsyncStub
     health: health_pb2_grpc.HealthStub
 
     async def create(self) -> int:

@@ -21,7 +21,9 @@ from vidroute.scheduler.v1 import scheduler_service_pb2_grpc
 
 
 @pytest.fixture
-async def stub(tmp_path: Path) -> AsyncIterator[scheduler_service_pb2_grpc.SchedulerServiceStub]:
+async def stub(
+    tmp_path: Path,
+) -> AsyncIterator[scheduler_service_pb2_grpc.SchedulerServiceAsyncStub]:
     url = f"sqlite+aiosqlite:///{tmp_path / 'vidroute.db'}"
     await upgrade(url)
     engine = create_engine(url)
@@ -52,14 +54,14 @@ def _spec() -> gen.GenerationSpec:
 
 
 async def _events(
-    stub: scheduler_service_pb2_grpc.SchedulerServiceStub, task_id: str, cursor: str = ""
+    stub: scheduler_service_pb2_grpc.SchedulerServiceAsyncStub, task_id: str, cursor: str = ""
 ) -> list[pb.TaskEvent]:
     call = stub.WatchTask(api.WatchTaskRequest(task_id=task_id, after_cursor=cursor), timeout=10)
     return [reply.event async for reply in call]
 
 
 async def test_watch_replays_history_and_ends_at_terminal_state(
-    stub: scheduler_service_pb2_grpc.SchedulerServiceStub,
+    stub: scheduler_service_pb2_grpc.SchedulerServiceAsyncStub,
 ) -> None:
     """A cancelled task's stream holds its creation and its cancellation, then closes."""
     created = await stub.CreateTask(api.CreateTaskRequest(spec=_spec(), idempotency_key="w1"))
@@ -74,7 +76,7 @@ async def test_watch_replays_history_and_ends_at_terminal_state(
 
 
 async def test_watch_resumes_after_a_cursor(
-    stub: scheduler_service_pb2_grpc.SchedulerServiceStub,
+    stub: scheduler_service_pb2_grpc.SchedulerServiceAsyncStub,
 ) -> None:
     """Passing the cursor of the first event streams only what came after it."""
     created = await stub.CreateTask(api.CreateTaskRequest(spec=_spec(), idempotency_key="w2"))
@@ -85,22 +87,24 @@ async def test_watch_resumes_after_a_cursor(
 
 
 async def test_watch_delivers_events_written_while_streaming(
-    stub: scheduler_service_pb2_grpc.SchedulerServiceStub,
+    stub: scheduler_service_pb2_grpc.SchedulerServiceAsyncStub,
 ) -> None:
     """An open stream receives a state change made after it started, then ends."""
     created = await stub.CreateTask(api.CreateTaskRequest(spec=_spec(), idempotency_key="w3"))
     task_id = created.task.task_id
     call = stub.WatchTask(api.WatchTaskRequest(task_id=task_id), timeout=10)
     first = await call.read()
+    assert isinstance(first, api.WatchTaskResponse)
     assert first.event.kind == pb.TASK_EVENT_KIND_CREATED
     await stub.CancelTask(api.CancelTaskRequest(task_id=task_id))
     second = await call.read()
+    assert isinstance(second, api.WatchTaskResponse)
     assert second.event.task_state == pb.TASK_STATE_CANCELLED
     assert await call.read() == grpc.aio.EOF
 
 
 async def test_watch_unknown_task_is_not_found(
-    stub: scheduler_service_pb2_grpc.SchedulerServiceStub,
+    stub: scheduler_service_pb2_grpc.SchedulerServiceAsyncStub,
 ) -> None:
     """Watching a task that does not exist fails with NOT_FOUND before any event."""
     with pytest.raises(grpc.aio.AioRpcError) as err:
