@@ -31,7 +31,11 @@ from vidroute_core.wire.spec import spec_from_proto
 
 K = TransformationKind
 TESTDATA = Path(__file__).resolve().parents[2] / "testdata"
-ADAPTERS = {"runway": RunwayAdapter, "veo": VeoAdapter, "selfhosted": SelfHostedAdapter}
+ADAPTERS: dict[str, type[RunwayAdapter] | type[VeoAdapter] | type[SelfHostedAdapter]] = {
+    "runway": RunwayAdapter,
+    "veo": VeoAdapter,
+    "selfhosted": SelfHostedAdapter,
+}
 
 
 def _adapter(name: str):  # type: ignore[no-untyped-def]

@@ -9,7 +9,10 @@ from adapter_sidecars.common.config import ConfigError
 from adapter_sidecars.runway.adapter import RunwayAdapter
 from adapter_sidecars.veo.adapter import VeoAdapter
 
-ADAPTERS = {"runway": (RunwayAdapter, "task_listing"), "veo": (VeoAdapter, "operation_list")}
+ADAPTERS: dict[str, tuple[type[RunwayAdapter] | type[VeoAdapter], str]] = {
+    "runway": (RunwayAdapter, "task_listing"),
+    "veo": (VeoAdapter, "operation_list"),
+}
 
 
 @pytest.mark.parametrize("name", list(ADAPTERS))

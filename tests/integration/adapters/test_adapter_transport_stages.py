@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -43,7 +44,7 @@ async def _submit(name: str, adapter, key: str = "attempt-1") -> SubmitOutcome: 
     return await adapter.submit(SubmitInput(plan, key))
 
 
-async def _with_fault(provider, action: str, **params: object) -> tuple[SubmitOutcome, object]:  # type: ignore[no-untyped-def]
+async def _with_fault(provider, action: str, **params: object) -> tuple[SubmitOutcome, Any]:  # type: ignore[no-untyped-def]
     name, adapter, emulator = provider
     emulator.add_faults({"route": ROUTES[name], "action": action, **params})
     return await _submit(name, adapter), emulator
