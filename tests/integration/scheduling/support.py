@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from adapter_sidecars.common.compiling import finish, resolve
 from controlplane.capabilities.publish import AccountConfig
@@ -58,7 +59,7 @@ def make_spec(
     )
 
 
-def strict(model: str) -> dict[str, object]:
+def strict(model: str) -> dict[str, Any]:  # Any: spread into make_spec's keywords
     return {"mode": RoutingMode.STRICT_MODEL, "required_model": model}
 
 
