@@ -124,7 +124,7 @@ def test_pure_kernel_modules_touch_no_transport_or_storage() -> None:
     assert found == []
 
 
-SYNTHETIC = '''
+SYNTHETIC = """
 from __future__ import annotations
 from typing import TYPE_CHECKING
 import json
@@ -134,7 +134,7 @@ def later():
     import adapter_sidecars.runway.adapter
     from . import routing
     from ..leases import base
-'''
+"""
 
 
 @pytest.mark.parametrize(

@@ -89,7 +89,7 @@ async def _attempt(harness: Harness, client: GrpcAdapterClient) -> tuple[int, in
     )
     plan: CompiledPlan = await client.compile(spec, account="prod-us", model="gen4.5")
     assert plan.submittable
-    attempt = await harness.task_with_attempt(compile_plan=plan.plan_json)
+    attempt = await harness.task_with_attempt(compile_plan=dict(plan.plan_json))
     return attempt.id, attempt.task_id
 
 

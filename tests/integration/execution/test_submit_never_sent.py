@@ -90,7 +90,7 @@ async def test_a_submit_that_never_left_is_proven_absent_and_its_key_refused(
             output=OutputSpec(width=1280, height=720, duration_ms=4000),
         )
         plan = await live.compile(spec, account="prod-us", model="gen4.5")
-        attempt = await lite.task_with_attempt(compile_plan=plan.plan_json)
+        attempt = await lite.task_with_attempt(compile_plan=dict(plan.plan_json))
         engine = lite.engine(
             {"runway": dead}, recovery_base_s=0.05, recovery_cap_s=0.05, max_recovery_queries=1000
         )
