@@ -1,6 +1,6 @@
 """Failover history rows (revision 0004): written in the requeue's transaction, merged per
 candidate (never doubled; hard beats soft; the latest retry instant), read for many tasks at
-once as the dispatcher's `RequeueFacts`."""
+once as the dispatcher's `RequeueFacts`, and carried over from older payloads on upgrade."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import pytest
 from sqlalchemy import func, insert, select
 from sqlalchemy.exc import IntegrityError
 
+from controlplane.domain.outbox import Topic
 from controlplane.domain.requeue import ExcludedCandidate, RequeueRequest
 from controlplane.persistence import exclusions
 from controlplane.persistence.database import Database
+from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.models import task_exclusions
-from controlplane.persistence.records import AttemptRecord
+from controlplane.persistence.records import AttemptRecord, NewOutboxMessage
 from tests.integration.persistence.builders import NOW, Scenario
 
 T1 = NOW + timedelta(seconds=10)
@@ -135,3 +137,54 @@ async def test_facts_of_many_tasks_are_read_at_once(db: Database, scenario: Scen
     assert two.excluded == frozenset()
     assert dict(two.soft_excluded) == {(second.provider_account_id, "gen4.5"): T1}
     assert two.same_model_only == ""
+
+
+async def test_history_written_before_revision_0004_survives_the_upgrade(
+    empty_database_url: str,
+) -> None:
+    """A task requeued by a 0003 control plane (its exclusions in ``task.requeue`` payloads)
+    keeps them after the upgrade: the revision copies the payloads into rows, merged."""
+    await upgrade(empty_database_url, "0003_attempt_evidence")
+    db = Database.from_url(empty_database_url)
+    try:
+        attempt = await Scenario(db).attempt()
+        account, task_id = attempt.provider_account_id, attempt.task_id
+
+        def payload(*excluded: dict[str, object], pinned: bool) -> dict[str, object]:
+            return {
+                "task_id": task_id,
+                "failed_attempt_id": attempt.id,
+                "reason": "FAIL_OVER",
+                "error_class": "TRANSIENT_NETWORK",
+                "excluded_candidates": list(excluded),
+                "same_model_only": pinned,
+                "required_model": "gen4.5" if pinned else "",
+                "attempts_so_far": 1,
+                "provider_switches_so_far": 0,
+                "not_before": None,
+            }
+
+        soft = {"provider_account_id": account, "provider_model": "gen4.5", "soft": True}
+        async with db.unit(NOW) as u:
+            for body in (
+                payload({**soft, "retry_at": T2.isoformat()}, pinned=False),
+                payload(
+                    {**soft, "retry_at": T1.isoformat()},
+                    {**soft, "provider_model": "x"},
+                    pinned=False,
+                ),
+                payload({"provider_account_id": account, "provider_model": "x"}, pinned=True),
+            ):
+                await u.enqueue(NewOutboxMessage(Topic.REQUEUE, str(task_id), body))
+        await upgrade(empty_database_url)
+        async with db.reading() as conn:
+            facts = (await exclusions.load_facts(conn, [task_id]))[task_id]
+            assert [r.reason for r in await exclusions.requeues_of(conn, task_id)] == [
+                "FAIL_OVER"
+            ] * 3
+    finally:
+        await db.dispose()
+    assert facts.excluded == frozenset({(account, "x")})
+    assert dict(facts.soft_excluded) == {(account, "gen4.5"): T2}
+    assert facts.same_model_only == "gen4.5"
+    assert facts.error_class == "TRANSIENT_NETWORK"

@@ -13,13 +13,16 @@ history is data, written in the requeue's transaction (`controlplane.domain.requ
 * ``task_exclusions``: one row per excluded candidate (task, account, model), merged in place
   by later requeues (hard beats soft, the latest ``retry_at``), with the attempt that caused it.
 
-Messages written before this revision are not carried over: a deployment upgrades with no task
-between a requeue and its next attempt, or such a task routes once without its exclusions.
+The history already written survives the upgrade: every ``task.requeue`` message's payload is
+copied into the new rows here (merged as the application merges them), so a task requeued
+before the upgrade keeps its exclusions after it. The payload shape is frozen in this file.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -89,6 +92,90 @@ def upgrade() -> None:
             "soft OR retry_at IS NULL", name="ck_task_exclusions_retry_only_when_soft"
         ),
     )
+    _copy_requeue_payloads()
+
+
+def _instant(raw: Any) -> datetime | None:
+    if not raw:
+        return None
+    at = datetime.fromisoformat(str(raw))
+    # Stored as UTC (naive on SQLite), the way the application's UtcDateTime stores it.
+    at = (at if at.tzinfo else at.replace(tzinfo=UTC)).astimezone(UTC)
+    return at.replace(tzinfo=None) if op.get_bind().dialect.name == "sqlite" else at
+
+
+def _copy_requeue_payloads() -> None:
+    """Rows from the payloads of revision 0003's ``task.requeue`` messages, oldest first."""
+    bind = op.get_bind()
+    outbox = sa.table(
+        "outbox",
+        sa.column("id", sa.BigInteger()),
+        sa.column("topic", sa.Text()),
+        sa.column("payload", sa.JSON()),
+        sa.column("created_at", sa.DateTime(timezone=True)),
+    )
+    messages = bind.execute(
+        sa.select(outbox.c.payload, outbox.c.created_at)
+        .where(outbox.c.topic == "task.requeue")
+        .order_by(outbox.c.id)
+    ).all()
+    requeues: list[dict[str, Any]] = []
+    # (task, account, model) -> the merged exclusion: hard beats soft, the latest retry wins.
+    excluded: dict[tuple[int, int, str], dict[str, Any]] = {}
+    for payload, created_at in messages:
+        task_id = int(payload["task_id"])
+        error_class = str(payload.get("error_class", ""))
+        requeues.append(
+            {
+                "task_id": task_id,
+                "failed_attempt_id": int(payload["failed_attempt_id"]),
+                "reason": str(payload["reason"]),
+                "error_class": error_class,
+                "required_model": (
+                    str(payload.get("required_model", "")) or None
+                    if payload.get("same_model_only")
+                    else None
+                ),
+                "not_before": _instant(payload.get("not_before")),
+                "created_at": created_at,
+            }
+        )
+        for raw in payload.get("excluded_candidates", []):
+            key = (task_id, int(raw["provider_account_id"]), str(raw["provider_model"]))
+            soft, retry_at = bool(raw.get("soft", False)), _instant(raw.get("retry_at"))
+            if not _wins(excluded.get(key), soft, retry_at):
+                continue
+            excluded[key] = {
+                "task_id": task_id,
+                "provider_account_id": key[1],
+                "provider_model": key[2],
+                "soft": soft,
+                "retry_at": retry_at if soft else None,
+                # A payload listed every failed candidate, not which attempt caused each.
+                "attempt_id": None,
+                "error_class": "",
+                "created_at": created_at,
+                "updated_at": created_at,
+            }
+    if requeues:
+        op.bulk_insert(_table("task_requeues"), requeues)
+    if excluded:
+        op.bulk_insert(_table("task_exclusions"), list(excluded.values()))
+
+
+def _wins(known: dict[str, Any] | None, soft: bool, retry_at: datetime | None) -> bool:
+    """Whether a new exclusion replaces the known one (the application's merge, frozen)."""
+    if known is None:
+        return True
+    if not known["soft"]:
+        return False
+    if not soft:
+        return True
+    return retry_at is not None and (known["retry_at"] is None or retry_at > known["retry_at"])
+
+
+def _table(name: str) -> sa.Table:
+    return sa.Table(name, sa.MetaData(), autoload_with=op.get_bind())
 
 
 def downgrade() -> None:
