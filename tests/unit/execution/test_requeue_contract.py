@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import random
 from datetime import UTC, datetime
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from controlplane.domain.requeue import (
     ExcludedCandidate,
@@ -87,3 +91,38 @@ def test_requeue_facts_take_the_pin_and_count_the_attempts() -> None:
     assert (facts.attempts_so_far, facts.provider_switches_so_far) == (4, 2)
     assert facts.excluded == frozenset()
     assert dict(facts.soft_excluded) == {}
+
+
+_exclusions = st.lists(
+    st.builds(
+        ExcludedCandidate,
+        st.integers(1, 3),
+        st.sampled_from(["m", "n"]),
+        soft=st.booleans(),
+        retry_at=st.none() | st.sampled_from([T1, T2]),
+    ),
+    max_size=8,
+)
+
+
+@given(_exclusions, st.randoms(use_true_random=False))
+def test_requeue_facts_do_not_depend_on_the_order_of_the_rows(
+    excluded: list[ExcludedCandidate], rng: random.Random
+) -> None:
+    """However the stored exclusions are ordered, the facts are the same: hard wins for good, a
+    soft one waits for its latest instant (merging is commutative in what routing sees)."""
+    shuffled = list(excluded)
+    rng.shuffle(shuffled)
+
+    def facts(rows: list[ExcludedCandidate]) -> tuple[object, object]:
+        f = requeue_facts(rows, [], required_model="", not_before=None, error_class="")
+        return f.excluded, dict(f.soft_excluded)
+
+    assert facts(excluded) == facts(shuffled)
+    hard = {c.key for c in excluded if not c.soft}
+    latest: dict[tuple[int, str], datetime | None] = {}
+    for c in excluded:
+        if c.soft and c.key not in hard:
+            known = latest.get(c.key)
+            latest[c.key] = max((t for t in (known, c.retry_at) if t), default=None)
+    assert facts(excluded) == (frozenset(hard), latest)
