@@ -23,8 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
-from controlplane.persistence.catalog_store import CatalogStore
-from controlplane.persistence.repository import Store
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -49,6 +47,8 @@ from controlplane.domain.routing.filters import prefilter
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.scoring import example_policy
 from controlplane.leases.redis_store import RedisLeaseStore
+from controlplane.persistence.catalog import CatalogQueries
+from controlplane.persistence.database import Database
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.migrate import upgrade
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
@@ -178,7 +178,7 @@ async def end_to_end(tasks: int) -> dict[str, float]:
     engine = create_engine(url, pool_size=10)
     try:
         await upgrade(url)
-        store, catalog_store = Store(engine), CatalogStore(engine)
+        db = Database(engine)
         accounts = [
             AccountConfig("runway", "prod-us", "us", "kms://r"),
             AccountConfig("google", "veo-us", "us", "kms://g"),
@@ -187,16 +187,17 @@ async def end_to_end(tasks: int) -> dict[str, float]:
         docs = [d for directory in DIRS for d in documents_from_directory(directory)]
         for d in docs:
             d["max_concurrency"] = 1_000_000
-        await publish_documents(catalog_store, docs, accounts, now=NOW)
+        await publish_documents(db, docs, accounts, now=NOW)
         for i in range(tasks):
             spec = dataclasses.replace(SPEC, tenant_id=f"tenant-{i % 20}", user_id=f"u{i % 7}")
-            await store.create_task(
-                spec, idempotency_key=f"k{i}", spec_hash=normalized_spec_hash(spec), now=NOW
-            )
+            async with db.unit(NOW) as u:
+                await u.create_task(
+                    spec, idempotency_key=f"k{i}", spec_hash=normalized_spec_hash(spec)
+                )
         adapter: Any = FixedPlanAdapter()
         dispatcher = Dispatcher(
-            store=store,
-            catalog_store=catalog_store,
+            db=db,
+            catalogs=CatalogQueries(db),
             leases=RedisLeaseStore(client, namespace=namespace),
             adapters={"runway": adapter, "google": adapter, "self_hosted": adapter},
             monitor=HealthMonitor(BreakerRegistry(BreakerConfig(), time.time)),

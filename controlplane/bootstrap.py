@@ -70,11 +70,9 @@ from controlplane.execution.output_step import fetcher_for
 from controlplane.leases.base import LeaseStore
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.leases.redis_store import RedisClientConfig, RedisLeaseStore, redis_client
-from controlplane.persistence.db import create_engine
-from controlplane.persistence.execution_store import AccountInfo
+from controlplane.persistence.database import Database
 from controlplane.persistence.migrate import upgrade
-from controlplane.persistence.records import AttemptRecord
-from controlplane.persistence.repository import Store
+from controlplane.persistence.records import AccountInfo, AttemptRecord
 from controlplane.scheduling.dispatcher import DispatcherConfig
 from controlplane.scheduling.readiness import CatalogReadiness
 from controlplane.scheduling.runtime import SchedulingRuntime, build_scheduling
@@ -230,7 +228,7 @@ async def publish_from_adapters(
                 adapter_address=addresses[provider],
             )
     counts = await publish_documents(
-        runtime.catalog_store, documents, accounts.values(), now=_utcnow(), source="describe"
+        runtime.db, documents, accounts.values(), now=_utcnow(), source="describe"
     )
     for provider in adapters:  # what readiness waits for (an adapter may describe nothing)
         runtime.dispatcher.readiness.described(provider, described.get(provider, []))
@@ -327,8 +325,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
     """Migrate (if asked), wire the services and start serving."""
     if settings.migrate_on_start:
         await upgrade(settings.database_url)
-    engine = create_engine(settings.database_url)
-    store = Store(engine)
+    db = Database.from_url(settings.database_url)
     cleanup: list[Callable[[], Awaitable[Any]]] = []
     background: list[Callable[[], Awaitable[Any]]] = []
 
@@ -336,7 +333,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         return None
 
     async def probe() -> bool:
-        await store.ping()
+        await db.ping()
         return not_ready() is None  # an unready catalog is NOT_SERVING (liveness unaffected)
 
     canceller = None
@@ -355,7 +352,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         }
         cleanup.extend(client.close for client in adapters.values())
         runtime = build_scheduling(
-            engine=engine,
+            db=db,
             database_url=settings.database_url,
             leases=leases,
             adapters=adapters,
@@ -377,7 +374,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             settings.object_store_url or (Path.cwd() / "var" / "objects").as_uri()
         )
         execution = ExecutionEngine(
-            store,
+            db,
             adapters,
             config=scale_durations(
                 ExecutionConfig(
@@ -431,7 +428,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
     safety = load_safety_policy(settings.safety_policy_path)
     log.info("safety policy %s loaded", safety.version)
     tasks = TaskService(
-        store,
+        db,
         canceller=canceller,
         safety=safety,
         deadlines=scale_durations(settings.deadlines, scale),
@@ -441,6 +438,6 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         servicer,
         listen=settings.listen,
         probe=probe,
-        cleanup=[*background, *cleanup, engine.dispose],
+        cleanup=[*background, *cleanup, db.dispose],
         probe_interval=scale_value(settings.health_probe_interval_s, scale),
     )

@@ -4,7 +4,7 @@ Pure functions over a `Snapshot`: no I/O, so every rule can be reasoned about ro
 returns the violations it found, tagged with its stable `Invariant` id. The database already
 enforces some of these with constraints (UNIQUE job per attempt, UNIQUE account + job id); the
 rules check them again because the checker exists to catch what slipped past everything else: a
-migration that dropped a constraint, a hand edit, a bug in a path that bypasses `Store`.
+migration that dropped a constraint, a hand edit, a bug in a path that bypasses the unit of work.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from controlplane.audit.report import Invariant, Violation
-from controlplane.audit.snapshot import AttemptRow, Snapshot
 from controlplane.domain.states import AttemptState
+from controlplane.persistence.snapshot import AttemptRow, Snapshot
 
 __all__ = [
     "check_attempt_binding",

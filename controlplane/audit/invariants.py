@@ -1,14 +1,15 @@
 """The invariant checker: does the execution history in the database obey the design's rules?
 
-    report = await check_invariants(engine, lease_store=store, require_all_terminal=True)
+    report = await check_invariants(db, lease_store=store, require_all_terminal=True)
     assert report.ok, report.render()
 
 Soak and crash tests run it after (or during) a run; operators run it against a live database::
 
     python -m controlplane.audit.invariants postgresql+asyncpg://... [--redis redis://...]
 
-It reads PostgreSQL or SQLite through SQLAlchemy Core, one consistent snapshot of the 0001
-tables (`snapshot`), and never writes. The rules, each with a stable id (`Invariant`):
+It reads PostgreSQL or SQLite through one consistent snapshot of the 0001 tables
+(`controlplane.persistence.snapshot`, the query that takes it; this package runs no SQL of its
+own), and never writes. The rules, each with a stable id (`Invariant`):
 
 ==============================  =========================================================
 I1_attempt_binding              9.3.4#1 account, model, compile plan fixed per attempt
@@ -36,14 +37,13 @@ import asyncio
 import sys
 from collections import Counter
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from controlplane.audit import execution_rules as xr
 from controlplane.audit import task_rules as tr
 from controlplane.audit.leases import check_leases
 from controlplane.audit.report import InvariantReport, Violation
-from controlplane.audit.snapshot import Snapshot, read_snapshot
 from controlplane.leases.base import LeaseStore
+from controlplane.persistence.database import Database
+from controlplane.persistence.snapshot import Snapshot, read_snapshot
 
 __all__ = ["check_invariants", "check_snapshot", "main"]
 
@@ -78,7 +78,7 @@ def check_snapshot(snap: Snapshot, *, require_all_terminal: bool = False) -> Inv
 
 
 async def check_invariants(
-    engine: AsyncEngine,
+    db: Database,
     *,
     lease_store: LeaseStore | None = None,
     require_all_terminal: bool = False,
@@ -89,7 +89,7 @@ async def check_invariants(
     outbox message left undone except for terminal tasks. The lease store is read after the
     database, so call this while nothing is scheduling (see `controlplane.audit.leases`).
     """
-    snap = await read_snapshot(engine)
+    snap = await read_snapshot(db)
     report = check_snapshot(snap, require_all_terminal=require_all_terminal)
     if lease_store is not None:
         lease_violations, lease_count = await check_leases(snap, lease_store)
@@ -99,9 +99,7 @@ async def check_invariants(
 
 
 async def _run(url: str, redis_url: str | None, namespace: str, all_terminal: bool) -> int:
-    from controlplane.persistence.db import create_engine
-
-    engine = create_engine(url)
+    db = Database.from_url(url)
     client = None
     try:
         store: LeaseStore | None = None
@@ -113,12 +111,12 @@ async def _run(url: str, redis_url: str | None, namespace: str, all_terminal: bo
             client = Redis.from_url(redis_url)
             store = RedisLeaseStore(client, namespace=namespace)
         report = await check_invariants(
-            engine, lease_store=store, require_all_terminal=all_terminal
+            db, lease_store=store, require_all_terminal=all_terminal
         )
     finally:
         if client is not None:
             await client.aclose()
-        await engine.dispose()
+        await db.dispose()
     print(report.render())
     return 0 if report.ok else 1
 

@@ -30,10 +30,10 @@ from __future__ import annotations
 import dataclasses
 
 from controlplane.audit.report import Invariant, Violation
-from controlplane.audit.snapshot import AttemptRow, Snapshot
 from controlplane.domain.states import ATTEMPT_MACHINE, AttemptState
 from controlplane.leases.base import Dimension, Lease, LeaseStore
 from controlplane.leases.reconciler import InFlightAttempt, compute_drift
+from controlplane.persistence.snapshot import AttemptRow, Snapshot
 
 __all__ = ["check_leases", "lease_account_of"]
 

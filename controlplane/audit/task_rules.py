@@ -25,7 +25,6 @@ from collections import defaultdict
 
 from controlplane.audit.execution_rules import int_or_none, non_empty
 from controlplane.audit.report import Invariant, Violation
-from controlplane.audit.snapshot import AttemptRow, EventRow, OutboxRow, Snapshot
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import (
     ATTEMPT_MACHINE,
@@ -34,6 +33,7 @@ from controlplane.domain.states import (
     AttemptState,
     TaskState,
 )
+from controlplane.persistence.snapshot import AttemptRow, EventRow, OutboxRow, Snapshot
 
 __all__ = [
     "check_adopted_output",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from controlplane.domain.routing.candidates import Candidate, Price, catalog_version
-from controlplane.persistence.catalog_store import CapabilityRecord, CatalogStore
+from controlplane.persistence.catalog import CapabilityRecord, CatalogQueries
 from vidroute_core.capabilities.loader import CapabilityLoadError, parse_entry
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,6 @@ def build_catalog(records: Iterable[CapabilityRecord], at: datetime) -> Capabili
     return CapabilityCatalog(candidates, at, addresses, catalog_version(candidates))
 
 
-async def load_catalog(store: CatalogStore, at: datetime) -> CapabilityCatalog:
+async def load_catalog(store: CatalogQueries, at: datetime) -> CapabilityCatalog:
     """The catalog of versions effective at `at`, read from the database."""
     return build_catalog(await store.effective_capabilities(at), at)

@@ -5,7 +5,7 @@ entries an adapter returns from Describe. Both become schema documents, which ar
 the loader's JSON Schema and constraint parser, checked for price completeness and
 contradictory constraints (`controlplane.capabilities.consistency`), expanded per configured
 account (an entry without ``account`` applies to every account of its provider) and written by
-`CatalogStore.publish` in one transaction. A file with any bad entry is rejected whole, with
+`SqlUnitOfWork.publish` in one unit of work. A file with any bad entry is rejected whole, with
 an error naming the entry; stored versions are never deleted or rewritten.
 
 The stored ``capabilities`` JSON is the schema document itself (account and region filled in),
@@ -24,14 +24,14 @@ from typing import Any
 import yaml
 
 from controlplane.capabilities.consistency import ConsistencyError, check_entry
-from controlplane.persistence.catalog_store import (
+from controlplane.persistence.catalog import (
     AccountSpec,
     CapabilityVersion,
     CatalogConflict,
-    CatalogStore,
     PriceVersion,
     PublishCounts,
 )
+from controlplane.persistence.database import Database
 from vidroute.adapter.v1 import adapter_pb2
 from vidroute_core.capabilities.loader import (
     ANY_ACCOUNT,
@@ -203,7 +203,7 @@ def _expand(
 
 
 async def publish_documents(
-    store: CatalogStore,
+    db: Database,
     documents: Sequence[Mapping[str, Any]],
     accounts: Iterable[AccountConfig],
     *,
@@ -213,30 +213,31 @@ async def publish_documents(
     """Check and write a batch; `PublishError` (nothing written) on any bad entry."""
     plan = plan_publication(documents, accounts, effective_from=now, source=source)
     try:
-        return await store.publish(plan.accounts, plan.capabilities, plan.prices, now=now)
+        async with db.unit(now) as u:
+            return await u.publish(plan.accounts, plan.capabilities, plan.prices)
     except CatalogConflict as exc:
         raise PublishError(f"{source}: {exc}") from exc
 
 
 async def publish_file(
-    store: CatalogStore, path: Path, accounts: Iterable[AccountConfig], *, now: datetime
+    db: Database, path: Path, accounts: Iterable[AccountConfig], *, now: datetime
 ) -> PublishCounts:
     """Publish one YAML file, whole or not at all."""
     return await publish_documents(
-        store, documents_from_file(path), accounts, now=now, source=str(path)
+        db, documents_from_file(path), accounts, now=now, source=str(path)
     )
 
 
 async def publish_directory(
-    store: CatalogStore, directory: Path, accounts: Iterable[AccountConfig], *, now: datetime
+    db: Database, directory: Path, accounts: Iterable[AccountConfig], *, now: datetime
 ) -> PublishCounts:
     """Publish every ``*.yaml`` of `directory` as one batch (one transaction)."""
     docs = documents_from_directory(directory)
-    return await publish_documents(store, docs, accounts, now=now, source=str(directory))
+    return await publish_documents(db, docs, accounts, now=now, source=str(directory))
 
 
 async def publish_describe(
-    store: CatalogStore,
+    db: Database,
     entries: Iterable[adapter_pb2.CapabilityEntry],
     accounts: Iterable[AccountConfig],
     *,
@@ -245,4 +246,4 @@ async def publish_describe(
 ) -> PublishCounts:
     """Publish what an adapter's Describe reported, through the same checks as a file."""
     docs = [capability_document(e) for e in entries]
-    return await publish_documents(store, docs, accounts, now=now, source=source)
+    return await publish_documents(db, docs, accounts, now=now, source=source)

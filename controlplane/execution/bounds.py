@@ -20,7 +20,7 @@ from controlplane.domain.failover import (
     platform_loss_exceeded,
 )
 from controlplane.domain.states import ATTEMPT_MACHINE, AttemptState
-from controlplane.persistence.execution_store import ExecUnit
+from controlplane.persistence.ports import UnitOfWork
 from controlplane.persistence.records import AttemptRecord, TaskRecord
 
 __all__ = ["as_failed", "platform_loss", "requeue_refusal"]
@@ -33,7 +33,7 @@ def as_failed(attempt: AttemptRecord) -> AttemptRecord:
     return replace(attempt, state=AttemptState.FAILED)
 
 
-async def platform_loss(u: ExecUnit, attempts: list[AttemptRecord]) -> int:
+async def platform_loss(u: UnitOfWork, attempts: list[AttemptRecord]) -> int:
     """The task's estimated platform loss over `attempts` (`estimated_platform_loss`)."""
     costs = [
         AttemptCost(
@@ -48,7 +48,7 @@ async def platform_loss(u: ExecUnit, attempts: list[AttemptRecord]) -> int:
 
 
 async def requeue_refusal(
-    u: ExecUnit,
+    u: UnitOfWork,
     task: TaskRecord,
     attempt: AttemptRecord,
     attempts: list[AttemptRecord],

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from controlplane.domain.breaker import BreakerKey, Operation
-from controlplane.persistence.execution_store import AccountInfo
-from controlplane.persistence.records import AttemptRecord
+from controlplane.persistence.records import AccountInfo, AttemptRecord
 from vidroute_core.errors import ProviderError
 
 __all__ = ["TRANSPORT_FAILURE", "GuardedCall", "OperationBreakers", "OperationGate"]

@@ -108,18 +108,18 @@ class CallbackReceiver:
         if not job_id:
             self.malformed += 1
             return 400
-        xstore = self.deps.xstore
-        job = await xstore.job_by_provider(provider, job_id)
+        reads = self.deps.reads
+        job = await reads.job_by_provider(provider, job_id)
         attempt_id = job.attempt_id if job else None
         hint = query.get("attempt", "")
         if attempt_id is None and hint.isdigit():
             attempt_id = int(hint)
-        snap = None if attempt_id is None else await xstore.snapshot(attempt_id)
+        snap = None if attempt_id is None else await reads.snapshot(attempt_id)
         if snap is None:
             self.unresolved += 1
             return 202  # nothing of ours; stored nowhere, acknowledged so the sender stops
         attempt = snap[0]
-        account = await xstore.account(attempt.provider_account_id)
+        account = await reads.account(attempt.provider_account_id)
         if account.provider != provider:
             self.unresolved += 1
             return 202

@@ -29,9 +29,15 @@ from controlplane.domain.outbox import Topic
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
 from controlplane.execution.breakers import TRANSPORT_FAILURE
 from controlplane.execution.events import EventNormalizer, EventSource, Observation
-from controlplane.execution.outcomes import AfterCommit, ExecutionDeps, claim_batch, job_ref
+from controlplane.execution.outcomes import (
+    AfterCommit,
+    ExecutionDeps,
+    claim_batch,
+    complete,
+    job_ref,
+    retry_later,
+)
 from controlplane.persistence.records import NewOutboxMessage, OutboxRecord, TaskRecord
-from controlplane.persistence.repository import Store
 from vidroute_core.exceptions import NotFound
 
 __all__ = ["CancelOutcome", "CancelService", "CancelWorker"]
@@ -54,8 +60,7 @@ class CancelOutcome:
 class CancelService:
     """Starts cancellations; idempotent (a second cancel changes nothing)."""
 
-    def __init__(self, store: Store, deps: ExecutionDeps) -> None:
-        self._store = store
+    def __init__(self, deps: ExecutionDeps) -> None:
         self._deps = deps
 
     async def cancel(self, task_id: int, reason: str = "") -> CancelOutcome:
@@ -63,18 +68,18 @@ class CancelService:
             outcome = await self._try(task_id, reason or "cancel requested")
             if outcome is not None:
                 return outcome
-        detail = await self._store.get_task(task_id)
+        detail = await self._deps.tasks.get_task(task_id)
         assert detail is not None
         return CancelOutcome(detail.task, None, True, "contended; retry the cancel")
 
     async def _try(self, task_id: int, reason: str) -> CancelOutcome | None:
-        detail = await self._store.get_task(task_id)
+        detail = await self._deps.tasks.get_task(task_id)
         if detail is None:
             raise NotFound("task", str(task_id))
         live = [a for a in detail.attempts if not ATTEMPT_MACHINE.is_terminal(a.state)]
         after = AfterCommit()
         unsent = None
-        async with self._deps.xstore.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock()) as u:
             attempt = await u.attempt(live[-1].id) if live else None
             task = await u.task(task_id)
             assert task is not None
@@ -117,7 +122,7 @@ class CancelService:
                 result = CancelOutcome(task, asked.id, True, "cancel requested at the provider")
         await after.run(self._deps.leases)
         if unsent is not None:
-            account = await self._deps.xstore.account(unsent.provider_account_id)
+            account = await self._deps.reads.account(unsent.provider_account_id)
             await self._deps.gate.release_unsent(account, unsent)
         return result
 
@@ -125,30 +130,30 @@ class CancelService:
 class CancelWorker:
     """Consumes ``attempt.cancel``: calls `cancel_job` and feeds any status to the normalizer."""
 
-    def __init__(self, store: Store, deps: ExecutionDeps, normalizer: EventNormalizer) -> None:
-        self._store = store
+    def __init__(self, deps: ExecutionDeps, normalizer: EventNormalizer) -> None:
         self._deps = deps
         self._normalizer = normalizer
 
     async def run_once(self) -> int:
-        messages = await claim_batch(self._store, self._deps, Topic.CANCEL)
+        messages = await claim_batch(self._deps, Topic.CANCEL)
         for message in messages:
             await self.handle(message)
         return len(messages)
 
     async def handle(self, message: OutboxRecord) -> None:
         cfg = self._deps.config
-        snap = await self._deps.xstore.snapshot(int(message.payload["attempt_id"]))
+        snap = await self._deps.reads.snapshot(int(message.payload["attempt_id"]))
         attempt, job, runtime = snap if snap is not None else (None, None, None)
         if attempt is None or attempt.state is not AttemptState.CANCEL_REQUESTED or job is None:
             # Not at the provider (yet): acceptance re-sends the cancel once the job is known.
-            await self._store.complete(message.id, cfg.worker_id, now=self._deps.clock())
+            await complete(self._deps, message.id, cfg.worker_id)
             return
-        account = await self._deps.xstore.account(attempt.provider_account_id)
+        account = await self._deps.reads.account(attempt.provider_account_id)
         ref = job_ref(attempt, account, job.provider_job_id, job.provider_request_id or "")
         call = await self._deps.gate.begin(account, attempt.provider_model, Operation.CANCEL)
         if call is None:  # the CANCEL breaker refuses: ask again later, not counted as a call
-            await self._store.retry_later(
+            await retry_later(
+                self._deps,
                 message.id,
                 cfg.worker_id,
                 available_at=self._deps.clock() + timedelta(seconds=cfg.breaker_retry_s),
@@ -173,13 +178,16 @@ class CancelWorker:
             )
         now = self._deps.clock()
         calls = (runtime.cancel_calls if runtime else 0) + 1
-        async with self._deps.xstore.unit(now) as u:
+        async with self._deps.db.unit(now) as u:
             # Confirm by polling soon: an acknowledgement is not yet the cancelled state.
             await u.set_runtime(attempt.id, attempt.task_id, cancel_calls=calls, next_poll_at=now)
             done = result is not None and (result.acknowledged or result.snapshot is not None)
             if done or calls >= cfg.max_cancel_calls:
                 await u.complete_message(message.id, cfg.worker_id)
         if not done and calls < cfg.max_cancel_calls:
-            await self._store.retry_later(
-                message.id, cfg.worker_id, available_at=now + timedelta(seconds=cfg.cancel_retry_s)
+            await retry_later(
+                self._deps,
+                message.id,
+                cfg.worker_id,
+                available_at=now + timedelta(seconds=cfg.cancel_retry_s),
             )

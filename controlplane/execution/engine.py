@@ -33,8 +33,9 @@ from controlplane.execution.poller import Poller
 from controlplane.execution.recovery import RecoveryWorker
 from controlplane.execution.submit_worker import SubmitWorker
 from controlplane.leases.base import LeaseStore
-from controlplane.persistence.execution_store import ExecutionStore
-from controlplane.persistence.repository import Store
+from controlplane.persistence.database import Database
+from controlplane.persistence.execution import ExecutionQueries
+from controlplane.persistence.tasks import TaskQueries
 
 __all__ = ["ExecutionEngine"]
 
@@ -54,7 +55,7 @@ class ExecutionEngine:
 
     def __init__(
         self,
-        store: Store,
+        db: Database,
         adapters: Mapping[str, AdapterClient],
         *,
         config: ExecutionConfig | None = None,
@@ -68,9 +69,11 @@ class ExecutionEngine:
         breakers: OperationBreakers | None = None,
     ) -> None:
         self.config = config or ExecutionConfig()
-        self.store = store
+        self.db = db
         self.deps = ExecutionDeps(
-            xstore=ExecutionStore(store.engine),
+            db=db,
+            reads=ExecutionQueries(db),
+            tasks=TaskQueries(db),
             adapters=adapters,
             leases=LeaseKeeper(leases),
             config=self.config,
@@ -82,12 +85,12 @@ class ExecutionEngine:
         )
         self._sleep = sleep
         self.normalizer = EventNormalizer(self.deps)
-        self.submitter = SubmitWorker(store, self.deps, self.normalizer)
+        self.submitter = SubmitWorker(self.deps, self.normalizer)
         self.recovery = RecoveryWorker(self.deps)
         self.poller = Poller(self.deps, self.normalizer)
-        self.canceller = CancelWorker(store, self.deps, self.normalizer)
-        self.cancel_service = CancelService(store, self.deps)
-        self.output = OutputStep(store, self.deps, fetch or _no_fetch, self.normalizer)
+        self.canceller = CancelWorker(self.deps, self.normalizer)
+        self.cancel_service = CancelService(self.deps)
+        self.output = OutputStep(self.deps, fetch or _no_fetch, self.normalizer)
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self.errors = 0
@@ -96,7 +99,7 @@ class ExecutionEngine:
         """Settle interrupted submits (crash between request start and outcome)."""
         cfg = self.config
         started_before = self.deps.clock() - timedelta(seconds=cfg.submitting_grace_s)
-        ids = await self.deps.xstore.stale_submitting(
+        ids = await self.deps.reads.stale_submitting(
             started_before=started_before, limit=cfg.batch_size
         )
         settled = 0

@@ -35,7 +35,7 @@ from controlplane.execution.outcomes import (
     fail_attempt,
     is_current,
 )
-from controlplane.persistence.execution_store import ExecUnit
+from controlplane.persistence.ports import UnitOfWork
 from controlplane.persistence.records import (
     AttemptChanges,
     AttemptRecord,
@@ -144,7 +144,7 @@ class EventNormalizer:
 
     async def ingest(self, obs: Observation) -> IngestOutcome:
         after = AfterCommit()
-        async with self._deps.xstore.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock()) as u:
             outcome = await self._ingest(u, obs, after)
         await after.run(self._deps.leases)
         await self._report_ended(after)
@@ -157,18 +157,18 @@ class EventNormalizer:
             return
         for attempt, snapshot in after.ended:
             try:
-                account = await self._deps.xstore.account(attempt.provider_account_id)
+                account = await self._deps.reads.account(attempt.provider_account_id)
                 await observer(account, attempt, snapshot)
             except Exception:
                 log.exception("attempt-end observer failed for attempt %s", attempt.id)
 
     async def replay_unmatched(self, account_id: int, job_id: str) -> None:
         """Re-apply early observations of a job that has just been recorded."""
-        for event in await self._deps.xstore.events(account_id=account_id, job_id=job_id):
+        for event in await self._deps.reads.events(account_id=account_id, job_id=job_id):
             if event.outcome != IngestOutcome.UNMATCHED.value:
                 continue
             after = AfterCommit()
-            async with self._deps.xstore.unit(self._deps.clock()) as u:
+            async with self._deps.db.unit(self._deps.clock()) as u:
                 job = await u.job_by_ref(account_id, job_id)
                 if job is None:
                     return
@@ -178,7 +178,7 @@ class EventNormalizer:
             await after.run(self._deps.leases)
             await self._report_ended(after)
 
-    async def _ingest(self, u: ExecUnit, obs: Observation, after: AfterCommit) -> IngestOutcome:
+    async def _ingest(self, u: UnitOfWork, obs: Observation, after: AfterCommit) -> IngestOutcome:
         snap = obs.snapshot
         job = await u.job_by_ref(obs.provider_account_id, obs.provider_job_id)
         event_id = await u.insert_event(
@@ -204,7 +204,7 @@ class EventNormalizer:
 
     async def _apply(
         self,
-        u: ExecUnit,
+        u: UnitOfWork,
         job: ProviderJobRecord,
         snap: JobSnapshot,
         source: EventSource,
@@ -300,7 +300,7 @@ class EventNormalizer:
         return await self._cancelled(u, moved, task, was=attempt.state, after=after)
 
     async def _succeeded(
-        self, u: ExecUnit, attempt: AttemptRecord, task: TaskRecord, job: ProviderJobRecord
+        self, u: UnitOfWork, attempt: AttemptRecord, task: TaskRecord, job: ProviderJobRecord
     ) -> IngestOutcome:
         if not await is_current(u, task, attempt):
             return IngestOutcome.NOT_ADOPTED
@@ -334,7 +334,7 @@ class EventNormalizer:
 
     async def _cancelled(
         self,
-        u: ExecUnit,
+        u: UnitOfWork,
         attempt: AttemptRecord,
         task: TaskRecord,
         *,

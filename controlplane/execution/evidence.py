@@ -17,8 +17,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from controlplane.persistence.execution_store import ExecUnit, ProviderEventRecord
-from controlplane.persistence.records import AttemptRecord
+from controlplane.persistence.ports import UnitOfWork
+from controlplane.persistence.records import AttemptRecord, ProviderEventRecord
 
 __all__ = ["EVIDENCE_OUTCOME", "EvidenceKind", "is_evidence", "record_evidence"]
 
@@ -45,7 +45,7 @@ def is_evidence(event: ProviderEventRecord) -> bool:
 
 
 async def record_evidence(
-    u: ExecUnit,
+    u: UnitOfWork,
     attempt: AttemptRecord,
     kind: EvidenceKind,
     details: Mapping[str, Any],

@@ -51,7 +51,7 @@ class LateLookup:
 
     async def step(self, attempt_id: int) -> RecoveryVerdict | None:
         """One lookup; the verdict reached, None when the lookup is over or not due."""
-        snap = await self._deps.xstore.snapshot(attempt_id)
+        snap = await self._deps.reads.snapshot(attempt_id)
         if snap is None or snap[0].state is not AttemptState.ABANDONED:
             return None
         attempt, job, runtime = snap
@@ -68,7 +68,7 @@ class LateLookup:
         if result.verdict is RecoveryVerdict.NOT_FOUND:
             await self._record(attempt, None, f"not_found:{result.method or 'recover'}")
             return RecoveryVerdict.NOT_FOUND
-        async with self._deps.xstore.unit(now) as u:
+        async with self._deps.db.unit(now) as u:
             due = now + timedelta(seconds=cfg.abandoned_lookup_period_s)
             await u.set_runtime(attempt.id, attempt.task_id, next_recovery_at=due)
         return RecoveryVerdict.INCONCLUSIVE
@@ -76,8 +76,8 @@ class LateLookup:
     async def _lookup(
         self, attempt: AttemptRecord, unknown_since: datetime | None
     ) -> RecoverResult:
-        account = await self._deps.xstore.account(attempt.provider_account_id)
-        for event in reversed(await self._deps.xstore.events(attempt_id=attempt.id)):
+        account = await self._deps.reads.account(attempt.provider_account_id)
+        for event in reversed(await self._deps.reads.events(attempt_id=attempt.id)):
             if event.outcome == "UNMATCHED" and event.provider_job_id:
                 ref = job_ref(attempt, account, event.provider_job_id)
                 return RecoverResult(RecoveryVerdict.FOUND, job=ref, method="early_callback")
@@ -105,7 +105,7 @@ class LateLookup:
         return result
 
     async def _record(self, attempt: AttemptRecord, job_id: str | None, method: str) -> None:
-        async with self._deps.xstore.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock()) as u:
             current = await u.attempt(attempt.id, lock=True)
             if current is None or current.state is not AttemptState.ABANDONED:
                 return
@@ -131,5 +131,5 @@ class LateLookup:
             )
 
     async def _stop(self, attempt: AttemptRecord) -> None:
-        async with self._deps.xstore.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock()) as u:
             await u.set_runtime(attempt.id, attempt.task_id, next_recovery_at=None)

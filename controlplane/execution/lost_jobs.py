@@ -23,10 +23,10 @@ from controlplane.execution.events import EventNormalizer, EventSource, Observat
 from controlplane.execution.evidence import EvidenceKind, record_evidence
 from controlplane.execution.outcomes import ExecutionDeps
 from controlplane.execution.recovery import settle_task
-from controlplane.persistence.execution_store import AttemptRuntime
 from controlplane.persistence.records import (
     AttemptChanges,
     AttemptRecord,
+    AttemptRuntime,
     Failure,
     ProviderJobRecord,
 )
@@ -50,7 +50,7 @@ async def on_job_seen(
     """A real status arrived: a NOT_FOUND streak, if any, is over."""
     if runtime is None or runtime.job_not_found_since is None:
         return
-    async with deps.xstore.unit(deps.clock()) as u:
+    async with deps.db.unit(deps.clock()) as u:
         await u.set_runtime(attempt.id, attempt.task_id, job_not_found_since=None)
 
 
@@ -76,7 +76,7 @@ async def on_job_not_found(
         await normalizer.ingest(obs)
         return True
     cfg = deps.config
-    async with deps.xstore.unit(now) as u:
+    async with deps.db.unit(now) as u:
         current = await u.attempt(attempt.id)
         task = None if current is None else await u.task(current.task_id)
         if current is None or task is None or current.state is not attempt.state:

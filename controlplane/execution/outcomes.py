@@ -1,4 +1,4 @@
-"""The decisions every execution worker shares, applied inside one `ExecUnit` transaction.
+"""The decisions every execution worker shares, applied inside one unit of work (`UnitOfWork`).
 
 * `accept`: a provider job is known for the attempt (submit ACCEPTED, recovery FOUND, a crashed
   submit whose job row exists): record the job (never overwriting another, 9.3.4), move the
@@ -44,8 +44,9 @@ from controlplane.execution.breakers import OperationGate
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.leasing import LeaseKeeper
 from controlplane.persistence.errors import DuplicateRecord
-from controlplane.persistence.execution_store import AccountInfo, ExecUnit, ExecutionStore
+from controlplane.persistence.ports import ExecutionReads, TaskReads, UnitOfWork, UnitSource
 from controlplane.persistence.records import (
+    AccountInfo,
     AttemptChanges,
     AttemptRecord,
     Failure,
@@ -55,7 +56,6 @@ from controlplane.persistence.records import (
     ProviderJobRecord,
     TaskRecord,
 )
-from controlplane.persistence.repository import Store
 from vidroute_core.adapter import CompiledPlan, JobRef, JobSnapshot, SubmitOutcome
 from vidroute_core.errors import ErrorClass, ProviderError
 
@@ -64,10 +64,13 @@ __all__ = [
     "AfterCommit",
     "ExecutionDeps",
     "accept",
+    "claim_batch",
+    "complete",
     "fail_attempt",
     "job_ref",
     "plan_of",
     "requeue",
+    "retry_later",
     "to_unknown",
 ]
 
@@ -77,9 +80,14 @@ _LIVE_TASK = frozenset({TaskState.SUBMITTING, TaskState.RUNNING})
 
 @dataclass
 class ExecutionDeps:
-    """What every worker needs; `adapters` maps a provider name to its adapter client."""
+    """What every worker needs; `adapters` maps a provider name to its adapter client.
 
-    xstore: ExecutionStore
+    `db` opens the units of work every write goes through; `reads` and `tasks` are the
+    lock-free reads a worker decides from (a `Database`'s queries, or the in-memory fake)."""
+
+    db: UnitSource
+    reads: ExecutionReads
+    tasks: TaskReads
     adapters: Mapping[str, AdapterClient]
     leases: LeaseKeeper
     config: ExecutionConfig
@@ -112,16 +120,27 @@ SubmitObserver = Callable[[AccountInfo, AttemptRecord, SubmitOutcome, float], Aw
 AttemptEndObserver = Callable[[AccountInfo, AttemptRecord, JobSnapshot], Awaitable[None]]
 
 
-async def claim_batch(store: Store, deps: ExecutionDeps, topic: str) -> list[OutboxRecord]:
+async def claim_batch(deps: ExecutionDeps, topic: str) -> list[OutboxRecord]:
     """Claim this worker's next batch of `topic` messages for the configured lease."""
     cfg = deps.config
-    return await store.claim(
-        topic,
-        cfg.worker_id,
-        limit=cfg.batch_size,
-        lease_seconds=cfg.claim_lease_s,
-        now=deps.clock(),
-    )
+    async with deps.db.unit(deps.clock()) as u:
+        return await u.claim_messages(
+            topic, cfg.worker_id, limit=cfg.batch_size, lease_seconds=cfg.claim_lease_s
+        )
+
+
+async def complete(deps: ExecutionDeps, message_id: int, worker: str) -> None:
+    """Mark a message done that needs nothing else written (its effect is moot)."""
+    async with deps.db.unit(deps.clock()) as u:
+        await u.complete_message(message_id, worker)
+
+
+async def retry_later(
+    deps: ExecutionDeps, message_id: int, worker: str, *, available_at: datetime
+) -> None:
+    """Release the claim on a message so it becomes due again at `available_at`."""
+    async with deps.db.unit(deps.clock()) as u:
+        await u.retry_message(message_id, worker, available_at=available_at)
 
 
 @dataclass
@@ -185,7 +204,7 @@ def first_poll_at(deps: ExecutionDeps, now: datetime) -> datetime:
 
 
 async def accept(
-    u: ExecUnit,
+    u: UnitOfWork,
     deps: ExecutionDeps,
     attempt: AttemptRecord,
     task: TaskRecord,
@@ -262,7 +281,7 @@ def _cancel_message(attempt: AttemptRecord) -> NewOutboxMessage:
 
 
 async def to_unknown(
-    u: ExecUnit,
+    u: UnitOfWork,
     deps: ExecutionDeps,
     attempt: AttemptRecord,
     stage: str,
@@ -302,7 +321,7 @@ async def to_unknown(
     return moved
 
 
-async def is_current(u: ExecUnit, task: TaskRecord, attempt: AttemptRecord) -> bool:
+async def is_current(u: UnitOfWork, task: TaskRecord, attempt: AttemptRecord) -> bool:
     """Whether the task still waits on this attempt (live task, latest attempt, none adopted)."""
     if task.state not in _LIVE_TASK or task.adopted_attempt_id not in (None, attempt.id):
         return False
@@ -311,7 +330,7 @@ async def is_current(u: ExecUnit, task: TaskRecord, attempt: AttemptRecord) -> b
 
 
 async def fail_attempt(
-    u: ExecUnit,
+    u: UnitOfWork,
     deps: ExecutionDeps,
     attempt: AttemptRecord,
     task: TaskRecord,
@@ -399,7 +418,7 @@ async def fail_attempt(
 
 
 async def requeue(
-    u: ExecUnit,
+    u: UnitOfWork,
     task: TaskRecord,
     attempt: AttemptRecord,
     attempts: list[AttemptRecord],

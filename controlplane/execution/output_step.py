@@ -42,8 +42,10 @@ from controlplane.execution.outcomes import (
     AfterCommit,
     ExecutionDeps,
     claim_batch,
+    complete,
     job_ref,
     outputs_json,
+    retry_later,
 )
 from controlplane.execution.output_fetch import (
     ExpectedMedia,
@@ -65,7 +67,6 @@ from controlplane.persistence.records import (
     OutboxRecord,
     ProviderJobRecord,
 )
-from controlplane.persistence.repository import Store
 from controlplane.storage.base import ObjectStore, StorageError
 from vidroute_core.adapter import JobRef
 from vidroute_core.errors import ErrorClass, ProviderError
@@ -126,17 +127,14 @@ def adapter_source(client: AdapterClient, job: JobRef, uri: str, max_bytes: int)
 class OutputStep:
     """Consumes ``output.fetch``; `fetches` counts fetch calls."""
 
-    def __init__(
-        self, store: Store, deps: ExecutionDeps, fetch: FetchFn, normalizer: EventNormalizer
-    ) -> None:
-        self._store = store
+    def __init__(self, deps: ExecutionDeps, fetch: FetchFn, normalizer: EventNormalizer) -> None:
         self._deps = deps
         self._fetch = fetch
         self._normalizer = normalizer
         self.fetches = 0
 
     async def run_once(self) -> int:
-        messages = await claim_batch(self._store, self._deps, Topic.OUTPUT_FETCH)
+        messages = await claim_batch(self._deps, Topic.OUTPUT_FETCH)
         for message in messages:
             await self.handle(message)
         return len(messages)
@@ -144,15 +142,15 @@ class OutputStep:
     async def handle(self, message: OutboxRecord) -> None:
         cfg = self._deps.config
         attempt_id = int(message.payload["attempt_id"])
-        snap = await self._deps.xstore.snapshot(attempt_id)
-        detail = await self._store.get_task(int(message.payload["task_id"]))
+        snap = await self._deps.reads.snapshot(attempt_id)
+        detail = await self._deps.tasks.get_task(int(message.payload["task_id"]))
         if (
             snap is None
             or detail is None
             or detail.task.state is not TaskState.OUTPUT_FETCHING
             or detail.task.adopted_attempt_id != attempt_id
         ):
-            await self._store.complete(message.id, cfg.worker_id, now=self._deps.clock())
+            await complete(self._deps, message.id, cfg.worker_id)
             return
         attempt, job, runtime = snap
         spec = detail.task.spec
@@ -187,14 +185,15 @@ class OutputStep:
             else:
                 if first.get("fetch_through_adapter") and job is not None:
                     request = await self._through_adapter(attempt, job, request)
-                account = await self._deps.xstore.account(attempt.provider_account_id)
+                account = await self._deps.reads.account(attempt.provider_account_id)
                 call = await self._deps.gate.begin(
                     account, attempt.provider_model, Operation.DOWNLOAD_OUTPUT
                 )
                 if call is None:  # the DOWNLOAD_OUTPUT breaker refuses: not a fetch attempt
                     wait = timedelta(seconds=cfg.breaker_retry_s)
-                    await self._store.retry_later(
-                        message.id, cfg.worker_id, available_at=self._deps.clock() + wait
+                    retry_at = self._deps.clock() + wait
+                    await retry_later(
+                        self._deps, message.id, cfg.worker_id, available_at=retry_at
                     )
                     return
                 self.fetches += 1
@@ -249,7 +248,7 @@ class OutputStep:
     ) -> FetchRequest:
         """`request` with the adapter's FetchOutput stream as its byte source: the URI needs
         the provider's credentials, which only the sidecar holds."""
-        account = await self._deps.xstore.account(attempt.provider_account_id)
+        account = await self._deps.reads.account(attempt.provider_account_id)
         ref = job_ref(attempt, account, job.provider_job_id, job.provider_request_id or "")
         client = self._deps.adapter(account)
         source = adapter_source(client, ref, request.source_uri, request.max_bytes)
@@ -257,12 +256,12 @@ class OutputStep:
 
     async def _refresh(self, attempt_id: int) -> None:
         """Ask the provider for the job again: its answer carries fresh output URLs."""
-        snap = await self._deps.xstore.snapshot(attempt_id)
+        snap = await self._deps.reads.snapshot(attempt_id)
         if snap is None or snap[1] is None:
             return
         attempt, job, _ = snap
         assert job is not None
-        account = await self._deps.xstore.account(attempt.provider_account_id)
+        account = await self._deps.reads.account(attempt.provider_account_id)
         try:
             polled = await self._deps.adapter(account).get_job(
                 job_ref(attempt, account, job.provider_job_id, job.provider_request_id or "")
@@ -283,24 +282,27 @@ class OutputStep:
             )
         )
         # The attempt is already SUCCEEDED, so the normalizer only stores; keep the new URLs.
-        async with self._deps.xstore.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock()) as u:
             await u.update_job(job.id, output_locator=outputs_locator(polled.snapshot))
 
     async def _retry(
         self, message: OutboxRecord, attempt_id: int, counter: str, delay: float
     ) -> None:
         now = self._deps.clock()
-        async with self._deps.xstore.unit(now) as u:
+        async with self._deps.db.unit(now) as u:
             attempt = await u.attempt(attempt_id, lock=False)
             assert attempt is not None
             await u.bump_runtime(attempt_id, attempt.task_id, counter)
-        await self._store.retry_later(
-            message.id, self._deps.config.worker_id, available_at=now + timedelta(seconds=delay)
+        await retry_later(
+            self._deps,
+            message.id,
+            self._deps.config.worker_id,
+            available_at=now + timedelta(seconds=delay),
         )
 
     async def _deliver(self, message: OutboxRecord, attempt_id: int, asset: dict[str, Any]) -> None:
         after = AfterCommit()
-        async with self._deps.xstore.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock()) as u:
             attempt = await u.attempt(attempt_id)
             task = None if attempt is None else await u.task(attempt.task_id)
             if attempt is not None and task is not None:
@@ -318,7 +320,7 @@ class OutputStep:
         failure_class: str = ErrorClass.INTERNAL_PERMANENT.value,
     ) -> None:
         after = AfterCommit()
-        async with self._deps.xstore.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock()) as u:
             attempt = await u.attempt(attempt_id)
             task = None if attempt is None else await u.task(attempt.task_id)
             if attempt is not None and task is not None:

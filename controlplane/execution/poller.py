@@ -17,13 +17,14 @@ import logging
 from datetime import timedelta
 
 from controlplane.domain.breaker import Operation
+from controlplane.domain.observation import poll_phase_of
 from controlplane.domain.polling import PollPhase, next_poll_delay
 from controlplane.domain.states import ATTEMPT_MACHINE
 from controlplane.execution.breakers import TRANSPORT_FAILURE
-from controlplane.execution.events import EventNormalizer, EventSource, Observation, phase_of
+from controlplane.execution.events import EventNormalizer, EventSource, Observation
 from controlplane.execution.lost_jobs import is_job_not_found, on_job_not_found, on_job_seen
 from controlplane.execution.outcomes import ExecutionDeps, job_ref
-from controlplane.persistence.execution_store import POLLABLE_STATES
+from controlplane.persistence.execution import POLLABLE_STATES
 from vidroute_core.adapter import PollResult
 
 __all__ = ["Poller"]
@@ -43,27 +44,28 @@ class Poller:
 
     async def run_once(self) -> int:
         cfg = self._deps.config
-        ids = await self._deps.xstore.claim_polls(
-            cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s, now=self._deps.clock()
-        )
+        async with self._deps.db.unit(self._deps.clock()) as u:
+            ids = await u.claim_polls(
+                cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s
+            )
         for attempt_id in ids:
             await self.poll(attempt_id)
         return len(ids)
 
     async def poll(self, attempt_id: int) -> None:
-        snap = await self._deps.xstore.snapshot(attempt_id)
+        snap = await self._deps.reads.snapshot(attempt_id)
         if snap is None:
             return
         attempt, job, runtime = snap
         if job is None or attempt.state not in POLLABLE_STATES:
             return
-        account = await self._deps.xstore.account(attempt.provider_account_id)
+        account = await self._deps.reads.account(attempt.provider_account_id)
         await self._deps.leases.renew(attempt)
         call = await self._deps.gate.begin(account, attempt.provider_model, Operation.POLL)
         if call is None:
             self.refused += 1
             now = self._deps.clock()
-            async with self._deps.xstore.unit(now) as u:
+            async with self._deps.db.unit(now) as u:
                 delay = timedelta(seconds=self._deps.config.breaker_retry_s)
                 await u.set_runtime(attempt.id, attempt.task_id, next_poll_at=now + delay)
             return
@@ -99,7 +101,7 @@ class Poller:
 
     async def _reschedule(self, attempt_id: int) -> None:
         cfg = self._deps.config
-        async with self._deps.xstore.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock()) as u:
             attempt = await u.attempt(attempt_id)
             if attempt is None:
                 return
@@ -107,7 +109,7 @@ class Poller:
             if ATTEMPT_MACHINE.is_terminal(attempt.state) or attempt.state not in POLLABLE_STATES:
                 await u.set_runtime(attempt_id, attempt.task_id, next_poll_at=None)
                 return
-            phase = phase_of(attempt.state) or PollPhase.RUNNING
+            phase = poll_phase_of(attempt.state) or PollPhase.RUNNING
             same_phase = runtime is not None and runtime.poll_phase == phase.value
             polls_in_phase = runtime.polls_in_phase if runtime and same_phase else 0
             since = (runtime.accepted_at if runtime else None) or attempt.created_at

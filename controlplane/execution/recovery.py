@@ -32,9 +32,9 @@ from datetime import datetime, timedelta
 
 from controlplane.domain.breaker import Operation
 from controlplane.domain.failover import FailureStage, backoff_delay_s
+from controlplane.domain.observation import IngestOutcome
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.breakers import TRANSPORT_FAILURE
-from controlplane.execution.events import IngestOutcome
 from controlplane.execution.evidence import record_evidence
 from controlplane.execution.late_lookup import LateLookup
 from controlplane.execution.outcomes import (
@@ -49,8 +49,15 @@ from controlplane.execution.outcomes import (
     requeue,
 )
 from controlplane.execution.usage_match import match_usage
-from controlplane.persistence.execution_store import AccountInfo, AttemptRuntime, ExecUnit
-from controlplane.persistence.records import AttemptChanges, AttemptRecord, Failure, TaskRecord
+from controlplane.persistence.ports import UnitOfWork
+from controlplane.persistence.records import (
+    AccountInfo,
+    AttemptChanges,
+    AttemptRecord,
+    AttemptRuntime,
+    Failure,
+    TaskRecord,
+)
 from vidroute_core.adapter import RecoverQuery, RecoverResult, RecoveryVerdict, SubmitKind
 from vidroute_core.errors import ErrorClass, ProviderError
 from vidroute_core.spec import RoutingMode
@@ -72,21 +79,23 @@ class RecoveryWorker:
 
     async def run_once(self) -> int:
         cfg = self._deps.config
-        ids = await self._deps.xstore.claim_recoveries(
-            cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s, now=self._deps.clock()
-        )
+        async with self._deps.db.unit(self._deps.clock()) as u:
+            ids = await u.claim_recoveries(
+                cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s
+            )
         for attempt_id in ids:
             await self.step(attempt_id)
-        late = await self._deps.xstore.claim_late_lookups(
-            cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s, now=self._deps.clock()
-        )
+        async with self._deps.db.unit(self._deps.clock()) as u:
+            late = await u.claim_late_lookups(
+                cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s
+            )
         for attempt_id in late:
             await self.late.step(attempt_id)
         return len(ids) + len(late)
 
     async def step(self, attempt_id: int) -> RecoveryVerdict | None:
         """One recovery step; returns the verdict reached (None if nothing was done)."""
-        snap = await self._deps.xstore.snapshot(attempt_id)
+        snap = await self._deps.reads.snapshot(attempt_id)
         if snap is None or snap[0].state is not AttemptState.SUBMIT_UNKNOWN:
             return None
         attempt, _, runtime = snap
@@ -105,7 +114,7 @@ class RecoveryWorker:
         if why is not None:
             await self.abandon(attempt_id, why)
             return None
-        account = await self._deps.xstore.account(attempt.provider_account_id)
+        account = await self._deps.reads.account(attempt.provider_account_id)
         await self._deps.leases.renew(attempt)
         result = await self._query(attempt, account, runtime, started, unknown_since)
         if result is None:
@@ -126,7 +135,7 @@ class RecoveryWorker:
         started: datetime,
         unknown_since: datetime,
     ) -> RecoverResult | None:
-        for event in reversed(await self._deps.xstore.events(attempt_id=attempt.id)):
+        for event in reversed(await self._deps.reads.events(attempt_id=attempt.id)):
             if event.outcome == IngestOutcome.UNMATCHED.value:
                 ref = job_ref(attempt, account, event.provider_job_id)
                 return RecoverResult(RecoveryVerdict.FOUND, job=ref, method="early_callback")
@@ -201,7 +210,7 @@ class RecoveryWorker:
             client_request_key=attempt.client_request_key,
         )
         if found.job_id:
-            known = await self._deps.xstore.known_job_ids(
+            known = await self._deps.reads.known_job_ids(
                 attempt.provider_account_id, [found.job_id]
             )
             if not known:
@@ -213,14 +222,14 @@ class RecoveryWorker:
                 found.job_id,
             )
         if found.evidence:
-            async with self._deps.xstore.unit(self._deps.clock()) as u:
+            async with self._deps.db.unit(self._deps.clock()) as u:
                 for kind, details in found.evidence:
                     await record_evidence(u, attempt, kind, details)
         return None
 
     async def _rejected(self, attempt_id: int, error: ProviderError) -> None:
         after = AfterCommit()
-        async with self._deps.xstore.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock()) as u:
             attempt = await u.attempt(attempt_id)
             task = None if attempt is None else await u.task(attempt.task_id)
             if attempt is None or task is None or attempt.state is not AttemptState.SUBMIT_UNKNOWN:
@@ -233,7 +242,7 @@ class RecoveryWorker:
     async def _apply(self, attempt_id: int, result: RecoverResult) -> None:
         cfg = self._deps.config
         after = AfterCommit()
-        async with self._deps.xstore.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock()) as u:
             attempt = await u.attempt(attempt_id)
             task = None if attempt is None else await u.task(attempt.task_id)
             if attempt is None or task is None or attempt.state is not AttemptState.SUBMIT_UNKNOWN:
@@ -289,7 +298,7 @@ class RecoveryWorker:
     async def abandon(self, attempt_id: int, why: str) -> bool:
         """SUBMIT_UNKNOWN -> ABANDONED; the task follows `allow_new_attempt_after_abandon`."""
         policy = self._deps.config.allow_new_attempt_after_abandon
-        async with self._deps.xstore.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock()) as u:
             attempt = await u.attempt(attempt_id)
             task = None if attempt is None else await u.task(attempt.task_id)
             if attempt is None or task is None or attempt.state is not AttemptState.SUBMIT_UNKNOWN:
@@ -317,7 +326,7 @@ class RecoveryWorker:
 
     async def _after_attempt_end(
         self,
-        u: ExecUnit,
+        u: UnitOfWork,
         attempt: AttemptRecord,
         task: TaskRecord,
         reason: str,
@@ -331,7 +340,7 @@ class RecoveryWorker:
 
 
 async def settle_task(
-    u: ExecUnit,
+    u: UnitOfWork,
     deps: ExecutionDeps,
     attempt: AttemptRecord,
     task: TaskRecord,

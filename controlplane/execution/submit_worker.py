@@ -44,11 +44,16 @@ from controlplane.execution.outcomes import (
     job_ref,
     plan_of,
     requeue,
+    retry_later,
     to_unknown,
 )
-from controlplane.persistence.execution_store import AccountInfo
-from controlplane.persistence.records import AttemptChanges, AttemptRecord, Failure, OutboxRecord
-from controlplane.persistence.repository import Store
+from controlplane.persistence.records import (
+    AccountInfo,
+    AttemptChanges,
+    AttemptRecord,
+    Failure,
+    OutboxRecord,
+)
 from vidroute_core.adapter import CallFailure, SubmitKind, SubmitOutcome
 from vidroute_core.errors import ErrorClass, make_error
 from vidroute_core.spec import RoutingMode
@@ -61,15 +66,14 @@ log = logging.getLogger(__name__)
 class SubmitWorker:
     """Consumes ``attempt.submit``; `submits` counts adapter submit calls made by this worker."""
 
-    def __init__(self, store: Store, deps: ExecutionDeps, normalizer: EventNormalizer) -> None:
-        self._store = store
+    def __init__(self, deps: ExecutionDeps, normalizer: EventNormalizer) -> None:
         self._deps = deps
         self._normalizer = normalizer
         self.submits = 0
 
     async def run_once(self) -> int:
         """Claim and handle one batch; returns how many messages were claimed."""
-        messages = await claim_batch(self._store, self._deps, Topic.SUBMIT)
+        messages = await claim_batch(self._deps, Topic.SUBMIT)
         for message in messages:
             await self.handle(message)
         return len(messages)
@@ -82,7 +86,7 @@ class SubmitWorker:
         started = None
         interrupted = False
         unsent = None
-        async with self._deps.xstore.unit(now) as u:
+        async with self._deps.db.unit(now) as u:
             attempt = await u.attempt(attempt_id)
             task = None if attempt is None else await u.task(attempt.task_id)
             if attempt is None or task is None:
@@ -120,13 +124,13 @@ class SubmitWorker:
                     )
         await after.run(self._deps.leases)
         if unsent is not None:
-            account = await self._deps.xstore.account(unsent.provider_account_id)
+            account = await self._deps.reads.account(unsent.provider_account_id)
             await self._deps.gate.release_unsent(account, unsent)
         if interrupted:
             await self.settle(attempt_id, message)
         if started is None:
             return
-        account = await self._deps.xstore.account(started.provider_account_id)
+        account = await self._deps.reads.account(started.provider_account_id)
         adapter = self._deps.adapter(account)
         if not await self._deps.leases.still_held(started):
             await self._not_sent(started, message)
@@ -162,7 +166,7 @@ class SubmitWorker:
             f"never sent: lease not held under fencing token {attempt.fencing_token}",
         )
         after = AfterCommit()
-        async with self._deps.xstore.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock()) as u:
             current = await u.attempt(attempt.id)
             task = None if current is None else await u.task(attempt.task_id)
             moved = None
@@ -193,7 +197,7 @@ class SubmitWorker:
                     )
             await u.complete_message(message.id, self._deps.config.worker_id)
         await after.run(self._deps.leases)
-        account = await self._deps.xstore.account(attempt.provider_account_id)
+        account = await self._deps.reads.account(attempt.provider_account_id)
         await self._deps.gate.release_unsent(account, attempt)
 
     async def _observe(
@@ -218,7 +222,7 @@ class SubmitWorker:
             kind = SubmitKind.UNKNOWN
         after = AfterCommit()
         accepted_job = None
-        async with self._deps.xstore.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock()) as u:
             attempt = await u.attempt(attempt_id)
             assert attempt is not None
             task = await u.task(attempt.task_id)
@@ -246,7 +250,7 @@ class SubmitWorker:
                 await u.complete_message(message.id, self._deps.config.worker_id)
         await after.run(self._deps.leases)
         if accepted_job is not None:
-            snap = await self._deps.xstore.snapshot(attempt_id)
+            snap = await self._deps.reads.snapshot(attempt_id)
             if snap is not None:
                 await self._normalizer.replay_unmatched(snap[0].provider_account_id, accepted_job)
 
@@ -262,7 +266,7 @@ class SubmitWorker:
         worker = self._deps.config.worker_id
         after = AfterCommit()
         postpone_to = None
-        async with self._deps.xstore.unit(now) as u:
+        async with self._deps.db.unit(now) as u:
             attempt = await u.attempt(attempt_id)
             if attempt is None or attempt.state is not AttemptState.SUBMITTING:
                 if message is not None:
@@ -294,6 +298,6 @@ class SubmitWorker:
         await after.run(self._deps.leases)
         if postpone_to is not None:
             if message is not None:
-                await self._store.retry_later(message.id, worker, available_at=postpone_to)
+                await retry_later(self._deps, message.id, worker, available_at=postpone_to)
             return False
         return True

@@ -1,4 +1,4 @@
-"""Row-to-record conversion for `repository.Store` (internal)."""
+"""Row-to-record conversion for the units of work and the query modules (internal)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ from sqlalchemy.engine import RowMapping
 
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.persistence.records import (
+    AccountInfo,
     AttemptRecord,
+    AttemptRuntime,
     Failure,
     OutboxRecord,
+    ProviderEventRecord,
     ProviderJobRecord,
     RouteDecisionRecord,
     TaskEventRecord,
@@ -143,3 +146,15 @@ def outbox_message(m: RowMapping) -> OutboxRecord:
         claimed_until=m["claimed_until"],
         attempts=m["attempts"],
     )
+
+
+def runtime(m: RowMapping) -> AttemptRuntime:
+    return AttemptRuntime(**{f: m[f] for f in AttemptRuntime.__dataclass_fields__})
+
+
+def provider_event(m: RowMapping) -> ProviderEventRecord:
+    return ProviderEventRecord(**{f: m[f] for f in ProviderEventRecord.__dataclass_fields__})
+
+
+def account_info(m: RowMapping) -> AccountInfo:
+    return AccountInfo(m["id"], m["provider"], m["account_name"], m["region"])

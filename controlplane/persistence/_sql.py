@@ -1,4 +1,4 @@
-"""Statements that run inside a `Store` transaction, and page-token encoding (internal)."""
+"""Statements that run inside a unit of work (`unit`), and page-token encoding (internal)."""
 
 from __future__ import annotations
 

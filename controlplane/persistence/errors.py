@@ -1,6 +1,6 @@
 """Errors the persistence seam raises besides the domain's own.
 
-`Store` raises `vidroute_core.exceptions.IdempotencyConflict` and `NotFound` directly; the
+The unit of work raises `vidroute_core.exceptions.IdempotencyConflict` and `NotFound` directly; the
 classes here cover what only storage can know. Hierarchy::
 
     PersistenceError

@@ -1,8 +1,9 @@
 """Table declarations for design 9.19, shared by PostgreSQL and SQLite.
 
-These models describe the schema; the repository uses them as typed Core tables and never leaks
-ORM objects. The initial Alembic revision is written to match them exactly, and a test compares
-the two with autogenerate on both databases.
+These models describe the schema, every table of it (the execution side's `attempt_runtime` and
+`provider_events` are Core tables at the end); the unit of work and the query modules use them as
+typed Core tables and never leak ORM objects. The Alembic revisions are written to match them
+exactly, and a test compares the two with autogenerate on both databases.
 
 Conventions: money is BIGINT micros next to a CHAR(3) currency (never a float); every timestamp
 is `UtcDateTime`; every status column carries a CHECK listing its enum's values; constraint names
@@ -20,6 +21,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    Column,
     ForeignKey,
     Index,
     Integer,
@@ -405,7 +407,7 @@ def _table(model: type[Base]) -> Table:
     return cast(Table, model.__table__)
 
 
-# Core handles on the tables: the repository writes SQL expressions against these.
+# Core handles on the tables: the unit of work and the query modules write SQL against these.
 provider_accounts = _table(ProviderAccount)
 provider_model_capabilities = _table(ProviderModelCapability)
 provider_price_versions = _table(ProviderPriceVersion)
@@ -419,3 +421,64 @@ outbox = _table(OutboxMessage)
 lease_audit_events = _table(LeaseAuditEvent)
 task_requeues = _table(TaskRequeue)
 task_exclusions = _table(TaskExclusion)
+
+# The execution side's own tables (revisions 0002 and 0003), declared as Core tables.
+attempt_runtime = Table(
+    "attempt_runtime",
+    Base.metadata,
+    # One row per attempt that reached the execution engine: when to poll next, how many
+    # recovery queries were made, since when the submit is unknown, cancel bookkeeping.
+    Column("attempt_id", BigInteger, ForeignKey(task_attempts.c.id), primary_key=True),
+    Column("task_id", BigInteger, ForeignKey(generation_tasks.c.id), nullable=False),
+    Column("submit_retries", Integer, nullable=False, server_default=text("0")),
+    Column("supports_idempotency_key", Boolean, nullable=False, server_default=text("false")),
+    Column("accepted_at", UtcDateTime, nullable=True),
+    Column("next_poll_at", UtcDateTime, nullable=True),
+    Column("poll_phase", Text, nullable=True),
+    Column("polls_in_phase", Integer, nullable=False, server_default=text("0")),
+    Column("poll_count", Integer, nullable=False, server_default=text("0")),
+    Column("last_polled_at", UtcDateTime, nullable=True),
+    Column("stuck_since", UtcDateTime, nullable=True),
+    Column("unknown_since", UtcDateTime, nullable=True),
+    Column("next_recovery_at", UtcDateTime, nullable=True),
+    Column("recovery_queries", Integer, nullable=False, server_default=text("0")),
+    Column("cancel_requested_at", UtcDateTime, nullable=True),
+    Column("cancel_calls", Integer, nullable=False, server_default=text("0")),
+    Column("unrecognized_count", Integer, nullable=False, server_default=text("0")),
+    Column("last_unrecognized_status", Text, nullable=True),
+    Column("fetch_attempts", Integer, nullable=False, server_default=text("0")),
+    Column("output_refreshes", Integer, nullable=False, server_default=text("0")),
+    # Revision 0003: a held job the provider stopped knowing, and late lookups of ABANDONED.
+    Column("job_not_found_since", UtcDateTime, nullable=True),
+    Column("late_found_job_id", Text, nullable=True),
+    Column("late_found_method", Text, nullable=True),
+    Column("updated_at", UtcDateTime, nullable=False),
+    Index("ix_attempt_runtime_next_poll_at", "next_poll_at"),
+    Index("ix_attempt_runtime_next_recovery_at", "next_recovery_at"),
+)
+
+provider_events = Table(
+    "provider_events",
+    Base.metadata,
+    # Every observation of a provider job (poll, callback, cancel, submit), raw payload included,
+    # deduplicated by (account, job id, raw status, payload hash).
+    Column("id", BigIntPK, primary_key=True),
+    Column("provider_account_id", BigInteger, nullable=False),
+    Column("provider_job_id", Text, nullable=False),
+    Column("attempt_id", BigInteger, nullable=True),
+    Column("source", Text, nullable=False),
+    Column("job_state", Text, nullable=False),
+    Column("raw_status", Text, nullable=False),
+    Column("payload_hash", Text, nullable=False),
+    Column("raw_payload", Text, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("received_at", UtcDateTime, nullable=False),
+    UniqueConstraint(
+        "provider_account_id",
+        "provider_job_id",
+        "raw_status",
+        "payload_hash",
+        name="uq_provider_events_dedup",
+    ),
+    Index("ix_provider_events_attempt_id", "attempt_id"),
+)

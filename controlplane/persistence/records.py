@@ -1,8 +1,8 @@
 """Frozen views of stored rows, and the inputs of multi-row writes.
 
-`Store` returns these instead of ORM objects, so nothing outside the persistence package can
-lazily load, mutate or flush a row. JSON columns come back as plain ``dict``s; treat them as
-read-only. Every timestamp is an aware UTC datetime.
+The units of work and the query modules return these instead of ORM objects, so nothing
+outside the persistence package can lazily load, mutate or flush a row. JSON columns come back
+as plain ``dict``s; treat them as read-only. Every timestamp is an aware UTC datetime.
 """
 
 from __future__ import annotations
@@ -223,3 +223,69 @@ class AttemptChanges:
     request_body_sent_at: datetime | None = None
     transport_error_stage: str | None = None
     provider_request_trace: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRuntime:
+    """A row of ``attempt_runtime``: the execution engine's bookkeeping of one attempt."""
+
+    attempt_id: int
+    task_id: int
+    submit_retries: int
+    supports_idempotency_key: bool
+    accepted_at: datetime | None
+    next_poll_at: datetime | None
+    poll_phase: str | None
+    polls_in_phase: int
+    poll_count: int
+    last_polled_at: datetime | None
+    stuck_since: datetime | None
+    unknown_since: datetime | None
+    next_recovery_at: datetime | None
+    recovery_queries: int
+    cancel_requested_at: datetime | None
+    cancel_calls: int
+    unrecognized_count: int
+    last_unrecognized_status: str | None
+    fetch_attempts: int
+    output_refreshes: int
+    job_not_found_since: datetime | None
+    late_found_job_id: str | None
+    late_found_method: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderEventRecord:
+    """A row of ``provider_events``: one stored observation of a provider job."""
+
+    id: int
+    provider_account_id: int
+    provider_job_id: str
+    attempt_id: int | None
+    source: str
+    job_state: str
+    raw_status: str
+    payload_hash: str
+    raw_payload: str
+    outcome: str
+    received_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class AccountInfo:
+    """The provider account an attempt runs on."""
+
+    id: int
+    provider: str
+    account_name: str
+    region: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseDrift:
+    """A lease counter the reconciler corrected: ``dimension`` is ``account/dimension``."""
+
+    dimension: str
+    expected: int
+    actual: int
+    delta: int

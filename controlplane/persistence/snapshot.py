@@ -1,4 +1,4 @@
-"""One consistent, read-only snapshot of the execution tables, for the invariant rules.
+"""One consistent, read-only snapshot of the execution tables, for the audit's invariant rules.
 
 Only columns of the initial schema (revision 0001) are read, with explicit column lists, so the
 checker works at whatever migration head a database is at. Everything is read in one
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Integer, Numeric, Select, inspect, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.persistence.models import (
     generation_tasks,
@@ -29,6 +29,9 @@ from controlplane.persistence.models import (
     task_attempts,
     task_events,
 )
+
+if TYPE_CHECKING:
+    from controlplane.persistence.database import Database
 
 __all__ = [
     "EVENT_KINDS",
@@ -153,9 +156,9 @@ async def _rows(conn: AsyncConnection, query: Select[Any]) -> list[Mapping[str, 
     return list((await conn.execute(query)).mappings().all())
 
 
-async def read_snapshot(engine: AsyncEngine) -> Snapshot:
+async def read_snapshot(db: Database) -> Snapshot:
     """Read the snapshot in one transaction (see the module docstring for the isolation)."""
-    async with engine.connect() as raw:
+    async with db.reading() as raw:
         conn = raw
         if raw.dialect.name == "postgresql":
             conn = await raw.execution_options(isolation_level="REPEATABLE READ")

@@ -12,7 +12,7 @@ over when the leader's database session dies. Each round (`tick`):
 3. for each popped task: QUEUED -> SCHEDULING (CAS), gather facts, compile the candidates that
    passed the static filters, `route`, then walk the ranked list acquiring a lease (falling
    through on no capacity) and persist Attempt + RouteDecision + outbox in one transaction
-   (`Store.create_attempt_with_decision`). The client request key is fixed before that
+   (`SqlUnitOfWork.create_attempt`). The client request key is fixed before that
    transaction; if it fails, the lease is released and the task goes back to the queue.
    NO_CAPACITY records the decision and returns the task to QUEUED; NO_ELIGIBLE_CANDIDATE
    records it and fails the task with every candidate's reason.
@@ -41,10 +41,10 @@ from controlplane.domain.routing.filters import Reason, prefilter
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.states import TaskState
 from controlplane.leases.base import LeaseRequest, LeaseStore
-from controlplane.persistence.catalog_store import IN_FLIGHT_TASK_STATES, CatalogStore
+from controlplane.persistence.catalog import IN_FLIGHT_TASK_STATES, CatalogQueries
+from controlplane.persistence.database import Database
 from controlplane.persistence.errors import ConcurrentModification
 from controlplane.persistence.records import Failure, NewAttempt, NewRouteDecision, TaskRecord
-from controlplane.persistence.repository import Store
 from controlplane.scheduling.expiry import settle_overdue
 from controlplane.scheduling.gather import capacity_views, compile_all, lease_dimensions
 from controlplane.scheduling.health import HealthMonitor, submit_key
@@ -99,8 +99,8 @@ class Dispatcher:
     def __init__(
         self,
         *,
-        store: Store,
-        catalog_store: CatalogStore,
+        db: Database,
+        catalogs: CatalogQueries,
         leases: LeaseStore,
         adapters: Mapping[str, AdapterClient],
         monitor: HealthMonitor,
@@ -109,7 +109,7 @@ class Dispatcher:
         config: DispatcherConfig | None = None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
-        self._store, self._catalogs, self._leases = store, catalog_store, leases
+        self._db, self._catalogs, self._leases = db, catalogs, leases
         self._adapters, self.monitor, self.router = adapters, monitor, router
         self.leader, self.config, self._clock = leader, config or DispatcherConfig(), clock
         self._catalog: CapabilityCatalog | None = None
@@ -174,12 +174,8 @@ class Dispatcher:
         """
         moved = 0
         for task in self._mine(await self._catalogs.tasks_in_states([TaskState.SCHEDULING])):
-            if await self._store.transition_task(
-                task.id,
-                task.status_version,
-                TaskState.QUEUED,
-                now=self._clock(),
-                reason="leader_takeover",
+            if await self._move_task(
+                task.id, task.status_version, TaskState.QUEUED, "leader_takeover", self._clock()
             ):
                 moved += 1
         return moved
@@ -222,7 +218,7 @@ class Dispatcher:
             await self._catalogs.tasks_in_states([TaskState.QUEUED], limit=cfg.scan_limit)
         )
         # Past a task or queue deadline: FAILED here, never dispatched (domain.deadlines).
-        queued = await settle_overdue(self._store, self._catalogs, queued, self._clock())
+        queued = await settle_overdue(self._db, self._catalogs, queued, self._clock())
         if not queued:
             return 0
         in_flight = self._mine(
@@ -275,8 +271,8 @@ class Dispatcher:
         if self.not_ready() is not None:
             return DispatchResult(task.id, DispatchOutcome.SKIPPED)  # it stays QUEUED
         now = self._clock()
-        if not await self._store.transition_task(
-            task.id, task.status_version, TaskState.SCHEDULING, now=now, reason="dispatch"
+        if not await self._move_task(
+            task.id, task.status_version, TaskState.SCHEDULING, "dispatch", now
         ):
             return DispatchResult(task.id, DispatchOutcome.SKIPPED)
         version = task.status_version + 1
@@ -396,22 +392,22 @@ class Dispatcher:
                 fencing_token=lease.fencing_token,
             )
             try:
-                record, _ = await self._store.create_attempt_with_decision(
-                    task.id,
-                    version,
-                    attempt,
-                    NewRouteDecision(
-                        self.router.policy.version,
-                        final.outcome.value,
-                        final.to_json(),
-                        selected_candidate=cid,
-                    ),
-                    now=self._clock(),
-                    outbox_payload={
-                        "lease_account": candidate.lease_account,
-                        "supports_idempotency_key": ops.client_idempotency_key,
-                    },
-                )
+                async with self._db.unit(self._clock()) as u:
+                    record, _ = await u.create_attempt(
+                        task.id,
+                        version,
+                        attempt,
+                        NewRouteDecision(
+                            self.router.policy.version,
+                            final.outcome.value,
+                            final.to_json(),
+                            selected_candidate=cid,
+                        ),
+                        outbox_payload={
+                            "lease_account": candidate.lease_account,
+                            "supports_idempotency_key": ops.client_idempotency_key,
+                        },
+                    )
             except BaseException:
                 await self._leases.release(lease)  # 9.20: a lease without an attempt is a leak
                 await self.monitor.release(breaker, key)
@@ -442,17 +438,17 @@ class Dispatcher:
                 decision.outcome.value,
                 decision.failure_message()[:4000],
             )
-        stored = await self._catalogs.record_decision(
-            task.id,
-            version,
-            target,
-            NewRouteDecision(
-                self.router.policy.version, decision.outcome.value, decision.to_json()
-            ),
-            now=self._clock(),
-            reason=decision.outcome.value,
-            failure=failure,
-        )
+        async with self._db.unit(self._clock()) as u:
+            stored = await u.record_decision(
+                task.id,
+                version,
+                target,
+                NewRouteDecision(
+                    self.router.policy.version, decision.outcome.value, decision.to_json()
+                ),
+                reason=decision.outcome.value,
+                failure=failure,
+            )
         if stored is None:
             return DispatchResult(task.id, DispatchOutcome.SKIPPED, decision)
         outcome = (
@@ -460,11 +456,16 @@ class Dispatcher:
         )
         return DispatchResult(task.id, outcome, decision)
 
+    async def _move_task(
+        self, task_id: int, version: int, target: TaskState, reason: str, now: datetime
+    ) -> bool:
+        """One task CAS in a unit of its own; True if it applied."""
+        async with self._db.unit(now) as u:
+            return await u.move_task_at(task_id, version, target, reason)
+
     async def _back_to_queue(self, task_id: int, version: int, reason: str) -> None:
         try:
-            await self._store.transition_task(
-                task_id, version, TaskState.QUEUED, now=self._clock(), reason=reason
-            )
+            await self._move_task(task_id, version, TaskState.QUEUED, reason, self._clock())
         except Exception:  # it stays SCHEDULING until the next leader's `recover_orphans`
             log.exception("task %s could not go back to QUEUED", task_id)
 

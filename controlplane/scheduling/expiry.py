@@ -14,9 +14,9 @@ from datetime import datetime
 
 from controlplane.domain.deadlines import QUEUE_DEADLINE_EXCEEDED, TASK_DEADLINE_EXCEEDED
 from controlplane.domain.states import TaskState
-from controlplane.persistence.catalog_store import CatalogStore
+from controlplane.persistence.catalog import CatalogQueries
+from controlplane.persistence.database import Database
 from controlplane.persistence.records import Failure, TaskRecord
-from controlplane.persistence.repository import Store
 
 __all__ = ["DEADLINE_FAILURE_CLASS", "overdue_reason", "settle_overdue"]
 
@@ -34,7 +34,7 @@ def overdue_reason(task: TaskRecord, now: datetime, *, has_attempt: bool) -> str
 
 
 async def settle_overdue(
-    store: Store, catalogs: CatalogStore, queued: Sequence[TaskRecord], now: datetime
+    db: Database, catalogs: CatalogQueries, queued: Sequence[TaskRecord], now: datetime
 ) -> list[TaskRecord]:
     """FAIL the overdue tasks among `queued`; returns the others, in order."""
     keep: list[TaskRecord] = []
@@ -51,20 +51,20 @@ async def settle_overdue(
             keep.append(task)
             continue
         waited_ms = int((now - task.created_at).total_seconds() * 1000)
-        await store.transition_task(
-            task.id,
-            task.status_version,
-            TaskState.FAILED,
-            now=now,
-            reason=reason,
-            failure=Failure(
-                DEADLINE_FAILURE_CLASS,
+        async with db.unit(now) as u:
+            await u.move_task_at(
+                task.id,
+                task.status_version,
+                TaskState.FAILED,
                 reason,
-                f"still queued {waited_ms} ms after creation; "
-                f"queue deadline {_iso(task.queue_deadline_at)}, task deadline "
-                f"{_iso(task.deadline_at)}",
-            ),
-        )
+                failure=Failure(
+                    DEADLINE_FAILURE_CLASS,
+                    reason,
+                    f"still queued {waited_ms} ms after creation; "
+                    f"queue deadline {_iso(task.queue_deadline_at)}, task deadline "
+                    f"{_iso(task.deadline_at)}",
+                ),
+            )
     return keep
 
 

@@ -40,7 +40,8 @@ from controlplane.domain.breaker import (
 )
 from controlplane.domain.routing.candidates import Candidate, HealthView
 from controlplane.domain.scoring import HealthWindows, Window
-from controlplane.persistence.catalog_store import CatalogStore, HealthEvent
+from controlplane.persistence.catalog import CatalogQueries, HealthEvent
+from controlplane.persistence.database import Database
 from controlplane.scheduling.shared_state import (
     InProcessSharedState,
     ProbeFinish,
@@ -75,12 +76,12 @@ class HealthMonitor:
         self,
         registry: BreakerRegistry,
         *,
-        events: CatalogStore | None = None,
+        db: Database | None = None,
         shared: SharedBreakerState | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.registry = registry
-        self._events = events
+        self._db = db
         self._shared = shared or InProcessSharedState()
         self._clock = clock
         self._windows: dict[str, HealthWindows] = {}
@@ -363,7 +364,7 @@ class HealthMonitor:
         await self._persist([transition])
 
     async def _persist(self, transitions: Sequence[BreakerTransition]) -> None:
-        if self._events is None:
+        if self._db is None:
             return
         rows = []
         for t in transitions:
@@ -384,14 +385,15 @@ class HealthMonitor:
                     datetime.fromtimestamp(t.at, UTC),
                 )
             )
-        await self._events.record_health_events(rows)
+        async with self._db.unit(datetime.fromtimestamp(self._clock(), UTC)) as u:
+            await u.record_health_events(rows)
 
     async def _account_id(self, key: BreakerKey) -> int | None:
         ident = (key.provider, key.account, key.region)
-        if ident not in self._account_ids and self._events is not None:
+        if ident not in self._account_ids and self._db is not None:
             self.set_account_ids(
                 ((a.provider, a.account_name, a.region), a.id)
-                for a in await self._events.accounts()
+                for a in await CatalogQueries(self._db).accounts()
             )
         return self._account_ids.get(ident)
 

@@ -12,18 +12,12 @@ On SQLite (single node, development) `LocalLock` is a process-local lock: one re
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import logging
 from typing import Protocol
 
-from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.pool import NullPool
-
-from controlplane.persistence.db import create_engine, is_sqlite
+from controlplane.persistence.advisory import AdvisoryLockSession, DatabaseUnavailable
+from controlplane.persistence.db import is_sqlite
 
 log = logging.getLogger(__name__)
 
@@ -57,70 +51,48 @@ class PostgresAdvisoryLock:
 
     def __init__(self, url: str, name: str = "shard-0") -> None:
         self.name = name
-        self._key = lock_key(name)
-        self._engine: AsyncEngine = create_engine(
-            url, poolclass=NullPool, isolation_level="AUTOCOMMIT"
-        )
-        self._conn: AsyncConnection | None = None
+        self._session = AdvisoryLockSession(url, lock_key(name))
         self._held = False
-        self._pid: int | None = None
 
     @property
     def backend_pid(self) -> int | None:
         """The server process id of the lock's session (for operators and tests)."""
-        return self._pid
+        return self._session.backend_pid
 
     async def try_acquire(self) -> bool:
         if self._held and await self.still_held():
             return True
-        await self._drop_connection()
         try:
-            self._conn = await self._engine.connect()
-            got = await self._conn.scalar(text("SELECT pg_try_advisory_lock(:k)"), {"k": self._key})
-            self._pid = await self._conn.scalar(text("SELECT pg_backend_pid()"))
-        except (OSError, SQLAlchemyError) as exc:
-            log.warning("leader lock %s: cannot reach PostgreSQL: %r", self.name, exc)
-            await self._drop_connection()
+            self._held = await self._session.try_lock()
+        except DatabaseUnavailable as exc:
+            log.warning("leader lock %s: cannot reach PostgreSQL: %s", self.name, exc)
+            self._held = False
             return False
-        self._held = bool(got)
-        if not self._held:
-            await self._drop_connection()
-        else:
-            log.info("leader lock %s acquired (backend pid %s)", self.name, self._pid)
+        if self._held:
+            log.info("leader lock %s acquired (backend pid %s)", self.name, self.backend_pid)
         return self._held
 
     async def still_held(self) -> bool:
-        if not self._held or self._conn is None:
+        if not self._held:
             return False
         try:
-            async with asyncio.timeout(5):
-                await self._conn.execute(text("SELECT 1"))
-        except (OSError, TimeoutError, DBAPIError, SQLAlchemyError) as exc:
-            log.warning("leader lock %s lost: %r", self.name, exc)
+            await self._session.ping()
+        except DatabaseUnavailable as exc:
+            log.warning("leader lock %s lost: %s", self.name, exc)
             self._held = False
-            await self._drop_connection()
             return False
         return True
 
     async def release(self) -> None:
-        if self._held and self._conn is not None:
-            # The session is closed right after, which releases the lock anyway.
-            with contextlib.suppress(OSError, SQLAlchemyError):
-                await self._conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": self._key})
+        if self._held:
+            await self._session.unlock()
+        else:
+            await self._session.drop()
         self._held = False
-        await self._drop_connection()
 
     async def close(self) -> None:
         await self.release()
-        await self._engine.dispose()
-
-    async def _drop_connection(self) -> None:
-        conn, self._conn, self._pid = self._conn, None, None
-        if conn is not None:
-            try:
-                await conn.close()
-            except (OSError, SQLAlchemyError):
-                await conn.invalidate()
+        await self._session.dispose()
 
 
 class LocalLock:

@@ -16,14 +16,12 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from controlplane.capabilities.catalog import CapabilityCatalog
 from controlplane.domain.states import IN_FLIGHT_ATTEMPT_STATES, AttemptState
 from controlplane.leases.base import HeldLease, LeaseStore, unknown_slot_cap
 from controlplane.leases.reconciler import UNKNOWN_BUDGET, Drift, InFlightAttempt
-from controlplane.persistence.models import task_attempts
+from controlplane.persistence import leases as lease_facts
+from controlplane.persistence.database import Database
 from controlplane.scheduling.gather import lease_dimensions
 
 __all__ = ["HOLDING_STATES", "Rebuild", "in_flight_facts", "restore_holders"]
@@ -50,53 +48,23 @@ class Rebuild:
     corrections: tuple[Drift, ...]
 
 
-async def _holding_rows(
-    engine: AsyncEngine, *, keys: list[str] | None = None
-) -> list[tuple[str, int, str, str, str | None, int | None]]:
-    """(key, account id, model, status, lease token, fencing token) of holding attempts, or of
-    the attempts with `keys` whatever their state."""
-    c = task_attempts.c
-    query = select(
-        c.client_request_key,
-        c.provider_account_id,
-        c.provider_model,
-        c.status,
-        c.lease_token,
-        c.fencing_token,
-    )
-    if keys is None:
-        query = query.where(c.status.in_(sorted(HOLDING_STATES)))
-    else:
-        query = query.where(c.client_request_key.in_(keys))
-    async with engine.connect() as conn:
-        return [tuple(row) for row in (await conn.execute(query)).all()]
-
-
 async def in_flight_facts(
-    engine: AsyncEngine, catalog: CapabilityCatalog, default_concurrency: int
+    db: Database, catalog: CapabilityCatalog, default_concurrency: int
 ) -> list[InFlightAttempt]:
     """The attempts PostgreSQL says hold capacity, as lease facts (dimensions from the catalog)."""
     by_account_model = {(c.account_id, c.model): c for c in catalog.candidates}
-    query = select(
-        task_attempts.c.client_request_key,
-        task_attempts.c.provider_account_id,
-        task_attempts.c.provider_model,
-        task_attempts.c.status,
-    ).where(task_attempts.c.status.in_(sorted(s.value for s in IN_FLIGHT_ATTEMPT_STATES)))
-    async with engine.connect() as conn:
-        rows = (await conn.execute(query)).all()
     facts: list[InFlightAttempt] = []
-    for key, account_id, model, status in rows:
-        candidate = by_account_model.get((account_id, model))
+    for row in await lease_facts.attempts_in_states(db, _IN_FLIGHT):
+        candidate = by_account_model.get((row.account_id, row.model))
         if candidate is None:
-            log.warning("in-flight attempt %s has no catalog candidate; not reconciled", key)
+            log.warning("in-flight attempt %s has no catalog candidate; not reconciled", row.key)
             continue
         fact = InFlightAttempt.from_state(
-            attempt_id=key,
+            attempt_id=row.key,
             account=candidate.lease_account,
             dimensions=lease_dimensions(candidate, default_concurrency),
             slots=1,
-            state=status,
+            state=row.status,
         )
         if fact is not None:
             facts.append(fact)
@@ -104,7 +72,7 @@ async def in_flight_facts(
 
 
 async def restore_holders(
-    engine: AsyncEngine,
+    db: Database,
     leases: LeaseStore,
     catalog: CapabilityCatalog,
     *,
@@ -120,19 +88,19 @@ async def restore_holders(
     for c in catalog.candidates:
         total = lease_dimensions(c, dc)[0].capacity
         capacity[c.lease_account] = max(capacity.get(c.lease_account, 0), total)
-    for key, account_id, model, status, token, fence in await _holding_rows(engine):
-        candidate = by_account_model.get((account_id, model))
-        if candidate is None or not token or fence is None:
+    for row in await lease_facts.attempts_in_states(db, HOLDING_STATES):
+        candidate = by_account_model.get((row.account_id, row.model))
+        if candidate is None or not row.lease_token or row.fencing_token is None:
             continue  # in_flight_facts logs the uncatalogued; no token: nothing to rebuild
         holders[candidate.lease_account].append(
             HeldLease(
-                key,
+                row.key,
                 candidate.lease_account,
-                token,
-                fence,
+                row.lease_token,
+                row.fencing_token,
                 lease_dimensions(candidate, dc),
-                unknown=status == AttemptState.SUBMIT_UNKNOWN.value,
-                sent=status in _IN_FLIGHT,
+                unknown=row.status == AttemptState.SUBMIT_UNKNOWN.value,
+                sent=row.status in _IN_FLIGHT,
             )
         )
     restored: list[str] = []
@@ -152,17 +120,17 @@ async def restore_holders(
             corrections += _rebuilt(before.used, before.unknown_used, held, set(ids))
             restored += ids
     if restored:
-        await _release_ended(engine, leases, restored)
+        await _release_ended(db, leases, restored)
     return Rebuild(tuple(restored), tuple(corrections))
 
 
-async def _release_ended(engine: AsyncEngine, leases: LeaseStore, restored: list[str]) -> None:
+async def _release_ended(db: Database, leases: LeaseStore, restored: list[str]) -> None:
     """Release rebuilt leases whose attempt ended after it was read (ABANDONED keeps its
     lease, as without a rebuild: its job may still run)."""
     ended = {
-        key
-        for key, _a, _m, status, _t, _f in await _holding_rows(engine, keys=restored)
-        if status not in HOLDING_STATES and status != AttemptState.ABANDONED.value
+        row.key
+        for row in await lease_facts.attempts_with_keys(db, restored)
+        if row.status not in HOLDING_STATES and row.status != AttemptState.ABANDONED.value
     }
     if not ended:
         return

@@ -25,7 +25,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.capabilities.publish import (
@@ -37,8 +36,8 @@ from controlplane.domain.breaker import BreakerConfig, BreakerRegistry
 from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import RoutingPolicy
 from controlplane.leases.base import LeaseStore
-from controlplane.persistence.catalog_store import CatalogStore, PublishCounts
-from controlplane.persistence.repository import Store
+from controlplane.persistence.catalog import CatalogQueries, PublishCounts
+from controlplane.persistence.database import Database
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import leader_lock_for
@@ -54,7 +53,7 @@ class SchedulingRuntime:
     dispatcher: Dispatcher
     monitor: HealthMonitor
     admin: ProviderAdminService
-    catalog_store: CatalogStore
+    db: Database
     upkeep: Upkeep
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -85,7 +84,7 @@ class SchedulingRuntime:
         """Publish the capability YAML of `directories` as one batch; refreshes the catalog."""
         docs = [d for directory in directories for d in documents_from_directory(directory)]
         counts = await publish_documents(
-            self.catalog_store, docs, accounts, now=datetime.now(UTC), source="startup"
+            self.db, docs, accounts, now=datetime.now(UTC), source="startup"
         )
         await self.dispatcher.catalog(refresh=True)
         return counts
@@ -93,7 +92,7 @@ class SchedulingRuntime:
 
 def build_scheduling(
     *,
-    engine: AsyncEngine,
+    db: Database,
     database_url: str,
     leases: LeaseStore,
     adapters: Mapping[str, AdapterClient],
@@ -105,19 +104,18 @@ def build_scheduling(
     worker_id: str = "scheduler",
     upkeep_config: UpkeepConfig | None = None,
 ) -> SchedulingRuntime:
-    """Wire stores, breakers (shared through Redis when given), leader lock and dispatcher."""
+    """Wire queries, breakers (shared through Redis when given), leader lock and dispatcher."""
     config = config or DispatcherConfig()
-    catalog_store = CatalogStore(engine)
+    catalogs = CatalogQueries(db)
     shared = RedisSharedState(redis_client) if redis_client is not None else InProcessSharedState()
     monitor = HealthMonitor(
         BreakerRegistry(breaker_config or BreakerConfig(), time.time),
-        events=catalog_store,
+        db=db,
         shared=shared,
     )
-    dispatcher_store = Store(engine)
     dispatcher = Dispatcher(
-        store=dispatcher_store,
-        catalog_store=catalog_store,
+        db=db,
+        catalogs=catalogs,
         leases=leases,
         adapters=adapters,
         monitor=monitor,
@@ -126,7 +124,7 @@ def build_scheduling(
         config=config,
     )
     upkeep = Upkeep(
-        store=dispatcher_store,
+        db=db,
         leases=leases,
         catalog=dispatcher.catalog,
         is_leader=lambda: dispatcher.leading,
@@ -146,5 +144,5 @@ def build_scheduling(
     leases.on_not_live = upkeep.kick
     dispatcher.before_admit = upkeep.ensure_leases_live
     return SchedulingRuntime(
-        dispatcher, monitor, ProviderAdminService(catalog_store, monitor), catalog_store, upkeep
+        dispatcher, monitor, ProviderAdminService(catalogs, monitor), db, upkeep
     )

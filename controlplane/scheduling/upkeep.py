@@ -32,14 +32,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import insert
-
 from controlplane.capabilities.catalog import CapabilityCatalog
 from controlplane.domain.outbox import Topic
 from controlplane.leases.base import LeaseStore
 from controlplane.leases.reconciler import Drift, reconcile
-from controlplane.persistence.models import lease_audit_events
-from controlplane.persistence.repository import Store
+from controlplane.persistence.database import Database
+from controlplane.persistence.records import LeaseDrift
 from controlplane.scheduling.lease_rebuild import HOLDING_STATES, in_flight_facts, restore_holders
 
 log = logging.getLogger(__name__)
@@ -65,7 +63,7 @@ class Upkeep:
     def __init__(
         self,
         *,
-        store: Store,
+        db: Database,
         leases: LeaseStore,
         catalog: Callable[[], Awaitable[CapabilityCatalog]],
         is_leader: Callable[[], bool],
@@ -74,7 +72,7 @@ class Upkeep:
         config: UpkeepConfig | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self._store = store
+        self._db = db
         self._leases = leases
         self._catalog = catalog
         self._is_leader = is_leader
@@ -92,16 +90,15 @@ class Upkeep:
         """Complete wake-up messages and wake the dispatcher if there were any."""
         done = 0
         for topic in QUEUE_TOPICS:
-            now = self._clock()
-            claimed = await self._store.claim(
-                topic,
-                self._worker,
-                limit=self.config.batch,
-                lease_seconds=self.config.claim_lease_s,
-                now=now,
-            )
-            for message in claimed:
-                await self._store.complete(message.id, self._worker, now=now)
+            async with self._db.unit(self._clock()) as u:
+                claimed = await u.claim_messages(
+                    topic,
+                    self._worker,
+                    limit=self.config.batch,
+                    lease_seconds=self.config.claim_lease_s,
+                )
+                for message in claimed:
+                    await u.complete_message(message.id, self._worker)
             done += len(claimed)
         if done:
             self._wake()
@@ -129,14 +126,14 @@ class Upkeep:
             await self._leases.reclaim_expired()
             await self._restore_holders(catalog)
             dc = self.config.default_concurrency
-            facts = await in_flight_facts(self._store.engine, catalog, dc)
+            facts = await in_flight_facts(self._db, catalog, dc)
             drifts = await reconcile(self._leases, facts, self._audit)
             self.drifts_corrected += len(drifts)
             return drifts
 
     async def _restore_holders(self, catalog: CapabilityCatalog) -> None:
         rebuild = await restore_holders(
-            self._store.engine,
+            self._db,
             self._leases,
             catalog,
             default_concurrency=self.config.default_concurrency,
@@ -151,19 +148,12 @@ class Upkeep:
         """One `lease_audit_events` row per correction, all in one transaction."""
         for drift in drifts:
             log.warning("lease drift corrected: %s", drift)
-        async with self._store.engine.begin() as conn:
-            await conn.execute(
-                insert(lease_audit_events),
+        async with self._db.unit(self._clock()) as u:
+            await u.record_lease_drifts(
                 [
-                    {
-                        "dimension": f"{d.account}/{d.dimension}",
-                        "expected": d.expected,
-                        "actual": d.actual,
-                        "delta": d.delta,
-                        "at": self._clock(),
-                    }
+                    LeaseDrift(f"{d.account}/{d.dimension}", d.expected, d.actual, d.delta)
                     for d in drifts
-                ],
+                ]
             )
 
     def kick(self, account: str = "") -> None:

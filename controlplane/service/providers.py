@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 from controlplane.capabilities.catalog import candidate_from_record
 from controlplane.domain.breaker import BreakerKey, BreakerState, Operation
-from controlplane.persistence.catalog_store import CatalogStore
+from controlplane.persistence.catalog import CatalogQueries
 from controlplane.scheduling.health import BreakerStatus, HealthMonitor
 from vidroute_core.capabilities.loader import Capability
 from vidroute_core.exceptions import InvalidSpec
@@ -45,7 +45,7 @@ class ForceBreakerInput:
 class ProviderAdminService:
     def __init__(
         self,
-        catalog: CatalogStore,
+        catalog: CatalogQueries,
         monitor: HealthMonitor,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:

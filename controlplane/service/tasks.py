@@ -20,7 +20,8 @@ from controlplane.domain.safety import SafetyPolicy, ensure_allowed
 from controlplane.domain.states import TASK_MACHINE, TaskState
 from controlplane.persistence import errors as store_errors
 from controlplane.persistence.records import TaskDetail, TaskEventRecord, TaskRecord
-from controlplane.persistence.repository import Store
+from controlplane.persistence.database import Database
+from controlplane.persistence.tasks import TaskQueries
 from vidroute_core.exceptions import InvalidSpec, NotFound, PreconditionFailed
 from vidroute_core.hashing import normalized_spec_hash
 from vidroute_core.spec import GenerationSpec
@@ -89,7 +90,7 @@ class TaskService:
 
     def __init__(
         self,
-        store: Store,
+        db: Database,
         clock: Callable[[], datetime] = utcnow,
         *,
         canceller: Canceller | None = None,
@@ -97,7 +98,8 @@ class TaskService:
         safety: SafetyPolicy | None = None,
         deadlines: DeadlinePolicy | None = None,
     ) -> None:
-        self._store = store
+        self._db = db
+        self._tasks = TaskQueries(db)
         self._clock = clock
         self._canceller = canceller
         self._watch_poll_s = watch_poll_interval_s
@@ -115,24 +117,24 @@ class TaskService:
         ensure_allowed(self._safety, cmd.spec)
         now = self._clock()
         queue_deadline_at, deadline_at = deadlines_for(cmd.spec, self._deadlines, now)
-        return await self._store.create_task(
-            cmd.spec,
-            idempotency_key=cmd.idempotency_key,
-            spec_hash=normalized_spec_hash(cmd.spec),
-            now=now,
-            queue_deadline_at=queue_deadline_at,
-            deadline_at=deadline_at,
-        )
+        async with self._db.unit(now) as u:
+            return await u.create_task(
+                cmd.spec,
+                idempotency_key=cmd.idempotency_key,
+                spec_hash=normalized_spec_hash(cmd.spec),
+                queue_deadline_at=queue_deadline_at,
+                deadline_at=deadline_at,
+            )
 
     async def get_task(self, task_id: int) -> TaskDetail:
-        detail = await self._store.get_task(task_id)
+        detail = await self._tasks.get_task(task_id)
         if detail is None:
             raise NotFound("task", str(task_id))
         return detail
 
     async def list_tasks(self, query: ListTasksInput) -> tuple[list[TaskRecord], str | None]:
         try:
-            return await self._store.list_tasks(
+            return await self._tasks.list_tasks(
                 tenant_id=query.tenant_id or None,
                 state=query.state,
                 page_size=query.page_size,
@@ -152,7 +154,8 @@ class TaskService:
         if self._canceller is not None:
             await self._canceller.cancel(task_id, reason)
             return await self.get_task(task_id)
-        record = await self._store.cancel_queued_task(task_id, now=self._clock(), reason=reason)
+        async with self._db.unit(self._clock()) as u:
+            record = await u.cancel_queued_task(task_id, reason)
         if record.state is not TaskState.CANCELLED and record.state not in _TERMINAL:
             raise PreconditionFailed(
                 f"task {task_id} is {record.state.value}; only queued tasks can be cancelled "
@@ -170,7 +173,7 @@ class TaskService:
         await self.get_task(task_id)  # NotFound before the stream starts
         cursor = after_seq
         while True:
-            events = await self._store.task_events(task_id, after_seq=cursor, limit=200)
+            events = await self._tasks.task_events(task_id, after_seq=cursor, limit=200)
             for event in events:
                 cursor = event.seq
                 yield event
@@ -178,7 +181,7 @@ class TaskService:
                 continue
             detail = await self.get_task(task_id)
             if detail.task.state in _TERMINAL:
-                if not await self._store.task_events(task_id, after_seq=cursor, limit=1):
+                if not await self._tasks.task_events(task_id, after_seq=cursor, limit=1):
                     return
                 continue
             await asyncio.sleep(self._watch_poll_s)

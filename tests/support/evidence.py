@@ -41,13 +41,13 @@ async def _audit(database_url: str, redis_url: str | None, *, reclaim_ahead_ms: 
     from redis.asyncio import Redis
 
     from controlplane.audit.invariants import check_invariants
-    from controlplane.audit.snapshot import read_snapshot
     from controlplane.leases.base import Dimension
     from controlplane.leases.reconciler import InFlightAttempt, reconcile
     from controlplane.leases.redis_store import RedisLeaseStore
-    from controlplane.persistence.db import create_engine
+    from controlplane.persistence.database import Database
+    from controlplane.persistence.snapshot import read_snapshot
 
-    engine = create_engine(database_url)
+    db = Database.from_url(database_url)
     client = Redis.from_url(redis_url) if redis_url else None
     try:
         store = RedisLeaseStore(client) if client is not None else None
@@ -55,7 +55,7 @@ async def _audit(database_url: str, redis_url: str | None, *, reclaim_ahead_ms: 
             # A SIGKILLed holder never releases: its leases end when their TTL does. Jump the
             # store's clock past every TTL, then let the reconciler repair the counters.
             await store.reclaim_expired(now_ms=int(time.time() * 1000) + reclaim_ahead_ms)
-            snap = await read_snapshot(engine)
+            snap = await read_snapshot(db)
             names = {a.id: f"{a.provider}:{a.account_name}" for a in snap.accounts}
             facts = [
                 fact
@@ -79,11 +79,11 @@ async def _audit(database_url: str, redis_url: str | None, *, reclaim_ahead_ms: 
                 return None
 
             await reconcile(store, facts, ignore)
-        return await check_invariants(engine, lease_store=store, require_all_terminal=True)
+        return await check_invariants(db, lease_store=store, require_all_terminal=True)
     finally:
         if client is not None:
             await client.aclose()
-        await engine.dispose()
+        await db.dispose()
 
 
 def audit(database_url: str, redis_url: str | None, *, reclaim_ahead_ms: int | None = None) -> Any:

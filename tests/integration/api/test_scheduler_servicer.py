@@ -20,9 +20,8 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from controlplane.api.servicer import SchedulerServicer
-from controlplane.persistence.db import create_engine
+from controlplane.persistence.database import Database
 from controlplane.persistence.migrate import upgrade
-from controlplane.persistence.repository import Store
 from controlplane.service.tasks import TaskService
 from vidroute.common.v1 import generation_pb2 as gen
 from vidroute.scheduler.v1 import scheduler_pb2
@@ -73,17 +72,17 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 
 @pytest.fixture
-def store(tmp_path: Path, loop: asyncio.AbstractEventLoop) -> Iterator[Store]:
+def db(tmp_path: Path, loop: asyncio.AbstractEventLoop) -> Iterator[Database]:
     url = f"sqlite+aiosqlite:///{tmp_path / 'vidroute.db'}"
     asyncio.run_coroutine_threadsafe(upgrade(url), loop).result(30)
-    engine = create_engine(url)
-    yield Store(engine)
-    asyncio.run_coroutine_threadsafe(engine.dispose(), loop).result(30)
+    database = Database.from_url(url)
+    yield database
+    asyncio.run_coroutine_threadsafe(database.dispose(), loop).result(30)
 
 
 @pytest.fixture
-def server(store: Store, loop: asyncio.AbstractEventLoop) -> grpc_testing.Server:
-    servicer = SchedulerServicer(TaskService(store))
+def server(db: Database, loop: asyncio.AbstractEventLoop) -> grpc_testing.Server:
+    servicer = SchedulerServicer(TaskService(db))
     return grpc_testing.server_from_dictionary(
         {SERVICE: _Bridge(servicer, loop)}, grpc_testing.strict_real_time()
     )

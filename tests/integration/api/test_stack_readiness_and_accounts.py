@@ -24,10 +24,10 @@ from adapter_sidecars.emulators import RunwayConfig, RunwayEmulator
 from adapter_sidecars.runway.adapter import RunwayAdapter
 from controlplane.bootstrap import Settings, start_control_plane
 from controlplane.domain.states import AttemptState
-from controlplane.persistence.catalog_store import CatalogStore
-from controlplane.persistence.db import create_engine
+from controlplane.persistence.catalog import CatalogQueries
+from controlplane.persistence.database import Database
 from controlplane.persistence.records import TaskDetail
-from controlplane.persistence.repository import Store
+from controlplane.persistence.tasks import TaskQueries
 from controlplane.server import LIVENESS_SERVICE, SCHEDULER_SERVICE, ControlPlaneServer
 from tests.support.stack import spec_for
 from vidroute.scheduler.v1 import scheduler_service_pb2 as api
@@ -88,7 +88,7 @@ def runway_sidecar(
 @dataclass
 class Stack:
     server: ControlPlaneServer
-    store: Store
+    db: Database
     stub: api_grpc.SchedulerServiceAsyncStub
     health: health_pb2_grpc.HealthStub
 
@@ -104,7 +104,7 @@ class Stack:
         return int(reply.status)
 
     async def detail(self, task_id: int) -> TaskDetail:
-        detail = await self.store.get_task(task_id)
+        detail = await TaskQueries(self.db).get_task(task_id)
         assert detail is not None
         return detail
 
@@ -130,20 +130,20 @@ async def stack_factory(
             )
         )
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
-        engine = create_engine(fresh_postgres_url)
-        started.append((server, channel, engine))
+        db = Database.from_url(fresh_postgres_url)
+        started.append((server, channel, db))
         return Stack(
             server,
-            Store(engine),
+            db,
             api_grpc.SchedulerServiceStub(channel),
             health_pb2_grpc.HealthStub(channel),
         )
 
     yield start
-    for server, channel, engine in started:
+    for server, channel, db in started:
         await channel.close()
         await server.stop(grace=1.0)
-        await engine.dispose()
+        await db.dispose()
 
 
 async def test_not_ready_until_the_adapter_described_and_no_task_fails(
@@ -213,7 +213,7 @@ async def test_a_revoked_account_is_skipped_from_the_next_task_on(
             await eventually(serving, 60, "the control plane turns SERVING")
             revoked = {
                 a.id
-                for a in await CatalogStore(stack.store.engine).accounts()
+                for a in await CatalogQueries(stack.db).accounts()
                 if a.account_name == "revoked-us"
             }
             assert len(revoked) == 1

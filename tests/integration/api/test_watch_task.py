@@ -9,9 +9,8 @@ import grpc
 import pytest
 
 from controlplane.api.servicer import SchedulerServicer
-from controlplane.persistence.db import create_engine
+from controlplane.persistence.database import Database
 from controlplane.persistence.migrate import upgrade
-from controlplane.persistence.repository import Store
 from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.tasks import TaskService
 from vidroute.common.v1 import generation_pb2 as gen
@@ -26,18 +25,17 @@ async def stub(
 ) -> AsyncIterator[scheduler_service_pb2_grpc.SchedulerServiceAsyncStub]:
     url = f"sqlite+aiosqlite:///{tmp_path / 'vidroute.db'}"
     await upgrade(url)
-    engine = create_engine(url)
-    store = Store(engine)
+    db = Database.from_url(url)
 
     async def probe() -> bool:
-        await store.ping()
+        await db.ping()
         return True
 
     running: ControlPlaneServer = await start_server(
-        SchedulerServicer(TaskService(store, watch_poll_interval_s=0.05)),
+        SchedulerServicer(TaskService(db, watch_poll_interval_s=0.05)),
         listen="127.0.0.1:0",
         probe=probe,
-        cleanup=[engine.dispose],
+        cleanup=[db.dispose],
     )
     async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
         yield scheduler_service_pb2_grpc.SchedulerServiceStub(channel)

@@ -13,14 +13,15 @@ import pytest
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from controlplane.persistence.repository import Store
+from controlplane.persistence.database import Database
 from tests.integration.audit.history import History, build_history
 from tests.integration.audit.tamper import Tamper
 
+
 @pytest.fixture
-def store(engine: AsyncEngine) -> Store:
-    """The public repository that writes the clean history."""
-    return Store(engine)
+def db(engine: AsyncEngine) -> Database:
+    """The database the clean history is written to (through its units of work)."""
+    return Database(engine)
 
 
 @pytest_asyncio.fixture
@@ -34,6 +35,6 @@ async def tamper(database_url: str, backend: str) -> AsyncIterator[Tamper]:
 
 
 @pytest_asyncio.fixture
-async def history(store: Store) -> History:
+async def history(db: Database) -> History:
     """The clean history, written without leases."""
-    return await build_history(store)
+    return await build_history(db)

@@ -1,4 +1,4 @@
-"""A clean execution history built through the public `Store` API, optionally with leases.
+"""A clean execution history built through the unit of work, optionally with leases.
 
 `build_history` writes one task per interesting life story (failover then success, running,
 unknown submission, cancelled while queued, failed, abandoned) and returns the ids the
@@ -16,6 +16,7 @@ from typing import Any
 from controlplane.audit import Invariant, InvariantReport
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.leases import Dimension, Lease, LeaseRequest, MemoryLeaseStore
+from controlplane.persistence.database import Database
 from controlplane.persistence.records import (
     AttemptChanges,
     AttemptRecord,
@@ -25,7 +26,7 @@ from controlplane.persistence.records import (
     NewRouteDecision,
     TaskRecord,
 )
-from controlplane.persistence.repository import Store
+from controlplane.persistence.tasks import TaskQueries
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
 NOW = datetime(2026, 6, 24, 10, 0, 0, tzinfo=UTC)
@@ -56,10 +57,11 @@ class History:
 
 
 class _Writer:
-    """Moves tasks and attempts along with the versions the store expects."""
+    """Moves tasks and attempts along with the versions the database expects."""
 
-    def __init__(self, store: Store, leases: MemoryLeaseStore | None) -> None:
-        self.store = store
+    def __init__(self, db: Database, leases: MemoryLeaseStore | None) -> None:
+        self.db = db
+        self.tasks = TaskQueries(db)
         self.leases = leases
         self.clock = NOW
         self.counter = 0
@@ -78,21 +80,21 @@ class _Writer:
             user_id="user-1",
             project_id="project-1",
         )
-        record, _ = await self.store.create_task(
-            spec, idempotency_key=story, spec_hash=f"hash-{story}", now=self.now()
-        )
+        async with self.db.unit(self.now()) as u:
+            record, _ = await u.create_task(spec, idempotency_key=story, spec_hash=f"hash-{story}")
         return record
 
     async def move_task(self, task_id: int, target: TaskState, **extra: Any) -> None:
-        detail = await self.store.get_task(task_id)
+        detail = await self.tasks.get_task(task_id)
         assert detail is not None
         version = detail.task.status_version
-        assert await self.store.transition_task(task_id, version, target, now=self.now(), **extra)
+        async with self.db.unit(self.now()) as u:
+            assert await u.move_task_at(task_id, version, target, **extra)
 
     async def attempt(self, task_id: int, account: Account, model: str) -> AttemptRecord:
         """SCHEDULING -> SUBMITTING with a new READY_TO_SUBMIT attempt (leased first)."""
         await self.move_task(task_id, T.SCHEDULING)
-        detail = await self.store.get_task(task_id)
+        detail = await self.tasks.get_task(task_id)
         assert detail is not None
         self.counter += 1
         key = f"{task_id}-{len(detail.attempts) + 1}-{self.counter}"
@@ -106,32 +108,35 @@ class _Writer:
                 )
             )
             assert lease is not None
-        record, _ = await self.store.create_attempt_with_decision(
-            task_id,
-            detail.task.status_version,
-            NewAttempt(
-                provider_account_id=account.id,
-                provider_model=model,
-                provider_model_version="2026-06-01",
-                capability_version="cap-2026-06-24",
-                price_version="price-2026-06",
-                routing_policy_version="router-v17",
-                client_request_key=key,
-                normalized_spec_hash=f"hash-{task_id}",
-                compile_plan={"model": model, "duration": 4},
-                estimated_cost_micros=250_000,
-                currency="USD",
-                lease_token=lease.token if lease else None,
-                fencing_token=lease.fencing_token if lease else None,
-            ),
-            NewRouteDecision(
-                policy_version="router-v17",
-                reason_code="BEST_SCORE",
-                candidate_snapshot={"selected": f"{account.provider}/{model}", "candidates": []},
-                selected_candidate=f"{account.provider}/{model}/{account.name}",
-            ),
-            now=self.now(),
-        )
+        async with self.db.unit(self.now()) as u:
+            record, _ = await u.create_attempt(
+                task_id,
+                detail.task.status_version,
+                NewAttempt(
+                    provider_account_id=account.id,
+                    provider_model=model,
+                    provider_model_version="2026-06-01",
+                    capability_version="cap-2026-06-24",
+                    price_version="price-2026-06",
+                    routing_policy_version="router-v17",
+                    client_request_key=key,
+                    normalized_spec_hash=f"hash-{task_id}",
+                    compile_plan={"model": model, "duration": 4},
+                    estimated_cost_micros=250_000,
+                    currency="USD",
+                    lease_token=lease.token if lease else None,
+                    fencing_token=lease.fencing_token if lease else None,
+                ),
+                NewRouteDecision(
+                    policy_version="router-v17",
+                    reason_code="BEST_SCORE",
+                    candidate_snapshot={
+                        "selected": f"{account.provider}/{model}",
+                        "candidates": [],
+                    },
+                    selected_candidate=f"{account.provider}/{model}/{account.name}",
+                ),
+            )
         if lease is not None:
             self.leased[record.id] = lease
         return record
@@ -140,15 +145,14 @@ class _Writer:
         self, attempt_id: int, *targets: AttemptState, cost: int | None = None
     ) -> None:
         for target in targets:
-            current = await self.store.get_attempt(attempt_id)
+            current = await self.tasks.get_attempt(attempt_id)
             assert current is not None
             changes = AttemptChanges(actual_cost_micros=cost if target is A.SUCCEEDED else None)
             failure = Failure("INTERNAL_PERMANENT", "X") if target is A.FAILED else None
             if failure is not None:
                 changes = AttemptChanges(failure=failure)
-            assert await self.store.transition_attempt(
-                attempt_id, current.status_version, target, now=self.now(), changes=changes
-            )
+            async with self.db.unit(self.now()) as u:
+                assert await u.move_attempt(current, target, "", changes)
             lease = self.leased.get(attempt_id)
             if self.leases is None or lease is None:
                 continue
@@ -157,34 +161,39 @@ class _Writer:
             elif target in (A.SUCCEEDED, A.FAILED, A.CANCELLED):
                 assert await self.leases.release(lease)
 
+    async def cancel_queued(self, task_id: int) -> None:
+        async with self.db.unit(self.now()) as u:
+            await u.cancel_queued_task(task_id)
+
     async def job(self, attempt: AttemptRecord, job_id: str) -> None:
-        await self.store.record_provider_job(
-            NewProviderJob(
-                attempt_id=attempt.id,
-                provider_account_id=attempt.provider_account_id,
-                provider_job_id=job_id,
-                normalized_status=A.ACCEPTED,
-                submitted_at=self.clock,
-            ),
-            now=self.now(),
+        async with self.db.unit(self.now()) as u:
+            await u.insert_job(
+                NewProviderJob(
+                    attempt_id=attempt.id,
+                    provider_account_id=attempt.provider_account_id,
+                    provider_job_id=job_id,
+                    normalized_status=A.ACCEPTED,
+                    submitted_at=self.clock,
+                )
+            )
+
+
+async def _account(db: Database, provider: str, name: str) -> Account:
+    async with db.unit(NOW) as u:
+        account_id = await u.create_provider_account(
+            provider=provider, account_name=name, region="us", credential_ref=f"kms://{name}"
         )
-
-
-async def _account(store: Store, provider: str, name: str) -> Account:
-    account_id = await store.create_provider_account(
-        provider=provider, account_name=name, region="us", credential_ref=f"kms://{name}", now=NOW
-    )
     return Account(account_id, provider, name)
 
 
 async def build_history(
-    store: Store, leases: MemoryLeaseStore | None = None, *, live: bool = True
+    db: Database, leases: MemoryLeaseStore | None = None, *, live: bool = True
 ) -> History:
     """Write the clean history; `live=False` leaves out the stories that are still running."""
-    w = _Writer(store, leases)
+    w = _Writer(db, leases)
     h = History(
-        runway=await _account(store, "runway", "prod-us"),
-        veo=await _account(store, "veo", "prod-apac"),
+        runway=await _account(db, "runway", "prod-us"),
+        veo=await _account(db, "veo", "prod-apac"),
     )
 
     # Failover then success: attempt 1 fails at the provider, attempt 2 succeeds and is adopted.
@@ -232,7 +241,7 @@ async def build_history(
 
     # Cancelled while still queued: no attempt at all.
     h.tasks["queued-cancel"] = (await w.task("queued-cancel")).id
-    await store.cancel_queued_task(h.tasks["queued-cancel"], now=w.now())
+    await w.cancel_queued(h.tasks["queued-cancel"])
 
     if live:
         t = (await w.task("running")).id

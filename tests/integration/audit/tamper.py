@@ -19,7 +19,7 @@ from controlplane.persistence.models import task_events
 
 
 class Tamper:
-    """Writes that bypass `Store`; one transaction per call."""
+    """Writes that bypass the unit of work; one transaction per call."""
 
     def __init__(self, url: str, backend: str) -> None:
         self.backend = backend

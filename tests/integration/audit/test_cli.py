@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.audit import Invariant
-from controlplane.persistence.repository import Store
+from controlplane.persistence.database import Database
 from tests.integration.audit.history import History, build_history
 from tests.integration.audit.tamper import Tamper
 
@@ -49,10 +49,10 @@ async def test_cli_exits_nonzero_only_on_violations(
 
 @pytest.mark.redis
 async def test_cli_checks_the_redis_lease_store(
-    database_url: str, store: Store, redis_server_url: str
+    database_url: str, db: Database, redis_server_url: str
 ) -> None:
     """With --redis the CLI also checks the lease store, which for finished work holds nothing."""
-    await build_history(store, live=False)
+    await build_history(db, live=False)
     namespace = f"vidroute-audit-{secrets.token_hex(4)}:"
     code, out = await _cli(
         database_url, "--redis", redis_server_url, "--redis-namespace", namespace

@@ -9,6 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.audit import Invariant, check_invariants
 from controlplane.domain.outbox import Topic
+from controlplane.persistence.database import Database
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.models import (
@@ -18,7 +19,6 @@ from controlplane.persistence.models import (
     route_decisions,
     task_attempts,
 )
-from controlplane.persistence.repository import Store
 from tests.integration.audit.history import NOW, History, assert_only, build_history
 from tests.integration.audit.tamper import Tamper
 
@@ -43,8 +43,8 @@ async def _attempt_decision(engine: AsyncEngine, attempt_id: int) -> int:
 async def test_clean_history_satisfies_every_invariant(
     engine: AsyncEngine, history: History
 ) -> None:
-    """A history written only through `Store` breaks no invariant and is counted in full."""
-    report = await check_invariants(engine)
+    """A history written only through the unit of work breaks no invariant; all is counted."""
+    report = await check_invariants(Database(engine))
     assert report.ok, report.render()
     assert report.counts["tasks"] == len(history.tasks)
     assert report.counts["attempts"] == len(history.attempts)
@@ -53,17 +53,17 @@ async def test_clean_history_satisfies_every_invariant(
     assert "invariant check: OK" in report.render()
 
 
-async def test_finished_history_is_quiescent(engine: AsyncEngine, store: Store) -> None:
+async def test_finished_history_is_quiescent(engine: AsyncEngine, db: Database) -> None:
     """With every task terminal, require_all_terminal accepts the undone messages they left."""
-    await build_history(store, live=False)
-    report = await check_invariants(engine, require_all_terminal=True)
+    await build_history(db, live=False)
+    report = await check_invariants(Database(engine), require_all_terminal=True)
     assert report.ok, report.render()
     assert report.counts["outbox_undone"] > 0
 
 
 async def test_live_tasks_break_quiescence(engine: AsyncEngine, history: History) -> None:
     """require_all_terminal reports each live task and each undone message of a live task."""
-    report = await check_invariants(engine, require_all_terminal=True)
+    report = await check_invariants(Database(engine), require_all_terminal=True)
     assert_only(report, I.I10_QUIESCENT)
     subjects = {v.subject for v in report.violations}
     assert {f"task {history.tasks[s]}" for s in ("running", "unknown", "queued")} <= subjects
@@ -71,10 +71,10 @@ async def test_live_tasks_break_quiescence(engine: AsyncEngine, history: History
 
 
 async def test_undone_message_of_no_task_breaks_quiescence(
-    engine: AsyncEngine, store: Store, tamper: Tamper
+    engine: AsyncEngine, db: Database, tamper: Tamper
 ) -> None:
     """An undone outbox message that belongs to no known task is reported under I10."""
-    await build_history(store, live=False)
+    await build_history(db, live=False)
     await tamper.insert(
         outbox,
         {
@@ -86,7 +86,9 @@ async def test_undone_message_of_no_task_breaks_quiescence(
             "attempts": 0,
         },
     )
-    assert_only(await check_invariants(engine, require_all_terminal=True), I.I10_QUIESCENT)
+    assert_only(
+        await check_invariants(Database(engine), require_all_terminal=True), I.I10_QUIESCENT
+    )
 
 
 async def test_checker_reads_a_database_at_the_first_revision(empty_url: str) -> None:
@@ -94,8 +96,8 @@ async def test_checker_reads_a_database_at_the_first_revision(empty_url: str) ->
     await upgrade(empty_url, "0001_initial")
     engine = create_engine(empty_url)
     try:
-        await build_history(Store(engine))
-        report = await check_invariants(engine)
+        await build_history(Database(engine))
+        report = await check_invariants(Database(engine))
         assert report.ok, report.render()
     finally:
         await engine.dispose()
@@ -110,7 +112,7 @@ async def test_attempt_without_model_breaks_binding(
     """An attempt whose provider_model is blank is reported under I1."""
     attempt = history.attempts[("running", 1)]
     await tamper.sql("UPDATE task_attempts SET provider_model = '' WHERE id = :a", a=attempt)
-    assert_only(await check_invariants(engine), I.I1_ATTEMPT_BINDING)
+    assert_only(await check_invariants(Database(engine)), I.I1_ATTEMPT_BINDING)
 
 
 async def test_attempt_without_compile_plan_breaks_binding(
@@ -120,7 +122,7 @@ async def test_attempt_without_compile_plan_breaks_binding(
     attempt = history.attempts[("failed", 1)]
     stmt = update(task_attempts).where(task_attempts.c.id == attempt).values(compile_plan={})
     await tamper.sql(stmt)
-    assert_only(await check_invariants(engine), I.I1_ATTEMPT_BINDING)
+    assert_only(await check_invariants(Database(engine)), I.I1_ATTEMPT_BINDING)
 
 
 async def test_job_on_another_account_breaks_binding(
@@ -133,7 +135,7 @@ async def test_job_on_another_account_breaks_binding(
         v=history.veo.id,
         a=attempt,
     )
-    assert_only(await check_invariants(engine), I.I1_ATTEMPT_BINDING)
+    assert_only(await check_invariants(Database(engine)), I.I1_ATTEMPT_BINDING)
 
 
 async def test_attempt_moved_to_another_account_breaks_binding(
@@ -146,7 +148,7 @@ async def test_attempt_moved_to_another_account_breaks_binding(
         v=history.veo.id,
         a=attempt,
     )
-    assert_only(await check_invariants(engine), I.I1_ATTEMPT_BINDING)
+    assert_only(await check_invariants(Database(engine)), I.I1_ATTEMPT_BINDING)
 
 
 async def test_gap_in_attempt_numbers_breaks_numbering(
@@ -155,7 +157,7 @@ async def test_gap_in_attempt_numbers_breaks_numbering(
     """A task whose attempts are numbered 1, 3 is reported under I2."""
     attempt = history.attempts[("failover", 2)]
     await tamper.sql("UPDATE task_attempts SET attempt_no = 3 WHERE id = :a", a=attempt)
-    assert_only(await check_invariants(engine), I.I2_ATTEMPT_NUMBERING)
+    assert_only(await check_invariants(Database(engine)), I.I2_ATTEMPT_NUMBERING)
 
 
 async def test_second_job_for_an_attempt_breaks_one_job_per_attempt(
@@ -166,7 +168,7 @@ async def test_second_job_for_an_attempt_breaks_one_job_per_attempt(
     J = provider_jobs
     job_id = await _one_id(engine, J.c.id, J.c.attempt_id == history.attempts[("failover", 2)])
     await tamper.copy_row(J, job_id, provider_job_id="veo-op-9")
-    assert_only(await check_invariants(engine), I.I2B_ONE_JOB_PER_ATTEMPT)
+    assert_only(await check_invariants(Database(engine)), I.I2B_ONE_JOB_PER_ATTEMPT)
 
 
 async def test_event_naming_another_job_breaks_job_never_overwritten(
@@ -182,7 +184,7 @@ async def test_event_naming_another_job_breaks_job_never_overwritten(
             "normalized_status": "RUNNING",
         },
     )
-    assert_only(await check_invariants(engine), I.I3_JOB_NEVER_OVERWRITTEN)
+    assert_only(await check_invariants(Database(engine)), I.I3_JOB_NEVER_OVERWRITTEN)
 
 
 async def test_duplicate_job_id_on_an_account_breaks_job_never_overwritten(
@@ -193,7 +195,7 @@ async def test_duplicate_job_id_on_an_account_breaks_job_never_overwritten(
     J = provider_jobs
     job_id = await _one_id(engine, J.c.id, J.c.provider_job_id == "rw-job-1")
     await tamper.copy_row(J, job_id, attempt_id=history.attempts[("failed", 1)])
-    assert_only(await check_invariants(engine), I.I3_JOB_NEVER_OVERWRITTEN)
+    assert_only(await check_invariants(Database(engine)), I.I3_JOB_NEVER_OVERWRITTEN)
 
 
 # ---- I4, I5: adoption --------------------------------------------------------------------------
@@ -205,7 +207,7 @@ async def test_succeeded_task_without_output_breaks_adoption(
     """A SUCCEEDED task without output_asset is reported under I4."""
     task = history.tasks["failover"]
     await tamper.sql("UPDATE generation_tasks SET output_asset = NULL WHERE id = :t", t=task)
-    assert_only(await check_invariants(engine), I.I4_SINGLE_ADOPTED_OUTPUT)
+    assert_only(await check_invariants(Database(engine)), I.I4_SINGLE_ADOPTED_OUTPUT)
 
 
 async def test_failed_task_with_output_breaks_adoption(
@@ -215,7 +217,7 @@ async def test_failed_task_with_output_breaks_adoption(
     T = generation_tasks
     stmt = update(T).where(T.c.id == history.tasks["failed"]).values(output_asset={"uri": "x"})
     await tamper.sql(stmt)
-    assert_only(await check_invariants(engine), I.I4_SINGLE_ADOPTED_OUTPUT)
+    assert_only(await check_invariants(Database(engine)), I.I4_SINGLE_ADOPTED_OUTPUT)
 
 
 async def test_adopting_another_tasks_attempt_breaks_adoption(
@@ -227,7 +229,7 @@ async def test_adopting_another_tasks_attempt_breaks_adoption(
         a=history.attempts[("cancelled", 1)],
         t=history.tasks["failover"],
     )
-    assert_only(await check_invariants(engine), I.I4_SINGLE_ADOPTED_OUTPUT)
+    assert_only(await check_invariants(Database(engine)), I.I4_SINGLE_ADOPTED_OUTPUT)
 
 
 async def test_rescheduling_after_adoption_breaks_adoption_stability(
@@ -237,7 +239,7 @@ async def test_rescheduling_after_adoption_breaks_adoption_stability(
     await tamper.append_event(
         history.tasks["failover"], "task.state_changed", {"state": "SCHEDULING"}
     )
-    assert_only(await check_invariants(engine), I.I5_ADOPTION_STABLE)
+    assert_only(await check_invariants(Database(engine)), I.I5_ADOPTION_STABLE)
 
 
 async def test_history_adopting_another_attempt_breaks_adoption_stability(
@@ -249,7 +251,7 @@ async def test_history_adopting_another_attempt_breaks_adoption_stability(
         "task.state_changed",
         {"state": "SUCCEEDED", "adopted_attempt_id": history.attempts[("failover", 1)]},
     )
-    assert_only(await check_invariants(engine), I.I5_ADOPTION_STABLE)
+    assert_only(await check_invariants(Database(engine)), I.I5_ADOPTION_STABLE)
 
 
 # ---- I6, I7: cost and route decisions ----------------------------------------------------------
@@ -261,7 +263,7 @@ async def test_lowercase_currency_breaks_cost_accounting(
     """An attempt whose currency is not an ISO-4217 code is reported under I6."""
     attempt = history.attempts[("failover", 2)]
     await tamper.sql("UPDATE task_attempts SET currency = 'usd' WHERE id = :a", a=attempt)
-    assert_only(await check_invariants(engine), I.I6_COST_PER_ATTEMPT)
+    assert_only(await check_invariants(Database(engine)), I.I6_COST_PER_ATTEMPT)
 
 
 async def test_float_cost_breaks_cost_accounting(
@@ -277,7 +279,7 @@ async def test_float_cost_breaks_cost_accounting(
         await tamper.sql(
             "UPDATE task_attempts SET actual_cost_micros = 2.5 WHERE id = :a", a=attempt
         )
-    report = await check_invariants(engine)
+    report = await check_invariants(Database(engine))
     assert_only(report, I.I6_COST_PER_ATTEMPT)
 
 
@@ -287,7 +289,7 @@ async def test_attempt_without_route_decision_breaks_explainability(
     """An attempt that references no route decision is reported under I7."""
     attempt = history.attempts[("running", 1)]
     await tamper.sql("UPDATE task_attempts SET route_decision_id = NULL WHERE id = :a", a=attempt)
-    assert_only(await check_invariants(engine), I.I7_ROUTE_DECISION_EXPLAINED)
+    assert_only(await check_invariants(Database(engine)), I.I7_ROUTE_DECISION_EXPLAINED)
 
 
 async def test_decision_without_reason_breaks_explainability(
@@ -296,7 +298,7 @@ async def test_decision_without_reason_breaks_explainability(
     """A route decision with a blank reason_code is reported under I7."""
     decision = await _attempt_decision(engine, history.attempts[("failed", 1)])
     await tamper.sql("UPDATE route_decisions SET reason_code = ' ' WHERE id = :d", d=decision)
-    assert_only(await check_invariants(engine), I.I7_ROUTE_DECISION_EXPLAINED)
+    assert_only(await check_invariants(Database(engine)), I.I7_ROUTE_DECISION_EXPLAINED)
 
 
 async def test_decision_of_another_task_breaks_explainability(
@@ -309,7 +311,7 @@ async def test_decision_of_another_task_breaks_explainability(
         d=decision,
         a=history.attempts[("running", 1)],
     )
-    assert_only(await check_invariants(engine), I.I7_ROUTE_DECISION_EXPLAINED)
+    assert_only(await check_invariants(Database(engine)), I.I7_ROUTE_DECISION_EXPLAINED)
 
 
 # ---- I8: state sanity --------------------------------------------------------------------------
@@ -321,7 +323,7 @@ async def test_terminal_task_with_attempt_in_flight_breaks_state_sanity(
     """A FAILED task whose attempt is still RUNNING is reported under I8."""
     task = history.tasks["running"]
     await tamper.sql("UPDATE generation_tasks SET status = 'FAILED' WHERE id = :t", t=task)
-    assert_only(await check_invariants(engine), I.I8_STATE_SANITY)
+    assert_only(await check_invariants(Database(engine)), I.I8_STATE_SANITY)
 
 
 async def test_cancelled_task_with_unsettled_cancel_breaks_state_sanity(
@@ -332,7 +334,7 @@ async def test_cancelled_task_with_unsettled_cancel_breaks_state_sanity(
     await tamper.sql(
         "UPDATE task_attempts SET status = 'CANCEL_REQUESTED' WHERE id = :a", a=attempt
     )
-    report = await check_invariants(engine)
+    report = await check_invariants(Database(engine))
     assert_only(report, I.I8_STATE_SANITY)
     assert "in flight" in report.violations[0].detail
 
@@ -343,18 +345,20 @@ async def test_unsent_attempt_of_ended_task_is_tolerated_while_its_submit_is_pen
     """An unsent attempt under a FAILED task passes while its attempt.submit message is undone."""
     attempt = history.attempts[("failed", 1)]
     await tamper.sql("UPDATE task_attempts SET status = 'READY_TO_SUBMIT' WHERE id = :a", a=attempt)
-    report = await check_invariants(engine)
+    report = await check_invariants(Database(engine))
     assert report.ok, report.render()
 
 
 async def test_unsent_attempt_of_ended_task_breaks_state_sanity_once_settled(
-    engine: AsyncEngine, store: Store, tamper: Tamper
+    engine: AsyncEngine, db: Database, tamper: Tamper
 ) -> None:
     """With require_all_terminal an unsent attempt under a FAILED task is reported under I8."""
-    history = await build_history(store, live=False)
+    history = await build_history(db, live=False)
     attempt = history.attempts[("failed", 1)]
     await tamper.sql("UPDATE task_attempts SET status = 'READY_TO_SUBMIT' WHERE id = :a", a=attempt)
-    assert_only(await check_invariants(engine, require_all_terminal=True), I.I8_STATE_SANITY)
+    assert_only(
+        await check_invariants(Database(engine), require_all_terminal=True), I.I8_STATE_SANITY
+    )
 
 
 async def test_two_live_attempts_break_state_sanity(
@@ -373,7 +377,7 @@ async def test_two_live_attempts_break_state_sanity(
         client_request_key="second-live",
         status="READY_TO_SUBMIT",
     )
-    assert_only(await check_invariants(engine), I.I8_STATE_SANITY)
+    assert_only(await check_invariants(Database(engine)), I.I8_STATE_SANITY)
 
 
 async def test_unknown_status_breaks_state_sanity(
@@ -387,4 +391,4 @@ async def test_unknown_status_breaks_state_sanity(
         ignore_checks=True,
         t=history.tasks["queued"],
     )
-    assert_only(await check_invariants(engine), I.I8_STATE_SANITY)
+    assert_only(await check_invariants(Database(engine)), I.I8_STATE_SANITY)

@@ -27,9 +27,9 @@ from controlplane.execution.output_fetch import FetchRequest, FetchResult, Store
 from controlplane.leases.base import Dimension, LeaseRequest, LeaseStore
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.persistence import exclusions
-from controlplane.persistence.db import create_engine
+from controlplane.persistence.database import Database
 from controlplane.persistence.exclusions import RequeueRow
-from controlplane.persistence.execution_store import ExecutionStore
+from controlplane.persistence.execution import ExecutionQueries
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.records import (
     AttemptRecord,
@@ -38,7 +38,7 @@ from controlplane.persistence.records import (
     OutboxRecord,
     TaskDetail,
 )
-from controlplane.persistence.repository import Store
+from controlplane.persistence.tasks import TaskQueries
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec, RoutingMode, RoutingPolicy
 
 START = datetime(2026, 6, 24, 10, 0, 0, tzinfo=UTC)
@@ -106,7 +106,7 @@ def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
 class Harness:
     """Plays the scheduler and builds engines over one database."""
 
-    store: Store
+    db: Database
     fake: FakeAdapterClient
     clock: FakeClock
     leases: LeaseStore
@@ -116,8 +116,12 @@ class Harness:
     _n: int = 0
 
     @property
-    def xstore(self) -> ExecutionStore:
-        return ExecutionStore(self.store.engine)
+    def reads(self) -> ExecutionQueries:
+        return ExecutionQueries(self.db)
+
+    @property
+    def tasks(self) -> TaskQueries:
+        return TaskQueries(self.db)
 
     def engine(
         self, adapters: Mapping[str, AdapterClient] | None = None, **overrides: Any
@@ -125,7 +129,7 @@ class Harness:
         """An engine over the fake adapter (or real `adapters`), with config `overrides`."""
         config = ExecutionConfig(**{**_config_fields(self.config), **overrides})
         engine = ExecutionEngine(
-            self.store,
+            self.db,
             adapters or {"runway": self.fake, "self_hosted": self.fake},
             config=config,
             leases=self.leases,
@@ -139,13 +143,13 @@ class Harness:
 
     async def account(self, provider: str = "runway") -> int:
         self._n += 1
-        return await self.store.create_provider_account(
-            provider=provider,
-            account_name=f"{ACCOUNT}-{self._n}",
-            region="us",
-            credential_ref="kms://x",
-            now=self.clock(),
-        )
+        async with self.db.unit(self.clock()) as u:
+            return await u.create_provider_account(
+                provider=provider,
+                account_name=f"{ACCOUNT}-{self._n}",
+                region="us",
+                credential_ref="kms://x",
+            )
 
     async def task_with_attempt(
         self,
@@ -169,14 +173,14 @@ class Harness:
                 mode=mode, required_model="gen4.5" if mode is RoutingMode.STRICT_MODEL else ""
             ),
         )
-        task, _ = await self.store.create_task(
-            spec,
-            idempotency_key=f"k-{self._n}",
-            spec_hash=f"h-{self._n}",
-            now=self.clock(),
-            deadline_at=deadline_at,
-        )
-        assert await self.store.transition_task(task.id, 0, TaskState.SCHEDULING, now=self.clock())
+        async with self.db.unit(self.clock()) as u:
+            task, _ = await u.create_task(
+                spec,
+                idempotency_key=f"k-{self._n}",
+                spec_hash=f"h-{self._n}",
+                deadline_at=deadline_at,
+            )
+            assert await u.move_task_at(task.id, 0, TaskState.SCHEDULING)
         return await self.new_attempt(
             task.id, account_id, provider=provider, compile_plan=compile_plan
         )
@@ -204,45 +208,45 @@ class Harness:
         )
         assert lease is not None
         detail = await self.detail(task_id)
-        attempt, _ = await self.store.create_attempt_with_decision(
-            task_id,
-            detail.task.status_version,
-            NewAttempt(
-                provider_account_id=account_id,
-                provider_model=model,
-                provider_model_version="v1",
-                capability_version="cap-1",
-                price_version="p-1",
-                routing_policy_version="r-1",
-                client_request_key=key,
-                normalized_spec_hash="spec",
-                compile_plan=compile_plan
-                or {
-                    "provider": provider,
-                    "account": ACCOUNT,
-                    "model": model,
-                    "request_hash": "sha256:abc",
-                    "estimated_cost": {"amount_micros": "250000", "currency_code": "USD"},
-                    "submittable": True,
-                },
-                estimated_cost_micros=250_000,
-                currency="USD",
-                request_hash="sha256:abc",
-                lease_token=lease.token,
-                fencing_token=lease.fencing_token,
-            ),
-            NewRouteDecision(policy_version="r-1", reason_code="BEST", candidate_snapshot={}),
-            now=self.clock(),
-        )
+        async with self.db.unit(self.clock()) as u:
+            attempt, _ = await u.create_attempt(
+                task_id,
+                detail.task.status_version,
+                NewAttempt(
+                    provider_account_id=account_id,
+                    provider_model=model,
+                    provider_model_version="v1",
+                    capability_version="cap-1",
+                    price_version="p-1",
+                    routing_policy_version="r-1",
+                    client_request_key=key,
+                    normalized_spec_hash="spec",
+                    compile_plan=compile_plan
+                    or {
+                        "provider": provider,
+                        "account": ACCOUNT,
+                        "model": model,
+                        "request_hash": "sha256:abc",
+                        "estimated_cost": {"amount_micros": "250000", "currency_code": "USD"},
+                        "submittable": True,
+                    },
+                    estimated_cost_micros=250_000,
+                    currency="USD",
+                    request_hash="sha256:abc",
+                    lease_token=lease.token,
+                    fencing_token=lease.fencing_token,
+                ),
+                NewRouteDecision(policy_version="r-1", reason_code="BEST", candidate_snapshot={}),
+            )
         return attempt
 
     async def detail(self, task_id: int) -> TaskDetail:
-        detail = await self.store.get_task(task_id)
+        detail = await self.tasks.get_task(task_id)
         assert detail is not None
         return detail
 
     async def attempt(self, attempt_id: int) -> AttemptRecord:
-        attempt = await self.store.get_attempt(attempt_id)
+        attempt = await self.tasks.get_attempt(attempt_id)
         assert attempt is not None
         return attempt
 
@@ -250,18 +254,17 @@ class Harness:
         """Claim every message of `topic` far in the future (inspection only; leaves them
         claimed).
         """
-        return await self.store.claim(
-            topic, "inspector", limit=100, lease_seconds=1, now=self.clock() + timedelta(days=30)
-        )
+        async with self.db.unit(self.clock() + timedelta(days=30)) as u:
+            return await u.claim_messages(topic, "inspector", limit=100, lease_seconds=1)
 
     async def requeues(self, task_id: int) -> list[RequeueRow]:
         """The task's stored requeues, oldest first."""
-        async with self.store.engine.connect() as conn:
+        async with self.db.reading() as conn:
             return await exclusions.requeues_of(conn, task_id)
 
     async def excluded(self, task_id: int) -> list[ExcludedCandidate]:
         """The task's excluded candidates (its merged failover history)."""
-        async with self.store.engine.connect() as conn:
+        async with self.db.reading() as conn:
             return await exclusions.exclusions_of(conn, task_id)
 
     async def used(self, account_id: int, provider: str = "runway") -> tuple[int, int]:
@@ -291,10 +294,10 @@ async def wait_for(
 @asynccontextmanager
 async def _harness(db_url: str) -> AsyncIterator[Harness]:
     await upgrade(db_url)
-    engine = create_engine(db_url)
+    db = Database.from_url(db_url)
     clock = FakeClock()
     harness = Harness(
-        store=Store(engine),
+        db=db,
         fake=FakeAdapterClient(account=ACCOUNT),
         clock=clock,
         leases=MemoryLeaseStore(clock=clock.ms),
@@ -306,7 +309,7 @@ async def _harness(db_url: str) -> AsyncIterator[Harness]:
     finally:
         for exec_engine in harness.engines:
             await exec_engine.stop()
-        await engine.dispose()
+        await db.dispose()
 
 
 @pytest_asyncio.fixture

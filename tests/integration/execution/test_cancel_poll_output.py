@@ -197,7 +197,7 @@ async def test_stuck_job_is_flagged_and_still_polled(lite: Harness) -> None:
     for _ in range(3):
         lite.clock.advance(160)
         await engine.run_until_idle()
-    runtime = await lite.xstore.runtime(attempt.id)
+    runtime = await lite.reads.runtime(attempt.id)
     assert runtime is not None
     assert runtime.stuck_since is not None
     assert engine.poller.stuck_flags == 1

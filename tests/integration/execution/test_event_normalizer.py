@@ -4,10 +4,11 @@ adoption.
 
 from __future__ import annotations
 
+from controlplane.domain.observation import IngestOutcome
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.engine import ExecutionEngine
-from controlplane.execution.events import EventSource, IngestOutcome, Observation
+from controlplane.execution.events import EventSource, Observation
 from controlplane.persistence.records import AttemptRecord
 from tests.integration.execution.exec_harness import Harness
 from vidroute_core.adapter import (
@@ -48,7 +49,7 @@ async def test_duplicate_callback_moves_state_once(harness: Harness) -> None:
     first = await engine.normalizer.ingest(obs(attempt, "job-1", snap(JobState.RUNNING), harness))
     again = await engine.normalizer.ingest(obs(attempt, "job-1", snap(JobState.RUNNING), harness))
     assert (first, again) == (IngestOutcome.APPLIED, IngestOutcome.DUPLICATE)
-    events = await harness.xstore.events(attempt_id=attempt.id)
+    events = await harness.reads.events(attempt_id=attempt.id)
     assert len(events) == 1
     current = await harness.attempt(attempt.id)
     assert current.state is AttemptState.RUNNING
@@ -62,7 +63,7 @@ async def test_out_of_order_status_never_moves_backwards(harness: Harness) -> No
     late = await engine.normalizer.ingest(obs(attempt, "job-1", snap(JobState.QUEUED), harness))
     assert late is IngestOutcome.STALE
     assert (await harness.attempt(attempt.id)).state is AttemptState.RUNNING
-    assert [e.outcome for e in await harness.xstore.events(attempt_id=attempt.id)] == [
+    assert [e.outcome for e in await harness.reads.events(attempt_id=attempt.id)] == [
         "APPLIED",
         "STALE",
     ]
@@ -87,12 +88,12 @@ async def test_unrecognized_status_is_flagged_not_fatal(harness: Harness) -> Non
         obs(attempt, "job-1", snap(JobState.UNRECOGNIZED, "WARMING_UP"), harness)
     )
     assert outcome is IngestOutcome.UNRECOGNIZED
-    runtime = await harness.xstore.runtime(attempt.id)
+    runtime = await harness.reads.runtime(attempt.id)
     assert runtime is not None
     assert runtime.unrecognized_count == 1
     assert runtime.last_unrecognized_status == "WARMING_UP"
     assert (await harness.attempt(attempt.id)).state is AttemptState.ACCEPTED
-    [event] = await harness.xstore.events(attempt_id=attempt.id)
+    [event] = await harness.reads.events(attempt_id=attempt.id)
     assert event.raw_payload == '{"status":"WARMING_UP"}'
 
 
@@ -114,9 +115,8 @@ async def test_late_success_of_old_attempt_is_stored_not_adopted(harness: Harnes
     engine, first = await accepted(harness, "job-a")
     detail = await harness.detail(first.task_id)
     # The scheduler started a second attempt while A still ran (e.g. hedging or an operator).
-    assert await harness.store.transition_task(
-        first.task_id, detail.task.status_version, TaskState.SCHEDULING, now=harness.clock()
-    )
+    async with harness.db.unit(harness.clock()) as u:
+        assert await u.move_task_at(first.task_id, detail.task.status_version, TaskState.SCHEDULING)
     second = await harness.new_attempt(first.task_id, first.provider_account_id)
     harness.fake.script_submit(harness.fake.accepted("job-b"))
     await engine.submitter.run_once()
@@ -127,7 +127,7 @@ async def test_late_success_of_old_attempt_is_stored_not_adopted(harness: Harnes
     detail = await harness.detail(first.task_id)
     assert detail.task.adopted_attempt_id == second.id
     assert (await harness.attempt(first.id)).state is AttemptState.SUCCEEDED
-    assert len(await harness.xstore.events(attempt_id=first.id)) == 1
+    assert len(await harness.reads.events(attempt_id=first.id)) == 1
 
 
 async def test_job_failure_fails_over_with_exclusion(lite: Harness) -> None:

@@ -66,7 +66,7 @@ async def test_not_found_keeps_the_attempt_then_abandons_without_failover(lite: 
     assert len(lite.fake.submit_calls) == 1
     assert await lite.messages(Topic.REQUEUE) == []
     kinds = [
-        e.raw_status for e in await lite.xstore.events(attempt_id=attempt.id) if is_evidence(e)
+        e.raw_status for e in await lite.reads.events(attempt_id=attempt.id) if is_evidence(e)
     ]
     assert kinds == [EvidenceKind.JOB_NOT_FOUND.value]
 
@@ -82,7 +82,7 @@ async def test_a_real_status_ends_the_not_found_streak(lite: Harness) -> None:
     for _ in range(20):
         lite.clock.advance(60)
         await engine.run_until_idle()
-    runtime = await lite.xstore.runtime(attempt.id)
+    runtime = await lite.reads.runtime(attempt.id)
     assert (await lite.attempt(attempt.id)).state is AttemptState.RUNNING
     assert runtime is not None
     assert runtime.job_not_found_since is None
@@ -132,7 +132,7 @@ async def test_abandoned_attempt_lookup_records_the_late_job(lite: Harness) -> N
     for _ in range(3):
         lite.clock.advance(61)
         await engine.run_until_idle()
-    runtime = await lite.xstore.runtime(attempt.id)
+    runtime = await lite.reads.runtime(attempt.id)
     assert runtime is not None
     assert (runtime.late_found_job_id, runtime.late_found_method) == ("job-late", "submit_journal")
     detail = await lite.detail(attempt.task_id)
@@ -145,7 +145,7 @@ async def test_abandoned_attempt_lookup_records_the_late_job(lite: Harness) -> N
     await engine.run_until_idle()
     assert len(lite.fake.recover_calls) == calls  # found once: the lookup is over
     kinds = [
-        e.raw_status for e in await lite.xstore.events(attempt_id=attempt.id) if is_evidence(e)
+        e.raw_status for e in await lite.reads.events(attempt_id=attempt.id) if is_evidence(e)
     ]
     assert kinds == [EvidenceKind.LATE_FOUND.value]
 
@@ -171,6 +171,6 @@ async def test_abandoned_lookup_stops_at_its_cap(lite: Harness) -> None:
         await engine.run_until_idle()
     late_calls = len(lite.fake.recover_calls) - start
     assert 2 <= late_calls <= 6
-    runtime = await lite.xstore.runtime(attempt.id)
+    runtime = await lite.reads.runtime(attempt.id)
     assert runtime is not None
     assert runtime.next_recovery_at is None

@@ -42,7 +42,7 @@ def guarded(
 
 
 async def key_of(harness: Harness, attempt: AttemptRecord, op: Op) -> BreakerKey:
-    account = await harness.xstore.account(attempt.provider_account_id)
+    account = await harness.reads.account(attempt.provider_account_id)
     return BreakerKey(account.provider, account.account_name, account.region, "gen4.5", op)
 
 
@@ -66,7 +66,7 @@ async def test_failing_polls_open_the_poll_breaker_which_then_delays_polls(lite:
     await engine.run_until_idle()
     assert len(lite.fake.get_job_calls) == polled
     assert engine.poller.refused >= 1
-    runtime = await lite.xstore.runtime(attempt.id)
+    runtime = await lite.reads.runtime(attempt.id)
     assert runtime is not None
     assert runtime.next_poll_at is not None
     assert runtime.next_poll_at == lite.clock.now + timedelta(seconds=RETRY_S)
@@ -115,7 +115,7 @@ async def test_an_open_download_breaker_defers_the_output_fetch(lite: Harness) -
         await engine.run_until_idle()
     assert lite.fetch.calls == []
     assert (await lite.detail(attempt.task_id)).task.state is TaskState.OUTPUT_FETCHING
-    runtime = await lite.xstore.runtime(attempt.id)
+    runtime = await lite.reads.runtime(attempt.id)
     assert runtime is None or runtime.fetch_attempts == 0
     await monitor.force(key, BreakerState.CLOSED, "cdn back")
     lite.clock.advance(RETRY_S + 1)

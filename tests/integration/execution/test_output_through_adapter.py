@@ -77,7 +77,7 @@ async def test_flagged_output_is_fetched_through_the_adapter_stored_and_probed(
     assert (job.provider_job_id, job.model, uri) == ("job-v", "gen4.5", GEMINI_FILE)
     assert max_bytes == lite.config.max_output_bytes
     assert fetch.calls[0].source is not None
-    snap = await lite.xstore.snapshot(detail.attempts[0].id)
+    snap = await lite.reads.snapshot(detail.attempts[0].id)
     assert snap is not None
     assert snap[1] is not None
     assert snap[1].output_locator["outputs"][0]["fetch_through_adapter"] is True

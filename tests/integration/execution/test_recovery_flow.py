@@ -5,11 +5,12 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 import pytest
-from controlplane.persistence.execution_store import ExecUnit, ExecutionStore
 
+from controlplane.domain.observation import IngestOutcome
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.events import EventSource, IngestOutcome, Observation
+from controlplane.execution.events import EventSource, Observation
+from controlplane.persistence.database import Database
 from tests.integration.execution.exec_harness import ACCOUNT, Harness
 from vidroute_core.adapter import (
     JobRef,
@@ -167,15 +168,15 @@ async def test_usage_records_are_the_last_resort(lite: Harness) -> None:
     assert [j.provider_job_id for j in detail.provider_jobs] == ["job-usage"]
 
 
-class FlakyExecutionStore(ExecutionStore):
+class FlakyDatabase(Database):
     """Fails the next unit of work once armed (a database outage at the worst moment)."""
 
     armed = False
 
     @asynccontextmanager
     async def unit(self, now):  # type: ignore[no-untyped-def, override]
-        if FlakyExecutionStore.armed:
-            FlakyExecutionStore.armed = False
+        if FlakyDatabase.armed:
+            FlakyDatabase.armed = False
             raise ConnectionError("database went away")
         async with super().unit(now) as u:
             yield u
@@ -190,7 +191,7 @@ async def test_database_failure_after_job_id_recovers_without_second_submit(
     attempt = await harness.task_with_attempt()
 
     def accept_then_break(*_args: object) -> SubmitOutcome:
-        FlakyExecutionStore.armed = True
+        FlakyDatabase.armed = True
         return harness.fake.accepted("job-lost")
 
     harness.fake.script_submit(accept_then_break)
@@ -200,7 +201,7 @@ async def test_database_failure_after_job_id_recovers_without_second_submit(
         )
     )
     crashed = harness.engine()
-    crashed.deps.xstore = FlakyExecutionStore(harness.store.engine)
+    crashed.deps.db = FlakyDatabase(harness.db.engine)
     with pytest.raises(ConnectionError):
         await crashed.run_until_idle()
     assert (await harness.attempt(attempt.id)).state is AttemptState.SUBMITTING
@@ -278,6 +279,3 @@ async def test_early_callback_resolves_an_unknown_submit(lite: Harness) -> None:
     assert [j.provider_job_id for j in detail.provider_jobs] == ["job-cb"]
     assert detail.attempts[0].state not in (AttemptState.SUBMIT_UNKNOWN, AttemptState.FAILED)
     assert lite.fake.recover_calls == []
-
-
-_ = ExecUnit

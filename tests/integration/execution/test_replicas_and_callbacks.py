@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from controlplane.persistence.repository import Store
 
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.callbacks import (
@@ -23,7 +22,7 @@ from controlplane.execution.callbacks import (
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.engine import ExecutionEngine
 from controlplane.leases.redis_store import RedisLeaseStore
-from controlplane.persistence.db import create_engine
+from controlplane.persistence.database import Database
 from controlplane.persistence.migrate import upgrade
 from tests.integration.execution.exec_harness import Harness, _harness, wait_for
 from vidroute_core.adapter import JobSnapshot, JobState, SubmitKind, SubmitOutcome, TransportStage
@@ -43,7 +42,7 @@ async def test_two_replicas_process_each_message_once(fresh_postgres_url: str) -
     async with _harness(fresh_postgres_url) as h:
         attempts = [await h.task_with_attempt() for _ in range(12)]
         other = ExecutionEngine(
-            Store(create_engine(fresh_postgres_url)),
+            Database.from_url(fresh_postgres_url),
             {"runway": h.fake},
             config=ExecutionConfig(worker_id="w2", idle_sleep_s=0.01),
             leases=h.leases,
@@ -64,7 +63,7 @@ async def test_two_replicas_process_each_message_once(fresh_postgres_url: str) -
         finally:
             await first.stop()
             await other.stop()
-            await other.store.engine.dispose()
+            await other.db.dispose()
         keys = [c.client_request_key for c in h.fake.submit_calls]
         assert sorted(keys) == sorted(a.client_request_key for a in attempts)
         assert first.submitter.submits + other.submitter.submits == len(attempts)
@@ -102,7 +101,7 @@ async def test_callback_endpoint_verifies_and_applies(lite: Harness) -> None:
     assert (bad.status_code, stale.status_code) == (401, 401)
     assert (verifier.accepted, verifier.bad_signature, verifier.stale) == (2, 1, 1)
     assert (await lite.attempt(attempt.id)).state is AttemptState.RUNNING
-    assert len(await lite.xstore.events(attempt_id=attempt.id)) == 1  # the duplicate deduplicated
+    assert len(await lite.reads.events(attempt_id=attempt.id)) == 1  # the duplicate deduplicated
 
 
 def test_verifier_rejects_unknown_provider_and_garbage() -> None:

@@ -115,7 +115,7 @@ async def test_a_stall_inside_the_sidecars_budget_is_simply_accepted(
             AttemptState.SUCCEEDED,
         )
         assert [j.provider_job_id for j in detail.provider_jobs] == [truth["id"]]
-        runtime = await lite.xstore.runtime(attempt_id)
+        runtime = await lite.reads.runtime(attempt_id)
         assert runtime is not None
         assert runtime.recovery_queries == 0
     finally:
@@ -148,7 +148,7 @@ async def test_an_acceptance_after_the_caller_left_is_adopted_from_the_journal(
         assert [j.provider_job_id for j in detail.provider_jobs] == [truth["id"]]
         assert detail.attempts[0].state is not AttemptState.SUBMIT_UNKNOWN
         assert detail.task.state in (TaskState.RUNNING, TaskState.OUTPUT_FETCHING)
-        reasons = [e.payload.get("reason", "") for e in await lite.store.task_events(task_id)]
+        reasons = [e.payload.get("reason", "") for e in await lite.tasks.task_events(task_id)]
         assert any("recovered by submit_journal" in r for r in reasons), reasons
         assert len(seam.emulator.truth()) == 1
     finally:

@@ -190,14 +190,16 @@ async def test_duplicate_submit_message_is_a_noop(lite: Harness) -> None:
     attempt = await lite.task_with_attempt()
     engine = lite.engine()
     await engine.run_until_idle()
-    await lite.store.enqueue(
-        __import__(
-            "controlplane.persistence.records", fromlist=["NewOutboxMessage"]
-        ).NewOutboxMessage(
-            Topic.SUBMIT, str(attempt.id), {"task_id": attempt.task_id, "attempt_id": attempt.id}
-        ),
-        now=lite.clock(),
-    )
+    async with lite.db.unit(lite.clock()) as u:
+        await u.enqueue(
+            __import__(
+                "controlplane.persistence.records", fromlist=["NewOutboxMessage"]
+            ).NewOutboxMessage(
+                Topic.SUBMIT,
+                str(attempt.id),
+                {"task_id": attempt.task_id, "attempt_id": attempt.id},
+            )
+        )
     await engine.run_until_idle()
     assert len(lite.fake.submit_calls) == 1
     assert (await lite.attempt(attempt.id)).state is AttemptState.ACCEPTED

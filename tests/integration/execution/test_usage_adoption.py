@@ -48,7 +48,7 @@ async def _recover_steps(lite: Harness, steps: int = 3) -> None:
 
 
 async def _evidence_kinds(lite: Harness, attempt_id: int) -> set[str]:
-    return {e.raw_status for e in await lite.xstore.events(attempt_id=attempt_id) if is_evidence(e)}
+    return {e.raw_status for e in await lite.reads.events(attempt_id=attempt_id) if is_evidence(e)}
 
 
 async def test_daily_aggregate_is_evidence_not_a_job(lite: Harness) -> None:

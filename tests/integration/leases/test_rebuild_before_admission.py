@@ -15,30 +15,31 @@ from sqlalchemy import select
 from controlplane.domain.states import IN_FLIGHT_ATTEMPT_STATES, AttemptState, TaskState
 from controlplane.execution.leasing import LeaseKeeper
 from controlplane.leases.redis_store import RedisLeaseStore
+from controlplane.persistence.database import Database
 from controlplane.persistence.models import lease_audit_events
 from controlplane.persistence.records import AttemptRecord
-from controlplane.persistence.repository import Store
+from controlplane.persistence.tasks import TaskQueries
 from controlplane.scheduling.dispatcher import Dispatcher
 from controlplane.scheduling.upkeep import Upkeep
 from tests.integration.scheduling.conftest import (
     DispatcherFactory,
     adapter,
-    catalog_store,
+    catalogs,
+    db,
     make_dispatcher,
     monitor,
     published,
-    store,
 )
 from tests.integration.scheduling.support import NOW, make_spec, strict
 from tests.integration.scheduling.test_dispatcher import new_task
 
 __all__ = [
     "adapter",
-    "catalog_store",
+    "catalogs",
+    "db",
     "make_dispatcher",
     "monitor",
     "published",
-    "store",
 ]
 
 pytestmark = pytest.mark.redis
@@ -57,9 +58,9 @@ async def _flush(redis_client: Redis, namespace: str) -> None:
     await redis_client.delete(*keys)
 
 
-def _wired(store: Store, leases: RedisLeaseStore, dispatcher: Dispatcher) -> Upkeep:
+def _wired(db: Database, leases: RedisLeaseStore, dispatcher: Dispatcher) -> Upkeep:
     upkeep = Upkeep(
-        store=store,
+        db=db,
         leases=leases,
         catalog=dispatcher.catalog,
         is_leader=lambda: True,
@@ -71,23 +72,21 @@ def _wired(store: Store, leases: RedisLeaseStore, dispatcher: Dispatcher) -> Upk
     return upkeep
 
 
-async def _attempts(store: Store, task_ids: list[int]) -> list[AttemptRecord]:
+async def _attempts(db: Database, task_ids: list[int]) -> list[AttemptRecord]:
     out: list[AttemptRecord] = []
     for task_id in task_ids:
-        detail = await store.get_task(task_id)
+        detail = await TaskQueries(db).get_task(task_id)
         assert detail is not None
         out.extend(detail.attempts)
     return out
 
 
-async def _move(store: Store, attempt: AttemptRecord, *states: AttemptState) -> AttemptRecord:
+async def _move(db: Database, attempt: AttemptRecord, *states: AttemptState) -> AttemptRecord:
     for state in states:
-        assert await store.transition_attempt(attempt.id, attempt.status_version, state, now=NOW), (
-            f"attempt {attempt.id} -> {state}"
-        )
-        current = await store.get_attempt(attempt.id)
-        assert current is not None
-        attempt = current
+        async with db.unit(NOW) as u:
+            moved = await u.move_attempt(attempt, state)
+        assert moved is not None, f"attempt {attempt.id} -> {state}"
+        attempt = moved
     return attempt
 
 
@@ -96,7 +95,7 @@ def _in_flight_per_model(attempts: list[AttemptRecord]) -> Counter[str]:
 
 
 async def test_flush_then_rebuild_keeps_in_flight_within_capacity(
-    store: Store,
+    db: Database,
     leases: RedisLeaseStore,
     make_dispatcher: DispatcherFactory,
     redis_client: Redis,
@@ -104,13 +103,13 @@ async def test_flush_then_rebuild_keeps_in_flight_within_capacity(
 ) -> None:
     """After a flush the next round rebuilds the holders' leases first and admits nothing over."""
     dispatcher = make_dispatcher()
-    upkeep = _wired(store, leases, dispatcher)
-    first = [(await new_task(store, make_spec(**strict("gen4.5")), f"k{i}")).id for i in range(2)]
+    upkeep = _wired(db, leases, dispatcher)
+    first = [(await new_task(db, make_spec(**strict("gen4.5")), f"k{i}")).id for i in range(2)]
     assert await dispatcher.tick() == 2
-    running, unknown = await _attempts(store, first)
-    running = await _move(store, running, AttemptState.SUBMITTING, AttemptState.RUNNING)
-    unknown = await _move(store, unknown, AttemptState.SUBMITTING, AttemptState.SUBMIT_UNKNOWN)
-    later = [(await new_task(store, make_spec(**strict("gen4.5")), f"l{i}")).id for i in range(3)]
+    running, unknown = await _attempts(db, first)
+    running = await _move(db, running, AttemptState.SUBMITTING, AttemptState.RUNNING)
+    unknown = await _move(db, unknown, AttemptState.SUBMITTING, AttemptState.SUBMIT_UNKNOWN)
+    later = [(await new_task(db, make_spec(**strict("gen4.5")), f"l{i}")).id for i in range(3)]
 
     assert (upkeep.rebuilds, upkeep.leases_restored) == (1, 0)  # the first round, fresh store
 
@@ -118,17 +117,17 @@ async def test_flush_then_rebuild_keeps_in_flight_within_capacity(
     await dispatcher.tick()
 
     assert (upkeep.rebuilds, upkeep.leases_restored) == (2, 2)
-    attempts = await _attempts(store, first + later)
+    attempts = await _attempts(db, first + later)
     assert _in_flight_per_model(attempts) == {"gen4.5": 2}
     assert len(attempts) == 2  # nothing admitted over the rebuilt holders
     for task_id in later:
-        detail = await store.get_task(task_id)
+        detail = await TaskQueries(db).get_task(task_id)
         assert detail is not None
         assert detail.task.state is TaskState.QUEUED
     (account,) = {lease.account for lease in (await leases.snapshot("runway:prod-us")).leases}
     assert await leases.used(account, "model:gen4.5") == GEN45_CAPACITY
     assert await leases.unknown_used(account) == 1
-    async with store.engine.connect() as conn:
+    async with db.reading() as conn:
         audited = {
             (row.dimension, row.delta) for row in await conn.execute(select(lease_audit_events))
         }
@@ -136,10 +135,10 @@ async def test_flush_then_rebuild_keeps_in_flight_within_capacity(
     assert (f"{account}/unknown_submission_slots (rebuilt leases)", 1) in audited
 
     # The rebuilt leases carry the attempts' own tokens: the holder's release finds its lease.
-    finished = await _move(store, running, AttemptState.SUCCEEDED)
+    finished = await _move(db, running, AttemptState.SUCCEEDED)
     assert await LeaseKeeper(leases).release(finished) is True
     assert await dispatcher.tick() >= 1
-    attempts = await _attempts(store, first + later)
+    attempts = await _attempts(db, first + later)
     assert _in_flight_per_model(attempts) + Counter(
         a.provider_model for a in attempts if a.state is AttemptState.READY_TO_SUBMIT
     ) == {"gen4.5": 2}
@@ -147,7 +146,7 @@ async def test_flush_then_rebuild_keeps_in_flight_within_capacity(
 
 
 async def test_fail_closed_store_admits_nothing_until_rebuilt(
-    store: Store,
+    db: Database,
     leases: RedisLeaseStore,
     make_dispatcher: DispatcherFactory,
     redis_client: Redis,
@@ -155,20 +154,20 @@ async def test_fail_closed_store_admits_nothing_until_rebuilt(
 ) -> None:
     """Without the rebuild, a round after the flush leases nothing and the tasks stay queued."""
     dispatcher = make_dispatcher()
-    upkeep = _wired(store, leases, dispatcher)
+    upkeep = _wired(db, leases, dispatcher)
     await upkeep.ensure_leases_live()
     dispatcher.before_admit = None
-    first = [(await new_task(store, make_spec(**strict("gen4.5")), f"k{i}")).id for i in range(2)]
+    first = [(await new_task(db, make_spec(**strict("gen4.5")), f"k{i}")).id for i in range(2)]
     assert await dispatcher.tick() == 2
-    for attempt in await _attempts(store, first):
-        await _move(store, attempt, AttemptState.SUBMITTING, AttemptState.RUNNING)
+    for attempt in await _attempts(db, first):
+        await _move(db, attempt, AttemptState.SUBMITTING, AttemptState.RUNNING)
     # Both run at the provider; after the flush the store would read gen4.5 as free.
     await _flush(redis_client, redis_namespace)
-    later = (await new_task(store, make_spec(**strict("gen4.5")), "later")).id
+    later = (await new_task(db, make_spec(**strict("gen4.5")), "later")).id
 
     await dispatcher.tick()
 
-    detail = await store.get_task(later)
+    detail = await TaskQueries(db).get_task(later)
     assert detail is not None
     assert detail.attempts == ()
     assert detail.task.state is TaskState.QUEUED

@@ -1,4 +1,4 @@
-"""Row builders for the persistence suite, going through the public `Store` API only."""
+"""Row builders for the persistence suite, going through the unit of work and queries only."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from controlplane.persistence.records import (
     NewRouteDecision,
     TaskRecord,
 )
-from controlplane.persistence.repository import Store
+from controlplane.persistence.database import Database
+from controlplane.persistence.tasks import TaskQueries
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
 NOW = datetime(2026, 6, 24, 10, 0, 0, tzinfo=UTC)
@@ -32,9 +33,9 @@ def make_spec(tenant_id: str = "tenant-a", prompt: str = "a red fox in snow") ->
 
 @dataclass
 class Scenario:
-    """Builds the rows most tests need through the public `Store` API."""
+    """Builds the rows most tests need through the unit of work."""
 
-    store: Store
+    db: Database
     _counter: int = 0
 
     def _next(self) -> int:
@@ -42,25 +43,27 @@ class Scenario:
         return self._counter
 
     async def account(self, name: str = "prod") -> int:
-        return await self.store.create_provider_account(
-            provider="runway",
-            account_name=f"{name}-{self._next()}",
-            region="us",
-            credential_ref="kms://vidroute/runway/prod",
-            now=NOW,
-        )
+        async with self.db.unit(NOW) as u:
+            return await u.create_provider_account(
+                provider="runway",
+                account_name=f"{name}-{self._next()}",
+                region="us",
+                credential_ref="kms://vidroute/runway/prod",
+            )
 
     async def task(self, tenant_id: str = "tenant-a", key: str | None = None) -> TaskRecord:
         key = key or f"key-{self._next()}"
-        record, _ = await self.store.create_task(
-            make_spec(tenant_id), idempotency_key=key, spec_hash=f"hash-{key}", now=NOW
-        )
+        async with self.db.unit(NOW) as u:
+            record, _ = await u.create_task(
+                make_spec(tenant_id), idempotency_key=key, spec_hash=f"hash-{key}"
+            )
         return record
 
     async def scheduling_task(self) -> TaskRecord:
         task = await self.task()
-        assert await self.store.transition_task(task.id, 0, TaskState.SCHEDULING, now=NOW)
-        detail = await self.store.get_task(task.id)
+        async with self.db.unit(NOW) as u:
+            assert await u.move_task_at(task.id, 0, TaskState.SCHEDULING)
+        detail = await TaskQueries(self.db).get_task(task.id)
         assert detail is not None
         return detail.task
 
@@ -94,11 +97,8 @@ class Scenario:
         """A task moved to SUBMITTING with one READY_TO_SUBMIT attempt."""
         account_id = account_id or await self.account()
         task = await self.scheduling_task()
-        attempt, _ = await self.store.create_attempt_with_decision(
-            task.id,
-            task.status_version,
-            self.new_attempt(account_id),
-            self.new_decision(),
-            now=NOW + timedelta(seconds=1),
-        )
+        async with self.db.unit(NOW + timedelta(seconds=1)) as u:
+            attempt, _ = await u.create_attempt(
+                task.id, task.status_version, self.new_attempt(account_id), self.new_decision()
+            )
         return attempt

@@ -1,6 +1,6 @@
 """Fixtures for the persistence suite: one set of tests, two backends.
 
-Every test that uses `backend` (directly or through `store`/`engine`/`database_url`) runs once on
+Every test that uses `backend` (directly or through `db`/`engine`/`database_url`) runs once on
 SQLite (a fresh file per test) and once on PostgreSQL (a throwaway database per session, migrated
 once and truncated before each test).
 
@@ -24,7 +24,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.models import Base
-from controlplane.persistence.repository import Store
+from controlplane.persistence.database import Database
+from controlplane.persistence.tasks import TaskQueries
 from tests.conftest import PostgresServer
 from tests.integration.persistence.builders import Scenario
 
@@ -123,12 +124,18 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
 
 
 @pytest.fixture
-def store(engine: AsyncEngine) -> Store:
-    """The repository under test."""
-    return Store(engine)
+def db(engine: AsyncEngine) -> Database:
+    """The database under test: its units of work write, its query modules read."""
+    return Database(engine)
 
 
 @pytest.fixture
-def scenario(store: Store) -> Scenario:
-    """Row builders bound to the test's store."""
-    return Scenario(store)
+def tasks(db: Database) -> TaskQueries:
+    """Task reads on the test database."""
+    return TaskQueries(db)
+
+
+@pytest.fixture
+def scenario(db: Database) -> Scenario:
+    """Row builders bound to the test's database."""
+    return Scenario(db)

@@ -15,28 +15,29 @@ from controlplane.domain.breaker import BreakerConfig, BreakerRegistry
 from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import example_policy
 from controlplane.leases.memory_store import MemoryLeaseStore
-from controlplane.persistence.catalog_store import CatalogStore
-from controlplane.persistence.repository import Store
+from controlplane.persistence.catalog import CatalogQueries
+from controlplane.persistence.database import Database
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import LocalLock
 from tests.integration.scheduling.support import ACCOUNTS, CAPABILITY_DIRS, NOW, CompilingAdapter
 
+
 @pytest.fixture
-def store(engine: AsyncEngine) -> Store:
-    return Store(engine)
+def db(engine: AsyncEngine) -> Database:
+    return Database(engine)
 
 
 @pytest.fixture
-def catalog_store(engine: AsyncEngine) -> CatalogStore:
-    return CatalogStore(engine)
+def catalogs(db: Database) -> CatalogQueries:
+    return CatalogQueries(db)
 
 
 @pytest_asyncio.fixture
-async def published(catalog_store: CatalogStore) -> None:
+async def published(db: Database) -> None:
     """The three sidecars' capability files published for `ACCOUNTS`."""
     docs = [d for directory in CAPABILITY_DIRS for d in documents_from_directory(directory)]
-    await publish_documents(catalog_store, docs, ACCOUNTS, now=NOW, source="sidecars")
+    await publish_documents(db, docs, ACCOUNTS, now=NOW, source="sidecars")
 
 
 @pytest.fixture
@@ -50,10 +51,8 @@ def leases() -> MemoryLeaseStore:
 
 
 @pytest.fixture
-def monitor(catalog_store: CatalogStore) -> HealthMonitor:
-    return HealthMonitor(
-        BreakerRegistry(BreakerConfig(), clock=__import__("time").time), events=catalog_store
-    )
+def monitor(db: Database) -> HealthMonitor:
+    return HealthMonitor(BreakerRegistry(BreakerConfig(), clock=__import__("time").time), db=db)
 
 
 DispatcherFactory = Callable[..., Dispatcher]
@@ -61,19 +60,19 @@ DispatcherFactory = Callable[..., Dispatcher]
 
 @pytest.fixture
 def make_dispatcher(  # noqa: PLR0917 - pytest injects fixtures positionally
-    store: Store,
-    catalog_store: CatalogStore,
+    db: Database,
+    catalogs: CatalogQueries,
     leases: MemoryLeaseStore,
     adapter: CompilingAdapter,
     monitor: HealthMonitor,
     published: None,
 ) -> DispatcherFactory:
-    """Build a dispatcher over the test's stores; keyword arguments override the defaults."""
+    """Build a dispatcher over the test's database; keyword arguments override the defaults."""
 
     def build(**overrides: Any) -> Dispatcher:
         kwargs: dict[str, Any] = {
-            "store": store,
-            "catalog_store": catalog_store,
+            "db": db,
+            "catalogs": catalogs,
             "leases": leases,
             "adapters": adapter.for_providers(["runway", "google", "self_hosted"]),
             "monitor": monitor,

@@ -15,8 +15,9 @@ from controlplane.domain.breaker import BreakerConfig, BreakerKey, BreakerRegist
 from controlplane.domain.breaker import Operation as Op
 from controlplane.domain.states import TaskState
 from controlplane.leases.memory_store import MemoryLeaseStore
-from controlplane.persistence.catalog_store import CatalogStore
-from controlplane.persistence.repository import Store
+from controlplane.persistence.catalog import CatalogQueries
+from controlplane.persistence.database import Database
+from controlplane.persistence.tasks import TaskQueries
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.shared_state import InProcessSharedState, RedisSharedState
 from controlplane.service.providers import ForceBreakerInput, ProviderAdminService
@@ -33,30 +34,30 @@ def force(state: BreakerState | None, reason: str = "incident 42") -> ForceBreak
 
 
 async def test_force_breaker_is_recorded_and_blocks_routing(
-    store: Store,
-    catalog_store: CatalogStore,
+    db: Database,
+    catalogs: CatalogQueries,
     monitor: HealthMonitor,
     make_dispatcher: DispatcherFactory,
 ) -> None:
     """ForceBreaker OPEN is persisted, shown as forced, and makes the candidate CIRCUIT_OPEN."""
     dispatcher = make_dispatcher()
     await dispatcher.catalog()
-    admin = ProviderAdminService(catalog_store, monitor)
+    admin = ProviderAdminService(catalogs, monitor)
     status = await admin.force_breaker(force(BreakerState.OPEN))
     assert status.state is BreakerState.OPEN
     assert status.forced
-    (event,) = await catalog_store.health_events()
+    (event,) = await catalogs.health_events()
     assert (event.operation, event.old_state, event.new_state) == ("SUBMIT", "CLOSED", "OPEN")
     assert event.reason == "forced:incident 42"
     assert event.model == "gen4.5"
-    task = await new_task(store, make_spec())
+    task = await new_task(db, make_spec())
     result = await dispatcher.dispatch(task)
     assert result.decision is not None
     assert result.decision.verdict("runway/gen4.5/prod-us").reason == "CIRCUIT_OPEN"
     released = await admin.force_breaker(force(None, "fixed"))
     assert released.state is BreakerState.HALF_OPEN
     assert not released.forced
-    assert next(e.reason for e in await catalog_store.health_events()) == "forced:released:fixed"
+    assert next(e.reason for e in await catalogs.health_events()) == "forced:released:fixed"
     (gen45,) = [s for s in await admin.provider_health("runway") if s.key == GEN45]
     assert provider_views.breaker(gen45).state == provider_views.breaker_state(
         BreakerState.HALF_OPEN
@@ -64,33 +65,33 @@ async def test_force_breaker_is_recorded_and_blocks_routing(
 
 
 async def test_force_breaker_validates_its_input(
-    catalog_store: CatalogStore, monitor: HealthMonitor
+    db: Database, catalogs: CatalogQueries, monitor: HealthMonitor
 ) -> None:
     """A missing reason or an unknown operation is rejected before anything changes."""
-    admin = ProviderAdminService(catalog_store, monitor)
+    admin = ProviderAdminService(catalogs, monitor)
     with pytest.raises(InvalidSpec):
         await admin.force_breaker(force(BreakerState.OPEN, reason=" "))
-    assert await catalog_store.health_events() == []
+    assert await catalogs.health_events() == []
 
 
 async def test_outcomes_trip_the_breaker_and_replicas_adopt_it(
-    catalog_store: CatalogStore, make_dispatcher: DispatcherFactory
+    db: Database, catalogs: CatalogQueries, make_dispatcher: DispatcherFactory
 ) -> None:
     """Consecutive retryable failures open the breaker, persist it, and a peer replica follows."""
     await make_dispatcher().catalog()
     shared = InProcessSharedState()
     config = BreakerConfig(consecutive_failures=3)
-    mine = HealthMonitor(BreakerRegistry(config, time.time), events=catalog_store, shared=shared)
-    peer = HealthMonitor(BreakerRegistry(config, time.time), events=catalog_store, shared=shared)
+    mine = HealthMonitor(BreakerRegistry(config, time.time), db=db, shared=shared)
+    peer = HealthMonitor(BreakerRegistry(config, time.time), db=db, shared=shared)
     for _ in range(3):
         await mine.record_outcome(GEN45, "PROVIDER_OVERLOADED", 1.5)
     await mine.record_outcome(GEN45, "INVALID_INPUT", 0.1)  # not endpoint evidence
     assert mine.open_reason(GEN45) is not None
-    events = await catalog_store.health_events()
+    events = await catalogs.health_events()
     assert [(e.new_state, e.reason) for e in events] == [("OPEN", "consecutive_failures")]
     await peer.sync()
     assert peer.open_reason(GEN45) is not None
-    assert len(await catalog_store.health_events()) == 1  # mirrors are not re-audited
+    assert len(await catalogs.health_events()) == 1  # mirrors are not re-audited
     health = mine.health_view("runway/gen4.5/prod-us")
     assert health is not None
     assert health.success_lower_bound == 0.0
@@ -98,7 +99,10 @@ async def test_outcomes_trip_the_breaker_and_replicas_adopt_it(
 
 @pytest.mark.redis
 async def test_redis_shared_state_carries_forced_overrides(
-    catalog_store: CatalogStore, redis_server_url: str, make_dispatcher: DispatcherFactory
+    db: Database,
+    catalogs: CatalogQueries,
+    redis_server_url: str,
+    make_dispatcher: DispatcherFactory,
 ) -> None:
     """An override forced on one replica pins the same breaker on another through Redis."""
     await make_dispatcher().catalog()
@@ -108,7 +112,7 @@ async def test_redis_shared_state_carries_forced_overrides(
         replicas = [
             HealthMonitor(
                 BreakerRegistry(BreakerConfig(), time.time),
-                events=catalog_store,
+                db=db,
                 shared=RedisSharedState(client, prefix),
             )
             for _ in range(2)
@@ -167,28 +171,28 @@ PROBING = BreakerConfig(
 
 
 def probing_monitor(
-    catalog_store: CatalogStore, clock: ManualClock, shared: object | None = None
+    db: Database, clock: ManualClock, shared: object | None = None
 ) -> HealthMonitor:
     return HealthMonitor(
         BreakerRegistry(PROBING, clock),
-        events=catalog_store,
+        db=db,
         shared=shared or InProcessSharedState(),  # type: ignore[arg-type]
         clock=clock,
     )
 
 
-async def strict_tasks(store: Store, n: int, prefix: str = "t") -> list[int]:
+async def strict_tasks(db: Database, n: int, prefix: str = "t") -> list[int]:
     tasks = [
-        await new_task(store, make_spec(**strict("gen4.5")), key=f"{prefix}{i}") for i in range(n)
+        await new_task(db, make_spec(**strict("gen4.5")), key=f"{prefix}{i}") for i in range(n)
     ]
     return [t.id for t in tasks]
 
 
-async def attempts_on(store: Store, task_ids: list[int], model: str = "gen4.5") -> list[str]:
+async def attempts_on(db: Database, task_ids: list[int], model: str = "gen4.5") -> list[str]:
     """Client request keys of the attempts on `model` among `task_ids`."""
     keys = []
     for task_id in task_ids:
-        detail = await store.get_task(task_id)
+        detail = await TaskQueries(db).get_task(task_id)
         assert detail is not None
         keys += [a.client_request_key for a in detail.attempts if a.provider_model == model]
     return keys
@@ -208,19 +212,19 @@ async def trip_to_half_open(monitor: HealthMonitor, clock: ManualClock) -> float
 
 
 async def test_half_open_admits_exactly_the_configured_probes(
-    store: Store, catalog_store: CatalogStore, make_dispatcher: DispatcherFactory
+    db: Database, catalogs: CatalogQueries, make_dispatcher: DispatcherFactory
 ) -> None:
     """Of 6 tasks that can only run on a HALF_OPEN candidate, exactly half_open_max_probes get
     an attempt; the rest stay QUEUED with the breaker as the reason."""
     clock = ManualClock()
-    monitor = probing_monitor(catalog_store, clock)
+    monitor = probing_monitor(db, clock)
     dispatcher = make_dispatcher(monitor=monitor)
     await dispatcher.catalog()
     await trip_to_half_open(monitor, clock)
-    ids = await strict_tasks(store, 6)
+    ids = await strict_tasks(db, 6)
     assert await dispatcher.tick() == 6
-    assert len(await attempts_on(store, ids)) == PROBING.half_open_max_probes
-    waiting = [d for i in ids if (d := await store.get_task(i)) and not d.attempts]
+    assert len(await attempts_on(db, ids)) == PROBING.half_open_max_probes
+    waiting = [d for i in ids if (d := await TaskQueries(db).get_task(i)) and not d.attempts]
     assert len(waiting) == 6 - PROBING.half_open_max_probes
     for detail in waiting:
         assert detail.task.state is TaskState.QUEUED
@@ -231,18 +235,18 @@ async def test_half_open_admits_exactly_the_configured_probes(
 
 
 async def test_tasks_the_probe_limit_turns_away_go_to_other_candidates(
-    store: Store, catalog_store: CatalogStore, make_dispatcher: DispatcherFactory
+    db: Database, catalogs: CatalogQueries, make_dispatcher: DispatcherFactory
 ) -> None:
     """With the top-ranked candidate HALF_OPEN, one of 6 unpinned tasks probes it (its capacity
     would take 2) and the other 5 are placed on other candidates in the same round."""
     clock = ManualClock()
-    monitor = probing_monitor(catalog_store, clock)
+    monitor = probing_monitor(db, clock)
     dispatcher = make_dispatcher(monitor=monitor)
     await dispatcher.catalog()
     await trip_to_half_open(monitor, clock)
-    ids = [(await new_task(store, make_spec(), key=f"auto{i}")).id for i in range(6)]
+    ids = [(await new_task(db, make_spec(), key=f"auto{i}")).id for i in range(6)]
     assert await dispatcher.tick() == 6
-    details = [d for i in ids if (d := await store.get_task(i)) is not None]
+    details = [d for i in ids if (d := await TaskQueries(db).get_task(i)) is not None]
     assert all(len(d.attempts) == 1 for d in details)
     on_gen45 = [d for d in details if d.attempts[0].provider_model == "gen4.5"]
     assert len(on_gen45) == PROBING.half_open_max_probes
@@ -254,21 +258,21 @@ async def test_tasks_the_probe_limit_turns_away_go_to_other_candidates(
 
 
 async def test_probe_successes_close_and_a_probe_failure_reopens_longer(
-    store: Store, catalog_store: CatalogStore, make_dispatcher: DispatcherFactory
+    db: Database, catalogs: CatalogQueries, make_dispatcher: DispatcherFactory
 ) -> None:
     """A failed probe reopens with the next cooldown of the ladder; in the next phase only its
     own probes count, one at a time, until the required successes close the breaker."""
     clock = ManualClock()
-    monitor = probing_monitor(catalog_store, clock)
+    monitor = probing_monitor(db, clock)
 
     async def dispatch_round() -> list[str]:
         # Fresh capacity each round: the probes' leases would end with their attempts.
         await make_dispatcher(monitor=monitor, leases=MemoryLeaseStore()).tick()
-        return await attempts_on(store, ids)
+        return await attempts_on(db, ids)
 
     first = await trip_to_half_open(monitor, clock)
     assert first == pytest.approx(PROBING.cooldowns_s[0])
-    ids = await strict_tasks(store, 4)
+    ids = await strict_tasks(db, 4)
     (probe,) = await dispatch_round()
     await monitor.record_outcome(GEN45, "PROVIDER_OVERLOADED", 1.0, holder=probe)
     breaker = monitor.registry.get(GEN45)
@@ -287,15 +291,15 @@ async def test_probe_successes_close_and_a_probe_failure_reopens_longer(
     await monitor.record_outcome(GEN45, None, 1.0, holder=third)
     assert breaker.state is BreakerState.CLOSED
     assert len(await dispatch_round()) == 4  # closed: the last task goes too
-    events = [(e.old_state, e.new_state, e.reason) for e in await catalog_store.health_events()]
+    events = [(e.old_state, e.new_state, e.reason) for e in await catalogs.health_events()]
     assert ("HALF_OPEN", "OPEN", "probe_failed") in events
     assert ("HALF_OPEN", "CLOSED", "probes_succeeded") in events
 
 
 @pytest.mark.redis
 async def test_two_replicas_sharing_redis_admit_the_configured_probes_together(
-    store: Store,
-    catalog_store: CatalogStore,
+    db: Database,
+    catalogs: CatalogQueries,
     redis_server_url: str,
     make_dispatcher: DispatcherFactory,
 ) -> None:
@@ -306,24 +310,23 @@ async def test_two_replicas_sharing_redis_admit_the_configured_probes_together(
     peer = aioredis.Redis.from_url(redis_server_url)  # each replica has its own connections
     prefix = f"test-{secrets.token_hex(4)}"
     try:
-        monitors = [
-            probing_monitor(catalog_store, clock, RedisSharedState(c, prefix))
-            for c in (client, peer)
-        ]
+        monitors = [probing_monitor(db, clock, RedisSharedState(c, prefix)) for c in (client, peer)]
         dispatchers = [make_dispatcher(monitor=m) for m in monitors]
         for d in dispatchers:
             await d.catalog()
         await trip_to_half_open(monitors[0], clock)
         await monitors[1].sync()
         assert monitors[1].registry.get(GEN45).state is BreakerState.HALF_OPEN
-        ids = await strict_tasks(store, 8)
+        ids = await strict_tasks(db, 8)
 
         async def both_replicas_dispatch() -> list[str]:
-            queued = [d.task for i in ids if (d := await store.get_task(i)) and not d.attempts]
+            queued = [
+                d.task for i in ids if (d := await TaskQueries(db).get_task(i)) and not d.attempts
+            ]
             await asyncio.gather(
                 *(dispatchers[n % 2].dispatch(task) for n, task in enumerate(queued))
             )
-            return await attempts_on(store, ids)
+            return await attempts_on(db, ids)
 
         (first,) = await both_replicas_dispatch()
         await monitors[1].record_outcome(GEN45, None, 1.0, holder=first)  # worker on replica 1
@@ -345,14 +348,14 @@ async def test_two_replicas_sharing_redis_admit_the_configured_probes_together(
 
 
 async def test_an_auth_failure_disables_the_account_from_the_next_task_on(
-    store: Store, catalog_store: CatalogStore, make_dispatcher: DispatcherFactory
+    db: Database, catalogs: CatalogQueries, make_dispatcher: DispatcherFactory
 ) -> None:
     """One AUTH result opens the account's breaker: every model of the account is CIRCUIT_OPEN
     for the next task; after the cooldown one probe is admitted and its success closes it."""
     clock = ManualClock()
     monitor = HealthMonitor(
         BreakerRegistry(BreakerConfig(half_open_successes_to_close=1), clock),
-        events=catalog_store,
+        db=db,
         clock=clock,
     )
     dispatcher = make_dispatcher(monitor=monitor)
@@ -361,7 +364,7 @@ async def test_an_auth_failure_disables_the_account_from_the_next_task_on(
     account = BreakerKey("runway", "prod-us", "us", "", Op.SUBMIT)
     assert monitor.registry.get(account).state is BreakerState.OPEN
     assert monitor.registry.get(GEN45).state is BreakerState.CLOSED  # AUTH says nothing of it
-    task = await new_task(store, make_spec())
+    task = await new_task(db, make_spec())
     result = await dispatcher.dispatch(task)
     assert result.decision is not None
     runway = [result.decision.verdict(c.id) for c in catalog.candidates if c.account == "prod-us"]
@@ -369,7 +372,7 @@ async def test_an_auth_failure_disables_the_account_from_the_next_task_on(
     blocked = [v for v in runway if v.reason == "CIRCUIT_OPEN"]
     assert GEN45_ID in {v.candidate.id for v in blocked}
     assert all(v.detail.startswith("account breaker OPEN") for v in blocked)
-    (event,) = [e for e in await catalog_store.health_events() if e.model is None]
+    (event,) = [e for e in await catalogs.health_events() if e.model is None]
     assert (event.new_state, event.reason) == ("OPEN", "account_disabled:AUTH")
     clock.now = (monitor.registry.get(account).open_until or 0) + 0.001
     assert await monitor.admit(GEN45, "probe-1")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,11 +19,11 @@ from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import ScoreWeights, example_policy
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.leases.memory_store import MemoryLeaseStore
-from controlplane.persistence.catalog_store import CatalogStore
-from controlplane.persistence.execution_store import ExecutionStore
+from controlplane.persistence.catalog import CatalogQueries
+from controlplane.persistence.database import Database
 from controlplane.persistence.models import outbox
 from controlplane.persistence.records import NewOutboxMessage, TaskRecord
-from controlplane.persistence.repository import Store
+from controlplane.persistence.tasks import TaskQueries
 from controlplane.scheduling.dispatcher import DispatcherConfig, DispatchOutcome
 from tests.integration.scheduling.conftest import DispatcherFactory
 from tests.integration.scheduling.support import NOW, CompilingAdapter, make_spec, strict
@@ -31,15 +33,16 @@ from vidroute_core.spec import GenerationSpec, Mode
 SECOND = timedelta(seconds=1)
 
 
-async def new_task(store: Store, spec: GenerationSpec, key: str = "k1") -> TaskRecord:
-    record, _ = await store.create_task(
-        spec, idempotency_key=key, spec_hash=normalized_spec_hash(spec), now=NOW
-    )
+async def new_task(db: Database, spec: GenerationSpec, key: str = "k1") -> TaskRecord:
+    async with db.unit(NOW) as u:
+        record, _ = await u.create_task(
+            spec, idempotency_key=key, spec_hash=normalized_spec_hash(spec)
+        )
     return record
 
 
-async def submit_messages(store: Store) -> list[dict[str, Any]]:
-    async with store.engine.connect() as conn:
+async def submit_messages(db: Database) -> list[dict[str, Any]]:
+    async with db.reading() as conn:
         rows = await conn.execute(
             select(outbox.c.payload).where(outbox.c.topic == Topic.SUBMIT)
         )
@@ -47,16 +50,16 @@ async def submit_messages(store: Store) -> list[dict[str, Any]]:
 
 
 async def test_selected_task_gets_attempt_lease_and_explained_decision(
-    store: Store,
-    catalog_store: CatalogStore,
+    db: Database,
+    catalogs: CatalogQueries,
     leases: MemoryLeaseStore,
     make_dispatcher: DispatcherFactory,
 ) -> None:
     """A routable task becomes SUBMITTING with a leased, ready attempt and a full decision."""
-    task = await new_task(store, make_spec())
+    task = await new_task(db, make_spec())
     dispatcher = make_dispatcher()
     assert await dispatcher.tick() == 1
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     assert detail.task.state is TaskState.SUBMITTING
     (attempt,) = detail.attempts
@@ -79,19 +82,19 @@ async def test_selected_task_gets_attempt_lease_and_explained_decision(
     chosen = catalog.by_id(decision.selected_candidate or "")
     assert chosen is not None
     assert await leases.used(chosen.lease_account, f"model:{chosen.model}") == 1
-    assert [m["attempt_id"] for m in await submit_messages(store)] == [attempt.id]
+    assert [m["attempt_id"] for m in await submit_messages(db)] == [attempt.id]
 
 
 async def test_no_capacity_keeps_the_task_queued_with_the_decision(
-    store: Store, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
+    db: Database, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
 ) -> None:
     """With every account full the task returns to QUEUED (never FAILED) and says why."""
     dispatcher = make_dispatcher()
     for c in (await dispatcher.catalog()).candidates:
         await leases.set_used(c.lease_account, "account", 1000)
-    task = await new_task(store, make_spec())
+    task = await new_task(db, make_spec())
     await dispatcher.tick()
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     assert detail.task.state is TaskState.QUEUED
     assert detail.attempts == ()
@@ -103,14 +106,14 @@ async def test_no_capacity_keeps_the_task_queued_with_the_decision(
 
 
 async def test_no_eligible_candidate_fails_the_task_with_every_reason(
-    store: Store, make_dispatcher: DispatcherFactory
+    db: Database, make_dispatcher: DispatcherFactory
 ) -> None:
     """A spec no model supports fails with a message naming each candidate's rejection."""
     spec = dataclasses.replace(make_spec(), mode=Mode.VIDEO_TO_VIDEO)
-    task = await new_task(store, spec)
+    task = await new_task(db, spec)
     result = await make_dispatcher().dispatch(task)
     assert result.outcome is DispatchOutcome.FAILED
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     assert detail.task.state is TaskState.FAILED
     assert detail.task.failure is not None
@@ -120,7 +123,7 @@ async def test_no_eligible_candidate_fails_the_task_with_every_reason(
 
 
 async def test_shadow_policy_is_recorded_and_never_executed(
-    store: Store, make_dispatcher: DispatcherFactory
+    db: Database, make_dispatcher: DispatcherFactory
 ) -> None:
     """A shadow policy's pick lands in the decision; only the production pick gets an attempt."""
     cheap = dataclasses.replace(
@@ -128,29 +131,29 @@ async def test_shadow_policy_is_recorded_and_never_executed(
         weights={"default": ScoreWeights(0, 0, 0, 1, 0, 0, 0)},
     )
     router = RouterConfig(policy=example_policy("router-v17"), shadow_policy=cheap)
-    task = await new_task(store, make_spec())
+    task = await new_task(db, make_spec())
     await make_dispatcher(router=router).tick()
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     assert len(detail.attempts) == 1
     snapshot = detail.route_decisions[0].candidate_snapshot
     assert snapshot["shadow"]["policy_version"] == "shadow-cost-only"
     assert snapshot["shadow"]["executed"] is False
     assert snapshot["shadow_selected"]
-    assert len(await submit_messages(store)) == 1
+    assert len(await submit_messages(db)) == 1
 
 
 async def test_requeue_exclusions_and_strict_model_are_honoured(
-    store: Store, make_dispatcher: DispatcherFactory
+    db: Database, make_dispatcher: DispatcherFactory
 ) -> None:
     """After a failover the failed candidate is excluded and STRICT keeps the model elsewhere."""
     model = "veo-3.1-fast-generate-preview"
-    task = await new_task(store, make_spec(**strict(model)))
+    task = await new_task(db, make_spec(**strict(model)))
     dispatcher = make_dispatcher()
     first = await dispatcher.dispatch(task)
     assert first.outcome is DispatchOutcome.SELECTED
     assert first.decision is not None
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     failed = detail.attempts[0]
     request = RequeueRequest(
@@ -162,9 +165,9 @@ async def test_requeue_exclusions_and_strict_model_are_honoured(
         same_model_only=True,
         required_model=model,
     )
-    await _requeue(store, task.id, request)
+    await _requeue(db, task.id, request)
     await dispatcher.tick()
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     assert len(detail.attempts) == 2
     second = detail.attempts[1]
@@ -176,10 +179,10 @@ async def test_requeue_exclusions_and_strict_model_are_honoured(
     assert by_id[first.decision.selected or ""]["reason"] == "EXCLUDED_BY_FAILOVER"
 
 
-async def _requeue(store: Store, task_id: int, request: RequeueRequest) -> None:
+async def _requeue(db: Database, task_id: int, request: RequeueRequest) -> None:
     """Move the task back to QUEUED with `request`, as the execution side's `requeue` does: in
     one transaction, the failover history as rows and a wake-up message."""
-    async with ExecutionStore(store.engine).unit(NOW) as u:
+    async with db.unit(NOW) as u:
         task = await u.task(task_id)
         assert task is not None
         assert await u.move_task(task, TaskState.QUEUED, request.reason)
@@ -188,17 +191,17 @@ async def _requeue(store: Store, task_id: int, request: RequeueRequest) -> None:
 
 
 async def test_soft_exclusion_keeps_the_only_candidate_after_its_backoff(
-    store: Store, make_dispatcher: DispatcherFactory
+    db: Database, make_dispatcher: DispatcherFactory
 ) -> None:
     """STRICT to a one-account model whose submit was refused (TRANSIENT_NETWORK): the task
     waits QUEUED (RETRY_BACKOFF) until the requeue's retry instant, then gets a new attempt on
     the same candidate; it never fails as NO_ELIGIBLE_CANDIDATE."""
     model = "gen4.5"
-    task = await new_task(store, make_spec(**strict(model)))
+    task = await new_task(db, make_spec(**strict(model)))
     first = await make_dispatcher().dispatch(task)
     assert first.outcome is DispatchOutcome.SELECTED
     assert first.decision is not None
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     failed = detail.attempts[0]
     retry_at = NOW + FailoverLimits().requeue_backoff_base_s * SECOND
@@ -212,10 +215,10 @@ async def test_soft_exclusion_keeps_the_only_candidate_after_its_backoff(
         True,
         model,
     )
-    await _requeue(store, task.id, request)
+    await _requeue(db, task.id, request)
 
     await make_dispatcher().tick()
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     assert detail.task.state is TaskState.QUEUED
     assert len(detail.attempts) == 1
@@ -226,7 +229,7 @@ async def test_soft_exclusion_keeps_the_only_candidate_after_its_backoff(
 
     later = retry_at + SECOND
     await make_dispatcher(clock=lambda: later).tick()
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     assert detail.task.state is TaskState.SUBMITTING
     second = detail.attempts[-1]
@@ -240,14 +243,14 @@ async def test_soft_exclusion_keeps_the_only_candidate_after_its_backoff(
 
 
 async def test_no_eligible_after_a_hard_exclusion_reports_the_failure_class(
-    store: Store, make_dispatcher: DispatcherFactory
+    db: Database, make_dispatcher: DispatcherFactory
 ) -> None:
     """When a hard failover exclusion removed the last candidate, the task fails with that
     failure's class (here INTERNAL_PERMANENT), not UNSUPPORTED_CAPABILITY."""
     model = "gen4.5"
-    task = await new_task(store, make_spec(**strict(model)))
+    task = await new_task(db, make_spec(**strict(model)))
     assert (await make_dispatcher().dispatch(task)).outcome is DispatchOutcome.SELECTED
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     failed = detail.attempts[0]
     request = RequeueRequest(
@@ -259,9 +262,9 @@ async def test_no_eligible_after_a_hard_exclusion_reports_the_failure_class(
         True,
         model,
     )
-    await _requeue(store, task.id, request)
+    await _requeue(db, task.id, request)
     await make_dispatcher().tick()
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     assert detail.task.state is TaskState.FAILED
     assert detail.task.failure is not None
@@ -270,31 +273,38 @@ async def test_no_eligible_after_a_hard_exclusion_reports_the_failure_class(
 
 
 async def test_lease_is_released_when_the_attempt_transaction_fails(
-    store: Store, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
+    db: Database, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
 ) -> None:
     """If persisting the attempt fails, the lease is returned and the task is queued again."""
 
-    class BrokenStore(Store):
-        async def create_attempt_with_decision(self, *args: Any, **kwargs: Any) -> Any:
-            raise RuntimeError("database went away")
+    class BrokenDatabase(Database):
+        @asynccontextmanager
+        async def unit(self, now: datetime) -> AsyncIterator[Any]:
+            async with super().unit(now) as u:
 
-    task = await new_task(store, make_spec())
-    dispatcher = make_dispatcher(store=BrokenStore(store.engine))
+                async def broken(*args: Any, **kwargs: Any) -> Any:
+                    raise RuntimeError("database went away")
+
+                u.create_attempt = broken  # type: ignore[method-assign]
+                yield u
+
+    task = await new_task(db, make_spec())
+    dispatcher = make_dispatcher(db=BrokenDatabase(db.engine))
     with pytest.raises(RuntimeError):
         await dispatcher.dispatch(task)
     for c in (await dispatcher.catalog()).candidates:
         assert await leases.used(c.lease_account, "account") == 0
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     assert detail.task.state is TaskState.QUEUED
 
 
 async def test_compile_failure_and_reject_disqualify_only_that_candidate(
-    store: Store, adapter: CompilingAdapter, make_dispatcher: DispatcherFactory
+    db: Database, adapter: CompilingAdapter, make_dispatcher: DispatcherFactory
 ) -> None:
     """An unreachable adapter or a REJECT plan is COMPILE_REJECT; others still run."""
     adapter.fail_models.add("gen4.5")
-    task = await new_task(store, make_spec())
+    task = await new_task(db, make_spec())
     result = await make_dispatcher().dispatch(task)
     assert result.outcome is DispatchOutcome.SELECTED
     assert result.decision is not None
@@ -304,15 +314,15 @@ async def test_compile_failure_and_reject_disqualify_only_that_candidate(
 
 
 async def test_tenant_max_in_flight_limits_dispatch(
-    store: Store, make_dispatcher: DispatcherFactory
+    db: Database, make_dispatcher: DispatcherFactory
 ) -> None:
     """A tenant at its in-flight limit waits while another tenant's task is dispatched."""
     for i in range(2):
-        await new_task(store, make_spec("tenant-a"), key=f"a{i}")
-    await new_task(store, make_spec("tenant-b"), key="b0")
+        await new_task(db, make_spec("tenant-a"), key=f"a{i}")
+    await new_task(db, make_spec("tenant-b"), key="b0")
     config = DispatcherConfig(fair_queue=FairQueueConfig(default_max_in_flight=1))
     dispatcher = make_dispatcher(config=config)
     assert await dispatcher.tick() == 2
-    tasks, _ = await store.list_tasks(state=TaskState.QUEUED)
+    tasks, _ = await TaskQueries(db).list_tasks(state=TaskState.QUEUED)
     assert [t.tenant_id for t in tasks] == ["tenant-a"]
     assert await dispatcher.tick() == 0

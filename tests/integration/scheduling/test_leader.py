@@ -11,7 +11,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from controlplane.domain.states import TaskState
-from controlplane.persistence.repository import Store
+from controlplane.persistence.database import Database
+from controlplane.persistence.tasks import TaskQueries
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.leader import PostgresAdvisoryLock
 from tests.integration.scheduling.conftest import DispatcherFactory
@@ -65,14 +66,14 @@ async def test_advisory_lock_has_one_holder_and_is_freed_by_a_dead_session(pg_ur
 
 
 async def test_only_the_leader_dispatches_and_a_standby_takes_over(
-    pg_url: str, store: Store, make_dispatcher: DispatcherFactory
+    pg_url: str, db: Database, make_dispatcher: DispatcherFactory
 ) -> None:
     """Two dispatchers on one database: one dispatches; after its session dies the other does."""
     config = DispatcherConfig(poll_interval_s=0.05, leader_retry_s=0.05)
     one: Dispatcher = make_dispatcher(leader=PostgresAdvisoryLock(pg_url, "s0"), config=config)
     two: Dispatcher = make_dispatcher(leader=PostgresAdvisoryLock(pg_url, "s0"), config=config)
     for i in range(3):
-        await new_task(store, make_spec(f"t{i}"), key=f"k{i}")
+        await new_task(db, make_spec(f"t{i}"), key=f"k{i}")
     stops = {id(one): asyncio.Event(), id(two): asyncio.Event()}
     runs = {id(d): asyncio.create_task(d.run(stops[id(d)])) for d in (one, two)}
     try:
@@ -99,10 +100,10 @@ async def test_only_the_leader_dispatches_and_a_standby_takes_over(
         lock.try_acquire = never  # type: ignore[method-assign]
         lock.release = silently  # type: ignore[method-assign]
         await kill_session(pg_url, lock.backend_pid)
-        late = await new_task(store, make_spec("late"), key="late")
+        late = await new_task(db, make_spec("late"), key="late")
 
         async def standby_took_over() -> bool:
-            detail = await store.get_task(late.id)
+            detail = await TaskQueries(db).get_task(late.id)
             moved = detail is not None and detail.task.state is TaskState.SUBMITTING
             return moved and standby.dispatched == 1
 

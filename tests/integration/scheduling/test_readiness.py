@@ -8,8 +8,9 @@ from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import example_policy
 from controlplane.domain.states import TaskState
 from controlplane.leases.memory_store import MemoryLeaseStore
-from controlplane.persistence.catalog_store import CatalogStore
-from controlplane.persistence.repository import Store
+from controlplane.persistence.catalog import CatalogQueries
+from controlplane.persistence.database import Database
+from controlplane.persistence.tasks import TaskQueries
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import LocalLock
@@ -25,12 +26,12 @@ from tests.integration.scheduling.test_dispatcher import new_task
 
 
 def bare_dispatcher(
-    store: Store, catalog_store: CatalogStore, monitor: HealthMonitor, adapter: CompilingAdapter
+    db: Database, catalogs: CatalogQueries, monitor: HealthMonitor, adapter: CompilingAdapter
 ) -> Dispatcher:
     """A dispatcher over a catalog nobody has published into yet."""
     return Dispatcher(
-        store=store,
-        catalog_store=catalog_store,
+        db=db,
+        catalogs=catalogs,
         leases=MemoryLeaseStore(),
         adapters=adapter.for_providers(["runway", "google", "self_hosted"]),
         monitor=monitor,
@@ -41,45 +42,45 @@ def bare_dispatcher(
     )
 
 
-async def publish_all(catalog_store: CatalogStore) -> None:
+async def publish_all(db: Database) -> None:
     docs = [d for directory in CAPABILITY_DIRS for d in documents_from_directory(directory)]
-    await publish_documents(catalog_store, docs, ACCOUNTS, now=NOW, source="sidecars")
+    await publish_documents(db, docs, ACCOUNTS, now=NOW, source="sidecars")
 
 
 async def test_an_empty_catalog_keeps_tasks_queued(
-    store: Store, catalog_store: CatalogStore, monitor: HealthMonitor, adapter: CompilingAdapter
+    db: Database, catalogs: CatalogQueries, monitor: HealthMonitor, adapter: CompilingAdapter
 ) -> None:
     """With nothing published, rounds are skipped and the task stays QUEUED without a decision;
     once the catalog is published, the next round dispatches it."""
-    dispatcher = bare_dispatcher(store, catalog_store, monitor, adapter)
-    task = await new_task(store, make_spec())
+    dispatcher = bare_dispatcher(db, catalogs, monitor, adapter)
+    task = await new_task(db, make_spec())
     for _ in range(2):
         assert await dispatcher.tick() == 0
     assert dispatcher.skipped_rounds == 2
     assert dispatcher.not_ready() == "capability catalog is empty"
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     assert detail.task.state is TaskState.QUEUED
     assert detail.route_decisions == ()
-    await publish_all(catalog_store)
+    await publish_all(db)
     assert await dispatcher.tick() == 1  # the round re-reads an unready catalog at once
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     assert detail.task.state is TaskState.SUBMITTING
     assert [d.reason_code for d in detail.route_decisions] == ["SELECTED"]
 
 
 async def test_the_catalog_must_hold_what_every_configured_adapter_described(
-    store: Store, catalog_store: CatalogStore, monitor: HealthMonitor, adapter: CompilingAdapter
+    db: Database, catalogs: CatalogQueries, monitor: HealthMonitor, adapter: CompilingAdapter
 ) -> None:
     """A published catalog is still not ready while a configured adapter has not described
     itself, or described an entry the catalog lacks; direct dispatches are skipped too."""
-    await publish_all(catalog_store)
-    dispatcher = bare_dispatcher(store, catalog_store, monitor, adapter)
+    await publish_all(db)
+    dispatcher = bare_dispatcher(db, catalogs, monitor, adapter)
     dispatcher.readiness = CatalogReadiness(frozenset({"runway", "veo"}))
     await dispatcher.catalog()
     assert dispatcher.not_ready() == "waiting for the capabilities of adapter(s) runway, veo"
-    task = await new_task(store, make_spec())
+    task = await new_task(db, make_spec())
     result = await dispatcher.dispatch(task)
     assert result.outcome.value == "SKIPPED"
     dispatcher.readiness.described("runway", [("runway", "prod-us", "gen4.5")])
@@ -90,6 +91,6 @@ async def test_the_catalog_must_hold_what_every_configured_adapter_described(
     dispatcher.readiness.described("veo", [("google", "veo-prod-us", "veo-3.1-generate-preview")])
     assert dispatcher.not_ready() is None
     assert await dispatcher.tick() == 1
-    detail = await store.get_task(task.id)
+    detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     assert detail.task.state is TaskState.SUBMITTING

@@ -6,17 +6,18 @@ from sqlalchemy import select
 
 from controlplane.domain.outbox import Topic
 from controlplane.leases.memory_store import MemoryLeaseStore
+from controlplane.persistence.database import Database
 from controlplane.persistence.models import lease_audit_events, outbox
-from controlplane.persistence.repository import Store
+from controlplane.persistence.tasks import TaskQueries
 from controlplane.scheduling.upkeep import Upkeep
 from tests.integration.scheduling.conftest import DispatcherFactory
 from tests.integration.scheduling.support import NOW, make_spec
 from tests.integration.scheduling.test_dispatcher import new_task
 
 
-def _upkeep(store: Store, leases: MemoryLeaseStore, dispatcher: object, woken: list[int]) -> Upkeep:
+def _upkeep(db: Database, leases: MemoryLeaseStore, dispatcher: object, woken: list[int]) -> Upkeep:
     return Upkeep(
-        store=store,
+        db=db,
         leases=leases,
         catalog=dispatcher.catalog,  # type: ignore[attr-defined]
         is_leader=lambda: True,
@@ -26,8 +27,8 @@ def _upkeep(store: Store, leases: MemoryLeaseStore, dispatcher: object, woken: l
     )
 
 
-async def _audit_rows(store: Store) -> list[tuple[str, int, int, int]]:
-    async with store.engine.connect() as conn:
+async def _audit_rows(db: Database) -> list[tuple[str, int, int, int]]:
+    async with db.reading() as conn:
         rows = await conn.execute(
             select(
                 lease_audit_events.c.dimension,
@@ -40,56 +41,55 @@ async def _audit_rows(store: Store) -> list[tuple[str, int, int, int]]:
 
 
 async def test_counters_lost_by_the_lease_store_are_rebuilt_from_postgres(
-    store: Store, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
+    db: Database, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
 ) -> None:
     """After the store forgets a live attempt's slots, upkeep restores them and audits it."""
-    await new_task(store, make_spec())
+    await new_task(db, make_spec())
     dispatcher = make_dispatcher()
     assert await dispatcher.tick() == 1
-    detail = await store.get_task(1)
+    detail = await TaskQueries(db).get_task(1)
     assert detail is not None
     (attempt,) = detail.attempts
-    await store.transition_attempt(
-        attempt.id, attempt.status_version, type(attempt.state).SUBMITTING, now=NOW
-    )
+    async with db.unit(NOW) as u:
+        await u.move_attempt(attempt, type(attempt.state).SUBMITTING)
     (account,) = await leases.accounts()
     before = await leases.snapshot(account)
     for dimension in before.used:
         await leases.set_used(account, dimension, 0)
 
-    drifts = await _upkeep(store, leases, dispatcher, []).reconcile_leases()
+    drifts = await _upkeep(db, leases, dispatcher, []).reconcile_leases()
 
     assert drifts
     assert all(d.delta == 1 for d in drifts)
     after = await leases.snapshot(account)
     assert after.used == before.used
-    audited = await _audit_rows(store)
+    audited = await _audit_rows(db)
     assert {(row[1], row[2], row[3]) for row in audited} == {(1, 0, 1)}
 
 
 async def test_consistent_leases_need_no_correction(
-    store: Store, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
+    db: Database, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
 ) -> None:
     """When the store matches PostgreSQL, reconciliation changes nothing and writes no audit."""
-    await new_task(store, make_spec())
+    await new_task(db, make_spec())
     dispatcher = make_dispatcher()
     assert await dispatcher.tick() == 1
-    assert await _upkeep(store, leases, dispatcher, []).reconcile_leases() == []
-    assert await _audit_rows(store) == []
+    assert await _upkeep(db, leases, dispatcher, []).reconcile_leases() == []
+    assert await _audit_rows(db) == []
 
 
 async def test_queue_wakeups_are_completed_and_wake_the_dispatcher(
-    store: Store, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
+    db: Database, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
 ) -> None:
     """task.queued messages are marked done once and the dispatcher is woken."""
-    await new_task(store, make_spec(), "a")
-    await new_task(store, make_spec(), "b")
+    await new_task(db, make_spec(), "a")
+    await new_task(db, make_spec(), "b")
     woken: list[int] = []
-    upkeep = _upkeep(store, leases, make_dispatcher(), woken)
+    upkeep = _upkeep(db, leases, make_dispatcher(), woken)
     assert await upkeep.drain_queue_messages() == 2
     assert await upkeep.drain_queue_messages() == 0
     assert woken == [1]
-    async with store.engine.connect() as conn:
+    async with db.reading() as conn:
         pending = await conn.execute(
             select(outbox.c.id).where(outbox.c.topic == Topic.QUEUED, outbox.c.done_at.is_(None))
         )

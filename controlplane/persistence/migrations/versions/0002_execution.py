@@ -4,8 +4,8 @@ Revision ID: 0002_execution
 Revises: 0001_initial
 Create Date: 2026-01-02
 
-Matches `controlplane.persistence.execution_store` (its own MetaData). Frozen here on purpose:
-a later change to the tables gets its own revision.
+Matches the `attempt_runtime` and `provider_events` tables of `controlplane.persistence.models`.
+Frozen here on purpose: a later change to the tables gets its own revision.
 """
 
 from __future__ import annotations

@@ -1,0 +1,74 @@
+"""Single-row reads shared by the unit of work (locked) and the query modules (internal)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from controlplane.persistence import _rows
+from controlplane.persistence.models import attempt_runtime as R
+from controlplane.persistence.models import generation_tasks as T
+from controlplane.persistence.models import provider_accounts, provider_jobs
+from controlplane.persistence.models import task_attempts as A
+from controlplane.persistence.records import (
+    AccountInfo,
+    AttemptRecord,
+    AttemptRuntime,
+    ProviderJobRecord,
+    TaskRecord,
+)
+
+
+async def attempt(conn: AsyncConnection, attempt_id: int, *, lock: bool) -> AttemptRecord | None:
+    query = select(A).where(A.c.id == attempt_id)
+    found = (await conn.execute(query.with_for_update() if lock else query)).mappings().first()
+    return None if found is None else _rows.attempt(found)
+
+
+async def task(conn: AsyncConnection, task_id: int, *, lock: bool) -> TaskRecord | None:
+    query = select(T).where(T.c.id == task_id)
+    found = (await conn.execute(query.with_for_update() if lock else query)).mappings().first()
+    return None if found is None else _rows.task(found)
+
+
+async def task_by_key(
+    conn: AsyncConnection, tenant_id: str, idempotency_key: str
+) -> TaskRecord | None:
+    query = select(T).where(T.c.tenant_id == tenant_id, T.c.idempotency_key == idempotency_key)
+    found = (await conn.execute(query)).mappings().first()
+    return None if found is None else _rows.task(found)
+
+
+async def attempts_of(conn: AsyncConnection, task_id: int) -> list[AttemptRecord]:
+    rows = await conn.execute(select(A).where(A.c.task_id == task_id).order_by(A.c.attempt_no))
+    return [_rows.attempt(m) for m in rows.mappings()]
+
+
+async def job_of(conn: AsyncConnection, attempt_id: int) -> ProviderJobRecord | None:
+    rows = await conn.execute(select(provider_jobs).where(provider_jobs.c.attempt_id == attempt_id))
+    found = rows.mappings().first()
+    return None if found is None else _rows.provider_job(found)
+
+
+async def job_by_ref(
+    conn: AsyncConnection, account_id: int, job_id: str
+) -> ProviderJobRecord | None:
+    rows = await conn.execute(
+        select(provider_jobs).where(
+            provider_jobs.c.provider_account_id == account_id,
+            provider_jobs.c.provider_job_id == job_id,
+        )
+    )
+    found = rows.mappings().first()
+    return None if found is None else _rows.provider_job(found)
+
+
+async def account(conn: AsyncConnection, account_id: int) -> AccountInfo:
+    query = select(provider_accounts).where(provider_accounts.c.id == account_id)
+    return _rows.account_info((await conn.execute(query)).mappings().one())
+
+
+async def runtime(conn: AsyncConnection, attempt_id: int) -> AttemptRuntime | None:
+    rows = await conn.execute(select(R).where(R.c.attempt_id == attempt_id))
+    found = rows.mappings().first()
+    return None if found is None else _rows.runtime(found)

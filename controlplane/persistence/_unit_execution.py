@@ -1,0 +1,189 @@
+"""The execution engine's writes of `SqlUnitOfWork`: provider jobs, runtime rows, provider
+events, and the claims of due polls and recoveries (internal; see `unit`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Table, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from controlplane.domain.states import AttemptState
+from controlplane.persistence import _reads, _rows, _sql
+from controlplane.persistence.errors import DuplicateRecord
+from controlplane.persistence.execution import POLLABLE_STATES
+from controlplane.persistence.models import attempt_runtime as R
+from controlplane.persistence.models import provider_events as E
+from controlplane.persistence.models import provider_jobs
+from controlplane.persistence.models import task_attempts as A
+from controlplane.persistence.records import NewProviderJob, ProviderJobRecord
+from vidroute_core.exceptions import NotFound
+
+
+def _insert_for(conn: AsyncConnection, table: Table) -> Any:
+    """The dialect's INSERT, which has ``on_conflict_do_*`` on both PostgreSQL and SQLite."""
+    return (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(table)
+
+
+class ExecutionWrites:
+    """Mixed into `SqlUnitOfWork`; uses its connection and clock."""
+
+    conn: AsyncConnection
+    now: datetime
+
+    async def insert_job(self, job: NewProviderJob) -> tuple[ProviderJobRecord, bool]:
+        """Record the attempt's provider job; ``(job, created)``.
+
+        Recording the same ``(attempt, account, provider_job_id)`` again returns the stored row
+        with ``created=False``. A different job for the attempt, or a job id already bound to
+        another attempt, raises `DuplicateRecord` (9.3.4: a job is never overwritten). Raises
+        `NotFound` if the attempt does not exist.
+        """
+        task_id = await self.conn.scalar(select(A.c.task_id).where(A.c.id == job.attempt_id))
+        if task_id is None:
+            raise NotFound("attempt", str(job.attempt_id))
+        stored = await self._job_like(job)
+        if stored is not None:
+            return stored, False
+        try:
+            async with self.conn.begin_nested():
+                row = (
+                    (
+                        await self.conn.execute(
+                            insert(provider_jobs)
+                            .values(
+                                attempt_id=job.attempt_id,
+                                provider_account_id=job.provider_account_id,
+                                provider_job_id=job.provider_job_id,
+                                provider_request_id=job.provider_request_id,
+                                raw_status=job.raw_status,
+                                normalized_status=job.normalized_status.value,
+                                output_locator=job.output_locator,
+                                raw_failure=job.raw_failure,
+                                submitted_at=job.submitted_at,
+                                created_at=self.now,
+                            )
+                            .returning(provider_jobs)
+                        )
+                    )
+                    .mappings()
+                    .one()
+                )
+        except IntegrityError as exc:
+            # A concurrent writer recorded a job between our check and the insert.
+            stored = await self._job_like(job)
+            if stored is not None:
+                return stored, False
+            raise DuplicateRecord(
+                f"provider job {job.provider_job_id!r} conflicts with a recorded job"
+            ) from exc
+        record = _rows.provider_job(row)
+        seq = await _sql.next_seq(self.conn, int(task_id))
+        payload = {
+            "attempt_id": job.attempt_id,
+            "provider_job_id": job.provider_job_id,
+            "normalized_status": job.normalized_status.value,
+        }
+        await _sql.append_event(
+            self.conn, int(task_id), seq, "provider_job.recorded", payload, now=self.now
+        )
+        return record, True
+
+    async def _job_like(self, job: NewProviderJob) -> ProviderJobRecord | None:
+        """The stored replay of `job`, None if nothing is stored, `DuplicateRecord` if another
+        job is stored for the attempt or under the job id."""
+        found = await _reads.job_of(self.conn, job.attempt_id)
+        if found is None:
+            found = await _reads.job_by_ref(self.conn, job.provider_account_id, job.provider_job_id)
+        if found is None:
+            return None
+        if (found.attempt_id, found.provider_account_id, found.provider_job_id) == (
+            job.attempt_id,
+            job.provider_account_id,
+            job.provider_job_id,
+        ):
+            return found
+        raise DuplicateRecord(f"provider job {job.provider_job_id!r} conflicts with a recorded job")
+
+    async def update_job(self, job_row_id: int, **values: Any) -> None:
+        await self.conn.execute(
+            update(provider_jobs).where(provider_jobs.c.id == job_row_id).values(**values)
+        )
+
+    async def set_runtime(self, attempt_id: int, task_id: int, **values: Any) -> None:
+        """Upsert the attempt's runtime row, setting only the named columns."""
+        values["updated_at"] = self.now
+        stmt = _insert_for(self.conn, R).values(attempt_id=attempt_id, task_id=task_id, **values)
+        await self.conn.execute(
+            stmt.on_conflict_do_update(index_elements=[R.c.attempt_id], set_=values)
+        )
+
+    async def bump_runtime(self, attempt_id: int, task_id: int, column: str) -> None:
+        """Add one to a counter column of the runtime row (creating the row if needed)."""
+        await self.set_runtime(attempt_id, task_id)
+        await self.conn.execute(
+            update(R).where(R.c.attempt_id == attempt_id).values({column: R.c[column] + 1})
+        )
+
+    async def insert_event(self, **values: Any) -> int | None:
+        """Store an observation; None when the same (job, raw status, payload) is already there."""
+        stmt = (
+            _insert_for(self.conn, E)
+            .values(**values)
+            .on_conflict_do_nothing(
+                index_elements=[
+                    E.c.provider_account_id,
+                    E.c.provider_job_id,
+                    E.c.raw_status,
+                    E.c.payload_hash,
+                ]
+            )
+            .returning(E.c.id)
+        )
+        event_id = await self.conn.scalar(stmt)
+        return None if event_id is None else int(event_id)
+
+    async def set_event_outcome(self, event_id: int, outcome: str) -> None:
+        await self.conn.execute(update(E).where(E.c.id == event_id).values(outcome=outcome))
+
+    # ---- claims: a claim pushes the due time past its lease, so it is a write -------------
+
+    async def claim_polls(self, worker: str, *, limit: int, lease_s: float) -> list[int]:
+        """Attempts whose poll is due, claimed with SKIP LOCKED (PostgreSQL)."""
+        return await self._claim(R.c.next_poll_at, POLLABLE_STATES, limit=limit, lease_s=lease_s)
+
+    async def claim_recoveries(self, worker: str, *, limit: int, lease_s: float) -> list[int]:
+        """SUBMIT_UNKNOWN attempts whose recovery step is due, claimed like polls."""
+        states = (AttemptState.SUBMIT_UNKNOWN,)
+        return await self._claim(R.c.next_recovery_at, states, limit=limit, lease_s=lease_s)
+
+    async def claim_late_lookups(self, worker: str, *, limit: int, lease_s: float) -> list[int]:
+        """ABANDONED attempts whose background lookup is due (same due column as recovery)."""
+        states = (AttemptState.ABANDONED,)
+        return await self._claim(R.c.next_recovery_at, states, limit=limit, lease_s=lease_s)
+
+    async def _claim(
+        self, column: Any, states: Iterable[AttemptState], *, limit: int, lease_s: float
+    ) -> list[int]:
+        now = self.now
+        due = (
+            select(R.c.attempt_id)
+            .join(A, A.c.id == R.c.attempt_id)
+            .where(column <= now, A.c.status.in_(sorted(s.value for s in states)))
+            .order_by(column)
+            .limit(limit)
+            .with_for_update(skip_locked=True, of=R)
+            .cte("due")
+        )
+        # Claiming pushes the due time past the lease: a crashed worker's claim simply expires.
+        stmt = (
+            update(R)
+            .where(R.c.attempt_id.in_(select(due.c.attempt_id)))
+            .values({column.name: now + timedelta(seconds=lease_s), "updated_at": now})
+            .returning(R.c.attempt_id)
+        )
+        return sorted(int(i) for i in (await self.conn.execute(stmt)).scalars())

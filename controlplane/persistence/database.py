@@ -1,0 +1,60 @@
+"""`Database`: the one handle on the control plane's database (PostgreSQL or SQLite).
+
+It owns the engine and hands out the two ways in: `unit(now)`, the one transaction every
+write goes through (`unit.SqlUnitOfWork`), and `reading()`, a plain connection for the
+read-only query modules (`tasks`, `catalog`, `execution`, `leases`, `snapshot`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime
+
+from sqlalchemy import literal_column, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from controlplane.persistence.db import create_engine
+from controlplane.persistence.unit import SqlUnitOfWork
+
+__all__ = ["Database"]
+
+
+class Database:
+    """The engine and its units of work; safe to share between tasks and coroutines."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    @classmethod
+    def from_url(cls, url: str) -> Database:
+        """A database on a new engine for `url` (the backend settings of `db.create_engine`)."""
+        return cls(create_engine(url))
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self._engine
+
+    @property
+    def dialect(self) -> str:
+        return self._engine.dialect.name
+
+    @asynccontextmanager
+    async def unit(self, now: datetime) -> AsyncIterator[SqlUnitOfWork]:
+        """One transaction; commits when the block exits normally, rolls back otherwise."""
+        async with self._engine.begin() as conn:
+            yield SqlUnitOfWork(conn, now)
+
+    @asynccontextmanager
+    async def reading(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for reads (the query modules; writers use `unit`)."""
+        async with self._engine.connect() as conn:
+            yield conn
+
+    async def ping(self) -> None:
+        """Round-trip ``SELECT 1``; raises whatever the driver raises when the database is down."""
+        async with self._engine.connect() as conn:
+            await conn.execute(select(literal_column("1")))
+
+    async def dispose(self) -> None:
+        await self._engine.dispose()

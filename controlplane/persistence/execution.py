@@ -1,0 +1,136 @@
+"""Execution reads: an attempt's snapshot (attempt, job, runtime row), stored provider events,
+accounts, jobs by provider id, crashed submits, and the states whose poll can be due.
+
+Read-only, without locks: the execution engine reads here to decide what to do, then does it in
+a unit of work (`Database.unit`), which re-reads what it changes with row locks. The claims of due
+polls and recoveries write (they push the due time past a lease), so they are unit methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+
+from controlplane.domain.states import AttemptState
+from controlplane.persistence import _reads, _rows
+from controlplane.persistence.models import provider_accounts, provider_jobs
+from controlplane.persistence.models import provider_events as E
+from controlplane.persistence.models import task_attempts as A
+from controlplane.persistence.records import (
+    AccountInfo,
+    AttemptRecord,
+    AttemptRuntime,
+    ProviderEventRecord,
+    ProviderJobRecord,
+)
+
+if TYPE_CHECKING:
+    from controlplane.persistence.database import Database
+
+__all__ = ["POLLABLE_STATES", "ExecutionQueries"]
+
+POLLABLE_STATES = frozenset(
+    {
+        AttemptState.ACCEPTED,
+        AttemptState.PROVIDER_QUEUED,
+        AttemptState.PROVIDER_THROTTLED,
+        AttemptState.RUNNING,
+        AttemptState.CANCEL_REQUESTED,
+    }
+)
+
+
+class ExecutionQueries:
+    """Read-only execution queries over one `Database`; each call reads on its own connection."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def stale_submitting(self, *, started_before: datetime, limit: int) -> list[int]:
+        """SUBMITTING attempts whose request started before `started_before` (crashed submits)."""
+        async with self._db.reading() as conn:
+            rows = await conn.execute(
+                select(A.c.id)
+                .where(
+                    A.c.status == AttemptState.SUBMITTING.value,
+                    (A.c.request_started_at.is_(None)) | (A.c.request_started_at < started_before),
+                )
+                .order_by(A.c.id)
+                .limit(limit)
+            )
+            return [int(i) for i in rows.scalars()]
+
+    async def account(self, account_id: int) -> AccountInfo:
+        async with self._db.reading() as conn:
+            return await _reads.account(conn, account_id)
+
+    async def snapshot(
+        self, attempt_id: int
+    ) -> tuple[AttemptRecord, ProviderJobRecord | None, AttemptRuntime | None] | None:
+        """The attempt, its job and runtime row, read without locks."""
+        async with self._db.reading() as conn:
+            attempt = await _reads.attempt(conn, attempt_id, lock=False)
+            if attempt is None:
+                return None
+            job = await _reads.job_of(conn, attempt_id)
+            return attempt, job, await _reads.runtime(conn, attempt_id)
+
+    async def job_by_provider(self, provider: str, job_id: str) -> ProviderJobRecord | None:
+        """The recorded job with this id on any account of `provider` (callbacks)."""
+        async with self._db.reading() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        select(provider_jobs)
+                        .join(
+                            provider_accounts,
+                            provider_accounts.c.id == provider_jobs.c.provider_account_id,
+                        )
+                        .where(
+                            provider_accounts.c.provider == provider,
+                            provider_jobs.c.provider_job_id == job_id,
+                        )
+                    )
+                )
+                .mappings()
+                .first()
+            )
+            return None if row is None else _rows.provider_job(row)
+
+    async def events(
+        self,
+        *,
+        attempt_id: int | None = None,
+        account_id: int | None = None,
+        job_id: str | None = None,
+    ) -> list[ProviderEventRecord]:
+        """Stored observations for an attempt or for a job, oldest first."""
+        query = select(E).order_by(E.c.id)
+        if attempt_id is not None:
+            query = query.where(E.c.attempt_id == attempt_id)
+        if account_id is not None:
+            query = query.where(E.c.provider_account_id == account_id)
+        if job_id is not None:
+            query = query.where(E.c.provider_job_id == job_id)
+        async with self._db.reading() as conn:
+            return [_rows.provider_event(m) for m in (await conn.execute(query)).mappings()]
+
+    async def runtime(self, attempt_id: int) -> AttemptRuntime | None:
+        async with self._db.reading() as conn:
+            return await _reads.runtime(conn, attempt_id)
+
+    async def known_job_ids(self, account_id: int, job_ids: Iterable[str]) -> set[str]:
+        ids = sorted(set(job_ids))
+        if not ids:
+            return set()
+        async with self._db.reading() as conn:
+            rows = await conn.execute(
+                select(provider_jobs.c.provider_job_id).where(
+                    provider_jobs.c.provider_account_id == account_id,
+                    provider_jobs.c.provider_job_id.in_(ids),
+                )
+            )
+            return {str(i) for i in rows.scalars()}

@@ -1,0 +1,470 @@
+"""`SqlUnitOfWork`: the one writer of the control plane's database (PostgreSQL or SQLite).
+
+`Database.unit(now)` opens ONE transaction and yields a unit; everything a writer does (task and
+attempt transitions, route decisions, provider jobs, outbox messages, runtime rows, catalog
+publication, health and lease-audit rows) is a method here, so a crash never leaves half of a
+decision behind and each rule of the write path is written once. Reads a writer needs inside its
+transaction are here too, with row locks (``SELECT ... FOR UPDATE`` on PostgreSQL; SQLite's
+``BEGIN IMMEDIATE`` serialises writers). Locks are taken attempt first, then task.
+
+State changes are the compare-and-set of design 9.8.1::
+
+    UPDATE ... SET status = :new, status_version = status_version + 1
+     WHERE id = :id AND status_version = :expected AND status IN (:allowed_from)
+
+where ``allowed_from`` comes from `TASK_MACHINE` / `ATTEMPT_MACHINE`; the unit enforces the
+transition tables but makes no decisions of its own. A change that wins its CAS appends a
+``task_events`` row (numbered by ``generation_tasks.last_event_seq``, which the same UPDATE
+bumps, so the row lock orders concurrent writers) and its outbox messages in the same
+transaction: `_move_task` is the only place that writes that step.
+
+The execution side's writes (jobs, runtime rows, provider events, claims) are in
+`_unit_execution`, the catalog's (accounts, versions, health and lease-audit rows) in
+`_unit_catalog`; the clock is injected (``now``, an aware datetime, for the whole unit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from controlplane.domain.outbox import Topic
+from controlplane.domain.requeue import RequeueRequest
+from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
+from controlplane.persistence import _reads, _rows, _sql, exclusions
+from controlplane.persistence._unit_catalog import CatalogWrites
+from controlplane.persistence._unit_execution import ExecutionWrites
+from controlplane.persistence.errors import ConcurrentModification, DuplicateRecord
+from controlplane.persistence.models import generation_tasks as T
+from controlplane.persistence.models import outbox as O
+from controlplane.persistence.models import task_attempts as A
+from controlplane.persistence.records import (
+    AccountInfo,
+    AttemptChanges,
+    AttemptRecord,
+    AttemptRuntime,
+    Failure,
+    NewAttempt,
+    NewOutboxMessage,
+    NewRouteDecision,
+    OutboxRecord,
+    ProviderJobRecord,
+    RouteDecisionRecord,
+    TaskRecord,
+)
+from vidroute_core.codec import spec_to_dict
+from vidroute_core.exceptions import NotFound
+from vidroute_core.spec import GenerationSpec
+
+__all__ = ["SqlUnitOfWork"]
+
+_INITIAL_ATTEMPT_STATES = frozenset(
+    {AttemptState.CREATED, AttemptState.RESERVING, AttemptState.READY_TO_SUBMIT}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Moved:
+    """A task CAS that won, with the route decision stored alongside it, if any."""
+
+    decision: RouteDecisionRecord | None
+
+
+class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
+    """One open transaction (see the module docstring); made by `Database.unit`."""
+
+    def __init__(self, conn: AsyncConnection, now: datetime) -> None:
+        self.conn = conn
+        self.now = now
+
+    # ---- reads inside the transaction ------------------------------------------------------
+
+    async def attempt(self, attempt_id: int, *, lock: bool = True) -> AttemptRecord | None:
+        return await _reads.attempt(self.conn, attempt_id, lock=lock)
+
+    async def task(self, task_id: int, *, lock: bool = True) -> TaskRecord | None:
+        return await _reads.task(self.conn, task_id, lock=lock)
+
+    async def attempts_of(self, task_id: int) -> list[AttemptRecord]:
+        return await _reads.attempts_of(self.conn, task_id)
+
+    async def job_of(self, attempt_id: int) -> ProviderJobRecord | None:
+        return await _reads.job_of(self.conn, attempt_id)
+
+    async def job_by_ref(self, account_id: int, job_id: str) -> ProviderJobRecord | None:
+        return await _reads.job_by_ref(self.conn, account_id, job_id)
+
+    async def account(self, account_id: int) -> AccountInfo:
+        return await _reads.account(self.conn, account_id)
+
+    async def runtime(self, attempt_id: int) -> AttemptRuntime | None:
+        return await _reads.runtime(self.conn, attempt_id)
+
+    # ---- tasks ----------------------------------------------------------------------------
+
+    async def create_task(
+        self,
+        spec: GenerationSpec,
+        *,
+        idempotency_key: str,
+        spec_hash: str,
+        queue_deadline_at: datetime | None = None,
+        deadline_at: datetime | None = None,
+    ) -> tuple[TaskRecord, bool]:
+        """Insert a QUEUED task with its first event and a ``task.queued`` outbox message.
+
+        Returns ``(task, created)``. A replay of ``(tenant, idempotency_key)`` with the same
+        `spec_hash` returns the stored task with ``created=False``; with another hash it raises
+        `IdempotencyConflict`. Concurrent creators race on the UNIQUE constraint: the loser's
+        insert fails (inside a savepoint, so the unit stays usable) and it returns the winner's.
+        """
+        existing = await _reads.task_by_key(self.conn, spec.tenant_id, idempotency_key)
+        if existing is not None:
+            return _sql.replay(existing, spec_hash), False
+        try:
+            async with self.conn.begin_nested():
+                row = (
+                    (
+                        await self.conn.execute(
+                            insert(T)
+                            .values(
+                                tenant_id=spec.tenant_id,
+                                user_id=spec.user_id,
+                                project_id=spec.project_id,
+                                idempotency_key=idempotency_key,
+                                spec=spec_to_dict(spec),
+                                normalized_spec_hash=spec_hash,
+                                service_class=spec.service_class.value,
+                                priority=spec.priority,
+                                status=TaskState.QUEUED.value,
+                                status_version=0,
+                                last_event_seq=1,
+                                queue_deadline_at=queue_deadline_at,
+                                deadline_at=deadline_at,
+                                created_at=self.now,
+                                updated_at=self.now,
+                            )
+                            .returning(T)
+                        )
+                    )
+                    .mappings()
+                    .one()
+                )
+        except IntegrityError:
+            existing = await _reads.task_by_key(self.conn, spec.tenant_id, idempotency_key)
+            if existing is None:
+                raise  # some other constraint; not an idempotent replay
+            return _sql.replay(existing, spec_hash), False
+        record = _rows.task(row)
+        queued = _sql.state_payload(TaskState.QUEUED, 0)
+        await _sql.append_event(self.conn, record.id, 1, "task.queued", queued, now=self.now)
+        await self.enqueue(
+            NewOutboxMessage(
+                topic=Topic.QUEUED,
+                aggregate_id=str(record.id),
+                payload={
+                    "task_id": record.id,
+                    "tenant_id": record.tenant_id,
+                    "service_class": record.service_class.value,
+                    "priority": record.priority,
+                },
+            )
+        )
+        return record, True
+
+    async def move_task(
+        self,
+        record: TaskRecord,
+        target: TaskState,
+        reason: str = "",
+        *,
+        failure: Failure | None = None,
+        adopted_attempt_id: int | None = None,
+        output_asset: Mapping[str, Any] | None = None,
+        outbox: Sequence[NewOutboxMessage] = (),
+    ) -> TaskRecord | None:
+        """CAS the task from `record`'s version; the moved task, or None when the table forbids
+        it or the CAS lost. Optional columns are set only if given."""
+        if not TASK_MACHINE.can(record.state, target):
+            return None
+        moved = await self._move_task(
+            record.id,
+            record.status_version,
+            target,
+            reason,
+            failure=failure,
+            adopted_attempt_id=adopted_attempt_id,
+            output_asset=output_asset,
+            outbox=outbox,
+        )
+        return None if moved is None else await self.task(record.id, lock=False)
+
+    async def move_task_at(
+        self,
+        task_id: int,
+        expected_version: int,
+        target: TaskState,
+        reason: str = "",
+        *,
+        failure: Failure | None = None,
+        adopted_attempt_id: int | None = None,
+        output_asset: Mapping[str, Any] | None = None,
+        outbox: Sequence[NewOutboxMessage] = (),
+    ) -> bool:
+        """`move_task` for a caller that knows only the id and version; True if it applied."""
+        moved = await self._move_task(
+            task_id,
+            expected_version,
+            target,
+            reason,
+            failure=failure,
+            adopted_attempt_id=adopted_attempt_id,
+            output_asset=output_asset,
+            outbox=outbox,
+        )
+        return moved is not None
+
+    async def cancel_queued_task(self, task_id: int, reason: str = "") -> TaskRecord:
+        """Cancel the task if it is still QUEUED; return its current record either way.
+
+        The caller compares ``record.state`` with CANCELLED to learn whether it won. Raises
+        `NotFound` if there is no such task.
+        """
+        current = await self.task(task_id)
+        if current is None:
+            raise NotFound("task", str(task_id))
+        if current.state is not TaskState.QUEUED:
+            return current
+        await self._move_task(task_id, current.status_version, TaskState.CANCELLED, reason)
+        moved = await self.task(task_id, lock=False)
+        assert moved is not None
+        return moved
+
+    async def record_decision(
+        self,
+        task_id: int,
+        expected_version: int,
+        target: TaskState,
+        decision: NewRouteDecision,
+        *,
+        reason: str = "",
+        failure: Failure | None = None,
+        outbox: Sequence[NewOutboxMessage] = (),
+    ) -> RouteDecisionRecord | None:
+        """CAS the task from SCHEDULING to `target` and store the decision (NO_CAPACITY,
+        NO_ELIGIBLE_CANDIDATE: a decision without an attempt); None if the CAS lost."""
+        moved = await self._move_task(
+            task_id,
+            expected_version,
+            target,
+            reason,
+            failure=failure,
+            outbox=outbox,
+            decision=decision,
+        )
+        return None if moved is None else moved.decision
+
+    async def _move_task(
+        self,
+        task_id: int,
+        expected_version: int,
+        target: TaskState,
+        reason: str,
+        *,
+        failure: Failure | None = None,
+        adopted_attempt_id: int | None = None,
+        output_asset: Mapping[str, Any] | None = None,
+        outbox: Sequence[NewOutboxMessage] = (),
+        decision: NewRouteDecision | None = None,
+    ) -> _Moved | None:
+        """The task CAS + its event + its outbox messages: the one place this step is written.
+
+        None if the CAS lost. A `decision` is stored after the CAS won, and its number goes into
+        the event."""
+        seq = await _sql.cas_task(
+            self.conn,
+            task_id,
+            expected_version,
+            target,
+            now=self.now,
+            events=1,
+            extra=_sql.task_extra(failure, adopted_attempt_id, output_asset),
+        )
+        if seq is None:
+            return None
+        payload = _sql.state_payload(target, expected_version + 1, reason, failure)
+        stored = None
+        if decision is not None:
+            stored = await _sql.insert_decision(self.conn, task_id, decision, self.now)
+            payload["route_decision_no"] = stored.decision_no
+        await _sql.append_event(
+            self.conn, task_id, seq, "task.state_changed", payload, now=self.now
+        )
+        for message in outbox:
+            await self.enqueue(message)
+        return _Moved(stored)
+
+    # ---- attempts -------------------------------------------------------------------------
+
+    async def create_attempt(
+        self,
+        task_id: int,
+        expected_task_version: int,
+        attempt: NewAttempt,
+        decision: NewRouteDecision,
+        *,
+        outbox_topic: str = Topic.SUBMIT,
+        outbox_payload: Mapping[str, Any] | None = None,
+    ) -> tuple[AttemptRecord, RouteDecisionRecord]:
+        """Persist the scheduler's choice atomically (design 9.10 / 9.10.1).
+
+        Task SCHEDULING -> SUBMITTING (CAS on `expected_task_version`), the next RouteDecision,
+        the next Attempt pointing at it, an outbox message on `outbox_topic` whose payload is
+        `outbox_payload` plus ``task_id`` and ``attempt_id``, and two events. Raises
+        `ConcurrentModification` if the task CAS loses and `DuplicateRecord` if the ``(account,
+        client_request_key)`` is taken; either way nothing is written (a savepoint).
+        """
+        if attempt.initial_state not in _INITIAL_ATTEMPT_STATES:
+            raise ValueError(f"an attempt cannot start in {attempt.initial_state.value}")
+        try:
+            async with self.conn.begin_nested():
+                moved = await self._move_task(
+                    task_id, expected_task_version, TaskState.SUBMITTING, ""
+                )
+                if moved is None:
+                    raise ConcurrentModification(
+                        f"task {task_id} is not SCHEDULING at version {expected_task_version}"
+                    )
+                decision_row = await _sql.insert_decision(self.conn, task_id, decision, self.now)
+                attempt_row = await _sql.insert_attempt(
+                    self.conn, task_id, attempt, decision_row.id, self.now
+                )
+                seq = await _sql.next_seq(self.conn, task_id)
+                created = _sql.attempt_payload(attempt_row)
+                await _sql.append_event(
+                    self.conn, task_id, seq, "attempt.created", created, now=self.now
+                )
+                body = {**(outbox_payload or {}), "task_id": task_id, "attempt_id": attempt_row.id}
+                await self.enqueue(NewOutboxMessage(outbox_topic, str(attempt_row.id), body))
+        except IntegrityError as exc:
+            raise DuplicateRecord(
+                f"attempt for task {task_id} violates a UNIQUE constraint"
+            ) from exc
+        return attempt_row, decision_row
+
+    async def move_attempt(
+        self,
+        record: AttemptRecord,
+        target: AttemptState,
+        reason: str = "",
+        changes: AttemptChanges | None = None,
+        *,
+        outbox: Sequence[NewOutboxMessage] = (),
+    ) -> AttemptRecord | None:
+        """CAS the attempt from `record`'s version; None when the table forbids it or it lost.
+        `changes` fields are set when not None."""
+        if not ATTEMPT_MACHINE.can(record.state, target):
+            return None
+        values: dict[str, Any] = _sql.attempt_extra(changes)
+        values.update(
+            status=target.value, status_version=A.c.status_version + 1, updated_at=self.now
+        )
+        row = (
+            (
+                await self.conn.execute(
+                    update(A)
+                    .where(
+                        A.c.id == record.id,
+                        A.c.status_version == record.status_version,
+                        A.c.status == record.state.value,
+                    )
+                    .values(values)
+                    .returning(A)
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
+            return None
+        moved = _rows.attempt(row)
+        seq = await _sql.next_seq(self.conn, moved.task_id)
+        payload = {**_sql.attempt_payload(moved), "reason": reason}
+        await _sql.append_event(
+            self.conn, moved.task_id, seq, "attempt.state_changed", payload, now=self.now
+        )
+        for message in outbox:
+            await self.enqueue(message)
+        return moved
+
+    # ---- outbox ---------------------------------------------------------------------------
+
+    async def enqueue(self, message: NewOutboxMessage) -> int:
+        """Add a message (a state change's own messages go through its `outbox=` argument)."""
+        return await _sql.enqueue(self.conn, message, self.now)
+
+    async def record_requeue(self, request: RequeueRequest) -> None:
+        """Store a requeue's failover history (its exclusions merged into the task's rows)."""
+        await exclusions.record_requeue(self.conn, request, self.now)
+
+    async def claim_messages(
+        self, topic: str, worker: str, *, limit: int, lease_seconds: float
+    ) -> list[OutboxRecord]:
+        """Claim up to `limit` due messages of `topic` for `lease_seconds`, oldest first.
+
+        A message is due when not done, ``available_at <= now`` and unclaimed or its claim has
+        expired. On PostgreSQL the candidate rows are picked with ``FOR UPDATE SKIP LOCKED``, so
+        concurrent claimers never get the same row; on SQLite the clause is not rendered and the
+        single writer lock (``BEGIN IMMEDIATE``) serialises claimers instead.
+        """
+        now = self.now
+        due = (
+            select(O.c.id)
+            .where(
+                O.c.topic == topic,
+                O.c.done_at.is_(None),
+                O.c.available_at <= now,
+                (O.c.claimed_until.is_(None)) | (O.c.claimed_until < now),
+            )
+            .order_by(O.c.id)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .cte("due")
+        )
+        stmt = (
+            update(O)
+            .where(O.c.id.in_(select(due.c.id)))
+            .values(
+                claimed_by=worker,
+                claimed_until=now + timedelta(seconds=lease_seconds),
+                attempts=O.c.attempts + 1,
+            )
+            .returning(O)
+        )
+        rows = (await self.conn.execute(stmt)).mappings().all()
+        return sorted((_rows.outbox_message(m) for m in rows), key=lambda r: r.id)
+
+    async def complete_message(self, message_id: int, worker: str) -> bool:
+        """Mark a message done; False if `worker` no longer holds it or it is already done.
+        Done in the transaction of the message's effect, so effect and ack commit together."""
+        result = await self.conn.execute(
+            update(O)
+            .where(O.c.id == message_id, O.c.claimed_by == worker, O.c.done_at.is_(None))
+            .values(done_at=self.now, claimed_until=None)
+        )
+        return result.rowcount == 1
+
+    async def retry_message(self, message_id: int, worker: str, *, available_at: datetime) -> bool:
+        """Release `worker`'s claim so the message becomes due again at `available_at`."""
+        result = await self.conn.execute(
+            update(O)
+            .where(O.c.id == message_id, O.c.claimed_by == worker, O.c.done_at.is_(None))
+            .values(claimed_by=None, claimed_until=None, available_at=available_at)
+        )
+        return result.rowcount == 1
