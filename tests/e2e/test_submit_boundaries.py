@@ -32,6 +32,7 @@ from sqlalchemy import text
 
 from tests.conftest import PostgresServer
 from tests.support.evidence import audit, task_events
+from tests.support.module_stack import module_database, started_platform
 from tests.support.stack import (
     UNRESOLVABLE_URL,
     ControlPlane,
@@ -93,7 +94,6 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(
-    request: pytest.FixtureRequest,
     e2e_backend: str,
     postgres_server: PostgresServer,
     redis_server_url: str,
@@ -101,27 +101,11 @@ def stack(
 ) -> Iterator[Stack]:
     """Emulators, sidecars and a control plane on a fresh database, for one module."""
     workdir = tmp_path_factory.mktemp(f"boundaries-{e2e_backend}")
-    name = ""
-    if e2e_backend == "postgresql":
-        name = asyncio.run(postgres_server.create_database(secrets.token_hex(4)))
-        url = postgres_server.url_for(name)
-    else:
-        url = f"sqlite+aiosqlite:///{workdir / 'vidroute.db'}"
-    try:
-        with (
-            ProviderFarm(workdir / "farm", time_scale=TIME_SCALE) as farm,
-            RedisDb(redis_server_url) as redis,
-        ):
-            cp = ControlPlane(workdir / "cp", farm, database_url=url, redis_url=redis.url)
-            (workdir / "cp").mkdir()
-            cp.start()
-            try:
-                yield Stack(farm, cp, redis)
-            finally:
-                cp.kill()
-    finally:
-        if name:
-            asyncio.run(postgres_server.drop_database(name))
+    with (
+        module_database(postgres_server, e2e_backend, workdir) as url,
+        started_platform(workdir, url, redis_server_url, time_scale=TIME_SCALE) as platform,
+    ):
+        yield Stack(*platform)
 
 
 def _states(history: list[tuple[str, dict[str, Any]]], attempt_id: str) -> list[str]:

@@ -14,7 +14,6 @@ the 1800 s deadline is 36 s here, so the abandon cases run together in one batch
 
 from __future__ import annotations
 
-import asyncio
 import fnmatch
 import json
 import secrets
@@ -26,6 +25,7 @@ import pytest
 
 from tests.conftest import PostgresServer
 from tests.support.evidence import audit, task_events
+from tests.support.module_stack import module_database, started_platform
 from tests.support.stack import (
     ControlPlane,
     ProviderFarm,
@@ -33,16 +33,15 @@ from tests.support.stack import (
     describe,
     wait_for,
 )
+from tests.support.workload import SUBMIT_ROUTE as ALL_SUBMIT_ROUTES
 from vidroute.common.v1 import error_pb2
 from vidroute.scheduler.v1 import scheduler_pb2 as sp
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(240)]
 
 TIME_SCALE = 0.02
-SUBMIT_ROUTE = {
-    "runway": "POST /v1/text_to_video",
-    "google": "POST /v1beta/models/*:predictLongRunning",
-}
+# The two providers whose submits take no idempotency key; the tests are parametrized over them.
+SUBMIT_ROUTE = {p: ALL_SUBMIT_ROUTES[p] for p in ("runway", "google")}
 # Production seconds: Runway's and Veo's shipped submit_read is 60 s.
 STALL_PAST_SUBMIT_READ_S = 90.0
 STALL_WITHIN_SUBMIT_READ_S = 40.0  # longer than the control plane's old fixed 30 s deadline
@@ -129,28 +128,13 @@ def stack(
 ) -> Iterator[Stack]:
     """Runway and Veo emulators answering like the real APIs, shipped sidecars, a control plane."""
     workdir = tmp_path_factory.mktemp("unknown-submits")
-    name = asyncio.run(postgres_server.create_database(secrets.token_hex(4)))
-    try:
-        with (
-            ProviderFarm(
-                workdir / "farm", time_scale=TIME_SCALE, providers=("runway", "google")
-            ) as farm,
-            RedisDb(redis_server_url) as redis,
-        ):
-            (workdir / "cp").mkdir()
-            cp = ControlPlane(
-                workdir / "cp",
-                farm,
-                database_url=postgres_server.url_for(name),
-                redis_url=redis.url,
-            )
-            cp.start()
-            try:
-                yield Stack(farm, cp, redis)
-            finally:
-                cp.kill()
-    finally:
-        asyncio.run(postgres_server.drop_database(name))
+    with (
+        module_database(postgres_server, "postgresql", workdir) as url,
+        started_platform(
+            workdir, url, redis_server_url, time_scale=TIME_SCALE, providers=("runway", "google")
+        ) as platform,
+    ):
+        yield Stack(*platform)
 
 
 def _states(stack: Stack, task: sp.Task, attempt: sp.Attempt) -> list[str]:
