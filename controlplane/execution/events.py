@@ -7,12 +7,11 @@ Every observation of a provider job goes through `EventNormalizer.ingest` in one
 2. a job we have no row for (a callback that beat the submit response) is stored as UNMATCHED,
    with the attempt named by the callback URL; the submit worker replays it once the job is
    recorded and recovery treats it as evidence (9.17.4 step 5);
-3. UNRECOGNIZED statuses are stored raw and flagged on the attempt, never a transition;
-4. the attempt only moves forward: a lower phase (9.8.1) is STALE, a terminal attempt only
-   stores (LATE_STORED), and the move itself is a CAS on the locked row;
-5. SUCCEEDED adopts the attempt (task -> OUTPUT_FETCHING + ``output.fetch``) only if the task
-   still waits on it; a task that adopted another attempt keeps it (9.3.4);
-   FAILED goes through the failover decision; CANCELLED cancels the task when a cancel was asked.
+3. a recorded job's observation is judged by the domain's rule (`controlplane.domain.observation`:
+   which provider state moves which attempt state, what is stale, late or adopted) on the rows
+   loaded here, and the verdict is applied: UNRECOGNIZED statuses stored raw and flagged on the
+   attempt, the attempt's move as a CAS on the locked row (a lost CAS is STALE), the task's move
+   (a lost adopting CAS is NOT_ADOPTED), the ``output.fetch``, or the failover decision.
 """
 
 from __future__ import annotations
@@ -25,15 +24,20 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.domain.failover import FailureStage
+from controlplane.domain.observation import (
+    IngestOutcome,
+    ObservationFacts,
+    ObservationVerdict,
+    judge,
+    poll_phase_of,
+    settles_submit,
+)
 from controlplane.domain.outbox import Topic
-from controlplane.domain.polling import PollPhase
-from controlplane.domain.states import ATTEMPT_MACHINE, ATTEMPT_PHASE, AttemptState, TaskState
 from controlplane.execution.outcomes import (
     AfterCommit,
     ExecutionDeps,
     accept,
     fail_attempt,
-    is_current,
 )
 from controlplane.persistence.ports import UnitOfWork
 from controlplane.persistence.records import (
@@ -45,12 +49,10 @@ from controlplane.persistence.records import (
     TaskRecord,
 )
 from vidroute_core.adapter import JobRef, JobSnapshot, JobState
-from vidroute_core.errors import ErrorClass, make_error
 
 __all__ = [
     "EventNormalizer",
     "EventSource",
-    "IngestOutcome",
     "Observation",
     "outputs_locator",
     "payload_hash",
@@ -58,39 +60,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_TARGET = {
-    JobState.QUEUED: AttemptState.PROVIDER_QUEUED,
-    JobState.THROTTLED: AttemptState.PROVIDER_THROTTLED,
-    JobState.RUNNING: AttemptState.RUNNING,
-    JobState.SUCCEEDED: AttemptState.SUCCEEDED,
-    JobState.FAILED: AttemptState.FAILED,
-    JobState.CANCELLED: AttemptState.CANCELLED,
-}
-_PHASE = {
-    AttemptState.ACCEPTED: PollPhase.SUBMITTED,
-    AttemptState.PROVIDER_QUEUED: PollPhase.QUEUED,
-    AttemptState.PROVIDER_THROTTLED: PollPhase.QUEUED,
-    AttemptState.RUNNING: PollPhase.RUNNING,
-    AttemptState.CANCEL_REQUESTED: PollPhase.CANCELLING,
-}
-
 
 class EventSource(enum.Enum):
     POLL = "poll"
     CALLBACK = "callback"
     CANCEL = "cancel"
-
-
-class IngestOutcome(enum.Enum):
-    APPLIED = "APPLIED"
-    ADOPTED = "ADOPTED"
-    NOT_ADOPTED = "NOT_ADOPTED"
-    DUPLICATE = "DUPLICATE"
-    NO_CHANGE = "NO_CHANGE"
-    STALE = "STALE"
-    LATE_STORED = "LATE_STORED"
-    UNRECOGNIZED = "UNRECOGNIZED"
-    UNMATCHED = "UNMATCHED"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +85,6 @@ def payload_hash(snapshot: JobSnapshot) -> str:
         (snapshot.state.value, snapshot.raw_status, snapshot.progress, snapshot.outputs)
     )
     return hashlib.sha256(raw.encode()).hexdigest()
-
-
-def phase_of(state: AttemptState) -> PollPhase | None:
-    return _PHASE.get(state)
 
 
 def outputs_locator(snapshot: JobSnapshot) -> dict[str, Any]:
@@ -214,28 +184,7 @@ class EventNormalizer:
         assert attempt is not None  # provider_jobs.attempt_id is a foreign key
         task = await u.task(attempt.task_id)
         assert task is not None
-        job_values: dict[str, Any] = {"raw_status": snap.raw_status}
-        if source is EventSource.POLL:
-            job_values["last_polled_at"] = u.now
-        if snap.state is JobState.UNRECOGNIZED:
-            await u.update_job(job.id, **job_values)
-            await u.bump_runtime(attempt.id, attempt.task_id, "unrecognized_count")
-            await u.set_runtime(
-                attempt.id, attempt.task_id, last_unrecognized_status=snap.raw_status
-            )
-            log.warning("attempt %s: unrecognized provider status %r", attempt.id, snap.raw_status)
-            return IngestOutcome.UNRECOGNIZED
-        if snap.state.terminal:
-            job_values["output_locator"] = (
-                outputs_locator(snap) if snap.outputs else job.output_locator
-            )
-            if snap.failure is not None:
-                job_values["raw_failure"] = {
-                    "class": snap.failure.error_class.value,
-                    "code": snap.failure.code,
-                    "message": snap.failure.message,
-                }
-        if attempt.state in (AttemptState.SUBMITTING, AttemptState.SUBMIT_UNKNOWN):
+        if settles_submit(attempt.state, snap.state):
             # The job is recorded, so the provider has it: settle the submit first.
             attempt = await accept(
                 u,
@@ -248,25 +197,23 @@ class EventNormalizer:
                 after=after,
             )
             task = await u.task(attempt.task_id) or task
-        target = _TARGET[snap.state]
-        if ATTEMPT_MACHINE.is_terminal(attempt.state):
-            if snap.state.terminal and attempt.state is not target:
-                await u.update_job(job.id, **job_values)
-            return IngestOutcome.NO_CHANGE if attempt.state is target else IngestOutcome.LATE_STORED
-        if attempt.state is target:
+        verdict = judge(await self._facts(u, attempt, task, snap))
+        job_values = _job_values(job, snap, polled_at=u.now if source is EventSource.POLL else None)
+        if verdict.outcome is IngestOutcome.UNRECOGNIZED:
             await u.update_job(job.id, **job_values)
-            return IngestOutcome.NO_CHANGE
-        if ATTEMPT_PHASE[target] < ATTEMPT_PHASE[attempt.state] or not ATTEMPT_MACHINE.can(
-            attempt.state, target
-        ):
-            return IngestOutcome.STALE
-        failure = None
-        if snap.state is JobState.FAILED:
-            # The job's own failure replaces any earlier transport error of a recovered submit.
-            cause = snap.failure or make_error(
-                ErrorClass.INTERNAL_PERMANENT, "PROVIDER_FAILED", snap.raw_status
+            await u.bump_runtime(attempt.id, attempt.task_id, "unrecognized_count")
+            await u.set_runtime(
+                attempt.id, attempt.task_id, last_unrecognized_status=snap.raw_status
             )
-            failure = Failure(cause.error_class.value, cause.code, cause.message)
+            log.warning("attempt %s: unrecognized provider status %r", attempt.id, snap.raw_status)
+            return verdict.outcome
+        target = verdict.move_to
+        if target is None:
+            if verdict.record:
+                await u.update_job(job.id, **job_values)
+            return verdict.outcome
+        cause = verdict.failure
+        failure = Failure(cause.error_class.value, cause.code, cause.message) if cause else None
         changes = AttemptChanges(actual_cost_micros=snap.actual_cost_micros, failure=failure)
         moved = await u.move_attempt(attempt, target, f"{source.value}: {snap.raw_status}", changes)
         if moved is None:
@@ -276,88 +223,107 @@ class EventNormalizer:
             job_values["completed_at"] = u.now
         await u.update_job(job.id, **job_values)
         if not snap.state.terminal:
-            phase = phase_of(target)
+            phase = poll_phase_of(target)
             await u.set_runtime(
                 moved.id,
                 moved.task_id,
                 poll_phase=phase.value if phase else None,
                 polls_in_phase=0,
             )
-            return IngestOutcome.APPLIED
+            return verdict.outcome
         await u.set_runtime(moved.id, moved.task_id, next_poll_at=None)
         after.release.append(moved)
         after.ended.append((moved, snap))
-        if snap.state is JobState.SUCCEEDED:
-            return await self._succeeded(u, moved, task, job)
-        if snap.state is JobState.FAILED:
-            error = snap.failure or make_error(
-                ErrorClass.INTERNAL_PERMANENT, "PROVIDER_FAILED", snap.raw_status
-            )
-            await fail_attempt(
-                u, self._deps, moved, task, error, stage=FailureStage.EXECUTION, after=after
-            )
-            return IngestOutcome.APPLIED
-        return await self._cancelled(u, moved, task, was=attempt.state, after=after)
+        return await self._follow(u, moved, task, job, verdict=verdict, after=after)
 
-    async def _succeeded(
-        self, u: UnitOfWork, attempt: AttemptRecord, task: TaskRecord, job: ProviderJobRecord
-    ) -> IngestOutcome:
-        if not await is_current(u, task, attempt):
-            return IngestOutcome.NOT_ADOPTED
-        runtime = await u.runtime(attempt.id)
-        cancelled = runtime is not None and runtime.cancel_requested_at is not None
-        if cancelled and not self._deps.config.deliver_if_succeeded_during_cancel:
-            await u.move_task(
-                task, TaskState.CANCELLED, "cancel requested; provider succeeded first (discard)"
-            )
-            return IngestOutcome.NOT_ADOPTED
-        moved = await u.move_task(
-            task,
-            TaskState.OUTPUT_FETCHING,
-            f"attempt {attempt.attempt_no} succeeded",
-            adopted_attempt_id=attempt.id,
+    async def _facts(
+        self, u: UnitOfWork, attempt: AttemptRecord, task: TaskRecord, snap: JobSnapshot
+    ) -> ObservationFacts:
+        """The rows' facts `judge` needs; whom the task waits on matters only at a job's end."""
+        latest: int | None = None
+        cancel_requested = False
+        if snap.state.terminal:
+            attempts = await u.attempts_of(task.id)
+            latest = attempts[-1].id if attempts else None
+            runtime = await u.runtime(attempt.id)
+            cancel_requested = runtime is not None and runtime.cancel_requested_at is not None
+        return ObservationFacts(
+            job_state=snap.state,
+            raw_status=snap.raw_status,
+            attempt_id=attempt.id,
+            attempt_no=attempt.attempt_no,
+            attempt_state=attempt.state,
+            task_state=task.state,
+            adopted_attempt_id=task.adopted_attempt_id,
+            latest_attempt_id=latest,
+            failure=snap.failure,
+            cancel_requested=cancel_requested,
+            deliver_if_succeeded_during_cancel=self._deps.config.deliver_if_succeeded_during_cancel,
         )
-        if moved is None:
-            return IngestOutcome.NOT_ADOPTED
-        await u.enqueue(
-            NewOutboxMessage(
-                Topic.OUTPUT_FETCH,
-                str(attempt.id),
-                {
-                    "task_id": task.id,
-                    "attempt_id": attempt.id,
-                    "provider_job_id": job.provider_job_id,
-                },
-            )
-        )
-        return IngestOutcome.ADOPTED
 
-    async def _cancelled(
+    async def _follow(
         self,
         u: UnitOfWork,
         attempt: AttemptRecord,
         task: TaskRecord,
+        job: ProviderJobRecord,
         *,
-        was: AttemptState,
+        verdict: ObservationVerdict,
         after: AfterCommit,
     ) -> IngestOutcome:
-        runtime = await u.runtime(attempt.id)
-        asked = was is AttemptState.CANCEL_REQUESTED or (
-            runtime is not None and runtime.cancel_requested_at is not None
-        )
-        if not await is_current(u, task, attempt):
-            return IngestOutcome.APPLIED
-        if asked:
-            await u.move_task(task, TaskState.CANCELLED, "provider confirmed the cancel")
-            return IngestOutcome.APPLIED
-        # Cancelled by the provider on its own: a definite end of this attempt, not ours to hide.
-        error = make_error(
-            ErrorClass.INTERNAL_PERMANENT, "PROVIDER_CANCELLED", "the provider cancelled the job"
-        )
-        await fail_attempt(
-            u, self._deps, attempt, task, error, stage=FailureStage.EXECUTION, after=after
-        )
-        return IngestOutcome.APPLIED
+        """The task's side of an attempt's end: the failover decision, a task move, the fetch."""
+        if verdict.fail_over is not None:
+            await fail_attempt(
+                u,
+                self._deps,
+                attempt,
+                task,
+                verdict.fail_over,
+                stage=FailureStage.EXECUTION,
+                after=after,
+            )
+            return verdict.outcome
+        move = verdict.task_move
+        if move is None:
+            return verdict.outcome
+        if not move.adopt:
+            await u.move_task(task, move.to, move.reason)
+            return verdict.outcome
+        moved = await u.move_task(task, move.to, move.reason, adopted_attempt_id=attempt.id)
+        if moved is None:
+            return IngestOutcome.NOT_ADOPTED
+        if verdict.fetch_output:
+            await u.enqueue(
+                NewOutboxMessage(
+                    Topic.OUTPUT_FETCH,
+                    str(attempt.id),
+                    {
+                        "task_id": task.id,
+                        "attempt_id": attempt.id,
+                        "provider_job_id": job.provider_job_id,
+                    },
+                )
+            )
+        return verdict.outcome
+
+
+def _job_values(
+    job: ProviderJobRecord, snap: JobSnapshot, *, polled_at: datetime | None
+) -> dict[str, Any]:
+    """What the provider job row takes of an observation: its raw view, and at the job's end its
+    outputs (else the ones already known) and failure."""
+    values: dict[str, Any] = {"raw_status": snap.raw_status}
+    if polled_at is not None:
+        values["last_polled_at"] = polled_at
+    if snap.state.terminal:
+        values["output_locator"] = outputs_locator(snap) if snap.outputs else job.output_locator
+        if snap.failure is not None:
+            values["raw_failure"] = {
+                "class": snap.failure.error_class.value,
+                "code": snap.failure.code,
+                "message": snap.failure.message,
+            }
+    return values
 
 
 def _ref(job: ProviderJobRecord) -> JobRef:
