@@ -43,7 +43,6 @@ from controlplane.execution.bounds import as_failed, platform_loss, requeue_refu
 from controlplane.execution.breakers import OperationGate
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.leasing import LeaseKeeper
-from controlplane.persistence.errors import DuplicateRecord
 from controlplane.persistence.ports import ExecutionReads, TaskReads, UnitOfWork, UnitSource
 from controlplane.persistence.records import (
     AccountInfo,
@@ -219,29 +218,19 @@ async def accept(
     A job without an id names nothing (its poll would address the collection): refused."""
     if not job.provider_job_id:
         raise ValueError(f"attempt {attempt.id}: refusing to adopt a job with an empty id")
-    existing = await u.job_of(attempt.id)
-    if existing is None:
-        clash = await u.job_by_ref(attempt.provider_account_id, job.provider_job_id)
-        if clash is not None:
-            raise DuplicateRecord(
-                f"job {job.provider_job_id!r} belongs to attempt {clash.attempt_id}"
-            )
-        await u.insert_job(
-            NewProviderJob(
-                attempt_id=attempt.id,
-                provider_account_id=attempt.provider_account_id,
-                provider_job_id=job.provider_job_id,
-                provider_request_id=job.provider_request_id or None,
-                normalized_status=AttemptState.ACCEPTED,
-                submitted_at=attempt.request_started_at or u.now,
-                raw_status=raw_status or None,
-            )
+    # A replay of the recorded job is a no-op; another job for the attempt, or this job id on
+    # another attempt, raises DuplicateRecord (9.3.4: a job is never overwritten).
+    await u.insert_job(
+        NewProviderJob(
+            attempt_id=attempt.id,
+            provider_account_id=attempt.provider_account_id,
+            provider_job_id=job.provider_job_id,
+            provider_request_id=job.provider_request_id or None,
+            normalized_status=AttemptState.ACCEPTED,
+            submitted_at=attempt.request_started_at or u.now,
+            raw_status=raw_status or None,
         )
-    elif existing.provider_job_id != job.provider_job_id:
-        raise DuplicateRecord(
-            f"attempt {attempt.id} already has job {existing.provider_job_id!r}, "
-            f"refusing {job.provider_job_id!r}"
-        )
+    )
     runtime = await u.runtime(attempt.id)
     cancel_wanted = runtime is not None and runtime.cancel_requested_at is not None
     if attempt.state in (AttemptState.SUBMITTING, AttemptState.SUBMIT_UNKNOWN):

@@ -35,10 +35,6 @@ class Database:
     def engine(self) -> AsyncEngine:
         return self._engine
 
-    @property
-    def dialect(self) -> str:
-        return self._engine.dialect.name
-
     @asynccontextmanager
     async def unit(self, now: datetime) -> AsyncIterator[SqlUnitOfWork]:
         """One transaction; commits when the block exits normally, rolls back otherwise."""
