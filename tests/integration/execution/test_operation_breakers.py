@@ -4,6 +4,7 @@ calls and consulted before each: a refused call is not made and is tried again l
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from controlplane.domain.breaker import BreakerConfig, BreakerKey, BreakerRegistry, BreakerState
 from controlplane.domain.breaker import Operation as Op
@@ -23,7 +24,7 @@ OVERLOADED = make_error(ErrorClass.PROVIDER_OVERLOADED, "503", "overloaded")
 
 
 def guarded(
-    harness: Harness, successes_to_close: int = 1, **overrides: object
+    harness: Harness, successes_to_close: int = 1, **overrides: Any
 ) -> tuple[ExecutionEngine, HealthMonitor]:
     """An engine whose workers go through breakers on the harness's clock."""
 

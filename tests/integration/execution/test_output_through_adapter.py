@@ -80,7 +80,9 @@ async def test_flagged_output_is_fetched_through_the_adapter_stored_and_probed(
     snap = await lite.reads.snapshot(detail.attempts[0].id)
     assert snap is not None
     assert snap[1] is not None
-    assert snap[1].output_locator["outputs"][0]["fetch_through_adapter"] is True
+    locator = snap[1].output_locator
+    assert locator is not None
+    assert locator["outputs"][0]["fetch_through_adapter"] is True
 
 
 async def test_unflagged_output_is_still_fetched_directly(lite: Harness, tmp_path: Path) -> None:

@@ -33,7 +33,8 @@ def bare_dispatcher(
         db=db,
         catalogs=catalogs,
         leases=MemoryLeaseStore(),
-        adapters=adapter.for_providers(["runway", "google", "self_hosted"]),
+        # A compile-only fake: the dispatcher calls nothing else of an AdapterClient.
+        adapters=adapter.for_providers(["runway", "google", "self_hosted"]),  # type: ignore[arg-type]
         monitor=monitor,
         router=RouterConfig(policy=example_policy("router-v17")),
         leader=LocalLock("readiness"),
