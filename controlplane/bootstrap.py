@@ -181,9 +181,7 @@ def _deadlines(env: Mapping[str, str]) -> DeadlinePolicy:
     default = DeadlinePolicy()
     return DeadlinePolicy(
         max_task_age_s=float(env.get("VIDROUTE_MAX_TASK_AGE_S") or default.max_task_age_s),
-        max_queue_delay_s=float(
-            env.get("VIDROUTE_MAX_QUEUE_DELAY_S") or default.max_queue_delay_s
-        ),
+        max_queue_delay_s=float(env.get("VIDROUTE_MAX_QUEUE_DELAY_S") or default.max_queue_delay_s),
     )
 
 

@@ -110,9 +110,7 @@ async def _run(url: str, redis_url: str | None, namespace: str, all_terminal: bo
 
             client = Redis.from_url(redis_url)
             store = RedisLeaseStore(client, namespace=namespace)
-        report = await check_invariants(
-            db, lease_store=store, require_all_terminal=all_terminal
-        )
+        report = await check_invariants(db, lease_store=store, require_all_terminal=all_terminal)
     finally:
         if client is not None:
             await client.aclose()

@@ -192,9 +192,7 @@ class OutputStep:
                 if call is None:  # the DOWNLOAD_OUTPUT breaker refuses: not a fetch attempt
                     wait = timedelta(seconds=cfg.breaker_retry_s)
                     retry_at = self._deps.clock() + wait
-                    await retry_later(
-                        self._deps, message.id, cfg.worker_id, available_at=retry_at
-                    )
+                    await retry_later(self._deps, message.id, cfg.worker_id, available_at=retry_at)
                     return
                 self.fetches += 1
                 result = await self._guarded_fetch(call, request)

@@ -25,7 +25,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.capabilities.publish import (
     AccountConfig,

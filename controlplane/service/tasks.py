@@ -19,8 +19,8 @@ from controlplane.domain.deadlines import DeadlinePolicy, deadlines_for
 from controlplane.domain.safety import SafetyPolicy, ensure_allowed
 from controlplane.domain.states import TASK_MACHINE, TaskState
 from controlplane.persistence import errors as store_errors
-from controlplane.persistence.records import TaskDetail, TaskEventRecord, TaskRecord
 from controlplane.persistence.database import Database
+from controlplane.persistence.records import TaskDetail, TaskEventRecord, TaskRecord
 from controlplane.persistence.tasks import TaskQueries
 from vidroute_core.exceptions import InvalidSpec, NotFound, PreconditionFailed
 from vidroute_core.hashing import normalized_spec_hash

@@ -65,9 +65,7 @@ async def test_not_found_keeps_the_attempt_then_abandons_without_failover(lite: 
     assert detail.task.state is TaskState.FAILED
     assert len(lite.fake.submit_calls) == 1
     assert await lite.messages(Topic.REQUEUE) == []
-    kinds = [
-        e.raw_status for e in await lite.reads.events(attempt_id=attempt.id) if is_evidence(e)
-    ]
+    kinds = [e.raw_status for e in await lite.reads.events(attempt_id=attempt.id) if is_evidence(e)]
     assert kinds == [EvidenceKind.JOB_NOT_FOUND.value]
 
 
@@ -144,9 +142,7 @@ async def test_abandoned_attempt_lookup_records_the_late_job(lite: Harness) -> N
     lite.clock.advance(600)
     await engine.run_until_idle()
     assert len(lite.fake.recover_calls) == calls  # found once: the lookup is over
-    kinds = [
-        e.raw_status for e in await lite.reads.events(attempt_id=attempt.id) if is_evidence(e)
-    ]
+    kinds = [e.raw_status for e in await lite.reads.events(attempt_id=attempt.id) if is_evidence(e)]
     assert kinds == [EvidenceKind.LATE_FOUND.value]
 
 

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from controlplane.domain.states import TaskState
+from controlplane.persistence.database import Database
 from controlplane.persistence.records import (
     AttemptRecord,
     NewAttempt,
     NewRouteDecision,
     TaskRecord,
 )
-from controlplane.persistence.database import Database
 from controlplane.persistence.tasks import TaskQueries
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 

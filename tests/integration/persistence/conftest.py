@@ -21,10 +21,10 @@ import pytest_asyncio
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from controlplane.persistence.database import Database
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.models import Base
-from controlplane.persistence.database import Database
 from controlplane.persistence.tasks import TaskQueries
 from tests.conftest import PostgresServer
 from tests.integration.persistence.builders import Scenario

@@ -11,9 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TaskState
+from controlplane.persistence.database import Database
 from controlplane.persistence.errors import InvalidPageToken
 from controlplane.persistence.models import generation_tasks, outbox, task_events
-from controlplane.persistence.database import Database
 from controlplane.persistence.tasks import TaskQueries
 from tests.integration.persistence.builders import NOW, Scenario, make_spec
 from vidroute_core.exceptions import IdempotencyConflict

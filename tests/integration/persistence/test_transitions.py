@@ -19,10 +19,10 @@ from controlplane.domain.states import (
     StateMachine,
     TaskState,
 )
+from controlplane.persistence.database import Database
 from controlplane.persistence.errors import ConcurrentModification, DuplicateRecord
 from controlplane.persistence.models import outbox, route_decisions, task_attempts
 from controlplane.persistence.records import AttemptChanges, Failure, NewOutboxMessage
-from controlplane.persistence.database import Database
 from controlplane.persistence.tasks import TaskQueries
 from tests.integration.persistence.builders import NOW, Scenario
 from vidroute_core.exceptions import NotFound

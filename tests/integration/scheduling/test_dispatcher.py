@@ -43,9 +43,7 @@ async def new_task(db: Database, spec: GenerationSpec, key: str = "k1") -> TaskR
 
 async def submit_messages(db: Database) -> list[dict[str, Any]]:
     async with db.reading() as conn:
-        rows = await conn.execute(
-            select(outbox.c.payload).where(outbox.c.topic == Topic.SUBMIT)
-        )
+        rows = await conn.execute(select(outbox.c.payload).where(outbox.c.topic == Topic.SUBMIT))
         return [dict(r[0]) for r in rows]
 
 
