@@ -35,6 +35,7 @@ from controlplane.domain.failover import (
     exclusion_is_soft,
     requeue_backoff_s,
 )
+from controlplane.domain.observation import task_waits_on
 from controlplane.domain.outbox import Topic
 from controlplane.domain.polling import PollPhase, next_poll_delay
 from controlplane.domain.requeue import ExcludedCandidate, RequeueRequest
@@ -74,7 +75,6 @@ __all__ = [
 ]
 
 PROVEN_ABSENT = "PROVEN_ABSENT"
-_LIVE_TASK = frozenset({TaskState.SUBMITTING, TaskState.RUNNING})
 
 
 @dataclass
@@ -311,11 +311,13 @@ async def to_unknown(
 
 
 async def is_current(u: UnitOfWork, task: TaskRecord, attempt: AttemptRecord) -> bool:
-    """Whether the task still waits on this attempt (live task, latest attempt, none adopted)."""
-    if task.state not in _LIVE_TASK or task.adopted_attempt_id not in (None, attempt.id):
+    """Whether the task still waits on this attempt (`observation.task_waits_on`)."""
+    # Asked first as if this were the latest attempt: the task row alone may rule it out unread.
+    if not task_waits_on(task.state, task.adopted_attempt_id, attempt.id, attempt.id):
         return False
     attempts = await u.attempts_of(task.id)
-    return bool(attempts) and attempts[-1].id == attempt.id
+    latest = attempts[-1].id if attempts else None
+    return task_waits_on(task.state, task.adopted_attempt_id, latest, attempt.id)
 
 
 async def fail_attempt(
