@@ -16,11 +16,11 @@ import pytest
 import pytest_asyncio
 
 from controlplane.storage import FilesystemObjectStore
-from tests.integration.execution.exec_harness import backend, db_url, harness, lite
+from tests.integration.execution.exec_harness import harness, lite
 from tests.integration.execution.file_server import FileServer, running_file_server
 from tests.integration.storage.moto_s3 import moto_s3
 
-__all__ = ["backend", "db_url", "file_server", "fs_store", "harness", "http", "lite", "moto_s3"]
+__all__ = ["file_server", "fs_store", "harness", "http", "lite", "moto_s3"]
 
 
 @pytest.fixture

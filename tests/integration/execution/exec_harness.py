@@ -14,7 +14,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
 import pytest_asyncio
 
 from controlplane.adapters.fake import FakeAdapterClient
@@ -86,20 +85,6 @@ class FakeFetch:
             codec="h264",
             has_audio=False,
         )
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def backend(request: pytest.FixtureRequest) -> str:
-    """The database backend under test."""
-    return str(request.param)
-
-
-@pytest.fixture
-def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """An empty database URL on the backend (a fresh PostgreSQL database per test)."""
-    if backend == "postgresql":
-        return str(request.getfixturevalue("fresh_postgres_url"))
-    return f"sqlite+aiosqlite:///{tmp_path / 'exec.db'}"
 
 
 @dataclass
@@ -313,9 +298,10 @@ async def _harness(db_url: str) -> AsyncIterator[Harness]:
 
 
 @pytest_asyncio.fixture
-async def harness(db_url: str) -> AsyncIterator[Harness]:
-    """A migrated database (SQLite and PostgreSQL) with a fake adapter on a fake clock."""
-    async with _harness(db_url) as h:
+async def harness(empty_url: str) -> AsyncIterator[Harness]:
+    """A migrated database (SQLite and PostgreSQL: `empty_url` of tests/integration/conftest.py)
+    with a fake adapter on a fake clock."""
+    async with _harness(empty_url) as h:
         yield h
 
 
