@@ -138,12 +138,10 @@ ATTEMPT_MACHINE: StateMachine[AttemptState] = StateMachine(
         ),
         # Queued and throttled share one phase (40): the provider may move between them.
         _A.PROVIDER_QUEUED: frozenset(
-            {_A.PROVIDER_THROTTLED, _A.RUNNING, _A.CANCEL_REQUESTED, _A.ABANDONED}
-            | _PROVIDER_END
+            {_A.PROVIDER_THROTTLED, _A.RUNNING, _A.CANCEL_REQUESTED, _A.ABANDONED} | _PROVIDER_END
         ),
         _A.PROVIDER_THROTTLED: frozenset(
-            {_A.PROVIDER_QUEUED, _A.RUNNING, _A.CANCEL_REQUESTED, _A.ABANDONED}
-            | _PROVIDER_END
+            {_A.PROVIDER_QUEUED, _A.RUNNING, _A.CANCEL_REQUESTED, _A.ABANDONED} | _PROVIDER_END
         ),
         _A.RUNNING: frozenset({_A.CANCEL_REQUESTED, _A.ABANDONED} | _PROVIDER_END),
         # A cancel is a request, not a fact (9.18.3): the provider's real terminal state wins.
