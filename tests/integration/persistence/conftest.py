@@ -2,7 +2,8 @@
 
 Every test that uses `backend` (directly or through `db`/`engine`/`database_url`) runs once on
 SQLite (a fresh file per test) and once on PostgreSQL (a throwaway database per session, migrated
-once and truncated before each test).
+once and truncated before each test). `backend` and `engine` are tests/integration/conftest.py's;
+this suite's `database_url` replaces the per-test PostgreSQL database there by the session's one.
 
 PostgreSQL is found at ``VIDROUTE_TEST_POSTGRES_URL`` or ``postgresql+asyncpg://postgres@127.0.0.1
 :5432/test`` (used only as the maintenance connection). If it is unreachable the PostgreSQL cases
@@ -29,13 +30,6 @@ from controlplane.persistence.tasks import TaskQueries
 from tests.conftest import PostgresServer
 from tests.integration.persistence.builders import Scenario
 
-DEFAULT_POSTGRES_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
-
-BACKENDS = [
-    pytest.param("sqlite", id="sqlite"),
-    pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
-]
-
 
 @pytest.fixture(scope="session")
 def postgres_database(postgres_server: PostgresServer) -> Iterator[str]:
@@ -47,12 +41,6 @@ def postgres_database(postgres_server: PostgresServer) -> Iterator[str]:
         yield url
     finally:
         asyncio.run(postgres_server.drop_database(name))
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    """The database backend under test."""
-    return str(request.param)
 
 
 # The PostgreSQL fixtures are requested lazily (a SQLite-only run never touches the server) and
@@ -111,16 +99,6 @@ async def empty_database_url(
         yield server_for_backend.url_for(name)
     finally:
         await server_for_backend.drop_database(name)
-
-
-@pytest_asyncio.fixture
-async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
-    """An engine on the test database, disposed afterwards."""
-    eng = create_engine(database_url)
-    try:
-        yield eng
-    finally:
-        await eng.dispose()
 
 
 @pytest.fixture
