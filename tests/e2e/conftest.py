@@ -55,10 +55,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("e2e_backend", backends, scope="module")
 
 
-def database_url(request: pytest.FixtureRequest, backend: str, tmp_path: Path) -> str:
-    """A fresh database on `backend` for this test (PostgreSQL dropped afterwards)."""
-    if backend == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'vidroute.db'}"
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh database of this test's own, once on each backend: SQLite under the test's
+    ``var/`` (where a control plane started in `tmp_path` keeps it), or a throwaway PostgreSQL
+    database dropped afterwards. Module-scoped stacks use tests.support.module_stack instead."""
+    if request.param == "sqlite":
+        return f"sqlite+aiosqlite:///{tmp_path / 'var' / 'vidroute.db'}"
     return str(request.getfixturevalue("fresh_postgres_url"))
 
 

@@ -30,13 +30,6 @@ pytestmark = pytest.mark.e2e
 SCHEDULER = "vidroute.scheduler.v1.SchedulerService"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite+aiosqlite:///{tmp_path / 'var' / 'vidroute.db'}"
-    return str(request.getfixturevalue("fresh_postgres_url"))
-
-
 @pytest.fixture
 def start_server(tmp_path: Path, database_url: str) -> Iterator[object]:
     started: list[processes.Proc] = []
