@@ -26,6 +26,7 @@ import enum
 import logging
 import secrets
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -41,15 +42,18 @@ from controlplane.domain.routing.filters import Reason, prefilter
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.states import TaskState
 from controlplane.leases.base import LeaseRequest, LeaseStore
+from controlplane.metrics import ControlPlaneMetrics
 from controlplane.persistence.catalog import IN_FLIGHT_TASK_STATES, CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.errors import ConcurrentModification
 from controlplane.persistence.records import Failure, NewAttempt, NewRouteDecision, TaskRecord
+from controlplane.scheduling.dispatch_metrics import count_decision, oldest_by_class
 from controlplane.scheduling.expiry import settle_overdue
 from controlplane.scheduling.gather import capacity_views, compile_all, lease_dimensions
 from controlplane.scheduling.health import HealthMonitor, submit_key
 from controlplane.scheduling.leader import LeaderLock
 from controlplane.scheduling.readiness import CatalogReadiness
+from vidroute_core.logs import add_ids, bind_ids, ids_of
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +128,7 @@ class Dispatcher:
         self._unready_reason: str | None = None
         # Runs before each round admits anything; the runtime wires the lease rebuild here (9.11.2).
         self.before_admit: Callable[[], Awaitable[object]] | None = None
+        self.metrics = ControlPlaneMetrics()  # the composition root shares the process's
 
     # ---- loop ---------------------------------------------------------------------------------
 
@@ -219,6 +224,7 @@ class Dispatcher:
         )
         # Past a task or queue deadline: FAILED here, never dispatched (domain.deadlines).
         queued = await settle_overdue(self._db, self._catalogs, queued, self._clock())
+        self.metrics.queue_ages(oldest_by_class(queued, self._clock()))
         if not queued:
             return 0
         in_flight = self._mine(
@@ -240,17 +246,21 @@ class Dispatcher:
             nb = facts.get(int(item.task_id), RequeueFacts()).not_before
             return nb is None or nb <= now
 
-        done = 0
+        done, throttled = 0, Counter[tuple[str, str]]()
         while done < cfg.batch_size:
             item = queue.pop_next(eligible)
             if item is None:
                 break
             task = by_id[item.task_id]
+            task_facts = facts.get(task.id, RequeueFacts())
             try:
-                await self.dispatch(task, facts.get(task.id, RequeueFacts()))
+                result = await self.dispatch(task, task_facts)
+                catalog = await self.catalog()
+                count_decision(self.metrics, result.decision, task_facts, catalog, throttled)
             except Exception:  # one bad task must not stop the round; it is back in the queue
                 log.exception("dispatching task %s failed", task.id)
             done += 1
+        self.metrics.throttled_round(throttled)
         self._fq_snapshot = queue.snapshot()
         self.dispatched += done
         return done
@@ -266,7 +276,11 @@ class Dispatcher:
     # ---- one task -------------------------------------------------------------------------------
 
     async def dispatch(self, task: TaskRecord, facts: RequeueFacts | None = None) -> DispatchResult:
-        """Route one QUEUED task end to end (see the module docstring)."""
+        """Route one QUEUED task end to end (see the module docstring); lines carry its ids."""
+        with bind_ids(task_id=task.id):
+            return await self._dispatch(task, facts)
+
+    async def _dispatch(self, task: TaskRecord, facts: RequeueFacts | None) -> DispatchResult:
         await self.catalog()
         if self.not_ready() is not None:
             return DispatchResult(task.id, DispatchOutcome.SKIPPED)  # it stays QUEUED
@@ -413,6 +427,8 @@ class Dispatcher:
                 await self.monitor.release(breaker, key)
                 raise
             self._remember(group, cid)
+            add_ids(**ids_of(record))
+            log.info("task %s: attempt %s on %s (key %s)", task.id, record.id, cid, key)
             return DispatchResult(task.id, DispatchOutcome.SELECTED, final, record.id)
         return await self._record(
             task, version, decision.after_leasing(None, refused), TaskState.QUEUED

@@ -85,6 +85,7 @@ class Upkeep:
         self.drifts_corrected = 0
         self.leases_restored = 0
         self.rebuilds = 0
+        self.on_drifts: Callable[[list[Drift]], None] | None = None  # e.g. the metrics
 
     async def drain_queue_messages(self) -> int:
         """Complete wake-up messages and wake the dispatcher if there were any."""
@@ -129,6 +130,8 @@ class Upkeep:
             facts = await in_flight_facts(self._db, catalog, dc)
             drifts = await reconcile(self._leases, facts, self._audit)
             self.drifts_corrected += len(drifts)
+            if self.on_drifts is not None:
+                self.on_drifts(drifts)
             return drifts
 
     async def _restore_holders(self, catalog: CapabilityCatalog) -> None:
