@@ -1,7 +1,7 @@
 """The command line every sidecar shares (the composition root: the only reader of os.environ).
 
     python -m adapter_sidecars.<name> --config FILE [--listen HOST:PORT] [--port-file PATH]
-                                      [--log-level INFO]
+                                      [--log-level INFO] [--metrics-listen HOST:PORT]
 
 ``--listen`` beats ``VIDROUTE_ADAPTER_LISTEN`` beats the file's ``listen``. Exit status: 0 after
 a clean shutdown, 2 for a bad configuration.
@@ -32,6 +32,11 @@ def parse_args(prog: str, argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", type=Path, required=True, help="YAML configuration file")
     parser.add_argument("--listen", help="host:port to bind (port 0 = any free port)")
     parser.add_argument("--port-file", type=Path, help="write the bound port here when ready")
+    parser.add_argument(
+        "--metrics-listen",
+        default=os.environ.get("VIDROUTE_METRICS_LISTEN", ""),
+        help="host:port of the Prometheus /metrics endpoint (default: off)",
+    )
     parser.add_argument("--log-level", default=os.environ.get("VIDROUTE_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
@@ -66,6 +71,7 @@ def run(prog: str, factory: AdapterFactory, argv: Sequence[str] | None = None) -
             port_file=args.port_file,
             probe_interval_seconds=config.probe_interval_seconds,
             shutdown_grace_seconds=config.shutdown_grace_seconds,
+            metrics_listen=args.metrics_listen,
         )
     )
     return 0

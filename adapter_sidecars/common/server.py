@@ -22,9 +22,11 @@ import signal
 from pathlib import Path
 
 import grpc
+import httpx
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from adapter_sidecars.common.metrics import SidecarMetrics, serve_metrics
 from adapter_sidecars.common.servicer import AdapterServicer
 from adapter_sidecars.common.types import ProviderAdapter
 from vidroute.adapter.v1 import adapter_service_pb2, adapter_service_pb2_grpc
@@ -52,8 +54,10 @@ class SidecarServer:
         *,
         probe_interval_seconds: float = 10.0,
         shutdown_grace_seconds: float = 10.0,
+        metrics: SidecarMetrics | None = None,
     ) -> None:
         self.adapter = adapter
+        self.metrics = metrics
         self.listen = listen
         self.probe_interval = probe_interval_seconds
         self.grace = shutdown_grace_seconds
@@ -68,7 +72,7 @@ class SidecarServer:
     async def start(self) -> int:
         """Bind, register services, start probing; return the bound port."""
         adapter_service_pb2_grpc.add_ProviderAdapterServiceServicer_to_server(
-            AdapterServicer(self.adapter), self.server
+            AdapterServicer(self.adapter, metrics=self.metrics), self.server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -143,13 +147,22 @@ async def serve(
     port_file: Path | None = None,
     probe_interval_seconds: float = 10.0,
     shutdown_grace_seconds: float = 10.0,
+    metrics_listen: str = "",
 ) -> None:
-    """Run until SIGTERM/SIGINT (a second signal exits immediately)."""
+    """Run until SIGTERM/SIGINT (a second signal exits immediately); with `metrics_listen`, the
+    sidecar's /metrics is served there."""
+    # HttpAdapter's provider name (the control plane's label) and its one provider client.
+    metrics = SidecarMetrics(str(getattr(adapter, "provider", "") or adapter.describe().adapter))
+    client = getattr(adapter, "client", None)
+    if isinstance(client, httpx.AsyncClient):
+        metrics.instrument(client)
+    exporter = serve_metrics(metrics.registry, metrics_listen) if metrics_listen else None
     server = SidecarServer(
         adapter,
         listen,
         probe_interval_seconds=probe_interval_seconds,
         shutdown_grace_seconds=shutdown_grace_seconds,
+        metrics=metrics,
     )
     loop = asyncio.get_running_loop()
     signals = 0
@@ -172,3 +185,5 @@ async def serve(
     await server.wait()
     if stopper is not None:
         await stopper
+    if exporter is not None:
+        await exporter.stop()

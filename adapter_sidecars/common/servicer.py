@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC
@@ -34,6 +35,7 @@ import grpc
 
 from adapter_sidecars.common.config import SidecarConfig
 from adapter_sidecars.common.journal import JOURNAL_METHOD, Gate, SubmitJournal, SubmitWindow
+from adapter_sidecars.common.metrics import SidecarMetrics
 from adapter_sidecars.common.recovery import settle_s
 from adapter_sidecars.common.types import (
     AdapterRequestError,
@@ -84,8 +86,14 @@ def _adapter_errors(fn: Handler[R]) -> Handler[R]:
 class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
     """Delegates every RPC to one `ProviderAdapter`."""
 
-    def __init__(self, adapter: ProviderAdapter, journal: SubmitJournal | None = None) -> None:
+    def __init__(
+        self,
+        adapter: ProviderAdapter,
+        journal: SubmitJournal | None = None,
+        metrics: SidecarMetrics | None = None,
+    ) -> None:
         self.adapter = adapter
+        self.metrics = metrics
         self.info = adapter.describe()
         if journal is None:
             config = getattr(adapter, "config", None)
@@ -145,6 +153,7 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
     async def _journaled(self, submit: SubmitInput) -> SubmitOutcome:
         """The provider call, with its outcome journaled however it ends."""
         key = submit.client_request_key
+        started = time.perf_counter()
         try:
             outcome = await self.adapter.submit(submit)
         except AdapterRequestError:
@@ -154,6 +163,8 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
             self.journal.crashed(key, exc)
             raise
         self.journal.finish(key, outcome)
+        if self.metrics is not None:
+            self.metrics.submitted(outcome, time.perf_counter() - started)
         return outcome
 
     @_adapter_errors

@@ -36,6 +36,11 @@ ADAPTERS = {  # component -> (provider in config.example.yaml, gRPC port)
     "adapter-veo": ("veo", 50062),
     "adapter-selfhosted": ("selfhosted", 50063),
 }
+METRICS_PORT = 9464  # every process's Prometheus /metrics (design 9.24)
+METRICS_INGRESS = {
+    "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+    "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
+}
 # Component -> the image it runs, which is a build target of k8s/Dockerfile of the same name.
 IMAGES = {"controlplane": "vidroute-controlplane", **dict.fromkeys(ADAPTERS, "vidroute-adapter")}
 
@@ -311,7 +316,8 @@ def test_adapters_accept_ingress_only_from_the_control_plane(overlay: str) -> No
     for component, (_, port) in ADAPTERS.items():
         spec = by_kind(docs, "NetworkPolicy")[component]["spec"]
         assert spec["policyTypes"] == ["Ingress"]
-        [rule] = spec["ingress"]
+        rule, *scrapes = spec["ingress"]
+        assert scrapes == [METRICS_INGRESS]  # Prometheus, on the metrics port only
         [peer] = rule["from"]
         assert set(peer) == {"podSelector"}, "no namespaceSelector/ipBlock widening the peer"
         assert peer["podSelector"]["matchLabels"]
@@ -325,7 +331,8 @@ def test_control_plane_accepts_ingress_from_its_namespace_on_50051(overlay: str)
     spec = by_kind(rendered(overlay), "NetworkPolicy")["controlplane"]["spec"]
     assert spec["policyTypes"] == ["Ingress"]
     assert spec["ingress"] == [
-        {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": 50051}]}
+        {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": 50051}]},
+        METRICS_INGRESS,
     ]
 
 
@@ -379,7 +386,7 @@ def test_sidecar_config_is_accepted_and_agrees_with_its_deployment(
         f"0.0.0.0:{port}",
     ]
     assert config.listen == f"0.0.0.0:{port}"
-    assert [p["containerPort"] for p in container["ports"]] == [port]
+    assert [p["containerPort"] for p in container["ports"] if p["name"] == "grpc"] == [port]
     assert pod["terminationGracePeriodSeconds"] == (
         config.shutdown_grace_seconds + SHUTDOWN_MARGIN_SECONDS
     )
@@ -485,3 +492,19 @@ def test_sole_submitter_check_catches_a_rolling_or_replicated_claim() -> None:
     assert sole_submitter_violations(docs) == ["adapter-runway: replicas=1 strategy=RollingUpdate"]
     deployment["spec"]["strategy"] = {"type": "Recreate"}
     assert sole_submitter_violations(docs) == []
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_process_serves_metrics_on_a_declared_scraped_port(overlay: str) -> None:
+    """Each pod declares its metrics port, is annotated for scraping there, and listens on it."""
+    for name, deployment in by_kind(rendered(overlay), "Deployment").items():
+        template = deployment["spec"]["template"]
+        [container] = template["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports["metrics"] == METRICS_PORT, name
+        annotations = template["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true", name
+        assert annotations["prometheus.io/port"] == str(METRICS_PORT), name
+        assert annotations["prometheus.io/path"] == "/metrics", name
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["VIDROUTE_METRICS_LISTEN"] == f"0.0.0.0:{METRICS_PORT}", name
