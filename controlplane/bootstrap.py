@@ -25,6 +25,11 @@ The only module that reads environment variables:
 - ``VIDROUTE_MAX_TASK_AGE_S`` / ``VIDROUTE_MAX_QUEUE_DELAY_S``: the platform's task deadline and
   longest wait for a first attempt (`DeadlinePolicy`; 0: no limit). Defaults 86400 / 21600.
 - ``VIDROUTE_WORKER_ID``: this replica's name in claims. Default ``<hostname>-<pid>``.
+- ``VIDROUTE_AUTH_TOKENS`` / ``VIDROUTE_AUTH_FILE``: API bearer tokens as SHA-256 digests, each
+  ``<sha256-hex>=tenant:<tenant_id>`` or ``<sha256-hex>=admin`` (comma- or line-separated; the file
+  one per line, ``#`` comments), see `controlplane.api.auth`. ``VIDROUTE_AUTH``: empty (default:
+  authentication on when tokens are configured, else off with a WARNING at start), ``required``
+  (refuse to start without tokens) or ``off`` (tokens ignored, every caller an admin).
 - ``VIDROUTE_LOG_LEVEL``: logging level. Default ``INFO``.
 - ``VIDROUTE_ADAPTER_SUBMIT_MARGIN_S``: seconds the Submit deadline adds to the submit budget each
   sidecar declares in Describe. Default 5. ``VIDROUTE_ADAPTER_SUBMIT_TIMEOUT_S`` fixes the
@@ -52,6 +57,7 @@ import yaml
 from redis.asyncio import Redis
 
 from controlplane.adapters.grpc_client import GrpcAdapterClient
+from controlplane.api.auth import Authenticator, parse_entries
 from controlplane.api.servicer import SchedulerServicer
 from controlplane.capabilities.publish import (
     AccountConfig,
@@ -78,6 +84,7 @@ from controlplane.scheduling.readiness import CatalogReadiness
 from controlplane.scheduling.runtime import SchedulingRuntime, build_scheduling
 from controlplane.scheduling.upkeep import UpkeepConfig
 from controlplane.server import ControlPlaneServer, start_server
+from controlplane.service.access import Caller
 from controlplane.service.tasks import TaskService
 from controlplane.storage import object_store_from_url
 from vidroute_core.adapter import JobSnapshot, JobState, SubmitKind, SubmitOutcome
@@ -149,6 +156,7 @@ class Settings:
     adapter_submit_timeout_s: float = 0.0  # 0: derive from each sidecar's declared budget
     safety_policy_path: str = ""
     deadlines: DeadlinePolicy = field(default_factory=DeadlinePolicy)
+    auth_tokens: Mapping[str, Caller] = field(default_factory=dict)  # sha256 hex -> caller
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -170,6 +178,7 @@ class Settings:
             "log_level": env.get("VIDROUTE_LOG_LEVEL") or "INFO",
             "safety_policy_path": env.get("VIDROUTE_SAFETY_POLICY", ""),
             "deadlines": _deadlines(env),
+            **_auth(env),
             "adapter_submit_margin_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_MARGIN_S") or 5.0),
             "adapter_submit_timeout_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_TIMEOUT_S") or 0),
         }
@@ -183,6 +192,23 @@ def _deadlines(env: Mapping[str, str]) -> DeadlinePolicy:
         max_task_age_s=float(env.get("VIDROUTE_MAX_TASK_AGE_S") or default.max_task_age_s),
         max_queue_delay_s=float(env.get("VIDROUTE_MAX_QUEUE_DELAY_S") or default.max_queue_delay_s),
     )
+
+
+_AUTH_MODES = ("", "required", "off")
+
+
+def _auth(env: Mapping[str, str]) -> dict[str, object]:
+    """`Settings` fields of the VIDROUTE_AUTH* variables; malformed entries are an error."""
+    mode = env.get("VIDROUTE_AUTH", "").strip().lower()
+    if mode not in _AUTH_MODES:
+        raise ValueError(f"VIDROUTE_AUTH must be one of {_AUTH_MODES}, got {mode!r}")
+    lines = [env.get("VIDROUTE_AUTH_TOKENS", "")]
+    if env.get("VIDROUTE_AUTH_FILE"):
+        lines.extend(Path(env["VIDROUTE_AUTH_FILE"]).read_text(encoding="utf-8").splitlines())
+    tokens = {} if mode == "off" else parse_entries(lines)
+    if mode == "required" and not tokens:
+        raise ValueError("VIDROUTE_AUTH=required but no VIDROUTE_AUTH_TOKENS / VIDROUTE_AUTH_FILE")
+    return {"auth_tokens": tokens}
 
 
 def load_safety_policy(path: str = "") -> SafetyPolicy:
@@ -438,4 +464,5 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         probe=probe,
         cleanup=[*background, *cleanup, db.dispose],
         probe_interval=scale_value(settings.health_probe_interval_s, scale),
+        auth=Authenticator(settings.auth_tokens),
     )

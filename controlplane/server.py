@@ -1,5 +1,8 @@
 """The control plane's gRPC server: scheduler API, health, reflection, graceful shutdown.
 
+Every SchedulerService call is authenticated first (`controlplane.api.auth`: bearer tokens;
+health and reflection stay open), then domain errors are mapped to statuses.
+
 Health reflects dependencies: the scheduler service reports SERVING only while its database
 answers and its capability catalog is ready (the probe says both; re-checked every few seconds,
 five times as often while not serving, so readiness follows a finished start quickly).
@@ -22,6 +25,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from controlplane.api.auth import Authenticator, AuthInterceptor
 from controlplane.api.servicer import SchedulerServicer
 from vidroute.scheduler.v1 import scheduler_service_pb2, scheduler_service_pb2_grpc
 from vidroute_core.wire.status import DomainErrorInterceptor
@@ -100,9 +104,20 @@ async def start_server(
     probe: Callable[[], Awaitable[bool]],
     cleanup: Sequence[Callable[[], Awaitable[None]]] = (),
     probe_interval: float = 5.0,
+    auth: Authenticator | None = None,
 ) -> ControlPlaneServer:
-    """Bind, register services and start serving; returns once the port is open."""
-    server = grpc.aio.server(interceptors=[DomainErrorInterceptor()])
+    """Bind, register services and start serving; returns once the port is open.
+
+    Without an `auth` holding tokens every caller is an admin: said loudly, once, at start."""
+    auth = auth or Authenticator()
+    if not auth.enabled:
+        log.warning(
+            "AUTHENTICATION IS OFF: no API tokens configured, every caller of %s is an admin "
+            "of every tenant (set VIDROUTE_AUTH_TOKENS or VIDROUTE_AUTH_FILE)",
+            listen,
+        )
+    # The first interceptor is the outermost: an unauthenticated call never reaches a handler.
+    server = grpc.aio.server(interceptors=[AuthInterceptor(auth), DomainErrorInterceptor()])
     scheduler_service_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

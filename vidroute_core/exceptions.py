@@ -8,7 +8,9 @@ details); nothing below it raises anything else on purpose. The hierarchy::
     ├── IdempotencyConflict(key, existing, new)   same idempotency key, different spec hash
     ├── IllegalTransition(current, target)        not in a transition table (9.8.1)
     ├── PreconditionFailed(message, numbers)      a business limit stops the operation
-    └── NotFound(resource, resource_id)           the named thing does not exist (for this tenant)
+    ├── NotFound(resource, resource_id)           the named thing does not exist (for this tenant)
+    ├── Unauthenticated(message)                  no valid credentials came with the call
+    └── PermissionDenied(message, operation)      the caller's role or tenant does not allow it
 
 A provider's failure is not an exception here: adapters return a
 `vidroute_core.errors.ProviderError` value, because the scheduler branches on its class
@@ -91,3 +93,19 @@ class NotFound(DomainError):
         super().__init__(f"{resource} {resource_id!r} not found")
         self.resource = resource
         self.resource_id = resource_id
+
+
+class Unauthenticated(DomainError):
+    """The call carried no credentials, or ones that identify nobody."""
+
+
+class PermissionDenied(DomainError):
+    """The caller is known but its role or tenant does not allow the operation.
+
+    Never raised for reading another tenant's resource: that is `NotFound` (no existence leak).
+    """
+
+    def __init__(self, message: str, *, operation: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.operation = operation

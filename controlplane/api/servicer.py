@@ -2,7 +2,8 @@
 
 No SQL, Redis or provider call here: each method decodes the request, calls a transport-neutral
 service, and encodes the result. Errors are domain exceptions, mapped to gRPC statuses by
-`vidroute_core.wire.status.DomainErrorInterceptor`.
+`vidroute_core.wire.status.DomainErrorInterceptor`. The caller comes from `controlplane.api.auth`
+(the server's interceptor authenticated it) and goes to every service call, which scopes by it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from typing import Any
 import grpc
 
 from controlplane.api import provider_views, views
+from controlplane.api.auth import require_caller
 from controlplane.domain.states import TaskState
+from controlplane.service.access import Caller, ensure_admin
 from controlplane.service.providers import ForceBreakerInput, ProviderAdminService
 from controlplane.service.tasks import (
     CreateTaskInput,
@@ -31,11 +34,24 @@ _UNIMPLEMENTED = "implemented by the scheduler execution and decision issues"
 class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
     """The public scheduler API."""
 
-    def __init__(self, tasks: TaskService, providers: ProviderAdminService | None = None) -> None:
+    def __init__(
+        self,
+        tasks: TaskService,
+        providers: ProviderAdminService | None = None,
+        *,
+        default_caller: Caller | None = None,
+    ) -> None:
         self._tasks = tasks
         self._providers = providers
+        # Only for a servicer driven without the server (grpcio-testing); the server always
+        # authenticates, and without either every call is UNAUTHENTICATED.
+        self._default_caller = default_caller
+
+    def _caller(self) -> Caller:
+        return require_caller(self._default_caller)
 
     async def _admin(self, context: Any, rpc: str) -> ProviderAdminService:
+        ensure_admin(self._caller(), rpc)  # before anything else: the role, then the rest
         if self._providers is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{rpc}: no scheduler configured")
             raise AssertionError("unreachable")
@@ -48,14 +64,15 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
         record, created = await self._tasks.create_task(
             CreateTaskInput(
                 spec=spec, idempotency_key=request.idempotency_key, violations=violations
-            )
+            ),
+            self._caller(),
         )
         return scheduler_service_pb2.CreateTaskResponse(task=views.task(record), created=created)
 
     async def GetTask(
         self, request: scheduler_service_pb2.GetTaskRequest, context: Any
     ) -> scheduler_service_pb2.GetTaskResponse:
-        detail = await self._tasks.get_task(parse_task_id(request.task_id))
+        detail = await self._tasks.get_task(parse_task_id(request.task_id), self._caller())
         return scheduler_service_pb2.GetTaskResponse(task=views.task(detail.task, detail))
 
     async def ListTasks(
@@ -72,7 +89,8 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
                 state=state,
                 page_size=request.page_size,
                 page_token=request.page_token or None,
-            )
+            ),
+            self._caller(),
         )
         return scheduler_service_pb2.ListTasksResponse(
             tasks=[views.task(r) for r in records], next_page_token=token or ""
@@ -81,13 +99,15 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
     async def CancelTask(
         self, request: scheduler_service_pb2.CancelTaskRequest, context: Any
     ) -> scheduler_service_pb2.CancelTaskResponse:
-        detail = await self._tasks.cancel_task(parse_task_id(request.task_id), request.reason)
+        detail = await self._tasks.cancel_task(
+            parse_task_id(request.task_id), request.reason, self._caller()
+        )
         return scheduler_service_pb2.CancelTaskResponse(task=views.task(detail.task, detail))
 
     async def ExplainRoute(
         self, request: scheduler_service_pb2.ExplainRouteRequest, context: Any
     ) -> scheduler_service_pb2.ExplainRouteResponse:
-        detail = await self._tasks.get_task(parse_task_id(request.task_id))
+        detail = await self._tasks.get_task(parse_task_id(request.task_id), self._caller())
         return scheduler_service_pb2.ExplainRouteResponse(
             decisions=[views.route_decision(d) for d in detail.route_decisions]
         )
@@ -98,7 +118,7 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
         task_id = parse_task_id(request.task_id)
         after = parse_cursor(request.after_cursor)
         last_state = None
-        async for event in self._tasks.watch(task_id, after):
+        async for event in self._tasks.watch(task_id, after, self._caller()):
             message = views.task_event(event, last_state)
             last_state = message.task_state or last_state
             yield scheduler_service_pb2.WatchTaskResponse(event=message)
@@ -108,14 +128,16 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
     ) -> scheduler_service_pb2.ListProvidersResponse:
         admin = await self._admin(context, "ListProviders")
         return scheduler_service_pb2.ListProvidersResponse(
-            providers=[provider_views.provider(v) for v in await admin.list_providers()]
+            providers=[
+                provider_views.provider(v) for v in await admin.list_providers(self._caller())
+            ]
         )
 
     async def GetProviderHealth(
         self, request: scheduler_service_pb2.GetProviderHealthRequest, context: Any
     ) -> scheduler_service_pb2.GetProviderHealthResponse:
         admin = await self._admin(context, "GetProviderHealth")
-        statuses = await admin.provider_health(request.provider)
+        statuses = await admin.provider_health(request.provider, self._caller())
         return scheduler_service_pb2.GetProviderHealthResponse(
             breakers=[provider_views.breaker(s) for s in statuses]
         )
@@ -133,6 +155,7 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
                 operation=request.operation or "SUBMIT",
                 state=provider_views.breaker_state_from_proto(request.state),
                 reason=request.reason,
-            )
+            ),
+            self._caller(),
         )
         return scheduler_service_pb2.ForceBreakerResponse(breaker=provider_views.breaker(status))

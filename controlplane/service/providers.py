@@ -3,6 +3,7 @@
 Reads come from the capability catalog (PostgreSQL) and the process's `HealthMonitor`; a forced
 breaker goes through the monitor, which persists the override to ``provider_health_events`` and
 publishes it to every replica. Bad input raises `InvalidSpec` (INVALID_ARGUMENT at the edge).
+Every operation here needs the admin role (`PermissionDenied` otherwise).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from controlplane.capabilities.catalog import candidate_from_record
 from controlplane.domain.breaker import BreakerKey, BreakerState, Operation
 from controlplane.persistence.catalog import CatalogQueries
 from controlplane.scheduling.health import BreakerStatus, HealthMonitor
+from controlplane.service.access import SYSTEM, Caller, ensure_admin
 from vidroute_core.capabilities.loader import Capability
 from vidroute_core.exceptions import InvalidSpec
 from vidroute_core.validation import FieldViolation
@@ -51,8 +53,9 @@ class ProviderAdminService:
     ) -> None:
         self._catalog, self._monitor, self._clock = catalog, monitor, clock
 
-    async def list_providers(self) -> list[ProviderAccountView]:
+    async def list_providers(self, caller: Caller = SYSTEM) -> list[ProviderAccountView]:
         """Every account with the capability versions effective now."""
+        ensure_admin(caller, "ListProviders")
         records = await self._catalog.effective_capabilities(self._clock())
         caps: dict[int, list[Capability]] = {}
         for record in records:
@@ -70,12 +73,16 @@ class ProviderAdminService:
             for a in await self._catalog.accounts()
         ]
 
-    async def provider_health(self, provider: str = "") -> list[BreakerStatus]:
+    async def provider_health(
+        self, provider: str = "", caller: Caller = SYSTEM
+    ) -> list[BreakerStatus]:
         """Breakers known to this replica, after adopting the shared state."""
+        ensure_admin(caller, "GetProviderHealth")
         await self._monitor.sync()
         return self._monitor.statuses(provider or None)
 
-    async def force_breaker(self, inp: ForceBreakerInput) -> BreakerStatus:
+    async def force_breaker(self, inp: ForceBreakerInput, caller: Caller = SYSTEM) -> BreakerStatus:
+        ensure_admin(caller, "ForceBreaker")
         violations = [
             FieldViolation(name, "is required")
             for name in ("provider", "account", "region", "reason")

@@ -22,6 +22,13 @@ from controlplane.persistence import errors as store_errors
 from controlplane.persistence.database import Database
 from controlplane.persistence.records import TaskDetail, TaskEventRecord, TaskRecord
 from controlplane.persistence.tasks import TaskQueries
+from controlplane.service.access import (
+    SYSTEM,
+    Caller,
+    ensure_own_tenant,
+    ensure_visible,
+    list_scope,
+)
 from vidroute_core.exceptions import InvalidSpec, NotFound, PreconditionFailed
 from vidroute_core.hashing import normalized_spec_hash
 from vidroute_core.spec import GenerationSpec
@@ -106,7 +113,9 @@ class TaskService:
         self._safety = safety or SafetyPolicy()
         self._deadlines = deadlines or DeadlinePolicy()
 
-    async def create_task(self, cmd: CreateTaskInput) -> tuple[TaskRecord, bool]:
+    async def create_task(
+        self, cmd: CreateTaskInput, caller: Caller = SYSTEM
+    ) -> tuple[TaskRecord, bool]:
         """Persist a QUEUED task, or return the one this idempotency key already created.
 
         The safety policy is checked before the idempotency lookup: what the platform refuses
@@ -114,6 +123,7 @@ class TaskService:
         violations = [*cmd.violations, *_key_violations(cmd.idempotency_key)]
         if violations:
             raise InvalidSpec(violations)
+        ensure_own_tenant(caller, cmd.spec.tenant_id)
         ensure_allowed(self._safety, cmd.spec)
         now = self._clock()
         queue_deadline_at, deadline_at = deadlines_for(cmd.spec, self._deadlines, now)
@@ -126,16 +136,19 @@ class TaskService:
                 deadline_at=deadline_at,
             )
 
-    async def get_task(self, task_id: int) -> TaskDetail:
+    async def get_task(self, task_id: int, caller: Caller = SYSTEM) -> TaskDetail:
         detail = await self._tasks.get_task(task_id)
         if detail is None:
             raise NotFound("task", str(task_id))
+        ensure_visible(caller, detail.task.tenant_id, "task", str(task_id))
         return detail
 
-    async def list_tasks(self, query: ListTasksInput) -> tuple[list[TaskRecord], str | None]:
+    async def list_tasks(
+        self, query: ListTasksInput, caller: Caller = SYSTEM
+    ) -> tuple[list[TaskRecord], str | None]:
         try:
             return await self._tasks.list_tasks(
-                tenant_id=query.tenant_id or None,
+                tenant_id=list_scope(caller, query.tenant_id),
                 state=query.state,
                 page_size=query.page_size,
                 page_token=query.page_token or None,
@@ -143,7 +156,9 @@ class TaskService:
         except store_errors.InvalidPageToken as exc:
             raise InvalidSpec([FieldViolation("page_token", str(exc))]) from exc
 
-    async def cancel_task(self, task_id: int, reason: str = "") -> TaskDetail:
+    async def cancel_task(
+        self, task_id: int, reason: str = "", caller: Caller = SYSTEM
+    ) -> TaskDetail:
         """Cancel a task; cancelling a terminal task returns it unchanged.
 
         A queued task is CANCELLED at once. A task with an attempt at a provider is a request
@@ -151,6 +166,7 @@ class TaskService:
         the execution engine's `Canceller` owns that. Without an engine (an API-only replica),
         such a task is FAILED_PRECONDITION with its state named.
         """
+        await self.get_task(task_id, caller)  # another tenant's task: NotFound, nothing done
         if self._canceller is not None:
             await self._canceller.cancel(task_id, reason)
             return await self.get_task(task_id)
@@ -164,13 +180,15 @@ class TaskService:
             )
         return await self.get_task(task_id)
 
-    async def watch(self, task_id: int, after_seq: int = 0) -> AsyncIterator[TaskEventRecord]:
+    async def watch(
+        self, task_id: int, after_seq: int = 0, caller: Caller = SYSTEM
+    ) -> AsyncIterator[TaskEventRecord]:
         """The task's persisted events after `after_seq`, then new ones as they are written.
 
         Ends once the task is terminal and every event is delivered. A client that reconnects
         passes the last cursor it saw and misses nothing: the history is the database's.
         """
-        await self.get_task(task_id)  # NotFound before the stream starts
+        await self.get_task(task_id, caller)  # NotFound before the stream starts
         cursor = after_seq
         while True:
             events = await self._tasks.task_events(task_id, after_seq=cursor, limit=200)

@@ -23,7 +23,9 @@ from vidroute_core.exceptions import (
     IllegalTransition,
     InvalidSpec,
     NotFound,
+    PermissionDenied,
     PreconditionFailed,
+    Unauthenticated,
 )
 
 log = logging.getLogger(__name__)
@@ -84,6 +86,13 @@ def to_status(exc: BaseException) -> grpc.Status:
             resource_type=exc.resource, resource_name=exc.resource_id
         )
         return _status(code_pb2.NOT_FOUND, str(exc), info)
+    if isinstance(exc, Unauthenticated):
+        return _status(code_pb2.UNAUTHENTICATED, str(exc))
+    if isinstance(exc, PermissionDenied):
+        info = error_details_pb2.ErrorInfo(
+            reason="PERMISSION_DENIED", domain=ERROR_DOMAIN, metadata={"operation": exc.operation}
+        )
+        return _status(code_pb2.PERMISSION_DENIED, exc.message, info)
     if isinstance(exc, DomainError):
         return _status(code_pb2.FAILED_PRECONDITION, str(exc))
     return _status(code_pb2.INTERNAL, "internal error")

@@ -22,6 +22,7 @@ from google.rpc import error_details_pb2, status_pb2
 from controlplane.api.servicer import SchedulerServicer
 from controlplane.persistence.database import Database
 from controlplane.persistence.migrate import upgrade
+from controlplane.service.access import SYSTEM
 from controlplane.service.tasks import TaskService
 from vidroute.common.v1 import generation_pb2 as gen
 from vidroute.scheduler.v1 import scheduler_pb2
@@ -82,7 +83,8 @@ def db(tmp_path: Path, loop: asyncio.AbstractEventLoop) -> Iterator[Database]:
 
 @pytest.fixture
 def server(db: Database, loop: asyncio.AbstractEventLoop) -> grpc_testing.Server:
-    servicer = SchedulerServicer(TaskService(db))
+    # Driven without the server, so without its authentication: an unscoped caller.
+    servicer = SchedulerServicer(TaskService(db), default_caller=SYSTEM)
     return grpc_testing.server_from_dictionary(
         {SERVICE: _Bridge(servicer, loop)}, grpc_testing.strict_real_time()
     )
