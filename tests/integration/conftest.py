@@ -1,9 +1,10 @@
 """Fixtures every integration suite shares: the two database backends and a database on each.
 
-A test that uses `backend` (directly or through `empty_url`/`database_url`/`engine`) runs once on
-SQLite (a fresh file) and once on PostgreSQL (a throwaway database of its own, dropped after
-it). A suite that keeps one database per session (tests/integration/persistence) overrides
-`database_url`; the engine on it is this one. Stores and builders stay with their suites.
+A test that uses `backend` (directly or through `empty_url`/`database_url`/`engine`/`db`) runs
+once on SQLite (a fresh file) and once on PostgreSQL (a throwaway database of its own, dropped
+after it). A suite that keeps one database per session (tests/integration/persistence) overrides
+`database_url`; the engine and the `Database` on it are these. Query modules, builders and
+other suite-specific fixtures stay with their suites.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from controlplane.persistence.database import Database
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.migrate import upgrade
 
@@ -55,3 +57,9 @@ async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
         yield eng
     finally:
         await eng.dispose()
+
+
+@pytest.fixture
+def db(engine: AsyncEngine) -> Database:
+    """The test's database: its units of work write, its query modules read."""
+    return Database(engine)

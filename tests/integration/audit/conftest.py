@@ -2,26 +2,19 @@
 
 Each test gets a database of its own, migrated to head (whatever revisions exist), because some
 tests change the schema to make a violation possible at all (dropping a UNIQUE constraint):
-`backend`, `empty_url`, `database_url` and `engine` are tests/integration/conftest.py's.
+`backend`, `empty_url`, `database_url`, `engine` and `db` (the clean history is written through
+its units of work) are tests/integration/conftest.py's.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import pytest
 import pytest_asyncio
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.persistence.database import Database
 from tests.integration.audit.history import History, build_history
 from tests.integration.audit.tamper import Tamper
-
-
-@pytest.fixture
-def db(engine: AsyncEngine) -> Database:
-    """The database the clean history is written to (through its units of work)."""
-    return Database(engine)
 
 
 @pytest_asyncio.fixture

@@ -25,7 +25,6 @@ from tests.integration.scheduling.conftest import (
     DispatcherFactory,
     adapter,
     catalogs,
-    db,
     make_dispatcher,
     monitor,
     published,
@@ -36,7 +35,6 @@ from tests.integration.scheduling.test_dispatcher import new_task
 __all__ = [
     "adapter",
     "catalogs",
-    "db",
     "make_dispatcher",
     "monitor",
     "published",

@@ -2,8 +2,9 @@
 
 Every test that uses `backend` (directly or through `db`/`engine`/`database_url`) runs once on
 SQLite (a fresh file per test) and once on PostgreSQL (a throwaway database per session, migrated
-once and truncated before each test). `backend` and `engine` are tests/integration/conftest.py's;
-this suite's `database_url` replaces the per-test PostgreSQL database there by the session's one.
+once and truncated before each test). `backend`, `engine` and `db` are
+tests/integration/conftest.py's; this suite's `database_url` replaces the per-test PostgreSQL
+database there by the session's one.
 
 PostgreSQL is found at ``VIDROUTE_TEST_POSTGRES_URL`` or ``postgresql+asyncpg://postgres@127.0.0.1
 :5432/test`` (used only as the maintenance connection). If it is unreachable the PostgreSQL cases
@@ -20,7 +21,6 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.persistence.database import Database
 from controlplane.persistence.db import create_engine
@@ -99,12 +99,6 @@ async def empty_database_url(
         yield server_for_backend.url_for(name)
     finally:
         await server_for_backend.drop_database(name)
-
-
-@pytest.fixture
-def db(engine: AsyncEngine) -> Database:
-    """The database under test: its units of work write, its query modules read."""
-    return Database(engine)
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Fixtures of the scheduling suite: each test runs on SQLite and on a fresh PostgreSQL database
-(`database_url` and `engine`, migrated, are tests/integration/conftest.py's)."""
+(`database_url`, migrated, `engine` and `db` are tests/integration/conftest.py's)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from controlplane.capabilities.publish import documents_from_directory, publish_documents
 from controlplane.domain.breaker import BreakerConfig, BreakerRegistry
@@ -21,11 +20,6 @@ from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import LocalLock
 from tests.integration.scheduling.support import ACCOUNTS, CAPABILITY_DIRS, NOW, CompilingAdapter
-
-
-@pytest.fixture
-def db(engine: AsyncEngine) -> Database:
-    return Database(engine)
 
 
 @pytest.fixture
