@@ -12,7 +12,8 @@ The only module that reads environment variables:
 - ``VIDROUTE_OBJECT_STORE``: ``file:///path`` or ``s3://bucket/prefix?endpoint_url=...``.
   Default ``file://<cwd>/var/objects``.
 - ``VIDROUTE_CALLBACK_LISTEN`` / ``VIDROUTE_CALLBACK_PUBLIC_URL`` / ``VIDROUTE_CALLBACK_SECRETS``
-  (``provider=secret,...``): the provider callback endpoint; off unless a listen address is set.
+  (``provider=secret,...``): the provider callback ingress (uvicorn); off unless a listen address
+  is set. Port 0 binds a free port; the public URL defaults to the bound address.
 - ``VIDROUTE_TIME_SCALE``: a factor in (0, 1] that multiplies every duration of the control plane
   together (execution, polling, dispatcher, upkeep, breakers, leases, adapter deadlines), so a
   test or ``make up`` runs faster with every deadline in its production order; the sidecars read
@@ -68,7 +69,8 @@ from controlplane.domain.breaker import BreakerConfig, BreakerKey, Operation
 from controlplane.domain.deadlines import DeadlinePolicy
 from controlplane.domain.safety import SafetyPolicy
 from controlplane.domain.scoring import example_policy
-from controlplane.execution.callbacks import CallbackReceiver, CallbackServer, CallbackVerifier
+from controlplane.execution.callback_server import CallbackLimits, CallbackServer
+from controlplane.execution.callbacks import CallbackReceiver, CallbackVerifier
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.engine import ExecutionEngine
 from controlplane.execution.outcomes import AttemptEndObserver, SubmitObserver
@@ -345,6 +347,16 @@ async def _lease_store(
     return RedisLeaseStore(client, **scaled_defaults(RedisLeaseStore, scale)), client
 
 
+def _bind_callback_ingress(settings: Settings, scale: float) -> CallbackServer | None:
+    """The callback ingress, bound now: the callback URL sent to providers names its port."""
+    if not settings.callback_listen:
+        return None
+    host, _, port = settings.callback_listen.rpartition(":")
+    ingress = CallbackServer(host.strip("[]"), int(port), scale_durations(CallbackLimits(), scale))
+    ingress.bind()
+    return ingress
+
+
 async def start_control_plane(settings: Settings) -> ControlPlaneServer:
     """Migrate (if asked), wire the services and start serving."""
     if settings.migrate_on_start:
@@ -397,6 +409,9 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         object_store = object_store_from_url(
             settings.object_store_url or (Path.cwd() / "var" / "objects").as_uri()
         )
+        ingress = _bind_callback_ingress(settings, scale)
+        if ingress is not None:
+            background.append(ingress.stop)
         execution = ExecutionEngine(
             db,
             adapters,
@@ -404,7 +419,8 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
                 ExecutionConfig(
                     **settings.execution_tuning,
                     worker_id=worker,
-                    callback_base_url=settings.callback_public_url,
+                    callback_base_url=settings.callback_public_url
+                    or (ingress.url if ingress else ""),
                 ),
                 scale,
             ),
@@ -426,10 +442,8 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await publisher
 
-        callbacks: CallbackServer | None = None
-        if settings.callback_listen:
-            host, _, port = settings.callback_listen.rpartition(":")
-            callbacks = CallbackServer(
+        if ingress is not None:
+            await ingress.start(
                 CallbackReceiver(
                     verifier=CallbackVerifier(
                         settings.callback_secrets,
@@ -438,12 +452,8 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
                     ),
                     deps=execution.deps,
                     normalizer=execution.normalizer,
-                ),
-                host=host,
-                port=int(port),
+                )
             )
-            await callbacks.start()
-            background.append(callbacks.stop)
         runtime.start()
         await execution.start()
         # Stopped first, in order: stop taking new work, finish in-flight steps, then I/O.

@@ -9,32 +9,38 @@ adapter knowledge. We only take the job id it names (`JobIdExtractor`, default: 
 recorded yet (the callback beat the submit response) is found through the ``attempt`` query
 parameter our callback URL carries, and stored as early evidence.
 
-`CallbackServer` is a minimal asyncio + h11 endpoint for ``POST /callbacks/{provider}``.
+Everything here takes hostile input: a header, body or query that is not what a provider sends
+is refused with a status (400 malformed, 401 unverified) and never reaches the database as an
+exception. The HTTP side (timeouts, sizes, keep-alive) is `callback_server.CallbackServer`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import hashlib
 import hmac
 import json
 import logging
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from urllib.parse import parse_qsl, urlsplit
-
-import h11
 
 from controlplane.execution.events import EventNormalizer, EventSource, Observation
 from controlplane.execution.outcomes import ExecutionDeps, job_ref
 
-__all__ = ["SIGNATURE_HEADER", "CallbackReceiver", "CallbackServer", "CallbackVerifier"]
+__all__ = ["SIGNATURE_HEADER", "CallbackReceiver", "CallbackVerifier"]
 
 log = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-Vidroute-Signature"
 JobIdExtractor = Callable[[object], str | None]
+# Bounds on what a well-formed callback carries; anything past them is malformed (400), so no
+# oversized integer reaches float arithmetic or a BIGINT column, and no deep JSON the stack.
+MAX_JSON_DEPTH = 32
+MAX_JOB_ID_CHARS = 256
+MAX_ATTEMPT_ID = 2**63 - 1
+_TIMESTAMP = re.compile(r"[0-9]{1,12}")  # unix seconds until the year 33658
+_HEX_MAC = re.compile(r"[0-9a-f]{64}")
+_DECIMAL = re.compile(r"[0-9]{1,19}")
 
 
 def default_job_id(body: object) -> str | None:
@@ -64,18 +70,20 @@ class CallbackVerifier:
             self.unknown_provider += 1
             return False
         parts = dict(p.split("=", 1) for p in (header or "").split(",") if "=" in p)
-        try:
-            timestamp = int(parts["t"])
-        except (KeyError, ValueError):
+        # Shape first: a timestamp too long for float arithmetic or a MAC that is not 64 hex
+        # digits is a bad signature, not an exception.
+        stamp, mac = parts.get("t", "").strip(), parts.get("v1", "").strip()
+        if not _TIMESTAMP.fullmatch(stamp) or not _HEX_MAC.fullmatch(mac):
             self.bad_signature += 1
             return False
+        timestamp = int(stamp)
         if abs(self.clock().timestamp() - timestamp) > self.tolerance_s:
             self.stale += 1
             return False
         expected = hmac.new(
             secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256
         ).hexdigest()
-        if not hmac.compare_digest(expected, parts.get("v1", "")):
+        if not hmac.compare_digest(expected, mac):
             self.bad_signature += 1
             return False
         self.accepted += 1
@@ -101,18 +109,23 @@ class CallbackReceiver:
             return 401
         try:
             parsed = json.loads(body.decode("utf-8")) if body else None
-        except ValueError:
+        except (ValueError, RecursionError):  # bad UTF-8 or JSON, a huge integer, too deep
             self.malformed += 1
             return 400
         job_id = self.extractors.get(provider, default_job_id)(parsed)
-        if not job_id:
+        hint = query.get("attempt", "")
+        if (
+            _depth(parsed) > MAX_JSON_DEPTH
+            or not _valid_job_id(job_id)
+            or (hint and not _valid_attempt(hint))
+        ):
             self.malformed += 1
             return 400
+        assert job_id is not None  # _valid_job_id
         reads = self.deps.reads
         job = await reads.job_by_provider(provider, job_id)
         attempt_id = job.attempt_id if job else None
-        hint = query.get("attempt", "")
-        if attempt_id is None and hint.isdigit():
+        if attempt_id is None and hint:
             attempt_id = int(hint)
         snap = None if attempt_id is None else await reads.snapshot(attempt_id)
         if snap is None:
@@ -143,73 +156,25 @@ class CallbackReceiver:
         return 204
 
 
-class CallbackServer:
-    """``POST /callbacks/{provider}`` over asyncio + h11; one request per connection."""
-
-    def __init__(self, receiver: CallbackReceiver, host: str = "127.0.0.1", port: int = 0):
-        self._receiver = receiver
-        self._host = host
-        self._port = port
-        self._server: asyncio.Server | None = None
-
-    @property
-    def url(self) -> str:
-        assert self._server is not None
-        host, port = self._server.sockets[0].getsockname()[:2]
-        return f"http://{host}:{port}"
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self._host, self._port)
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = h11.Connection(h11.SERVER)
-        try:
-            status = await self._one(conn, reader)
-            for event in (
-                h11.Response(status_code=status, headers=[("content-length", "0")]),
-                h11.EndOfMessage(),
-            ):
-                writer.write(conn.send(event) or b"")
-            await writer.drain()
-        except (h11.ProtocolError, ConnectionError, asyncio.IncompleteReadError) as exc:
-            log.info("callback connection failed: %r", exc)
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    async def _one(self, conn: h11.Connection, reader: asyncio.StreamReader) -> int:
-        request: h11.Request | None = None
-        body = bytearray()
-        while True:
-            event = conn.next_event()
-            if event is h11.NEED_DATA:
-                conn.receive_data(await reader.read(65536))
-                continue
-            if isinstance(event, h11.Request):
-                request = event
-            elif isinstance(event, h11.Data):
-                body.extend(event.data)
-                if len(body) > 1024 * 1024:
-                    return 413
-            elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+def _depth(value: object) -> int:
+    """Nesting depth of parsed JSON, walked without recursion (the input chooses the depth)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if level > MAX_JSON_DEPTH:
                 break
-        if request is None:
-            return 400
-        parts = urlsplit(request.target.decode())
-        segments = parts.path.strip("/").split("/")
-        if request.method != b"POST" or len(segments) != 2 or segments[0] != "callbacks":
-            return 404
-        headers = {k.decode().lower(): v.decode() for k, v in request.headers}
-        return await self._receiver.handle(
-            segments[1],
-            headers.get(SIGNATURE_HEADER.lower()),
-            bytes(body),
-            dict(parse_qsl(parts.query)),
-        )
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def _valid_job_id(job_id: str | None) -> bool:
+    """A provider job id: short printable text (a NUL byte would fail in PostgreSQL)."""
+    return bool(job_id) and len(job_id or "") <= MAX_JOB_ID_CHARS and (job_id or "").isprintable()
+
+
+def _valid_attempt(hint: str) -> bool:
+    """Our own attempt id as we wrote it into the URL: ASCII decimal within BIGINT."""
+    return bool(_DECIMAL.fullmatch(hint)) and 0 < int(hint) <= MAX_ATTEMPT_ID

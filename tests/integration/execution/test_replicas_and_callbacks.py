@@ -13,12 +13,8 @@ import httpx
 import pytest
 
 from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.callbacks import (
-    SIGNATURE_HEADER,
-    CallbackReceiver,
-    CallbackServer,
-    CallbackVerifier,
-)
+from controlplane.execution.callback_server import CallbackServer
+from controlplane.execution.callbacks import SIGNATURE_HEADER, CallbackReceiver, CallbackVerifier
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.engine import ExecutionEngine
 from controlplane.leases.redis_store import RedisLeaseStore
@@ -80,8 +76,8 @@ async def test_callback_endpoint_verifies_and_applies(lite: Harness) -> None:
     await engine.submitter.run_once()
     verifier = CallbackVerifier({"runway": SECRET}, clock=lite.clock)
     receiver = CallbackReceiver(verifier, engine.deps, engine.normalizer)
-    server = CallbackServer(receiver)
-    await server.start()
+    server = CallbackServer()
+    await server.start(receiver)
     now = int(lite.clock.now.timestamp())
     body = json.dumps({"id": "job-cb", "status": "PROCESSING"}).encode()
     try:

@@ -23,6 +23,7 @@ from controlplane.adapters.grpc_client import GrpcAdapterClient
 from controlplane.bootstrap import Settings
 from controlplane.domain.breaker import BreakerConfig
 from controlplane.domain.scoring import example_policy
+from controlplane.execution.callback_server import CallbackLimits
 from controlplane.execution.callbacks import CallbackVerifier
 from controlplane.execution.config import ExecutionConfig
 from controlplane.leases.memory_store import MemoryLeaseStore
@@ -71,6 +72,10 @@ NOT_DURATIONS = frozenset(
         "max_cancel_calls",
         "max_estimated_platform_loss_micros",  # money (integer micros), not time
         "max_fetch_attempts",
+        "max_body_bytes",  # CallbackLimits: sizes and counts of the callback ingress
+        "max_connections",
+        "max_head_bytes",
+        "max_query_fields",
         "max_output_bytes",
         "max_output_refreshes",
         "max_provider_switches",
@@ -136,6 +141,7 @@ def _control_plane(factor: float) -> list[Any]:
         scale_durations(config, factor)
         for config in (
             ExecutionConfig(),
+            CallbackLimits(),
             DispatcherConfig(),
             UpkeepConfig(),
             BreakerConfig(),
