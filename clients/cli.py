@@ -64,10 +64,14 @@ async def _serve(
     supervisor = None
     scale = 1.0
     if whole_stack:  # one time scale for the control plane and every child of the dev stack
-        from clients.devstack import time_scale
+        from clients.devstack import callback_settings, time_scale
 
         scale = time_scale(os.environ)
         overrides["time_scale"] = scale
+        # The provider callback ingress runs too (the emulators' webhooks land on it).
+        overrides.update(
+            callback_settings(os.environ, DEV_PROVIDER_NAMES.values(), ephemeral_ports)
+        )
     settings = Settings.from_env(None, **overrides)
     configure_logging(settings.log_level)
     if whole_stack:

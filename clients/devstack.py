@@ -27,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,8 +40,27 @@ DEV_TIME_SCALE = 0.1
 # Production-like provider job times in seconds (queued, generating), before the time scale.
 JOB_QUEUE_S = 5.0
 JOB_RUN_S = 60.0
+DEV_CALLBACK_PORT = 8180  # the control plane's provider callback ingress
+# What the emulators sign webhooks with (`EmulatorConfig.callback_secret`, their default).
+EMULATOR_CALLBACK_SECRET = "vidroute-emulator-secret"
 # The sidecar extension option that goes with an emulator extension (same name).
 EXTENSIONS = {"runway": ("task_listing",), "veo": ("operation_list", "billing_export")}
+
+
+def callback_settings(
+    environ: Mapping[str, str], providers: Iterable[str], ephemeral_ports: bool
+) -> dict[str, object]:
+    """The callback ingress of `vidroute up`, unless ``VIDROUTE_CALLBACK_*`` configures it.
+
+    It listens on `DEV_CALLBACK_PORT` (any free port with ephemeral ports; the URL sent to the
+    providers is then the bound one) and verifies the emulators' webhooks with their secret.
+    """
+    out: dict[str, object] = {}
+    if not environ.get("VIDROUTE_CALLBACK_LISTEN"):
+        out["callback_listen"] = f"127.0.0.1:{0 if ephemeral_ports else DEV_CALLBACK_PORT}"
+    if not environ.get("VIDROUTE_CALLBACK_SECRETS"):
+        out["callback_secrets"] = dict.fromkeys(providers, EMULATOR_CALLBACK_SECRET)
+    return out
 
 
 def time_scale(environ: Mapping[str, str]) -> float:

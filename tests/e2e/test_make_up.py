@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support import processes
@@ -40,7 +42,7 @@ def _cli(workdir: Path, *args: str) -> dict[str, Any]:
 
 def test_vidroute_up_runs_a_cli_submitted_task_to_a_stored_mp4(tmp_path: Path) -> None:
     """`vidroute up` serves; `vidroute submit` creates a 4 s task; `vidroute get` shows it
-    SUCCEEDED; the stored file is an MP4 of 4 s within one frame.
+    SUCCEEDED; the stored file is an MP4 of 4 s within one frame; the callback ingress answers.
     """
     # The dev defaults (SQLite under ./var, in-process leases) are what `make up` uses.
     inherited = {k: "" for k in os.environ if k.startswith("VIDROUTE_")}
@@ -79,6 +81,11 @@ def test_vidroute_up_runs_a_cli_submitted_task_to_a_stored_mp4(tmp_path: Path) -
         assert path.is_relative_to(tmp_path / "var"), path
         duration, fps = probe_mp4(path)
         assert abs(duration - 4.0) <= 1.0 / fps, (duration, fps)
+        # The provider callback ingress runs too: an unsigned callback is answered 401.
+        ingress = re.search(r"callback ingress listening on (http://[0-9.]+:[0-9]+)", up.log())
+        assert ingress, up.log()
+        unsigned = httpx.post(f"{ingress.group(1)}/callbacks/runway", content=b"{}", timeout=5)
+        assert unsigned.status_code == 401
     finally:
         code = up.stop(timeout=30)
     assert code == 0, up.log()
