@@ -68,12 +68,14 @@ async def _serve(
 
         scale = time_scale(os.environ)
         overrides["time_scale"] = scale
+        # `up` is read by a person in a terminal; `serve` and the sidecars log JSON for machines.
+        overrides["log_format"] = os.environ.get("VIDROUTE_LOG_FORMAT") or "text"
         # The provider callback ingress runs too (the emulators' webhooks land on it).
         overrides.update(
             callback_settings(os.environ, DEV_PROVIDER_NAMES.values(), ephemeral_ports)
         )
     settings = Settings.from_env(None, **overrides)
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     if whole_stack:
         supervisor = Supervisor(Path("var"))
         provider_ports = {k: 0 if ephemeral_ports else v for k, v in DEV_PROVIDER_PORTS.items()}

@@ -89,6 +89,7 @@ from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.access import Caller
 from controlplane.service.tasks import TaskService
 from controlplane.storage import object_store_from_url
+from vidroute_core import logs as vidroute_logs
 from vidroute_core.adapter import JobSnapshot, JobState, SubmitKind, SubmitOutcome
 from vidroute_core.timescale import (
     check_factor,
@@ -152,6 +153,7 @@ class Settings:
     execution_tuning: Mapping[str, Any] = field(default_factory=dict)
     worker_id: str = ""
     log_level: str = "INFO"
+    log_format: str = "json"  # VIDROUTE_LOG_FORMAT: json | text
     migrate_on_start: bool = True
     health_probe_interval_s: float = 5.0
     adapter_submit_margin_s: float = 5.0
@@ -178,6 +180,7 @@ class Settings:
             "execution_tuning": _tuning(env.get("VIDROUTE_EXECUTION_TUNING", "")),
             "worker_id": env.get("VIDROUTE_WORKER_ID", ""),
             "log_level": env.get("VIDROUTE_LOG_LEVEL") or "INFO",
+            "log_format": env.get("VIDROUTE_LOG_FORMAT") or "json",
             "safety_policy_path": env.get("VIDROUTE_SAFETY_POLICY", ""),
             "deadlines": _deadlines(env),
             **_auth(env),
@@ -220,11 +223,9 @@ def load_safety_policy(path: str = "") -> SafetyPolicy:
     return SafetyPolicy.from_mapping(doc)
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def configure_logging(level: str, fmt: str = "json") -> None:
+    """The control plane's logging: redacted, with the id chain (`vidroute_core.logs`)."""
+    vidroute_logs.configure_logging(level, fmt)
 
 
 async def publish_from_adapters(

@@ -1,7 +1,8 @@
 """The command line every sidecar shares (the composition root: the only reader of os.environ).
 
     python -m adapter_sidecars.<name> --config FILE [--listen HOST:PORT] [--port-file PATH]
-                                      [--log-level INFO] [--metrics-listen HOST:PORT]
+                                      [--log-level INFO] [--log-format json|text]
+                                      [--metrics-listen HOST:PORT]
 
 ``--listen`` beats ``VIDROUTE_ADAPTER_LISTEN`` beats the file's ``listen``. Exit status: 0 after
 a clean shutdown, 2 for a bad configuration.
@@ -22,6 +23,7 @@ from adapter_sidecars.common.config import ConfigError, SidecarConfig, load_conf
 from adapter_sidecars.common.server import serve
 from adapter_sidecars.common.types import ProviderAdapter
 from vidroute_core.capabilities.loader import CapabilityLoadError
+from vidroute_core.logs import configure_logging
 
 AdapterFactory = Callable[[SidecarConfig], ProviderAdapter]
 
@@ -38,17 +40,19 @@ def parse_args(prog: str, argv: Sequence[str] | None) -> argparse.Namespace:
         help="host:port of the Prometheus /metrics endpoint (default: off)",
     )
     parser.add_argument("--log-level", default=os.environ.get("VIDROUTE_LOG_LEVEL", "INFO"))
+    parser.add_argument(
+        "--log-format",
+        choices=("json", "text"),
+        default=os.environ.get("VIDROUTE_LOG_FORMAT") or "json",
+    )
     return parser.parse_args(argv)
 
 
 def run(prog: str, factory: AdapterFactory, argv: Sequence[str] | None = None) -> int:
     """Load config, build the adapter, serve until signalled."""
     args = parse_args(prog, argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    # JSON lines with the id chain, redacted on the root handler (third-party loggers too).
+    configure_logging(args.log_level, args.log_format, sys.stderr)
     # httpx logs every request URL at INFO; keep the sidecar's log about decisions, not noise.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     try:

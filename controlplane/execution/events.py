@@ -49,6 +49,7 @@ from controlplane.persistence.records import (
     TaskRecord,
 )
 from vidroute_core.adapter import JobRef, JobSnapshot, JobState
+from vidroute_core.logs import add_ids, bind_ids, ids_of
 
 __all__ = [
     "EventNormalizer",
@@ -113,6 +114,10 @@ class EventNormalizer:
         self.counts: dict[IngestOutcome, int] = dict.fromkeys(IngestOutcome, 0)
 
     async def ingest(self, obs: Observation) -> IngestOutcome:
+        with bind_ids(attempt_id=obs.attempt_hint, provider_job_id=obs.provider_job_id):
+            return await self._ingest_one(obs)
+
+    async def _ingest_one(self, obs: Observation) -> IngestOutcome:
         after = AfterCommit()
         async with self._deps.db.unit(self._deps.clock()) as u:
             outcome = await self._ingest(u, obs, after)
@@ -182,6 +187,7 @@ class EventNormalizer:
     ) -> IngestOutcome:
         attempt = await u.attempt(job.attempt_id)
         assert attempt is not None  # provider_jobs.attempt_id is a foreign key
+        add_ids(**ids_of(attempt, job))
         task = await u.task(attempt.task_id)
         assert task is not None
         if settles_submit(attempt.state, snap.state):

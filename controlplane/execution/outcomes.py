@@ -18,6 +18,7 @@ Lease calls are collected in `AfterCommit` and run only once the transaction com
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -73,6 +74,10 @@ __all__ = [
     "retry_later",
     "to_unknown",
 ]
+
+# The decisions an operator asks about (retry, failover, unknown submit, a task failing) are
+# INFO lines, logged in the deciding transaction (one the database refuses is retried).
+log = logging.getLogger(__name__)
 
 PROVEN_ABSENT = "PROVEN_ABSENT"
 
@@ -307,6 +312,13 @@ async def to_unknown(
         next_poll_at=None,
     )
     after.mark_unknown.append(moved)
+    log.info(
+        "attempt %s: submit outcome unknown at %s (%s); recovery in %.1fs",
+        moved.id,
+        stage or "UNKNOWN",
+        failure.code,
+        delay,
+    )
     return moved
 
 
@@ -366,6 +378,13 @@ async def fail_attempt(
             return None
         if was_unknown:
             after.resolve_unknown.append(moved)
+        log.info(
+            "attempt %s: retry on the same candidate in %.1fs after %s (%s)",
+            moved.id,
+            decision.retry_delay_s,
+            error.error_class.value,
+            error.code,
+        )
         await u.bump_runtime(moved.id, moved.task_id, "submit_retries")
         await u.set_runtime(moved.id, moved.task_id, next_recovery_at=None, unknown_since=None)
         await u.enqueue(
@@ -404,6 +423,7 @@ async def fail_attempt(
             limits=deps.config.limits,
             unit_random=deps.rng.random(),
         )
+    log.info("task %s failed after attempt %s: %s", task.id, attempt.id, decision.reason)
     await u.move_task(task, TaskState.FAILED, decision.reason, failure=failure)
     return FailoverAction.FAIL_TASK
 
@@ -437,6 +457,7 @@ async def requeue(
         code, detail = refusal
         base = attempt.failure or Failure(error_class, reason)
         failure = Failure(base.failure_class, base.code, f"{code}: {detail}; {base.message}")
+        log.info("task %s: no new attempt after attempt %s: %s", task.id, attempt.id, code)
         moved = await u.move_task(task, TaskState.FAILED, code, failure=failure)
         return FailoverAction.FAIL_TASK if moved is not None else None
     excluded = _exclusions(
@@ -461,6 +482,14 @@ async def requeue(
     # The history is rows in this transaction; the message only wakes the dispatcher.
     await u.record_requeue(request)
     await u.enqueue(NewOutboxMessage(Topic.REQUEUE, str(task.id), request.wake_up()))
+    log.info(
+        "task %s: failover after attempt %s (%s, %s); requeued excluding %d candidates",
+        task.id,
+        attempt.id,
+        reason,
+        error_class,
+        len(excluded),
+    )
     return FailoverAction.FAIL_OVER
 
 

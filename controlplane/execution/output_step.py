@@ -70,6 +70,7 @@ from controlplane.persistence.records import (
 from controlplane.storage.base import ObjectStore, StorageError
 from vidroute_core.adapter import JobRef
 from vidroute_core.errors import ErrorClass, ProviderError
+from vidroute_core.logs import bind_ids
 
 __all__ = ["FetchFn", "OutputStep", "adapter_source", "fetcher_for"]
 
@@ -136,7 +137,9 @@ class OutputStep:
     async def run_once(self) -> int:
         messages = await claim_batch(self._deps, Topic.OUTPUT_FETCH)
         for message in messages:
-            await self.handle(message)
+            payload = message.payload
+            with bind_ids(task_id=payload.get("task_id"), attempt_id=payload.get("attempt_id")):
+                await self.handle(message)
         return len(messages)
 
     async def handle(self, message: OutboxRecord) -> None:

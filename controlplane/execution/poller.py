@@ -26,6 +26,7 @@ from controlplane.execution.lost_jobs import is_job_not_found, on_job_not_found,
 from controlplane.execution.outcomes import ExecutionDeps, job_ref
 from controlplane.persistence.execution import POLLABLE_STATES
 from vidroute_core.adapter import PollResult
+from vidroute_core.logs import add_ids, bind_ids, ids_of
 
 __all__ = ["Poller"]
 
@@ -49,7 +50,8 @@ class Poller:
                 cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s
             )
         for attempt_id in ids:
-            await self.poll(attempt_id)
+            with bind_ids(attempt_id=attempt_id):
+                await self.poll(attempt_id)
         return len(ids)
 
     async def poll(self, attempt_id: int) -> None:
@@ -57,6 +59,7 @@ class Poller:
         if snap is None:
             return
         attempt, job, runtime = snap
+        add_ids(**ids_of(attempt, job))
         if job is None or attempt.state not in POLLABLE_STATES:
             return
         account = await self._deps.reads.account(attempt.provider_account_id)

@@ -60,6 +60,7 @@ from controlplane.persistence.records import (
 )
 from vidroute_core.adapter import RecoverQuery, RecoverResult, RecoveryVerdict, SubmitKind
 from vidroute_core.errors import ErrorClass, ProviderError
+from vidroute_core.logs import add_ids, bind_ids, ids_of
 from vidroute_core.spec import RoutingMode
 
 __all__ = ["RecoveryWorker", "settle_task"]
@@ -84,13 +85,15 @@ class RecoveryWorker:
                 cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s
             )
         for attempt_id in ids:
-            await self.step(attempt_id)
+            with bind_ids(attempt_id=attempt_id):
+                await self.step(attempt_id)
         async with self._deps.db.unit(self._deps.clock()) as u:
             late = await u.claim_late_lookups(
                 cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s
             )
         for attempt_id in late:
-            await self.late.step(attempt_id)
+            with bind_ids(attempt_id=attempt_id):
+                await self.late.step(attempt_id)
         return len(ids) + len(late)
 
     async def step(self, attempt_id: int) -> RecoveryVerdict | None:
@@ -98,7 +101,8 @@ class RecoveryWorker:
         snap = await self._deps.reads.snapshot(attempt_id)
         if snap is None or snap[0].state is not AttemptState.SUBMIT_UNKNOWN:
             return None
-        attempt, _, runtime = snap
+        attempt, job, runtime = snap
+        add_ids(**ids_of(attempt, job))
         now = self._deps.clock()
         unknown_since = (runtime.unknown_since if runtime else None) or attempt.updated_at
         started = attempt.request_started_at or unknown_since

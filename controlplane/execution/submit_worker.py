@@ -56,6 +56,7 @@ from controlplane.persistence.records import (
 )
 from vidroute_core.adapter import CallFailure, SubmitKind, SubmitOutcome
 from vidroute_core.errors import ErrorClass, make_error
+from vidroute_core.logs import add_ids, bind_ids, ids_of
 from vidroute_core.spec import RoutingMode
 
 __all__ = ["SubmitWorker"]
@@ -79,6 +80,12 @@ class SubmitWorker:
         return len(messages)
 
     async def handle(self, message: OutboxRecord) -> None:
+        """Handle one ``attempt.submit`` message, every line logged carrying its ids."""
+        payload = message.payload
+        with bind_ids(task_id=payload.get("task_id"), attempt_id=payload.get("attempt_id")):
+            await self._handle(message)
+
+    async def _handle(self, message: OutboxRecord) -> None:
         worker = self._deps.config.worker_id
         attempt_id = int(message.payload["attempt_id"])
         now = self._deps.clock()
@@ -225,6 +232,7 @@ class SubmitWorker:
         async with self._deps.db.unit(self._deps.clock()) as u:
             attempt = await u.attempt(attempt_id)
             assert attempt is not None
+            add_ids(**ids_of(attempt, result.job))
             task = await u.task(attempt.task_id)
             assert task is not None
             if kind is SubmitKind.ACCEPTED and result.job is not None:
