@@ -4,6 +4,10 @@ vidroute up                 the whole platform on embedded defaults, in the fore
 vidroute serve              only the control plane (gRPC on VIDROUTE_LISTEN)
 vidroute migrate [--down]   apply (or revert) database migrations
 vidroute submit ...         create a task            vidroute get TASK_ID   show a task
+
+Client commands send ``VIDROUTE_TOKEN`` as their bearer token (`clients.auth`); `vidroute up`
+prints a dev admin and a dev tenant token and leaves them under ./var, where the client commands
+find the admin one when ``VIDROUTE_TOKEN`` is unset.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 import grpc
 from google.protobuf import json_format
 
+from clients import auth as client_auth
 from vidroute.common.v1 import generation_pb2
 from vidroute.scheduler.v1 import scheduler_service_pb2, scheduler_service_pb2_grpc
 
@@ -45,6 +50,7 @@ def _write_port_file(path: str, port: int) -> None:
 DEV_PROVIDER_PORTS = {"runway": 8101, "veo": 8102, "selfhosted": 8103}
 DEV_ADAPTER_PORTS = {"runway": 50061, "veo": 50062, "selfhosted": 50063}
 DEV_PROVIDER_NAMES = {"runway": "runway", "veo": "google", "selfhosted": "self_hosted"}
+DEV_TENANT = "acme"  # the tenant of the dev tenant token `vidroute up` prints
 
 
 async def _serve(
@@ -74,7 +80,11 @@ async def _serve(
         overrides.update(
             callback_settings(os.environ, DEV_PROVIDER_NAMES.values(), ephemeral_ports)
         )
-    settings = Settings.from_env(None, **overrides)
+    environ = dict(os.environ)
+    if whole_stack and not environ.get("VIDROUTE_AUTH_TOKENS") and not environ.get("VIDROUTE_AUTH"):
+        # `make up` runs authenticated, with tokens made for this run.
+        environ.update(client_auth.write_dev_tokens(Path("var"), DEV_TENANT))
+    settings = Settings.from_env(environ, **overrides)
     configure_logging(settings.log_level, settings.log_format)
     if whole_stack:
         supervisor = Supervisor(Path("var"))
@@ -146,7 +156,7 @@ def _submit(args: argparse.Namespace) -> int:
         ),
     )
     key = args.idempotency_key or uuid.uuid4().hex
-    with grpc.insecure_channel(args.target) as channel:
+    with client_auth.channel(args.target, client_auth.token_from_env()) as channel:
         stub = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
         response = stub.CreateTask(
             scheduler_service_pb2.CreateTaskRequest(spec=spec, idempotency_key=key), timeout=10
@@ -156,7 +166,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _get(args: argparse.Namespace) -> int:
-    with grpc.insecure_channel(args.target) as channel:
+    with client_auth.channel(args.target, client_auth.token_from_env()) as channel:
         stub = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
         response = stub.GetTask(
             scheduler_service_pb2.GetTaskRequest(task_id=args.task_id), timeout=10
@@ -199,7 +209,7 @@ def _explain_rows(decision: dict[str, object]) -> list[str]:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    with grpc.insecure_channel(args.target) as channel:
+    with client_auth.channel(args.target, client_auth.token_from_env()) as channel:
         stub = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
         response = stub.ExplainRoute(
             scheduler_service_pb2.ExplainRouteRequest(task_id=args.task_id), timeout=10

@@ -55,6 +55,19 @@ def test_vidroute_up_runs_a_cli_submitted_task_to_a_stored_mp4(tmp_path: Path) -
     )
     try:
         target = up.address
+        # It runs authenticated: the dev tokens are printed (and left in ./var, where the CLI
+        # finds the admin one); a wrong token is refused.
+        assert "dev API tokens" in up.log()
+        refused = subprocess.run(
+            [sys.executable, "-m", "clients.cli", "get", "1", "--target", target],
+            cwd=tmp_path,
+            env={**os.environ, "VIDROUTE_TOKEN": "not-a-token"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert "UNAUTHENTICATED" in refused.stderr, refused.stderr
         created = _cli(
             tmp_path,
             "submit",

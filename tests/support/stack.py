@@ -56,6 +56,8 @@ from adapter_sidecars.emulators import (
 from adapter_sidecars.emulators.runway import RunwayConfig
 from adapter_sidecars.emulators.selfhosted import SelfHostedConfig
 from adapter_sidecars.emulators.veo import VeoConfig
+from clients import auth as client_auth
+from controlplane.api.auth import hash_token, new_token
 from tests.support import processes
 from vidroute.common.v1 import generation_pb2 as gen
 from vidroute.scheduler.v1 import scheduler_pb2, scheduler_service_pb2_grpc
@@ -398,7 +400,8 @@ class ControlPlane:
     """`vidroute serve` as a child process; SIGKILL and restart keep the database and ports.
 
     It runs on its defaults, on the farm's time scale; `env` adds variables a test is about
-    (never timings: those come from the one factor).
+    (never timings: those come from the one factor). It runs authenticated, as production
+    should: the harness's channel sends an admin token (`token`) the process is configured with.
     """
 
     def __init__(
@@ -420,6 +423,7 @@ class ControlPlane:
         self.generation = 0
         self._channel: grpc.Channel | None = None
         self.stub: scheduler_service_pb2_grpc.SchedulerServiceStub | None = None
+        self.token = new_token()  # the same across restarts, like a deployed secret
 
     # -- process ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -434,6 +438,7 @@ class ControlPlane:
             "VIDROUTE_CALLBACK_PUBLIC_URL": f"http://127.0.0.1:{self.callback_port}",
             "VIDROUTE_CALLBACK_SECRETS": secrets_env,
             "VIDROUTE_WORKER_ID": f"e2e-cp-{self.generation}",
+            "VIDROUTE_AUTH_TOKENS": f"{hash_token(self.token)}=admin",
             **self.extra_env,
         }
         name = f"controlplane-{self.generation}"
@@ -452,7 +457,7 @@ class ControlPlane:
     def _connect(self) -> None:
         self.close_channel()
         assert self.proc is not None
-        self._channel = grpc.insecure_channel(self.proc.address)
+        self._channel = client_auth.channel(self.proc.address, self.token)
         self.stub = scheduler_service_pb2_grpc.SchedulerServiceStub(self._channel)
 
     def close_channel(self) -> None:
