@@ -37,6 +37,7 @@ ADAPTERS = {  # component -> (provider in config.example.yaml, gRPC port)
     "adapter-selfhosted": ("selfhosted", 50063),
 }
 METRICS_PORT = 9464  # every process's Prometheus /metrics (design 9.24)
+CALLBACK_PORT = 8180  # the control plane's provider callback ingress (9.18)
 METRICS_INGRESS = {
     "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
     "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
@@ -301,9 +302,11 @@ def test_each_deployment_has_its_service_account_service_and_network_policy(over
         assert selects(policies[name]["spec"]["podSelector"]["matchLabels"], labels), name
         [container] = pod_spec(deployment)["containers"]
         port_names = {p["name"]: p["containerPort"] for p in container["ports"]}
-        [service_port] = services[name]["spec"]["ports"]
-        assert service_port["appProtocol"] == "grpc"
-        assert port_names[service_port["targetPort"]] == service_port["port"], name
+        service_ports = {p["name"]: p for p in services[name]["spec"]["ports"]}
+        assert service_ports["grpc"]["appProtocol"] == "grpc"
+        for service_port in service_ports.values():
+            assert port_names[service_port["targetPort"]] == service_port["port"], name
+        assert set(service_ports) <= {"grpc", "callbacks"}, name  # metrics: scraped per pod
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -327,13 +330,32 @@ def test_adapters_accept_ingress_only_from_the_control_plane(overlay: str) -> No
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_control_plane_accepts_ingress_from_its_namespace_on_50051(overlay: str) -> None:
-    """Any pod in the namespace may call the scheduler API, on 50051 only."""
+    """Any pod in the namespace may call the scheduler API, on 50051 only; anyone may reach
+    the callback ingress (signed callbacks from outside the cluster), on 8180 only.
+    """
     spec = by_kind(rendered(overlay), "NetworkPolicy")["controlplane"]["spec"]
     assert spec["policyTypes"] == ["Ingress"]
     assert spec["ingress"] == [
         {"from": [{"podSelector": {}}], "ports": [{"protocol": "TCP", "port": 50051}]},
+        {"ports": [{"protocol": "TCP", "port": CALLBACK_PORT}]},
         METRICS_INGRESS,
     ]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_control_plane_runs_the_callback_ingress(overlay: str) -> None:
+    """The callback ingress listens on its container port, which the Service exposes."""
+    docs = rendered(overlay)
+    [container] = pod_spec(by_kind(docs, "Deployment")["controlplane"])["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["VIDROUTE_CALLBACK_LISTEN"]["value"] == f"0.0.0.0:{CALLBACK_PORT}"
+    assert env["VIDROUTE_CALLBACK_PUBLIC_URL"]["value"]
+    assert set(env["VIDROUTE_CALLBACK_SECRETS"]["valueFrom"]) == {"secretKeyRef"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["callbacks"] == CALLBACK_PORT
+    service = by_kind(docs, "Service")["controlplane"]
+    [exposed] = [p for p in service["spec"]["ports"] if p["name"] == "callbacks"]
+    assert (exposed["port"], exposed["targetPort"]) == (CALLBACK_PORT, "callbacks")
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
