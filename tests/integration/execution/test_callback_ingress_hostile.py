@@ -31,7 +31,7 @@ SECRET = "hostile-secret"
 LIMITS = CallbackLimits(
     head_timeout_s=0.9, body_timeout_s=0.9, keep_alive_s=0.3, max_body_bytes=64 * 1024
 )
-SLOW_CONNECTIONS = 20
+SLOW_CONNECTIONS = 50  # the issue's slowloris count
 
 
 @dataclass
@@ -263,7 +263,9 @@ async def test_keep_alive_carries_two_requests_then_idles_out(ingress: Ingress) 
 
 
 async def test_slowloris_heads_and_bodies_are_cut_off(ingress: Ingress) -> None:
-    """Half-sent heads and half-sent bodies get a 408 and a close within their timeouts."""
+    """Half-sent heads, half-sent bodies and a head sent a byte at a time get a 408 and a
+    close within their timeouts.
+    """
     conns = [await asyncio.open_connection(*ingress.address) for _ in range(SLOW_CONNECTIONS)]
     started = time.monotonic()
     for i, (_, writer) in enumerate(conns):
@@ -271,14 +273,29 @@ async def test_slowloris_heads_and_bodies_are_cut_off(ingress: Ingress) -> None:
             writer.write(b"POST /callbacks/runway HTTP/1.1\r\nhost: cb\r\nx-slow: ")
         else:  # a full head, a tenth of the body
             writer.write(ingress.request(b'{"id": "job-cb"}' + b" " * 90)[:-90])
+    trickle_reader, trickle_writer = await asyncio.open_connection(*ingress.address)
+    trickling = asyncio.create_task(
+        _trickle(trickle_writer, b"POST /callbacks/runway HTTP/1.1\r\n")
+    )
     try:
-        results = await asyncio.gather(*(_until_closed(reader) for reader, _ in conns))
+        results = await asyncio.gather(
+            *(_until_closed(reader) for reader, _ in [*conns, (trickle_reader, trickle_writer)])
+        )
     finally:
-        for _, writer in conns:
+        trickling.cancel()
+        for _, writer in [*conns, (trickle_reader, trickle_writer)]:
             writer.close()
     took = time.monotonic() - started
-    assert results == [408] * SLOW_CONNECTIONS
+    assert results == [408] * (SLOW_CONNECTIONS + 1)
     assert took < max(LIMITS.head_timeout_s, LIMITS.body_timeout_s) + 2.0, took
+
+
+async def _trickle(writer: asyncio.StreamWriter, head: bytes) -> None:
+    """A byte every 50 ms: data keeps coming, the head never completes in time."""
+    for i in range(len(head)):
+        writer.write(head[i : i + 1])
+        await writer.drain()
+        await asyncio.sleep(0.05)
 
 
 async def _until_closed(reader: asyncio.StreamReader) -> int:
