@@ -58,6 +58,7 @@ from vidroute_core.adapter import (
 )
 from vidroute_core.errors import ErrorClass, make_error
 from vidroute_core.exceptions import InvalidSpec
+from vidroute_core.logs import bind_ids
 from vidroute_core.wire import adapter as wire
 from vidroute_core.wire.spec import spec_from_proto
 
@@ -68,19 +69,32 @@ Handler = Callable[[Any, Any, Ctx], Awaitable[R]]
 
 
 def _adapter_errors(fn: Handler[R]) -> Handler[R]:
-    """Turn `AdapterRequestError`s into NOT_FOUND / INVALID_ARGUMENT."""
+    """Turn `AdapterRequestError`s into NOT_FOUND / INVALID_ARGUMENT; the request's ids (the
+    client request key, the job) are bound for every line the call logs."""
 
     @wraps(fn)
     async def wrapper(self: Any, request: Any, context: Ctx) -> R:
-        try:
-            return await fn(self, request, context)
-        except InvalidRequest as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except AdapterRequestError as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        with bind_ids(**_request_ids(request)):
+            try:
+                return await fn(self, request, context)
+            except InvalidRequest as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except AdapterRequestError as exc:
+                await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
     return wrapper
+
+
+def _request_ids(request: Any) -> dict[str, object]:
+    """The id-chain fields a request carries (empty strings are unset)."""
+    job = getattr(request, "job", None)
+    ids = {
+        "client_request_key": getattr(request, "client_request_key", ""),
+        "provider_job_id": getattr(job, "provider_job_id", ""),
+        "provider_request_id": getattr(job, "provider_request_id", ""),
+    }
+    return {k: v for k, v in ids.items() if v}
 
 
 class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):

@@ -124,6 +124,8 @@ def test_lines_about_a_task_or_attempt_carry_its_ids(
             assert task.task_id in bound, (task.task_id, sorted(bound))
     keys = [line for line in lines if "client_request_key" in line]
     assert keys, "no line carries a client_request_key"
+    # The chain crosses the process boundary: the sidecar's lines about a submit carry its key.
+    assert any(line["_file"].startswith("sidecar-") for line in keys), "no sidecar line has a key"
 
 
 def test_no_signed_url_secret_or_long_prompt_is_logged(
