@@ -40,6 +40,7 @@ DEV_TIME_SCALE = 0.1
 # Production-like provider job times in seconds (queued, generating), before the time scale.
 JOB_QUEUE_S = 5.0
 JOB_RUN_S = 60.0
+DEV_METRICS_PORTS = {"runway": 9465, "veo": 9466, "selfhosted": 9467}  # sidecars' /metrics
 DEV_CALLBACK_PORT = 8180  # the control plane's provider callback ingress
 # What the emulators sign webhooks with (`EmulatorConfig.callback_secret`, their default).
 EMULATOR_CALLBACK_SECRET = "vidroute-emulator-secret"
@@ -126,6 +127,9 @@ def adapter_child(
     env = {"VIDROUTE_TIME_SCALE": str(scale)}
     if provider_url:
         env["VIDROUTE_ADAPTER_BASE_URL"] = provider_url
+    # Its /metrics: a fixed dev port beside a fixed gRPC port, else any free one (in its log).
+    metrics_port = DEV_METRICS_PORTS.get(name, 0) if port else 0
+    env["VIDROUTE_METRICS_LISTEN"] = f"127.0.0.1:{metrics_port}"
     return Child(
         name=f"adapter-{name}",
         args=(

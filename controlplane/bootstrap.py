@@ -32,6 +32,8 @@ The only module that reads environment variables:
   authentication on when tokens are configured, else off with a WARNING at start), ``required``
   (refuse to start without tokens) or ``off`` (tokens ignored, every caller an admin).
 - ``VIDROUTE_LOG_LEVEL``: logging level. Default ``INFO``.
+- ``VIDROUTE_METRICS_LISTEN``: ``host:port`` of the Prometheus ``/metrics`` endpoint (9.24).
+  Default: off (tests); ``make up`` and the Kubernetes manifests set it.
 - ``VIDROUTE_ADAPTER_SUBMIT_MARGIN_S``: seconds the Submit deadline adds to the submit budget each
   sidecar declares in Describe. Default 5. ``VIDROUTE_ADAPTER_SUBMIT_TIMEOUT_S`` fixes the
   deadline instead; one shorter than a sidecar's budget is refused (that adapter is never
@@ -78,6 +80,16 @@ from controlplane.execution.output_step import fetcher_for
 from controlplane.leases.base import LeaseStore
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.leases.redis_store import RedisClientConfig, RedisLeaseStore, redis_client
+from controlplane.metrics import (
+    ControlPlaneMetrics,
+    attempt_end_observer,
+    chain,
+    circuit_gauges,
+    drift_deltas,
+    lease_gauges,
+    serve_metrics,
+    submit_observer,
+)
 from controlplane.persistence.database import Database
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.records import AccountInfo, AttemptRecord
@@ -154,6 +166,7 @@ class Settings:
     worker_id: str = ""
     log_level: str = "INFO"
     log_format: str = "json"  # VIDROUTE_LOG_FORMAT: json | text
+    metrics_listen: str = ""  # off unless set
     migrate_on_start: bool = True
     health_probe_interval_s: float = 5.0
     adapter_submit_margin_s: float = 5.0
@@ -181,6 +194,7 @@ class Settings:
             "worker_id": env.get("VIDROUTE_WORKER_ID", ""),
             "log_level": env.get("VIDROUTE_LOG_LEVEL") or "INFO",
             "log_format": env.get("VIDROUTE_LOG_FORMAT") or "json",
+            "metrics_listen": env.get("VIDROUTE_METRICS_LISTEN", ""),
             "safety_policy_path": env.get("VIDROUTE_SAFETY_POLICY", ""),
             "deadlines": _deadlines(env),
             **_auth(env),
@@ -337,6 +351,27 @@ def _health_feed(runtime: SchedulingRuntime) -> AttemptEndObserver:
     return observe
 
 
+def _metrics(
+    settings: Settings, cleanup: list[Callable[[], Awaitable[Any]]]
+) -> ControlPlaneMetrics:
+    """This process's metrics, served on ``VIDROUTE_METRICS_LISTEN`` when set."""
+    metrics = ControlPlaneMetrics()
+    if settings.metrics_listen:
+        cleanup.append(serve_metrics(metrics.registry, settings.metrics_listen).stop)
+    return metrics
+
+
+def _wire_metrics(
+    metrics: ControlPlaneMetrics, runtime: SchedulingRuntime, leases: LeaseStore
+) -> None:
+    """Point the metrics at the dispatcher's events and the state they read at scrape time."""
+    runtime.dispatcher.metrics = metrics
+    runtime.upkeep.on_drifts = lambda drifts: metrics.reconcile_pass(drift_deltas(drifts))
+    metrics.state.loop = asyncio.get_running_loop()
+    metrics.state.leases = lambda: lease_gauges(leases)
+    metrics.state.circuits = lambda: circuit_gauges(runtime.monitor.statuses())
+
+
 async def _lease_store(
     settings: Settings, cleanup: list[Callable[[], Awaitable[Any]]]
 ) -> tuple[LeaseStore, Redis | None]:
@@ -365,6 +400,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
     db = Database.from_url(settings.database_url)
     cleanup: list[Callable[[], Awaitable[Any]]] = []
     background: list[Callable[[], Awaitable[Any]]] = []
+    metrics = _metrics(settings, cleanup)
 
     def not_ready() -> str | None:  # rebound below once there is a dispatcher
         return None
@@ -404,6 +440,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         )
         admin = runtime.admin
         runtime.dispatcher.readiness = CatalogReadiness(frozenset(settings.adapters))
+        _wire_metrics(metrics, runtime, leases)
         not_ready = runtime.dispatcher.not_ready
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0 * scale, connect=5.0 * scale))
         cleanup.append(http.aclose)
@@ -427,9 +464,9 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             ),
             leases=leases,
             fetch=fetcher_for(http, object_store),
-            on_submit=_breaker_feed(runtime),
+            on_submit=chain(_breaker_feed(runtime), submit_observer(metrics)),
             breakers=runtime.monitor,
-            on_attempt_end=_health_feed(runtime),
+            on_attempt_end=chain(_health_feed(runtime), attempt_end_observer(metrics)),
         )
         canceller = execution.cancel_service
         stop_publishing = asyncio.Event()
@@ -476,4 +513,5 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         cleanup=[*background, *cleanup, db.dispose],
         probe_interval=scale_value(settings.health_probe_interval_s, scale),
         auth=Authenticator(settings.auth_tokens),
+        interceptors=[metrics.interceptor()],
     )

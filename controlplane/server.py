@@ -105,6 +105,7 @@ async def start_server(
     cleanup: Sequence[Callable[[], Awaitable[None]]] = (),
     probe_interval: float = 5.0,
     auth: Authenticator | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> ControlPlaneServer:
     """Bind, register services and start serving; returns once the port is open.
 
@@ -117,7 +118,10 @@ async def start_server(
             listen,
         )
     # The first interceptor is the outermost: an unauthenticated call never reaches a handler.
-    server = grpc.aio.server(interceptors=[AuthInterceptor(auth), DomainErrorInterceptor()])
+    # `interceptors` (the metrics) wrap even that, so they count the code the caller sees.
+    server = grpc.aio.server(
+        interceptors=[*interceptors, AuthInterceptor(auth), DomainErrorInterceptor()]
+    )
     scheduler_service_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
