@@ -8,6 +8,7 @@ valid bearer token is UNAUTHENTICATED before any handler runs. Health and reflec
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -283,3 +284,34 @@ async def test_health_and_reflection_need_no_token(attack: Api) -> None:
     )
     names = [s.name async for r in replies for s in r.list_services_response.service]
     assert "vidroute.scheduler.v1.SchedulerService" in names
+
+
+async def test_without_tokens_the_server_says_so_and_runs_open(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No tokens configured: a WARNING at start, and every caller is an (unscoped) admin."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'open.db'}"
+    await upgrade(url)
+    db = Database.from_url(url)
+
+    async def probe() -> bool:
+        return True
+
+    with caplog.at_level(logging.WARNING, logger="controlplane.server"):
+        running = await start_server(
+            SchedulerServicer(TaskService(db)),
+            listen="127.0.0.1:0",
+            probe=probe,
+            cleanup=[db.dispose],
+        )
+    try:
+        assert any("AUTHENTICATION IS OFF" in r.getMessage() for r in caplog.records)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
+            await stub.CreateTask(api.CreateTaskRequest(spec=_spec("beta"), idempotency_key="o"))
+            listed = await stub.ListTasks(api.ListTasksRequest())
+            assert [t.spec.tenant_id for t in listed.tasks] == ["beta"]
+            providers = stub.ListProviders(api.ListProvidersRequest())
+            assert await _code(providers) is grpc.StatusCode.UNIMPLEMENTED  # not refused
+    finally:
+        await running.stop(grace=1)
