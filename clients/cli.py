@@ -51,6 +51,7 @@ DEV_PROVIDER_PORTS = {"runway": 8101, "veo": 8102, "selfhosted": 8103}
 DEV_ADAPTER_PORTS = {"runway": 50061, "veo": 50062, "selfhosted": 50063}
 DEV_PROVIDER_NAMES = {"runway": "runway", "veo": "google", "selfhosted": "self_hosted"}
 DEV_TENANT = "acme"  # the tenant of the dev tenant token `vidroute up` prints
+DEV_METRICS_PORT = 9464  # the control plane's /metrics under `vidroute up`
 
 
 async def _serve(
@@ -74,11 +75,15 @@ async def _serve(
 
         scale = time_scale(os.environ)
         overrides["time_scale"] = scale
-        # `up` is read by a person in a terminal; `serve` and the sidecars log JSON for machines.
-        overrides["log_format"] = os.environ.get("VIDROUTE_LOG_FORMAT") or "text"
         # The provider callback ingress runs too (the emulators' webhooks land on it).
         overrides.update(
             callback_settings(os.environ, DEV_PROVIDER_NAMES.values(), ephemeral_ports)
+        )
+        # `up` is read by a person in a terminal; `serve` and the sidecars log JSON for machines.
+        overrides["log_format"] = os.environ.get("VIDROUTE_LOG_FORMAT") or "text"
+        # /metrics of every process (9.24); sidecars: clients.devstack.DEV_METRICS_PORTS.
+        overrides["metrics_listen"] = os.environ.get("VIDROUTE_METRICS_LISTEN") or (
+            "127.0.0.1:0" if ephemeral_ports else f"127.0.0.1:{DEV_METRICS_PORT}"
         )
     environ = dict(os.environ)
     if whole_stack and not environ.get("VIDROUTE_AUTH_TOKENS") and not environ.get("VIDROUTE_AUTH"):

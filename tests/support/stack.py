@@ -210,6 +210,7 @@ class ProviderFarm:
         self.extensions = {p: frozenset((extensions or {}).get(p, ())) for p in self.providers}
         self.emulators: dict[str, EmulatorThread] = {}
         self.sidecars: dict[str, processes.Proc] = {}
+        self.metrics_ports: dict[str, int] = {}  # each sidecar's /metrics
 
     def seconds(self, production_s: float) -> float:
         """`production_s` seconds of production time on this run's clock."""
@@ -250,11 +251,12 @@ class ProviderFarm:
         )
         path = self.workdir / f"sidecar-{name}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        self.metrics_ports[name] = free_port()
         return _spawn(
             ["-m", f"adapter_sidecars.{PROVIDERS[name].package}", "--config", str(path)],
             workdir=self.workdir,
             name=f"sidecar-{name}",
-            env=self.env,
+            env={**self.env, "VIDROUTE_METRICS_LISTEN": f"127.0.0.1:{self.metrics_ports[name]}"},
         )
 
     def stop(self) -> None:

@@ -1,0 +1,129 @@
+"""/metrics of the control plane and of a sidecar after a workload with faults (design 9.24).
+
+Emulators, sidecars and `vidroute serve` as in production (one time scale), each process serving
+Prometheus on its own port. Three pinned tasks: a clean Runway one (ACCEPTED), a self-hosted one
+whose create answer is lost after the body (UNKNOWN, then recovered through the provider's
+idempotency-key listing) and a self-hosted one refused with 503 four times (the attempt's sends
+REJECTED, the task requeued and routed again: a failover). The scrape must show exactly those
+outcomes, the failover, the gRPC server counts, and no id in any label.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import PostgresServer
+from tests.support.module_stack import module_database
+from tests.support.stack import ControlPlane, ProviderFarm, RedisDb, describe, free_port
+from tests.support.workload import SUBMIT_ROUTE
+from vidroute.scheduler.v1 import scheduler_pb2 as sp
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(120)]
+
+TIME_SCALE = 0.02
+ID_LABELS = {"task_id", "attempt_id", "job_id", "provider_job_id", "client_request_key"}
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(port: int) -> Samples:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            assert not set(s.labels) & ID_LABELS, (s.name, s.labels)
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of `name`'s series whose labels include `labels`."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+@pytest.fixture(scope="module")
+def platform(
+    e2e_backend: str,
+    postgres_server: PostgresServer,
+    redis_server_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ProviderFarm, ControlPlane, int]]:
+    workdir: Path = tmp_path_factory.mktemp(f"metrics-{e2e_backend}")
+    metrics_port = free_port()
+    providers = ("runway", "self_hosted")
+    with (
+        module_database(postgres_server, e2e_backend, workdir) as url,
+        ProviderFarm(workdir / "farm", time_scale=TIME_SCALE, providers=providers) as farm,
+        RedisDb(redis_server_url) as redis,
+    ):
+        (workdir / "cp").mkdir()
+        cp = ControlPlane(
+            workdir / "cp",
+            farm,
+            database_url=url,
+            redis_url=redis.url,
+            env={"VIDROUTE_METRICS_LISTEN": f"127.0.0.1:{metrics_port}"},
+        )
+        cp.start()
+        try:
+            yield farm, cp, metrics_port
+        finally:
+            cp.kill()
+
+
+def test_scraped_families_match_the_workload(
+    platform: tuple[ProviderFarm, ControlPlane, int],
+) -> None:
+    farm, cp, port = platform
+    before = scrape(port)
+    emulator = farm.emulator("self_hosted")
+    emulator.add_faults([{"route": SUBMIT_ROUTE["self_hosted"], "action": "drop_after_body"}])
+    clean = cp.create_task("runway", prompt=f"a kite {secrets.token_hex(4)}")
+    unknown = cp.create_task("self_hosted", prompt=f"a fox {secrets.token_hex(4)}")
+    cp.wait_terminal(unknown, 60)
+    # One send and its 3 re-sends (FailoverLimits.max_same_candidate_retries) refused: the
+    # attempt fails, the task is requeued and its second attempt's create goes through.
+    emulator.add_faults(
+        [{"route": SUBMIT_ROUTE["self_hosted"], "action": "status", "code": 503, "times": 4}]
+    )
+    refused = cp.create_task("self_hosted", prompt=f"a heron {secrets.token_hex(4)}")
+    tasks = {tid: cp.wait_terminal(tid, 60) for tid in (clean, unknown, refused)}
+    for task in tasks.values():
+        assert task.state == sp.TASK_STATE_SUCCEEDED, describe(task)
+    assert len(tasks[refused].attempts) == 2, describe(tasks[refused])
+
+    after = scrape(port)
+
+    def delta(name: str, **labels: str) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    assert delta("provider_submit_total", provider="runway", outcome="ACCEPTED") == 1
+    assert delta("provider_submit_total", provider="self_hosted", outcome="UNKNOWN") == 1
+    # The refused attempt: its send and 3 re-sends REJECTED (PROVIDER_OVERLOADED), then requeued.
+    refusals = delta("provider_submit_total", provider="self_hosted", outcome="REJECTED")
+    assert refusals == 4
+    # The unknown one was recovered, never re-sent: only the requeued attempt was ACCEPTED.
+    assert delta("provider_submit_total", provider="self_hosted", outcome="ACCEPTED") == 1
+    assert delta("scheduler_failover_total", to="self_hosted") == 1
+    assert delta("scheduler_decision_total", provider="self_hosted") == 3  # 1 + 1 + requeue
+    assert delta("scheduler_decision_total", provider="runway") == 1
+    assert delta("provider_generation_latency_seconds_count", provider="runway") == 1
+    assert total(after, "provider_task_success_ratio", provider="runway") == 1.0
+    assert delta("grpc_server_handled_total", grpc_method="CreateTask", grpc_code="OK") == 3
+    assert total(after, "provider_capacity_slots", provider="runway") >= 1
+    assert total(after, "provider_active_leases", provider="runway") == 0
+
+    sidecar = scrape(farm.metrics_ports["self_hosted"])
+    assert total(sidecar, "adapter_submit_total", outcome="UNKNOWN") == 1
+    assert total(sidecar, "adapter_submit_total", outcome="REJECTED") == refusals
+    # The requeued attempt, and recovery's re-send of the unknown one under its key (self-hosted
+    # deduplicates by key, so it names the one job): the control plane counts that as recovery.
+    assert total(sidecar, "adapter_submit_total", outcome="ACCEPTED") == 2
+    assert total(sidecar, "adapter_provider_http_requests_total", status="503") == refusals
+    assert total(sidecar, "adapter_provider_http_requests_total", route="/v1/jobs/{id}") >= 1
