@@ -6,17 +6,12 @@ so a family added later with a task, job or attempt id as a label fails here.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from types import SimpleNamespace
 
-import pytest
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.domain.breaker import BreakerKey, BreakerState, Operation
-from controlplane.leases.base import Dimension, LeaseRequest
-from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.leases.reconciler import Drift
 from controlplane.metrics import (
     FORBIDDEN_LABELS,
@@ -24,8 +19,6 @@ from controlplane.metrics import (
     ControlPlaneMetrics,
     circuit_gauges,
     drift_deltas,
-    lease_gauges,
-    serve_metrics,
 )
 
 # The 9.24 families this slice reports (provider_reconciliation_delta_micros waits for the
@@ -147,40 +140,3 @@ def test_circuit_gauges_report_the_worst_state_per_label_set() -> None:
 
     rows = circuit_gauges([status("a", BreakerState.CLOSED), status("b", BreakerState.HALF_OPEN)])
     assert rows == [CircuitGauge("runway", "gen4", "SUBMIT", "HALF_OPEN")]
-
-
-@pytest.mark.asyncio
-async def test_lease_state_is_read_at_scrape_time_over_http() -> None:
-    import httpx
-
-    store = MemoryLeaseStore()
-    dims = (Dimension("account", 4), Dimension("model:gen4", 2))
-    lease = await store.acquire(LeaseRequest("1-1-ab", "runway:acct", dims))
-    assert lease is not None
-    m = ControlPlaneMetrics()
-    m.state.loop = asyncio.get_running_loop()
-    m.state.leases = lambda: lease_gauges(store)
-    server = serve_metrics(m.registry, "127.0.0.1:0")
-    try:
-
-        async def scrape() -> dict[str, float]:
-            async with httpx.AsyncClient() as client:
-                text = (await client.get(f"http://127.0.0.1:{server.port}/metrics")).text
-            return {
-                s.name: s.value
-                for f in text_string_to_metric_families(text)
-                for s in f.samples
-                if s.labels.get("provider") == "runway"
-            }
-
-        first = await scrape()
-        assert first["provider_capacity_slots"] == 2
-        assert first["provider_active_leases"] == 1
-        assert first["provider_unknown_submission_slots"] == 0
-        assert await store.mark_unknown(lease, 2)
-        second = await scrape()
-        assert second["provider_unknown_submission_slots"] == 1
-        await store.release(lease)
-        assert (await scrape())["provider_active_leases"] == 0
-    finally:
-        await server.stop()
