@@ -370,6 +370,9 @@ def _wire_metrics(
     metrics.state.loop = asyncio.get_running_loop()
     metrics.state.leases = lambda: lease_gauges(leases)
     metrics.state.circuits = lambda: circuit_gauges(runtime.monitor.statuses())
+    runtime.monitor.on_transition = lambda t: metrics.circuit_transition(
+        t.key.provider, t.key.model, t.key.operation.value, t.new.value
+    )
 
 
 async def _lease_store(

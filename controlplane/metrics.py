@@ -231,6 +231,12 @@ class ControlPlaneMetrics:
             pm,
             registry=r,
         )
+        self.circuit_transitions = Counter(
+            "provider_circuit_transitions",
+            "Breaker state changes this replica made",
+            ["provider", "model", "operation", "to"],
+            registry=r,
+        )
         self.rpc_handled = Counter(
             "grpc_server_handled",
             "RPCs completed on the server",
@@ -306,6 +312,9 @@ class ControlPlaneMetrics:
             self.success_ratio.labels(*key).set(r.succeeded[key] / r.finished[key])
             if r.succeeded[key]:
                 self.cost_per_success.labels(*key).set(r.cost[key] / r.succeeded[key])
+
+    def circuit_transition(self, provider: str, model: str, operation: str, to: str) -> None:
+        self.circuit_transitions.labels(provider, model, operation, to).inc()
 
     # ---- gRPC ----------------------------------------------------------------------------
 

@@ -89,6 +89,7 @@ class HealthMonitor:
         self._applied: dict[BreakerKey, int] = {}
         self._account_ids: dict[tuple[str, str, str], int] = {}
         self.persist_failures = 0
+        self.on_transition: Callable[[BreakerTransition], None] | None = None  # e.g. the metrics
 
     def set_account_ids(self, ids: Iterable[tuple[tuple[str, str, str], int]]) -> None:
         """(provider, account, region) -> provider_accounts.id, for health event rows."""
@@ -341,6 +342,8 @@ class HealthMonitor:
             transition.new.value,
             transition.reason,
         )
+        if self.on_transition is not None:
+            self.on_transition(transition)
         if publish:
             breaker = self.registry.get(transition.key)
             published = self._shared.publish(

@@ -3,9 +3,10 @@
 Emulators, sidecars and `vidroute serve` as in production (one time scale), each process serving
 Prometheus on its own port. Three pinned tasks: a clean Runway one (ACCEPTED), a self-hosted one
 whose create answer is lost after the body (UNKNOWN, then recovered through the provider's
-idempotency-key listing) and a self-hosted one refused with 503 four times (the attempt's sends
-REJECTED, the task requeued and routed again: a failover). The scrape must show exactly those
-outcomes, the failover, the gRPC server counts, and no id in any label.
+idempotency-key listing) and a self-hosted one refused with 503 eight times (two attempts' sends
+REJECTED, the SUBMIT breaker opened, then half open for the third attempt's probe, the task requeued
+and routed again twice: failovers). The scrape must show exactly those outcomes, the failovers,
+the breaker transitions, the gRPC server counts, and no id in any label.
 """
 
 from __future__ import annotations
@@ -87,16 +88,17 @@ def test_scraped_families_match_the_workload(
     clean = cp.create_task("runway", prompt=f"a kite {secrets.token_hex(4)}")
     unknown = cp.create_task("self_hosted", prompt=f"a fox {secrets.token_hex(4)}")
     cp.wait_terminal(unknown, 60)
-    # One send and its 3 re-sends (FailoverLimits.max_same_candidate_retries) refused: the
-    # attempt fails, the task is requeued and its second attempt's create goes through.
+    # Two attempts of one send and 3 re-sends each (FailoverLimits.max_same_candidate_retries)
+    # refused: 8 failures in a row open the SUBMIT breaker; each attempt fails and the task is
+    # requeued; after the cooldown the third attempt is the half-open probe, which closes it.
     emulator.add_faults(
-        [{"route": SUBMIT_ROUTE["self_hosted"], "action": "status", "code": 503, "times": 4}]
+        [{"route": SUBMIT_ROUTE["self_hosted"], "action": "status", "code": 503, "times": 8}]
     )
     refused = cp.create_task("self_hosted", prompt=f"a heron {secrets.token_hex(4)}")
     tasks = {tid: cp.wait_terminal(tid, 60) for tid in (clean, unknown, refused)}
     for task in tasks.values():
         assert task.state == sp.TASK_STATE_SUCCEEDED, describe(task)
-    assert len(tasks[refused].attempts) == 2, describe(tasks[refused])
+    assert len(tasks[refused].attempts) == 3, describe(tasks[refused])
 
     after = scrape(port)
 
@@ -105,13 +107,19 @@ def test_scraped_families_match_the_workload(
 
     assert delta("provider_submit_total", provider="runway", outcome="ACCEPTED") == 1
     assert delta("provider_submit_total", provider="self_hosted", outcome="UNKNOWN") == 1
-    # The refused attempt: its send and 3 re-sends REJECTED (PROVIDER_OVERLOADED), then requeued.
+    # The refused attempts: each send and re-send REJECTED (PROVIDER_OVERLOADED).
     refusals = delta("provider_submit_total", provider="self_hosted", outcome="REJECTED")
-    assert refusals == 4
+    assert refusals == 8
     # The unknown one was recovered, never re-sent: only the requeued attempt was ACCEPTED.
     assert delta("provider_submit_total", provider="self_hosted", outcome="ACCEPTED") == 1
-    assert delta("scheduler_failover_total", to="self_hosted") == 1
-    assert delta("scheduler_decision_total", provider="self_hosted") == 3  # 1 + 1 + requeue
+    assert delta("scheduler_failover_total", to="self_hosted") == 2
+    assert delta("scheduler_decision_total", provider="self_hosted") == 4  # 1 + 1 + 2 requeues
+    submit_breaker = {"provider": "self_hosted", "operation": "SUBMIT"}
+    model = tasks[refused].attempts[-1].model
+    assert delta("provider_circuit_transitions_total", **submit_breaker, to="OPEN") >= 1
+    assert delta("provider_circuit_transitions_total", **submit_breaker, to="HALF_OPEN") >= 1
+    # One probe succeeded; closing takes BreakerConfig.half_open_successes_to_close (3).
+    assert total(after, "provider_circuit_state", **submit_breaker, model=model) == 1
     assert delta("scheduler_decision_total", provider="runway") == 1
     assert delta("provider_generation_latency_seconds_count", provider="runway") == 1
     assert total(after, "provider_task_success_ratio", provider="runway") == 1.0

@@ -40,6 +40,7 @@ DESIGN_FAMILIES = {
     "provider_circuit_state",
     "provider_cost_per_success",
     "provider_retry_cost_micros",
+    "provider_circuit_transitions_total",  # beyond 9.24: a transition outlives a scrape
     "grpc_server_handled_total",
     "grpc_server_handling_seconds",
 }
@@ -72,6 +73,7 @@ def filled() -> ControlPlaneMetrics:
     m.submit("runway", "gen4", "ACCEPTED", "", 0.2)
     m.generation("runway", "gen4", succeeded=True, seconds=40, cost_micros=500_000)
     m.generation("runway", "gen4", succeeded=False, seconds=20, cost_micros=100_000)
+    m.circuit_transition("runway", "gen4", "SUBMIT", "OPEN")
     m.rpc_handled.labels("svc", "Get", "OK").inc()
     m.rpc_latency.labels("svc", "Get").observe(0.01)
     m.state.circuits = lambda: [CircuitGauge("runway", "gen4", "SUBMIT", "OPEN")]
