@@ -10,6 +10,8 @@
   signal exits at once. `SidecarServer.stop` is idempotent.
 * ``--port-file``: once the server listens, the bound port is written (atomically) so test
   harnesses never guess or race.
+* ``metrics_listen`` (``--metrics-listen`` / ``VIDROUTE_METRICS_LISTEN``): Prometheus
+  ``/metrics`` of the provider HTTP calls and Submit outcomes (`adapter_sidecars.common.metrics`).
 """
 
 from __future__ import annotations
