@@ -40,6 +40,19 @@ def _cli(workdir: Path, *args: str) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
+def _cli_as(workdir: Path, token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``vidroute <args>`` sending `token`."""
+    return subprocess.run(
+        [sys.executable, "-m", "clients.cli", *args],
+        cwd=workdir,
+        env={**os.environ, "VIDROUTE_TOKEN": token},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+
+
 def test_vidroute_up_runs_a_cli_submitted_task_to_a_stored_mp4(tmp_path: Path) -> None:
     """`vidroute up` serves; `vidroute submit` creates a 4 s task; `vidroute get` shows it
     SUCCEEDED; the stored file is an MP4 of 4 s within one frame; the callback ingress answers.
@@ -58,15 +71,7 @@ def test_vidroute_up_runs_a_cli_submitted_task_to_a_stored_mp4(tmp_path: Path) -
         # It runs authenticated: the dev tokens are printed (and left in ./var, where the CLI
         # finds the admin one); a wrong token is refused.
         assert "dev API tokens" in up.log()
-        refused = subprocess.run(
-            [sys.executable, "-m", "clients.cli", "get", "1", "--target", target],
-            cwd=tmp_path,
-            env={**os.environ, "VIDROUTE_TOKEN": "not-a-token"},
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
+        refused = _cli_as(tmp_path, "not-a-token", "get", "1", "--target", target)
         assert "UNAUTHENTICATED" in refused.stderr, refused.stderr
         created = _cli(
             tmp_path,
@@ -83,6 +88,13 @@ def test_vidroute_up_runs_a_cli_submitted_task_to_a_stored_mp4(tmp_path: Path) -
             "4",
         )
         task_id = created["task_id"]
+        # The dev tenant token (tenant acme) reads acme's task but may not act for another tenant.
+        member = (tmp_path / "var" / "dev-tenant-token").read_text().strip()
+        assert _cli_as(tmp_path, member, "get", task_id, "--target", target).returncode == 0
+        foreign = _cli_as(
+            tmp_path, member, "submit", "--target", target, "--tenant", "globex", "--prompt", "x"
+        )
+        assert "PERMISSION_DENIED" in foreign.stderr, foreign.stderr
 
         def succeeded() -> dict[str, Any] | None:
             task = _cli(tmp_path, "get", task_id, "--target", target)
