@@ -10,7 +10,8 @@ details); nothing below it raises anything else on purpose. The hierarchy::
     ├── PreconditionFailed(message, numbers)      a business limit stops the operation
     ├── NotFound(resource, resource_id)           the named thing does not exist (for this tenant)
     ├── Unauthenticated(message)                  no valid credentials came with the call
-    └── PermissionDenied(message, operation)      the caller's role or tenant does not allow it
+    ├── PermissionDenied(message, operation)      the caller's role or tenant does not allow it
+    └── Unavailable(dependency, retry_after_s)    a store the operation needs is down; retry later
 
 A provider's failure is not an exception here: adapters return a
 `vidroute_core.errors.ProviderError` value, because the scheduler branches on its class
@@ -93,6 +94,19 @@ class NotFound(DomainError):
         super().__init__(f"{resource} {resource_id!r} not found")
         self.resource = resource
         self.resource_id = resource_id
+
+
+class Unavailable(DomainError):
+    """A dependency the operation needs (the database, Redis) cannot be reached right now.
+
+    Nothing was decided: the caller may retry the same request after `retry_after_s`. The
+    persistence seams raise it in place of driver connection errors, so the edge maps one class.
+    """
+
+    def __init__(self, dependency: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(f"{dependency} is unavailable; retry in {retry_after_s:g} s")
+        self.dependency = dependency
+        self.retry_after_s = retry_after_s
 
 
 class Unauthenticated(DomainError):

@@ -32,6 +32,8 @@ MAX_SHORT_SIDE_PX = 4320
 MIN_FPS, MAX_FPS = 1, 120
 MIN_SAMPLE_COUNT, MAX_SAMPLE_COUNT = 1, 4
 MAX_REFERENCES = 8
+# Far more providers than any deployment has; a longer list is a client bug, not a preference.
+MAX_PREFERRED_PROVIDERS = 16
 MIN_PRIORITY, MAX_PRIORITY = -100, 100
 # Seeds travel as uint32: the narrowest seed type among providers, so any valid seed fits all.
 MAX_SEED = 2**32 - 1
@@ -44,9 +46,9 @@ ASSET_URI_SCHEMES = frozenset({"https", "s3", "gs", "asset"})
 
 # Identifiers end up in Redis keys (``lease:{provider}:...``), metric labels and URLs, so they are
 # ASCII, start alphanumeric and exclude ``:``, ``{}``, ``/`` and whitespace.
-_IDENTIFIER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+IDENTIFIER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 # Model names may carry a path-like prefix ("models/veo-3.0-generate-001").
-_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./-]{0,127}")
+MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_./-]{0,127}")
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")  # lower-case, as the proto documents
 _CURRENCY = re.compile(r"[A-Z]{3}")
 _MIME_TYPE = re.compile(r"[a-z]+/[A-Za-z0-9.+_-]+")
@@ -108,9 +110,11 @@ def _violations(spec: GenerationSpec) -> _Found:
     yield from _text("prompt", spec.prompt, MAX_PROMPT_CHARS)
     yield from _text("negative_prompt", spec.negative_prompt, MAX_NEGATIVE_PROMPT_CHARS)
     yield from _mode_inputs(spec)
+    # Oversize repeated fields: one violation for the count, and only the first items checked,
+    # so 10,000 bad references cost one line in the BadRequest, not 10,000.
     if len(spec.references) > MAX_REFERENCES:
         yield "references", f"at most {MAX_REFERENCES} references"
-    for i, ref in enumerate(spec.references):
+    for i, ref in enumerate(spec.references[:MAX_REFERENCES]):
         yield from _asset(f"references[{i}]", ref, _SLOT_MEDIA["references"])
     yield from _output(spec)
     if spec.seed is not None and not 0 <= spec.seed <= MAX_SEED:
@@ -123,7 +127,7 @@ def _violations(spec: GenerationSpec) -> _Found:
         yield "priority", f"must be within {MIN_PRIORITY}..{MAX_PRIORITY}"
 
 
-def _identifier(path: str, value: str, pattern: re.Pattern[str] = _IDENTIFIER) -> _Found:
+def _identifier(path: str, value: str, pattern: re.Pattern[str] = IDENTIFIER_RE) -> _Found:
     """Optional identifiers: empty is fine, anything else must match `pattern`."""
     if value and not pattern.fullmatch(value):
         yield path, f"must match {pattern.pattern}"
@@ -232,9 +236,11 @@ def _routing(spec: GenerationSpec) -> _Found:
     yield from _identifier("routing.required_provider", r.required_provider)
     if r.mode is RoutingMode.STRICT_MODEL and not r.required_model:
         yield "routing.required_model", "required when routing.mode is STRICT_MODEL"
-    yield from _identifier("routing.required_model", r.required_model, _MODEL_NAME)
+    yield from _identifier("routing.required_model", r.required_model, MODEL_NAME_RE)
+    if len(r.preferred_providers) > MAX_PREFERRED_PROVIDERS:
+        yield "routing.preferred_providers", f"at most {MAX_PREFERRED_PROVIDERS} providers"
     seen: set[str] = set()
-    for i, provider in enumerate(r.preferred_providers):
+    for i, provider in enumerate(r.preferred_providers[:MAX_PREFERRED_PROVIDERS]):
         path = f"routing.preferred_providers[{i}]"
         if not provider:
             yield path, "must not be empty"

@@ -15,6 +15,7 @@ import grpc
 
 from controlplane.api import provider_views, views
 from controlplane.api.auth import require_caller
+from controlplane.domain.breaker import BreakerState
 from controlplane.domain.states import TaskState
 from controlplane.service.access import Caller, ensure_admin
 from controlplane.service.providers import ForceBreakerInput, ProviderAdminService
@@ -26,9 +27,28 @@ from controlplane.service.tasks import (
     parse_task_id,
 )
 from vidroute.scheduler.v1 import scheduler_pb2, scheduler_service_pb2, scheduler_service_pb2_grpc
+from vidroute_core.exceptions import InvalidSpec
+from vidroute_core.validation import FieldViolation
 from vidroute_core.wire.spec import spec_from_proto
 
 _UNIMPLEMENTED = "implemented by the scheduler execution and decision issues"
+
+
+def _task_state(value: int) -> TaskState | None:
+    """ListTasks' state filter; an enum number this schema does not define is INVALID_ARGUMENT
+    (proto3 keeps unknown enum numbers, so 99 or -1 arrive here as ints)."""
+    if not value:
+        return None
+    known = scheduler_pb2.TaskState.DESCRIPTOR.values_by_number.get(value)
+    if known is None:
+        raise InvalidSpec([FieldViolation("state", f"unknown TaskState value {value}")])
+    return TaskState(known.name.removeprefix("TASK_STATE_"))
+
+
+def _breaker_state(value: int) -> BreakerState | None:
+    if value not in scheduler_pb2.BreakerState.DESCRIPTOR.values_by_number:
+        raise InvalidSpec([FieldViolation("state", f"unknown BreakerState value {value}")])
+    return provider_views.breaker_state_from_proto(value)
 
 
 class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
@@ -78,11 +98,7 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
     async def ListTasks(
         self, request: scheduler_service_pb2.ListTasksRequest, context: Any
     ) -> scheduler_service_pb2.ListTasksResponse:
-        state = (
-            TaskState(scheduler_pb2.TaskState.Name(request.state).removeprefix("TASK_STATE_"))
-            if request.state
-            else None
-        )
+        state = _task_state(request.state)
         records, token = await self._tasks.list_tasks(
             ListTasksInput(
                 tenant_id=request.tenant_id or None,
@@ -153,7 +169,7 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
                 region=request.region,
                 model=request.model,
                 operation=request.operation or "SUBMIT",
-                state=provider_views.breaker_state_from_proto(request.state),
+                state=_breaker_state(request.state),
                 reason=request.reason,
             ),
             self._caller(),

@@ -278,7 +278,9 @@ def decode_token(token: str, fingerprint: str) -> int:
         data = json.loads(base64.urlsafe_b64decode(padded.encode()))
         before = data["before"]
         ok = data["v"] == _TOKEN_VERSION and data["f"] == fingerprint and isinstance(before, int)
-    except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+        # a forged id past int64 (or a bool) must not reach the database as a bind parameter
+        ok = ok and not isinstance(before, bool) and 0 < before < 2**63
+    except (ValueError, KeyError, TypeError, binascii.Error, RecursionError) as exc:
         raise InvalidPageToken("malformed page token") from exc
     if not ok:
         raise InvalidPageToken("page token does not belong to this query")

@@ -2,7 +2,9 @@
 
 It owns the engine and hands out the two ways in: `unit(now)`, the one transaction every
 write goes through (`unit.SqlUnitOfWork`), and `reading()`, a plain connection for the
-read-only query modules (`tasks`, `catalog`, `execution`, `leases`, `snapshot`).
+read-only query modules (`tasks`, `catalog`, `execution`, `leases`, `snapshot`). Both turn a
+database outage into `errors.StoreUnavailable` (`errors.translate_outage`), so callers above
+see one exception for "down, try again" whatever the driver.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from sqlalchemy import literal_column, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from controlplane.persistence.db import create_engine
+from controlplane.persistence.errors import translate_outage
 from controlplane.persistence.unit import SqlUnitOfWork
 
 __all__ = ["Database"]
@@ -38,14 +41,16 @@ class Database:
     @asynccontextmanager
     async def unit(self, now: datetime) -> AsyncIterator[SqlUnitOfWork]:
         """One transaction; commits when the block exits normally, rolls back otherwise."""
-        async with self._engine.begin() as conn:
-            yield SqlUnitOfWork(conn, now)
+        with translate_outage():
+            async with self._engine.begin() as conn:
+                yield SqlUnitOfWork(conn, now)
 
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[AsyncConnection]:
         """A connection for reads (the query modules; writers use `unit`)."""
-        async with self._engine.connect() as conn:
-            yield conn
+        with translate_outage():
+            async with self._engine.connect() as conn:
+                yield conn
 
     async def ping(self) -> None:
         """Round-trip ``SELECT 1``; raises whatever the driver raises when the database is down."""

@@ -19,7 +19,9 @@ from controlplane.scheduling.health import BreakerStatus, HealthMonitor
 from controlplane.service.access import SYSTEM, Caller, ensure_admin
 from vidroute_core.capabilities.loader import Capability
 from vidroute_core.exceptions import InvalidSpec
-from vidroute_core.validation import FieldViolation
+from vidroute_core.validation import IDENTIFIER_RE, MODEL_NAME_RE, FieldViolation
+
+MAX_REASON_CHARS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,17 @@ class ProviderAdminService:
             for name in ("provider", "account", "region", "reason")
             if not getattr(inp, name).strip()
         ]
+        violations += [
+            FieldViolation(name, f"must match {IDENTIFIER_RE.pattern}")
+            for name in ("provider", "account", "region")
+            if getattr(inp, name).strip() and not IDENTIFIER_RE.fullmatch(getattr(inp, name))
+        ]
+        if inp.model and not MODEL_NAME_RE.fullmatch(inp.model):
+            violations.append(FieldViolation("model", f"must match {MODEL_NAME_RE.pattern}"))
+        if len(inp.reason) > MAX_REASON_CHARS or "\x00" in inp.reason:
+            violations.append(
+                FieldViolation("reason", f"at most {MAX_REASON_CHARS} characters, no NUL")
+            )
         if inp.operation not in Operation.__members__:
             violations.append(
                 FieldViolation("operation", f"must be one of {', '.join(Operation.__members__)}")

@@ -32,9 +32,13 @@ from controlplane.service.access import (
 from vidroute_core.exceptions import InvalidSpec, NotFound, PreconditionFailed
 from vidroute_core.hashing import normalized_spec_hash
 from vidroute_core.spec import GenerationSpec
-from vidroute_core.validation import FieldViolation
+from vidroute_core.validation import IDENTIFIER_RE, FieldViolation
 
 MAX_IDEMPOTENCY_KEY = 128
+MAX_CANCEL_REASON = 1000
+MAX_PAGE_TOKEN = 512  # issued tokens are ~80 characters
+MAX_INT64 = 2**63 - 1
+_DECIMAL_RE = re.compile(r"[0-9]{1,19}")
 _TERMINAL = TASK_MACHINE.terminal
 _KEY_RE = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces
 
@@ -66,20 +70,53 @@ class ListTasksInput:
     page_token: str | None = None
 
 
+def _decimal(raw: str) -> int | None:
+    """`raw` as an int when it is ASCII decimal that fits a signed 64-bit column, else None.
+
+    `str.isdigit` is not enough: it accepts "²" and other digits `int` refuses, and a number
+    past int64 makes the database fail instead of the request."""
+    if not _DECIMAL_RE.fullmatch(raw):
+        return None
+    value = int(raw)
+    return value if value <= MAX_INT64 else None
+
+
 def parse_cursor(raw: str) -> int:
     """WatchTask cursors are the decimal sequence number of the last event seen."""
     if not raw:
         return 0
-    if not raw.isdigit():
+    value = _decimal(raw)
+    if value is None:
         raise InvalidSpec([FieldViolation("after_cursor", "must be a cursor from a TaskEvent")])
-    return int(raw)
+    return value
 
 
 def parse_task_id(raw: str, field: str = "task_id") -> int:
     """Task ids are positive decimal integers on the wire; anything else is INVALID_ARGUMENT."""
-    if not raw.isdigit() or int(raw) <= 0:
+    value = _decimal(raw)
+    if value is None or value <= 0:
         raise InvalidSpec([FieldViolation(field, "must be a positive decimal task id")])
-    return int(raw)
+    return value
+
+
+def text_violations(field: str, value: str, max_chars: int) -> list[FieldViolation]:
+    """Free text stored as-is (a cancel reason): bounded, and no NUL (PostgreSQL rejects it)."""
+    if len(value) > max_chars:
+        return [FieldViolation(field, f"at most {max_chars} characters")]
+    if "\x00" in value or any("\ud800" <= ch <= "\udfff" for ch in value):
+        return [FieldViolation(field, "must not contain NUL or unpaired surrogates")]
+    return []
+
+
+def _list_violations(query: ListTasksInput) -> list[FieldViolation]:
+    found: list[FieldViolation] = []
+    if query.tenant_id and not IDENTIFIER_RE.fullmatch(query.tenant_id):
+        found.append(FieldViolation("tenant_id", f"must match {IDENTIFIER_RE.pattern}"))
+    if query.page_token and (
+        len(query.page_token) > MAX_PAGE_TOKEN or not query.page_token.isascii()
+    ):
+        found.append(FieldViolation("page_token", "not a page token this service issued"))
+    return found
 
 
 def _key_violations(key: str) -> list[FieldViolation]:
@@ -146,6 +183,9 @@ class TaskService:
     async def list_tasks(
         self, query: ListTasksInput, caller: Caller = SYSTEM
     ) -> tuple[list[TaskRecord], str | None]:
+        violations = _list_violations(query)
+        if violations:
+            raise InvalidSpec(violations)
         try:
             return await self._tasks.list_tasks(
                 tenant_id=list_scope(caller, query.tenant_id),
@@ -166,6 +206,9 @@ class TaskService:
         the execution engine's `Canceller` owns that. Without an engine (an API-only replica),
         such a task is FAILED_PRECONDITION with its state named.
         """
+        violations = text_violations("reason", reason, MAX_CANCEL_REASON)
+        if violations:  # before any read: bad input never touches the database
+            raise InvalidSpec(violations)
         await self.get_task(task_id, caller)  # another tenant's task: NotFound, nothing done
         if self._canceller is not None:
             await self._canceller.cancel(task_id, reason)

@@ -3,6 +3,14 @@
 `to_status` is the whole mapping and `DomainErrorInterceptor` applies it to every RPC of a
 `grpc.aio` server. Anything that is not a `DomainError` becomes INTERNAL, logged once with its
 context; its message never leaks to the client.
+
+Two kinds of bad input never reach a handler's own code as an exception:
+
+* bytes that do not parse as the request message: grpc.aio runs the request deserializer before
+  the handler and turns its exception into UNKNOWN, so the interceptor swaps in a deserializer
+  that returns a `_Malformed` marker instead, and the wrapped handler answers INVALID_ARGUMENT;
+* a BadRequest too big for a client's metadata limit (16 KiB by default, some proxies 8 KiB):
+  at most `MAX_VIOLATIONS` violations with bounded text, then one "... and K more" entry.
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -26,10 +34,17 @@ from vidroute_core.exceptions import (
     PermissionDenied,
     PreconditionFailed,
     Unauthenticated,
+    Unavailable,
 )
 
 log = logging.getLogger(__name__)
 ERROR_DOMAIN = "vidroute.dev"
+# Bounds of a BadRequest: 20 violations of at most 128 + 240 characters, the status message at
+# most 512, keep the whole grpc-status-details-bin trailer (base64) well under 8 KiB.
+MAX_VIOLATIONS = 20
+MAX_FIELD_CHARS = 128
+MAX_DESCRIPTION_CHARS = 240
+MAX_MESSAGE_CHARS = 512
 
 
 def _status(code: int, message: str, *details: Any) -> grpc.Status:
@@ -44,18 +59,44 @@ def _status(code: int, message: str, *details: Any) -> grpc.Status:
     return status
 
 
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def bad_request(exc: InvalidSpec) -> tuple[str, error_details_pb2.BadRequest]:
+    """The bounded status message and BadRequest for `exc` (see the module docstring)."""
+    shown = exc.violations[:MAX_VIOLATIONS]
+    rest = len(exc.violations) - len(shown)
+    bad = error_details_pb2.BadRequest(
+        field_violations=[
+            error_details_pb2.BadRequest.FieldViolation(
+                field=_clip(v.field, MAX_FIELD_CHARS),
+                description=_clip(v.description, MAX_DESCRIPTION_CHARS),
+            )
+            for v in shown
+        ]
+    )
+    if rest:
+        bad.field_violations.add(field="", description=f"... and {rest} more")
+    summary = "; ".join(f"{v.field}: {v.description}" for v in bad.field_violations[:3])
+    count = len(exc.violations)
+    message = f"invalid request ({count} violation{'s' if count != 1 else ''}): {summary}"
+    return _clip(message, MAX_MESSAGE_CHARS), bad
+
+
 def to_status(exc: BaseException) -> grpc.Status:
     """The gRPC status a client sees for `exc`."""
     if isinstance(exc, InvalidSpec):
-        bad = error_details_pb2.BadRequest(
-            field_violations=[
-                error_details_pb2.BadRequest.FieldViolation(
-                    field=v.field, description=v.description
-                )
-                for v in exc.violations
-            ]
+        message, bad = bad_request(exc)
+        return _status(code_pb2.INVALID_ARGUMENT, message, bad)
+    if isinstance(exc, Unavailable):
+        retry = error_details_pb2.RetryInfo(
+            retry_delay=duration_pb2.Duration(
+                seconds=int(exc.retry_after_s),
+                nanos=int((exc.retry_after_s % 1) * 1e9),
+            )
         )
-        return _status(code_pb2.INVALID_ARGUMENT, str(exc), bad)
+        return _status(code_pb2.UNAVAILABLE, str(exc), retry)
     if isinstance(exc, IdempotencyConflict):
         info = error_details_pb2.ErrorInfo(
             reason="IDEMPOTENCY_KEY_REUSED",
@@ -103,6 +144,45 @@ def _log_unexpected(exc: BaseException, method: str) -> None:
         log.exception("unhandled error in %s", method, exc_info=exc)
 
 
+class _Malformed:
+    """What the tolerant deserializer returns for bytes that are not the request message."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """`deserializer`, returning `_Malformed` instead of raising (DecodeError, or worse)."""
+    if deserializer is None:
+        return None
+
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return deserializer(raw)
+        except Exception as exc:  # protobuf raises DecodeError, RecursionError for deep nesting
+            return _Malformed(type(exc).__name__)
+
+    return deserialize
+
+
+async def _reject_malformed(request: _Malformed, context: Any) -> None:
+    await context.abort_with_status(
+        _status(
+            code_pb2.INVALID_ARGUMENT,
+            "request is not a valid protobuf message of the method's request type",
+            error_details_pb2.BadRequest(
+                field_violations=[
+                    error_details_pb2.BadRequest.FieldViolation(
+                        field="", description=f"undecodable message ({request.reason})"
+                    )
+                ]
+            ),
+        )
+    )
+
+
 class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
     """Apply `to_status` to every unary and server-streaming handler of a server."""
 
@@ -119,6 +199,8 @@ class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
             inner_unary = handler.unary_unary
 
             async def unary(request: Any, context: Any) -> Any:
+                if isinstance(request, _Malformed):
+                    await _reject_malformed(request, context)
                 try:
                     return await inner_unary(request, context)
                 except DomainError as exc:
@@ -131,7 +213,7 @@ class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
 
             return grpc.unary_unary_rpc_method_handler(
                 unary,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
@@ -141,6 +223,8 @@ class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
             # writes with `context.write` (grpc_health's Watch); the wrapper writes both ways,
             # so it must itself be a coroutine: an async generator cannot call `context.write`.
             async def stream(request: Any, context: Any) -> None:
+                if isinstance(request, _Malformed):
+                    await _reject_malformed(request, context)
                 try:
                     produced = inner_stream(request, context)
                     if inspect.isawaitable(produced):
@@ -158,7 +242,7 @@ class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
 
             return grpc.unary_stream_rpc_method_handler(
                 stream,
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=_tolerant(handler.request_deserializer),
                 response_serializer=handler.response_serializer,
             )
         return handler

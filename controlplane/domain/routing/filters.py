@@ -3,7 +3,8 @@
 The order is the design's, first failing filter wins:
 
 3. capability: failover exclusions (hard ones always; soft ones, see below), STRICT/PREFERRED
-   pinning, lifecycle (no new work on SUNSET), mode, inputs (last frame, references, samples),
+   pinning, ``routing.required_provider`` (a hard filter in every routing mode), lifecycle (no
+   new work on SUNSET), mode, inputs (last frame, references, samples),
    aspect/resolution/duration through the capability's constraint expressions;
 4. region and tenant policy;
 5. budget against the catalog price (and again against the compiled estimate);
@@ -59,6 +60,7 @@ class Reason(StrEnum):
     EXCLUDED_BY_FAILOVER = "EXCLUDED_BY_FAILOVER"
     RETRY_BACKOFF = "RETRY_BACKOFF"
     STRICT_MODEL_MISMATCH = "STRICT_MODEL_MISMATCH"
+    REQUIRED_PROVIDER_MISMATCH = "REQUIRED_PROVIDER_MISMATCH"
     SUNSET = "SUNSET"
     UNSUPPORTED_MODE = "UNSUPPORTED_MODE"
     UNSUPPORTED_INPUT = "UNSUPPORTED_INPUT"
@@ -169,6 +171,9 @@ def hard_reject(
         return Reason.STRICT_MODEL_MISMATCH, (
             f"task pins {r.required_provider or '*'}/{r.required_model or '*'}"
         )
+    if r.required_provider and c.provider != r.required_provider:
+        # "Provider that must run the task", in every mode: a hard constraint no score overrides.
+        return Reason.REQUIRED_PROVIDER_MISMATCH, f"task requires provider {r.required_provider}"
     if ctx.same_model_only and c.model != ctx.same_model_only:
         return Reason.STRICT_MODEL_MISMATCH, f"failover keeps model {ctx.same_model_only}"
     if _is_sunset(c, ctx.now):

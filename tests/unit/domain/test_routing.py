@@ -6,6 +6,7 @@ import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -411,3 +412,19 @@ def test_after_leasing_marks_refusals_and_falls_through() -> None:
     none = decision.after_leasing(None, list(decision.ranked))
     assert none.outcome is Outcome.NO_CAPACITY
     assert none.selected is None
+
+
+@pytest.mark.parametrize("mode", [RoutingMode.AUTO, RoutingMode.PREFERRED])
+def test_required_provider_is_a_hard_filter_in_every_mode(mode: RoutingMode) -> None:
+    """`routing.required_provider` is "the provider that must run the task", not a preference."""
+    providers = sorted({c.provider for c in CATALOG})
+    for provider in providers:
+        kw: dict[str, object] = {"mode": mode, "required_provider": provider}
+        if mode is RoutingMode.PREFERRED:
+            kw["preferred_providers"] = tuple(p for p in providers if p != provider)
+        decision = decide(make_spec(**kw))
+        others = [v for v in decision.verdicts if v.candidate.provider != provider]
+        assert others
+        assert {v.reason for v in others} == {"REQUIRED_PROVIDER_MISMATCH"}
+        if decision.selected:
+            assert decision.selected.split("/")[0] == provider
