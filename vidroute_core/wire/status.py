@@ -39,11 +39,13 @@ from vidroute_core.exceptions import (
 
 log = logging.getLogger(__name__)
 ERROR_DOMAIN = "vidroute.dev"
-# Bounds of a BadRequest: 20 violations of at most 128 + 240 characters, the status message at
-# most 512, keep the whole grpc-status-details-bin trailer (base64) well under 8 KiB.
+# Bounds of a BadRequest: at most 20 violations, each clipped, and at most 4 KiB of them
+# (base64 in grpc-status-details-bin makes that ~5.5 KiB), with a status message of at most 512
+# characters: the whole trailer stays under 8 KiB.
 MAX_VIOLATIONS = 20
 MAX_FIELD_CHARS = 128
 MAX_DESCRIPTION_CHARS = 240
+MAX_VIOLATION_BYTES = 4096
 MAX_MESSAGE_CHARS = 512
 
 
@@ -65,17 +67,16 @@ def _clip(text: str, limit: int) -> str:
 
 def bad_request(exc: InvalidSpec) -> tuple[str, error_details_pb2.BadRequest]:
     """The bounded status message and BadRequest for `exc` (see the module docstring)."""
-    shown = exc.violations[:MAX_VIOLATIONS]
-    rest = len(exc.violations) - len(shown)
-    bad = error_details_pb2.BadRequest(
-        field_violations=[
-            error_details_pb2.BadRequest.FieldViolation(
-                field=_clip(v.field, MAX_FIELD_CHARS),
-                description=_clip(v.description, MAX_DESCRIPTION_CHARS),
-            )
-            for v in shown
-        ]
-    )
+    bad = error_details_pb2.BadRequest()
+    for v in exc.violations[:MAX_VIOLATIONS]:
+        entry = error_details_pb2.BadRequest.FieldViolation(
+            field=_clip(v.field, MAX_FIELD_CHARS),
+            description=_clip(v.description, MAX_DESCRIPTION_CHARS),
+        )
+        if bad.ByteSize() + entry.ByteSize() + 4 > MAX_VIOLATION_BYTES:
+            break
+        bad.field_violations.append(entry)
+    rest = len(exc.violations) - len(bad.field_violations)
     if rest:
         bad.field_violations.add(field="", description=f"... and {rest} more")
     summary = "; ".join(f"{v.field}: {v.description}" for v in bad.field_violations[:3])
