@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controlplane.domain.breaker import BreakerKey, BreakerState, Operation
+from vidroute_core.exceptions import Unavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +204,20 @@ return redis.call('ZCARD', KEYS[1])
 """
 
 
+@contextmanager
+def _redis_outage() -> Iterator[None]:
+    """Redis unreachable (refused, reset, timed out, loading) -> the kernel's `Unavailable`, so
+    an admin RPC that needs the shared state is UNAVAILABLE with a retry hint, not INTERNAL.
+    By class name: this module keeps redis out of its imports."""
+    try:
+        yield
+    except Exception as exc:
+        names = {c.__name__ for c in type(exc).__mro__}
+        if type(exc).__module__.startswith("redis") and names & {"ConnectionError", "TimeoutError"}:
+            raise Unavailable("redis") from exc
+        raise
+
+
 class RedisSharedState:
     """Shared state in Redis: ``{prefix}:breakers`` (set of keys) and one hash per key."""
 
@@ -227,6 +243,19 @@ class RedisSharedState:
         level: int = -1,
     ) -> SharedRecord:
         raw = key_text(key)
+        with _redis_outage():
+            return await self._publish(raw, key, state, until, forced, reason, level)
+
+    async def _publish(  # noqa: PLR0917 - publish's fields, passed through
+        self,
+        raw: str,
+        key: BreakerKey,
+        state: BreakerState,
+        until: float | None,
+        forced: bool,
+        reason: str,
+        level: int,
+    ) -> SharedRecord:
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.sadd(f"{self._prefix}:breakers", raw)
             pipe.hset(
@@ -267,6 +296,10 @@ class RedisSharedState:
         await self._redis.delete(*self._probe_keys(key))
 
     async def read_all(self) -> list[SharedRecord]:
+        with _redis_outage():
+            return await self._read_all()
+
+    async def _read_all(self) -> list[SharedRecord]:
         keys = sorted(_text(k) for k in await self._redis.smembers(f"{self._prefix}:breakers"))
         if not keys:
             return []

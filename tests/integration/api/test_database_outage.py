@@ -1,4 +1,4 @@
-"""With PostgreSQL stopped, the API answers UNAVAILABLE with a retry hint, never INTERNAL.
+"""With PostgreSQL stopped (or Redis gone), the API answers UNAVAILABLE with a retry hint.
 
 The test starts a private PostgreSQL (``initdb`` + ``pg_ctl`` in a temporary directory, on a
 free port; as the ``postgres`` user when run as root, since PostgreSQL refuses to run as root),
@@ -20,15 +20,22 @@ from pathlib import Path
 
 import grpc
 import pytest
+import redis.asyncio as redis_asyncio
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
 from controlplane.api.servicer import SchedulerServicer
+from controlplane.domain.breaker import BreakerConfig, BreakerRegistry
+from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.migrate import upgrade
+from controlplane.scheduling.health import HealthMonitor
+from controlplane.scheduling.shared_state import RedisSharedState
 from controlplane.server import start_server
+from controlplane.service.providers import ProviderAdminService
 from controlplane.service.tasks import TaskService
 from vidroute.common.v1 import generation_pb2 as gen
+from vidroute.scheduler.v1 import scheduler_pb2 as pb
 from vidroute.scheduler.v1 import scheduler_service_pb2 as api
 from vidroute.scheduler.v1 import scheduler_service_pb2_grpc as api_grpc
 
@@ -163,3 +170,47 @@ async def test_api_answers_unavailable_while_postgres_is_down(
     pg.start()  # back: the same server answers again without a restart
     got = await stub.GetTask(api.GetTaskRequest(task_id=task_id), timeout=10)
     assert got.task.task_id == task_id
+
+
+async def test_redis_outage_is_unavailable_for_the_admin_rpcs() -> None:
+    """GetProviderHealth and ForceBreaker need the shared breaker state; Redis down is
+    UNAVAILABLE with a retry hint (the local breakers still answer nothing stale silently)."""
+    client = redis_asyncio.Redis(port=_free_port(), socket_connect_timeout=1)
+    monitor = HealthMonitor(
+        BreakerRegistry(BreakerConfig(), clock=__import__("time").time),
+        shared=RedisSharedState(client),
+    )
+    db = Database.from_url("sqlite+aiosqlite://")
+
+    async def probe() -> bool:
+        return True
+
+    running = await start_server(
+        SchedulerServicer(TaskService(db), ProviderAdminService(CatalogQueries(db), monitor)),
+        listen="127.0.0.1:0",
+        probe=probe,
+        cleanup=[db.dispose, client.aclose],
+    )
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = api_grpc.SchedulerServiceStub(channel)
+            calls = [
+                stub.GetProviderHealth(api.GetProviderHealthRequest(), timeout=10),
+                stub.ForceBreaker(
+                    api.ForceBreakerRequest(
+                        provider="veo",
+                        account="a",
+                        region="us",
+                        state=pb.BREAKER_STATE_OPEN,
+                        reason="drill",
+                    ),
+                    timeout=10,
+                ),
+            ]
+            for call in calls:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await call
+                assert err.value.code() is grpc.StatusCode.UNAVAILABLE, err.value.details()
+                assert _retry_info(err.value) is not None
+    finally:
+        await running.stop(grace=1)
