@@ -148,6 +148,15 @@ def harness(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Harness]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def _current_loop(harness: Harness) -> Iterator[None]:
+    """grpc.aio calls are created outside `run` and look up the current loop; another module's
+    asyncio tests may have left none (or a closed one) current."""
+    asyncio.set_event_loop(harness.loop)
+    yield
+    asyncio.set_event_loop(None)
+
+
 def _check(h: Harness, rpc: str, calls: Sequence[Any]) -> list[grpc.StatusCode]:
     """Run the calls concurrently; their codes, after asserting none is forbidden."""
 
