@@ -14,15 +14,18 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 import redis.asyncio as redis_asyncio
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from controlplane.api.servicer import SchedulerServicer
 from controlplane.domain.breaker import BreakerConfig, BreakerRegistry
@@ -149,7 +152,7 @@ async def test_api_answers_unavailable_while_postgres_is_down(
     await stub.ListTasks(api.ListTasksRequest(tenant_id="acme"), timeout=10)  # pool warmed
     pg.stop()
 
-    calls = {
+    calls: dict[str, Callable[[], Awaitable[Any]]] = {
         "CreateTask": lambda: stub.CreateTask(
             api.CreateTaskRequest(spec=_spec(), idempotency_key="during-outage"), timeout=10
         ),
@@ -175,7 +178,10 @@ async def test_api_answers_unavailable_while_postgres_is_down(
 async def test_redis_outage_is_unavailable_for_the_admin_rpcs() -> None:
     """GetProviderHealth and ForceBreaker need the shared breaker state; Redis down is
     UNAVAILABLE with a retry hint (the local breakers still answer nothing stale silently)."""
-    client = redis_asyncio.Redis(port=_free_port(), socket_connect_timeout=1)
+    # No client-side retries: the answer, not redis-py's backoff, is under test.
+    client = redis_asyncio.Redis(
+        port=_free_port(), socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+    )
     monitor = HealthMonitor(
         BreakerRegistry(BreakerConfig(), clock=__import__("time").time),
         shared=RedisSharedState(client),
@@ -194,7 +200,7 @@ async def test_redis_outage_is_unavailable_for_the_admin_rpcs() -> None:
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
             stub = api_grpc.SchedulerServiceStub(channel)
-            calls = [
+            calls: list[Awaitable[Any]] = [
                 stub.GetProviderHealth(api.GetProviderHealthRequest(), timeout=10),
                 stub.ForceBreaker(
                     api.ForceBreakerRequest(

@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -165,7 +165,7 @@ def _check(h: Harness, rpc: str, calls: Sequence[Any]) -> list[grpc.StatusCode]:
 
     codes = []
     for outcome in h.run(gather()):
-        code, details = grpc.StatusCode.OK, ""
+        code, details = grpc.StatusCode.OK, cast("str | None", "")
         if isinstance(outcome, grpc.aio.AioRpcError):
             code, details = outcome.code(), outcome.details()
         elif isinstance(outcome, BaseException):
@@ -181,7 +181,7 @@ def _check(h: Harness, rpc: str, calls: Sequence[Any]) -> list[grpc.StatusCode]:
 # Text that breaks things: NUL and other controls, lone-surrogate-free non-ASCII, digits from
 # other scripts, long runs.
 nasty = st.text(
-    alphabet=st.characters(min_codepoint=0, max_codepoint=0x2FFF, exclude_categories=("Cs",)),
+    alphabet=st.characters(min_codepoint=0, max_codepoint=0x2FFF, exclude_categories=["Cs"]),
     max_size=40,
 )
 identifierish = st.one_of(
@@ -218,9 +218,9 @@ def specs(draw: st.DrawFn) -> gen.GenerationSpec:
         project_id=draw(identifierish),
         prompt=draw(st.one_of(st.just("a red kite over a hill"), nasty)),
         negative_prompt=draw(st.one_of(st.just(""), nasty)),
-        mode=draw(st.one_of(st.just(gen.MODE_TEXT_TO_VIDEO), enum_number)),
+        mode=gen.Mode.ValueType(draw(st.one_of(st.just(int(gen.MODE_TEXT_TO_VIDEO)), enum_number))),
         safety_profile=draw(identifierish),
-        service_class=draw(enum_number),
+        service_class=gen.ServiceClass.ValueType(draw(enum_number)),
         priority=draw(st.one_of(st.integers(-101, 101), int32)),
     )
     for slot in ("first_frame", "last_frame", "source_video"):
@@ -247,7 +247,7 @@ def specs(draw: st.DrawFn) -> gen.GenerationSpec:
         msg.seed = draw(int64)
     msg.routing.CopyFrom(
         gen.RoutingPolicy(
-            mode=draw(enum_number),
+            mode=gen.RoutingMode.ValueType(draw(enum_number)),
             required_provider=draw(identifierish),
             required_model=draw(identifierish),
             preferred_providers=draw(
@@ -424,6 +424,7 @@ def test_task_id_rpcs_fuzz(harness: Harness, batch: list[tuple[str, str, str]]) 
     stub = harness.stub
     futures: dict[str, list[Any]] = {}
     for rpc, task_id, extra in batch:
+        fut: Any
         if rpc == "GetTask":
             fut = stub.GetTask(api.GetTaskRequest(task_id=task_id), timeout=30)
         elif rpc == "ExplainRoute":
@@ -517,21 +518,23 @@ def test_admin_rpcs_fuzz(
 )
 def test_raw_bytes_fuzz(harness: Harness, batch: list[tuple[str, bytes]]) -> None:
     """Bytes that may not parse as the request message: INVALID_ARGUMENT, never UNKNOWN."""
-    futures = []
+    futures: list[Any] = []
+    channel: Any = harness.channel  # no serializers: the request is the raw bytes
     for method, raw in batch:
         path = f"/{SERVICE}/{method}"
         if method == "WatchTask":
-            futures.append(_drain(harness.channel.unary_stream(path)(raw, timeout=30)))
+            futures.append(_drain(channel.unary_stream(path)(raw, timeout=30)))
         else:
-            futures.append(harness.channel.unary_unary(path)(raw, timeout=30))
+            futures.append(channel.unary_unary(path)(raw, timeout=30))
     _check(harness, "raw", futures)
 
 
 def test_malformed_bytes_are_invalid_argument(harness: Harness) -> None:
     """A truncated varint and a wrong wire type: INVALID_ARGUMENT, not UNKNOWN."""
+    channel: Any = harness.channel
     for raw in (b"\x08", b"\x0a\xff\xff\xff\xff\x0f", b"\xff\xff"):
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            harness.run(harness.channel.unary_unary(f"/{SERVICE}/CreateTask")(raw, timeout=10))
+            harness.run(channel.unary_unary(f"/{SERVICE}/CreateTask")(raw, timeout=10))
         assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert "not a valid protobuf message" in (err.value.details() or "")
 
