@@ -299,15 +299,18 @@ class CircuitBreaker:
             "probes_in_flight": self._probes,
         }
 
-    def tick(self) -> BreakerTransition | None:
-        """Apply time-driven transitions (OPEN → HALF_OPEN once the cooldown has elapsed)."""
-        now = self._clock()
-        if (
+    def cooldown_elapsed(self) -> bool:
+        """OPEN, not pinned, and past its cooldown: the next `tick` moves it to HALF_OPEN."""
+        return (
             self._state is BreakerState.OPEN
             and not self._pinned
             and self._open_until is not None
-            and now >= self._open_until
-        ):
+            and self._clock() >= self._open_until
+        )
+
+    def tick(self) -> BreakerTransition | None:
+        """Apply time-driven transitions (OPEN → HALF_OPEN once the cooldown has elapsed)."""
+        if self.cooldown_elapsed():
             return self._move(BreakerState.HALF_OPEN, "cooldown_elapsed")
         return None
 

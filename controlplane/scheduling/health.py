@@ -155,11 +155,12 @@ class HealthMonitor:
         """Why new work must not go to `key` (it or its account OPEN), else None."""
         for k in self._keys(key):
             breaker = self.registry.get(k)
-            breaker.tick()
-            if breaker.state is not BreakerState.OPEN:
+            # Past its cooldown it is HALF_OPEN: routing may pick it. The move itself is left to
+            # `sync`/`admit`, which announce it (log, metrics, audit row); a read must not.
+            if breaker.state is not BreakerState.OPEN or breaker.cooldown_elapsed():
                 continue
-            scope = "account breaker" if k.model == "" and k != key else "breaker"
             until = breaker.open_until
+            scope = "account breaker" if k.model == "" and k != key else "breaker"
             if until is None:
                 return f"{scope} pinned OPEN by an operator"
             return f"{scope} OPEN for {max(0.0, until - self._clock()):.0f} s more"
@@ -168,8 +169,11 @@ class HealthMonitor:
     async def refusal(self, key: BreakerKey) -> str | None:
         """`open_reason`, or why a HALF_OPEN `key` takes no probe now (every slot in flight).
 
-        A hint for routing's records; `admit` is what decides.
+        A hint for routing's records; `admit` is what decides. A breaker past its cooldown moves
+        to HALF_OPEN here, announced like every other move.
         """
+        for k in self._keys(key):
+            await self._emit(self.registry.get(k).tick(), publish=False)
         reason = self.open_reason(key)
         if reason is not None:
             return reason

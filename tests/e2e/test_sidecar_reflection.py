@@ -43,9 +43,12 @@ def sidecar(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[st
     with EmulatorThread(emulator_cls()) as emulator:
         proc = processes.start(
             [
-                "-m", f"adapter_sidecars.{name}",
-                "--config", str(ROOT / "adapter_sidecars" / name / "config.example.yaml"),
-                "--listen", "127.0.0.1:0",
+                "-m",
+                f"adapter_sidecars.{name}",
+                "--config",
+                str(ROOT / "adapter_sidecars" / name / "config.example.yaml"),
+                "--listen",
+                "127.0.0.1:0",
             ],
             workdir=tmp_path,
             name=f"adapter-{name}",
@@ -80,15 +83,21 @@ def test_reflection_client_calls_describe_and_compile(sidecar: tuple[str, str]) 
         pool = descriptor_pool.DescriptorPool(database)
         described = _call(channel, pool, "Describe", {})
         assert model in {c["model"] for c in described["capabilities"]}
-        compiled = _call(channel, pool, "Compile", {
-            "model": model,
-            "spec": {
-                "tenant_id": "acme", "prompt": "a red kite over a green hill",
-                "mode": "MODE_TEXT_TO_VIDEO",
-                "output": {"width": 1280, "height": 720, "duration_ms": 8000},
-                "routing": {"allow_semantic_degrade": True},
+        compiled = _call(
+            channel,
+            pool,
+            "Compile",
+            {
+                "model": model,
+                "spec": {
+                    "tenant_id": "acme",
+                    "prompt": "a red kite over a green hill",
+                    "mode": "MODE_TEXT_TO_VIDEO",
+                    "output": {"width": 1280, "height": 720, "duration_ms": 8000},
+                    "routing": {"allow_semantic_degrade": True},
+                },
             },
-        })
+        )
         plan = compiled["plan"]
         assert plan["submittable"] is True
         live = health_pb2_grpc.HealthStub(channel).Check(
