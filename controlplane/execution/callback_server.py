@@ -28,6 +28,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from controlplane.execution.callbacks import SIGNATURE_HEADER, CallbackReceiver
+from vidroute_core.exceptions import Unavailable
 
 __all__ = ["CallbackLimits", "CallbackServer"]
 
@@ -229,7 +230,7 @@ class CallbackServer:
         provider = route.group(1).decode("ascii")
         try:
             return await self._receiver.handle(provider, signature, body, query)
-        except (OSError, TimeoutError) as exc:  # a connection refused or reset: an outage
+        except (OSError, TimeoutError, Unavailable) as exc:  # the database or Redis is away
             log.warning("callback for %s not processed, answering 503: %r", provider, exc)
             return 503
         except Exception:  # a bug: logged once, with its traceback, the sender retries

@@ -15,7 +15,7 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -24,6 +24,7 @@ import pytest_asyncio
 
 from controlplane.execution.callback_server import CallbackLimits, CallbackServer
 from controlplane.execution.callbacks import CallbackReceiver, CallbackVerifier
+from controlplane.persistence.errors import StoreUnavailable
 from tests.integration.execution.exec_harness import Harness
 from vidroute_core.adapter import JobSnapshot, JobState
 
@@ -303,3 +304,36 @@ async def _until_closed(reader: asyncio.StreamReader) -> int:
     async with asyncio.timeout(3.0):
         assert await reader.read(1) == b""
     return status
+
+
+class _DatabaseAway(CallbackReceiver):
+    """A receiver whose store is down: what `handle` raises when PostgreSQL is unreachable."""
+
+    async def handle(
+        self, provider: str, signature: str | None, body: bytes, query: Mapping[str, str]
+    ) -> int:
+        raise StoreUnavailable("connection refused")
+
+
+async def test_a_database_outage_is_503_without_a_traceback(
+    ingress: Ingress, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With the database away a callback is answered 503 (the provider retries), never 500."""
+    engine = ingress.lite.engine()
+    away = CallbackServer(limits=LIMITS)
+    await away.start(_DatabaseAway(ingress.verifier, engine.deps, engine.normalizer))
+    try:
+        host, port = urlsplit(away.url).hostname, urlsplit(away.url).port
+        assert host is not None
+        assert port is not None
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            body = json.dumps({"id": "job-cb", "status": "PROCESSING"}).encode()
+            writer.write(ingress.request(body))
+            await writer.drain()
+            assert await _read_response(reader) == 503
+        finally:
+            writer.close()
+    finally:
+        await away.stop()
+    assert any("answering 503" in r.getMessage() for r in caplog.records)
