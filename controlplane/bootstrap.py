@@ -87,7 +87,6 @@ from controlplane.metrics import (
     circuit_gauges,
     drift_deltas,
     lease_gauges,
-    serve_metrics,
     submit_observer,
 )
 from controlplane.persistence.database import Database
@@ -103,6 +102,7 @@ from controlplane.service.tasks import TaskService
 from controlplane.storage import object_store_from_url
 from vidroute_core import logs as vidroute_logs
 from vidroute_core.adapter import JobSnapshot, JobState, SubmitKind, SubmitOutcome
+from vidroute_core.metrics_http import serve_metrics
 from vidroute_core.timescale import (
     check_factor,
     scale_durations,

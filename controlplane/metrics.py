@@ -24,10 +24,9 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from wsgiref.simple_server import WSGIServer
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -399,33 +398,6 @@ class _RpcMetricsInterceptor(grpc.aio.ServerInterceptor):
                 response_serializer=handler.response_serializer,
             )
         return handler
-
-
-# ---- exposition ----------------------------------------------------------------------------
-
-
-@dataclass
-class MetricsServer:
-    """The /metrics HTTP endpoint of one process."""
-
-    httpd: WSGIServer
-    thread: threading.Thread
-
-    @property
-    def port(self) -> int:
-        return int(self.httpd.server_port)
-
-    async def stop(self) -> None:
-        await asyncio.to_thread(self.httpd.shutdown)
-        self.httpd.server_close()
-
-
-def serve_metrics(registry: CollectorRegistry, listen: str) -> MetricsServer:
-    """Serve `registry` on ``host:port`` (port 0: any free port) at /metrics."""
-    host, _, port = listen.rpartition(":")
-    httpd, thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
-    log.info("metrics on http://%s:%d/metrics", host or "0.0.0.0", httpd.server_port)
-    return MetricsServer(httpd, thread)
 
 
 def split_lease_account(account: str) -> str:

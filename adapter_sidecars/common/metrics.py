@@ -12,16 +12,12 @@ Served over HTTP by `serve_metrics` on ``--metrics-listen`` / ``VIDROUTE_METRICS
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
-import threading
 import time
-from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
 
 import httpx
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from vidroute_core.adapter import SubmitOutcome
 
@@ -106,27 +102,3 @@ class SidecarMetrics:
         error = "" if outcome.error is None else outcome.error.error_class.value
         self.submits.labels(self.provider, outcome.kind.value, error).inc()
         self.submit_latency.labels(self.provider).observe(max(0.0, seconds))
-
-
-@dataclass
-class MetricsServer:
-    """The /metrics HTTP endpoint of one sidecar."""
-
-    httpd: WSGIServer
-    thread: threading.Thread
-
-    @property
-    def port(self) -> int:
-        return int(self.httpd.server_port)
-
-    async def stop(self) -> None:
-        await asyncio.to_thread(self.httpd.shutdown)
-        self.httpd.server_close()
-
-
-def serve_metrics(registry: CollectorRegistry, listen: str) -> MetricsServer:
-    """Serve `registry` on ``host:port`` (port 0: any free port) at /metrics."""
-    host, _, port = listen.rpartition(":")
-    httpd, thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
-    log.info("metrics on http://%s:%d/metrics", host or "0.0.0.0", httpd.server_port)
-    return MetricsServer(httpd, thread)

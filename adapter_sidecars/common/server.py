@@ -28,10 +28,11 @@ import httpx
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from adapter_sidecars.common.metrics import SidecarMetrics, serve_metrics
+from adapter_sidecars.common.metrics import SidecarMetrics
 from adapter_sidecars.common.servicer import AdapterServicer
 from adapter_sidecars.common.types import ProviderAdapter
 from vidroute.adapter.v1 import adapter_service_pb2, adapter_service_pb2_grpc
+from vidroute_core.metrics_http import serve_metrics
 from vidroute_core.wire.status import DomainErrorInterceptor
 
 log = logging.getLogger(__name__)

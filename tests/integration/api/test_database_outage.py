@@ -37,13 +37,13 @@ from controlplane.scheduling.shared_state import RedisSharedState
 from controlplane.server import start_server
 from controlplane.service.providers import ProviderAdminService
 from controlplane.service.tasks import TaskService
+from tests.conftest import require_server
 from vidroute.common.v1 import generation_pb2 as gen
 from vidroute.scheduler.v1 import scheduler_pb2 as pb
 from vidroute.scheduler.v1 import scheduler_service_pb2 as api
 from vidroute.scheduler.v1 import scheduler_service_pb2_grpc as api_grpc
 
 _BINARIES = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-pytestmark = pytest.mark.skipif(not _BINARIES, reason="PostgreSQL server binaries not installed")
 
 
 def _free_port() -> int:
@@ -77,6 +77,8 @@ class PrivatePostgres:
 
 @pytest.fixture
 def private_postgres() -> Iterator[PrivatePostgres]:
+    if not _BINARIES:
+        require_server("PostgreSQL server binaries (initdb, pg_ctl) not installed")
     bindir = Path(_BINARIES[-1]).parent
     root = Path(tempfile.mkdtemp(prefix="vidroute-pg-"))
     as_user: list[str] = []

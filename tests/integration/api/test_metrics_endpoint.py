@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.leases.base import Dimension, LeaseRequest
 from controlplane.leases.memory_store import MemoryLeaseStore
-from controlplane.metrics import ControlPlaneMetrics, lease_gauges, serve_metrics
+from controlplane.metrics import ControlPlaneMetrics, lease_gauges
+from vidroute_core.metrics_http import serve_metrics
 
 
 @pytest.mark.asyncio
