@@ -16,7 +16,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 import pytest
@@ -27,11 +27,12 @@ from controlplane.execution.callbacks import CallbackReceiver, CallbackVerifier
 from controlplane.persistence.errors import StoreUnavailable
 from tests.integration.execution.exec_harness import Harness
 from vidroute_core.adapter import JobSnapshot, JobState
+from vidroute_core.timescale import scale_durations
 
 SECRET = "hostile-secret"
-LIMITS = CallbackLimits(
-    head_timeout_s=0.9, body_timeout_s=0.9, keep_alive_s=0.3, max_body_bytes=64 * 1024
-)
+# Production limits with every duration times one factor (their order stays: keep-alive <
+# head < body); only the body size is smaller, so oversize bodies are cheap to send.
+LIMITS = replace(scale_durations(CallbackLimits(), 0.09), max_body_bytes=64 * 1024)
 SLOW_CONNECTIONS = 50  # the slowloris count
 
 
