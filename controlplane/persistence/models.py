@@ -34,6 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from controlplane.domain.money import CreditKind, UsageKind
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.persistence.coltypes import BigIntPK, JsonDoc, JsonDocOrNull, UtcDateTime
 from vidroute_core.spec import ServiceClass
@@ -147,6 +148,9 @@ class ProviderPriceVersion(Base):
     created_at: Mapped[datetime] = _created()
 
 
+_WHERE_QUEUED = text("status = 'QUEUED'")
+
+
 class GenerationTask(Base):
     """The user's business goal (9.3.1). `last_event_seq` numbers its `task_events`."""
 
@@ -157,6 +161,17 @@ class GenerationTask(Base):
         one_of("service_class", ServiceClass, "service_class_enum"),
         Index("ix_generation_tasks_status_id", "status", "id"),
         Index("ix_generation_tasks_tenant_id_id", "tenant_id", "id"),
+        # The fair queue's group heads (revision 0008, persistence.queue): QUEUED rows only.
+        Index(
+            "ix_generation_tasks_queued_group",
+            "service_class",
+            "tenant_id",
+            "user_id",
+            "priority",
+            "id",
+            postgresql_where=_WHERE_QUEUED,
+            sqlite_where=_WHERE_QUEUED,
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
@@ -403,6 +418,119 @@ class LeaseAuditEvent(Base):
     at: Mapped[datetime] = mapped_column(UtcDateTime)
 
 
+_WHERE_RESERVE = text("kind = 'RESERVE'")
+_WHERE_SETTLE = text("kind IN ('CHARGE', 'RELEASE')")
+
+
+class CreditEntryRow(Base):
+    """One append-only entry of a tenant's credit ledger (9.23.1; revision 0006).
+
+    Balance = CREDIT - CHARGE + REFUND; reserved = RESERVE rows whose task has no settlement
+    yet. The two partial UNIQUE indexes make a second reserve or a second settlement of a task
+    impossible in the database, whatever the Python above it does."""
+
+    __tablename__ = "credit_ledger"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key"),
+        one_of("kind", CreditKind, "kind_enum"),
+        CheckConstraint("amount_micros >= 0", name="amount_non_negative"),
+        _currency_check(),
+        CheckConstraint(
+            "task_id IS NOT NULL OR kind IN ('CREDIT', 'REFUND')", name="task_kinds_name_a_task"
+        ),
+        Index("ix_credit_ledger_tenant_id_id", "tenant_id", "id"),
+        Index("ix_credit_ledger_task_id", "task_id"),
+        Index(
+            "uq_credit_ledger_one_reserve",
+            "task_id",
+            unique=True,
+            postgresql_where=_WHERE_RESERVE,
+            sqlite_where=_WHERE_RESERVE,
+        ),
+        Index(
+            "uq_credit_ledger_one_settlement",
+            "task_id",
+            unique=True,
+            postgresql_where=_WHERE_SETTLE,
+            sqlite_where=_WHERE_SETTLE,
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(Text)
+    amount_micros: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(CHAR(3))
+    task_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("generation_tasks.id"))
+    attempt_id: Mapped[int | None] = mapped_column(BigInteger, ForeignKey("task_attempts.id"))
+    idempotency_key: Mapped[str] = mapped_column(Text)
+    actor: Mapped[str] = mapped_column(Text)
+    reason: Mapped[str] = mapped_column(Text, server_default=text("''"))
+    created_at: Mapped[datetime] = _created()
+
+
+class ProviderUsageEntryRow(Base):
+    """One append-only provider cost entry of an attempt (9.23.1, 9.23.2; revision 0006)."""
+
+    __tablename__ = "provider_usage_ledger"
+    __table_args__ = (
+        UniqueConstraint("idempotency_key"),
+        one_of("kind", UsageKind, "kind_enum"),
+        CheckConstraint("amount_micros >= 0", name="amount_non_negative"),
+        CheckConstraint("provider_units IS NULL OR provider_units >= 0", name="units_non_negative"),
+        _currency_check(),
+        Index("ix_provider_usage_ledger_created_at", "created_at"),
+        Index("ix_provider_usage_ledger_attempt_id", "attempt_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    attempt_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("task_attempts.id"))
+    task_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("generation_tasks.id"))
+    provider: Mapped[str] = mapped_column(Text)
+    provider_account_id: Mapped[int] = mapped_column(BigInteger, ForeignKey("provider_accounts.id"))
+    model: Mapped[str] = mapped_column(Text)
+    provider_job_id: Mapped[str | None] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(Text)
+    amount_micros: Mapped[int] = mapped_column(BigInteger)
+    currency: Mapped[str] = mapped_column(CHAR(3))
+    provider_units: Mapped[int | None] = mapped_column(BigInteger)
+    provider_unit_name: Mapped[str | None] = mapped_column(Text)
+    price_version: Mapped[str] = mapped_column(Text)
+    conversion_rate_version: Mapped[str | None] = mapped_column(Text)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JsonDoc, server_default=text("'{}'"))
+    idempotency_key: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+
+
+class ProviderUnitRate(Base):
+    """A versioned conversion of a provider-native unit to micros: an integer fraction."""
+
+    __tablename__ = "provider_unit_rates"
+    __table_args__ = (
+        UniqueConstraint(
+            "provider", "unit_name", "rate_version", name="uq_provider_unit_rates_version"
+        ),
+        CheckConstraint("micros_per_unit >= 0", name="rate_non_negative"),
+        CheckConstraint("unit_divisor > 0", name="divisor_positive"),
+        CheckConstraint(
+            "effective_to IS NULL OR effective_to > effective_from", name="effective_interval"
+        ),
+        _currency_check(),
+    )
+
+    id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)
+    provider: Mapped[str] = mapped_column(Text)
+    unit_name: Mapped[str] = mapped_column(Text)
+    rate_version: Mapped[str] = mapped_column(Text)
+    # micros of one unit = micros_per_unit / unit_divisor (e.g. 350 / 1000 per GPU millisecond)
+    micros_per_unit: Mapped[int] = mapped_column(BigInteger)
+    unit_divisor: Mapped[int] = mapped_column(BigInteger, server_default=text("1"))
+    currency: Mapped[str] = mapped_column(CHAR(3))
+    effective_from: Mapped[datetime] = mapped_column(UtcDateTime)
+    effective_to: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    created_at: Mapped[datetime] = _created()
+
+
 def _table(model: type[Base]) -> Table:
     return cast(Table, model.__table__)
 
@@ -421,6 +549,19 @@ outbox = _table(OutboxMessage)
 lease_audit_events = _table(LeaseAuditEvent)
 task_requeues = _table(TaskRequeue)
 task_exclusions = _table(TaskExclusion)
+
+# The fair queue's DRR checkpoint, one row per dispatcher shard (revision 0008): accelerator state
+# a new leader starts from; the QUEUED tasks stay the truth (persistence.queue).
+fair_queue_state = Table(
+    "fair_queue_state",
+    Base.metadata,
+    Column("shard", Integer, primary_key=True, autoincrement=False),
+    Column("state", JsonDoc, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+)
+credit_ledger = _table(CreditEntryRow)
+provider_usage_ledger = _table(ProviderUsageEntryRow)
+provider_unit_rates = _table(ProviderUnitRate)
 
 # The execution side's own tables (revisions 0002 and 0003), declared as Core tables.
 attempt_runtime = Table(

@@ -1,0 +1,601 @@
+"""The two money books in SQL (design 9.23.1): the credit ledger and the provider usage ledger.
+
+Read seams (shared with the billing RPCs and the reconciliation; names per the money schema
+contract):
+
+* `balance(conn, tenant_id, currency)` -> `Balance` (balance, reserved, available, as of the
+  newest entry id). Derived, never stored: balance = CREDIT - CHARGE + REFUND; reserved = the
+  RESERVE entries whose task has no settlement (CHARGE or RELEASE) yet.
+* `list_entries(conn, tenant_id, after_id, limit)` -> `CreditEntry` list, oldest first.
+* `append_credit(conn, tenant_id, amount_micros, currency, idempotency_key, actor, reason, now)`
+  -> ``(CreditEntry, created)``; a replay of the key returns the stored entry, the key reused
+  for another amount or currency raises `CreditKeyConflict`.
+* `usage_entries_between(conn, start, end, provider=None)` -> `ProviderUsageEntry` list whose
+  ``created_at`` is in ``[start, end)``; `usage_of_task(conn, task_id)`.
+* `unit_rate(conn, provider, unit_name, at)` -> the `UnitRate` effective at `at`.
+
+Writes (called by the unit of work inside its transaction): `lock_tenant` + `reserve` at
+CreateTask, `settle_task` at a task's terminal transition (its PLATFORM_LOSS rows too),
+`record_usage` for EXPECTED / ACTUAL rows, `put_unit_rate`. Every write is insert-once on its
+idempotency key (``ON CONFLICT DO NOTHING``), and the partial UNIQUE indexes of revision 0006
+refuse a second reserve or settlement of a task even from a writer that skips these functions.
+Idempotency keys: ``reserve:<task_id>``, ``settle:<task_id>``, ``expected:<attempt_id>``,
+``actual:<attempt_id>``, ``loss:<attempt_id>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, case, exists, func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import Select
+
+from controlplane.domain.money import (
+    AttemptBill,
+    CreditKind,
+    Reservation,
+    UsageKind,
+    check_reserve,
+    platform_losses,
+    settle,
+)
+from controlplane.domain.states import AttemptState, TaskState
+from controlplane.persistence.models import credit_ledger as C
+from controlplane.persistence.models import generation_tasks as T
+from controlplane.persistence.models import provider_accounts as PA
+from controlplane.persistence.models import provider_jobs as J
+from controlplane.persistence.models import provider_unit_rates as R
+from controlplane.persistence.models import provider_usage_ledger as U
+from controlplane.persistence.models import task_attempts as A
+from vidroute_core.exceptions import DomainError
+
+__all__ = [
+    "SYSTEM_ACTOR",
+    "Balance",
+    "CreditEntry",
+    "CreditKeyConflict",
+    "NewUsage",
+    "ProviderUsageEntry",
+    "UnitRate",
+    "append_credit",
+    "balance",
+    "check_and_lock",
+    "list_entries",
+    "lock_tenant",
+    "put_unit_rate",
+    "record_usage",
+    "reservation_of",
+    "reserve",
+    "settle_task",
+    "settlement_of",
+    "unit_rate",
+    "usage_entries_between",
+    "usage_of_task",
+]
+
+SYSTEM_ACTOR = "system"
+_SETTLE_KINDS = (CreditKind.CHARGE.value, CreditKind.RELEASE.value)
+
+
+class CreditKeyConflict(DomainError):
+    """An idempotency key already names a credit entry with another amount or currency."""
+
+    def __init__(self, key: str, stored: CreditEntry) -> None:
+        super().__init__(
+            f"idempotency key {key!r} already credited {stored.amount_micros} {stored.currency} "
+            "micros"
+        )
+        self.key = key
+        self.stored = stored
+
+
+@dataclass(frozen=True, slots=True)
+class Balance:
+    """A tenant's derived balance in one currency; `as_of_entry_id` 0 means no entries."""
+
+    tenant_id: str
+    currency: str
+    balance_micros: int
+    reserved_micros: int
+    available_micros: int
+    as_of_entry_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CreditEntry:
+    id: int
+    tenant_id: str
+    kind: CreditKind
+    amount_micros: int
+    currency: str
+    task_id: int | None
+    attempt_id: int | None
+    idempotency_key: str
+    actor: str
+    reason: str
+    created_at: datetime
+
+    @property
+    def balance_effect_micros(self) -> int:
+        """What this entry adds to the balance (reservations change only `available`)."""
+        if self.kind in (CreditKind.CREDIT, CreditKind.REFUND):
+            return self.amount_micros
+        if self.kind is CreditKind.CHARGE:
+            return -self.amount_micros
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderUsageEntry:
+    id: int
+    attempt_id: int
+    task_id: int
+    provider: str
+    provider_account_id: int
+    model: str
+    provider_job_id: str | None
+    kind: UsageKind
+    amount_micros: int
+    currency: str
+    provider_units: int | None
+    provider_unit_name: str | None
+    price_version: str
+    conversion_rate_version: str | None
+    evidence: Mapping[str, Any]
+    idempotency_key: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NewUsage:
+    """A provider usage entry to write (`record_usage`)."""
+
+    attempt_id: int
+    task_id: int
+    provider: str
+    provider_account_id: int
+    model: str
+    kind: UsageKind
+    amount_micros: int
+    currency: str
+    price_version: str
+    idempotency_key: str
+    provider_job_id: str | None = None
+    provider_units: int | None = None
+    provider_unit_name: str | None = None
+    conversion_rate_version: str | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class UnitRate:
+    """micros of one unit = micros_per_unit / unit_divisor, in `currency`."""
+
+    provider: str
+    unit_name: str
+    rate_version: str
+    micros_per_unit: int
+    unit_divisor: int
+    currency: str
+    effective_from: datetime
+    effective_to: datetime | None
+
+
+def _credit(m: RowMapping) -> CreditEntry:
+    return CreditEntry(
+        id=m["id"],
+        tenant_id=m["tenant_id"],
+        kind=CreditKind(m["kind"]),
+        amount_micros=m["amount_micros"],
+        currency=m["currency"],
+        task_id=m["task_id"],
+        attempt_id=m["attempt_id"],
+        idempotency_key=m["idempotency_key"],
+        actor=m["actor"],
+        reason=m["reason"],
+        created_at=m["created_at"],
+    )
+
+
+def _usage(m: RowMapping) -> ProviderUsageEntry:
+    return ProviderUsageEntry(
+        id=m["id"],
+        attempt_id=m["attempt_id"],
+        task_id=m["task_id"],
+        provider=m["provider"],
+        provider_account_id=m["provider_account_id"],
+        model=m["model"],
+        provider_job_id=m["provider_job_id"],
+        kind=UsageKind(m["kind"]),
+        amount_micros=m["amount_micros"],
+        currency=m["currency"],
+        provider_units=m["provider_units"],
+        provider_unit_name=m["provider_unit_name"],
+        price_version=m["price_version"],
+        conversion_rate_version=m["conversion_rate_version"],
+        evidence=dict(m["evidence"] or {}),
+        idempotency_key=m["idempotency_key"],
+        created_at=m["created_at"],
+    )
+
+
+def _rate(m: RowMapping) -> UnitRate:
+    return UnitRate(
+        provider=m["provider"],
+        unit_name=m["unit_name"],
+        rate_version=m["rate_version"],
+        micros_per_unit=m["micros_per_unit"],
+        unit_divisor=m["unit_divisor"],
+        currency=m["currency"],
+        effective_from=m["effective_from"],
+        effective_to=m["effective_to"],
+    )
+
+
+# ---- reads ---------------------------------------------------------------------------------
+
+
+async def balance(conn: AsyncConnection, tenant_id: str, currency: str) -> Balance:
+    """The tenant's derived balance in `currency` (see the module docstring)."""
+    effect = case(
+        (C.c.kind.in_([CreditKind.CREDIT.value, CreditKind.REFUND.value]), C.c.amount_micros),
+        (C.c.kind == CreditKind.CHARGE.value, -C.c.amount_micros),
+        else_=0,
+    )
+    mine = and_(C.c.tenant_id == tenant_id, C.c.currency == currency)
+    row = (
+        await conn.execute(
+            select(func.coalesce(func.sum(effect), 0), func.coalesce(func.max(C.c.id), 0)).where(
+                mine
+            )
+        )
+    ).one()
+    settled = C.alias("settled")
+    reserved = await conn.scalar(
+        select(func.coalesce(func.sum(C.c.amount_micros), 0)).where(
+            mine,
+            C.c.kind == CreditKind.RESERVE.value,
+            ~exists().where(settled.c.task_id == C.c.task_id, settled.c.kind.in_(_SETTLE_KINDS)),
+        )
+    )
+    total, as_of = int(row[0]), int(row[1])
+    held = int(reserved or 0)
+    return Balance(tenant_id, currency, total, held, total - held, as_of)
+
+
+async def list_entries(
+    conn: AsyncConnection, tenant_id: str, after_id: int = 0, limit: int = 100
+) -> list[CreditEntry]:
+    """The tenant's entries with ``id > after_id``, oldest first, at most `limit`."""
+    rows = await conn.execute(
+        select(C)
+        .where(C.c.tenant_id == tenant_id, C.c.id > after_id)
+        .order_by(C.c.id)
+        .limit(max(0, limit))
+    )
+    return [_credit(m) for m in rows.mappings()]
+
+
+async def reservation_of(conn: AsyncConnection, task_id: int) -> CreditEntry | None:
+    return await _one_entry(conn, C.c.task_id == task_id, C.c.kind == CreditKind.RESERVE.value)
+
+
+async def settlement_of(conn: AsyncConnection, task_id: int) -> CreditEntry | None:
+    return await _one_entry(conn, C.c.task_id == task_id, C.c.kind.in_(_SETTLE_KINDS))
+
+
+async def _one_entry(conn: AsyncConnection, *where: Any) -> CreditEntry | None:
+    found = (await conn.execute(select(C).where(*where))).mappings().first()
+    return None if found is None else _credit(found)
+
+
+def _usage_query() -> Select[Any]:
+    return select(U).order_by(U.c.id)
+
+
+async def usage_entries_between(
+    conn: AsyncConnection, start: datetime, end: datetime, provider: str | None = None
+) -> list[ProviderUsageEntry]:
+    """Provider usage entries created in ``[start, end)``, optionally of one provider."""
+    query = _usage_query().where(U.c.created_at >= start, U.c.created_at < end)
+    if provider is not None:
+        query = query.where(U.c.provider == provider)
+    return [_usage(m) for m in (await conn.execute(query)).mappings()]
+
+
+async def usage_of_task(conn: AsyncConnection, task_id: int) -> list[ProviderUsageEntry]:
+    rows = await conn.execute(_usage_query().where(U.c.task_id == task_id))
+    return [_usage(m) for m in rows.mappings()]
+
+
+async def unit_rate(
+    conn: AsyncConnection, provider: str, unit_name: str, at: datetime
+) -> UnitRate | None:
+    """The rate of `unit_name` effective at `at` (the latest effective_from wins)."""
+    found = (
+        (
+            await conn.execute(
+                select(R)
+                .where(
+                    R.c.provider == provider,
+                    R.c.unit_name == unit_name,
+                    R.c.effective_from <= at,
+                    (R.c.effective_to.is_(None)) | (R.c.effective_to > at),
+                )
+                .order_by(R.c.effective_from.desc(), R.c.id.desc())
+                .limit(1)
+            )
+        )
+        .mappings()
+        .first()
+    )
+    return None if found is None else _rate(found)
+
+
+# ---- writes --------------------------------------------------------------------------------
+
+
+def _insert_once(conn: AsyncConnection, table: Any, keys: list[str]) -> Any:
+    """An INSERT that does nothing when the row's idempotency key already exists."""
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table).on_conflict_do_nothing(index_elements=keys)
+
+
+async def lock_tenant(conn: AsyncConnection, tenant_id: str) -> None:
+    """Serialise this transaction's reserve with every other one of the tenant's.
+
+    PostgreSQL: a transaction-scoped advisory lock on a hash of the tenant; SQLite's
+    ``BEGIN IMMEDIATE`` already serialises writers."""
+    if conn.dialect.name != "postgresql":
+        return
+    digest = hashlib.blake2b(f"credit:{tenant_id}".encode(), digest_size=8).digest()
+    key = int.from_bytes(digest, "big", signed=True)
+    await conn.execute(select(func.pg_advisory_xact_lock(key)))
+
+
+async def check_and_lock(
+    conn: AsyncConnection, tenant_id: str, reservation: Reservation
+) -> Balance:
+    """Lock the tenant and raise `InsufficientCredit` unless its policy allows `reservation`."""
+    await lock_tenant(conn, tenant_id)
+    current = await balance(conn, tenant_id, reservation.currency)
+    check_reserve(
+        tenant_id,
+        reservation.policy,
+        balance_micros=current.balance_micros,
+        available_micros=current.available_micros,
+        amount_micros=reservation.amount_micros,
+        currency=reservation.currency,
+    )
+    return current
+
+
+async def reserve(
+    conn: AsyncConnection,
+    task_id: int,
+    tenant_id: str,
+    reservation: Reservation,
+    now: datetime,
+    *,
+    reason: str = "",
+) -> CreditEntry:
+    """The task's one RESERVE entry (call `check_and_lock` first, in the same transaction)."""
+    await conn.execute(
+        _insert_once(conn, C, ["tenant_id", "idempotency_key"]).values(
+            tenant_id=tenant_id,
+            kind=CreditKind.RESERVE.value,
+            amount_micros=reservation.amount_micros,
+            currency=reservation.currency,
+            task_id=task_id,
+            idempotency_key=f"reserve:{task_id}",
+            actor=SYSTEM_ACTOR,
+            reason=reason or f"estimate ({reservation.policy.describe()})",
+            created_at=now,
+        )
+    )
+    stored = await reservation_of(conn, task_id)
+    assert stored is not None
+    return stored
+
+
+async def append_credit(  # noqa: PLR0917 (the positional signature of the money schema contract)
+    conn: AsyncConnection,
+    tenant_id: str,
+    amount_micros: int,
+    currency: str,
+    idempotency_key: str,
+    actor: str,
+    reason: str,
+    now: datetime,
+) -> tuple[CreditEntry, bool]:
+    """A CREDIT entry, once per (tenant, key): ``(entry, created)`` (module docstring)."""
+    if amount_micros < 0:
+        raise ValueError("a credit is never negative")
+    inserted = (
+        (
+            await conn.execute(
+                _insert_once(conn, C, ["tenant_id", "idempotency_key"])
+                .values(
+                    tenant_id=tenant_id,
+                    kind=CreditKind.CREDIT.value,
+                    amount_micros=amount_micros,
+                    currency=currency,
+                    idempotency_key=idempotency_key,
+                    actor=actor,
+                    reason=reason,
+                    created_at=now,
+                )
+                .returning(C)
+            )
+        )
+        .mappings()
+        .first()
+    )
+    if inserted is not None:
+        return _credit(inserted), True
+    stored = await _one_entry(
+        conn, C.c.tenant_id == tenant_id, C.c.idempotency_key == idempotency_key
+    )
+    assert stored is not None
+    if (
+        stored.kind is not CreditKind.CREDIT
+        or stored.amount_micros != amount_micros
+        or stored.currency != currency
+    ):
+        raise CreditKeyConflict(idempotency_key, stored)
+    return stored, False
+
+
+async def record_usage(conn: AsyncConnection, usage: NewUsage, now: datetime) -> bool:
+    """Write a provider usage entry once per idempotency key; True if this call wrote it."""
+    inserted = (
+        await conn.execute(
+            _insert_once(conn, U, ["idempotency_key"])
+            .values(
+                attempt_id=usage.attempt_id,
+                task_id=usage.task_id,
+                provider=usage.provider,
+                provider_account_id=usage.provider_account_id,
+                model=usage.model,
+                provider_job_id=usage.provider_job_id,
+                kind=usage.kind.value,
+                amount_micros=max(0, usage.amount_micros),
+                currency=usage.currency,
+                provider_units=usage.provider_units,
+                provider_unit_name=usage.provider_unit_name,
+                price_version=usage.price_version,
+                conversion_rate_version=usage.conversion_rate_version,
+                evidence=dict(usage.evidence),
+                idempotency_key=usage.idempotency_key,
+                created_at=now,
+            )
+            .returning(U.c.id)
+        )
+    ).first()
+    return inserted is not None
+
+
+async def put_unit_rate(conn: AsyncConnection, rate: UnitRate) -> bool:
+    """Store a conversion rate version once (an existing version is never changed)."""
+    inserted = (
+        await conn.execute(
+            _insert_once(conn, R, ["provider", "unit_name", "rate_version"])
+            .values(
+                provider=rate.provider,
+                unit_name=rate.unit_name,
+                rate_version=rate.rate_version,
+                micros_per_unit=rate.micros_per_unit,
+                unit_divisor=rate.unit_divisor,
+                currency=rate.currency,
+                effective_from=rate.effective_from,
+                effective_to=rate.effective_to,
+            )
+            .returning(R.c.id)
+        )
+    ).first()
+    return inserted is not None
+
+
+async def settle_task(
+    conn: AsyncConnection, task_id: int, target: TaskState, now: datetime
+) -> CreditEntry | None:
+    """Settle a task entering terminal `target`, in the transaction of that move.
+
+    Writes its one CHARGE or RELEASE entry (`controlplane.domain.money.settle`) and a
+    PLATFORM_LOSS usage entry per other attempt a provider billed or may have billed
+    (`platform_losses`). A task without a reservation (created before the ledger) settles
+    nothing; a settled one is left as it is. Returns the settlement entry."""
+    held = await reservation_of(conn, task_id)
+    if held is None:
+        return await settlement_of(conn, task_id)
+    task = (
+        (await conn.execute(select(T.c.adopted_attempt_id).where(T.c.id == task_id)))
+        .mappings()
+        .one()
+    )
+    delivered_id = task["adopted_attempt_id"] if target is TaskState.SUCCEEDED else None
+    rows = (
+        (
+            await conn.execute(
+                select(A, J.c.provider_job_id, PA.c.provider)
+                .join(PA, PA.c.id == A.c.provider_account_id)
+                .outerjoin(J, J.c.attempt_id == A.c.id)
+                .where(A.c.task_id == task_id)
+                .order_by(A.c.attempt_no)
+            )
+        )
+        .mappings()
+        .all()
+    )
+    delivered = next((r for r in rows if r["id"] == delivered_id), None)
+    cost = None
+    if delivered is not None:
+        actual = delivered["actual_cost_micros"]
+        cost = actual if actual is not None else delivered["estimated_cost_micros"]
+    outcome = settle(
+        target,
+        held.amount_micros,
+        delivered_attempt_id=delivered["id"] if delivered is not None else None,
+        delivered_cost_micros=cost,
+    )
+    await conn.execute(
+        _insert_once(conn, C, ["tenant_id", "idempotency_key"]).values(
+            tenant_id=held.tenant_id,
+            kind=outcome.kind.value,
+            amount_micros=outcome.amount_micros,
+            currency=held.currency,
+            task_id=task_id,
+            attempt_id=outcome.attempt_id,
+            idempotency_key=f"settle:{task_id}",
+            actor=SYSTEM_ACTOR,
+            reason=f"task {target.value}: {outcome.reason}",
+            created_at=now,
+        )
+    )
+    bills = [
+        AttemptBill(
+            attempt_id=r["id"],
+            state=AttemptState(r["status"]),
+            estimated_cost_micros=r["estimated_cost_micros"],
+            actual_cost_micros=r["actual_cost_micros"],
+            provider_job_id=r["provider_job_id"],
+        )
+        for r in rows
+    ]
+    by_id = {r["id"]: r for r in rows}
+    for loss in platform_losses(bills, outcome.attempt_id):
+        r = by_id[loss.attempt_id]
+        await record_usage(
+            conn,
+            NewUsage(
+                attempt_id=r["id"],
+                task_id=task_id,
+                provider=r["provider"],
+                provider_account_id=r["provider_account_id"],
+                model=r["provider_model"],
+                kind=UsageKind.PLATFORM_LOSS,
+                amount_micros=loss.amount_micros,
+                currency=r["currency"],
+                price_version=r["price_version"],
+                idempotency_key=f"loss:{r['id']}",
+                provider_job_id=r["provider_job_id"],
+                evidence={
+                    "cause": loss.cause.value,
+                    "task_state": target.value,
+                    "attempt_state": r["status"],
+                    "delivered_attempt_id": outcome.attempt_id,
+                    "client_request_key": r["client_request_key"],
+                    "amount_is_actual": loss.actual,
+                    "transport_error_stage": r["transport_error_stage"],
+                },
+            ),
+            now,
+        )
+    return await settlement_of(conn, task_id)
