@@ -34,6 +34,10 @@ The only module that reads environment variables:
 - ``VIDROUTE_LOG_LEVEL``: logging level. Default ``INFO``.
 - ``VIDROUTE_METRICS_LISTEN``: ``host:port`` of the Prometheus ``/metrics`` endpoint (9.24).
   Default: off (tests); ``make up`` and the Kubernetes manifests set it.
+- ``VIDROUTE_TLS_CERT_FILE`` / ``VIDROUTE_TLS_KEY_FILE`` / ``VIDROUTE_TLS_CA_FILE`` (and
+  ``VIDROUTE_TLS``, ``VIDROUTE_TLS_SERVER_NAME``): mTLS to every adapter sidecar, our client
+  certificate and the sidecars' CA (`vidroute_core.tls`). Without them the channels are plaintext,
+  allowed only to loopback sidecars unless ``VIDROUTE_TLS=off``.
 - ``VIDROUTE_ADAPTER_SUBMIT_MARGIN_S``: seconds the Submit deadline adds to the submit budget each
   sidecar declares in Describe. Default 5. ``VIDROUTE_ADAPTER_SUBMIT_TIMEOUT_S`` fixes the
   deadline instead; one shorter than a sidecar's budget is refused (that adapter is never
@@ -109,6 +113,7 @@ from vidroute_core.timescale import (
     scale_value,
     scaled_defaults,
 )
+from vidroute_core.tls import TlsSettings, channel_credentials, channel_options
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +179,7 @@ class Settings:
     safety_policy_path: str = ""
     deadlines: DeadlinePolicy = field(default_factory=DeadlinePolicy)
     auth_tokens: Mapping[str, Caller] = field(default_factory=dict)  # sha256 hex -> caller
+    adapter_tls: TlsSettings = field(default_factory=TlsSettings)  # VIDROUTE_TLS*
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -198,6 +204,7 @@ class Settings:
             "safety_policy_path": env.get("VIDROUTE_SAFETY_POLICY", ""),
             "deadlines": _deadlines(env),
             **_auth(env),
+            "adapter_tls": TlsSettings.from_env(env),
             "adapter_submit_margin_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_MARGIN_S") or 5.0),
             "adapter_submit_timeout_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_TIMEOUT_S") or 0),
         }
@@ -228,6 +235,19 @@ def _auth(env: Mapping[str, str]) -> dict[str, object]:
     if mode == "required" and not tokens:
         raise ValueError("VIDROUTE_AUTH=required but no VIDROUTE_AUTH_TOKENS / VIDROUTE_AUTH_FILE")
     return {"auth_tokens": tokens}
+
+
+def _adapter_client(tls: TlsSettings, address: str, timing: dict[str, Any]) -> GrpcAdapterClient:
+    """A sidecar client: mTLS when configured, else plaintext to a loopback sidecar only."""
+    if tls.files is None:
+        tls.check_plaintext(address, role="adapter sidecar")
+        return GrpcAdapterClient(address, **timing)
+    return GrpcAdapterClient(
+        address,
+        credentials=channel_credentials(tls.files),
+        channel_options=channel_options(tls),
+        **timing,
+    )
 
 
 def load_safety_policy(path: str = "") -> SafetyPolicy:
@@ -408,9 +428,15 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
     def not_ready() -> str | None:  # rebound below once there is a dispatcher
         return None
 
+    shared_redis: list[Redis] = []  # the lease/breaker Redis, once there is one
+
     async def probe() -> bool:
+        """Readiness: PostgreSQL and Redis answer and the catalog is ready (a raise, like a
+        False, is NOT_SERVING; liveness is unaffected)."""
         await db.ping()
-        return not_ready() is None  # an unready catalog is NOT_SERVING (liveness unaffected)
+        for client in shared_redis:
+            await asyncio.wait_for(client.ping(), READINESS_REDIS_TIMEOUT_S * settings.time_scale)
+        return not_ready() is None
 
     canceller = None
     admin = None
@@ -423,7 +449,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         adapter_timing["submit_margin_s"] = settings.adapter_submit_margin_s * scale
         adapter_timing["submit_timeout_s"] = settings.adapter_submit_timeout_s * scale or None
         adapters = {
-            name: GrpcAdapterClient(addr, **adapter_timing)
+            name: _adapter_client(settings.adapter_tls, addr, adapter_timing)
             for name, addr in settings.adapters.items()
         }
         cleanup.extend(client.close for client in adapters.values())

@@ -2,10 +2,11 @@
 
     python -m adapter_sidecars.<name> --config FILE [--listen HOST:PORT] [--port-file PATH]
                                       [--log-level INFO] [--log-format json|text]
-                                      [--metrics-listen HOST:PORT]
+                                      [--metrics-listen HOST:PORT] [--health-listen HOST:PORT]
 
 ``--listen`` beats ``VIDROUTE_ADAPTER_LISTEN`` beats the file's ``listen``. Exit status: 0 after
-a clean shutdown, 2 for a bad configuration.
+a clean shutdown, 2 for a bad configuration (a TLS one included: ``VIDROUTE_TLS_*`` as in
+`vidroute_core.tls`; plaintext on a non-loopback address without ``VIDROUTE_TLS=off``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from adapter_sidecars.common.server import serve
 from adapter_sidecars.common.types import ProviderAdapter
 from vidroute_core.capabilities.loader import CapabilityLoadError
 from vidroute_core.logs import configure_logging
+from vidroute_core.tls import TlsConfigError, TlsSettings
 
 AdapterFactory = Callable[[SidecarConfig], ProviderAdapter]
 
@@ -38,6 +40,11 @@ def parse_args(prog: str, argv: Sequence[str] | None) -> argparse.Namespace:
         "--metrics-listen",
         default=os.environ.get("VIDROUTE_METRICS_LISTEN", ""),
         help="host:port of the Prometheus /metrics endpoint (default: off)",
+    )
+    parser.add_argument(
+        "--health-listen",
+        default=os.environ.get("VIDROUTE_HEALTH_LISTEN", ""),
+        help="host:port of a plaintext port serving only grpc.health.v1 (default: off)",
     )
     parser.add_argument("--log-level", default=os.environ.get("VIDROUTE_LOG_LEVEL", "INFO"))
     parser.add_argument(
@@ -59,8 +66,10 @@ def run(prog: str, factory: AdapterFactory, argv: Sequence[str] | None = None) -
         config = load_config(args.config, os.environ)
         if args.listen:
             config = replace(config, listen=args.listen)
+        tls = TlsSettings.from_env(os.environ)
+        tls.check_plaintext(config.listen, role="plaintext listen address")
         adapter = factory(config)
-    except (ConfigError, CapabilityLoadError) as exc:
+    except (ConfigError, CapabilityLoadError, TlsConfigError) as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return 2
     logging.getLogger(prog).info(
@@ -76,6 +85,8 @@ def run(prog: str, factory: AdapterFactory, argv: Sequence[str] | None = None) -
             probe_interval_seconds=config.probe_interval_seconds,
             shutdown_grace_seconds=config.shutdown_grace_seconds,
             metrics_listen=args.metrics_listen,
+            tls=tls,
+            health_listen=args.health_listen,
         )
     )
     return 0

@@ -12,6 +12,12 @@
   harnesses never guess or race.
 * ``metrics_listen`` (``--metrics-listen`` / ``VIDROUTE_METRICS_LISTEN``): Prometheus
   ``/metrics`` of the provider HTTP calls and Submit outcomes (`adapter_sidecars.common.metrics`).
+* mTLS (`vidroute_core.tls`, ``VIDROUTE_TLS_*``): with certificate files the port serves TLS and
+  REQUIRES a client certificate from the configured CA; without them it binds only a loopback
+  address unless ``VIDROUTE_TLS=off``. ``health_listen`` (``--health-listen`` /
+  ``VIDROUTE_HEALTH_LISTEN``) is a second, plaintext port serving only ``grpc.health.v1`` (the
+  same statuses): Kubernetes' native gRPC probes cannot present a client certificate, and an
+  exec probe would start a Python process per probe.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from adapter_sidecars.common.servicer import AdapterServicer
 from adapter_sidecars.common.types import ProviderAdapter
 from vidroute.adapter.v1 import adapter_service_pb2, adapter_service_pb2_grpc
 from vidroute_core.metrics_http import serve_metrics
+from vidroute_core.tls import TlsSettings, server_credentials
 from vidroute_core.wire.status import DomainErrorInterceptor
 
 log = logging.getLogger(__name__)
@@ -58,8 +65,14 @@ class SidecarServer:
         probe_interval_seconds: float = 10.0,
         shutdown_grace_seconds: float = 10.0,
         metrics: SidecarMetrics | None = None,
+        tls: TlsSettings | None = None,
+        health_listen: str = "",
     ) -> None:
         self.adapter = adapter
+        self.tls = tls or TlsSettings()
+        self.health_listen = health_listen
+        self.health_port = 0
+        self._health_server: grpc.aio.Server | None = None
         self.metrics = metrics
         self.listen = listen
         self.probe_interval = probe_interval_seconds
@@ -86,14 +99,27 @@ class SidecarServer:
         # "liveness" answers whether this process works, whatever the provider's state: a
         # liveness probe on "" would restart healthy pods during a provider outage.
         await self.health.set(LIVENESS_SERVICE, _SERVING)
-        self.port = self.server.add_insecure_port(self.listen)
+        self.port = self._bind()
         if self.port == 0:
             raise OSError(f"cannot listen on {self.listen}")
+        if self.health_listen:
+            self._health_server = grpc.aio.server()
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
+            self.health_port = self._health_server.add_insecure_port(self.health_listen)
+            if self.health_port == 0:
+                raise OSError(f"cannot listen on {self.health_listen}")
+            await self._health_server.start()
         await self.server.start()
         await self.probe_once()
         self._prober = asyncio.get_running_loop().create_task(self._probe_forever())
         log.info("adapter listening on port %d", self.port)
         return self.port
+
+    def _bind(self) -> int:
+        if self.tls.files is not None:
+            return self.server.add_secure_port(self.listen, server_credentials(self.tls.files))
+        self.tls.check_plaintext(self.listen, role="plaintext listen address")
+        return self.server.add_insecure_port(self.listen)
 
     async def probe_once(self) -> bool:
         """Probe the provider and publish the result as the health status."""
@@ -128,6 +154,8 @@ class SidecarServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._prober
         await self.server.stop(self.grace)
+        if self._health_server is not None:
+            await self._health_server.stop(0)
         await self.adapter.aclose()
         self._stopped.set()
 
@@ -151,9 +179,11 @@ async def serve(
     probe_interval_seconds: float = 10.0,
     shutdown_grace_seconds: float = 10.0,
     metrics_listen: str = "",
+    tls: TlsSettings | None = None,
+    health_listen: str = "",
 ) -> None:
     """Run until SIGTERM/SIGINT (a second signal exits immediately); with `metrics_listen`, the
-    sidecar's /metrics is served there."""
+    sidecar's /metrics is served there; `tls` and `health_listen` as in `SidecarServer`."""
     # HttpAdapter's provider name (the control plane's label) and its one provider client.
     metrics = SidecarMetrics(str(getattr(adapter, "provider", "") or adapter.describe().adapter))
     client = getattr(adapter, "client", None)
@@ -166,6 +196,8 @@ async def serve(
         probe_interval_seconds=probe_interval_seconds,
         shutdown_grace_seconds=shutdown_grace_seconds,
         metrics=metrics,
+        tls=tls,
+        health_listen=health_listen,
     )
     loop = asyncio.get_running_loop()
     signals = 0

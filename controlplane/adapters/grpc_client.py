@@ -19,7 +19,7 @@ adapter's capabilities are never published and the control plane is not ready fo
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Protocol
@@ -112,9 +112,18 @@ class GrpcAdapterClient:
         submit_margin_s: float = DEFAULT_SUBMIT_MARGIN_S,
         submit_timeout_s: float | None = None,
         recovery_window_s: float = 0.0,
+        credentials: grpc.ChannelCredentials | None = None,
+        channel_options: Sequence[tuple[str, str]] = (),
     ) -> None:
         self._address = address
-        self._channel = grpc.aio.insecure_channel(address, options=NO_RETRIES)
+        # With `credentials` (vidroute_core.tls: our client certificate and the sidecars' CA)
+        # the channel is mTLS; the composition root decides when plaintext is allowed.
+        options = [*NO_RETRIES, *channel_options]
+        self._channel = (
+            grpc.aio.secure_channel(address, credentials, options=options)
+            if credentials is not None
+            else grpc.aio.insecure_channel(address, options=options)
+        )
         self._stub = adapter_service_pb2_grpc.ProviderAdapterServiceStub(self._channel)
         self._timeout = timeout_s
         self._fetch_timeout = fetch_timeout_s

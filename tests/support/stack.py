@@ -202,8 +202,10 @@ class ProviderFarm:
         base_urls: Mapping[str, str] | None = None,
         providers: Iterable[str] = PROVIDERS,
         extensions: Mapping[str, Iterable[str]] | None = None,
+        sidecar_env: Mapping[str, str] | None = None,
     ) -> None:
         self.workdir = workdir
+        self.sidecar_env = dict(sidecar_env or {})  # e.g. the VIDROUTE_TLS_* files
         self.time_scale = time_scale
         self._base_urls = dict(base_urls or {})
         self.providers = list(providers)
@@ -256,7 +258,11 @@ class ProviderFarm:
             ["-m", f"adapter_sidecars.{PROVIDERS[name].package}", "--config", str(path)],
             workdir=self.workdir,
             name=f"sidecar-{name}",
-            env={**self.env, "VIDROUTE_METRICS_LISTEN": f"127.0.0.1:{self.metrics_ports[name]}"},
+            env={
+                **self.env,
+                "VIDROUTE_METRICS_LISTEN": f"127.0.0.1:{self.metrics_ports[name]}",
+                **self.sidecar_env,
+            },
         )
 
     def stop(self) -> None:
