@@ -1,0 +1,156 @@
+"""Unit cost of successful delivery (design 9.23), from provider usage ledger facts. Pure.
+
+    unit cost = (generation + retry + fetch + post-processing + platform loss) / successes
+
+The provider usage ledger (`provider_usage_ledger`) holds, per attempt (one provider job each),
+EXPECTED (the provider accepted), ACTUAL (the job or the usage export said what it cost) and
+PLATFORM_LOSS (provider cost no tenant is charged) entries. The rules that turn one attempt's
+entries into the formula's terms are in one place (`job_terms`); the SQL aggregate in
+`controlplane.persistence.cost_reads` must agree with them, and a test checks it does:
+
+- the attempt's cost is its ACTUAL entries when it has any (the provider said so, 0 included),
+  else its EXPECTED entries (an accepted job is assumed billed until the provider says
+  otherwise), else its PLATFORM_LOSS entries (an unknown submit that may have been billed);
+- generation: the attempt delivered the task's output (the task SUCCEEDED with it adopted);
+- retry: the attempt ended FAILED or CANCELLED: the price of trying again. The credit ledger
+  does not charge it to the tenant, so the usage ledger books it as PLATFORM_LOSS too; here it
+  is retry, so each micro is counted in exactly one term;
+- platform loss: any other attempt with a PLATFORM_LOSS entry: a second job whose result was not
+  adopted (a duplicate), an ABANDONED or SUBMIT_UNKNOWN submit the provider may have billed;
+- anything else is still in flight and waits for its outcome (its row shows, with 0);
+- fetch and post-processing: no provider bills downloads and the platform runs no paid
+  post-processing, so both are 0 today; the field is kept so the formula stays whole.
+
+Integers only. The per-success figure is rounded half up to a whole micro (`per_success`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+RETRY_STATES = frozenset({"FAILED", "CANCELLED"})
+
+
+@dataclass(frozen=True, slots=True)
+class JobUsage:
+    """One attempt's usage ledger entries summed by kind (None: no entry of that kind)."""
+
+    provider: str
+    model: str
+    currency: str
+    delivered: bool
+    attempt_state: str
+    expected_micros: int | None = None
+    actual_micros: int | None = None
+    platform_loss_micros: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobTerms:
+    """One job's contribution to the formula."""
+
+    generation_micros: int
+    retry_micros: int
+    platform_loss_micros: int
+    success: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UnitCost:
+    """One provider/model/currency row of the unit-cost table."""
+
+    provider: str
+    model: str
+    currency: str
+    successes: int
+    generation_micros: int
+    retry_micros: int
+    fetch_micros: int
+    platform_loss_micros: int
+
+    @property
+    def total_micros(self) -> int:
+        return (
+            self.generation_micros
+            + self.retry_micros
+            + self.fetch_micros
+            + self.platform_loss_micros
+        )
+
+    @property
+    def cost_per_success_micros(self) -> int:
+        return per_success(self.total_micros, self.successes)
+
+
+def per_success(total_micros: int, successes: int) -> int:
+    """`total_micros / successes` rounded half up; 0 without a success (the total still shows)."""
+    if successes <= 0:
+        return 0
+    return (2 * total_micros + successes) // (2 * successes)
+
+
+def job_terms(job: JobUsage) -> JobTerms | None:
+    """The rules of the module docstring for one attempt; None while it is in flight."""
+    if job.actual_micros is not None:
+        cost = job.actual_micros
+    elif job.expected_micros is not None:
+        cost = job.expected_micros
+    else:
+        cost = job.platform_loss_micros or 0
+    cost = max(0, cost)
+    if job.delivered:
+        return JobTerms(cost, 0, 0, True)
+    if job.attempt_state in RETRY_STATES:
+        return JobTerms(0, cost, 0, False)
+    if job.platform_loss_micros is not None:
+        return JobTerms(0, 0, cost, False)
+    return None
+
+
+@dataclass
+class _Sums:
+    successes: int = 0
+    generation: int = 0
+    retry: int = 0
+    fetch: int = 0
+    loss: int = 0
+
+
+def add_up(
+    rows: Iterable[tuple[str, str, str, int, int, int, int, int]],
+) -> list[UnitCost]:
+    """Partial sums ``(provider, model, currency, successes, generation, retry, fetch, loss)``
+    (several rows per key allowed) -> one `UnitCost` per key, sorted by the key."""
+    sums: dict[tuple[str, str, str], _Sums] = {}
+    for provider, model, currency, successes, generation, retry, fetch, loss in rows:
+        s = sums.setdefault((provider, model, currency), _Sums())
+        s.successes += successes
+        s.generation += generation
+        s.retry += retry
+        s.fetch += fetch
+        s.loss += loss
+    return [
+        UnitCost(p, m, c, s.successes, s.generation, s.retry, s.fetch, s.loss)
+        for (p, m, c), s in sorted(sums.items())
+    ]
+
+
+def unit_costs(jobs: Iterable[JobUsage]) -> list[UnitCost]:
+    """The unit-cost table of a set of jobs, one row per provider/model/currency."""
+    partial = []
+    for job in jobs:
+        t = job_terms(job) or JobTerms(0, 0, 0, False)  # in flight: a row, nothing counted
+        partial.append(
+            (
+                job.provider,
+                job.model,
+                job.currency,
+                int(t.success),
+                t.generation_micros,
+                t.retry_micros,
+                0,
+                t.platform_loss_micros,
+            )
+        )
+    return add_up(partial)
