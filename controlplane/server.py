@@ -27,12 +27,18 @@ from grpc_reflection.v1alpha import reflection
 
 from controlplane.api.auth import Authenticator, AuthInterceptor
 from controlplane.api.servicer import SchedulerServicer
-from vidroute.scheduler.v1 import scheduler_service_pb2, scheduler_service_pb2_grpc
+from vidroute.scheduler.v1 import (
+    billing_service_pb2,
+    billing_service_pb2_grpc,
+    scheduler_service_pb2,
+    scheduler_service_pb2_grpc,
+)
 from vidroute_core.wire.status import DomainErrorInterceptor
 
 log = logging.getLogger(__name__)
 
 SCHEDULER_SERVICE = scheduler_service_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+BILLING_SERVICE = billing_service_pb2.DESCRIPTOR.services_by_name["BillingService"].full_name
 # Health service names: "" and SCHEDULER_SERVICE follow the database (readiness); "liveness"
 # only says the process serves, so a database outage never gets pods restarted in a loop.
 LIVENESS_SERVICE = "liveness"
@@ -106,6 +112,7 @@ async def start_server(
     probe_interval: float = 5.0,
     auth: Authenticator | None = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    billing: billing_service_pb2_grpc.BillingServiceServicer | None = None,
 ) -> ControlPlaneServer:
     """Bind, register services and start serving; returns once the port is open.
 
@@ -123,10 +130,14 @@ async def start_server(
         interceptors=[*interceptors, AuthInterceptor(auth), DomainErrorInterceptor()]
     )
     scheduler_service_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
+    served = [SCHEDULER_SERVICE]
+    if billing is not None:  # the money API (controlplane.api.billing_servicer)
+        billing_service_pb2_grpc.add_BillingServiceServicer_to_server(billing, server)
+        served.append(BILLING_SERVICE)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        (SCHEDULER_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        (*served, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     port = server.add_insecure_port(listen)
     if port == 0:

@@ -1,0 +1,237 @@
+"""The money commands of the `vidroute` CLI (BillingService; design 9.23).
+
+vidroute balance [--tenant T] [--currency USD]             balance, reserved and available
+vidroute ledger [--tenant T] [--limit N]                   the tenant's ledger entries, oldest first
+vidroute credit --tenant T --amount-micros N --currency C --key K [--reason R]   admin: add credit
+vidroute costs [--provider P] [--model M] [--days N]       admin: unit cost per successful delivery
+
+Each prints a table, or JSON with ``--json`` (the response messages, proto field names). The
+tenant defaults to the caller's own (a tenant token); an admin token names one. Amounts are
+printed from integer micros without floats (``12.340000 USD``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from google.protobuf import duration_pb2, json_format
+from google.protobuf.message import Message
+
+from clients import auth as client_auth
+from vidroute.scheduler.v1 import billing_pb2, billing_service_pb2, billing_service_pb2_grpc
+
+COMMANDS = ("balance", "ledger", "credit", "costs")
+MAX_PAGE = 500
+_KIND_NAMES = {
+    n: name.removeprefix("LEDGER_ENTRY_KIND_") for name, n in billing_pb2.LedgerEntryKind.items()
+}
+
+
+def money(micros: int, currency: str = "") -> str:
+    """Integer micros as a decimal string with six places (no float on the way)."""
+    sign = "-" if micros < 0 else ""
+    whole, frac = divmod(abs(micros), 1_000_000)
+    text = f"{sign}{whole}.{frac:06d}"
+    return f"{text} {currency}".rstrip()
+
+
+def _table(
+    header: Sequence[str], rows: Iterable[Sequence[object]], right: frozenset[int] = frozenset()
+) -> str:
+    """A fixed-width table; columns whose index is in `right` (amounts, counts) right-aligned."""
+    cells = [list(header), *([str(c) for c in row] for row in rows)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in cells
+    )
+
+
+def _dump(message: Message | Sequence[Message], key: str = "") -> str:
+    if isinstance(message, Message):
+        data: Any = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    else:
+        data = {
+            key: [json_format.MessageToDict(m, preserving_proto_field_name=True) for m in message]
+        }
+    return json.dumps(data, indent=2, sort_keys=True)
+
+
+def _stub(
+    args: argparse.Namespace,
+) -> tuple[Any, billing_service_pb2_grpc.BillingServiceStub]:
+    channel = client_auth.channel(args.target, client_auth.token_from_env())
+    return channel, billing_service_pb2_grpc.BillingServiceStub(channel)
+
+
+def _balance(args: argparse.Namespace, stub: billing_service_pb2_grpc.BillingServiceStub) -> str:
+    reply = stub.GetBalance(
+        billing_service_pb2.GetBalanceRequest(tenant_id=args.tenant, currency=args.currency),
+        timeout=args.timeout,
+    )
+    if args.json:
+        return _dump(reply)
+    b = reply.balance
+    return _table(
+        ["TENANT", "CURRENCY", "BALANCE", "RESERVED", "AVAILABLE", "AS OF ENTRY"],
+        [
+            [
+                b.tenant_id,
+                b.currency,
+                money(b.balance_micros),
+                money(b.reserved_micros),
+                money(b.available_micros),
+                b.as_of_entry_id,
+            ]
+        ],
+        right=frozenset({2, 3, 4, 5}),
+    )
+
+
+def _ledger(args: argparse.Namespace, stub: billing_service_pb2_grpc.BillingServiceStub) -> str:
+    entries: list[billing_pb2.LedgerEntry] = []
+    token, more = "", False
+    while len(entries) < args.limit:
+        reply = stub.ListLedgerEntries(
+            billing_service_pb2.ListLedgerEntriesRequest(
+                tenant_id=args.tenant,
+                page_size=min(MAX_PAGE, args.limit - len(entries)),
+                page_token=token,
+            ),
+            timeout=args.timeout,
+        )
+        entries.extend(reply.entries)
+        token = reply.next_page_token
+        more = bool(token)
+        if not token:
+            break
+    if args.json:
+        return _dump(entries, "entries")
+    text = _table(
+        ["ID", "KIND", "AMOUNT", "CURRENCY", "TASK", "CREATED", "KEY", "REASON"],
+        [
+            [
+                e.entry_id,
+                _KIND_NAMES.get(e.kind, str(e.kind)),
+                money(e.amount_micros),
+                e.currency,
+                e.task_id or "-",
+                e.created_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"),
+                e.idempotency_key,
+                e.reason,
+            ]
+            for e in entries
+        ],
+        right=frozenset({0, 2, 4}),
+    )
+    if more:
+        text += f"\n(more entries after {entries[-1].entry_id}: raise --limit)"
+    return text
+
+
+def _credit(args: argparse.Namespace, stub: billing_service_pb2_grpc.BillingServiceStub) -> str:
+    reply = stub.CreditTenant(
+        billing_service_pb2.CreditTenantRequest(
+            tenant_id=args.tenant,
+            amount_micros=args.amount_micros,
+            currency=args.currency,
+            idempotency_key=args.key,
+            reason=args.reason,
+        ),
+        timeout=args.timeout,
+    )
+    if args.json:
+        return _dump(reply)
+    e = reply.entry
+    what = "credited" if reply.created else "already credited (same key)"
+    return f"{what}: entry {e.entry_id}  {e.tenant_id}  {money(e.amount_micros, e.currency)}"
+
+
+def _costs(args: argparse.Namespace, stub: billing_service_pb2_grpc.BillingServiceStub) -> str:
+    reply = stub.GetUnitCosts(
+        billing_service_pb2.GetUnitCostsRequest(
+            provider=args.provider,
+            model=args.model,
+            window=duration_pb2.Duration(seconds=args.days * 86400),
+        ),
+        timeout=args.timeout,
+    )
+    if args.json:
+        return _dump(reply)
+    start = reply.window_start.ToDatetime().strftime("%Y-%m-%d %H:%M")
+    end = reply.window_end.ToDatetime().strftime("%Y-%m-%d %H:%M")
+    table = _table(
+        ["PROVIDER", "MODEL", "CUR", "SUCCESSES", "GENERATION", "RETRY", "FETCH", "LOSS",
+         "TOTAL", "PER SUCCESS"],
+        [
+            [
+                r.provider,
+                r.model,
+                r.currency,
+                r.successes,
+                money(r.generation_micros),
+                money(r.retry_micros),
+                money(r.fetch_micros),
+                money(r.platform_loss_micros),
+                money(r.total_micros),
+                money(r.cost_per_success_micros) if r.successes else "-",
+            ]
+            for r in reply.unit_costs
+        ],
+        right=frozenset(range(3, 10)),
+    )  # fmt: skip
+    return f"unit cost of successful delivery, {start} .. {end} UTC\n{table}"
+
+
+_RUN: dict[
+    str, Callable[[argparse.Namespace, billing_service_pb2_grpc.BillingServiceStub], str]
+] = {
+    "balance": _balance,
+    "ledger": _ledger,
+    "credit": _credit,
+    "costs": _costs,
+}
+
+
+def add_commands(sub: Any, default_target: str) -> None:
+    """Register the money subcommands on the CLI's subparsers."""
+    helps = {
+        "balance": "a tenant's balance, reservations and available credit",
+        "ledger": "a tenant's credit ledger entries, oldest first",
+        "credit": "admin: add credit to a tenant (idempotent by --key)",
+        "costs": "admin: unit cost of successful delivery per provider/model",
+    }
+    for name in COMMANDS:
+        cmd = sub.add_parser(name, help=helps[name])
+        cmd.add_argument("--target", default=default_target, help="control plane host:port")
+        cmd.add_argument("--json", action="store_true", help="print JSON")
+        cmd.add_argument("--timeout", type=float, default=10.0, help=argparse.SUPPRESS)
+    balance, ledger, credit, costs = (sub.choices[n] for n in COMMANDS)
+    balance.add_argument("--tenant", default="", help="default: the caller's own tenant")
+    balance.add_argument("--currency", default="", help="ISO 4217 code (default USD)")
+    ledger.add_argument("--tenant", default="", help="default: the caller's own tenant")
+    ledger.add_argument("--limit", type=int, default=50, help="entries to print (default 50)")
+    credit.add_argument("--tenant", required=True)
+    credit.add_argument("--amount-micros", type=int, required=True, help="1 USD = 1000000")
+    credit.add_argument("--currency", required=True, help="ISO 4217 code, e.g. USD")
+    credit.add_argument("--key", required=True, help="idempotency key: retry with the same one")
+    credit.add_argument("--reason", default="")
+    costs.add_argument("--provider", default="")
+    costs.add_argument("--model", default="")
+    costs.add_argument("--days", type=int, default=7, help="window ending now (default 7 days)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one money command; gRPC errors propagate to the CLI's handler."""
+    if args.command == "ledger" and args.limit <= 0:
+        raise SystemExit("vidroute ledger: --limit must be positive")
+    channel, stub = _stub(args)
+    with channel:
+        print(_RUN[args.command](args, stub))
+    return 0

@@ -1,0 +1,253 @@
+"""Money operations of the public API (design 9.23): balances, ledger pages, credits, unit costs.
+
+Transport-neutral, like `controlplane.service.tasks`: domain inputs in, persistence records and
+domain values out, domain errors raised. The scoping rules are `controlplane.service.access`'s:
+
+- a tenant caller reads only its own balance and ledger; naming another tenant is
+  `PermissionDenied` (the request names a tenant, as ListTasks' filter does; no id is walked);
+- `credit` (CreditTenant) and `unit_costs` (provider cost is the platform's, not a tenant's) need
+  the admin role, checked before anything else.
+
+Bad input is `InvalidSpec` (INVALID_ARGUMENT with field violations) before any read or write. A
+credit is idempotent by its key: the same key with the same amount, currency and reason returns
+the stored entry (created False); with other content it is `IdempotencyConflict`
+(ALREADY_EXISTS, as a reused CreateTask key). Admin keys live in their own namespace
+(``credit:<key>``) so they can never collide with the platform's ``reserve:<task>`` /
+``settle:<task>`` keys under the ledger's UNIQUE(tenant, key).
+
+Ledger pages are keyset pages on the entry id, oldest first, with an opaque token bound to the
+tenant it was issued for (a token of another tenant or a forged one is INVALID_ARGUMENT).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from controlplane.domain.unit_cost import UnitCost
+from controlplane.persistence import cost_reads, ledger
+from controlplane.persistence.database import Database
+from controlplane.service.access import SYSTEM, Caller, ensure_admin, ensure_own_tenant
+from controlplane.service.tasks import text_violations
+from vidroute_core.exceptions import IdempotencyConflict, InvalidSpec
+from vidroute_core.validation import IDENTIFIER_RE, MODEL_NAME_RE, FieldViolation
+
+DEFAULT_CURRENCY = "USD"
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 500
+MAX_PAGE_TOKEN = 512
+MAX_CREDIT_MICROS = 10**15  # one billion currency units: a typo guard, not a business limit
+MAX_REASON = 1000
+MAX_KEY = 128
+DEFAULT_WINDOW = timedelta(days=7)
+MAX_WINDOW = timedelta(days=366)
+CREDIT_KEY_PREFIX = "credit:"
+_CURRENCY_RE = re.compile(r"[A-Z]{3}")
+_KEY_RE = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces
+_TOKEN_VERSION = 1
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class BalanceView:
+    tenant_id: str
+    balance: ledger.Balance
+    read_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ListEntriesInput:
+    tenant_id: str = ""
+    page_size: int = 0
+    page_token: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CreditInput:
+    tenant_id: str
+    amount_micros: int
+    currency: str
+    idempotency_key: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class UnitCostsInput:
+    provider: str = ""
+    model: str = ""
+    window: timedelta | None = None  # None or zero: DEFAULT_WINDOW
+    end: datetime | None = None  # None: now
+
+
+@dataclass(frozen=True, slots=True)
+class UnitCostReport:
+    rows: tuple[UnitCost, ...]
+    start: datetime
+    end: datetime
+
+
+def _tenant_violations(field: str, tenant: str) -> list[FieldViolation]:
+    if tenant and not IDENTIFIER_RE.fullmatch(tenant):
+        return [FieldViolation(field, f"must match {IDENTIFIER_RE.pattern}")]
+    return []
+
+
+def _currency_violations(currency: str, *, required: bool) -> list[FieldViolation]:
+    if not currency:
+        return [FieldViolation("currency", "is required")] if required else []
+    if not _CURRENCY_RE.fullmatch(currency):
+        return [FieldViolation("currency", "must be an ISO 4217 code: three upper-case letters")]
+    return []
+
+
+def _key_violations(key: str) -> list[FieldViolation]:
+    if not key:
+        return [FieldViolation("idempotency_key", "is required")]
+    if len(key) > MAX_KEY:
+        return [FieldViolation("idempotency_key", f"must be at most {MAX_KEY} characters")]
+    if not _KEY_RE.fullmatch(key):
+        return [FieldViolation("idempotency_key", "must be printable ASCII without spaces")]
+    return []
+
+
+def _scoped_tenant(caller: Caller, requested: str, violations: list[FieldViolation]) -> str:
+    """The tenant a read is for: the caller's own by default; an admin must name one."""
+    violations.extend(_tenant_violations("tenant_id", requested))
+    if not requested and caller.tenant_id is None:
+        violations.append(FieldViolation("tenant_id", "is required for an admin caller"))
+    if violations:
+        raise InvalidSpec(violations)
+    tenant = requested or str(caller.tenant_id)
+    ensure_own_tenant(caller, tenant)
+    return tenant
+
+
+def _fingerprint(tenant: str) -> str:
+    return hashlib.sha256(tenant.encode()).hexdigest()[:16]
+
+
+def encode_page_token(after_id: int, tenant: str) -> str:
+    raw = json.dumps({"v": _TOKEN_VERSION, "after": after_id, "t": _fingerprint(tenant)})
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_page_token(token: str, tenant: str) -> int:
+    """The entry id a token continues after; `InvalidSpec` for anything this service did not
+    issue for `tenant`."""
+    bad = InvalidSpec([FieldViolation("page_token", "not a page token issued for this tenant")])
+    if len(token) > MAX_PAGE_TOKEN or not token.isascii():
+        raise bad
+    try:
+        data = json.loads(base64.urlsafe_b64decode((token + "=" * (-len(token) % 4)).encode()))
+        after = data["after"]
+        ok = data["v"] == _TOKEN_VERSION and data["t"] == _fingerprint(tenant)
+        ok = ok and isinstance(after, int) and not isinstance(after, bool) and 0 < after < 2**63
+    except (ValueError, KeyError, TypeError, binascii.Error, RecursionError) as exc:
+        raise bad from exc
+    if not ok:
+        raise bad
+    return int(after)
+
+
+def _content_hash(amount_micros: int, currency: str, reason: str) -> str:
+    raw = json.dumps([amount_micros, currency, reason])
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+class BillingService:
+    """Balances, ledger pages, admin credits and unit costs over one `Database`."""
+
+    def __init__(self, db: Database, clock: Callable[[], datetime] = utcnow) -> None:
+        self._db = db
+        self._clock = clock
+
+    async def balance(self, tenant_id: str, currency: str, caller: Caller = SYSTEM) -> BalanceView:
+        violations = _currency_violations(currency, required=False)
+        tenant = _scoped_tenant(caller, tenant_id, violations)
+        now = self._clock()
+        async with self._db.reading() as conn:
+            figures = await ledger.balance(conn, tenant, currency or DEFAULT_CURRENCY)
+        return BalanceView(tenant, figures, now)
+
+    async def list_entries(
+        self, query: ListEntriesInput, caller: Caller = SYSTEM
+    ) -> tuple[list[ledger.CreditEntry], str | None]:
+        """One page of the tenant's entries (increasing id) and the next page's token."""
+        tenant = _scoped_tenant(caller, query.tenant_id, [])
+        after = decode_page_token(query.page_token, tenant) if query.page_token else 0
+        size = DEFAULT_PAGE_SIZE if query.page_size <= 0 else min(query.page_size, MAX_PAGE_SIZE)
+        async with self._db.reading() as conn:
+            rows = await ledger.list_entries(conn, tenant, after, size + 1)
+        page = list(rows[:size])
+        more = len(rows) > size
+        return page, (encode_page_token(page[-1].id, tenant) if more else None)
+
+    async def credit(
+        self, cmd: CreditInput, caller: Caller = SYSTEM
+    ) -> tuple[ledger.CreditEntry, bool]:
+        """Write a CREDIT entry, or return the one this key already wrote (same content)."""
+        ensure_admin(caller, "CreditTenant")
+        violations: list[FieldViolation] = []
+        if not cmd.tenant_id:
+            violations.append(FieldViolation("tenant_id", "is required"))
+        violations += _tenant_violations("tenant_id", cmd.tenant_id)
+        if not 0 < cmd.amount_micros <= MAX_CREDIT_MICROS:
+            violations.append(
+                FieldViolation("amount_micros", f"must be between 1 and {MAX_CREDIT_MICROS}")
+            )
+        violations += _currency_violations(cmd.currency, required=True)
+        violations += _key_violations(cmd.idempotency_key)
+        violations += text_violations("reason", cmd.reason, MAX_REASON)
+        if violations:
+            raise InvalidSpec(violations)
+        now = self._clock()
+        key = CREDIT_KEY_PREFIX + cmd.idempotency_key
+        try:
+            async with self._db.unit(now) as u:
+                entry, created = await ledger.append_credit(
+                    u.conn, cmd.tenant_id, cmd.amount_micros, cmd.currency, key,
+                    caller.name, cmd.reason, now,
+                )  # fmt: skip
+        except ledger.CreditKeyConflict as exc:  # the key holds another amount or currency
+            entry, created = exc.stored, False
+        if not created and (entry.amount_micros, entry.currency, entry.reason) != (
+            cmd.amount_micros,
+            cmd.currency,
+            cmd.reason,
+        ):
+            raise IdempotencyConflict(
+                cmd.idempotency_key,
+                _content_hash(entry.amount_micros, entry.currency, entry.reason),
+                _content_hash(cmd.amount_micros, cmd.currency, cmd.reason),
+            )
+        return entry, created
+
+    async def unit_costs(self, query: UnitCostsInput, caller: Caller = SYSTEM) -> UnitCostReport:
+        """Unit cost of successful delivery per provider/model over the window (9.23)."""
+        ensure_admin(caller, "GetUnitCosts")
+        violations = _tenant_violations("provider", query.provider)
+        if query.model and not MODEL_NAME_RE.fullmatch(query.model):
+            violations.append(FieldViolation("model", f"must match {MODEL_NAME_RE.pattern}"))
+        window = query.window or DEFAULT_WINDOW
+        if window < timedelta(0) or window > MAX_WINDOW:
+            violations.append(
+                FieldViolation("window", f"must be between 0 and {MAX_WINDOW.days} days")
+            )
+        if violations:
+            raise InvalidSpec(violations)
+        end = query.end or self._clock()
+        start = end - window
+        async with self._db.reading() as conn:
+            rows = await cost_reads.unit_costs(
+                conn, start, end, provider=query.provider or None, model=query.model or None
+            )
+        return UnitCostReport(tuple(rows), start, end)
