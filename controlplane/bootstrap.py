@@ -65,6 +65,7 @@ from redis.asyncio import Redis
 
 from controlplane.adapters.grpc_client import GrpcAdapterClient
 from controlplane.api.auth import Authenticator, parse_entries
+from controlplane.api.billing_servicer import BillingServicer
 from controlplane.api.servicer import SchedulerServicer
 from controlplane.capabilities.publish import (
     AccountConfig,
@@ -102,6 +103,7 @@ from controlplane.scheduling.runtime import SchedulingRuntime, build_scheduling
 from controlplane.scheduling.upkeep import UpkeepConfig
 from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.access import Caller
+from controlplane.service.billing import BillingService
 from controlplane.service.tasks import TaskService
 from controlplane.storage import object_store_from_url
 from vidroute_core import logs as vidroute_logs
@@ -543,4 +545,5 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         probe_interval=scale_value(settings.health_probe_interval_s, scale),
         auth=Authenticator(settings.auth_tokens),
         interceptors=[metrics.interceptor()],
+        billing=BillingServicer(BillingService(db)),
     )
