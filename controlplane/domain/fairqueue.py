@@ -22,6 +22,12 @@ Three levels:
 Hard constraints win over everything: ``pop_next(eligible)`` only returns tasks for which the
 caller's predicate holds (a candidate with capacity exists, budget, policy...). Aging only
 reorders within a class, so it can never make an ineligible task run.
+
+The dispatcher does not hand this queue the whole backlog (9.12.4): each round it pushes the
+heads of every (class, tenant, user, priority) group, read from PostgreSQL, with the tenants'
+in-flight counts as numbers (``rebuild(in_flight_counts=...)``). A group whose rows were cut
+short is *partial*: when a pop drains one, the queue would take it for empty and hand its share
+to others, so ``pop_next`` stops the round there (``drained``) and the next round reads again.
 """
 
 from __future__ import annotations
@@ -31,10 +37,12 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TypedDict
+from typing import TypedDict, cast
 
 Clock = Callable[[], float]
 Eligible = Callable[["QueuedTask"], bool]
+# A group of the durable queue: service class value, tenant, user, base priority.
+GroupKey = tuple[str, str, str, float]
 
 REFERENCE_PIXELS = 1280 * 720  # a 720p frame has resolution factor 1.0
 _EPS = 1e-9
@@ -297,6 +305,40 @@ def _always(_: QueuedTask) -> bool:
     return True
 
 
+def _group(task: QueuedTask) -> GroupKey:
+    return (task.service_class.value, task.tenant_id, task.user_id, task.priority)
+
+
+def parse_snapshot(raw: object) -> FairQueueSnapshot | None:
+    """A stored snapshot if it has the shape `restore` reads, else None (start afresh)."""
+
+    def ring(r: object) -> bool:
+        return (
+            isinstance(r, dict)
+            and isinstance(r.get("order"), list)
+            and isinstance(r.get("ptr"), int)
+            and isinstance(r.get("turn_open"), bool)
+            and isinstance(r.get("deficits"), dict)
+            and isinstance(r.get("debts"), dict)
+            and all(isinstance(v, int | float) for v in r["deficits"].values())
+            and all(isinstance(v, int | float) for v in r["debts"].values())
+        )
+
+    if not isinstance(raw, dict):
+        return None
+    classes, tenants, users = raw.get("classes"), raw.get("tenants"), raw.get("users")
+    if not (ring(classes) and isinstance(tenants, dict) and isinstance(users, dict)):
+        return None
+    if not all(ring(r) for r in tenants.values()):
+        return None
+    for by_tenant in users.values():
+        if not isinstance(by_tenant, dict) or not all(
+            isinstance(order, list) for order in by_tenant.values()
+        ):
+            return None
+    return cast(FairQueueSnapshot, raw)
+
+
 class FairQueue:
     def __init__(self, config: FairQueueConfig, clock: Clock) -> None:
         self.config, self._clock = config, clock
@@ -305,6 +347,10 @@ class FairQueue:
         self._queues: dict[tuple[ServiceClass, str], _TenantQueue] = {}
         self._queued: dict[str, QueuedTask] = {}
         self._in_flight: dict[str, set[str]] = {}
+        self._in_flight_base: dict[str, int] = {}  # counted by the database, ids unknown
+        self._partial: frozenset[GroupKey] = frozenset()
+        self._group_sizes: dict[GroupKey, int] = {}
+        self.drained = False
 
     @classmethod
     def rebuild(
@@ -314,13 +360,21 @@ class FairQueue:
         queued: Iterable[QueuedTask],
         in_flight: Iterable[QueuedTask] = (),
         snapshot: FairQueueSnapshot | None = None,
+        *,
+        in_flight_counts: Mapping[str, int] | None = None,
+        partial: Iterable[GroupKey] = (),
     ) -> FairQueue:
-        """Recreate the accelerator from database rows; flows are ordered by their oldest task."""
+        """Recreate the accelerator from database rows; flows are ordered by their oldest task.
+
+        `queued` may be only the heads of each group; `partial` names the groups that hold more
+        rows than were passed. `in_flight_counts` gives running tasks per tenant as numbers."""
         queue = cls(config, clock)
         for task in sorted(queued, key=lambda t: (t.enqueued_at, t.task_id)):
             queue.push(task)
         for task in in_flight:
             queue._in_flight.setdefault(task.tenant_id, set()).add(task.task_id)
+        queue._in_flight_base = {t: n for t, n in (in_flight_counts or {}).items() if n > 0}
+        queue._partial = frozenset(partial)
         if snapshot is not None:
             queue.restore(snapshot)
         return queue
@@ -332,7 +386,7 @@ class FairQueue:
         return task_id in self._queued
 
     def in_flight(self, tenant_id: str) -> int:
-        return len(self._in_flight.get(tenant_id, ()))
+        return self._in_flight_base.get(tenant_id, 0) + len(self._in_flight.get(tenant_id, ()))
 
     def push(self, task: QueuedTask) -> None:
         if task.task_id in self._queued or task.task_id in self._in_flight.get(task.tenant_id, ()):
@@ -340,6 +394,8 @@ class FairQueue:
         key = (task.service_class, task.tenant_id)
         self._queues.setdefault(key, _TenantQueue()).push(task)
         self._queued[task.task_id] = task
+        group = _group(task)
+        self._group_sizes[group] = self._group_sizes.get(group, 0) + 1
         self._tenants[task.service_class].activate(task.tenant_id)
         self._classes.activate(task.service_class)
 
@@ -351,7 +407,12 @@ class FairQueue:
         return task
 
     def pop_next(self, eligible: Eligible | None = None) -> QueuedTask | None:
-        """The next task to dispatch, marked in flight; ``None`` if nothing eligible can go."""
+        """The next task to dispatch, marked in flight; ``None`` if nothing eligible can go.
+
+        Also ``None`` once a pop has drained a partial group (``drained``): what the queue holds
+        no longer shows every group's next task."""
+        if self.drained:
+            return None
         check = eligible or _always
         now = self._clock()
         inner: dict[str, tuple[str, QueuedTask] | None] = {}
@@ -377,7 +438,17 @@ class FairQueue:
         self._tenants[ServiceClass(service_class)].charge(task.tenant_id, task.cost_units)
         self._take(task, served=True)
         self._in_flight.setdefault(task.tenant_id, set()).add(task.task_id)
+        group = _group(task)
+        if group in self._partial and group not in self._group_sizes:
+            self.drained = True
         return task
+
+    def pop_batch(self, limit: int, eligible: Eligible | None = None) -> list[QueuedTask]:
+        """Up to `limit` pops in order (one round's take)."""
+        out: list[QueuedTask] = []
+        while len(out) < limit and (task := self.pop_next(eligible)) is not None:
+            out.append(task)
+        return out
 
     def on_finished(self, task: QueuedTask) -> bool:
         """Release the task's in-flight slot; repeated notifications are harmless."""
@@ -414,6 +485,12 @@ class FairQueue:
         queue = self._queues[key]
         queue.remove(task, served=served)
         del self._queued[task.task_id]
+        group = _group(task)
+        left = self._group_sizes[group] - 1
+        if left:
+            self._group_sizes[group] = left
+        else:
+            del self._group_sizes[group]
         if queue.size == 0:
             del self._queues[key]
             ring = self._tenants[task.service_class]

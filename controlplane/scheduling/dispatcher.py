@@ -7,8 +7,10 @@ over when the leader's database session dies. Each round (`tick`):
    while the catalog is not ready (`CatalogReadiness`: empty, or lacking what a configured
    adapter described) the round is skipped and every task stays QUEUED;
 2. rebuild the fair queue from PostgreSQL (QUEUED tasks are the facts; the DRR state carried
-   over from the last round only accelerates, 9.12.4), honouring per-tenant max in-flight and
-   a requeue's ``not_before``;
+   over from the last round only accelerates, 9.12.4): the due heads of every (class, tenant,
+   user, priority) group and the in-flight count per tenant (`persistence.queue`), never a scan
+   of the oldest rows, so a light tenant behind any flood is served in the next round; the DRR
+   state is checkpointed per shard after each round, and a new leader starts from it;
 3. for each popped task: QUEUED -> SCHEDULING (CAS), gather facts, compile the candidates that
    passed the static filters, `route`, then walk the ranked list acquiring a lease (falling
    through on no capacity) and persist Attempt + RouteDecision + outbox in one transaction
@@ -38,7 +40,7 @@ from controlplane.domain import fairqueue as fq
 from controlplane.domain.requeue import RequeueFacts
 from controlplane.domain.routing.candidates import Incumbent, RoutingContext
 from controlplane.domain.routing.decision import Outcome, RouteDecisionSnapshot
-from controlplane.domain.routing.filters import Reason, prefilter
+from controlplane.domain.routing.filters import Reason, screen
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.states import TaskState
 from controlplane.leases.base import LeaseRequest, LeaseStore
@@ -46,6 +48,7 @@ from controlplane.metrics import ControlPlaneMetrics
 from controlplane.persistence.catalog import IN_FLIGHT_TASK_STATES, CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.errors import ConcurrentModification
+from controlplane.persistence.queue import QueueQueries
 from controlplane.persistence.records import Failure, NewAttempt, NewRouteDecision, TaskRecord
 from controlplane.scheduling.dispatch_metrics import count_decision, oldest_by_class
 from controlplane.scheduling.expiry import settle_overdue
@@ -53,6 +56,7 @@ from controlplane.scheduling.gather import capacity_views, compile_all, lease_di
 from controlplane.scheduling.health import HealthMonitor, submit_key
 from controlplane.scheduling.leader import LeaderLock
 from controlplane.scheduling.readiness import CatalogReadiness
+from vidroute_core import tracing
 from vidroute_core.logs import add_ids, bind_ids, ids_of
 
 log = logging.getLogger(__name__)
@@ -69,7 +73,9 @@ class DispatcherConfig:
     shard: int = 0
     shard_count: int = 1
     batch_size: int = 64
-    scan_limit: int = 2000
+    # Rows of QUEUED group heads one round reads in all (each group gets scan_limit // groups,
+    # at least 1, at most batch_size): the round's cost, whatever the backlog (9.12.4).
+    scan_limit: int = 512
     poll_interval_s: float = 1.0
     leader_retry_s: float = 2.0
     catalog_refresh_s: float = 10.0
@@ -119,6 +125,8 @@ class Dispatcher:
         self._catalog: CapabilityCatalog | None = None
         self._catalog_at = 0.0
         self._fq_snapshot: fq.FairQueueSnapshot | None = None
+        self._fq_loaded = False  # the shard's DRR checkpoint is read once per leadership
+        self._queue = QueueQueries(db)
         self._incumbents: dict[tuple[str, str, str], Incumbent] = {}
         self._wake = asyncio.Event()
         self.leading = False
@@ -146,6 +154,7 @@ class Dispatcher:
                         await self._pause(stop, self.config.leader_retry_s)
                         continue
                     await self.recover_orphans()
+                    self._fq_loaded = False  # another leader may have served since
                 if not await self.leader.still_held():
                     self.leading = False
                     continue
@@ -219,38 +228,12 @@ class Dispatcher:
             await self.before_admit()
         await self.monitor.sync()
         cfg = self.config
-        queued = self._mine(
-            await self._catalogs.tasks_in_states([TaskState.QUEUED], limit=cfg.scan_limit)
-        )
-        # Past a task or queue deadline: FAILED here, never dispatched (domain.deadlines).
-        queued = await settle_overdue(self._db, self._catalogs, queued, self._clock())
-        self.metrics.queue_ages(oldest_by_class(queued, self._clock()))
-        if not queued:
+        planned = await self._plan_round()
+        if planned is None:
             return 0
-        in_flight = self._mine(
-            await self._catalogs.tasks_in_states(IN_FLIGHT_TASK_STATES, limit=cfg.scan_limit)
-        )
-        # One read for the round; a task never moved (version 0) was never requeued.
-        facts = await self._catalogs.requeue_facts([t.id for t in queued if t.status_version > 0])
-        by_id = {str(t.id): t for t in queued}
-        queue = fq.FairQueue.rebuild(
-            cfg.fair_queue,
-            time.time,
-            [_queued(t) for t in queued],
-            [_queued(t) for t in in_flight],
-            snapshot=self._fq_snapshot,
-        )
-        now = self._clock()
-
-        def eligible(item: fq.QueuedTask) -> bool:
-            nb = facts.get(int(item.task_id), RequeueFacts()).not_before
-            return nb is None or nb <= now
-
+        picked, by_id, facts, queue = planned
         done, throttled = 0, Counter[tuple[str, str]]()
-        while done < cfg.batch_size:
-            item = queue.pop_next(eligible)
-            if item is None:
-                break
+        for item in picked:
             task = by_id[item.task_id]
             task_facts = facts.get(task.id, RequeueFacts())
             try:
@@ -262,8 +245,59 @@ class Dispatcher:
             done += 1
         self.metrics.throttled_round(throttled)
         self._fq_snapshot = queue.snapshot()
+        if done:
+            try:
+                await self._queue.save_state(cfg.shard, self._fq_snapshot, self._clock())
+            except Exception:  # only the checkpoint is lost: the next leader starts afresh
+                log.warning("fair queue checkpoint not saved", exc_info=True)
         self.dispatched += done
         return done
+
+    async def next_round(self) -> list[int]:
+        """The ids the next round would take, in order: a dry run (nothing is dispatched or
+        checkpointed; overdue tasks are settled as in any round)."""
+        planned = await self._plan_round()
+        return [] if planned is None else [int(t.task_id) for t in planned[0]]
+
+    async def _plan_round(
+        self,
+    ) -> (
+        tuple[list[fq.QueuedTask], dict[str, TaskRecord], dict[int, RequeueFacts], fq.FairQueue]
+        | None
+    ):
+        """Read the group heads (9.12.4), settle the overdue, and pop this round's take."""
+        cfg = self.config
+        heads = await self._queue.heads(
+            now=self._clock(), rows=cfg.scan_limit, per_group_max=cfg.batch_size
+        )
+        queued = self._mine(heads.tasks)
+        # Past a task or queue deadline: FAILED here, never dispatched (domain.deadlines).
+        queued = await settle_overdue(self._db, self._catalogs, queued, self._clock())
+        self.metrics.queue_ages(oldest_by_class(queued, self._clock()))
+        if not queued:
+            return None
+        in_flight = await self._queue.in_flight_by_tenant(IN_FLIGHT_TASK_STATES)
+        # One read for the round; a task never moved (version 0) was never requeued.
+        facts = await self._catalogs.requeue_facts([t.id for t in queued if t.status_version > 0])
+        if not self._fq_loaded:  # a new leader serves on from the shard's checkpoint
+            self._fq_snapshot = fq.parse_snapshot(await self._queue.load_state(cfg.shard))
+            self._fq_loaded = True
+        queue = fq.FairQueue.rebuild(
+            cfg.fair_queue,
+            time.time,
+            [_queued(t) for t in queued],
+            snapshot=self._fq_snapshot,
+            in_flight_counts=in_flight,
+            partial=heads.partial,
+        )
+        now = self._clock()
+
+        def eligible(item: fq.QueuedTask) -> bool:
+            nb = facts.get(int(item.task_id), RequeueFacts()).not_before
+            return nb is None or nb <= now
+
+        picked = queue.pop_batch(cfg.batch_size, eligible)
+        return picked, {str(t.id): t for t in queued}, facts, queue
 
     def _mine(self, tasks: list[TaskRecord]) -> list[TaskRecord]:
         n = self.config.shard_count
@@ -276,8 +310,9 @@ class Dispatcher:
     # ---- one task -------------------------------------------------------------------------------
 
     async def dispatch(self, task: TaskRecord, facts: RequeueFacts | None = None) -> DispatchResult:
-        """Route one QUEUED task end to end (see the module docstring); lines carry its ids."""
-        with bind_ids(task_id=task.id):
+        """Route one QUEUED task end to end (see the module docstring); lines carry its ids, and
+        its span continues the task's trace from CreateTask (`vidroute_core.tracing`)."""
+        with bind_ids(task_id=task.id), tracing.continue_trace("dispatch", task.trace_context):
             return await self._dispatch(task, facts)
 
     async def _dispatch(self, task: TaskRecord, facts: RequeueFacts | None) -> DispatchResult:
@@ -320,15 +355,17 @@ class Dispatcher:
             incumbent=self._incumbents.get(group),
             canary_stages=self.config.canary_stages,
         )
-        # Capacity and health only for candidates that survive the other static filters.
-        survivors = prefilter(spec, catalog.candidates, ctx)
+        # The hard filters run once per candidate (`screen`); capacity and health only for
+        # the candidates that survive them; `route` reuses the screen.
+        screened = screen(spec, catalog.candidates, ctx, catalog.version)
+        survivors = screened.survivors()
         capacity = await capacity_views(self._leases, survivors, self.config.default_concurrency)
         health = {c.id: h for c in survivors if (h := self.monitor.health_view(c.id)) is not None}
         ctx = _with(ctx, capacity=capacity, health=health)
         compiled, plans = await compile_all(
             self._adapters,
             spec,
-            prefilter(spec, survivors, ctx),
+            screened.survivors(capacity),
             timeout_s=self.config.compile_timeout_s,
         )
         decision = route(
@@ -339,6 +376,7 @@ class Dispatcher:
             cfg=self.router,
             ctx=ctx,
             catalog_version=catalog.version,
+            screened=screened,
         )
         if decision.outcome is Outcome.SELECTED:
             return await self._lease_and_persist(
@@ -420,6 +458,7 @@ class Dispatcher:
                         outbox_payload={
                             "lease_account": candidate.lease_account,
                             "supports_idempotency_key": ops.client_idempotency_key,
+                            **tracing.carrier(),  # the submit worker continues this trace
                         },
                     )
             except BaseException:

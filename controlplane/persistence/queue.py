@@ -1,0 +1,214 @@
+"""The durable fair queue's reads: group heads, in-flight counts, the DRR checkpoint (9.12.4).
+
+PostgreSQL holds the queue: every QUEUED row of ``generation_tasks``. The dispatcher never scans
+it. It reads, per (service class, tenant, user, priority) group, the next few *due* tasks (a
+requeue whose ``not_before`` is still ahead does not block its group: it is skipped in the head
+query itself), so a light tenant's one task behind a million-task flood is as visible as the
+flood's own head. How, per backend:
+
+* PostgreSQL: a recursive skip scan walks the partial index ``ix_generation_tasks_queued_group``
+  (revision 0008) from one group to the next, one index probe per group, and a LATERAL join reads
+  each group's first rows by id. Work per round is O(groups x rows per group), never O(backlog).
+  On 1M queued rows (20 groups) it runs in ~1.2 ms; a window function (``row_number() OVER
+  (PARTITION BY group ORDER BY id)``) over the same rows took 8.8 s, so PostgreSQL does not use it.
+* SQLite (the embedded default): the same skip scan; heads by that window function over the
+  QUEUED rows of the found groups. Simpler, O(backlog), fine for its scale.
+
+How many rows a group gets is set per round: ``rows // groups``, clipped to
+``[1, per_group_max]``. A group that returned that many may hold more (`QueueHeads.partial`);
+the fair queue stops the round when it drains one (`FairQueue.pop_next`), rather than take it for
+empty. In-flight tasks are one ``GROUP BY tenant_id`` aggregate, not rows.
+
+``fair_queue_state`` is the deficit round robin's checkpoint per shard, written by the leader
+after each round that served something: a new leader starts from it and serves in the order the
+old one would have. Losing it loses no task, only the last round's credit and debt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Integer, bindparam, func, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from controlplane.domain.states import TaskState
+from controlplane.persistence import _rows
+from controlplane.persistence.models import fair_queue_state as S
+from controlplane.persistence.models import generation_tasks as T
+from controlplane.persistence.records import TaskRecord
+
+if TYPE_CHECKING:
+    from controlplane.persistence.database import Database
+
+__all__ = ["GroupKey", "QueueHeads", "QueueQueries", "group_of"]
+
+GroupKey = tuple[str, str, str, int]  # service class, tenant, user, priority
+
+# Next group after g: the index's first QUEUED entry past g's key (row comparison, one probe).
+_GROUPS = """
+WITH RECURSIVE g(sc, te, us, pr) AS (
+  SELECT * FROM (
+    SELECT service_class, tenant_id, user_id, priority FROM generation_tasks
+    WHERE status = 'QUEUED'
+    ORDER BY service_class, tenant_id, user_id, priority LIMIT 1
+  ) AS first_group
+  UNION ALL
+  SELECT t.service_class, t.tenant_id, t.user_id, t.priority
+  FROM g JOIN generation_tasks t ON t.id = (
+    SELECT t2.id FROM generation_tasks t2
+    WHERE t2.status = 'QUEUED'
+      AND (t2.service_class, t2.tenant_id, t2.user_id, t2.priority) > (g.sc, g.te, g.us, g.pr)
+    ORDER BY t2.service_class, t2.tenant_id, t2.user_id, t2.priority, t2.id LIMIT 1
+  )
+),
+groups AS (SELECT * FROM g LIMIT :max_groups)
+"""
+
+# A requeued task whose latest requeue asks to wait is not a head yet.
+_DUE = """
+  (t.status_version = 0 OR NOT EXISTS (
+    SELECT 1 FROM task_requeues r
+    WHERE r.task_id = t.id AND r.not_before > :now
+      AND r.id = (SELECT max(r2.id) FROM task_requeues r2 WHERE r2.task_id = t.id)
+  ))
+"""
+
+_PER_GROUP = (
+    "(SELECT CASE WHEN count(*) = 0 THEN 1"
+    " ELSE max(1, min(:per_group_max, :rows / count(*))) END FROM groups)"
+)
+
+_HEADS_POSTGRESQL = (
+    _GROUPS
+    + """
+SELECT h.*, """
+    + _PER_GROUP.replace("max(1, min(", "greatest(1, least(")
+    + """ AS per_group FROM groups CROSS JOIN LATERAL (
+  SELECT t.* FROM generation_tasks t
+  WHERE t.status = 'QUEUED' AND t.service_class = groups.sc AND t.tenant_id = groups.te
+    AND t.user_id = groups.us AND t.priority = groups.pr AND """
+    + _DUE
+    + """
+  ORDER BY t.id LIMIT """
+    + _PER_GROUP.replace("max(1, min(", "greatest(1, least(")
+    + """
+) AS h
+ORDER BY h.service_class, h.tenant_id, h.user_id, h.priority, h.id
+"""
+)
+
+_HEADS_SQLITE = (
+    _GROUPS
+    + """
+SELECT ranked.*, """
+    + _PER_GROUP
+    + """ AS per_group FROM (
+  SELECT t.*, row_number() OVER (
+    PARTITION BY t.service_class, t.tenant_id, t.user_id, t.priority ORDER BY t.id
+  ) AS head_rank
+  FROM generation_tasks t JOIN groups
+    ON t.service_class = groups.sc AND t.tenant_id = groups.te
+   AND t.user_id = groups.us AND t.priority = groups.pr
+  WHERE t.status = 'QUEUED' AND """
+    + _DUE
+    + """
+) AS ranked
+WHERE head_rank <= """
+    + _PER_GROUP
+    + """
+ORDER BY service_class, tenant_id, user_id, priority, id
+"""
+)
+
+
+def group_of(task: TaskRecord) -> GroupKey:
+    """The fair-queue group a task's row belongs to."""
+    return (task.service_class.value, task.tenant_id, task.user_id, task.priority)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueHeads:
+    """One round's view of the queue: due heads of every group, grouped, oldest first."""
+
+    tasks: list[TaskRecord]
+    # Groups that returned `per_group` rows and so may hold more due tasks than were read.
+    partial: frozenset[GroupKey]
+    groups: int
+    per_group: int
+
+
+class QueueQueries:
+    """The dispatcher's queue reads and its DRR checkpoint (one I/O seam: the database)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def heads(
+        self, *, now: datetime, rows: int, per_group_max: int, max_groups: int = 10_000
+    ) -> QueueHeads:
+        """The due heads of every group: about `rows` rows in all, at most `per_group_max` each."""
+        rows, per_group_max = max(1, rows), max(1, per_group_max)
+        async with self._db.reading() as conn:
+            postgres = conn.dialect.name == "postgresql"
+            if postgres:
+                # The per-group LIMIT is a subquery, so the planner guesses thousands of rows per
+                # group and JIT-compiles a ~1 ms query for ~350 ms (EXPLAIN on 1M queued rows).
+                await conn.execute(text("SET LOCAL jit = off"))
+            sql = _HEADS_POSTGRESQL if postgres else _HEADS_SQLITE
+            stmt = (
+                text(sql)
+                .bindparams(bindparam("now", type_=T.c.created_at.type))
+                .columns(**{c.name: c.type for c in T.c}, per_group=Integer)
+            )
+            result = await conn.execute(
+                stmt,
+                {
+                    "now": now,
+                    "rows": rows,
+                    "per_group_max": per_group_max,
+                    "max_groups": max_groups,
+                },
+            )
+            found = result.mappings().all()
+        tasks = [_rows.task(m) for m in found]
+        per_group = int(found[0]["per_group"]) if found else 1
+        counts: dict[GroupKey, int] = {}
+        for task in tasks:
+            key = group_of(task)
+            counts[key] = counts.get(key, 0) + 1
+        groups = len(counts)
+        partial = frozenset(k for k, n in counts.items() if n >= per_group)
+        return QueueHeads(tasks, partial, groups, per_group)
+
+    async def in_flight_by_tenant(self, states: Sequence[TaskState]) -> dict[str, int]:
+        """How many tasks each tenant has in `states`: one aggregate, no rows."""
+        async with self._db.reading() as conn:
+            result = await conn.execute(
+                select(T.c.tenant_id, func.count())
+                .where(T.c.status.in_([s.value for s in states]))
+                .group_by(T.c.tenant_id)
+            )
+            return {tenant: int(n) for tenant, n in result}
+
+    async def load_state(self, shard: int) -> dict[str, Any] | None:
+        """The shard's last DRR checkpoint, or None."""
+        async with self._db.reading() as conn:
+            state = await conn.scalar(select(S.c.state).where(S.c.shard == shard))
+            return dict(state) if state is not None else None
+
+    async def save_state(self, shard: int, state: Mapping[str, Any], now: datetime) -> None:
+        """Replace the shard's checkpoint (one upsert)."""
+        async with self._db.unit(now) as u:
+            conn = u.conn
+            insert = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+            stmt = insert(S).values(shard=shard, state=dict(state), updated_at=now)
+            await conn.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=[S.c.shard],
+                    set_={"state": stmt.excluded.state, "updated_at": stmt.excluded.updated_at},
+                )
+            )
