@@ -12,13 +12,48 @@ NO_ELIGIBLE_CANDIDATE and the task fails with every candidate's reason (`failure
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from controlplane.domain.routing.candidates import Candidate, CompileResult
 from controlplane.domain.routing.filters import Reason
+
+#: The score components of a verdict, in the order `scoring.ScoreComponents` declares them.
+COMPONENT_NAMES = ("quality", "success", "latency", "cost", "capacity", "region", "preference")
+
+
+class Components(Mapping[str, float]):
+    """A verdict's score components, rounded to 6 places when first read (the explain view).
+
+    The decision loop keeps the raw floats; the dict is built only when something reads it,
+    e.g. `Verdict.to_json` when the decision is stored."""
+
+    __slots__ = ("_raw", "_rounded")
+
+    def __init__(self, raw: tuple[float, ...]) -> None:
+        self._raw = raw
+        self._rounded: dict[str, float] | None = None
+
+    def _view(self) -> dict[str, float]:
+        if self._rounded is None:
+            self._rounded = {
+                n: round(x, 6) for n, x in zip(COMPONENT_NAMES, self._raw, strict=True)
+            }
+        return self._rounded
+
+    def __getitem__(self, name: str) -> float:
+        return self._view()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._view())
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def __repr__(self) -> str:
+        return f"Components({self._view()!r})"
 
 
 class Outcome(StrEnum):
@@ -27,9 +62,11 @@ class Outcome(StrEnum):
     NO_ELIGIBLE_CANDIDATE = "NO_ELIGIBLE_CANDIDATE"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Verdict:
-    """One candidate's fate in a decision."""
+    """One candidate's fate in a decision; a value: never changed once made (`after_leasing`
+    makes new ones). Not ``frozen``: a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``, 4x the cost of building one per candidate per decision."""
 
     candidate: Candidate
     eligible: bool

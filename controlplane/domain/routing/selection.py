@@ -6,26 +6,47 @@ can resurrect a rejected candidate), then hysteresis/dwell against the routing g
 consistent-hash bucketing of near-ties, and an optional shadow policy that is recorded, never run.
 When soft exclusions leave nothing eligible, the decision is taken again without them and its
 ``selection_reason`` says so. Deterministic for equal inputs; no I/O, no clock.
+
+The fast path (issue 10): the hard filters come from one `filters.Screen` (the dispatcher's, or
+one made here), so no filter runs twice; the second pass only recombines it. Scores are plain
+floats in one loop per decision (the same arithmetic as `scoring.score`, whose dataclasses are
+the explain vocabulary); the main and the shadow policy share the components; verdicts are
+built once with their final fields and the snapshot once at the end. The rounded components
+dict of the explain view is made when read (`decision.Components`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
+from datetime import datetime
+from math import fsum
+from types import MappingProxyType
 
 from controlplane.domain import scoring
 from controlplane.domain.routing.candidates import Candidate, CompileResult, RoutingContext
-from controlplane.domain.routing.decision import Outcome, RouteDecisionSnapshot, Verdict
+from controlplane.domain.routing.decision import (
+    Components,
+    Outcome,
+    RouteDecisionSnapshot,
+    Verdict,
+)
 from controlplane.domain.routing.filters import (
+    NOT_SOFT,
+    SOFT_DETAIL,
     TRANSIENT_REASONS,
     Reason,
+    Screen,
+    capacity_reject,
     compile_reject,
-    hard_reject,
     pinned,
+    screen,
 )
+from controlplane.domain.routing.plan import CandidatePlan
 from vidroute_core.spec import GenerationSpec, RoutingMode
 
 SOFT_LIFTED = "soft_exclusion_lifted"
+_NONE: Mapping[str, float] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -40,54 +61,92 @@ class RouterConfig:
     default_quality: float = 0.5
 
 
-def _components(
-    v: Verdict,
-    spec: GenerationSpec,
-    cfg: RouterConfig,
-    ctx: RoutingContext,
-    cost_range: tuple[float, float],
-) -> scoring.ScoreComponents:
-    c = v.candidate
-    health = ctx.health.get(c.id)
-    latency = 0.5
-    if health is not None and health.mean_latency_s is not None:
-        latency = scoring.latency_score(
-            health.mean_latency_s, cfg.latency_good_s, cfg.latency_bad_s
-        )
-    cap = ctx.capacity.get(c.id)
-    preferred = spec.routing.preferred_providers
-    return scoring.ScoreComponents(
-        quality=min(1.0, max(0.0, ctx.quality.get(c.id, cfg.default_quality))),
-        success=health.success_lower_bound if health is not None else 0.0,
-        latency=latency,
-        cost=scoring.cost_score(float(v.estimated_cost_micros or 0), *cost_range),
-        capacity=scoring.capacity_score(cap.available, cap.maximum) if cap else 1.0,
-        region=scoring.region_score(c.region, ctx.preferred_regions),
-        preference=scoring.preference_score(c.provider, preferred) if preferred else 0.5,
-    )
+class _Row:
+    """An eligible candidate while its decision is made; becomes its `Verdict` at the end."""
+
+    __slots__ = ("canary", "cost", "entry", "parts", "penalty", "result")
+
+    def __init__(self, entry: CandidatePlan, cost: int, result: CompileResult | None) -> None:
+        self.entry, self.cost, self.result = entry, cost, result
+        self.canary = False
+        self.parts: tuple[float, ...] = ()
+        self.penalty = 0.0
 
 
-def _score_all(
-    eligible: Sequence[Verdict],
-    spec: GenerationSpec,
-    cfg: RouterConfig,
-    ctx: RoutingContext,
-    policy: scoring.RoutingPolicy,
-) -> dict[str, scoring.ScoreBreakdown]:
-    weights = policy.weights_for(spec.service_class.value)
-    out: dict[str, scoring.ScoreBreakdown] = {}
-    costs = [float(e.estimated_cost_micros or 0) for e in eligible] or [0.0]
+def _weights(
+    policy: scoring.RoutingPolicy, spec: GenerationSpec
+) -> tuple[tuple[float, ...], float]:
+    w = policy.weights_for(spec.service_class.value)
+    vector = (w.quality, w.success, w.latency, w.cost, w.capacity, w.region, w.preference)
+    return vector, fsum(vector)
+
+
+def _totals(rows: Sequence[_Row], weights: tuple[tuple[float, ...], float]) -> dict[str, float]:
+    """Each row's total: min(sum of weighted parts, sum of weights) minus its penalty."""
+    (wq, ws, wl, wc, wk, wr, wp), cap = weights
+    out: dict[str, float] = {}
+    for row in rows:
+        q, s, lat, c, k, reg, p = row.parts
+        gross = min(fsum((q * wq, s * ws, lat * wl, c * wc, k * wk, reg * wr, p * wp)), cap)
+        out[row.entry.id] = gross - row.penalty
+    return out
+
+
+def _score_parts(
+    eligible: Sequence[_Row], spec: GenerationSpec, cfg: RouterConfig, ctx: RoutingContext
+) -> None:
+    """Fill every eligible row's components (9.13.2) and penalty; `scoring`'s normalisers."""
+    costs = [float(r.cost) for r in eligible] or [0.0]
     budget = spec.routing.max_estimated_cost_micros
     # The cheapest eligible candidate scores 1; the budget (or 1.5x the dearest) scores 0.
-    cost_range = (min(costs), float(budget) if budget > 0 else max(costs) * 1.5 + 1.0)
-    for v in eligible:
-        penalties = []
-        if v.candidate.lifecycle == "deprecated":
-            penalties.append(scoring.Penalty("DEPRECATED", cfg.deprecated_penalty))
-        out[v.candidate.id] = scoring.score(
-            _components(v, spec, cfg, ctx, cost_range), weights, penalties
+    lo = min(costs)
+    hi = float(budget) if budget > 0 else max(costs) * 1.5 + 1.0
+    good, bad = cfg.latency_good_s, cfg.latency_bad_s
+    health, capacity, quality = ctx.health, ctx.capacity, ctx.quality
+    default_quality = cfg.default_quality
+    preferred = spec.routing.preferred_providers
+    regions: dict[str, float] = {}
+    penalty = cfg.deprecated_penalty
+    if penalty < 0 and any(r.entry.deprecated for r in eligible):
+        raise ValueError("penalties are non-negative amounts")
+    for row in eligible:
+        e = row.entry
+        h = health.get(e.id)
+        latency = 0.5
+        success = 0.0
+        if h is not None:
+            success = h.success_lower_bound
+            if not 0.0 <= success <= 1.0:
+                raise ValueError(f"component success={success} outside [0, 1]")
+            if h.mean_latency_s is not None:
+                if bad <= good:
+                    raise ValueError("latency bad must exceed good")
+                latency = min(1.0, max(0.0, (bad - h.mean_latency_s) / (bad - good)))
+        if hi <= lo:
+            cost = 1.0 if row.cost <= hi else 0.0
+        else:
+            cost = min(1.0, max(0.0, (hi - row.cost) / (hi - lo)))
+        cap = capacity.get(e.id)
+        free = 1.0
+        if cap is not None:
+            free = min(1.0, max(0.0, cap.available / cap.maximum)) ** 2 if cap.maximum > 0 else 0.0
+        region = regions.get(e.region)
+        if region is None:
+            region = regions[e.region] = scoring.region_score(e.region, ctx.preferred_regions)
+        row.parts = (
+            min(1.0, max(0.0, quality.get(e.id, default_quality))),
+            success,
+            latency,
+            cost,
+            free,
+            region,
+            (1.0 if e.provider in preferred else 0.5) if preferred else 0.5,
         )
-    return out
+        row.penalty = penalty if e.deprecated else 0.0
+
+
+def _ranked(scores: Mapping[str, float], ids: Sequence[str]) -> list[tuple[str, float]]:
+    return sorted(((i, scores[i]) for i in ids), key=lambda p: (-p[1], p[0]))
 
 
 def _group_key(task_id: str, spec: GenerationSpec) -> str:
@@ -102,15 +161,14 @@ def _select(
     ctx: RoutingContext,
 ) -> tuple[str, str, int | None]:
     """(chosen id, why, bucket) among non-canary eligible candidates ranked by score."""
-    now_s = ctx.now.timestamp()
     inc = ctx.incumbent
-    if inc is not None and inc.candidate_id in dict(ranked):
+    if inc is not None and any(cid == inc.candidate_id for cid, _ in ranked):
         decision = scoring.choose_with_hysteresis(
             ranked,
             inc.candidate_id,
             delta=cfg.policy.hysteresis_delta,
             dwell_s=cfg.policy.min_dwell_s,
-            now=now_s,
+            now=ctx.now.timestamp(),
             incumbent_since=inc.since_s,
         )
         return decision.chosen, decision.reason, None
@@ -131,185 +189,220 @@ def route(
     cfg: RouterConfig,
     ctx: RoutingContext,
     catalog_version: str = "",
+    screened: Screen | None = None,
 ) -> RouteDecisionSnapshot:
     """Run steps 3-8 and return the decision; deterministic for equal inputs.
 
-    When soft exclusions leave nothing eligible, the decision is taken again without them."""
+    `screened` is the dispatcher's `filters.screen` of this task (taken before capacity was
+    gathered); it is used when it matches `spec`, the candidates and `ctx`, else the hard
+    filters run here. When soft exclusions leave nothing eligible, the decision is taken again
+    without them."""
+    if screened is None or not screened.matches(spec, candidates, catalog_version, ctx):
+        screened = screen(spec, candidates, ctx, catalog_version)
     first = _route_once(
-        task_id, spec, candidates, compiled, cfg=cfg, ctx=ctx, catalog=catalog_version
+        task_id,
+        spec=spec,
+        screened=screened,
+        compiled=compiled,
+        cfg=cfg,
+        ctx=ctx,
+        lifted=ctx.soft_lifted,
+        why_prefix="",
     )
     if first.outcome is Outcome.SELECTED or not ctx.soft_excluded or ctx.soft_lifted:
         return first
-    second = _route_once(
+    return _route_once(
         task_id,
-        spec,
-        candidates,
-        compiled,
+        spec=spec,
+        screened=screened,
+        compiled=compiled,
         cfg=cfg,
-        ctx=replace(ctx, soft_lifted=True),
-        catalog=catalog_version,
+        ctx=ctx,
+        lifted=True,
+        why_prefix=SOFT_LIFTED,
     )
-    why = f"{SOFT_LIFTED}:{second.selection_reason}" if second.selection_reason else SOFT_LIFTED
-    return replace(second, selection_reason=why)
 
 
-def _route_once(
-    task_id: str,
+def _rows(
     spec: GenerationSpec,
-    candidates: Sequence[Candidate],
+    screened: Screen,
     compiled: Mapping[str, CompileResult],
-    *,
-    cfg: RouterConfig,
     ctx: RoutingContext,
-    catalog: str,
-) -> RouteDecisionSnapshot:
-    verdicts: list[Verdict] = []
-    for c in sorted(candidates, key=lambda c: c.id):
-        rejected = hard_reject(spec, c, ctx)
-        result = compiled.get(c.id)
+    lifted: bool,
+) -> list[_Row | Verdict]:
+    """Every candidate in id order: a final `Verdict` when it is rejected, else a `_Row`."""
+    units, audio, now = screened.task.price_units, screened.task.with_audio, ctx.now
+    capacity = ctx.capacity
+    out: list[_Row | Verdict] = []
+    # `Screen.reject` inlined: this loop runs once per candidate per decision.
+    for e, head, retry_at, rest in zip(
+        screened.plan.entries, screened.head, screened.soft, screened.rest, strict=True
+    ):
+        rejected = head
+        if rejected is None and retry_at is not NOT_SOFT:
+            if not lifted:
+                rejected = Reason.EXCLUDED_BY_FAILOVER, SOFT_DETAIL
+            elif isinstance(retry_at, datetime) and retry_at > now:
+                rejected = (
+                    Reason.RETRY_BACKOFF,
+                    f"no new attempt on it before {retry_at.isoformat()}",
+                )
         if rejected is None:
-            rejected = compile_reject(spec, c, result)
-        cost = result.estimated_cost_micros if result and not result.error else None
-        if cost is None:
-            cost = c.price.estimate(spec)
-        if rejected is not None:
-            verdicts.append(
+            rejected = rest
+        if rejected is None and capacity:
+            rejected = capacity_reject(capacity.get(e.id))
+        result = compiled.get(e.id)
+        if rejected is None:
+            rejected = compile_reject(spec, e.candidate, result)
+        if result is not None and not result.error:
+            cost = result.estimated_cost_micros
+        else:
+            per_s = e.micros_per_second
+            if audio and e.micros_per_second_with_audio is not None:
+                per_s = e.micros_per_second_with_audio
+            cost = per_s * units
+        if rejected is None:
+            out.append(_Row(e, cost, result))
+        else:
+            out.append(
                 Verdict(
-                    c,
+                    e.candidate,
                     False,
                     rejected[0].value,
                     rejected[1],
-                    estimated_cost_micros=cost,
-                    compile=result,
-                )
-            )
-        else:
-            verdicts.append(Verdict(c, True, estimated_cost_micros=cost, compile=result))
-    verdicts = _apply_canary(task_id, spec, verdicts, ctx)
-    eligible = [v for v in verdicts if v.eligible]
-    scores = _score_all(eligible, spec, cfg, ctx, cfg.policy)
-    verdicts = [
-        replace(
-            v,
-            score=scores[v.candidate.id].total,
-            components=_rounded(scores[v.candidate.id].components),
-            penalties={p.code: p.amount for p in scores[v.candidate.id].penalties},
-        )
-        if v.candidate.id in scores
-        else v
-        for v in verdicts
-    ]
-    snapshot = RouteDecisionSnapshot(
-        task_id=task_id,
-        outcome=Outcome.NO_ELIGIBLE_CANDIDATE,
-        policy_version=cfg.policy.version,
-        catalog_version=catalog,
-        verdicts=tuple(verdicts),
-        ranked=(),
-    )
-    snapshot = _with_shadow(snapshot, eligible, spec, cfg, ctx)
-    if not eligible:
-        transient = any(v.reason in TRANSIENT_REASONS for v in verdicts)
-        outcome = Outcome.NO_CAPACITY if transient else Outcome.NO_ELIGIBLE_CANDIDATE
-        return replace(snapshot, outcome=outcome)
-    return _choose(task_id, spec, snapshot, scores, cfg=cfg, ctx=ctx)
-
-
-def _rounded(components: scoring.ScoreComponents) -> dict[str, float]:
-    return {f.name: round(getattr(components, f.name), 6) for f in fields(components)}
-
-
-def _ranked(
-    ids: Sequence[str], scores: Mapping[str, scoring.ScoreBreakdown]
-) -> list[tuple[str, float]]:
-    return sorted(((i, scores[i].total) for i in ids), key=lambda p: (-p[1], p[0]))
-
-
-def _choose(
-    task_id: str,
-    spec: GenerationSpec,
-    snapshot: RouteDecisionSnapshot,
-    scores: Mapping[str, scoring.ScoreBreakdown],
-    *,
-    cfg: RouterConfig,
-    ctx: RoutingContext,
-) -> RouteDecisionSnapshot:
-    eligible = [v for v in snapshot.verdicts if v.eligible]
-    canaries = [v.candidate.id for v in eligible if v.canary]
-    normal = _ranked([v.candidate.id for v in eligible if not v.canary], scores)
-    if spec.routing.mode is RoutingMode.PREFERRED:
-        # The pinned model wins whenever it is eligible; others only as an equivalent fallback.
-        pinned_ids = {v.candidate.id for v in eligible if pinned(spec, v.candidate)}
-        normal = [p for p in normal if p[0] in pinned_ids] + [
-            p for p in normal if p[0] not in pinned_ids
-        ]
-    canary_ranked = _ranked(canaries, scores)
-    if canary_ranked:
-        order = [canary_ranked[0][0]] + [cid for cid, _ in normal]
-        return replace(
-            snapshot,
-            outcome=Outcome.SELECTED,
-            ranked=tuple(order),
-            selection_reason="canary_admitted",
-        )
-    head = normal
-    if spec.routing.mode is RoutingMode.PREFERRED:
-        pinned_only = [p for p in normal if pinned(spec, snapshot.verdict(p[0]).candidate)]
-        head = pinned_only or normal
-    chosen, why, slot = _select(task_id, spec, head, cfg, ctx)
-    order = [chosen] + [cid for cid, _ in normal if cid != chosen]
-    return replace(
-        snapshot, outcome=Outcome.SELECTED, ranked=tuple(order), selection_reason=why, bucket=slot
-    )
-
-
-def _apply_canary(
-    task_id: str, spec: GenerationSpec, verdicts: list[Verdict], ctx: RoutingContext
-) -> list[Verdict]:
-    """Canary candidates take only admitted traffic: a bucketed share, never STRICT/high-value."""
-    if not ctx.canary_stages:
-        return verdicts
-    plan = scoring.CanaryPlan()
-    strict = spec.routing.mode is RoutingMode.STRICT_MODEL
-    out = []
-    for v in verdicts:
-        stage = ctx.canary_stages.get(v.candidate.id)
-        if stage is None or not v.eligible:
-            out.append(v)
-            continue
-        value = max(v.estimated_cost_micros or 0, spec.routing.max_estimated_cost_micros)
-        if plan.admits(task_id, stage, strict, value):
-            out.append(replace(v, canary=True))
-        else:
-            why = "STRICT task" if strict else f"not in the stage-{stage} share or high value"
-            out.append(
-                replace(
-                    v,
-                    eligible=False,
-                    reason=Reason.CANARY_NOT_ADMITTED.value,
-                    detail=why,
-                    canary=True,
+                    None,
+                    _NONE,
+                    _NONE,
+                    cost,
+                    result,
+                    False,
                 )
             )
     return out
 
 
-def _with_shadow(
-    snapshot: RouteDecisionSnapshot,
-    eligible: Sequence[Verdict],
+def _route_once(
+    task_id: str,
+    *,
     spec: GenerationSpec,
+    screened: Screen,
+    compiled: Mapping[str, CompileResult],
     cfg: RouterConfig,
     ctx: RoutingContext,
+    lifted: bool,
+    why_prefix: str,
 ) -> RouteDecisionSnapshot:
-    """Score the eligible set with the shadow policy (9.25.4): recorded, never executed."""
-    shadow = cfg.shadow_policy
-    if shadow is None:
-        return snapshot
-    scores = _score_all(eligible, spec, cfg, ctx, shadow)
-    ranked = _ranked(list(scores), scores)
-    return replace(
-        snapshot,
-        shadow_policy_version=shadow.version,
-        shadow_selected=ranked[0][0] if ranked else "",
-        shadow_scores={cid: round(s, 6) for cid, s in ranked},
+    rows = _rows(spec, screened, compiled, ctx, lifted)
+    if ctx.canary_stages:
+        _apply_canary(task_id, spec, rows, ctx)
+    eligible = [r for r in rows if isinstance(r, _Row)]
+    _score_parts(eligible, spec, cfg, ctx)
+    scores = _totals(eligible, _weights(cfg.policy, spec))
+    shadow_version, shadow_selected = "", ""
+    shadow_scores: Mapping[str, float] = _NONE
+    if cfg.shadow_policy is not None:  # 9.25.4: recorded, never executed
+        shadow_version = cfg.shadow_policy.version
+        shadow_ranked = _ranked(_totals(eligible, _weights(cfg.shadow_policy, spec)), list(scores))
+        shadow_selected = shadow_ranked[0][0] if shadow_ranked else ""
+        shadow_scores = {cid: round(s, 6) for cid, s in shadow_ranked}
+    verdicts = tuple(_verdict(r, scores) if isinstance(r, _Row) else r for r in rows)
+    ranked: tuple[str, ...] = ()
+    outcome, why, slot = Outcome.NO_ELIGIBLE_CANDIDATE, "", None
+    if eligible:
+        outcome = Outcome.SELECTED
+        ranked, why, slot = _choose(
+            task_id, spec, eligible=eligible, scores=scores, cfg=cfg, ctx=ctx
+        )
+    elif any(v.reason in TRANSIENT_REASONS for v in verdicts):
+        outcome = Outcome.NO_CAPACITY
+    if why_prefix:
+        why = f"{why_prefix}:{why}" if why else why_prefix
+    return RouteDecisionSnapshot(
+        task_id=task_id,
+        outcome=outcome,
+        policy_version=cfg.policy.version,
+        catalog_version=screened.plan.version,
+        verdicts=verdicts,
+        ranked=ranked,
+        selection_reason=why,
+        bucket=slot,
+        shadow_policy_version=shadow_version,
+        shadow_selected=shadow_selected,
+        shadow_scores=shadow_scores,
     )
+
+
+def _verdict(row: _Row, scores: Mapping[str, float]) -> Verdict:
+    e = row.entry
+    penalties = {"DEPRECATED": row.penalty} if e.deprecated else _NONE
+    return Verdict(
+        e.candidate,
+        True,
+        "",
+        "",
+        scores[e.id],
+        Components(row.parts),
+        penalties,
+        row.cost,
+        row.result,
+        row.canary,
+    )
+
+
+def _choose(
+    task_id: str,
+    spec: GenerationSpec,
+    *,
+    eligible: Sequence[_Row],
+    scores: Mapping[str, float],
+    cfg: RouterConfig,
+    ctx: RoutingContext,
+) -> tuple[tuple[str, ...], str, int | None]:
+    """(lease fall-through order, why, bucket) among the eligible rows."""
+    canaries = [r.entry.id for r in eligible if r.canary]
+    normal = _ranked(scores, [r.entry.id for r in eligible if not r.canary])
+    pinned_ids: set[str] = set()
+    if spec.routing.mode is RoutingMode.PREFERRED:
+        # The pinned model wins whenever it is eligible; others only as an equivalent fallback.
+        pinned_ids = {r.entry.id for r in eligible if pinned(spec, r.entry.candidate)}
+        normal = [p for p in normal if p[0] in pinned_ids] + [
+            p for p in normal if p[0] not in pinned_ids
+        ]
+    if canaries:
+        head_canary = _ranked(scores, canaries)[0][0]
+        return (head_canary, *(cid for cid, _ in normal)), "canary_admitted", None
+    head = normal
+    if spec.routing.mode is RoutingMode.PREFERRED:
+        head = [p for p in normal if p[0] in pinned_ids] or normal
+    chosen, why, slot = _select(task_id, spec, head, cfg, ctx)
+    return (chosen, *(cid for cid, _ in normal if cid != chosen)), why, slot
+
+
+def _apply_canary(
+    task_id: str, spec: GenerationSpec, rows: list[_Row | Verdict], ctx: RoutingContext
+) -> None:
+    """Canary candidates take only admitted traffic: a bucketed share, never STRICT/high-value."""
+    plan = scoring.CanaryPlan()
+    strict = spec.routing.mode is RoutingMode.STRICT_MODEL
+    for i, row in enumerate(rows):
+        if not isinstance(row, _Row):
+            continue  # already rejected
+        stage = ctx.canary_stages.get(row.entry.id)
+        if stage is None:
+            continue
+        row.canary = True
+        value = max(row.cost or 0, spec.routing.max_estimated_cost_micros)
+        if not plan.admits(task_id, stage, strict, value):
+            why = "STRICT task" if strict else f"not in the stage-{stage} share or high value"
+            rows[i] = Verdict(
+                row.entry.candidate,
+                False,
+                Reason.CANARY_NOT_ADMITTED.value,
+                why,
+                None,
+                _NONE,
+                _NONE,
+                row.cost,
+                row.result,
+                True,
+            )
