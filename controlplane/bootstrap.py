@@ -121,6 +121,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./var/vidroute.db"
 DEFAULT_LISTEN = "127.0.0.1:50051"
+# A Redis that has not answered PING within this (times the time scale) is down for readiness.
+READINESS_REDIS_TIMEOUT_S = 2.0
 ROUTING_POLICY_VERSION = "router-v1"
 DEFAULT_SAFETY_POLICY = Path(__file__).with_name("safety_policy.yaml")
 
@@ -418,6 +420,28 @@ def _bind_callback_ingress(settings: Settings, scale: float) -> CallbackServer |
     return ingress
 
 
+def _catalog_ready() -> str | None:
+    return None
+
+
+@dataclass
+class _Readiness:
+    """The readiness probe: PostgreSQL and Redis answer, and the catalog is ready (a raise, like
+    False, is NOT_SERVING; liveness is unaffected). `redis` and `not_ready` are set once the
+    scheduling runtime exists (an API-only replica has neither)."""
+
+    db: Database
+    redis_timeout_s: float
+    redis: Redis | None = None
+    not_ready: Callable[[], str | None] = _catalog_ready
+
+    async def probe(self) -> bool:
+        await self.db.ping()
+        if self.redis is not None:
+            await asyncio.wait_for(self.redis.ping(), self.redis_timeout_s)
+        return self.not_ready() is None
+
+
 async def start_control_plane(settings: Settings) -> ControlPlaneServer:
     """Migrate (if asked), wire the services and start serving."""
     if settings.migrate_on_start:
@@ -427,25 +451,14 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
     background: list[Callable[[], Awaitable[Any]]] = []
     metrics = _metrics(settings, cleanup)
 
-    def not_ready() -> str | None:  # rebound below once there is a dispatcher
-        return None
-
-    shared_redis: list[Redis] = []  # the lease/breaker Redis, once there is one
-
-    async def probe() -> bool:
-        """Readiness: PostgreSQL and Redis answer and the catalog is ready (a raise, like a
-        False, is NOT_SERVING; liveness is unaffected)."""
-        await db.ping()
-        for client in shared_redis:
-            await asyncio.wait_for(client.ping(), READINESS_REDIS_TIMEOUT_S * settings.time_scale)
-        return not_ready() is None
+    readiness = _Readiness(db, READINESS_REDIS_TIMEOUT_S * settings.time_scale)
 
     canceller = None
     admin = None
     scale = settings.time_scale
     log.info("time scale %g: every duration of the control plane multiplied by it", scale)
     if settings.adapters:
-        leases, redis_client = await _lease_store(settings, cleanup)
+        leases, readiness.redis = await _lease_store(settings, cleanup)
         worker = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         adapter_timing = scaled_defaults(GrpcAdapterClient, scale)
         adapter_timing["submit_margin_s"] = settings.adapter_submit_margin_s * scale
@@ -461,7 +474,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             leases=leases,
             adapters=adapters,
             policy=scale_durations(example_policy(ROUTING_POLICY_VERSION), scale),
-            redis_client=redis_client,
+            redis_client=readiness.redis,
             worker_id=worker,
             breaker_config=scale_durations(BreakerConfig(), scale),
             config=scale_durations(DispatcherConfig(), scale),
@@ -472,7 +485,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         admin = runtime.admin
         runtime.dispatcher.readiness = CatalogReadiness(frozenset(settings.adapters))
         _wire_metrics(metrics, runtime, leases)
-        not_ready = runtime.dispatcher.not_ready
+        readiness.not_ready = runtime.dispatcher.not_ready
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0 * scale, connect=5.0 * scale))
         cleanup.append(http.aclose)
         object_store = object_store_from_url(
@@ -540,7 +553,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
     return await start_server(
         servicer,
         listen=settings.listen,
-        probe=probe,
+        probe=readiness.probe,
         cleanup=[*background, *cleanup, db.dispose],
         probe_interval=scale_value(settings.health_probe_interval_s, scale),
         auth=Authenticator(settings.auth_tokens),
