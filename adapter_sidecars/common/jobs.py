@@ -15,6 +15,7 @@ import contextlib
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from urllib.parse import parse_qs, urlsplit
 
 from vidroute_core.adapter import JobState
@@ -82,3 +83,16 @@ def progress_of(value: object) -> float | None:
 def iso_z(when: datetime) -> str:
     """RFC 3339 in UTC with a ``Z``, as provider query parameters expect."""
     return when.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def scaled_int(value: object, scale: int) -> int:
+    """A provider's decimal number (JSON int, float or string) times `scale`, as an exact
+    integer (half-even rounding): ``scaled_int(0.1, 1_000_000) == 100_000``, never a float
+    product. Money and provider units go through this; anything unreadable is 0."""
+    try:
+        number = Decimal(str(value)) if value is not None else Decimal(0)
+    except (InvalidOperation, ValueError):
+        return 0
+    if not number.is_finite():
+        return 0
+    return int((number * scale).to_integral_value(rounding=ROUND_HALF_EVEN))

@@ -80,6 +80,8 @@ class Emulator:
     """Base class; see the module docstring."""
 
     name = "emulator"
+    #: Usage-export faults this emulator applies (`add_usage_fault`); "orphan" is `add_usage`.
+    USAGE_FAULTS: ClassVar[frozenset[str]] = frozenset({"orphan"})
     #: Emulator-only routes this emulator can serve: name -> what it adds. Off unless named in
     #: `EmulatorConfig.extensions`.
     EXTENSIONS: ClassVar[Mapping[str, str]] = {}
@@ -95,6 +97,7 @@ class Emulator:
         self.fault_book = FaultBook()
         self.jobs: dict[str, Job] = {}
         self.usage_charges: list[dict[str, Any]] = []
+        self.usage_faults: list[dict[str, Any]] = []
         self.counters: Counter[str] = Counter()
         self.media = MediaLinks(config.media_secret)
         self.callbacks = CallbackSender(config.callback_secret)
@@ -166,10 +169,45 @@ class Emulator:
         self.usage_charges.append(row)
         return row
 
+    def add_usage_fault(self, fault: dict[str, Any]) -> dict[str, Any]:
+        """Falsify the usage export the way real bills go wrong (admin/test only).
+
+        ``{"kind": "duplicate", "job_id"}``: the job is billed twice. ``{"kind": "price",
+        "job_id", "unit_price"}``: the job is billed at another unit price (Runway credits per
+        second, Veo USD per second). ``{"kind": "conversion", "job_id", "micros_per_unit"}``:
+        the job's units are turned into money at another rate (exports that carry money for
+        converted units). ``{"kind": "charge_failed", "job_id"}``: a failed or cancelled job is
+        billed as if it had succeeded. ``{"kind": "orphan", ...}``: `add_usage`, a charge
+        with no job. Raises ValueError for a kind this emulator's export cannot show.
+        """
+        kind = str(fault.get("kind", ""))
+        if kind not in self.USAGE_FAULTS:
+            raise ValueError(
+                f"{self.name} usage export has no fault {kind!r}; "
+                f"known: {sorted(self.USAGE_FAULTS)}"
+            )
+        if kind == "orphan":
+            return self.add_usage({k: v for k, v in fault.items() if k != "kind"})
+        if not isinstance(fault.get("job_id"), str) or fault["job_id"] not in self.jobs:
+            raise ValueError(f"usage fault {kind!r} needs the job_id of a job of this emulator")
+        row = dict(fault)
+        self.usage_faults.append(row)
+        return row
+
+    def usage_fault(self, kind: str, job_id: str) -> dict[str, Any] | None:
+        """The first usage fault of `kind` aimed at `job_id`, if any."""
+        return next(
+            (f for f in self.usage_faults if f["kind"] == kind and f["job_id"] == job_id), None
+        )
+
+    def billed_twice(self, job_id: str) -> bool:
+        return self.usage_fault("duplicate", job_id) is not None
+
     def reset(self) -> None:
         self.jobs.clear()
         self.fault_book.clear()
         self.usage_charges.clear()
+        self.usage_faults.clear()
         self.counters.clear()
         self.callbacks.reset()
         self.on_reset()
@@ -337,6 +375,8 @@ class Emulator:
         r.add("GET", "/__emulator/jobs", self._admin_jobs)
         r.add("POST", "/__emulator/reset", self._admin_reset)
         r.add("POST", "/__emulator/usage", self._admin_usage)
+        r.add("GET", "/__emulator/usage/faults", self._admin_usage_faults)
+        r.add("POST", "/__emulator/usage/faults", self._admin_add_usage_faults)
         r.add("GET", "/__emulator/callbacks", self._admin_callbacks)
         r.add("GET", "/__emulator/stats", self._admin_stats)
         r.add("GET", "/media/{token}.mp4", self._media)
@@ -369,6 +409,19 @@ class Emulator:
         if not isinstance(charge, dict):
             return Response.json({"error": "expected a JSON object"}, 400)
         return Response.json(self.add_usage(charge), 201)
+
+    async def _admin_usage_faults(self, request: Request) -> Response:
+        return Response.json({"faults": self.usage_faults})
+
+    async def _admin_add_usage_faults(self, request: Request) -> Response:
+        try:
+            body = request.json()
+            faults = body if isinstance(body, list) else [body]
+            if not all(isinstance(f, dict) for f in faults):
+                raise ValueError("expected a JSON object or a list of objects")
+            return Response.json({"faults": [self.add_usage_fault(f) for f in faults]}, 201)
+        except ValueError as exc:
+            return Response.json({"error": str(exc)}, 400)
 
     async def _admin_callbacks(self, request: Request) -> Response:
         return Response.json({"deliveries": [d.to_json() for d in self.callbacks.deliveries]})

@@ -97,6 +97,11 @@ class RunwayEmulator(Emulator):
     EXTENSIONS: ClassVar[Mapping[str, str]] = {
         "task_listing": "GET /v1/tasks?createdAfter=&createdBefore= (with bodies)"
     }
+    #: Runway's export is credits per model-day only: a credits -> money conversion error can
+    #: only be ours, so there is no "conversion" fault to show in it.
+    USAGE_FAULTS: ClassVar[frozenset[str]] = frozenset(
+        {"orphan", "duplicate", "price", "charge_failed"}
+    )
 
     def __init__(self, config: RunwayConfig | None = None) -> None:
         super().__init__(config or RunwayConfig())
@@ -343,6 +348,19 @@ class RunwayEmulator(Emulator):
             }
         )
 
+    def _billed_credits(self, job: Job) -> float:
+        """What the usage export bills for `job`: its credits if it succeeded (failed and
+        cancelled tasks are refunded), falsified by the usage faults aimed at it."""
+        billed = job.phase is Phase.SUCCEEDED or (
+            job.phase.terminal and self.usage_fault("charge_failed", job.id) is not None
+        )
+        if not billed:
+            return 0.0
+        credits = float(job.data.get("credits") or job.data["estimated_credits"])
+        if (price := self.usage_fault("price", job.id)) is not None:
+            credits = float(round(float(price["unit_price"]) * job.data["duration"]))
+        return credits * (2 if self.billed_twice(job.id) else 1)
+
     async def _usage(self, request: Request) -> Response:
         if (denied := self._auth(request)) is not None:
             return denied
@@ -355,9 +373,10 @@ class RunwayEmulator(Emulator):
         before = body.get("beforeDate") or (today + timedelta(days=1)).isoformat()
         totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         for job in self.jobs.values():
-            if job.phase is Phase.SUCCEEDED and job.finished_at is not None:
+            credits = self._billed_credits(job)
+            if credits and job.finished_at is not None:
                 day = datetime.fromtimestamp(job.finished_at, UTC).date().isoformat()
-                totals[day][job.data["model"]] += float(job.data.get("credits", 0))
+                totals[day][job.data["model"]] += credits
         for charge in self.usage_charges:
             day = datetime.fromtimestamp(charge["at"], UTC).date().isoformat()
             amount = float(charge.get("credits", charge.get("amount", 0)))

@@ -14,7 +14,7 @@ import json
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from adapter_sidecars.emulators.core import Emulator, EmulatorConfig, parse_time
 from adapter_sidecars.emulators.faults import FaultRule
@@ -64,7 +64,8 @@ class SelfHostedConfig(EmulatorConfig):
     api_key: Bearer key ("" = no auth). workers: GPU workers. max_queue: queued jobs before 503.
     gpu_base_s + gpu_s_per_output_s * duration_s = simulated gpu_seconds of a job; speed: wall
     seconds per simulated GPU second (time mode). models: accepted model names (JSON list).
-    retry_after_s: Retry-After sent with 503 queue-full.
+    retry_after_s: Retry-After sent with 503 queue-full. micros_per_gpu_second: the cluster's
+    chargeback rate in the usage export's ``cost_micros``.
     """
 
     api_key: str = ""
@@ -76,6 +77,7 @@ class SelfHostedConfig(EmulatorConfig):
     models: tuple[str, ...] = ("wan2.2-t2v", "wan2.2-i2v", "ltx-video")
     max_duration_s: float = 10.0
     retry_after_s: int = 5
+    micros_per_gpu_second: int = 350
 
 
 def _error(
@@ -92,6 +94,11 @@ class SelfHostedEmulator(Emulator):
 
     name = "selfhosted"
     config: SelfHostedConfig
+    #: Rows carry GPU seconds and their chargeback money, so a conversion can be falsified;
+    #: there is no per-output-second price to get wrong.
+    USAGE_FAULTS: ClassVar[frozenset[str]] = frozenset(
+        {"orphan", "duplicate", "conversion", "charge_failed"}
+    )
 
     def __init__(self, config: SelfHostedConfig | None = None) -> None:
         super().__init__(config or SelfHostedConfig())
@@ -315,28 +322,40 @@ class SelfHostedEmulator(Emulator):
             return denied
         start = parse_time(request.query.get("start"), 0.0)
         end = parse_time(request.query.get("end"), float("inf"))
-        rows = [
-            {
+        rows: list[dict[str, Any]] = []
+        for j in self.jobs.values():
+            if not (j.phase.terminal and j.finished_at and start <= j.finished_at < end):
+                continue
+            seconds = self._gpu_seconds(j)
+            if j.phase is not Phase.SUCCEEDED and self.usage_fault("charge_failed", j.id):
+                seconds = float(j.data["gpu_seconds"])
+            if seconds <= 0:
+                continue
+            rate = self.config.micros_per_gpu_second
+            if (fault := self.usage_fault("conversion", j.id)) is not None:
+                rate = int(fault["micros_per_unit"])
+            row = {
                 "job_id": j.id,
                 # Our job API (§3.4) names the create call's Idempotency-Key in each row, so a
                 # usage row can be tied to exactly one request.
                 "idempotency_key": j.idempotency_key,
                 "model": j.data["model"],
-                "gpu_seconds": self._gpu_seconds(j),
+                "gpu_seconds": seconds,
+                # The cluster's chargeback: GPU seconds at its rate, in integer micros.
+                "cost_micros": round(seconds * rate),
                 "finished_at": iso(j.finished_at),
             }
-            for j in self.jobs.values()
-            if j.phase.terminal
-            and j.finished_at
-            and start <= j.finished_at < end
-            and self._gpu_seconds(j) > 0
-        ]
+            rows.extend([row, dict(row)] if self.billed_twice(j.id) else [row])
         rows += [
             {
                 "job_id": c.get("ref"),
                 "idempotency_key": None,
                 "model": c.get("model"),
                 "gpu_seconds": float(c.get("seconds", c.get("gpu_seconds", 0))),
+                "cost_micros": round(
+                    float(c.get("seconds", c.get("gpu_seconds", 0)))
+                    * self.config.micros_per_gpu_second
+                ),
                 "finished_at": iso(c["at"]),
             }
             for c in self.usage_charges

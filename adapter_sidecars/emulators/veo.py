@@ -82,6 +82,11 @@ class VeoEmulator(Emulator):
         "billing_export": "GET /v1beta/__billing/usage?start=&end= (billed seconds per operation)",
     }
 
+    #: The billing export is USD per operation: no unit conversion to falsify.
+    USAGE_FAULTS: ClassVar[frozenset[str]] = frozenset(
+        {"orphan", "duplicate", "price", "charge_failed"}
+    )
+
     def __init__(self, config: VeoConfig | None = None) -> None:
         super().__init__(config or VeoConfig())
         self._submits: dict[str, list[float]] = defaultdict(list)
@@ -322,18 +327,22 @@ class VeoEmulator(Emulator):
         end = parse_time(request.query.get("end"), float("inf"))
         rows = []
         for job in self.jobs.values():
-            if job.phase is Phase.SUCCEEDED and job.finished_at and start <= job.finished_at < end:
+            billed = job.phase is Phase.SUCCEEDED or (
+                job.phase.terminal and self.usage_fault("charge_failed", job.id) is not None
+            )
+            if billed and job.finished_at and start <= job.finished_at < end:
                 seconds = job.data["duration"] * len(job.data["files"])
                 price = self.config.usd_per_second.get(job.data["model"], 0.0)
-                rows.append(
-                    {
-                        "operation": job.id,
-                        "model": job.data["model"],
-                        "billedSeconds": seconds,
-                        "usd": round(seconds * price, 4),
-                        "usageTime": iso(job.finished_at),
-                    }
-                )
+                if (fault := self.usage_fault("price", job.id)) is not None:
+                    price = float(fault["unit_price"])
+                row = {
+                    "operation": job.id,
+                    "model": job.data["model"],
+                    "billedSeconds": seconds,
+                    "usd": round(seconds * price, 4),
+                    "usageTime": iso(job.finished_at),
+                }
+                rows.extend([row, dict(row)] if self.billed_twice(job.id) else [row])
         for c in self.usage_charges:
             if start <= c["at"] < end:
                 seconds = float(c.get("seconds", 0))

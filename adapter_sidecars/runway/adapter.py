@@ -22,7 +22,7 @@ from typing import Any
 from adapter_sidecars.common import base
 from adapter_sidecars.common.base import HttpAdapter, payload_of, unreadable, with_raw
 from adapter_sidecars.common.config import Account, SidecarConfig
-from adapter_sidecars.common.jobs import iso_z, parse_timestamp
+from adapter_sidecars.common.jobs import iso_z, parse_timestamp, scaled_int
 from adapter_sidecars.common.options import option_flag, with_task_search
 from adapter_sidecars.common.recovery import match_listing, settled
 from adapter_sidecars.common.transport import HttpReply, utcnow
@@ -221,7 +221,7 @@ class RunwayAdapter(HttpAdapter):
         """One model's credits on one day: an aggregate, so no provider job id (it names no
         job, and recovery must never adopt it as one)."""
         model = str(used.get("model", ""))
-        credits = float(used.get("amount", 0))
+        milli = scaled_int(used.get("amount", 0), 1000)
         cap = self.entry(account, model)
         micros_per_credit = cap.commercial.micros_per_provider_unit if cap else 10_000
         currency = cap.commercial.currency if cap else "USD"
@@ -229,9 +229,10 @@ class RunwayAdapter(HttpAdapter):
             provider_job_id="",  # a daily aggregate names no job
             model=model,
             usage_time=when,
-            provider_milliunits=round(credits * 1000),
+            provider_milliunits=milli,
             provider_unit="credits",
-            cost_micros=round(credits * micros_per_credit),
+            # credits x micros per credit, in integers (half-even on a fraction of a credit)
+            cost_micros=scaled_int(f"{milli}e-3", micros_per_credit),
             currency=currency,
             raw_json=json.dumps(used, sort_keys=True, separators=(",", ":")),
         )

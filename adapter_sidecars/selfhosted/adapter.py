@@ -20,7 +20,7 @@ from typing import Any
 from adapter_sidecars.common import base
 from adapter_sidecars.common.base import HttpAdapter, payload_of, unreadable, with_raw
 from adapter_sidecars.common.config import Account, SidecarConfig
-from adapter_sidecars.common.jobs import iso_z, parse_timestamp
+from adapter_sidecars.common.jobs import iso_z, parse_timestamp, scaled_int
 from adapter_sidecars.common.recovery import settled
 from adapter_sidecars.common.transport import HttpReply, utcnow
 from adapter_sidecars.common.types import SubmitInput, UsageInput
@@ -185,14 +185,20 @@ class SelfHostedAdapter(HttpAdapter):
 
     def _record(self, account: str, row: dict[str, Any]) -> UsageRecord:
         model = str(row.get("model") or "")
-        seconds = float(row.get("gpu_seconds") or 0)
+        milli = scaled_int(row.get("gpu_seconds"), 1000)
         _, rate = self._gpu_rate(account, model)
+        # The cluster's chargeback money when the row carries it, else GPU seconds x our rate.
+        cost = (
+            scaled_int(row["cost_micros"], 1)
+            if row.get("cost_micros") is not None
+            else scaled_int(f"{milli}e-3", rate)
+        )
         return UsageRecord(
             model=model,
             usage_time=parse_timestamp(row.get("finished_at")) or utcnow(),
-            provider_milliunits=round(seconds * 1000),
+            provider_milliunits=milli,
             provider_unit="gpu_seconds",
-            cost_micros=round(seconds * rate),
+            cost_micros=cost,
             currency="USD",
             raw_json=json.dumps(row, sort_keys=True, separators=(",", ":")),
             provider_job_id=str(row.get("job_id") or ""),

@@ -36,7 +36,7 @@ import httpx
 from adapter_sidecars.common import base
 from adapter_sidecars.common.base import HttpAdapter, payload_of, unreadable, with_raw
 from adapter_sidecars.common.config import Account, SidecarConfig
-from adapter_sidecars.common.jobs import iso_z, parse_timestamp
+from adapter_sidecars.common.jobs import iso_z, parse_timestamp, scaled_int
 from adapter_sidecars.common.options import option_flag, with_task_search
 from adapter_sidecars.common.recovery import match_listing, settled
 from adapter_sidecars.common.transport import HttpReply, rejected, utcnow
@@ -321,13 +321,12 @@ def _comparable(value: Any) -> str:
 
 
 def _record(row: dict[str, Any]) -> UsageRecord:
-    seconds = float(row.get("billedSeconds") or 0)
     return UsageRecord(
         model=str(row.get("model") or ""),
         usage_time=parse_timestamp(row.get("usageTime")) or utcnow(),
-        provider_milliunits=round(seconds * 1000),
+        provider_milliunits=scaled_int(row.get("billedSeconds"), 1000),
         provider_unit="billed_seconds",
-        cost_micros=round(float(row.get("usd") or 0) * 1_000_000),
+        cost_micros=scaled_int(row.get("usd"), 1_000_000),
         currency="USD",
         raw_json=json.dumps(row, sort_keys=True, separators=(",", ":")),
         provider_job_id=str(row.get("operation") or ""),

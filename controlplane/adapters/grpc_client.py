@@ -40,10 +40,12 @@ from vidroute_core.adapter import (
     SubmitKind,
     SubmitOutcome,
     UsageRecord,
+    UsageResult,
 )
 from vidroute_core.errors import ErrorClass, ProviderError, make_error
 from vidroute_core.spec import GenerationSpec
 from vidroute_core.wire import adapter as wire
+from vidroute_core.wire import tracing as tracing_edge
 from vidroute_core.wire.spec import spec_to_proto
 
 NO_RETRIES = [("grpc.enable_retries", 0)]
@@ -119,10 +121,11 @@ class GrpcAdapterClient:
         # With `credentials` (vidroute_core.tls: our client certificate and the sidecars' CA)
         # the channel is mTLS; the composition root decides when plaintext is allowed.
         options = [*NO_RETRIES, *channel_options]
+        traced = tracing_edge.client_interceptors()  # traceparent in the metadata; [] when off
         self._channel = (
-            grpc.aio.secure_channel(address, credentials, options=options)
+            grpc.aio.secure_channel(address, credentials, options=options, interceptors=traced)
             if credentials is not None
-            else grpc.aio.insecure_channel(address, options=options)
+            else grpc.aio.insecure_channel(address, options=options, interceptors=traced)
         )
         self._stub = adapter_service_pb2_grpc.ProviderAdapterServiceStub(self._channel)
         self._timeout = timeout_s
@@ -259,6 +262,22 @@ class GrpcAdapterClient:
             replace(r, currency=r.currency or DEFAULT_CURRENCY, raw_json=r.raw_json or "{}")
             for r in wire.usage_from_proto(reply).records
         ]
+
+    async def usage_result(self, account: str, start: datetime, end: datetime) -> UsageResult:
+        """ListUsage with its error kept: reconciliation must tell "billed nothing" from "could
+        not ask" (an error is never an empty bill)."""
+        reply = await self._stub.ListUsage(
+            adapter_service_pb2.ListUsageRequest(
+                account=account, start_time=wire.timestamp(start), end_time=wire.timestamp(end)
+            ),
+            timeout=self._timeout,
+        )
+        result = wire.usage_from_proto(reply)
+        records = tuple(
+            replace(r, currency=r.currency or DEFAULT_CURRENCY, raw_json=r.raw_json or "{}")
+            for r in result.records
+        )
+        return UsageResult(records, result.error)
 
     async def fetch_output(
         self, job: JobRef, uri: str, max_bytes: int
