@@ -5,7 +5,10 @@ collide. The provider HTTP calls are counted by httpx event hooks on the adapter
 (`instrument`), labelled by a route *template*: job ids, operation names and file names in a
 path become ``{id}`` (9.24: no id is ever a label). Submit outcomes are counted by the servicer
 where it journals them. The names start with ``adapter_`` so a sum over the control plane's
-``provider_submit_total`` never counts a submit twice.
+``provider_submit_total`` never counts a submit twice. The gRPC server families
+(``grpc_server_started_total``, ``grpc_server_handled_total{grpc_method,grpc_code}``,
+``grpc_server_handling_seconds``) are the kernel's (`vidroute_core.wire.grpc_metrics`), the
+same as the control plane's, fed by the interceptor `SidecarServer` puts first.
 
 Served over HTTP by `serve_metrics` on ``--metrics-listen`` / ``VIDROUTE_METRICS_LISTEN``.
 """
@@ -20,6 +23,7 @@ import httpx
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from vidroute_core.adapter import SubmitOutcome
+from vidroute_core.wire.grpc_metrics import GrpcServerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,7 @@ class SidecarMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.grpc = GrpcServerMetrics(r)
 
     def instrument(self, client: httpx.AsyncClient) -> None:
         """Count every request `client` sends from now on."""

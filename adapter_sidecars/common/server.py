@@ -78,7 +78,9 @@ class SidecarServer:
         self.probe_interval = probe_interval_seconds
         self.grace = shutdown_grace_seconds
         self.health = health.aio.HealthServicer()
-        self.server = grpc.aio.server(interceptors=[DomainErrorInterceptor()])
+        # The gRPC server metrics outermost, so they count the code the client sees.
+        rpc_metrics = [] if metrics is None else [metrics.grpc.interceptor()]
+        self.server = grpc.aio.server(interceptors=[*rpc_metrics, DomainErrorInterceptor()])
         self.port = 0
         self._prober: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()

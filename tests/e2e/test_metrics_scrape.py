@@ -6,7 +6,8 @@ whose create answer is lost after the body (UNKNOWN, then recovered through the 
 idempotency-key listing) and a self-hosted one refused with 503 eight times (two attempts' sends
 REJECTED, the SUBMIT breaker opened, then half open for the third attempt's probe, the task requeued
 and routed again twice: failovers). The scrape must show exactly those outcomes, the failovers,
-the breaker transitions, the gRPC server counts, and no id in any label.
+the breaker transitions, the gRPC server counts of the control plane and of the sidecars
+(Submit and GetJob by method and code), and no id in any label.
 """
 
 from __future__ import annotations
@@ -46,6 +47,33 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     """The sum of `name`'s series whose labels include `labels`."""
     want = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+def assert_sidecar_grpc_counts(sidecar: Samples, *, sent: float) -> None:
+    """The self-hosted sidecar's gRPC server families after the workload, which sent it `sent`
+    Submits (the control plane's provider_submit_total)."""
+    # The sidecar's gRPC server, through the kernel's interceptor (the control plane's families):
+    # every Submit the control plane sent (its provider_submit_total) plus recovery's re-send,
+    # each answered OK -- the outcome travels in the response -- and each one journaled.
+    adapter = {"grpc_service": "vidroute.adapter.v1.ProviderAdapterService"}
+    assert sent == 10  # UNKNOWN 1 + REJECTED 8 + ACCEPTED 1
+    submits = total(sidecar, "grpc_server_handled_total", **adapter, grpc_method="Submit")
+    assert submits == sent + 1
+    assert total(sidecar, "grpc_server_handled_total", grpc_method="Submit", grpc_code="OK") == (
+        submits
+    )
+    assert total(sidecar, "adapter_submit_total") == submits
+    assert total(sidecar, "grpc_server_started_total", grpc_method="Submit") == submits
+    assert total(sidecar, "grpc_server_handling_seconds_count", grpc_method="Submit") == submits
+    # Polls: both self-hosted jobs (the recovered one and the requeued attempt's) followed to the
+    # end; every poll answered OK and timed.
+    polls = total(sidecar, "grpc_server_handled_total", grpc_method="GetJob")
+    assert polls >= 2
+    assert total(sidecar, "grpc_server_handled_total", grpc_method="GetJob", grpc_code="OK") == (
+        polls
+    )
+    assert total(sidecar, "grpc_server_handling_seconds_count", grpc_method="GetJob") == polls
+    assert total(sidecar, "grpc_server_handled_total", grpc_method="Describe", grpc_code="OK") >= 1
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +152,7 @@ def test_scraped_families_match_the_workload(
     assert delta("provider_generation_latency_seconds_count", provider="runway") == 1
     assert total(after, "provider_task_success_ratio", provider="runway") == 1.0
     assert delta("grpc_server_handled_total", grpc_method="CreateTask", grpc_code="OK") == 3
+    assert delta("grpc_server_started_total", grpc_method="CreateTask") == 3
     assert total(after, "provider_capacity_slots", provider="runway") >= 1
     assert total(after, "provider_active_leases", provider="runway") == 0
 
@@ -135,3 +164,8 @@ def test_scraped_families_match_the_workload(
     assert total(sidecar, "adapter_submit_total", outcome="ACCEPTED") == 2
     assert total(sidecar, "adapter_provider_http_requests_total", status="503") == refusals
     assert total(sidecar, "adapter_provider_http_requests_total", route="/v1/jobs/{id}") >= 1
+
+    assert_sidecar_grpc_counts(sidecar, sent=delta("provider_submit_total", provider="self_hosted"))
+    # The Runway sidecar saw only the clean task: one Submit.
+    runway = scrape(farm.metrics_ports["runway"])
+    assert total(runway, "grpc_server_handled_total", grpc_method="Submit", grpc_code="OK") == 1

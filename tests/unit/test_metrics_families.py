@@ -41,6 +41,7 @@ DESIGN_FAMILIES = {
     "provider_cost_per_success",
     "provider_retry_cost_micros",
     "provider_circuit_transitions_total",  # beyond 9.24: a transition outlives a scrape
+    "grpc_server_started_total",
     "grpc_server_handled_total",
     "grpc_server_handling_seconds",
 }
