@@ -1,0 +1,63 @@
+"""The fair queue fed with group heads (9.12.4): partial groups, in-flight counts, checkpoints."""
+
+from __future__ import annotations
+
+import json
+
+from controlplane.domain.fairqueue import (
+    FairQueue,
+    FairQueueConfig,
+    QueuedTask,
+    ServiceClass,
+    parse_snapshot,
+)
+
+
+def task(task_id: str, tenant: str, *, user: str = "u", at: float = 0.0) -> QueuedTask:
+    return QueuedTask(task_id, tenant, user, "p", ServiceClass.STANDARD, 0.0, 8.0, at)
+
+
+def _heads() -> list[QueuedTask]:
+    return [task(f"a{i}", "A", at=i) for i in range(2)] + [
+        task(f"b{i}", "B", at=i) for i in range(5)
+    ]
+
+
+def test_draining_a_partial_group_ends_the_round() -> None:
+    """Once the last loaded head of a group known to hold more is popped, nothing more pops:
+    the queue would otherwise take that group for empty and give its share away."""
+    partial = [(ServiceClass.STANDARD.value, "A", "u", 0.0)]
+    queue = FairQueue.rebuild(FairQueueConfig(), lambda: 0.0, _heads(), partial=partial)
+    assert [t.task_id for t in queue.pop_batch(10)] == ["a0", "b0", "a1"]
+    assert queue.drained
+    assert queue.pop_next() is None
+    assert len(queue) == 4  # b1..b4 wait for the next round's fresh read
+
+
+def test_without_partial_groups_every_head_pops() -> None:
+    """The same heads, all complete groups: the round takes all seven."""
+    queue = FairQueue.rebuild(FairQueueConfig(), lambda: 0.0, _heads())
+    assert len(queue.pop_batch(10)) == 7
+    assert not queue.drained
+
+
+def test_in_flight_counts_from_the_database_hold_a_tenant_at_its_limit() -> None:
+    """A tenant whose counted in-flight tasks reach its limit is skipped; others still go."""
+    config = FairQueueConfig(default_max_in_flight=2)
+    queue = FairQueue.rebuild(config, lambda: 0.0, _heads(), in_flight_counts={"A": 2, "B": 1})
+    assert queue.in_flight("A") == 2
+    assert [t.tenant_id for t in queue.pop_batch(10)] == ["B"]
+    assert queue.in_flight("B") == 2
+
+
+def test_a_checkpoint_survives_json_and_bad_ones_are_refused() -> None:
+    """A snapshot round-trips through JSON as a valid checkpoint; malformed ones read as None."""
+    queue = FairQueue.rebuild(FairQueueConfig(tenant_weights={"A": 3}), lambda: 0.0, _heads())
+    queue.pop_batch(3)
+    stored = json.loads(json.dumps(queue.snapshot()))
+    assert parse_snapshot(stored) == queue.snapshot()
+    assert parse_snapshot(None) is None
+    assert parse_snapshot({"classes": {}}) is None
+    broken = json.loads(json.dumps(queue.snapshot()))
+    broken["tenants"]["STANDARD"]["deficits"] = {"A": "lots"}
+    assert parse_snapshot(broken) is None
