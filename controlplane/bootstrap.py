@@ -32,6 +32,12 @@ The only module that reads environment variables:
   authentication on when tokens are configured, else off with a WARNING at start), ``required``
   (refuse to start without tokens) or ``off`` (tokens ignored, every caller an admin).
 - ``VIDROUTE_LOG_LEVEL``: logging level. Default ``INFO``.
+- ``VIDROUTE_BILLING_POLICY``: the default billing policy of tenants (9.23.1): ``prepaid`` (a task
+  needs available credit for its reservation), ``postpaid`` (no limit) or ``postpaid:<micros>``
+  (an overdraft down to minus that). Default ``postpaid`` (the embedded ``make up`` and tests;
+  the ledger still reserves and settles); the shipped Kubernetes config sets ``prepaid``.
+  ``VIDROUTE_BILLING_TENANTS`` (``tenant=policy,...``) / ``VIDROUTE_BILLING_FILE`` (one per
+  line, ``#`` comments) override it per tenant (`controlplane.domain.money.BillingPolicies`).
 - ``VIDROUTE_METRICS_LISTEN``: ``host:port`` of the Prometheus ``/metrics`` endpoint (9.24).
   Default: off (tests); ``make up`` and the Kubernetes manifests set it.
 - ``VIDROUTE_TLS_CERT_FILE`` / ``VIDROUTE_TLS_KEY_FILE`` / ``VIDROUTE_TLS_CA_FILE`` (and
@@ -53,6 +59,7 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -67,6 +74,7 @@ from controlplane.adapters.grpc_client import GrpcAdapterClient
 from controlplane.api.auth import Authenticator, parse_entries
 from controlplane.api.billing_servicer import BillingServicer
 from controlplane.api.servicer import SchedulerServicer
+from controlplane.capabilities.catalog import CapabilityCatalog, load_catalog
 from controlplane.capabilities.publish import (
     AccountConfig,
     PublishError,
@@ -74,6 +82,7 @@ from controlplane.capabilities.publish import (
 )
 from controlplane.domain.breaker import BreakerConfig, BreakerKey, Operation
 from controlplane.domain.deadlines import DeadlinePolicy
+from controlplane.domain.money import BillingPolicies, BillingPolicy
 from controlplane.domain.safety import SafetyPolicy
 from controlplane.domain.scoring import example_policy
 from controlplane.execution.callback_server import CallbackLimits, CallbackServer
@@ -94,6 +103,7 @@ from controlplane.metrics import (
     lease_gauges,
     submit_observer,
 )
+from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.records import AccountInfo, AttemptRecord
@@ -184,6 +194,9 @@ class Settings:
     deadlines: DeadlinePolicy = field(default_factory=DeadlinePolicy)
     auth_tokens: Mapping[str, Caller] = field(default_factory=dict)  # sha256 hex -> caller
     adapter_tls: TlsSettings = field(default_factory=TlsSettings)  # VIDROUTE_TLS*
+    billing: BillingPolicies = field(  # VIDROUTE_BILLING*
+        default_factory=lambda: BillingPolicies(BillingPolicy.parse("postpaid"))
+    )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -209,6 +222,7 @@ class Settings:
             "deadlines": _deadlines(env),
             **_auth(env),
             "adapter_tls": TlsSettings.from_env(env),
+            "billing": _billing(env),
             "adapter_submit_margin_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_MARGIN_S") or 5.0),
             "adapter_submit_timeout_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_TIMEOUT_S") or 0),
         }
@@ -222,6 +236,28 @@ def _deadlines(env: Mapping[str, str]) -> DeadlinePolicy:
         max_task_age_s=float(env.get("VIDROUTE_MAX_TASK_AGE_S") or default.max_task_age_s),
         max_queue_delay_s=float(env.get("VIDROUTE_MAX_QUEUE_DELAY_S") or default.max_queue_delay_s),
     )
+
+
+def _billing(env: Mapping[str, str]) -> BillingPolicies:
+    """The VIDROUTE_BILLING* variables; a malformed policy is an error at start."""
+    lines = [env.get("VIDROUTE_BILLING_TENANTS", "")]
+    if env.get("VIDROUTE_BILLING_FILE"):
+        lines.extend(Path(env["VIDROUTE_BILLING_FILE"]).read_text(encoding="utf-8").splitlines())
+    return BillingPolicies.parse(env.get("VIDROUTE_BILLING_POLICY") or "postpaid", lines)
+
+
+def _cached_catalog(db: Database, refresh_s: float) -> Callable[[], Awaitable[CapabilityCatalog]]:
+    """An API-only replica's catalog for CreateTask's estimates, re-read when `refresh_s` old."""
+    queries = CatalogQueries(db)
+    held: list[tuple[float, CapabilityCatalog]] = []
+
+    async def current() -> CapabilityCatalog:
+        now = time.monotonic()
+        if not held or now - held[0][0] > refresh_s:
+            held[:] = [(now, await load_catalog(queries, _utcnow()))]
+        return held[0][1]
+
+    return current
 
 
 _AUTH_MODES = ("", "required", "off")
@@ -455,6 +491,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
 
     canceller = None
     admin = None
+    catalog: Callable[[], Awaitable[CapabilityCatalog]] | None = None
     scale = settings.time_scale
     log.info("time scale %g: every duration of the control plane multiplied by it", scale)
     if settings.adapters:
@@ -487,6 +524,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         _wire_metrics(metrics, runtime, leases)
         readiness.not_ready = runtime.dispatcher.not_ready
         http = httpx.AsyncClient(timeout=httpx.Timeout(30.0 * scale, connect=5.0 * scale))
+        catalog = runtime.dispatcher.catalog
         cleanup.append(http.aclose)
         object_store = object_store_from_url(
             settings.object_store_url or (Path.cwd() / "var" / "objects").as_uri()
@@ -548,6 +586,8 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         canceller=canceller,
         safety=safety,
         deadlines=scale_durations(settings.deadlines, scale),
+        billing=settings.billing,
+        catalog=catalog or _cached_catalog(db, DispatcherConfig().catalog_refresh_s * scale),
     )
     servicer = SchedulerServicer(tasks, admin)
     return await start_server(

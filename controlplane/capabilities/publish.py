@@ -32,6 +32,7 @@ from controlplane.persistence.catalog import (
     PublishCounts,
 )
 from controlplane.persistence.database import Database
+from controlplane.persistence.ledger import UnitRate
 from vidroute.adapter.v1 import adapter_pb2
 from vidroute_core.capabilities.loader import (
     ANY_ACCOUNT,
@@ -76,6 +77,8 @@ class Publication:
     accounts: tuple[AccountSpec, ...]
     capabilities: tuple[CapabilityVersion, ...]
     prices: tuple[PriceVersion, ...]
+    # Provider-native unit conversions (9.23.2), versioned by the price version they came with.
+    unit_rates: tuple[UnitRate, ...] = ()
 
 
 def _plain(value: Any) -> Any:
@@ -134,6 +137,7 @@ def plan_publication(
     configured = list(accounts)
     caps: list[CapabilityVersion] = []
     prices: list[PriceVersion] = []
+    rates: dict[tuple[str, str, str], UnitRate] = {}
     used: dict[tuple[str, str, str], AccountSpec] = {}
     seen: set[tuple[str, ...]] = set()
     for i, raw in enumerate(documents):
@@ -173,7 +177,21 @@ def plan_publication(
                     effective_from,
                 )
             )
-    return Publication(tuple(used.values()), tuple(caps), tuple(prices))
+            if com.provider_unit and com.micros_per_provider_unit > 0:
+                rates.setdefault(
+                    (cap.provider, com.provider_unit, com.price_version),
+                    UnitRate(
+                        provider=cap.provider,
+                        unit_name=com.provider_unit,
+                        rate_version=com.price_version,
+                        micros_per_unit=com.micros_per_provider_unit,
+                        unit_divisor=1,
+                        currency=com.currency,
+                        effective_from=effective_from,
+                        effective_to=None,
+                    ),
+                )
+    return Publication(tuple(used.values()), tuple(caps), tuple(prices), tuple(rates.values()))
 
 
 def _expand(
@@ -214,7 +232,9 @@ async def publish_documents(
     plan = plan_publication(documents, accounts, effective_from=now, source=source)
     try:
         async with db.unit(now) as u:
-            return await u.publish(plan.accounts, plan.capabilities, plan.prices)
+            counts = await u.publish(plan.accounts, plan.capabilities, plan.prices)
+            await u.put_unit_rates(plan.unit_rates)
+            return counts
     except CatalogConflict as exc:
         raise PublishError(f"{source}: {exc}") from exc
 

@@ -29,11 +29,17 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
+from controlplane.domain.routing.candidates import Candidate, RoutingContext
+from controlplane.domain.routing.filters import prefilter
 from controlplane.domain.states import AttemptState, TaskState
 from vidroute_core.exceptions import PreconditionFailed
+from vidroute_core.spec import GenerationSpec
 
 __all__ = [
+    "BILLED_PER_OUTPUT_SECOND",
+    "DEFAULT_CURRENCY",
     "INSUFFICIENT_CREDIT",
     "AttemptBill",
     "BillingMode",
@@ -46,10 +52,14 @@ __all__ = [
     "Reservation",
     "Settlement",
     "UsageKind",
+    "actual_cost",
     "check_reserve",
     "platform_losses",
     "reservation_amount",
+    "reservation_currency",
     "settle",
+    "task_reservation",
+    "units_for",
     "units_to_micros",
 ]
 
@@ -297,3 +307,50 @@ def units_to_micros(units: int, micros_per_unit: int, unit_divisor: int = 1) -> 
     if units < 0 or micros_per_unit < 0 or unit_divisor <= 0:
         raise ValueError("units and rate must be >= 0 and the divisor > 0")
     return (units * micros_per_unit * 2 + unit_divisor) // (2 * unit_divisor)
+
+
+# Providers whose job API reports no cost: they bill per second of delivered output and charge
+# nothing for a blocked, failed or cancelled generation (provider-apis 4.2: Veo). Their actual
+# cost is the delivered attempt's own per-second estimate, or 0 when nothing was delivered.
+BILLED_PER_OUTPUT_SECOND = frozenset({"veo"})
+
+
+def actual_cost(
+    provider: str, *, reported_micros: int | None, succeeded: bool, estimated_micros: int
+) -> int | None:
+    """A finished job's actual provider cost, or None when nobody can know it yet.
+
+    The provider's reported figure wins (Runway's terminal ``cost.credits``, self-hosted GPU
+    seconds, both converted by their sidecars); a per-output-second biller is computed."""
+    if reported_micros is not None:
+        return max(0, reported_micros)
+    if provider in BILLED_PER_OUTPUT_SECOND:
+        return max(0, estimated_micros) if succeeded else 0
+    return None
+
+
+def units_for(amount_micros: int, micros_per_unit: int, unit_divisor: int = 1) -> int | None:
+    """The whole provider units `amount_micros` stands for under a rate, if it is exact."""
+    if micros_per_unit <= 0 or unit_divisor <= 0 or amount_micros < 0:
+        return None
+    units, rest = divmod(amount_micros * unit_divisor, micros_per_unit)
+    return units if rest == 0 else None
+
+
+DEFAULT_CURRENCY = "USD"
+
+
+def reservation_currency(spec: GenerationSpec) -> str:
+    """The currency a task is reserved and settled in: its budget's, else USD."""
+    return spec.routing.currency or DEFAULT_CURRENCY
+
+
+def task_reservation(
+    spec: GenerationSpec, candidates: Sequence[Candidate], now: datetime
+) -> int:
+    """What CreateTask reserves for `spec` (the module docstring's rule): the highest catalog
+    estimate among the candidates the static hard filters let through, capped by the budget."""
+    currency = reservation_currency(spec)
+    eligible = prefilter(spec, candidates, RoutingContext(now=now))
+    estimates = [c.price.estimate(spec) for c in eligible if c.price.currency == currency]
+    return reservation_amount(estimates, spec.routing.max_estimated_cost_micros)

@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.domain.failover import FailureStage
+from controlplane.domain.money import actual_cost
 from controlplane.domain.observation import (
     IngestOutcome,
     ObservationFacts,
@@ -39,6 +40,7 @@ from controlplane.execution.outcomes import (
     accept,
     fail_attempt,
 )
+from controlplane.execution.usage_entries import record_actual
 from controlplane.persistence.ports import UnitOfWork
 from controlplane.persistence.records import (
     AttemptChanges,
@@ -220,7 +222,17 @@ class EventNormalizer:
             return verdict.outcome
         cause = verdict.failure
         failure = Failure(cause.error_class.value, cause.code, cause.message) if cause else None
-        changes = AttemptChanges(actual_cost_micros=snap.actual_cost_micros, failure=failure)
+        cost, provider = snap.actual_cost_micros, ""
+        if snap.state.terminal:
+            # 9.23.1: a provider whose API reports no cost gets it from its billing rule.
+            provider = (await u.account(attempt.provider_account_id)).provider
+            cost = actual_cost(
+                provider,
+                reported_micros=snap.actual_cost_micros,
+                succeeded=snap.state is JobState.SUCCEEDED,
+                estimated_micros=attempt.estimated_cost_micros,
+            )
+        changes = AttemptChanges(actual_cost_micros=cost, failure=failure)
         moved = await u.move_attempt(attempt, target, f"{source.value}: {snap.raw_status}", changes)
         if moved is None:
             return IngestOutcome.STALE
@@ -238,6 +250,10 @@ class EventNormalizer:
             )
             return verdict.outcome
         await u.set_runtime(moved.id, moved.task_id, next_poll_at=None)
+        if cost is not None:
+            await record_actual(
+                u, moved, job.provider_job_id, provider, cost, raw_status=snap.raw_status
+            )
         after.release.append(moved)
         after.ended.append((moved, snap))
         return await self._follow(u, moved, task, job, verdict=verdict, after=after)

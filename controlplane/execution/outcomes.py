@@ -45,6 +45,7 @@ from controlplane.execution.bounds import as_failed, platform_loss, requeue_refu
 from controlplane.execution.breakers import OperationGate
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.leasing import LeaseKeeper
+from controlplane.execution.usage_entries import record_expected
 from controlplane.persistence.ports import ExecutionReads, TaskReads, UnitOfWork, UnitSource
 from controlplane.persistence.records import (
     AccountInfo,
@@ -236,6 +237,8 @@ async def accept(
             raw_status=raw_status or None,
         )
     )
+    # 9.23.1: the provider has the job, so its expected cost is the platform's (once per attempt).
+    await record_expected(u, attempt, job.provider_job_id)
     runtime = await u.runtime(attempt.id)
     cancel_wanted = runtime is not None and runtime.cancel_requested_at is not None
     if attempt.state in (AttemptState.SUBMITTING, AttemptState.SUBMIT_UNKNOWN):

@@ -70,6 +70,7 @@ __all__ = [
     "list_entries",
     "lock_tenant",
     "put_unit_rate",
+    "rate_version",
     "record_usage",
     "reservation_of",
     "reserve",
@@ -330,6 +331,24 @@ async def unit_rate(
                     (R.c.effective_to.is_(None)) | (R.c.effective_to > at),
                 )
                 .order_by(R.c.effective_from.desc(), R.c.id.desc())
+                .limit(1)
+            )
+        )
+        .mappings()
+        .first()
+    )
+    return None if found is None else _rate(found)
+
+
+async def rate_version(conn: AsyncConnection, provider: str, version: str) -> UnitRate | None:
+    """The provider's conversion rate stored under `version` (publication names it after the
+    price version it came with), whatever its unit."""
+    found = (
+        (
+            await conn.execute(
+                select(R)
+                .where(R.c.provider == provider, R.c.rate_version == version)
+                .order_by(R.c.id)
                 .limit(1)
             )
         )

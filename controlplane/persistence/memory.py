@@ -31,6 +31,7 @@ from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptSta
 from controlplane.persistence import _sql
 from controlplane.persistence.errors import DuplicateRecord
 from controlplane.persistence.execution import POLLABLE_STATES
+from controlplane.persistence.ledger import NewUsage, UnitRate
 from controlplane.persistence.records import (
     AccountInfo,
     AttemptChanges,
@@ -74,6 +75,10 @@ class _State:
     done: set[int] = field(default_factory=set)
     task_events: list[TaskEventRecord] = field(default_factory=list)
     requeues: list[RequeueRequest] = field(default_factory=list)
+    # Provider usage entries by idempotency key (the fake has no credit ledger: its tasks are
+    # created without a reservation, so they settle nothing, as in `ledger.settle_task`).
+    usage: dict[str, NewUsage] = field(default_factory=dict)
+    unit_rates: dict[tuple[str, str], UnitRate] = field(default_factory=dict)  # (provider, version)
 
     def next_id(self) -> int:
         self.ids += 1
@@ -280,6 +285,15 @@ class MemoryUnitOfWork:
 
     async def record_requeue(self, request: RequeueRequest) -> None:
         self._s.requeues.append(request)
+
+    async def record_usage(self, usage: NewUsage) -> bool:
+        if usage.idempotency_key in self._s.usage:
+            return False
+        self._s.usage[usage.idempotency_key] = usage
+        return True
+
+    async def unit_rate(self, provider: str, rate_version: str) -> UnitRate | None:
+        return self._s.unit_rates.get((provider, rate_version))
 
     # ---- outbox and claims ------------------------------------------------------------------
 
@@ -492,6 +506,11 @@ class MemoryDatabase:
     @property
     def requeues(self) -> list[RequeueRequest]:
         return list(self._state.requeues)
+
+    @property
+    def usage(self) -> list[NewUsage]:
+        """Provider usage entries written so far, in writing order."""
+        return list(self._state.usage.values())
 
     # ---- ports.TaskReads and ports.ExecutionReads -------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from controlplane.domain.requeue import RequeueRequest
 from controlplane.domain.states import AttemptState, TaskState
+from controlplane.persistence.ledger import NewUsage, UnitRate
 from controlplane.persistence.records import (
     AccountInfo,
     AttemptChanges,
@@ -97,6 +98,12 @@ class UnitOfWork(Protocol):
     async def set_event_outcome(self, event_id: int, outcome: str) -> None: ...
 
     async def record_requeue(self, request: RequeueRequest) -> None: ...
+
+    async def record_usage(self, usage: NewUsage) -> bool:
+        """A provider usage entry, written once per its idempotency key (9.23.1)."""
+        ...
+
+    async def unit_rate(self, provider: str, rate_version: str) -> UnitRate | None: ...
 
     # ---- outbox and claims ------------------------------------------------------------------
 

@@ -34,10 +34,11 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from controlplane.domain.money import Reservation
 from controlplane.domain.outbox import Topic
 from controlplane.domain.requeue import RequeueRequest
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
-from controlplane.persistence import _reads, _rows, _sql, exclusions
+from controlplane.persistence import _reads, _rows, _sql, exclusions, ledger
 from controlplane.persistence._unit_catalog import CatalogWrites
 from controlplane.persistence._unit_execution import ExecutionWrites
 from controlplane.persistence.errors import ConcurrentModification, DuplicateRecord
@@ -116,8 +117,13 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         spec_hash: str,
         queue_deadline_at: datetime | None = None,
         deadline_at: datetime | None = None,
+        reservation: Reservation | None = None,
     ) -> tuple[TaskRecord, bool]:
         """Insert a QUEUED task with its first event and a ``task.queued`` outbox message.
+
+        With a `reservation`, the tenant is locked and its available credit checked first
+        (`ledger.check_and_lock`: `InsufficientCredit` before anything is written), and the
+        task's one RESERVE entry is written with it (9.23.1). A replay reserves nothing again.
 
         Returns ``(task, created)``. A replay of ``(tenant, idempotency_key)`` with the same
         `spec_hash` returns the stored task with ``created=False``; with another hash it raises
@@ -127,6 +133,8 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         existing = await _reads.task_by_key(self.conn, spec.tenant_id, idempotency_key)
         if existing is not None:
             return _sql.replay(existing, spec_hash), False
+        if reservation is not None:
+            await ledger.check_and_lock(self.conn, spec.tenant_id, reservation)
         try:
             async with self.conn.begin_nested():
                 row = (
@@ -162,6 +170,8 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
                 raise  # some other constraint; not an idempotent replay
             return _sql.replay(existing, spec_hash), False
         record = _rows.task(row)
+        if reservation is not None:
+            await ledger.reserve(self.conn, record.id, record.tenant_id, reservation, self.now)
         queued = _sql.state_payload(TaskState.QUEUED, 0)
         await _sql.append_event(self.conn, record.id, 1, "task.queued", queued, now=self.now)
         await self.enqueue(
@@ -308,6 +318,9 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         )
         for message in outbox:
             await self.enqueue(message)
+        if TASK_MACHINE.is_terminal(target):
+            # 9.23.1: the terminal state and the tenant's settlement commit together.
+            await ledger.settle_task(self.conn, task_id, target, self.now)
         return _Moved(stored)
 
     # ---- attempts -------------------------------------------------------------------------
@@ -408,6 +421,18 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
     async def enqueue(self, message: NewOutboxMessage) -> int:
         """Add a message (a state change's own messages go through its `outbox=` argument)."""
         return await _sql.enqueue(self.conn, message, self.now)
+
+    async def record_usage(self, usage: ledger.NewUsage) -> bool:
+        """A provider usage entry (EXPECTED / ACTUAL), once per idempotency key."""
+        return await ledger.record_usage(self.conn, usage, self.now)
+
+    async def unit_rate(self, provider: str, rate_version: str) -> ledger.UnitRate | None:
+        """The provider's unit conversion rate stored under `rate_version`."""
+        return await ledger.rate_version(self.conn, provider, rate_version)
+
+    async def put_unit_rates(self, rates: Sequence[ledger.UnitRate]) -> int:
+        """Store conversion rate versions (an existing version is kept); how many were new."""
+        return sum([await ledger.put_unit_rate(self.conn, rate) for rate in rates])
 
     async def record_requeue(self, request: RequeueRequest) -> None:
         """Store a requeue's failover history (its exclusions merged into the task's rows)."""

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
+from controlplane.capabilities.catalog import CapabilityCatalog
 from controlplane.domain.deadlines import DeadlinePolicy, deadlines_for
+from controlplane.domain.money import (
+    BillingPolicies,
+    Reservation,
+    reservation_currency,
+    task_reservation,
+)
 from controlplane.domain.safety import SafetyPolicy, ensure_allowed
 from controlplane.domain.states import TASK_MACHINE, TaskState
 from controlplane.persistence import errors as store_errors
@@ -141,6 +148,8 @@ class TaskService:
         watch_poll_interval_s: float = 0.5,
         safety: SafetyPolicy | None = None,
         deadlines: DeadlinePolicy | None = None,
+        billing: BillingPolicies | None = None,
+        catalog: Callable[[], Awaitable[CapabilityCatalog]] | None = None,
     ) -> None:
         self._db = db
         self._tasks = TaskQueries(db)
@@ -149,6 +158,10 @@ class TaskService:
         self._watch_poll_s = watch_poll_interval_s
         self._safety = safety or SafetyPolicy()
         self._deadlines = deadlines or DeadlinePolicy()
+        # 9.23.1: with billing, CreateTask reserves the estimate (`task_reservation`) against
+        # the tenant's credit; without it (unit tests, tools) nothing is reserved or settled.
+        self._billing = billing
+        self._catalog = catalog
 
     async def create_task(
         self, cmd: CreateTaskInput, caller: Caller = SYSTEM
@@ -164,14 +177,27 @@ class TaskService:
         ensure_allowed(self._safety, cmd.spec)
         now = self._clock()
         queue_deadline_at, deadline_at = deadlines_for(cmd.spec, self._deadlines, now)
+        reservation = await self._reservation(cmd.spec, now)
         async with self._db.unit(now) as u:
             return await u.create_task(
                 cmd.spec,
+                reservation=reservation,
                 idempotency_key=cmd.idempotency_key,
                 spec_hash=normalized_spec_hash(cmd.spec),
                 queue_deadline_at=queue_deadline_at,
                 deadline_at=deadline_at,
             )
+
+    async def _reservation(self, spec: GenerationSpec, now: datetime) -> Reservation | None:
+        """What to reserve for `spec`: the highest estimate of its eligible candidates."""
+        if self._billing is None:
+            return None
+        candidates = (await self._catalog()).candidates if self._catalog is not None else ()
+        return Reservation(
+            task_reservation(spec, candidates, now),
+            reservation_currency(spec),
+            self._billing.for_tenant(spec.tenant_id),
+        )
 
     async def get_task(self, task_id: int, caller: Caller = SYSTEM) -> TaskDetail:
         detail = await self._tasks.get_task(task_id)
