@@ -55,9 +55,12 @@ def installed_distributions(target: str) -> set[str]:
 
 
 def deployment_commands() -> dict[str, list[list[str]]]:
-    """Image name -> the commands of the base Deployments' containers that run it."""
+    """Image name -> the commands of the base Deployments' containers that run it (ours: Envoy
+    runs upstream's image, checked in test_envoy_config)."""
     commands: dict[str, list[list[str]]] = {}
     for path in sorted((K8S / "base").glob("*/deployment.yaml")):
+        if path.parent.name == "envoy":
+            continue
         deployment = yaml.safe_load(path.read_text())
         for container in deployment["spec"]["template"]["spec"]["containers"]:
             image = container["image"].partition(":")[0]
