@@ -38,6 +38,9 @@ The only module that reads environment variables:
   the ledger still reserves and settles); the shipped Kubernetes config sets ``prepaid``.
   ``VIDROUTE_BILLING_TENANTS`` (``tenant=policy,...``) / ``VIDROUTE_BILLING_FILE`` (one per
   line, ``#`` comments) override it per tenant (`controlplane.domain.money.BillingPolicies`).
+- ``OTEL_*`` (the OpenTelemetry standard variables, e.g. ``OTEL_EXPORTER_OTLP_ENDPOINT``):
+  traces exported over OTLP, service name ``vidroute-controlplane``; unset, no tracing at all
+  (`vidroute_core.tracing`).
 - ``VIDROUTE_METRICS_LISTEN``: ``host:port`` of the Prometheus ``/metrics`` endpoint (9.24).
   Default: off (tests); ``make up`` and the Kubernetes manifests set it.
 - ``VIDROUTE_TLS_CERT_FILE`` / ``VIDROUTE_TLS_KEY_FILE`` / ``VIDROUTE_TLS_CA_FILE`` (and
@@ -117,6 +120,7 @@ from controlplane.service.billing import BillingService
 from controlplane.service.tasks import TaskService
 from controlplane.storage import object_store_from_url
 from vidroute_core import logs as vidroute_logs
+from vidroute_core import tracing
 from vidroute_core.adapter import JobSnapshot, JobState, SubmitKind, SubmitOutcome
 from vidroute_core.metrics_http import serve_metrics
 from vidroute_core.timescale import (
@@ -126,11 +130,13 @@ from vidroute_core.timescale import (
     scaled_defaults,
 )
 from vidroute_core.tls import TlsSettings, channel_credentials, channel_options
+from vidroute_core.wire import tracing as tracing_edge
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./var/vidroute.db"
 DEFAULT_LISTEN = "127.0.0.1:50051"
+SERVICE_NAME = "vidroute-controlplane"  # the traces' service.name
 # A Redis that has not answered PING within this (times the time scale) is down for readiness.
 READINESS_REDIS_TIMEOUT_S = 2.0
 ROUTING_POLICY_VERSION = "router-v1"
@@ -194,6 +200,7 @@ class Settings:
     deadlines: DeadlinePolicy = field(default_factory=DeadlinePolicy)
     auth_tokens: Mapping[str, Caller] = field(default_factory=dict)  # sha256 hex -> caller
     adapter_tls: TlsSettings = field(default_factory=TlsSettings)  # VIDROUTE_TLS*
+    otel_env: Mapping[str, str] = field(default_factory=dict)  # OTEL_*: vidroute_core.tracing
     billing: BillingPolicies = field(  # VIDROUTE_BILLING*
         default_factory=lambda: BillingPolicies(BillingPolicy.parse("postpaid"))
     )
@@ -222,6 +229,7 @@ class Settings:
             "deadlines": _deadlines(env),
             **_auth(env),
             "adapter_tls": TlsSettings.from_env(env),
+            "otel_env": {k: v for k, v in env.items() if k.startswith("OTEL_")},
             "billing": _billing(env),
             "adapter_submit_margin_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_MARGIN_S") or 5.0),
             "adapter_submit_timeout_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_TIMEOUT_S") or 0),
@@ -414,11 +422,21 @@ def _health_feed(runtime: SchedulingRuntime) -> AttemptEndObserver:
 def _metrics(
     settings: Settings, cleanup: list[Callable[[], Awaitable[Any]]]
 ) -> ControlPlaneMetrics:
-    """This process's metrics, served on ``VIDROUTE_METRICS_LISTEN`` when set."""
+    """This process's metrics, served on ``VIDROUTE_METRICS_LISTEN`` when set; and its tracing,
+    configured here because it must be before any server or client is built (they are
+    instrumented only if tracing is on)."""
+    tracing.configure_tracing(SERVICE_NAME, settings.otel_env)
     metrics = ControlPlaneMetrics()
     if settings.metrics_listen:
         cleanup.append(serve_metrics(metrics.registry, settings.metrics_listen).stop)
     return metrics
+
+
+def _http_client(scale: float) -> httpx.AsyncClient:
+    """The control plane's HTTP client (output downloads), traced when tracing is on."""
+    http = httpx.AsyncClient(timeout=httpx.Timeout(30.0 * scale, connect=5.0 * scale))
+    tracing_edge.instrument_httpx(http)
+    return http
 
 
 def _wire_metrics(
@@ -523,8 +541,8 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         runtime.dispatcher.readiness = CatalogReadiness(frozenset(settings.adapters))
         _wire_metrics(metrics, runtime, leases)
         readiness.not_ready = runtime.dispatcher.not_ready
-        http = httpx.AsyncClient(timeout=httpx.Timeout(30.0 * scale, connect=5.0 * scale))
         catalog = runtime.dispatcher.catalog
+        http = _http_client(scale)
         cleanup.append(http.aclose)
         object_store = object_store_from_url(
             settings.object_store_url or (Path.cwd() / "var" / "objects").as_uri()
@@ -597,6 +615,6 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         cleanup=[*background, *cleanup, db.dispose],
         probe_interval=scale_value(settings.health_probe_interval_s, scale),
         auth=Authenticator(settings.auth_tokens),
-        interceptors=[metrics.interceptor()],
+        interceptors=[*tracing_edge.server_interceptors(), metrics.interceptor()],
         billing=BillingServicer(BillingService(db)),
     )

@@ -1,4 +1,4 @@
-"""Logging for every vidroute process: JSON lines with the id chain, and redaction (stdlib only).
+"""Logging for every vidroute process: JSON lines with the id chain, and redaction.
 
 Both deployables log through here; only their composition roots call `configure_logging`.
 
@@ -6,7 +6,10 @@ Both deployables log through here; only their composition roots call `configure_
   provider_job_id, route_decision_id) lives in a context variable: `bind_ids` binds ids for a
   block (one task or attempt being handled), `add_ids` adds ids found inside that block (the
   attempt's key once its row is read). Every record formatted carries the bound ids, so a line
-  about an attempt can be found by its task_id without the message having to say it.
+  about an attempt can be found by its task_id without the message having to say it. Both also
+  set the ids as attributes of the current OpenTelemetry span (`vidroute_core.tracing`), and a
+  JSON line logged inside a span carries its ``trace_id`` and ``span_id``: logs and traces
+  find each other both ways. Only the OpenTelemetry API is imported here (no SDK).
 - `RedactingFilter` sits on the root handler, not on loggers: a logger's filters only see records
   logged on that logger, a handler's see every record that reaches it, so httpx, httpcore, grpc
   and uvicorn records are redacted too. It removes URL query strings (signed locators carry
@@ -27,6 +30,8 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import IO, Any
 
+from opentelemetry import trace
+
 __all__ = [
     "ID_FIELDS",
     "JsonFormatter",
@@ -38,6 +43,7 @@ __all__ = [
     "configure_logging",
     "ids_of",
     "redact",
+    "span_attributes",
 ]
 
 ID_FIELDS = (
@@ -60,7 +66,9 @@ _IDS: contextvars.ContextVar[Mapping[str, object]] = contextvars.ContextVar(
 @contextlib.contextmanager
 def bind_ids(**ids: object) -> Iterator[None]:
     """Bind ids (None values skipped) on top of the current ones for the block."""
-    token = _IDS.set({**_IDS.get(), **{k: v for k, v in ids.items() if v is not None}})
+    given = {k: v for k, v in ids.items() if v is not None}
+    token = _IDS.set({**_IDS.get(), **given})
+    _annotate_span(given)
     try:
         yield
     finally:
@@ -69,7 +77,24 @@ def bind_ids(**ids: object) -> Iterator[None]:
 
 def add_ids(**ids: object) -> None:
     """Add ids to the current binding; use inside `bind_ids`, whose exit drops them again."""
-    _IDS.set({**_IDS.get(), **{k: v for k, v in ids.items() if v is not None}})
+    given = {k: v for k, v in ids.items() if v is not None}
+    _IDS.set({**_IDS.get(), **given})
+    _annotate_span(given)
+
+
+def _attribute(value: object) -> str | int | float | bool:
+    return value if isinstance(value, str | int | float | bool) else str(value)
+
+
+def span_attributes(ids: Mapping[str, object] | None = None) -> dict[str, str | int | float | bool]:
+    """`ids` (default: the bound ones) as span attributes."""
+    return {k: _attribute(v) for k, v in (bound_ids() if ids is None else ids).items()}
+
+
+def _annotate_span(ids: Mapping[str, object]) -> None:
+    span = trace.get_current_span()
+    if ids and span.is_recording():
+        span.set_attributes(span_attributes(ids))
 
 
 def bound_ids() -> Mapping[str, object]:
@@ -166,6 +191,10 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         doc.update(bound_ids())
+        context = trace.get_current_span().get_span_context()
+        if context.is_valid:
+            doc["trace_id"] = trace.format_trace_id(context.trace_id)
+            doc["span_id"] = trace.format_span_id(context.span_id)
         for key, value in record.__dict__.items():
             if key not in _STANDARD and key not in doc:
                 doc[key] = redact(value) if isinstance(value, str) else value

@@ -60,6 +60,7 @@ from vidroute_core.capabilities.loader import (
 from vidroute_core.errors import ErrorClass, ProviderError, make_error
 from vidroute_core.spec import GenerationSpec
 from vidroute_core.validation import ensure_valid
+from vidroute_core.wire.tracing import instrument_httpx
 
 ADAPTER_VERSION = "0.1.0"
 #: Size of one FetchOutput part.
@@ -73,12 +74,14 @@ MAX_OUTPUT_REDIRECTS = 5
 def build_client(config: SidecarConfig) -> httpx.AsyncClient:
     """The one HTTP client of a sidecar, with the configured timeouts."""
     t = config.timeouts
-    return httpx.AsyncClient(
+    client = httpx.AsyncClient(
         base_url=config.base_url,
         timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
         limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
         follow_redirects=False,
     )
+    instrument_httpx(client)  # a child span and traceparent per provider call (when tracing)
+    return client
 
 
 def load_capabilities(config: SidecarConfig, package_dir: Path, provider: str) -> list[Capability]:

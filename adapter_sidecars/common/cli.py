@@ -7,6 +7,8 @@
 ``--listen`` beats ``VIDROUTE_ADAPTER_LISTEN`` beats the file's ``listen``. Exit status: 0 after
 a clean shutdown, 2 for a bad configuration (a TLS one included: ``VIDROUTE_TLS_*`` as in
 `vidroute_core.tls`; plaintext on a non-loopback address without ``VIDROUTE_TLS=off``).
+Traces follow the standard ``OTEL_*`` variables (`vidroute_core.tracing`; off when unset), with
+the program name as the service name.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from adapter_sidecars.common.types import ProviderAdapter
 from vidroute_core.capabilities.loader import CapabilityLoadError
 from vidroute_core.logs import configure_logging
 from vidroute_core.tls import TlsConfigError, TlsSettings
+from vidroute_core.tracing import TracingConfigError, configure_tracing
 
 AdapterFactory = Callable[[SidecarConfig], ProviderAdapter]
 
@@ -68,8 +71,10 @@ def run(prog: str, factory: AdapterFactory, argv: Sequence[str] | None = None) -
             config = replace(config, listen=args.listen)
         tls = TlsSettings.from_env(os.environ)
         tls.check_plaintext(config.listen, role="plaintext listen address")
+        # Before the adapter: its HTTP client and the gRPC server are instrumented when built.
+        configure_tracing(prog, os.environ)
         adapter = factory(config)
-    except (ConfigError, CapabilityLoadError, TlsConfigError) as exc:
+    except (ConfigError, CapabilityLoadError, TlsConfigError, TracingConfigError) as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return 2
     logging.getLogger(prog).info(

@@ -40,6 +40,7 @@ from adapter_sidecars.common.types import ProviderAdapter
 from vidroute.adapter.v1 import adapter_service_pb2, adapter_service_pb2_grpc
 from vidroute_core.metrics_http import serve_metrics
 from vidroute_core.tls import TlsSettings, server_credentials
+from vidroute_core.wire import tracing as tracing_edge
 from vidroute_core.wire.status import DomainErrorInterceptor
 
 log = logging.getLogger(__name__)
@@ -78,9 +79,16 @@ class SidecarServer:
         self.probe_interval = probe_interval_seconds
         self.grace = shutdown_grace_seconds
         self.health = health.aio.HealthServicer()
-        # The gRPC server metrics outermost, so they count the code the client sees.
+        # Tracing first (outermost): an INTERNAL is logged inside the call's span. Then the gRPC
+        # server metrics, so they count the code the client sees after error mapping.
         rpc_metrics = [] if metrics is None else [metrics.grpc.interceptor()]
-        self.server = grpc.aio.server(interceptors=[*rpc_metrics, DomainErrorInterceptor()])
+        self.server = grpc.aio.server(
+            interceptors=[
+                *tracing_edge.server_interceptors(),
+                *rpc_metrics,
+                DomainErrorInterceptor(),
+            ]
+        )
         self.port = 0
         self._prober: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()

@@ -28,6 +28,7 @@ from controlplane.service.tasks import (
 )
 from vidroute.scheduler.v1 import scheduler_pb2, scheduler_service_pb2, scheduler_service_pb2_grpc
 from vidroute_core.exceptions import InvalidSpec
+from vidroute_core.logs import add_ids
 from vidroute_core.validation import FieldViolation
 from vidroute_core.wire.spec import spec_from_proto
 
@@ -87,6 +88,7 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
             ),
             self._caller(),
         )
+        add_ids(task_id=record.id)  # on the call's span and its remaining log lines
         return scheduler_service_pb2.CreateTaskResponse(task=views.task(record), created=created)
 
     async def GetTask(

@@ -58,6 +58,7 @@ from controlplane.persistence.records import (
     ProviderJobRecord,
     TaskRecord,
 )
+from vidroute_core import tracing
 from vidroute_core.adapter import CompiledPlan, JobRef, JobSnapshot, SubmitOutcome
 from vidroute_core.errors import ErrorClass, ProviderError
 
@@ -394,7 +395,8 @@ async def fail_attempt(
             NewOutboxMessage(
                 Topic.SUBMIT,
                 str(moved.id),
-                {"task_id": moved.task_id, "attempt_id": moved.id},
+                # The retry continues this submit's trace (vidroute_core.tracing).
+                {"task_id": moved.task_id, "attempt_id": moved.id, **tracing.carrier()},
                 available_at=u.now + timedelta(seconds=decision.retry_delay_s),
             )
         )

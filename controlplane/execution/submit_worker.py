@@ -54,6 +54,7 @@ from controlplane.persistence.records import (
     Failure,
     OutboxRecord,
 )
+from vidroute_core import tracing
 from vidroute_core.adapter import CallFailure, SubmitKind, SubmitOutcome
 from vidroute_core.errors import ErrorClass, make_error
 from vidroute_core.logs import add_ids, bind_ids, ids_of
@@ -80,9 +81,13 @@ class SubmitWorker:
         return len(messages)
 
     async def handle(self, message: OutboxRecord) -> None:
-        """Handle one ``attempt.submit`` message, every line logged carrying its ids."""
+        """Handle one ``attempt.submit`` message, every line logged carrying its ids, in a span
+        that continues the dispatcher's (the payload's ``traceparent``, `vidroute_core.tracing`)."""
         payload = message.payload
-        with bind_ids(task_id=payload.get("task_id"), attempt_id=payload.get("attempt_id")):
+        with (
+            bind_ids(task_id=payload.get("task_id"), attempt_id=payload.get("attempt_id")),
+            tracing.continue_trace("submit", payload.get("traceparent")),
+        ):
             await self._handle(message)
 
     async def _handle(self, message: OutboxRecord) -> None:

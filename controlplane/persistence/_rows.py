@@ -58,6 +58,7 @@ def task(m: RowMapping) -> TaskRecord:
         deadline_at=m["deadline_at"],
         created_at=m["created_at"],
         updated_at=m["updated_at"],
+        trace_context=m.get("trace_context"),
     )
 
 

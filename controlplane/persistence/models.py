@@ -197,6 +197,8 @@ class GenerationTask(Base):
     output_asset: Mapped[dict[str, Any] | None] = mapped_column(JsonDocOrNull)
     queue_deadline_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     deadline_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    # W3C traceparent of the CreateTask call (NULL: tracing was off); the dispatcher continues it.
+    trace_context: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()
 

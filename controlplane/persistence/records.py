@@ -46,6 +46,7 @@ class TaskRecord:
     deadline_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    trace_context: str | None = None  # W3C traceparent of CreateTask (vidroute_core.tracing)
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,8 +118,10 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         queue_deadline_at: datetime | None = None,
         deadline_at: datetime | None = None,
         reservation: Reservation | None = None,
+        trace_context: str | None = None,
     ) -> tuple[TaskRecord, bool]:
         """Insert a QUEUED task with its first event and a ``task.queued`` outbox message.
+        `trace_context` is the creating call's W3C traceparent (a replay keeps the first one's).
 
         With a `reservation`, the tenant is locked and its available credit checked first
         (`ledger.check_and_lock`: `InsufficientCredit` before anything is written), and the
@@ -155,6 +157,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
                                 last_event_seq=1,
                                 queue_deadline_at=queue_deadline_at,
                                 deadline_at=deadline_at,
+                                trace_context=trace_context,
                                 created_at=self.now,
                                 updated_at=self.now,
                             )

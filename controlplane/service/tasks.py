@@ -36,6 +36,7 @@ from controlplane.service.access import (
     ensure_visible,
     list_scope,
 )
+from vidroute_core import tracing
 from vidroute_core.exceptions import InvalidSpec, NotFound, PreconditionFailed
 from vidroute_core.hashing import normalized_spec_hash
 from vidroute_core.spec import GenerationSpec
@@ -186,6 +187,7 @@ class TaskService:
                 spec_hash=normalized_spec_hash(cmd.spec),
                 queue_deadline_at=queue_deadline_at,
                 deadline_at=deadline_at,
+                trace_context=tracing.current_traceparent(),  # the dispatcher continues it
             )
 
     async def _reservation(self, spec: GenerationSpec, now: datetime) -> Reservation | None:

@@ -2,7 +2,9 @@
 
 `to_status` is the whole mapping and `DomainErrorInterceptor` applies it to every RPC of a
 `grpc.aio` server. Anything that is not a `DomainError` becomes INTERNAL, logged once with its
-context; its message never leaks to the client.
+context and the trace id (`vidroute_core.tracing`; a random error id when tracing is off); its
+message never leaks to the client, the id does (in the message and a `google.rpc.RequestInfo`),
+so an operator finds the trace and the log line from what the client reports.
 
 Two kinds of bad input never reach a handler's own code as an exception:
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,6 +28,7 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
+from vidroute_core import tracing
 from vidroute_core.exceptions import (
     DomainError,
     IdempotencyConflict,
@@ -140,9 +144,18 @@ def to_status(exc: BaseException) -> grpc.Status:
     return _status(code_pb2.INTERNAL, "internal error")
 
 
-def _log_unexpected(exc: BaseException, method: str) -> None:
-    if not isinstance(exc, DomainError):
-        log.exception("unhandled error in %s", method, exc_info=exc)
+def internal_error(exc: BaseException, method: str) -> grpc.Status:
+    """Log a real bug once with the id an operator will be given, and the INTERNAL status that
+    gives it: the trace id inside a span, otherwise a fresh error id."""
+    trace_id = tracing.current_trace_id()
+    ref = trace_id or secrets.token_hex(16)
+    label = "trace_id" if trace_id else "error_id"
+    log.error("unhandled error in %s (%s %s)", method, label, ref, exc_info=exc, extra={label: ref})
+    return _status(
+        code_pb2.INTERNAL,
+        f"internal error ({label} {ref})",
+        error_details_pb2.RequestInfo(request_id=ref, serving_data=label),
+    )
 
 
 class _Malformed:
@@ -209,8 +222,7 @@ class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
                 except (grpc.RpcError, grpc.aio.AbortError):
                     raise
                 except Exception as exc:
-                    _log_unexpected(exc, method)
-                    await context.abort_with_status(to_status(exc))
+                    await context.abort_with_status(internal_error(exc, method))
 
             return grpc.unary_unary_rpc_method_handler(
                 unary,
@@ -238,8 +250,7 @@ class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
                 except (grpc.RpcError, grpc.aio.AbortError):
                     raise
                 except Exception as exc:
-                    _log_unexpected(exc, method)
-                    await context.abort_with_status(to_status(exc))
+                    await context.abort_with_status(internal_error(exc, method))
 
             return grpc.unary_stream_rpc_method_handler(
                 stream,

@@ -1,15 +1,22 @@
-"""Trace context carried by a task (placeholder).
+"""Trace context carried by a task: ``generation_tasks.trace_context``.
 
 Revision ID: 0005_trace_context
 Revises: 0004_task_exclusions
 Create Date: 2026-12-01
 
-Placeholder reserved for this revision; its owner fills in the schema change.
+The W3C ``traceparent`` of the CreateTask call that created the task (``00-<trace id>-<span
+id>-<flags>``, 55 characters), NULL when tracing was off. The dispatcher continues the task's
+trace from it, so one trace runs from CreateTask to the provider's HTTP request
+(`vidroute_core.tracing`). Nullable with no default: rows written before the upgrade simply
+start a new trace when they are dispatched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
 
 revision: str = "0005_trace_context"
 down_revision: str | None = "0004_task_exclusions"
@@ -18,8 +25,10 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    pass
+    with op.batch_alter_table("generation_tasks") as batch:
+        batch.add_column(sa.Column("trace_context", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
-    pass
+    with op.batch_alter_table("generation_tasks") as batch:
+        batch.drop_column("trace_context")
