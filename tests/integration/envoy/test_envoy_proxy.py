@@ -131,12 +131,14 @@ def proxy(tmp_path: Path) -> Iterator[Proxy]:
     scheduler_calls, adapter_calls = Calls(), Calls()
     cp = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     scheduler_service_pb2_grpc.add_SchedulerServiceServicer_to_server(
-        Scheduler(scheduler_calls), cp
+        Scheduler(scheduler_calls),  # type: ignore[abstract]  # the rest: UNIMPLEMENTED
+        cp,
     )
     cp_port = cp.add_insecure_port("127.0.0.1:0")
     sidecar = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     adapter_service_pb2_grpc.add_ProviderAdapterServiceServicer_to_server(
-        Adapter(adapter_calls), sidecar
+        Adapter(adapter_calls),  # type: ignore[abstract]  # the rest: UNIMPLEMENTED
+        sidecar,
     )
     sidecar_port = sidecar.add_secure_port("127.0.0.1:0", server_credentials(pki.server))
     cp.start()
@@ -217,7 +219,9 @@ def test_debug_listener_reaches_a_sidecar_over_mtls_and_never_retries_submit(
 ) -> None:
     """With the header, Describe answers through Envoy's mTLS cluster (SAN adapter-runway); Submit
     is sent once, GetJob retried; without the header no route exists and nothing is sent."""
-    header = [(generate.ADAPTER_HEADER, "adapter-runway")]
+    header: tuple[tuple[str, str | bytes], ...] = (
+        (str(generate.ADAPTER_HEADER), "adapter-runway"),
+    )
     with grpc.insecure_channel(proxy.debug, options=[("grpc.enable_retries", 0)]) as channel:
         stub = adapter_service_pb2_grpc.ProviderAdapterServiceStub(channel)
         described = stub.Describe(asvc.DescribeRequest(), metadata=header, timeout=20)
