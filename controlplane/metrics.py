@@ -8,6 +8,8 @@ and several control planes in one process never collide. Split by concern:
 * `controlplane.metrics_state`: the gauges read at scrape time from the lease store and the
   breakers (capacity, active leases, unknown slots, breaker states);
 * `controlplane.metrics_observers`: the execution engine's hooks that feed the families;
+* `controlplane.service.cost_gauges`: the cost families (cost per success, retry cost,
+  reconciliation delta), computed from the ledgers once per period, never per scrape;
 * `vidroute_core.wire.grpc_metrics`: the gRPC server families and interceptor, shared with the
   sidecars.
 
@@ -73,7 +75,6 @@ FORBIDDEN_LABELS = frozenset(
 class _Ratios:
     finished: defaultdict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     succeeded: defaultdict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
-    cost: defaultdict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
 
 
 class ControlPlaneMetrics:
@@ -135,17 +136,24 @@ class ControlPlaneMetrics:
             pm,
             registry=r,
         )
+        # The three cost families come from the ledgers (controlplane.service.cost_gauges sets
+        # them once per period via `unit_costs` / `reconciliation_deltas`), not from events.
         self.cost_per_success = Gauge(
             "provider_cost_per_success",
-            "Provider cost (micros) of all finished jobs per succeeded job",
+            "Unit cost of successful delivery (micros, 9.23) over the last 24 h of the ledger",
             pm,
             registry=r,
         )
-        # A gauge that only grows, so the series keeps the design's name (no ``_total``).
         self.retry_cost = Gauge(
             "provider_retry_cost_micros",
-            "Provider cost of jobs that did not succeed (the price of retrying)",
+            "Provider cost of failed and cancelled jobs over the last 24 h of the usage ledger",
             pm,
+            registry=r,
+        )
+        self.reconciliation_delta = Gauge(
+            "provider_reconciliation_delta_micros",
+            "Billed minus expected provider cost (micros) of the latest reconciled day",
+            ["provider"],
             registry=r,
         )
         self.circuit_transitions = Counter(
@@ -165,6 +173,8 @@ class ControlPlaneMetrics:
         self._queue_classes: set[str] = set()
         self._throttled_keys: set[tuple[str, str]] = set()
         self._delta_keys: set[tuple[str, str]] = set()
+        self._cost_keys: set[tuple[str, str]] = set()
+        self._recon_providers: set[str] = set()
 
     # ---- events --------------------------------------------------------------------------
 
@@ -208,18 +218,33 @@ class ControlPlaneMetrics:
     def generation(
         self, provider: str, model: str, *, succeeded: bool, seconds: float, cost_micros: int
     ) -> None:
+        """A finished provider job. `cost_micros` is not counted here: cost is the ledgers'
+        (`unit_costs`), so every replica reports the same figure and a restart loses none."""
         key = (provider, model)
         self.generation_latency.labels(*key).observe(max(0.0, seconds))
-        if not succeeded and cost_micros > 0:
-            self.retry_cost.labels(*key).inc(cost_micros)
         with self._lock:
             r = self._ratios
             r.finished[key] += 1
             r.succeeded[key] += int(succeeded)
-            r.cost[key] += max(0, cost_micros)
             self.success_ratio.labels(*key).set(r.succeeded[key] / r.finished[key])
-            if r.succeeded[key]:
-                self.cost_per_success.labels(*key).set(r.cost[key] / r.succeeded[key])
+
+    def unit_costs(self, figures: Mapping[tuple[str, str], tuple[int, int]]) -> None:
+        """``(provider, model) -> (cost per success, retry cost)`` micros; others drop to 0."""
+        for key in self._cost_keys - set(figures):
+            self.cost_per_success.labels(*key).set(0)
+            self.retry_cost.labels(*key).set(0)
+        for key, (per_success, retry) in figures.items():
+            self.cost_per_success.labels(*key).set(per_success)
+            self.retry_cost.labels(*key).set(retry)
+        self._cost_keys |= set(figures)
+
+    def reconciliation_deltas(self, deltas: Mapping[str, int]) -> None:
+        """``provider -> billed - expected`` micros of the latest reconciled day."""
+        for provider in self._recon_providers - set(deltas):
+            self.reconciliation_delta.labels(provider).set(0)
+        for provider, delta in deltas.items():
+            self.reconciliation_delta.labels(provider).set(delta)
+        self._recon_providers |= set(deltas)
 
     def circuit_transition(self, provider: str, model: str, operation: str, to: str) -> None:
         self.circuit_transitions.labels(provider, model, operation, to).inc()

@@ -154,3 +154,16 @@ def unit_costs(jobs: Iterable[JobUsage]) -> list[UnitCost]:
             )
         )
     return add_up(partial)
+
+
+def gauge_figures(rows: Iterable[UnitCost]) -> dict[tuple[str, str], tuple[int, int]]:
+    """``(provider, model) -> (cost per success, retry cost)`` micros for the 9.24 gauges, whose
+    labels carry no currency: a model priced in two currencies reports the row with the most
+    successes (then the larger total), not a sum across currencies."""
+    best: dict[tuple[str, str], UnitCost] = {}
+    for row in rows:
+        key = (row.provider, row.model)
+        held = best.get(key)
+        if held is None or (row.successes, row.total_micros) > (held.successes, held.total_micros):
+            best[key] = row
+    return {k: (r.cost_per_success_micros, r.retry_micros) for k, r in sorted(best.items())}

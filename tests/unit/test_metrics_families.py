@@ -21,8 +21,7 @@ from controlplane.metrics import (
     drift_deltas,
 )
 
-# The 9.24 families this slice reports (provider_reconciliation_delta_micros waits for the
-# money issue), plus the gRPC server families.
+# The 9.24 families, plus the breaker transitions and the gRPC server families.
 DESIGN_FAMILIES = {
     "scheduler_decision_total",
     "scheduler_no_candidate_total",
@@ -40,6 +39,7 @@ DESIGN_FAMILIES = {
     "provider_circuit_state",
     "provider_cost_per_success",
     "provider_retry_cost_micros",
+    "provider_reconciliation_delta_micros",
     "provider_circuit_transitions_total",  # beyond 9.24: a transition outlives a scrape
     "grpc_server_started_total",
     "grpc_server_handled_total",
@@ -74,6 +74,8 @@ def filled() -> ControlPlaneMetrics:
     m.submit("runway", "gen4", "ACCEPTED", "", 0.2)
     m.generation("runway", "gen4", succeeded=True, seconds=40, cost_micros=500_000)
     m.generation("runway", "gen4", succeeded=False, seconds=20, cost_micros=100_000)
+    m.unit_costs({("runway", "gen4"): (600_000, 100_000)})  # the ledgers' figures
+    m.reconciliation_deltas({"runway": -250_000})
     m.circuit_transition("runway", "gen4", "SUBMIT", "OPEN")
     m.rpc_handled.labels("svc", "Get", "OK").inc()
     m.rpc_latency.labels("svc", "Get").observe(0.01)
@@ -111,6 +113,7 @@ def test_ratios_and_retry_cost() -> None:
     assert values[("provider_task_success_ratio", key)] == 0.5
     assert values[("provider_cost_per_success", key)] == 600_000
     assert values[("provider_retry_cost_micros", key)] == 100_000
+    assert values[("provider_reconciliation_delta_micros", (("provider", "runway"),))] == -250_000
     circuit = (("model", "gen4"), ("operation", "SUBMIT"), ("provider", "runway"))
     assert values[("provider_circuit_state", circuit)] == 2.0
 
@@ -143,3 +146,17 @@ def test_circuit_gauges_report_the_worst_state_per_label_set() -> None:
 
     rows = circuit_gauges([status("a", BreakerState.CLOSED), status("b", BreakerState.HALF_OPEN)])
     assert rows == [CircuitGauge("runway", "gen4", "SUBMIT", "HALF_OPEN")]
+
+
+def test_cost_gauges_come_from_the_ledger_figures_only() -> None:
+    """Job events never move the cost gauges; a model gone from the figures drops to 0."""
+    m = ControlPlaneMetrics()
+    m.generation("veo", "veo-3", succeeded=True, seconds=60, cost_micros=3_200_000)
+    assert not next(iter(m.cost_per_success.collect())).samples
+    m.unit_costs({("veo", "veo-3"): (3_200_000, 0), ("runway", "gen4"): (250_000, 50_000)})
+    m.unit_costs({("runway", "gen4"): (260_000, 50_000)})
+    assert m.cost_per_success.labels("veo", "veo-3")._value.get() == 0
+    assert m.cost_per_success.labels("runway", "gen4")._value.get() == 260_000
+    m.reconciliation_deltas({"veo": 5})
+    m.reconciliation_deltas({})
+    assert m.reconciliation_delta.labels("veo")._value.get() == 0

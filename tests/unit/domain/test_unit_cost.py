@@ -5,7 +5,14 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controlplane.domain.unit_cost import JobUsage, UnitCost, job_terms, per_success, unit_costs
+from controlplane.domain.unit_cost import (
+    JobUsage,
+    UnitCost,
+    gauge_figures,
+    job_terms,
+    per_success,
+    unit_costs,
+)
 
 
 def _job(**kw: object) -> JobUsage:
@@ -94,3 +101,16 @@ def test_per_success_is_the_nearest_integer(total: int, successes: int) -> None:
     q = per_success(total, successes)
     assert 2 * abs(total - q * successes) <= successes
     assert isinstance(q, int)
+
+
+def test_gauge_figures_pick_one_currency_per_model() -> None:
+    """The gauges carry no currency label: the row with the most successes of a model wins."""
+    rows = [
+        UnitCost("runway", "gen4_turbo", "EUR", 1, 240_000, 0, 0, 0),
+        UnitCost("runway", "gen4_turbo", "USD", 4, 1_000_000, 120_000, 0, 80_000),
+        UnitCost("veo", "veo-3.1", "USD", 0, 0, 400_000, 0, 0),
+    ]
+    assert gauge_figures(rows) == {
+        ("runway", "gen4_turbo"): (300_000, 120_000),
+        ("veo", "veo-3.1"): (0, 400_000),
+    }
