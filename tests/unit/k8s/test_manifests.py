@@ -19,6 +19,7 @@ import yaml
 
 from adapter_sidecars.common.config import parse_config
 from controlplane.bootstrap import Settings
+from controlplane.domain.money import BillingMode
 from controlplane.storage import object_store_from_url
 from controlplane.storage.s3 import S3ObjectStore
 from tests.conftest import require_server
@@ -630,6 +631,14 @@ def test_auth_requirement_is_what_the_control_plane_enforces(tmp_path: Path) -> 
         Settings.from_env(env)
     token_file.write_text(f"{'ab' * 32}=admin\n")
     assert set(Settings.from_env(env).auth_tokens) == {"ab" * 32}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_tenants_are_billed_prepaid(overlay: str) -> None:
+    """The shipped billing policy (9.23.1) is prepaid: no tenant spends credit it lacks."""
+    _, container = _control_plane(rendered(overlay))
+    env = {"VIDROUTE_BILLING_POLICY": _env(container)["VIDROUTE_BILLING_POLICY"]["value"]}
+    assert Settings.from_env(env).billing.default.mode is BillingMode.PREPAID
 
 
 def test_prod_publishes_only_the_callback_paths() -> None:
