@@ -35,6 +35,9 @@ Exceptions::
     ├── InvalidLeaseRequest   (also ValueError) a request or argument breaks the rules above
     ├── LeaseLostError        the call needs a held lease: it is gone, expired or the token differs
     └── LeaseBackendError     the backing store failed (Redis errors are translated into this)
+        └── LeaseStoreUnavailable  it cannot be reached (refused, reset, timed out): also the
+                                   kernel's `Unavailable`, so an RPC answers UNAVAILABLE with a
+                                   retry hint, never INTERNAL
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from vidroute_core.exceptions import Unavailable
 
 __all__ = [
     "AccountSnapshot",
@@ -80,6 +85,14 @@ class LeaseLostError(LeaseError):
 
 class LeaseBackendError(LeaseError):
     """The backing store (Redis) failed or answered something this package does not understand."""
+
+
+class LeaseStoreUnavailable(LeaseBackendError, Unavailable):
+    """The backing store cannot be reached right now; nothing may be assumed done."""
+
+    def __init__(self, detail: str, retry_after_s: float = 1.0) -> None:
+        Unavailable.__init__(self, "lease store (redis)", retry_after_s)
+        self.detail = detail
 
 
 def unknown_slot_cap(capacity: int) -> int:

@@ -36,7 +36,9 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError, WatchError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from controlplane.leases import _lua
 from controlplane.leases.base import (
@@ -49,6 +51,7 @@ from controlplane.leases.base import (
     LeaseLostError,
     LeaseMetrics,
     LeaseRequest,
+    LeaseStoreUnavailable,
     UnknownSlotsFullHook,
     validate_account,
     validate_restore,
@@ -111,6 +114,9 @@ async def _translated(operation: str) -> AsyncIterator[None]:
                 f"{operation}: lease dimensions differ from the record"
             ) from exc
         raise LeaseBackendError(f"{operation}: {exc}") from exc
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        # Redis down, restarting or cut off: the kernel's Unavailable (UNAVAILABLE at the edge).
+        raise LeaseStoreUnavailable(f"{operation}: {exc}") from exc
     except RedisError as exc:
         raise LeaseBackendError(f"{operation}: {exc}") from exc
 

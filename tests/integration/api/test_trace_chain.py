@@ -85,7 +85,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
 @dataclass
 class Stack:
     emulator: RunwayEmulator
-    stub: api_grpc.SchedulerServiceStub
+    stub: api_grpc.SchedulerServiceAsyncStub
     db: Database
     traceparents: list[str | None]  # the traceparent header of each create the emulator got
 
