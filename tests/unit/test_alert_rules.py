@@ -25,14 +25,14 @@ from controlplane.metrics import ControlPlaneMetrics
 MONITORING = Path(__file__).resolve().parents[2] / "k8s" / "monitoring"
 RULES = MONITORING / "alerts.yaml"
 SEVERITIES = {"page", "ticket"}
-# The high-priority alerts of 9.24 this file covers (unmatched bill charges await the money
-# issue's provider_reconciliation_delta_micros).
+# The high-priority alerts of 9.24 this file covers.
 REQUIRED = {
     "VidrouteSubmitUnknownSpike",
     "VidrouteProvider5xxAndTimeouts",
     "VidrouteLeaseDriftGrowing",
     "VidrouteFailoverRateHigh",
     "VidrouteCostPerSuccessOverBudget",
+    "VidrouteBillUnmatchedCharges",
     "VidrouteSafetyFailureRateShift",
     "VidrouteGenerationLatencyOverBaseline",
 }
