@@ -5,6 +5,7 @@ vidroute serve              only the control plane (gRPC on VIDROUTE_LISTEN)
 vidroute migrate [--down]   apply (or revert) database migrations
 vidroute submit ...         create a task            vidroute get TASK_ID   show a task
 vidroute balance | ledger | credit | costs   money (clients.billing_cli)
+vidroute reconcile [--date YYYY-MM-DD]      daily bill reconciliation (clients.reconcile_cli)
 
 Client commands send ``VIDROUTE_TOKEN`` as their bearer token (`clients.auth`); `vidroute up`
 prints a dev admin and a dev tenant token and leaves them under ./var, where the client commands
@@ -28,7 +29,7 @@ import grpc
 from google.protobuf import json_format
 
 from clients import auth as client_auth
-from clients import billing_cli
+from clients import billing_cli, reconcile_cli
 from vidroute.common.v1 import generation_pb2
 from vidroute.scheduler.v1 import scheduler_service_pb2, scheduler_service_pb2_grpc
 
@@ -266,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["get"].add_argument("task_id")
     sub.choices["explain"].add_argument("task_id")
     billing_cli.add_commands(sub, DEFAULT_TARGET)  # balance, ledger, credit, costs
+    reconcile_cli.add_commands(sub)  # reconcile [--date YYYY-MM-DD]
     return parser
 
 
@@ -289,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _explain(args)
         if args.command in billing_cli.COMMANDS:
             return billing_cli.run(args)
+        if args.command in reconcile_cli.COMMANDS:
+            return reconcile_cli.run(args)
         return _get(args)
     except grpc.RpcError as exc:
         print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)

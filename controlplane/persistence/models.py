@@ -35,6 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from controlplane.domain.money import CreditKind, UsageKind
+from controlplane.domain.reconciliation import DiscrepancyKind
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.persistence.coltypes import BigIntPK, JsonDoc, JsonDocOrNull, UtcDateTime
 from vidroute_core.spec import ServiceClass
@@ -624,4 +625,107 @@ provider_events = Table(
         name="uq_provider_events_dedup",
     ),
     Index("ix_provider_events_attempt_id", "attempt_id"),
+)
+
+# Daily bill reconciliation (revision 0007, design 9.23.3): each provider usage import raw and
+# immutable, its normalized records, one run per (day, provider, account) import, its rows.
+_WHERE_CURRENT = text("superseded_by IS NULL")
+
+raw_usage_imports = Table(
+    "raw_usage_imports",
+    Base.metadata,
+    # The ListUsage answer exactly as received (canonical JSON); the same payload for the same
+    # account and window is stored once (its sha256). Never updated or deleted (a trigger).
+    Column("id", BigIntPK, primary_key=True),
+    Column("provider", Text, nullable=False),
+    Column("account", Text, nullable=False),
+    Column("window_start", UtcDateTime, nullable=False),
+    Column("window_end", UtcDateTime, nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("payload_sha256", Text, nullable=False),
+    Column("record_count", Integer, nullable=False),
+    Column("fetched_at", UtcDateTime, nullable=False),
+    UniqueConstraint(
+        "provider", "account", "window_start", "payload_sha256", name="uq_raw_usage_imports_payload"
+    ),
+)
+
+provider_usage_records = Table(
+    "provider_usage_records",
+    Base.metadata,
+    # One normalized line of an import; integer micros and thousandths of provider units.
+    Column("id", BigIntPK, primary_key=True),
+    Column("import_id", BigInteger, ForeignKey("raw_usage_imports.id"), nullable=False),
+    Column("line_no", Integer, nullable=False),
+    Column("provider", Text, nullable=False),
+    Column("account", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("provider_job_id", Text, nullable=False),
+    Column("provider_request_id", Text, nullable=False),
+    Column("client_request_key", Text, nullable=False),
+    Column("usage_time", UtcDateTime, nullable=True),
+    Column("provider_milliunits", BigInteger, nullable=False),
+    Column("provider_unit", Text, nullable=False),
+    Column("cost_micros", BigInteger, nullable=False),
+    Column("currency", CHAR(3), nullable=False),
+    Column("raw_json", Text, nullable=False),
+    UniqueConstraint("import_id", "line_no", name="uq_provider_usage_records_line"),
+)
+
+reconciliation_runs = Table(
+    "reconciliation_runs",
+    Base.metadata,
+    # One reconciliation of a day for one provider account (provider "credit_ledger": the
+    # tenant side). A re-run with the same result is the same run; a different result is a new
+    # run that supersedes the old one (``superseded_by``), so history stays readable.
+    Column("id", BigIntPK, primary_key=True),
+    Column("day", Text, nullable=False),
+    Column("provider", Text, nullable=False),
+    Column("account", Text, nullable=False),
+    Column("import_id", BigInteger, ForeignKey("raw_usage_imports.id"), nullable=True),
+    Column("result_sha256", Text, nullable=False),
+    Column("record_count", Integer, nullable=False),
+    Column("billed_micros", BigInteger, nullable=False),
+    Column("expected_micros", BigInteger, nullable=False),
+    Column("delta_micros", BigInteger, nullable=False),
+    Column("currency", CHAR(3), nullable=False),
+    Column("statuses", JsonDoc, nullable=False),
+    Column("superseded_by", BigInteger, nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    CheckConstraint("length(day) = 10", name="day_iso"),
+    Index(
+        "uq_reconciliation_runs_current",
+        "day",
+        "provider",
+        "account",
+        unique=True,
+        postgresql_where=_WHERE_CURRENT,
+        sqlite_where=_WHERE_CURRENT,
+    ),
+)
+
+reconciliation_discrepancies = Table(
+    "reconciliation_discrepancies",
+    Base.metadata,
+    # A row of a run's report (controlplane.domain.reconciliation.Discrepancy).
+    Column("id", BigIntPK, primary_key=True),
+    Column("run_id", BigInteger, ForeignKey("reconciliation_runs.id"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("provider", Text, nullable=False),
+    Column("account", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("attempt_id", BigInteger, nullable=True),
+    Column("task_id", BigInteger, nullable=True),
+    Column("provider_job_id", Text, nullable=False),
+    Column("record_ids", JsonDoc, nullable=False),
+    Column("billed_micros", BigInteger, nullable=False),
+    Column("expected_micros", BigInteger, nullable=False),
+    Column("delta_micros", BigInteger, nullable=False),
+    Column("currency", CHAR(3), nullable=False),
+    Column("evidence", JsonDoc, nullable=False),
+    Column("suggested_action", Text, nullable=False),
+    UniqueConstraint("run_id", "seq", name="uq_reconciliation_discrepancies_seq"),
+    one_of("kind", DiscrepancyKind, "kind_enum"),
+    Index("ix_reconciliation_discrepancies_attempt_id", "attempt_id"),
 )

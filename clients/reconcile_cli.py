@@ -1,0 +1,158 @@
+"""``vidroute reconcile [--date YYYY-MM-DD] [--json]``: the daily bill reconciliation (9.23.3).
+
+Runs against the configured database (``VIDROUTE_DATABASE_URL``) and adapter sidecars
+(``VIDROUTE_ADAPTERS``), the same environment as the control plane (the Kubernetes CronJob
+runs it with the Deployment's). The day defaults to yesterday (UTC). Prints one summary line
+per provider account (billed, expected, delta, records by status) and one line per
+discrepancy, or the report as JSON. Running a day again writes nothing new and prints the same.
+
+Exit status: 0 reconciled (discrepancies are findings, not failures), 1 an account's usage could
+not be read (the others are still reconciled and stored), 2 bad arguments or the database away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+
+COMMANDS = ("reconcile",)
+
+
+def _day(text: str) -> date:
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date YYYY-MM-DD: {text!r}") from None
+
+
+def add_commands(sub: Any) -> None:
+    cmd = sub.add_parser("reconcile", help="reconcile a day's provider bills (default yesterday)")
+    cmd.add_argument(
+        "--date",
+        type=_day,
+        default=None,
+        dest="day",
+        help="UTC day YYYY-MM-DD (default: yesterday, UTC)",
+    )
+    cmd.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def money(micros: int, currency: str = "") -> str:
+    """Integer micros as a decimal string with six places (no float on the way)."""
+    sign = "-" if micros < 0 else ""
+    whole, frac = divmod(abs(micros), 1_000_000)
+    return f"{sign}{whole}.{frac:06d} {currency}".rstrip()
+
+
+def report_json(report: Any) -> dict[str, Any]:
+    return {
+        "day": report.day.isoformat(),
+        "runs": [
+            {
+                "run_id": r.run_id,
+                "provider": r.provider,
+                "account": r.account,
+                "billed_micros": r.billed_micros,
+                "expected_micros": r.expected_micros,
+                "delta_micros": r.delta_micros,
+                "currency": r.currency,
+                "record_count": r.record_count,
+                "status_counts": dict(r.status_counts),
+                "discrepancies": [
+                    {
+                        "kind": d.kind.value,
+                        "provider": d.provider,
+                        "account": d.account,
+                        "model": d.model,
+                        "attempt_id": d.attempt_id,
+                        "task_id": d.task_id,
+                        "provider_job_id": d.provider_job_id,
+                        "record_ids": list(d.record_ids),
+                        "billed_micros": d.billed_micros,
+                        "expected_micros": d.expected_micros,
+                        "delta_micros": d.delta_micros,
+                        "currency": d.currency,
+                        "suggested_action": d.suggested_action,
+                        "evidence": dict(d.evidence),
+                    }
+                    for d in r.discrepancies
+                ],
+            }
+            for r in report.runs
+        ],
+        "errors": [
+            {
+                "provider": e.provider,
+                "account": e.account,
+                "error_class": e.error_class,
+                "message": e.message,
+            }
+            for e in report.errors
+        ],
+        "written_runs": list(report.written),
+    }
+
+
+def report_lines(report: Any) -> list[str]:
+    lines = [
+        f"reconciliation {report.day.isoformat()}",
+        f"{'provider':<14} {'account':<14} {'billed':>18} {'expected':>18} {'delta':>18}  records",
+    ]
+    for r in report.runs:
+        counts = " ".join(f"{k}={v}" for k, v in r.status_counts.items()) or "-"
+        lines.append(
+            f"{r.provider:<14} {r.account or '-':<14} {money(r.billed_micros):>18} "
+            f"{money(r.expected_micros):>18} {money(r.delta_micros):>18}  {counts}"
+        )
+    for e in report.errors:
+        lines.append(
+            f"{e.provider:<14} {e.account:<14} NOT RECONCILED: {e.error_class}: {e.message}"
+        )
+    rows = report.discrepancies
+    lines.append(f"discrepancies: {len(rows)}")
+    for d in rows:
+        who = f"attempt {d.attempt_id}" if d.attempt_id is not None else "no attempt"
+        if d.task_id is not None:
+            who += f" task {d.task_id}"
+        job = f" job {d.provider_job_id}" if d.provider_job_id else ""
+        lines.append(
+            f"  {d.kind.value:<28} {d.provider}/{d.account or '-'} {d.model or '-'} {who}{job} "
+            f"billed {money(d.billed_micros, d.currency)} expected "
+            f"{money(d.expected_micros, d.currency)} -> {d.suggested_action}"
+        )
+    return lines
+
+
+async def _reconcile(day: date, as_json: bool) -> int:
+    from controlplane.bootstrap import Settings
+    from controlplane.persistence.database import Database
+    from controlplane.persistence.errors import StoreUnavailable
+    from controlplane.reconciliation import run_day
+    from controlplane.reconciliation.clients import adapter_clients
+
+    settings = Settings.from_env()
+    db = Database.from_url(settings.database_url)
+    clients = adapter_clients(settings)
+    try:
+        report = await run_day(db, clients, day)
+    except StoreUnavailable as exc:
+        print(f"error: UNAVAILABLE: database: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        for client in clients.values():
+            await client.close()
+        await db.dispose()
+    if as_json:
+        print(json.dumps(report_json(report), indent=2, sort_keys=True))
+    else:
+        print("\n".join(report_lines(report)))
+    return 1 if report.errors else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    day = args.day or (datetime.now(UTC).date() - timedelta(days=1))
+    return asyncio.run(_reconcile(day, args.json))

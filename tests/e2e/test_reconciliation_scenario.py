@@ -1,0 +1,344 @@
+"""Daily bill reconciliation through the real stack (issue 11's Done-when, design 9.23.3/9.23.4).
+
+Emulators (Runway daily credit totals per model, Veo per-operation billing lines, self-hosted
+GPU-second rows) behind the shipped sidecars over gRPC, a control plane on PostgreSQL with Redis
+leases, every duration times one factor. The scenario:
+
+* jobs that succeed on all three providers;
+* a Runway job that fails (billed nothing: no row) and a Veo job that fails but is billed anyway
+  (``charge_failed`` in the export: FAILED_TASK_CHARGED);
+* a Veo create whose answer is corrupt although Google accepted it: the attempt is
+  SUBMIT_UNKNOWN, then ABANDONED, and its job is billed (COST_AFTER_UNKNOWN, tied back to that
+  attempt by account + model + window + amount: 9.17.5's background reconciliation);
+* in the usage export: one Veo job billed twice (DUPLICATE_CHARGE), one charge with no job
+  (CHARGE_WITHOUT_LOCAL_JOB), one job billed at another USD/second (WRONG_PRICE_VERSION), one
+  self-hosted job's GPU seconds converted at another rate (WRONG_CONVERSION_RATE).
+
+``vidroute reconcile --date D --json`` runs as operators run it (a process with the control
+plane's environment). Its rows equal the injected truth row for row (kind, provider, attempt,
+amounts): none missed, none invented. Running the same day again writes nothing and prints the
+same report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import PostgresServer
+from tests.support.module_stack import module_database
+from tests.support.stack import ControlPlane, ProviderFarm, RedisDb, describe, wait_for
+from tests.support.workload import SUBMIT_ROUTE
+from vidroute.scheduler.v1 import scheduler_pb2 as sp
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(300)]
+
+TIME_SCALE = 0.02
+DURATION_S = 4
+# Shipped prices of the pinned models (capabilities): Veo 3.1 preview USD 0.40/s, the self-hosted
+# GPU second 350 micros, a 4 s self-hosted job = 10 + 8 x 4 = 42 GPU seconds (emulator default).
+VEO_MICROS = 400_000 * DURATION_S
+VEO_WRONG_PRICE_USD_PER_S = "0.30"
+GPU_SECONDS = 42
+GPU_RATE, GPU_WRONG_RATE = 350, 500
+ORPHAN = {"model": "veo-3.1-generate-preview", "seconds": 6, "usd": 2.4, "ref": "ghost-operation"}
+LATE_ORPHAN = {"model": "veo-3.1-generate-preview", "seconds": 2, "usd": 0.8, "ref": "late-op"}
+
+
+@dataclass
+class Scenario:
+    farm: ProviderFarm
+    cp: ControlPlane
+    day: str
+    tasks: dict[str, sp.Task]
+    truth_rows: list[tuple[str, str, int | None, int, int]]
+    first: dict[str, Any]
+    second: dict[str, Any]
+    third: dict[str, Any]  # after a late line in Google's export
+    runs: list[tuple[int, str, int | None]]  # (id, provider, superseded_by) after the third
+    delta: dict[str, int]  # delta_by_provider after the third
+
+
+def _job_of(
+    farm: ProviderFarm, provider: str, prompt: str, phase: str | None = None
+) -> dict[str, Any]:
+    """The one job the provider really created for `prompt` (of `phase`: a failed task's
+    retry may have made another)."""
+    jobs = [
+        j
+        for j in farm.truth(provider)
+        if prompt in json.dumps(j.get("body", {})) and phase in (None, j["phase"])
+    ]
+    assert len(jobs) == 1, f"{provider} jobs for {prompt!r}: {jobs}"
+    return jobs[0]
+
+
+def _usage_fault(farm: ProviderFarm, provider: str, fault: dict[str, Any]) -> None:
+    """Through the emulator's admin route, as a test client of the real export would."""
+    url = farm.emulator(provider).emulator.url
+    reply = httpx.post(f"{url}/__emulator/usage/faults", json=fault, timeout=5)
+    assert reply.status_code == 201, reply.text
+
+
+def _arm(farm: ProviderFarm, provider: str, fault: dict[str, Any]) -> int:
+    """A fault on the provider's next create; returns its index in the fault book."""
+    emulator = farm.emulator(provider)
+    index = len(emulator.call(emulator.emulator.faults))
+    emulator.add_faults({"route": SUBMIT_ROUTE[provider], "nth": 1, **fault})
+    return index
+
+
+def _fired(farm: ProviderFarm, provider: str, index: int) -> bool:
+    emulator = farm.emulator(provider)
+    return bool(emulator.call(emulator.emulator.faults)[index]["fired"] >= 1)
+
+
+def _reconcile(farm: ProviderFarm, cp: ControlPlane, day: str) -> dict[str, Any]:
+    env = {
+        **os.environ,
+        **farm.env,
+        "VIDROUTE_DATABASE_URL": cp.database_url,
+        "VIDROUTE_ADAPTERS": farm.adapters_env,
+        "VIDROUTE_LOG_LEVEL": "WARNING",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "clients.cli", "reconcile", "--date", day, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, f"rc {done.returncode}\n{done.stdout}\n{done.stderr}"
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
+
+
+def _run(farm: ProviderFarm, cp: ControlPlane) -> Scenario:
+    # A day boundary inside the scenario would split its bills: start after midnight passed.
+    wait_for(
+        lambda: datetime.now(UTC).strftime("%H:%M") < "23:55",
+        timeout_s=400,
+        interval_s=5,
+        what="not within 5 minutes of midnight UTC",
+    )
+    day = datetime.now(UTC).date().isoformat()
+    tag = secrets.token_hex(3)
+    prompts: dict[str, str] = {}
+    created: dict[str, str] = {}
+
+    def create(name: str, provider: str) -> str:
+        prompts[name] = f"reconcile {name} {tag} a red kite over a green hill"
+        created[name] = cp.create_task(provider, prompt=prompts[name], duration_s=DURATION_S)
+        return created[name]
+
+    # The unknown submit first: its 1800 s (36 s here) recovery window runs while the rest do.
+    index = _arm(farm, "google", {"action": "corrupt_json"})
+    create("veo_unknown", "google")
+    wait_for(lambda: _fired(farm, "google", index), timeout_s=60, what="corrupt create")
+    # Failures, one at a time so a retry's create never meets the next armed fault.
+    for name, provider, code in (
+        ("runway_failed", "runway", "INTERNAL.BAD_OUTPUT"),
+        ("veo_failed", "google", "INTERNAL"),
+    ):
+        index = _arm(farm, provider, {"action": "fail_job", "code": code})
+        cp.wait_terminal(create(name, provider), timeout_s=90)
+        assert _fired(farm, provider, index), name
+    plain = {
+        "runway_ok_1": "runway",
+        "runway_ok_2": "runway",
+        "veo_ok": "google",
+        "veo_twice": "google",
+        "veo_price": "google",
+        "gpu_ok": "self_hosted",
+        "gpu_rate": "self_hosted",
+    }
+    for name, provider in plain.items():
+        create(name, provider)
+    tasks = {name: cp.wait_terminal(task_id, timeout_s=120) for name, task_id in created.items()}
+    for name in plain:
+        assert tasks[name].state == sp.TASK_STATE_SUCCEEDED, describe(tasks[name])
+    unknown = tasks["veo_unknown"]
+    assert [a.state for a in unknown.attempts] == [sp.ATTEMPT_STATE_ABANDONED], describe(unknown)
+    failed_attempt = tasks["veo_failed"].attempts[0]
+    assert failed_attempt.state == sp.ATTEMPT_STATE_FAILED, describe(tasks["veo_failed"])
+
+    # The bill, falsified the way real bills go wrong.
+    twice = _job_of(farm, "google", prompts["veo_twice"])["id"]
+    _usage_fault(farm, "google", {"kind": "duplicate", "job_id": twice})
+    priced = _job_of(farm, "google", prompts["veo_price"])["id"]
+    _usage_fault(
+        farm, "google", {"kind": "price", "job_id": priced, "unit_price": VEO_WRONG_PRICE_USD_PER_S}
+    )
+    billed_failed = _job_of(farm, "google", prompts["veo_failed"], phase="failed")
+    _usage_fault(farm, "google", {"kind": "charge_failed", "job_id": billed_failed["id"]})
+    _usage_fault(farm, "google", {"kind": "orphan", **ORPHAN})
+    converted = _job_of(farm, "self_hosted", prompts["gpu_rate"])["id"]
+    _usage_fault(
+        farm,
+        "self_hosted",
+        {"kind": "conversion", "job_id": converted, "micros_per_unit": GPU_WRONG_RATE},
+    )
+
+    def attempt(name: str, n: int = 0) -> int:
+        return int(tasks[name].attempts[n].attempt_id)
+
+    truth_rows = [
+        ("google", "COST_AFTER_UNKNOWN", attempt("veo_unknown"), VEO_MICROS, 0),
+        ("google", "DUPLICATE_CHARGE", attempt("veo_twice"), VEO_MICROS, 0),
+        ("google", "FAILED_TASK_CHARGED", attempt("veo_failed"), VEO_MICROS, 0),
+        ("google", "WRONG_PRICE_VERSION", attempt("veo_price"), 300_000 * DURATION_S, VEO_MICROS),
+        ("google", "CHARGE_WITHOUT_LOCAL_JOB", None, 2_400_000, 0),
+        (
+            "self_hosted",
+            "WRONG_CONVERSION_RATE",
+            attempt("gpu_rate"),
+            GPU_SECONDS * GPU_WRONG_RATE,
+            GPU_SECONDS * GPU_RATE,
+        ),
+    ]
+    first = _reconcile(farm, cp, day)
+    second = _reconcile(farm, cp, day)
+    # A line that arrives late: the day's Google import changes, its run is superseded.
+    _usage_fault(farm, "google", {"kind": "orphan", **LATE_ORPHAN})
+    third = _reconcile(farm, cp, day)
+    runs, delta = asyncio.run(_stored_runs(cp.database_url))
+    return Scenario(farm, cp, day, tasks, truth_rows, first, second, third, runs, delta)
+
+
+async def _stored_runs(url: str) -> tuple[list[tuple[int, str, int | None]], dict[str, int]]:
+    from sqlalchemy import text
+
+    from controlplane.persistence.database import Database
+    from controlplane.reconciliation import delta_by_provider
+
+    db = Database.from_url(url)
+    try:
+        async with db.reading() as conn:
+            rows = await conn.execute(
+                text("SELECT id, provider, superseded_by FROM reconciliation_runs ORDER BY id")
+            )
+            runs = [(int(i), str(p), None if s is None else int(s)) for i, p, s in rows]
+        return runs, await delta_by_provider(db)
+    finally:
+        await db.dispose()
+
+
+@pytest.fixture(scope="module")
+def scenario(
+    postgres_server: PostgresServer, redis_server_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Scenario]:
+    workdir = tmp_path_factory.mktemp("reconciliation")
+    with (
+        module_database(postgres_server, "postgresql", workdir) as url,
+        ProviderFarm(
+            workdir / "farm", time_scale=TIME_SCALE, extensions={"google": ["billing_export"]}
+        ) as farm,
+        RedisDb(redis_server_url) as redis,
+    ):
+        (workdir / "cp").mkdir()
+        cp = ControlPlane(workdir / "cp", farm, database_url=url, redis_url=redis.url)
+        cp.start()
+        try:
+            cp.wait_capabilities()
+            yield _run(farm, cp)
+        finally:
+            cp.kill()
+
+
+def _rows(report: dict[str, Any]) -> list[tuple[str, str, int | None, int, int]]:
+    return sorted(
+        (
+            (d["provider"], d["kind"], d["attempt_id"], d["billed_micros"], d["expected_micros"])
+            for run in report["runs"]
+            for d in run["discrepancies"]
+        ),
+        key=repr,
+    )
+
+
+def test_report_rows_are_exactly_the_injected_truth(scenario: Scenario) -> None:
+    """Row by row (provider, kind, attempt, billed, expected): none missed, none invented."""
+    report = scenario.first
+    assert report["errors"] == [], report["errors"]
+    assert _rows(report) == sorted(scenario.truth_rows, key=repr), json.dumps(report, indent=1)
+
+
+def test_every_account_is_reconciled_and_deltas_add_up(scenario: Scenario) -> None:
+    """Each provider has a run; its billed-minus-expected equals the sum of its rows' deltas
+    (every cent of difference is a row), and Runway's clean daily total has no row at all."""
+    runs = {r["provider"]: r for r in scenario.first["runs"]}
+    assert set(runs) >= {"runway", "google", "self_hosted", "credit_ledger"}, sorted(runs)
+    for provider in ("runway", "google", "self_hosted"):
+        run = runs[provider]
+        rows = run["discrepancies"]
+        assert run["delta_micros"] == sum(d["delta_micros"] for d in rows), run
+        assert run["record_count"] > 0, run
+    assert runs["runway"]["discrepancies"] == []
+    assert runs["runway"]["status_counts"] == {"matched": runs["runway"]["record_count"]}
+    google = runs["google"]["status_counts"]
+    assert google.get("duplicate") == 1, google
+    assert google.get("unmatched") == 1, google
+
+
+def test_unknown_submit_cost_links_back_to_the_abandoned_attempt(scenario: Scenario) -> None:
+    """The ABANDONED attempt's job, billed under an id the platform never learned, is tied to
+    that attempt (9.17.5) with the evidence of how, and is never adopted as its job."""
+    [row] = [
+        d
+        for run in scenario.first["runs"]
+        for d in run["discrepancies"]
+        if d["kind"] == "COST_AFTER_UNKNOWN"
+    ]
+    task = scenario.tasks["veo_unknown"]
+    assert row["attempt_id"] == int(task.attempts[0].attempt_id)
+    assert row["task_id"] == int(task.task_id)
+    assert row["evidence"]["matched_by"] == "window_amount"
+    assert row["evidence"]["attempt"]["state"] == "ABANDONED"
+    assert "platform loss" in row["suggested_action"]
+    job = _job_of(scenario.farm, "google", "veo_unknown")
+    assert row["provider_job_id"] == job["id"]
+    assert not scenario.cp.get_task(task.task_id).attempts[0].provider_job.provider_job_id
+
+
+def test_running_the_same_day_again_changes_nothing(scenario: Scenario) -> None:
+    """The second run writes no run and no row, and reports exactly the same."""
+    first, second = scenario.first, scenario.second
+    assert first["written_runs"], "the first run wrote nothing"
+    assert second["written_runs"] == []
+    strip = {k: v for k, v in first.items() if k != "written_runs"}
+    assert {k: v for k, v in second.items() if k != "written_runs"} == strip
+
+
+def test_a_changed_import_supersedes_the_run_visibly(scenario: Scenario) -> None:
+    """A late line changes only Google's import: one new run with one more row, the old run
+    kept and pointing at it; the other providers' runs are untouched."""
+    first = {r["provider"]: r for r in scenario.first["runs"]}
+    third = {r["provider"]: r for r in scenario.third["runs"]}
+    assert scenario.third["written_runs"] == [third["google"]["run_id"]]
+    assert third["google"]["run_id"] != first["google"]["run_id"]
+    late = [
+        d
+        for d in third["google"]["discrepancies"]
+        if d["kind"] == "CHARGE_WITHOUT_LOCAL_JOB" and d["billed_micros"] == 800_000
+    ]
+    assert len(late) == 1, third["google"]["discrepancies"]
+    assert len(third["google"]["discrepancies"]) == len(first["google"]["discrepancies"]) + 1
+    for provider in ("runway", "self_hosted", "credit_ledger"):
+        assert third[provider] == first[provider]
+    superseded = {i: s for i, _, s in scenario.runs}
+    assert superseded[first["google"]["run_id"]] == third["google"]["run_id"]
+    assert superseded[third["google"]["run_id"]] is None
+    assert scenario.delta["google"] == third["google"]["delta_micros"]
+    assert scenario.delta["runway"] == 0
