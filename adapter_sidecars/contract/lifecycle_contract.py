@@ -340,6 +340,22 @@ class UsageContract:
         assert sum(r.provider_milliunits for r in mine) > 0
         assert all(r.provider_unit and json.loads(r.raw_json) is not None for r in mine)
 
+    def test_records_are_billable_facts(self, adapter: AdapterDriver) -> None:
+        """Reconciliation reads every record as a bill line: units and money non-negative, an
+        ISO currency on the money, and a record that names a request also names its job (an
+        identity without a job id could tie a charge to no job, or to the wrong one)."""
+        job = adapter.accepted_job()
+        assert adapter.poll_to_end(job)[-1].state == SUCCEEDED
+        day = timedelta(days=1).total_seconds()
+        records = list(self._usage(adapter, -day, day).records)
+        assert records, "no usage record after a finished job"
+        for r in records:
+            assert r.provider_milliunits >= 0, r
+            assert r.cost.amount_micros >= 0, r
+            assert len(r.cost.currency_code) == 3, r
+            if r.client_request_key or r.provider_request_id:
+                assert r.provider_job_id, f"a request identity without its job: {r}"
+
     def test_window_without_jobs_is_empty(self, adapter: AdapterDriver) -> None:
         """A window in which nothing ran has no usage records and no error."""
         day = timedelta(days=1).total_seconds()
