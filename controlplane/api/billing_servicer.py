@@ -8,6 +8,7 @@ the result (the small views below). Domain errors become statuses in
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,8 +16,10 @@ from google.protobuf import timestamp_pb2
 
 from controlplane.api.auth import require_caller
 from controlplane.domain.money import CreditKind
+from controlplane.domain.reconciliation import Discrepancy
 from controlplane.domain.unit_cost import UnitCost
 from controlplane.persistence.ledger import CreditEntry
+from controlplane.reconciliation import RunReport
 from controlplane.service.access import Caller, ensure_admin
 from controlplane.service.billing import (
     CREDIT_KEY_PREFIX,
@@ -32,6 +35,11 @@ from vidroute_core.validation import FieldViolation
 _KINDS = {
     name.removeprefix("LEDGER_ENTRY_KIND_"): number
     for name, number in billing_pb2.LedgerEntryKind.items()
+    if number
+}
+_DISCREPANCY_KINDS = {
+    name.removeprefix("DISCREPANCY_KIND_"): number
+    for name, number in billing_pb2.DiscrepancyKind.items()
     if number
 }
 # Timestamp's own range (0001-01-01 .. 9999-12-31), in seconds since the epoch.
@@ -73,6 +81,46 @@ def unit_cost_view(row: UnitCost) -> billing_pb2.UnitCost:
         platform_loss_micros=row.platform_loss_micros,
         total_micros=row.total_micros,
         cost_per_success_micros=row.cost_per_success_micros,
+    )
+
+
+def _id(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def discrepancy_view(d: Discrepancy) -> billing_pb2.Discrepancy:
+    return billing_pb2.Discrepancy(
+        kind=_DISCREPANCY_KINDS.get(d.kind.value, 0),  # type: ignore[arg-type]
+        provider=d.provider,
+        account=d.account,
+        model=d.model,
+        currency=d.currency,
+        billed_micros=d.billed_micros,
+        expected_micros=d.expected_micros,
+        delta_micros=d.delta_micros,
+        attempt_id=_id(d.attempt_id),
+        task_id=_id(d.task_id),
+        provider_job_id=d.provider_job_id,
+        evidence_json=json.dumps(
+            {"record_ids": list(d.record_ids), **d.evidence}, sort_keys=True, default=str
+        ),
+        suggested_action=d.suggested_action,
+    )
+
+
+def run_view(run: RunReport) -> billing_pb2.ReconciliationRun:
+    return billing_pb2.ReconciliationRun(
+        run_id=str(run.run_id),
+        provider=run.provider,
+        account=run.account,
+        currency=run.currency,
+        billed_micros=run.billed_micros,
+        expected_micros=run.expected_micros,
+        delta_micros=run.delta_micros,
+        record_count=run.record_count,
+        status_counts=dict(run.status_counts),
+        discrepancies=[discrepancy_view(d) for d in run.discrepancies],
+        created_at=_timestamp(run.created_at),
     )
 
 
@@ -166,4 +214,13 @@ class BillingServicer(billing_service_pb2_grpc.BillingServiceServicer):
             unit_costs=[unit_cost_view(r) for r in report.rows],
             window_start=_timestamp(report.start),
             window_end=_timestamp(report.end),
+        )
+
+    async def GetReconciliationReport(
+        self, request: billing_service_pb2.GetReconciliationReportRequest, context: Any
+    ) -> billing_service_pb2.GetReconciliationReportResponse:
+        report = await self._billing.reconciliation_report(request.date, self._caller())
+        runs = sorted(report.runs, key=lambda r: (r.provider, r.account))
+        return billing_service_pb2.GetReconciliationReportResponse(
+            date=report.day.isoformat(), runs=[run_view(r) for r in runs]
         )

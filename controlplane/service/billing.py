@@ -5,8 +5,8 @@ domain values out, domain errors raised. The scoping rules are `controlplane.ser
 
 - a tenant caller reads only its own balance and ledger; naming another tenant is
   `PermissionDenied` (the request names a tenant, as ListTasks' filter does; no id is walked);
-- `credit` (CreditTenant) and `unit_costs` (provider cost is the platform's, not a tenant's) need
-  the admin role, checked before anything else.
+- `credit` (CreditTenant), `unit_costs` and `reconciliation_report` (provider cost is the
+  platform's, not a tenant's) need the admin role, checked before anything else.
 
 Bad input is `InvalidSpec` (INVALID_ARGUMENT with field violations) before any read or write. A
 credit is idempotent by its key: the same key with the same amount, currency and reason returns
@@ -28,11 +28,12 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 from controlplane.domain.unit_cost import UnitCost
 from controlplane.persistence import cost_reads, ledger
 from controlplane.persistence.database import Database
+from controlplane.reconciliation import ReconciliationReport, read_report
 from controlplane.service.access import SYSTEM, Caller, ensure_admin, ensure_own_tenant
 from controlplane.service.tasks import text_violations
 from vidroute_core.exceptions import IdempotencyConflict, InvalidSpec
@@ -51,6 +52,7 @@ CREDIT_KEY_PREFIX = "credit:"
 _CURRENCY_RE = re.compile(r"[A-Z]{3}")
 _KEY_RE = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces
 _TOKEN_VERSION = 1
+_DAY_RE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 
 
 def utcnow() -> datetime:
@@ -251,3 +253,25 @@ class BillingService:
                 conn, start, end, provider=query.provider or None, model=query.model or None
             )
         return UnitCostReport(tuple(rows), start, end)
+
+    async def reconciliation_report(
+        self, day: str, caller: Caller = SYSTEM
+    ) -> ReconciliationReport:
+        """The stored reconciliation report of `day` ("YYYY-MM-DD", UTC; empty: yesterday).
+
+        Read only: the report is what `vidroute reconcile` wrote (`controlplane.reconciliation`);
+        a day never reconciled is an empty report."""
+        ensure_admin(caller, "GetReconciliationReport")
+        return await read_report(self._db, parse_day(day, self._clock()))
+
+
+def parse_day(raw: str, now: datetime) -> date:
+    """A report day: ASCII ``YYYY-MM-DD`` that is a real date; empty means yesterday (UTC)."""
+    if not raw:
+        return (now.astimezone(UTC) - timedelta(days=1)).date()
+    try:
+        if not _DAY_RE.fullmatch(raw):
+            raise ValueError(raw)
+        return date.fromisoformat(raw)
+    except ValueError as exc:
+        raise InvalidSpec([FieldViolation("date", "must be a date YYYY-MM-DD")]) from exc

@@ -29,9 +29,11 @@ from controlplane.api.auth import Authenticator, hash_token, new_token, parse_en
 from controlplane.api.billing_servicer import BillingServicer
 from controlplane.api.servicer import SchedulerServicer
 from controlplane.domain.money import UsageKind
+from controlplane.domain.reconciliation import DiscrepancyKind
 from controlplane.persistence import ledger
 from controlplane.persistence.database import Database
 from controlplane.persistence.models import generation_tasks, task_attempts
+from controlplane.reconciliation import run_day
 from controlplane.server import BILLING_SERVICE, ControlPlaneServer, start_server
 from controlplane.service.billing import BillingService
 from controlplane.service.tasks import TaskService
@@ -39,6 +41,7 @@ from tests.integration.persistence.builders import Scenario
 from vidroute.scheduler.v1 import billing_pb2 as bpb
 from vidroute.scheduler.v1 import billing_service_pb2 as api
 from vidroute.scheduler.v1 import billing_service_pb2_grpc
+from vidroute_core.adapter import UsageRecord, UsageResult
 
 pytestmark = pytest.mark.timeout(120)
 CLOCK = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -297,9 +300,10 @@ async def test_bad_credits_are_invalid_argument_and_write_nothing(billing: Api) 
     assert await billing.entries("admin", "alpha") == []
 
 
-async def _script_usage(db: Database) -> None:
+async def _script_usage(db: Database, now: datetime = CLOCK) -> None:
     """The ledger of the hand-computed table: runway/gen4_turbo 5 s clips (25 credits, 250000
-    micros each) and one veo clip; one entry before the window must not count."""
+    micros each) and one veo clip, written an hour before `now`; one entry 9 days before it
+    must not count."""
     scenario = Scenario(db)
     account = await scenario.account()
 
@@ -319,7 +323,7 @@ async def _script_usage(db: Database) -> None:
                 )
             for name, micros in kinds.items():
                 provider, _, kind = name.partition("_")
-                at = CLOCK - (timedelta(days=9) if provider == "old" else timedelta(hours=1))
+                at = now - (timedelta(days=9) if provider == "old" else timedelta(hours=1))
                 await ledger.record_usage(
                     u.conn,
                     ledger.NewUsage(
@@ -476,3 +480,76 @@ async def test_cli_money_commands_print_tables_and_json(
     code, _, err = await _cli(billing, "alpha", capsys, monkeypatch, *denied, "--key", "x")
     assert code == 1
     assert "PERMISSION_DENIED" in err
+
+
+class _Bill:
+    """The adapter seam's usage answer for one day (a stand-in sidecar, not a provider fake):
+    one 250000-micro charge for a job the platform never created."""
+
+    async def usage_result(self, account: str, start: datetime, end: datetime) -> UsageResult:
+        return UsageResult(
+            records=(
+                UsageRecord(
+                    provider_job_id="job-nobody-made",
+                    model="gen4_turbo",
+                    usage_time=start + timedelta(hours=3),
+                    provider_milliunits=25_000,
+                    provider_unit="credits",
+                    cost_micros=250_000,
+                    currency="USD",
+                    raw_json='{"id": "job-nobody-made"}',
+                ),
+            )
+        )
+
+
+async def test_reconciliation_report_reads_the_stored_runs(billing: Api) -> None:
+    """After a reconciliation of 2026-11-28 the admin reads its run and its row (a charge
+    without a local job, with evidence and an action); a tenant is PERMISSION_DENIED; a day
+    never reconciled is empty; an empty date means yesterday; a malformed date is refused."""
+    await Scenario(billing.db).account()
+    day = CLOCK.date() - timedelta(days=2)
+    await run_day(billing.db, {"runway": _Bill()}, day, now=CLOCK)
+    reply = await billing.stub.GetReconciliationReport(
+        api.GetReconciliationReportRequest(date=day.isoformat()), metadata=billing.md("admin")
+    )
+    assert reply.date == "2026-11-28"
+    [run] = [r for r in reply.runs if r.provider == "runway"]
+    assert (run.billed_micros, run.expected_micros, run.delta_micros) == (250_000, 0, 250_000)
+    [row] = run.discrepancies
+    assert row.kind == bpb.DISCREPANCY_KIND_CHARGE_WITHOUT_LOCAL_JOB
+    assert (row.billed_micros, row.provider_job_id, row.attempt_id) == (
+        250_000,
+        "job-nobody-made",
+        "",
+    )
+    assert isinstance(json.loads(row.evidence_json), dict)
+    assert row.suggested_action
+    again = await billing.stub.GetReconciliationReport(
+        api.GetReconciliationReportRequest(date=day.isoformat()), metadata=billing.md("admin")
+    )
+    assert again == reply
+    exc = await _error(
+        billing.stub.GetReconciliationReport(
+            api.GetReconciliationReportRequest(date=day.isoformat()), metadata=billing.md("alpha")
+        )
+    )
+    assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
+    yesterday = await billing.stub.GetReconciliationReport(
+        api.GetReconciliationReportRequest(), metadata=billing.md("admin")
+    )
+    assert (yesterday.date, list(yesterday.runs)) == ("2026-11-29", [])
+    for bad in ("2026-13-01", "2026-1-1", "yesterday", "２０２６-11-28"):
+        exc = await _error(
+            billing.stub.GetReconciliationReport(
+                api.GetReconciliationReportRequest(date=bad), metadata=billing.md("admin")
+            )
+        )
+        assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT, bad
+        assert "date" in _violations(exc)
+
+
+def test_every_discrepancy_kind_has_a_wire_value() -> None:
+    """The proto enum names every kind the matcher reports (a new kind fails here)."""
+    wire = {n.removeprefix("DISCREPANCY_KIND_") for n in bpb.DiscrepancyKind.keys()}  # noqa: SIM118
+    assert {k.value for k in DiscrepancyKind} <= wire

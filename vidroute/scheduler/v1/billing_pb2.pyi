@@ -3,9 +3,11 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -55,6 +57,69 @@ LEDGER_ENTRY_KIND_CHARGE: LedgerEntryKind.ValueType  # 4
 LEDGER_ENTRY_KIND_REFUND: LedgerEntryKind.ValueType  # 5
 """Money returned to the tenant after a charge. Raises the balance."""
 Global___LedgerEntryKind: _TypeAlias = LedgerEntryKind  # noqa: Y015
+
+class _DiscrepancyKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DiscrepancyKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DiscrepancyKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DISCREPANCY_KIND_UNSPECIFIED: _DiscrepancyKind.ValueType  # 0
+    """Not set (or a kind newer than this schema)."""
+    DISCREPANCY_KIND_CHARGE_WITHOUT_LOCAL_JOB: _DiscrepancyKind.ValueType  # 1
+    """The provider charged for a job the platform has no record of."""
+    DISCREPANCY_KIND_LOCAL_SUCCESS_WITHOUT_CHARGE: _DiscrepancyKind.ValueType  # 2
+    """A job succeeded locally but the provider's bill has no charge for it."""
+    DISCREPANCY_KIND_DUPLICATE_CHARGE: _DiscrepancyKind.ValueType  # 3
+    """The same provider job was charged twice."""
+    DISCREPANCY_KIND_COST_AFTER_UNKNOWN: _DiscrepancyKind.ValueType  # 4
+    """Cost appeared for a SUBMIT_UNKNOWN or ABANDONED attempt (linked back to it, 9.17.5)."""
+    DISCREPANCY_KIND_FAILED_TASK_CHARGED: _DiscrepancyKind.ValueType  # 5
+    """A failed task's job was charged."""
+    DISCREPANCY_KIND_WRONG_PRICE_VERSION: _DiscrepancyKind.ValueType  # 6
+    """The bill used another price than the attempt's price version."""
+    DISCREPANCY_KIND_WRONG_CONVERSION_RATE: _DiscrepancyKind.ValueType  # 7
+    """The provider units were converted to money at another rate than the recorded version."""
+    DISCREPANCY_KIND_USER_SETTLED_TWICE: _DiscrepancyKind.ValueType  # 8
+    """A tenant was settled twice for one task."""
+    DISCREPANCY_KIND_AMOUNT_MISMATCH: _DiscrepancyKind.ValueType  # 9
+    """A metered quantity (billed seconds, GPU seconds) differs from the platform's."""
+    DISCREPANCY_KIND_AGGREGATE_MISMATCH: _DiscrepancyKind.ValueType  # 10
+    """An aggregate (a model-day total) differs and no single fact explains it."""
+    DISCREPANCY_KIND_AMBIGUOUS_MATCH: _DiscrepancyKind.ValueType  # 11
+    """A billed record fits more than one attempt."""
+
+class DiscrepancyKind(_DiscrepancyKind, metaclass=_DiscrepancyKindEnumTypeWrapper):
+    """Kind of a reconciliation discrepancy (design 9.23.4, plus the three the matcher needs to stay
+    honest: a metered quantity that differs, an aggregate no single fact explains, an ambiguous
+    match).
+    """
+
+DISCREPANCY_KIND_UNSPECIFIED: DiscrepancyKind.ValueType  # 0
+"""Not set (or a kind newer than this schema)."""
+DISCREPANCY_KIND_CHARGE_WITHOUT_LOCAL_JOB: DiscrepancyKind.ValueType  # 1
+"""The provider charged for a job the platform has no record of."""
+DISCREPANCY_KIND_LOCAL_SUCCESS_WITHOUT_CHARGE: DiscrepancyKind.ValueType  # 2
+"""A job succeeded locally but the provider's bill has no charge for it."""
+DISCREPANCY_KIND_DUPLICATE_CHARGE: DiscrepancyKind.ValueType  # 3
+"""The same provider job was charged twice."""
+DISCREPANCY_KIND_COST_AFTER_UNKNOWN: DiscrepancyKind.ValueType  # 4
+"""Cost appeared for a SUBMIT_UNKNOWN or ABANDONED attempt (linked back to it, 9.17.5)."""
+DISCREPANCY_KIND_FAILED_TASK_CHARGED: DiscrepancyKind.ValueType  # 5
+"""A failed task's job was charged."""
+DISCREPANCY_KIND_WRONG_PRICE_VERSION: DiscrepancyKind.ValueType  # 6
+"""The bill used another price than the attempt's price version."""
+DISCREPANCY_KIND_WRONG_CONVERSION_RATE: DiscrepancyKind.ValueType  # 7
+"""The provider units were converted to money at another rate than the recorded version."""
+DISCREPANCY_KIND_USER_SETTLED_TWICE: DiscrepancyKind.ValueType  # 8
+"""A tenant was settled twice for one task."""
+DISCREPANCY_KIND_AMOUNT_MISMATCH: DiscrepancyKind.ValueType  # 9
+"""A metered quantity (billed seconds, GPU seconds) differs from the platform's."""
+DISCREPANCY_KIND_AGGREGATE_MISMATCH: DiscrepancyKind.ValueType  # 10
+"""An aggregate (a model-day total) differs and no single fact explains it."""
+DISCREPANCY_KIND_AMBIGUOUS_MATCH: DiscrepancyKind.ValueType  # 11
+"""A billed record fits more than one attempt."""
+Global___DiscrepancyKind: _TypeAlias = DiscrepancyKind  # noqa: Y015
 
 @_typing.final
 class Balance(_message.Message):
@@ -227,3 +292,163 @@ class UnitCost(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UnitCost: _TypeAlias = UnitCost  # noqa: Y015
+
+@_typing.final
+class Discrepancy(_message.Message):
+    """One row of a reconciliation report."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    ACCOUNT_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    BILLED_MICROS_FIELD_NUMBER: _builtins.int
+    EXPECTED_MICROS_FIELD_NUMBER: _builtins.int
+    DELTA_MICROS_FIELD_NUMBER: _builtins.int
+    ATTEMPT_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    PROVIDER_JOB_ID_FIELD_NUMBER: _builtins.int
+    EVIDENCE_JSON_FIELD_NUMBER: _builtins.int
+    SUGGESTED_ACTION_FIELD_NUMBER: _builtins.int
+    kind: Global___DiscrepancyKind.ValueType
+    """What differs."""
+    provider: _builtins.str
+    """Provider."""
+    account: _builtins.str
+    """Provider account."""
+    model: _builtins.str
+    """Provider model; empty when the record names none."""
+    currency: _builtins.str
+    """ISO 4217 currency code of the amounts."""
+    billed_micros: _builtins.int
+    """What the provider billed, in micros."""
+    expected_micros: _builtins.int
+    """What the platform expected, in micros."""
+    delta_micros: _builtins.int
+    """billed_micros - expected_micros."""
+    attempt_id: _builtins.str
+    """The attempt the row is tied to; empty when none is."""
+    task_id: _builtins.str
+    """The task the row is tied to; empty when none is."""
+    provider_job_id: _builtins.str
+    """The provider job id; empty when the record names none."""
+    evidence_json: _builtins.str
+    """The evidence (records, ledger entries, states), as one JSON object; amounts in it are
+    integer micros.
+    """
+    suggested_action: _builtins.str
+    """What an operator should do about it."""
+    def __init__(
+        self,
+        *,
+        kind: Global___DiscrepancyKind.ValueType = ...,
+        provider: _builtins.str = ...,
+        account: _builtins.str = ...,
+        model: _builtins.str = ...,
+        currency: _builtins.str = ...,
+        billed_micros: _builtins.int = ...,
+        expected_micros: _builtins.int = ...,
+        delta_micros: _builtins.int = ...,
+        attempt_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        provider_job_id: _builtins.str = ...,
+        evidence_json: _builtins.str = ...,
+        suggested_action: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account", b"account", "attempt_id", b"attempt_id", "billed_micros", b"billed_micros", "currency", b"currency", "delta_micros", b"delta_micros", "evidence_json", b"evidence_json", "expected_micros", b"expected_micros", "kind", b"kind", "model", b"model", "provider", b"provider", "provider_job_id", b"provider_job_id", "suggested_action", b"suggested_action", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Discrepancy: _TypeAlias = Discrepancy  # noqa: Y015
+
+@_typing.final
+class ReconciliationRun(_message.Message):
+    """One provider account's reconciliation of one day (the current run)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class StatusCountsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    RUN_ID_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    ACCOUNT_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    BILLED_MICROS_FIELD_NUMBER: _builtins.int
+    EXPECTED_MICROS_FIELD_NUMBER: _builtins.int
+    DELTA_MICROS_FIELD_NUMBER: _builtins.int
+    RECORD_COUNT_FIELD_NUMBER: _builtins.int
+    STATUS_COUNTS_FIELD_NUMBER: _builtins.int
+    DISCREPANCIES_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    run_id: _builtins.str
+    """Run id, a decimal integer."""
+    provider: _builtins.str
+    """Provider, or "credit_ledger" for the tenant-side check (users settled twice)."""
+    account: _builtins.str
+    """Provider account."""
+    currency: _builtins.str
+    """ISO 4217 currency code of the amounts."""
+    billed_micros: _builtins.int
+    """What the provider billed for the day, in micros."""
+    expected_micros: _builtins.int
+    """What the platform expected for the day, in micros."""
+    delta_micros: _builtins.int
+    """billed_micros - expected_micros."""
+    record_count: _builtins.int
+    """Normalized usage records of the import."""
+    @_builtins.property
+    def status_counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Records per status: matched, unmatched, duplicate, disputed."""
+
+    @_builtins.property
+    def discrepancies(self) -> _containers.RepeatedCompositeFieldContainer[Global___Discrepancy]:
+        """The discrepancies of this run."""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When the run was written."""
+
+    def __init__(
+        self,
+        *,
+        run_id: _builtins.str = ...,
+        provider: _builtins.str = ...,
+        account: _builtins.str = ...,
+        currency: _builtins.str = ...,
+        billed_micros: _builtins.int = ...,
+        expected_micros: _builtins.int = ...,
+        delta_micros: _builtins.int = ...,
+        record_count: _builtins.int = ...,
+        status_counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        discrepancies: _abc.Iterable[Global___Discrepancy] | None = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account", b"account", "billed_micros", b"billed_micros", "created_at", b"created_at", "currency", b"currency", "delta_micros", b"delta_micros", "discrepancies", b"discrepancies", "expected_micros", b"expected_micros", "provider", b"provider", "record_count", b"record_count", "run_id", b"run_id", "status_counts", b"status_counts"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReconciliationRun: _TypeAlias = ReconciliationRun  # noqa: Y015

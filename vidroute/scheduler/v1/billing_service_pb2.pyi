@@ -274,3 +274,55 @@ class GetUnitCostsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetUnitCostsResponse: _TypeAlias = GetUnitCostsResponse  # noqa: Y015
+
+@_typing.final
+class GetReconciliationReportRequest(_message.Message):
+    """Request of GetReconciliationReport."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATE_FIELD_NUMBER: _builtins.int
+    date: _builtins.str
+    """The day, "YYYY-MM-DD" (UTC); empty means yesterday."""
+    def __init__(
+        self,
+        *,
+        date: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["date", b"date"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReconciliationReportRequest: _TypeAlias = GetReconciliationReportRequest  # noqa: Y015
+
+@_typing.final
+class GetReconciliationReportResponse(_message.Message):
+    """Response of GetReconciliationReport."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATE_FIELD_NUMBER: _builtins.int
+    RUNS_FIELD_NUMBER: _builtins.int
+    date: _builtins.str
+    """The day reported."""
+    @_builtins.property
+    def runs(self) -> _containers.RepeatedCompositeFieldContainer[_billing_pb2.ReconciliationRun]:
+        """The day's current run per provider account, sorted by provider and account; empty when the
+        day was never reconciled. Running a day again changes nothing and reports the same.
+        """
+
+    def __init__(
+        self,
+        *,
+        date: _builtins.str = ...,
+        runs: _abc.Iterable[_billing_pb2.ReconciliationRun] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["date", b"date", "runs", b"runs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetReconciliationReportResponse: _TypeAlias = GetReconciliationReportResponse  # noqa: Y015

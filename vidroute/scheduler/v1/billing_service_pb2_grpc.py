@@ -26,12 +26,13 @@ if _version_not_supported:
 
 
 class BillingServiceStub:
-    """Money (design 9.23): a tenant's balance and credit ledger, admin credits, and the unit cost of
-    successful delivery. Every amount is integer micros of an ISO 4217 currency; floats never
-    carry money. A tenant caller reads only its own tenant (naming another is PERMISSION_DENIED);
-    CreditTenant and GetUnitCosts need the admin role. Errors as on SchedulerService:
-    INVALID_ARGUMENT with BadRequest field violations (nothing is written), ALREADY_EXISTS for an
-    idempotency key reused with other content, UNAVAILABLE while the database is down.
+    """Money (design 9.23): a tenant's balance and credit ledger, admin credits, the unit cost of
+    successful delivery and the daily bill reconciliation. Every amount is integer micros of an
+    ISO 4217 currency; floats never carry money. A tenant caller reads only its own tenant (naming
+    another is PERMISSION_DENIED); CreditTenant, GetUnitCosts and GetReconciliationReport need the
+    admin role. Errors as on SchedulerService: INVALID_ARGUMENT with BadRequest field violations
+    (nothing is written), ALREADY_EXISTS for an idempotency key reused with other content,
+    UNAVAILABLE while the database is down.
     """
 
     def __init__(self, channel):
@@ -60,15 +61,21 @@ class BillingServiceStub:
                 request_serializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetUnitCostsRequest.SerializeToString,
                 response_deserializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetUnitCostsResponse.FromString,
                 _registered_method=True)
+        self.GetReconciliationReport = channel.unary_unary(
+                '/vidroute.scheduler.v1.BillingService/GetReconciliationReport',
+                request_serializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetReconciliationReportRequest.SerializeToString,
+                response_deserializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetReconciliationReportResponse.FromString,
+                _registered_method=True)
 
 
 class BillingServiceServicer:
-    """Money (design 9.23): a tenant's balance and credit ledger, admin credits, and the unit cost of
-    successful delivery. Every amount is integer micros of an ISO 4217 currency; floats never
-    carry money. A tenant caller reads only its own tenant (naming another is PERMISSION_DENIED);
-    CreditTenant and GetUnitCosts need the admin role. Errors as on SchedulerService:
-    INVALID_ARGUMENT with BadRequest field violations (nothing is written), ALREADY_EXISTS for an
-    idempotency key reused with other content, UNAVAILABLE while the database is down.
+    """Money (design 9.23): a tenant's balance and credit ledger, admin credits, the unit cost of
+    successful delivery and the daily bill reconciliation. Every amount is integer micros of an
+    ISO 4217 currency; floats never carry money. A tenant caller reads only its own tenant (naming
+    another is PERMISSION_DENIED); CreditTenant, GetUnitCosts and GetReconciliationReport need the
+    admin role. Errors as on SchedulerService: INVALID_ARGUMENT with BadRequest field violations
+    (nothing is written), ALREADY_EXISTS for an idempotency key reused with other content,
+    UNAVAILABLE while the database is down.
     """
 
     def GetBalance(self, request, context):
@@ -100,6 +107,13 @@ class BillingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetReconciliationReport(self, request, context):
+        """Admin: the daily bill reconciliation report of a day (`vidroute reconcile` writes it).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BillingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -123,6 +137,11 @@ def add_BillingServiceServicer_to_server(servicer, server):
                     request_deserializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetUnitCostsRequest.FromString,
                     response_serializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetUnitCostsResponse.SerializeToString,
             ),
+            'GetReconciliationReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetReconciliationReport,
+                    request_deserializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetReconciliationReportRequest.FromString,
+                    response_serializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetReconciliationReportResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'vidroute.scheduler.v1.BillingService', rpc_method_handlers)
@@ -132,12 +151,13 @@ def add_BillingServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class BillingService:
-    """Money (design 9.23): a tenant's balance and credit ledger, admin credits, and the unit cost of
-    successful delivery. Every amount is integer micros of an ISO 4217 currency; floats never
-    carry money. A tenant caller reads only its own tenant (naming another is PERMISSION_DENIED);
-    CreditTenant and GetUnitCosts need the admin role. Errors as on SchedulerService:
-    INVALID_ARGUMENT with BadRequest field violations (nothing is written), ALREADY_EXISTS for an
-    idempotency key reused with other content, UNAVAILABLE while the database is down.
+    """Money (design 9.23): a tenant's balance and credit ledger, admin credits, the unit cost of
+    successful delivery and the daily bill reconciliation. Every amount is integer micros of an
+    ISO 4217 currency; floats never carry money. A tenant caller reads only its own tenant (naming
+    another is PERMISSION_DENIED); CreditTenant, GetUnitCosts and GetReconciliationReport need the
+    admin role. Errors as on SchedulerService: INVALID_ARGUMENT with BadRequest field violations
+    (nothing is written), ALREADY_EXISTS for an idempotency key reused with other content,
+    UNAVAILABLE while the database is down.
     """
 
     @staticmethod
@@ -238,6 +258,33 @@ class BillingService:
             '/vidroute.scheduler.v1.BillingService/GetUnitCosts',
             vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetUnitCostsRequest.SerializeToString,
             vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetUnitCostsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetReconciliationReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vidroute.scheduler.v1.BillingService/GetReconciliationReport',
+            vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetReconciliationReportRequest.SerializeToString,
+            vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetReconciliationReportResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -27,12 +27,13 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class BillingServiceStub:
-    """Money (design 9.23): a tenant's balance and credit ledger, admin credits, and the unit cost of
-    successful delivery. Every amount is integer micros of an ISO 4217 currency; floats never
-    carry money. A tenant caller reads only its own tenant (naming another is PERMISSION_DENIED);
-    CreditTenant and GetUnitCosts need the admin role. Errors as on SchedulerService:
-    INVALID_ARGUMENT with BadRequest field violations (nothing is written), ALREADY_EXISTS for an
-    idempotency key reused with other content, UNAVAILABLE while the database is down.
+    """Money (design 9.23): a tenant's balance and credit ledger, admin credits, the unit cost of
+    successful delivery and the daily bill reconciliation. Every amount is integer micros of an
+    ISO 4217 currency; floats never carry money. A tenant caller reads only its own tenant (naming
+    another is PERMISSION_DENIED); CreditTenant, GetUnitCosts and GetReconciliationReport need the
+    admin role. Errors as on SchedulerService: INVALID_ARGUMENT with BadRequest field violations
+    (nothing is written), ALREADY_EXISTS for an idempotency key reused with other content,
+    UNAVAILABLE while the database is down.
     """
 
     @_typing.overload
@@ -49,15 +50,18 @@ class BillingServiceStub:
     """
     GetUnitCosts: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.GetUnitCostsRequest, _billing_service_pb2.GetUnitCostsResponse]
     """Admin: unit cost of successful delivery per provider/model over a window, from the ledgers."""
+    GetReconciliationReport: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.GetReconciliationReportRequest, _billing_service_pb2.GetReconciliationReportResponse]
+    """Admin: the daily bill reconciliation report of a day (`vidroute reconcile` writes it)."""
 
 @_typing.type_check_only
 class BillingServiceAsyncStub(BillingServiceStub):
-    """Money (design 9.23): a tenant's balance and credit ledger, admin credits, and the unit cost of
-    successful delivery. Every amount is integer micros of an ISO 4217 currency; floats never
-    carry money. A tenant caller reads only its own tenant (naming another is PERMISSION_DENIED);
-    CreditTenant and GetUnitCosts need the admin role. Errors as on SchedulerService:
-    INVALID_ARGUMENT with BadRequest field violations (nothing is written), ALREADY_EXISTS for an
-    idempotency key reused with other content, UNAVAILABLE while the database is down.
+    """Money (design 9.23): a tenant's balance and credit ledger, admin credits, the unit cost of
+    successful delivery and the daily bill reconciliation. Every amount is integer micros of an
+    ISO 4217 currency; floats never carry money. A tenant caller reads only its own tenant (naming
+    another is PERMISSION_DENIED); CreditTenant, GetUnitCosts and GetReconciliationReport need the
+    admin role. Errors as on SchedulerService: INVALID_ARGUMENT with BadRequest field violations
+    (nothing is written), ALREADY_EXISTS for an idempotency key reused with other content,
+    UNAVAILABLE while the database is down.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -71,14 +75,17 @@ class BillingServiceAsyncStub(BillingServiceStub):
     """
     GetUnitCosts: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.GetUnitCostsRequest, _billing_service_pb2.GetUnitCostsResponse]  # type: ignore[assignment]
     """Admin: unit cost of successful delivery per provider/model over a window, from the ledgers."""
+    GetReconciliationReport: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.GetReconciliationReportRequest, _billing_service_pb2.GetReconciliationReportResponse]  # type: ignore[assignment]
+    """Admin: the daily bill reconciliation report of a day (`vidroute reconcile` writes it)."""
 
 class BillingServiceServicer(metaclass=_abc_1.ABCMeta):
-    """Money (design 9.23): a tenant's balance and credit ledger, admin credits, and the unit cost of
-    successful delivery. Every amount is integer micros of an ISO 4217 currency; floats never
-    carry money. A tenant caller reads only its own tenant (naming another is PERMISSION_DENIED);
-    CreditTenant and GetUnitCosts need the admin role. Errors as on SchedulerService:
-    INVALID_ARGUMENT with BadRequest field violations (nothing is written), ALREADY_EXISTS for an
-    idempotency key reused with other content, UNAVAILABLE while the database is down.
+    """Money (design 9.23): a tenant's balance and credit ledger, admin credits, the unit cost of
+    successful delivery and the daily bill reconciliation. Every amount is integer micros of an
+    ISO 4217 currency; floats never carry money. A tenant caller reads only its own tenant (naming
+    another is PERMISSION_DENIED); CreditTenant, GetUnitCosts and GetReconciliationReport need the
+    admin role. Errors as on SchedulerService: INVALID_ARGUMENT with BadRequest field violations
+    (nothing is written), ALREADY_EXISTS for an idempotency key reused with other content,
+    UNAVAILABLE while the database is down.
     """
 
     @_abc_1.abstractmethod
@@ -114,5 +121,13 @@ class BillingServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_billing_service_pb2.GetUnitCostsResponse, _abc.Awaitable[_billing_service_pb2.GetUnitCostsResponse]]:
         """Admin: unit cost of successful delivery per provider/model over a window, from the ledgers."""
+
+    @_abc_1.abstractmethod
+    def GetReconciliationReport(
+        self,
+        request: _billing_service_pb2.GetReconciliationReportRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_billing_service_pb2.GetReconciliationReportResponse, _abc.Awaitable[_billing_service_pb2.GetReconciliationReportResponse]]:
+        """Admin: the daily bill reconciliation report of a day (`vidroute reconcile` writes it)."""
 
 def add_BillingServiceServicer_to_server(servicer: BillingServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
