@@ -110,6 +110,7 @@ from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.records import AccountInfo, AttemptRecord
+from controlplane.reconciliation import delta_by_provider
 from controlplane.scheduling.dispatcher import DispatcherConfig
 from controlplane.scheduling.readiness import CatalogReadiness
 from controlplane.scheduling.runtime import SchedulingRuntime, build_scheduling
@@ -117,6 +118,7 @@ from controlplane.scheduling.upkeep import UpkeepConfig
 from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.access import Caller
 from controlplane.service.billing import BillingService
+from controlplane.service.cost_gauges import CostGaugeRefresher
 from controlplane.service.tasks import TaskService
 from controlplane.storage import object_store_from_url
 from vidroute_core import logs as vidroute_logs
@@ -140,6 +142,7 @@ SERVICE_NAME = "vidroute-controlplane"  # the traces' service.name
 # A Redis that has not answered PING within this (times the time scale) is down for readiness.
 READINESS_REDIS_TIMEOUT_S = 2.0
 ROUTING_POLICY_VERSION = "router-v1"
+COST_GAUGE_INTERVAL_S = 60.0  # the cost gauges are recomputed from the ledgers this often
 DEFAULT_SAFETY_POLICY = Path(__file__).with_name("safety_policy.yaml")
 
 
@@ -439,6 +442,23 @@ def _http_client(scale: float) -> httpx.AsyncClient:
     return http
 
 
+def _cost_gauges(
+    settings: Settings, db: Database, metrics: ControlPlaneMetrics
+) -> list[Callable[[], Awaitable[Any]]]:
+    """9.24's cost families, recomputed from the ledgers once per period while /metrics is on;
+    returns the background stops (the refresher's) that shutdown runs before the cleanup."""
+    if not settings.metrics_listen:
+        return []
+    costs = CostGaugeRefresher(
+        db,
+        metrics,
+        interval_s=scale_value(COST_GAUGE_INTERVAL_S, settings.time_scale),
+        deltas=lambda: delta_by_provider(db),
+    )
+    costs.start()
+    return [costs.stop]
+
+
 def _wire_metrics(
     metrics: ControlPlaneMetrics, runtime: SchedulingRuntime, leases: LeaseStore
 ) -> None:
@@ -502,8 +522,8 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
         await upgrade(settings.database_url)
     db = Database.from_url(settings.database_url)
     cleanup: list[Callable[[], Awaitable[Any]]] = []
-    background: list[Callable[[], Awaitable[Any]]] = []
     metrics = _metrics(settings, cleanup)
+    background = _cost_gauges(settings, db, metrics)  # stopped first, before the cleanup
 
     readiness = _Readiness(db, READINESS_REDIS_TIMEOUT_S * settings.time_scale)
 
