@@ -6,8 +6,10 @@ runs it with the Deployment's). The day defaults to yesterday (UTC). Prints one 
 per provider account (billed, expected, delta, records by status) and one line per
 discrepancy, or the report as JSON. Running a day again writes nothing new and prints the same.
 
-Exit status: 0 reconciled (discrepancies are findings, not failures), 1 an account's usage could
-not be read (the others are still reconciled and stored), 2 bad arguments or the database away.
+Exit status: 0 reconciled (discrepancies are findings, not failures; an account whose provider
+has no usage export at all, such as the Gemini API's Veo, is listed as not reconciled), 1 an
+account's usage could not be read now (the others are still reconciled and stored), 2 bad
+arguments or the database away.
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ async def _reconcile(day: date, as_json: bool) -> int:
         print(json.dumps(report_json(report), indent=2, sort_keys=True))
     else:
         print("\n".join(report_lines(report)))
-    return 1 if report.errors else 0
+    return 1 if any(not e.unsupported for e in report.errors) else 0
 
 
 def run(args: argparse.Namespace) -> int:

@@ -75,6 +75,11 @@ class AccountError:
     error_class: str
     message: str
 
+    @property
+    def unsupported(self) -> bool:
+        """The provider has no usage export at all (e.g. the Gemini API): nothing to retry."""
+        return self.error_class == "UNSUPPORTED_CAPABILITY"
+
 
 @dataclass(frozen=True, slots=True)
 class ReconciliationReport:

@@ -68,6 +68,7 @@ class Scenario:
     third: dict[str, Any]  # after a late line in Google's export
     runs: list[tuple[int, str, int | None]]  # (id, provider, superseded_by) after the third
     delta: dict[str, int]  # delta_by_provider after the third
+    unreachable: dict[str, Any]  # a fourth run with the Runway sidecar away
 
 
 def _job_of(
@@ -104,12 +105,14 @@ def _fired(farm: ProviderFarm, provider: str, index: int) -> bool:
     return bool(emulator.call(emulator.emulator.faults)[index]["fired"] >= 1)
 
 
-def _reconcile(farm: ProviderFarm, cp: ControlPlane, day: str) -> dict[str, Any]:
+def _reconcile(
+    farm: ProviderFarm, cp: ControlPlane, day: str, *, adapters: str = "", rc: int = 0
+) -> dict[str, Any]:
     env = {
         **os.environ,
         **farm.env,
         "VIDROUTE_DATABASE_URL": cp.database_url,
-        "VIDROUTE_ADAPTERS": farm.adapters_env,
+        "VIDROUTE_ADAPTERS": adapters or farm.adapters_env,
         "VIDROUTE_LOG_LEVEL": "WARNING",
     }
     done = subprocess.run(
@@ -120,7 +123,7 @@ def _reconcile(farm: ProviderFarm, cp: ControlPlane, day: str) -> dict[str, Any]
         timeout=120,
         check=False,
     )
-    assert done.returncode == 0, f"rc {done.returncode}\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == rc, f"rc {done.returncode}\n{done.stdout}\n{done.stderr}"
     report: dict[str, Any] = json.loads(done.stdout)
     return report
 
@@ -214,7 +217,15 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Scenario:
     _usage_fault(farm, "google", {"kind": "orphan", **LATE_ORPHAN})
     third = _reconcile(farm, cp, day)
     runs, delta = asyncio.run(_stored_runs(cp.database_url))
-    return Scenario(farm, cp, day, tasks, truth_rows, first, second, third, runs, delta)
+    # The Runway sidecar away: exit 1, Runway not reconciled, nothing else written or changed.
+    away = ",".join(
+        f"{name}=127.0.0.1:1" if name == "runway" else f"{name}={proc.address}"
+        for name, proc in farm.sidecars.items()
+    )
+    unreachable = _reconcile(farm, cp, day, adapters=away, rc=1)
+    return Scenario(
+        farm, cp, day, tasks, truth_rows, first, second, third, runs, delta, unreachable
+    )
 
 
 async def _stored_runs(url: str) -> tuple[list[tuple[int, str, int | None]], dict[str, int]]:
@@ -342,3 +353,14 @@ def test_a_changed_import_supersedes_the_run_visibly(scenario: Scenario) -> None
     assert superseded[third["google"]["run_id"]] is None
     assert scenario.delta["google"] == third["google"]["delta_micros"]
     assert scenario.delta["runway"] == 0
+
+
+def test_a_sidecar_away_is_reported_not_taken_for_an_empty_bill(scenario: Scenario) -> None:
+    """ListUsage failing is an error of that account (exit 1), never "billed nothing": no run is
+    written, and the report still shows the last good runs of every account."""
+    report = scenario.unreachable
+    assert [(e["provider"], e["error_class"]) for e in report["errors"]] == [
+        ("runway", "UNAVAILABLE")
+    ]
+    assert report["written_runs"] == []
+    assert report["runs"] == scenario.third["runs"]
