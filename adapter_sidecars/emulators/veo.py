@@ -12,7 +12,11 @@ Emulator extensions (constructed, not Google APIs), off unless named in
 ``VeoConfig.extensions`` (see README.md): ``operation_list`` serves
 ``GET /v1beta/models/{m}/operations?filter=`` (operations with their request bodies), and
 ``billing_export`` serves ``GET /v1beta/__billing/usage?start=&end=`` (billed seconds per
-operation). Standalone: ``python -m adapter_sidecars.emulators.veo``.
+operation). Google has no public Veo usage API; the export models one cost line per operation
+as a Cloud Billing export (BigQuery) would show it once labelled by operation: seconds and USD,
+no request id or client key, so reconciliation can tie a line to a job only by its operation
+name, or by account + model + time window + amount. Standalone:
+``python -m adapter_sidecars.emulators.veo``.
 """
 
 from __future__ import annotations
