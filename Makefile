@@ -7,8 +7,9 @@ NODE_INSTALLED := node_modules/.installed
 # google-genai 2.34.x for the Gemini-API SDK test; cannot share .venv with the 3.x in constraints.
 SDK_GENAI2 := $(VENV)/sdk-genai2
 SDK_GENAI2_REQ := tests/integration/sdk/genai2-requirements.txt
+BENCH_LITELLM := .venv-bench-litellm
 
-.PHONY: up test lint typecheck dists proto proto-check buf-lint buf-breaking bench clean
+.PHONY: up test lint typecheck dists proto proto-check buf-lint buf-breaking bench bench-routing clean
 
 $(INSTALLED): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,9 +63,20 @@ buf-lint: $(NODE_INSTALLED)
 buf-breaking: $(NODE_INSTALLED)
 	npx buf breaking --against '.git#branch=main'
 
-bench: $(INSTALLED)
-	bash scripts/ensure_services.sh
+## LiteLLM for the side-by-side routing benchmark, in its own environment (never constraints.txt).
+$(BENCH_LITELLM)/.installed: bench/requirements-litellm.txt
+	rm -rf $(BENCH_LITELLM)
+	$(PYTHON) -m venv $(BENCH_LITELLM)
+	$(BENCH_LITELLM)/bin/pip install --quiet --disable-pip-version-check -r bench/requirements-litellm.txt
+	@touch $@
+
+## One routing decision at 8/64/256 candidates, side by side with LiteLLM's Router (bench/RESULTS.md).
+bench-routing: $(INSTALLED) $(BENCH_LITELLM)/.installed
 	$(PY) -m bench.routing
 
+bench: $(INSTALLED) $(BENCH_LITELLM)/.installed
+	bash scripts/ensure_services.sh
+	$(PY) -m bench.routing --e2e
+
 clean:
-	rm -rf $(VENV) node_modules var dist .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(BENCH_LITELLM) node_modules var dist .pytest_cache .mypy_cache .ruff_cache

@@ -284,7 +284,7 @@ class Screen:
     `reject`, last, as in the design's order; a soft exclusion applies or is lifted per pass.
     """
 
-    __slots__ = ("ctx", "head", "plan", "rest", "soft", "spec", "task")
+    __slots__ = ("ctx", "head", "lifted", "plan", "rest", "soft", "spec", "task")
 
     def __init__(
         self, spec: GenerationSpec, plan: CatalogPlan, ctx: RoutingContext, task: _Task
@@ -304,8 +304,10 @@ class Screen:
             head.append(None)
             soft.append(soft_excluded.get(e.exclusion_key, NOT_SOFT) if soft_excluded else NOT_SOFT)
             rest.append(_static_reject(task, e, ctx, seen))
-        # Per entry: the hard exclusion, the soft one (retry_at or NOT_SOFT), the other filters.
+        # Per entry: the hard exclusion, the soft one (retry_at or NOT_SOFT), the other filters;
+        # and the entries that pass all but capacity with soft exclusions lifted.
         self.head, self.soft, self.rest = head, soft, rest
+        self.lifted = [i for i in range(len(head)) if self.reject(i, True, {}) is None]
 
     def matches(
         self,
@@ -351,10 +353,11 @@ class Screen:
         """Candidates worth an adapter Compile call (soft exclusions lifted: the second pass
         of `route` may need them), in id order."""
         cap = capacity if capacity is not None else self.ctx.capacity
+        entries, lifted = self.plan.entries, self.lifted
+        if not cap:
+            return [entries[i].candidate for i in lifted]
         return [
-            e.candidate
-            for i, e in enumerate(self.plan.entries)
-            if self.reject(i, True, cap) is None
+            e.candidate for i in lifted if capacity_reject(cap.get((e := entries[i]).id)) is None
         ]
 
 

@@ -92,6 +92,8 @@ class CatalogPlan:
     def built_from(self, candidates: Sequence[Candidate]) -> bool:
         """Whether `candidates` are the very objects this plan was built from."""
         src = self.source
+        if src is candidates:  # the catalog's own tuple: the dispatcher's case
+            return True
         if len(src) != len(candidates):
             return False
         for a, b in zip(src, candidates, strict=True):  # noqa: SIM110 - no generator per call

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from math import fsum
+from operator import itemgetter
 from types import MappingProxyType
 
 from controlplane.domain import scoring
@@ -81,26 +82,20 @@ def _weights(
     return vector, fsum(vector)
 
 
-def _totals(rows: Sequence[_Row], weights: tuple[tuple[float, ...], float]) -> dict[str, float]:
-    """Each row's total: min(sum of weighted parts, sum of weights) minus its penalty."""
-    (wq, ws, wl, wc, wk, wr, wp), cap = weights
-    out: dict[str, float] = {}
-    for row in rows:
-        q, s, lat, c, k, reg, p = row.parts
-        gross = min(fsum((q * wq, s * ws, lat * wl, c * wc, k * wk, reg * wr, p * wp)), cap)
-        out[row.entry.id] = gross - row.penalty
-    return out
-
-
-def _score_parts(
-    eligible: Sequence[_Row], spec: GenerationSpec, cfg: RouterConfig, ctx: RoutingContext
-) -> None:
-    """Fill every eligible row's components (9.13.2) and penalty; `scoring`'s normalisers."""
+def _score(  # noqa: PLR0915 - one loop per decision on purpose: the hot path
+    eligible: Sequence[_Row],
+    spec: GenerationSpec,
+    cfg: RouterConfig,
+    ctx: RoutingContext,
+) -> tuple[dict[str, float], dict[str, float] | None]:
+    """Each eligible row's components (9.13.2, `scoring`'s normalisers) and its total under
+    the policy and the shadow policy: min(sum of weighted parts, sum of weights) - penalty."""
     costs = [float(r.cost) for r in eligible] or [0.0]
     budget = spec.routing.max_estimated_cost_micros
     # The cheapest eligible candidate scores 1; the budget (or 1.5x the dearest) scores 0.
     lo = min(costs)
     hi = float(budget) if budget > 0 else max(costs) * 1.5 + 1.0
+    span = hi - lo
     good, bad = cfg.latency_good_s, cfg.latency_bad_s
     health, capacity, quality = ctx.health, ctx.capacity, ctx.quality
     default_quality = cfg.default_quality
@@ -109,44 +104,71 @@ def _score_parts(
     penalty = cfg.deprecated_penalty
     if penalty < 0 and any(r.entry.deprecated for r in eligible):
         raise ValueError("penalties are non-negative amounts")
+    (wq, ws, wl, wc, wk, wr, wp), cap_w = _weights(cfg.policy, spec)
+    shadow = cfg.shadow_policy
+    (sq, ss, sl, sc, sk, sr, sp), cap_s = _weights(shadow or cfg.policy, spec)
+    totals: dict[str, float] = {}
+    shadow_totals: dict[str, float] = {}
+    latency_span = bad - good
+    # Clamps are written out (`x if 0 <= x <= 1 else ...`): min/max calls were a third of the
+    # loop. NaN clamps to 0 as min(1, max(0, nan)) does.
     for row in eligible:
         e = row.entry
-        h = health.get(e.id)
-        latency = 0.5
-        success = 0.0
+        cid = e.id
+        h = health.get(cid)
+        lat = 0.5
+        ok = 0.0
         if h is not None:
-            success = h.success_lower_bound
-            if not 0.0 <= success <= 1.0:
-                raise ValueError(f"component success={success} outside [0, 1]")
+            ok = h.success_lower_bound
+            if not 0.0 <= ok <= 1.0:
+                raise ValueError(f"component success={ok} outside [0, 1]")
             if h.mean_latency_s is not None:
-                if bad <= good:
+                if latency_span <= 0:
                     raise ValueError("latency bad must exceed good")
-                latency = min(1.0, max(0.0, (bad - h.mean_latency_s) / (bad - good)))
-        if hi <= lo:
+                lat = (bad - h.mean_latency_s) / latency_span
+                if not 0.0 <= lat <= 1.0:
+                    lat = 1.0 if lat > 1.0 else 0.0
+        if span <= 0:
             cost = 1.0 if row.cost <= hi else 0.0
         else:
-            cost = min(1.0, max(0.0, (hi - row.cost) / (hi - lo)))
-        cap = capacity.get(e.id)
+            cost = (hi - row.cost) / span
+            if not 0.0 <= cost <= 1.0:
+                cost = 1.0 if cost > 1.0 else 0.0
+        view = capacity.get(cid)
         free = 1.0
-        if cap is not None:
-            free = min(1.0, max(0.0, cap.available / cap.maximum)) ** 2 if cap.maximum > 0 else 0.0
+        if view is not None:
+            m = view.maximum
+            if m > 0:
+                free = view.available / m
+                if not 0.0 <= free <= 1.0:
+                    free = 1.0 if free > 1.0 else 0.0
+                free *= free
+            else:
+                free = 0.0
         region = regions.get(e.region)
         if region is None:
             region = regions[e.region] = scoring.region_score(e.region, ctx.preferred_regions)
-        row.parts = (
-            min(1.0, max(0.0, quality.get(e.id, default_quality))),
-            success,
-            latency,
-            cost,
-            free,
-            region,
-            (1.0 if e.provider in preferred else 0.5) if preferred else 0.5,
-        )
-        row.penalty = penalty if e.deprecated else 0.0
+        q = quality.get(cid, default_quality)
+        if not 0.0 <= q <= 1.0:
+            q = 1.0 if q > 1.0 else 0.0
+        pref = 0.5
+        if preferred and e.provider in preferred:
+            pref = 1.0
+        row.parts = (q, ok, lat, cost, free, region, pref)
+        cut = penalty if e.deprecated else 0.0
+        row.penalty = cut
+        gross = fsum((q * wq, ok * ws, lat * wl, cost * wc, free * wk, region * wr, pref * wp))
+        totals[cid] = (gross if gross < cap_w else cap_w) - cut
+        if shadow is not None:
+            gross = fsum((q * sq, ok * ss, lat * sl, cost * sc, free * sk, region * sr, pref * sp))
+            shadow_totals[cid] = (gross if gross < cap_s else cap_s) - cut
+    return totals, shadow_totals if shadow is not None else None
 
 
 def _ranked(scores: Mapping[str, float], ids: Sequence[str]) -> list[tuple[str, float]]:
-    return sorted(((i, scores[i]) for i in ids), key=lambda p: (-p[1], p[0]))
+    """Best score first, ties by id. `ids` come in id order (the plan's), and a reversed sort
+    keeps equal elements in their order, so sorting on the score alone is enough."""
+    return sorted([(i, scores[i]) for i in ids], key=itemgetter(1), reverse=True)
 
 
 def _group_key(task_id: str, spec: GenerationSpec) -> str:
@@ -296,13 +318,12 @@ def _route_once(
     if ctx.canary_stages:
         _apply_canary(task_id, spec, rows, ctx)
     eligible = [r for r in rows if isinstance(r, _Row)]
-    _score_parts(eligible, spec, cfg, ctx)
-    scores = _totals(eligible, _weights(cfg.policy, spec))
+    scores, shadow_totals = _score(eligible, spec, cfg, ctx)
     shadow_version, shadow_selected = "", ""
     shadow_scores: Mapping[str, float] = _NONE
-    if cfg.shadow_policy is not None:  # 9.25.4: recorded, never executed
+    if cfg.shadow_policy is not None and shadow_totals is not None:  # 9.25.4: never executed
         shadow_version = cfg.shadow_policy.version
-        shadow_ranked = _ranked(_totals(eligible, _weights(cfg.shadow_policy, spec)), list(scores))
+        shadow_ranked = _ranked(shadow_totals, list(scores))
         shadow_selected = shadow_ranked[0][0] if shadow_ranked else ""
         shadow_scores = {cid: round(s, 6) for cid, s in shadow_ranked}
     verdicts = tuple(_verdict(r, scores) if isinstance(r, _Row) else r for r in rows)
