@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import RowMapping
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.reconciliation import (
@@ -45,6 +46,7 @@ from controlplane.persistence.models import task_attempts as A
 
 __all__ = [
     "NewRecord",
+    "RunConflict",
     "RunRow",
     "StoredImport",
     "accounts_of",
@@ -55,6 +57,11 @@ __all__ = [
     "settlements",
     "store_import",
 ]
+
+
+class RunConflict(Exception):
+    """Another reconciliation of the same (day, provider, account) committed a run first (the
+    partial unique index on the current run); run the account again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,6 +359,15 @@ async def _current(conn: AsyncConnection, day: str, provider: str, account: str)
     return None if found is None else _run(found)
 
 
+async def _insert_run(conn: AsyncConnection, *, now: datetime, **values: Any) -> int:
+    values["statuses"] = dict(values["statuses"])
+    values["delta_micros"] = values["billed_micros"] - values["expected_micros"]
+    new_id = (
+        await conn.execute(RR.insert().values(**values, created_at=now).returning(RR.c.id))
+    ).scalar_one()
+    return int(new_id)
+
+
 async def save_run(
     conn: AsyncConnection,
     *,
@@ -377,26 +393,23 @@ async def save_run(
         # Park the old run first (the partial unique index allows one current run), then
         # point it at the new one.
         await conn.execute(update(RR).where(RR.c.id == current.id).values(superseded_by=-1))
-    new_id = (
-        await conn.execute(
-            RR.insert()
-            .values(
-                day=day,
-                provider=provider,
-                account=account,
-                import_id=import_id,
-                result_sha256=result_sha256,
-                record_count=record_count,
-                billed_micros=billed_micros,
-                expected_micros=expected_micros,
-                delta_micros=billed_micros - expected_micros,
-                currency=currency,
-                statuses=dict(statuses),
-                created_at=now,
-            )
-            .returning(RR.c.id)
+    try:
+        new_id = await _insert_run(
+            conn,
+            day=day,
+            provider=provider,
+            account=account,
+            import_id=import_id,
+            result_sha256=result_sha256,
+            record_count=record_count,
+            billed_micros=billed_micros,
+            expected_micros=expected_micros,
+            currency=currency,
+            statuses=statuses,
+            now=now,
         )
-    ).scalar_one()
+    except IntegrityError as exc:
+        raise RunConflict(f"{day} {provider}/{account}: a concurrent run won") from exc
     if current is not None:
         await conn.execute(update(RR).where(RR.c.id == current.id).values(superseded_by=new_id))
     if rows:

@@ -5,10 +5,11 @@ SQL lives in `controlplane.persistence.reconciliation_store`, the rules in
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Protocol
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 #: The provider name of the tenant-side run (credit ledger settlements).
 TENANT_SIDE = "credit_ledger"
 DEFAULT_CURRENCY = "USD"
+CONFLICT_RETRIES = 3
 
 
 class UsageSource(Protocol):
@@ -165,16 +167,30 @@ async def run_day(
                 )
             )
             continue
-        run_id = await _reconcile_account(
-            db, provider, account, day, start, end, result.records, now, window
+        run_id = await _retrying(
+            functools.partial(
+                _reconcile_account, db, provider, account, day, start, end, result.records, now
+            ),
+            window,
         )
         if run_id is not None:
             written.append(run_id)
-    tenant_run = await _reconcile_tenants(db, day, start, end, now)
+    tenant_run = await _retrying(functools.partial(_reconcile_tenants, db, day, start, end), now)
     if tenant_run is not None:
         written.append(tenant_run)
     report = await read_report(db, day)
     return ReconciliationReport(report.day, report.runs, tuple(errors), tuple(written))
+
+
+async def _retrying(run: Callable[[Any], Awaitable[int | None]], arg: Any) -> int | None:
+    """Run one account's reconciliation; a concurrent run of the same account that committed
+    first (two CronJob pods) makes this one start over, and then usually find it unchanged."""
+    for _ in range(CONFLICT_RETRIES):
+        try:
+            return await run(arg)
+        except store.RunConflict as exc:
+            log.info("reconcile: %s; running the account again", exc)
+    return await run(arg)
 
 
 async def _reconcile_account(  # noqa: PLR0917 - one call site, all named by position

@@ -69,6 +69,7 @@ class Scenario:
     runs: list[tuple[int, str, int | None]]  # (id, provider, superseded_by) after the third
     delta: dict[str, int]  # delta_by_provider after the third
     unreachable: dict[str, Any]  # a fourth run with the Runway sidecar away
+    together: list[dict[str, Any]]  # two concurrent runs after one more late line
 
 
 def _job_of(
@@ -108,6 +109,14 @@ def _fired(farm: ProviderFarm, provider: str, index: int) -> bool:
 def _reconcile(
     farm: ProviderFarm, cp: ControlPlane, day: str, *, adapters: str = "", rc: int = 0
 ) -> dict[str, Any]:
+    [report] = _reconcile_together(farm, cp, day, adapters=adapters, rc=rc, n=1)
+    return report
+
+
+def _reconcile_together(
+    farm: ProviderFarm, cp: ControlPlane, day: str, *, adapters: str = "", rc: int = 0, n: int
+) -> list[dict[str, Any]]:
+    """`n` ``vidroute reconcile`` processes started at once (two CronJob pods, say)."""
     env = {
         **os.environ,
         **farm.env,
@@ -115,17 +124,22 @@ def _reconcile(
         "VIDROUTE_ADAPTERS": adapters or farm.adapters_env,
         "VIDROUTE_LOG_LEVEL": "WARNING",
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "clients.cli", "reconcile", "--date", day, "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == rc, f"rc {done.returncode}\n{done.stdout}\n{done.stderr}"
-    report: dict[str, Any] = json.loads(done.stdout)
-    return report
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "clients.cli", "reconcile", "--date", day, "--json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(n)
+    ]
+    reports = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == rc, f"rc {proc.returncode}\n{out}\n{err}"
+        reports.append(json.loads(out))
+    return reports
 
 
 def _run(farm: ProviderFarm, cp: ControlPlane) -> Scenario:
@@ -223,8 +237,11 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Scenario:
         for name, proc in farm.sidecars.items()
     )
     unreachable = _reconcile(farm, cp, day, adapters=away, rc=1)
+    # Two runs at once over a changed import: one new run between them, the same report.
+    _usage_fault(farm, "google", {"kind": "orphan", **LATE_ORPHAN, "ref": "later-op"})
+    together = _reconcile_together(farm, cp, day, n=2)
     return Scenario(
-        farm, cp, day, tasks, truth_rows, first, second, third, runs, delta, unreachable
+        farm, cp, day, tasks, truth_rows, first, second, third, runs, delta, unreachable, together
     )
 
 
@@ -364,3 +381,15 @@ def test_a_sidecar_away_is_reported_not_taken_for_an_empty_bill(scenario: Scenar
     ]
     assert report["written_runs"] == []
     assert report["runs"] == scenario.third["runs"]
+
+
+def test_concurrent_runs_write_one_run_and_agree(scenario: Scenario) -> None:
+    """Two reconcile processes at once over a changed Google import: exactly one new run is
+    written between them (the partial unique index plus a retry), and both print it."""
+    a, b = scenario.together
+    written = a["written_runs"] + b["written_runs"]
+    assert len(written) == 1, (a["written_runs"], b["written_runs"])
+    strip = [{k: v for k, v in r.items() if k != "written_runs"} for r in (a, b)]
+    assert strip[0] == strip[1]
+    google = {r["provider"]: r for r in a["runs"]}["google"]
+    assert google["run_id"] == written[0]
