@@ -131,8 +131,9 @@ from vidroute_core.timescale import (
     scale_value,
     scaled_defaults,
 )
-from vidroute_core.tls import TlsSettings, channel_credentials, channel_options
+from vidroute_core.tls import TlsSettings, channel_options
 from vidroute_core.wire import tracing as tracing_edge
+from vidroute_core.wire.tls import channel_credentials
 
 log = logging.getLogger(__name__)
 

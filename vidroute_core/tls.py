@@ -29,26 +29,20 @@ Kubernetes (``k8s/base``): each component has a Secret ``<component>-tls`` (type
 ``kubernetes.io/tls`` plus ``ca.crt``, cert-manager's layout) mounted at
 ``/var/run/secrets/vidroute-tls/``: ``tls.crt``, ``tls.key``, ``ca.crt`` (`K8S_*` below).
 
-The server re-reads the files when they change (Kubernetes rotates a mounted Secret in place):
-each new handshake compares their modification times and sizes, and a changed set that loads
-serves the next connections; one that does not load is logged and the previous one kept. The
-control plane's client credentials are read when its channels are built (a rotation takes a
-restart, which rolling the Deployment on a Secret change does).
+The gRPC credentials built from these files are the proto edge's (`vidroute_core.wire.tls`:
+``server_credentials``, ``channel_credentials``); this module only reads and checks.
+
+The sidecar re-reads the files when they change (Kubernetes rotates a mounted Secret in place),
+for new connections; the control plane reads them when its channels are built (a rotation takes
+a restart, which rolling the Deployment on a Secret change does).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import logging
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
-
-import grpc
-
-log = logging.getLogger(__name__)
 
 ENV_CERT = "VIDROUTE_TLS_CERT_FILE"
 ENV_KEY = "VIDROUTE_TLS_KEY_FILE"
@@ -168,63 +162,11 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def channel_credentials(files: TlsFiles) -> grpc.ChannelCredentials:
-    """Client side: present our certificate, trust only the configured CA."""
-    cert, key, ca = files.read()
-    return grpc.ssl_channel_credentials(
-        root_certificates=ca, private_key=key, certificate_chain=cert
-    )
-
-
 def channel_options(settings: TlsSettings) -> list[tuple[str, str]]:
-    """Channel options for `settings` (the server name override when one is configured)."""
+    """gRPC channel options for `settings` (the server name override when one is configured)."""
     if settings.files is not None and settings.server_name:
         return [("grpc.ssl_target_name_override", settings.server_name)]
     return []
-
-
-class _Reloader:
-    """Hands gRPC a new certificate configuration when the files change (see the module
-    docstring); gRPC calls it on its own threads before each handshake."""
-
-    def __init__(self, files: TlsFiles) -> None:
-        self._files = files
-        self._lock = threading.Lock()
-        self._stamp = files.stamp()
-
-    def initial(self) -> grpc.ServerCertificateConfiguration:
-        return _configuration(self._files)
-
-    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
-        stamp = self._files.stamp()
-        with self._lock:
-            if stamp == self._stamp:
-                return None
-            self._stamp = stamp
-        try:
-            config = _configuration(self._files)
-        except TlsConfigError as exc:  # mid-rotation or broken: keep serving the previous set
-            log.warning("TLS files changed but do not load, keeping the previous ones: %s", exc)
-            with self._lock:
-                self._stamp = ()
-            return None
-        log.info("TLS certificate files reloaded")
-        return config
-
-
-def _configuration(files: TlsFiles) -> grpc.ServerCertificateConfiguration:
-    cert, key, ca = files.read()
-    return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
-
-
-def server_credentials(files: TlsFiles) -> grpc.ServerCredentials:
-    """Server side: our certificate; a client certificate chaining to the CA is REQUIRED."""
-    reloader = _Reloader(files)
-    # gRPC documents None as "unchanged"; types-grpcio's signature leaves the None out.
-    fetch = cast(Callable[[], grpc.ServerCertificateConfiguration], reloader)
-    return grpc.dynamic_ssl_server_credentials(
-        reloader.initial(), fetch, require_client_authentication=True
-    )
 
 
 __all__ = [
@@ -235,9 +177,7 @@ __all__ = [
     "TlsConfigError",
     "TlsFiles",
     "TlsSettings",
-    "channel_credentials",
     "channel_options",
     "host_of",
     "is_loopback",
-    "server_credentials",
 ]

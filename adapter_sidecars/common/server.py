@@ -39,9 +39,10 @@ from adapter_sidecars.common.servicer import AdapterServicer
 from adapter_sidecars.common.types import ProviderAdapter
 from vidroute.adapter.v1 import adapter_service_pb2, adapter_service_pb2_grpc
 from vidroute_core.metrics_http import serve_metrics
-from vidroute_core.tls import TlsSettings, server_credentials
+from vidroute_core.tls import TlsSettings
 from vidroute_core.wire import tracing as tracing_edge
 from vidroute_core.wire.status import DomainErrorInterceptor
+from vidroute_core.wire.tls import server_credentials
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from vidroute.adapter.v1 import adapter_service_pb2 as asvc
 from vidroute.adapter.v1 import adapter_service_pb2_grpc
 from vidroute.scheduler.v1 import scheduler_service_pb2 as ssvc
 from vidroute.scheduler.v1 import scheduler_service_pb2_grpc
-from vidroute_core.tls import server_credentials
+from vidroute_core.wire.tls import server_credentials
 
 ROOT = Path(__file__).resolve().parents[3]
 

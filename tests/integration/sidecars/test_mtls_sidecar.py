@@ -23,13 +23,9 @@ from tests.support.pki import Pki, issue, make_authority, make_pki
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
 from vidroute.adapter.v1 import adapter_service_pb2_grpc
 from vidroute_core.adapter import SubmitKind
-from vidroute_core.tls import (
-    TlsConfigError,
-    TlsFiles,
-    TlsSettings,
-    channel_credentials,
-)
+from vidroute_core.tls import TlsConfigError, TlsFiles, TlsSettings
 from vidroute_core.wire.spec import spec_to_proto
+from vidroute_core.wire.tls import channel_credentials
 
 
 @pytest.fixture
