@@ -15,6 +15,7 @@ so the catalog re-reads it with the same parser (`controlplane.capabilities.cata
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -38,6 +39,7 @@ from vidroute_core.capabilities.loader import (
     ANY_ACCOUNT,
     Capability,
     CapabilityLoadError,
+    Commercial,
     parse_entry,
 )
 from vidroute_core.wire.capability import capability_document
@@ -177,21 +179,36 @@ def plan_publication(
                     effective_from,
                 )
             )
-            if com.provider_unit and com.micros_per_provider_unit > 0:
-                rates.setdefault(
-                    (cap.provider, com.provider_unit, com.price_version),
-                    UnitRate(
-                        provider=cap.provider,
-                        unit_name=com.provider_unit,
-                        rate_version=com.price_version,
-                        micros_per_unit=com.micros_per_provider_unit,
-                        unit_divisor=1,
-                        currency=com.currency,
-                        effective_from=effective_from,
-                        effective_to=None,
-                    ),
-                )
+            rate = unit_rate_of(cap.provider, com, effective_from)
+            if rate is not None:
+                rates.setdefault((rate.provider, rate.unit_name, rate.rate_version), rate)
     return Publication(tuple(used.values()), tuple(caps), tuple(prices), tuple(rates.values()))
+
+
+def unit_rate_of(provider: str, com: Commercial, effective_from: datetime) -> UnitRate | None:
+    """The conversion of the model's provider-native unit to micros, versioned by its price
+    version: the declared micros per unit, else the exact fraction of the per-second price over
+    the per-second milliunits (Describe carries only those), reduced; None without a unit."""
+    if not com.provider_unit:
+        return None
+    if com.micros_per_provider_unit > 0:
+        num, den = com.micros_per_provider_unit, 1
+    elif com.provider_milliunits_per_output_second > 0:
+        num = com.price_micros_per_output_second * 1000
+        den = com.provider_milliunits_per_output_second
+    else:
+        return None
+    common = math.gcd(num, den) or 1
+    return UnitRate(
+        provider=provider,
+        unit_name=com.provider_unit,
+        rate_version=com.price_version,
+        micros_per_unit=num // common,
+        unit_divisor=den // common,
+        currency=com.currency,
+        effective_from=effective_from,
+        effective_to=None,
+    )
 
 
 def _expand(

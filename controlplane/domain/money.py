@@ -312,7 +312,7 @@ def units_to_micros(units: int, micros_per_unit: int, unit_divisor: int = 1) -> 
 # Providers whose job API reports no cost: they bill per second of delivered output and charge
 # nothing for a blocked, failed or cancelled generation (provider-apis 4.2: Veo). Their actual
 # cost is the delivered attempt's own per-second estimate, or 0 when nothing was delivered.
-BILLED_PER_OUTPUT_SECOND = frozenset({"veo"})
+BILLED_PER_OUTPUT_SECOND = frozenset({"google"})  # Veo (Gemini API, Vertex)
 
 
 def actual_cost(
@@ -345,9 +345,7 @@ def reservation_currency(spec: GenerationSpec) -> str:
     return spec.routing.currency or DEFAULT_CURRENCY
 
 
-def task_reservation(
-    spec: GenerationSpec, candidates: Sequence[Candidate], now: datetime
-) -> int:
+def task_reservation(spec: GenerationSpec, candidates: Sequence[Candidate], now: datetime) -> int:
     """What CreateTask reserves for `spec` (the module docstring's rule): the highest catalog
     estimate among the candidates the static hard filters let through, capped by the budget."""
     currency = reservation_currency(spec)

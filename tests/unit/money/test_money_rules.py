@@ -176,8 +176,8 @@ def test_actual_cost_reported_wins_and_veo_bills_per_delivered_second() -> None:
     assert actual_cost("runway", reported_micros=480_000, succeeded=True, estimated_micros=1) == (
         480_000
     )
-    assert actual_cost("veo", reported_micros=None, succeeded=True, estimated_micros=3_200_000) == (
-        3_200_000
-    )
-    assert actual_cost("veo", reported_micros=None, succeeded=False, estimated_micros=9) == 0
+    assert actual_cost(
+        "google", reported_micros=None, succeeded=True, estimated_micros=3_200_000
+    ) == (3_200_000)
+    assert actual_cost("google", reported_micros=None, succeeded=False, estimated_micros=9) == 0
     assert actual_cost("runway", reported_micros=None, succeeded=True, estimated_micros=9) is None
