@@ -5,6 +5,7 @@ it is refused at the handshake and the provider sees nothing."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable
@@ -16,13 +17,14 @@ from adapter_support import make_spec, sidecar_config
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from adapter_sidecars.common.server import SidecarServer
+from adapter_sidecars.common.types import SubmitInput
 from adapter_sidecars.emulators import RunwayEmulator
 from adapter_sidecars.runway.adapter import RunwayAdapter
 from controlplane.adapters.grpc_client import GrpcAdapterClient
 from tests.support.pki import Pki, issue, make_authority, make_pki
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
 from vidroute.adapter.v1 import adapter_service_pb2_grpc
-from vidroute_core.adapter import SubmitKind
+from vidroute_core.adapter import AdapterInfo, SubmitKind, SubmitOutcome
 from vidroute_core.tls import TlsConfigError, TlsFiles, TlsSettings
 from vidroute_core.wire.spec import spec_to_proto
 from vidroute_core.wire.tls import channel_credentials
@@ -33,6 +35,20 @@ def pki(tmp_path: Path) -> Pki:
     return make_pki(tmp_path / "pki")
 
 
+class CountingRunway(RunwayAdapter):
+    """The Runway adapter, counting the calls the servicer makes into it."""
+
+    calls: collections.Counter[str]
+
+    def describe(self) -> AdapterInfo:
+        self.calls["describe"] += 1
+        return super().describe()
+
+    async def submit(self, request: SubmitInput) -> SubmitOutcome:
+        self.calls["submit"] += 1
+        return await super().submit(request)
+
+
 @pytest.fixture
 async def tls_sidecar(
     runway_emulator: RunwayEmulator, pki: Pki
@@ -41,8 +57,11 @@ async def tls_sidecar(
     config = sidecar_config(
         runway_emulator.url, "RUNWAY_API_KEY", options={"recovery_settle_seconds": 0}
     )
+    adapter = CountingRunway.from_config(config)
+    assert isinstance(adapter, CountingRunway)
+    adapter.calls = collections.Counter()
     server = SidecarServer(
-        RunwayAdapter.from_config(config),
+        adapter,
         "127.0.0.1:0",
         probe_interval_seconds=0.2,
         shutdown_grace_seconds=1,
@@ -76,6 +95,8 @@ async def test_client_with_a_certificate_describes_compiles_and_submits(
         await client.close()
     assert outcome.kind is SubmitKind.ACCEPTED
     assert len(emulator.jobs) == 1
+    assert isinstance(server.adapter, CountingRunway)
+    assert server.adapter.calls["submit"] == 1  # the count the refusal tests rely on
 
 
 Refused = Callable[[str], grpc.aio.Channel]
@@ -103,8 +124,8 @@ async def test_a_client_without_a_valid_certificate_is_refused(
     pki: Pki,
     make_channel: Callable[[Pki], Refused],
 ) -> None:
-    """No client certificate, one from another CA, or plaintext: UNAVAILABLE at the handshake,
-    and no Submit reaches the provider."""
+    """No client certificate, one from another CA, or plaintext: UNAVAILABLE at the handshake;
+    neither RPC reaches the adapter, and the provider sees no request."""
     server, emulator = tls_sidecar
     target = f"127.0.0.1:{server.port}"
     async with grpc.aio.secure_channel(target, channel_credentials(pki.client)) as trusted:
@@ -112,6 +133,9 @@ async def test_a_client_without_a_valid_certificate_is_refused(
             svc.CompileRequest(spec=spec_to_proto(make_spec()), model="gen4.5")
         )
     assert compiled.plan.submittable  # a plan the provider would accept, were it sent
+    adapter = server.adapter
+    assert isinstance(adapter, CountingRunway)
+    before = dict(adapter.calls)
     channel = make_channel(pki)(target)
     stub = adapter_service_pb2_grpc.ProviderAdapterServiceStub(channel)
     plan_request = svc.SubmitRequest(plan=compiled.plan, client_request_key="refused-1")
@@ -125,6 +149,7 @@ async def test_a_client_without_a_valid_certificate_is_refused(
             assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
     finally:
         await channel.close()
+    assert dict(adapter.calls) == before
     assert emulator.jobs == {}
     assert _provider_calls(emulator) == {}
 
