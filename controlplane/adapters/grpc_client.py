@@ -118,7 +118,7 @@ class GrpcAdapterClient:
         channel_options: Sequence[tuple[str, str]] = (),
     ) -> None:
         self._address = address
-        # With `credentials` (vidroute_core.tls: our client certificate and the sidecars' CA)
+        # With `credentials` (vidroute_core.wire.tls: our client certificate, the sidecars' CA)
         # the channel is mTLS; the composition root decides when plaintext is allowed.
         options = [*NO_RETRIES, *channel_options]
         traced = tracing_edge.client_interceptors()  # traceparent in the metadata; [] when off
