@@ -26,7 +26,7 @@ old one would have. Losing it loses no task, only the last round's credit and de
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -34,21 +34,26 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Integer, bindparam, func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.states import TaskState
 from controlplane.persistence import _rows
 from controlplane.persistence.models import fair_queue_state as S
 from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.records import TaskRecord
+from vidroute_core.spec import ServiceClass
 
 if TYPE_CHECKING:
     from controlplane.persistence.database import Database
 
-__all__ = ["GroupKey", "QueueHeads", "QueueQueries", "group_of"]
+__all__ = ["GroupKey", "QueueHead", "QueueHeads", "QueueQueries", "oldest_by_class"]
 
 GroupKey = tuple[str, str, str, int]  # service class, tenant, user, priority
 
 # Next group after g: the index's first QUEUED entry past g's key (row comparison, one probe).
+_TYPED = frozenset({"created_at", "deadline_at", "queue_deadline_at"})
+
 _GROUPS = """
 WITH RECURSIVE g(sc, te, us, pr) AS (
   SELECT * FROM (
@@ -79,66 +84,131 @@ _DUE = """
 
 _PER_GROUP = (
     "(SELECT CASE WHEN count(*) = 0 THEN 1"
-    " ELSE max(1, min(:per_group_max, :rows / count(*))) END FROM groups)"
+    " ELSE {max}(1, {min}(:per_group_max, :rows / count(*))) END FROM groups)"
+)
+_OUTPUT_FIELDS = ("duration_ms", "width", "height", "sample_count")
+# Only what ordering, deadlines and cost units need: parsing every head's spec was most of a
+# round's cost (~0.2 ms a row); the full rows of the round's take are read afterwards (`tasks`).
+_LIGHT = (
+    "{t}.id, {t}.tenant_id, {t}.user_id, {t}.project_id, {t}.service_class, {t}.priority,"
+    " {t}.status_version, {t}.created_at, {t}.deadline_at, {t}.queue_deadline_at"
 )
 
-_HEADS_POSTGRESQL = (
-    _GROUPS
-    + """
-SELECT h.*, """
-    + _PER_GROUP.replace("max(1, min(", "greatest(1, least(")
-    + """ AS per_group FROM groups CROSS JOIN LATERAL (
-  SELECT t.* FROM generation_tasks t
+
+def _heads_sql(postgres: bool) -> str:
+    if postgres:
+        per_group = _PER_GROUP.format(max="greatest", min="least")
+        output = ", ".join(
+            f"CAST(t.spec -> 'output' ->> '{f}' AS bigint) AS {f}" for f in _OUTPUT_FIELDS
+        )
+        return (
+            _GROUPS
+            + f"""
+SELECT h.*, {per_group} AS per_group FROM groups CROSS JOIN LATERAL (
+  SELECT {_LIGHT.format(t="t")}, {output} FROM generation_tasks t
   WHERE t.status = 'QUEUED' AND t.service_class = groups.sc AND t.tenant_id = groups.te
-    AND t.user_id = groups.us AND t.priority = groups.pr AND """
-    + _DUE
-    + """
-  ORDER BY t.id LIMIT """
-    + _PER_GROUP.replace("max(1, min(", "greatest(1, least(")
-    + """
+    AND t.user_id = groups.us AND t.priority = groups.pr AND {_DUE}
+  ORDER BY t.id LIMIT {per_group}
 ) AS h
 ORDER BY h.service_class, h.tenant_id, h.user_id, h.priority, h.id
 """
-)
-
-_HEADS_SQLITE = (
-    _GROUPS
-    + """
-SELECT ranked.*, """
-    + _PER_GROUP
-    + """ AS per_group FROM (
-  SELECT t.*, row_number() OVER (
+        )
+    per_group = _PER_GROUP.format(max="max", min="min")
+    output = ", ".join(f"json_extract(t.spec, '$.output.{f}') AS {f}" for f in _OUTPUT_FIELDS)
+    return (
+        _GROUPS
+        + f"""
+SELECT ranked.*, {per_group} AS per_group FROM (
+  SELECT {_LIGHT.format(t="t")}, {output}, row_number() OVER (
     PARTITION BY t.service_class, t.tenant_id, t.user_id, t.priority ORDER BY t.id
   ) AS head_rank
   FROM generation_tasks t JOIN groups
     ON t.service_class = groups.sc AND t.tenant_id = groups.te
    AND t.user_id = groups.us AND t.priority = groups.pr
-  WHERE t.status = 'QUEUED' AND """
-    + _DUE
-    + """
+  WHERE t.status = 'QUEUED' AND {_DUE}
 ) AS ranked
-WHERE head_rank <= """
-    + _PER_GROUP
-    + """
+WHERE head_rank <= {per_group}
 ORDER BY service_class, tenant_id, user_id, priority, id
 """
-)
+    )
 
 
-def group_of(task: TaskRecord) -> GroupKey:
-    """The fair-queue group a task's row belongs to."""
-    return (task.service_class.value, task.tenant_id, task.user_id, task.priority)
+_HEADS_POSTGRESQL, _HEADS_SQLITE = _heads_sql(True), _heads_sql(False)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueHead:
+    """A QUEUED task as the fair queue sees it (no spec: its output size is enough)."""
+
+    id: int
+    tenant_id: str
+    user_id: str
+    project_id: str
+    service_class: ServiceClass
+    priority: int
+    status_version: int
+    created_at: datetime
+    deadline_at: datetime | None
+    queue_deadline_at: datetime | None
+    duration_ms: int
+    width: int
+    height: int
+    sample_count: int
+
+    @property
+    def group(self) -> GroupKey:
+        return (self.service_class.value, self.tenant_id, self.user_id, self.priority)
+
+
+def _head(m: RowMapping) -> QueueHead:
+    return QueueHead(
+        id=m["id"],
+        tenant_id=m["tenant_id"],
+        user_id=m["user_id"],
+        project_id=m["project_id"],
+        service_class=ServiceClass(m["service_class"]),
+        priority=m["priority"],
+        status_version=m["status_version"],
+        created_at=m["created_at"],
+        deadline_at=m["deadline_at"],
+        queue_deadline_at=m["queue_deadline_at"],
+        # Absent in a spec means the codec's default: one sample; a size of 0 is refused earlier.
+        duration_ms=int(m["duration_ms"] or 0),
+        width=int(m["width"] or 0),
+        height=int(m["height"] or 0),
+        sample_count=int(m["sample_count"] or 1),
+    )
+
+
+async def _count_by_tenant(conn: AsyncConnection, states: Sequence[TaskState]) -> dict[str, int]:
+    result = await conn.execute(
+        select(T.c.tenant_id, func.count())
+        .where(T.c.status.in_([s.value for s in states]))
+        .group_by(T.c.tenant_id)
+    )
+    return {tenant: int(n) for tenant, n in result}
+
+
+def oldest_by_class(heads: Iterable[QueueHead], now: datetime) -> dict[str, float]:
+    """Seconds the oldest queued task of each service class has waited (groups are FIFO, so
+    the heads hold each class's oldest)."""
+    out: dict[str, float] = {}
+    for h in heads:
+        cls = h.service_class.value
+        out[cls] = max(out.get(cls, 0.0), (now - h.created_at).total_seconds())
+    return out
 
 
 @dataclass(frozen=True, slots=True)
 class QueueHeads:
     """One round's view of the queue: due heads of every group, grouped, oldest first."""
 
-    tasks: list[TaskRecord]
+    tasks: list[QueueHead]
     # Groups that returned `per_group` rows and so may hold more due tasks than were read.
     partial: frozenset[GroupKey]
     groups: int
     per_group: int
+    in_flight: dict[str, int]  # tasks per tenant in the states asked for
 
 
 class QueueQueries:
@@ -148,9 +218,16 @@ class QueueQueries:
         self._db = db
 
     async def heads(
-        self, *, now: datetime, rows: int, per_group_max: int, max_groups: int = 10_000
+        self,
+        *,
+        now: datetime,
+        rows: int,
+        per_group_max: int,
+        max_groups: int = 10_000,
+        in_flight_states: Sequence[TaskState] = (),
     ) -> QueueHeads:
-        """The due heads of every group: about `rows` rows in all, at most `per_group_max` each."""
+        """The due heads of every group: about `rows` rows in all, at most `per_group_max` each;
+        with the in-flight counts per tenant of `in_flight_states`, on the same connection."""
         rows, per_group_max = max(1, rows), max(1, per_group_max)
         async with self._db.reading() as conn:
             postgres = conn.dialect.name == "postgresql"
@@ -159,10 +236,11 @@ class QueueQueries:
                 # group and JIT-compiles a ~1 ms query for ~350 ms (EXPLAIN on 1M queued rows).
                 await conn.execute(text("SET LOCAL jit = off"))
             sql = _HEADS_POSTGRESQL if postgres else _HEADS_SQLITE
+            types = {c.name: c.type for c in T.c if c.name in _TYPED} | {
+                f: Integer() for f in (*_OUTPUT_FIELDS, "per_group")
+            }
             stmt = (
-                text(sql)
-                .bindparams(bindparam("now", type_=T.c.created_at.type))
-                .columns(**{c.name: c.type for c in T.c}, per_group=Integer)
+                text(sql).bindparams(bindparam("now", type_=T.c.created_at.type)).columns(**types)
             )
             result = await conn.execute(
                 stmt,
@@ -174,25 +252,30 @@ class QueueQueries:
                 },
             )
             found = result.mappings().all()
-        tasks = [_rows.task(m) for m in found]
+            in_flight = await _count_by_tenant(conn, in_flight_states) if in_flight_states else {}
+        tasks = [_head(m) for m in found]
         per_group = int(found[0]["per_group"]) if found else 1
         counts: dict[GroupKey, int] = {}
         for task in tasks:
-            key = group_of(task)
-            counts[key] = counts.get(key, 0) + 1
+            counts[task.group] = counts.get(task.group, 0) + 1
         groups = len(counts)
         partial = frozenset(k for k, n in counts.items() if n >= per_group)
-        return QueueHeads(tasks, partial, groups, per_group)
+        return QueueHeads(tasks, partial, groups, per_group, in_flight)
+
+    async def tasks(self, ids: Sequence[int]) -> dict[int, TaskRecord]:
+        """The full rows of `ids` that are still QUEUED (a round's take), in one read."""
+        if not ids:
+            return {}
+        async with self._db.reading() as conn:
+            result = await conn.execute(
+                select(T).where(T.c.id.in_(list(ids)), T.c.status == TaskState.QUEUED.value)
+            )
+            return {m["id"]: _rows.task(m) for m in result.mappings()}
 
     async def in_flight_by_tenant(self, states: Sequence[TaskState]) -> dict[str, int]:
         """How many tasks each tenant has in `states`: one aggregate, no rows."""
         async with self._db.reading() as conn:
-            result = await conn.execute(
-                select(T.c.tenant_id, func.count())
-                .where(T.c.status.in_([s.value for s in states]))
-                .group_by(T.c.tenant_id)
-            )
-            return {tenant: int(n) for tenant, n in result}
+            return await _count_by_tenant(conn, states)
 
     async def load_state(self, shard: int) -> dict[str, Any] | None:
         """The shard's last DRR checkpoint, or None."""

@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.capabilities.catalog import CapabilityCatalog, load_catalog
@@ -48,9 +48,10 @@ from controlplane.metrics import ControlPlaneMetrics
 from controlplane.persistence.catalog import IN_FLIGHT_TASK_STATES, CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.errors import ConcurrentModification
-from controlplane.persistence.queue import QueueQueries
+from controlplane.persistence.queue import QueueHead, QueueQueries
+from controlplane.persistence.queue import oldest_by_class as queue_ages
 from controlplane.persistence.records import Failure, NewAttempt, NewRouteDecision, TaskRecord
-from controlplane.scheduling.dispatch_metrics import count_decision, oldest_by_class
+from controlplane.scheduling.dispatch_metrics import count_decision
 from controlplane.scheduling.expiry import settle_overdue
 from controlplane.scheduling.gather import capacity_views, compile_all, lease_dimensions
 from controlplane.scheduling.health import HealthMonitor, submit_key
@@ -60,6 +61,7 @@ from vidroute_core import tracing
 from vidroute_core.logs import add_ids, bind_ids, ids_of
 
 log = logging.getLogger(__name__)
+_Tenanted = TypeVar("_Tenanted", TaskRecord, QueueHead)
 
 
 def utcnow() -> datetime:
@@ -268,15 +270,22 @@ class Dispatcher:
         """Read the group heads (9.12.4), settle the overdue, and pop this round's take."""
         cfg = self.config
         heads = await self._queue.heads(
-            now=self._clock(), rows=cfg.scan_limit, per_group_max=cfg.batch_size
+            now=self._clock(),
+            rows=cfg.scan_limit,
+            per_group_max=cfg.batch_size,
+            in_flight_states=IN_FLIGHT_TASK_STATES,
         )
         queued = self._mine(heads.tasks)
         # Past a task or queue deadline: FAILED here, never dispatched (domain.deadlines).
-        queued = await settle_overdue(self._db, self._catalogs, queued, self._clock())
-        self.metrics.queue_ages(oldest_by_class(queued, self._clock()))
+        at = self._clock()
+        if overdue := [h.id for h in queued if _past_a_deadline(h, at)]:
+            full = await self._queue.tasks(overdue)
+            kept = await settle_overdue(self._db, self._catalogs, list(full.values()), at)
+            settled = set(full) - {t.id for t in kept}
+            queued = [h for h in queued if h.id not in settled]
+        self.metrics.queue_ages(queue_ages(queued, at))
         if not queued:
             return None
-        in_flight = await self._queue.in_flight_by_tenant(IN_FLIGHT_TASK_STATES)
         # One read for the round; a task never moved (version 0) was never requeued.
         facts = await self._catalogs.requeue_facts([t.id for t in queued if t.status_version > 0])
         if not self._fq_loaded:  # a new leader serves on from the shard's checkpoint
@@ -287,7 +296,7 @@ class Dispatcher:
             time.time,
             [_queued(t) for t in queued],
             snapshot=self._fq_snapshot,
-            in_flight_counts=in_flight,
+            in_flight_counts=heads.in_flight,
             partial=heads.partial,
         )
         now = self._clock()
@@ -297,9 +306,12 @@ class Dispatcher:
             return nb is None or nb <= now
 
         picked = queue.pop_batch(cfg.batch_size, eligible)
-        return picked, {str(t.id): t for t in queued}, facts, queue
+        # Full rows (the spec) only for the take; one cancelled meanwhile is just left out.
+        records = await self._queue.tasks([int(t.task_id) for t in picked])
+        take = [t for t in picked if int(t.task_id) in records]
+        return take, {str(i): r for i, r in records.items()}, facts, queue
 
-    def _mine(self, tasks: list[TaskRecord]) -> list[TaskRecord]:
+    def _mine(self, tasks: list[_Tenanted]) -> list[_Tenanted]:
         n = self.config.shard_count
         if n <= 1:
             return tasks
@@ -540,13 +552,19 @@ def _with(ctx: RoutingContext, **changes: Any) -> RoutingContext:
     return replace(ctx, **changes)
 
 
-def _queued(task: TaskRecord) -> fq.QueuedTask:
-    out = task.spec.output
+def _past_a_deadline(head: QueueHead, now: datetime) -> bool:
+    """Worth `settle_overdue`'s look (which decides, with the attempt count)."""
+    return (head.deadline_at is not None and now >= head.deadline_at) or (
+        head.queue_deadline_at is not None and now >= head.queue_deadline_at
+    )
+
+
+def _queued(task: QueueHead) -> fq.QueuedTask:
     cost = fq.estimate_cost_units(
-        max(out.duration_ms, 1) / 1000,
-        max(out.width, 1),
-        max(out.height, 1),
-        max(out.sample_count, 1),
+        max(task.duration_ms, 1) / 1000,
+        max(task.width, 1),
+        max(task.height, 1),
+        max(task.sample_count, 1),
     )
     return fq.QueuedTask(
         task_id=str(task.id),
