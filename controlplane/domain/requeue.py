@@ -93,6 +93,10 @@ class RequeueRequest:
     same_model_only: bool
     required_model: str
     not_before: datetime | None = None
+    # 9.16.4: the task's estimated platform loss when the new attempt was allowed, and the
+    # max_estimated_platform_loss limit it was held against (0: no limit), in micros.
+    platform_loss_micros: int = 0
+    platform_loss_limit_micros: int = 0
 
     def wake_up(self) -> dict[str, Any]:
         """The ``task.requeue`` message's payload: which task, after which attempt."""

@@ -23,7 +23,7 @@ from controlplane.domain.states import ATTEMPT_MACHINE, AttemptState
 from controlplane.persistence.ports import UnitOfWork
 from controlplane.persistence.records import AttemptRecord, TaskRecord
 
-__all__ = ["as_failed", "platform_loss", "requeue_refusal"]
+__all__ = ["as_failed", "loss_after", "platform_loss", "requeue_refusal"]
 
 
 def as_failed(attempt: AttemptRecord) -> AttemptRecord:
@@ -47,19 +47,28 @@ async def platform_loss(u: UnitOfWork, attempts: list[AttemptRecord]) -> int:
     return estimated_platform_loss(costs)
 
 
+async def loss_after(u: UnitOfWork, attempt: AttemptRecord, attempts: list[AttemptRecord]) -> int:
+    """The task's estimated platform loss once `attempt` ended (`attempts`: all of the task's)."""
+    # `attempts` may predate the ended attempt's last move; `attempt` is its final row.
+    others = [a for a in attempts if a.id != attempt.id]
+    return await platform_loss(u, [*others, as_failed(attempt)])
+
+
 async def requeue_refusal(
     u: UnitOfWork,
     task: TaskRecord,
     attempt: AttemptRecord,
     attempts: list[AttemptRecord],
     limits: FailoverLimits,
+    *,
+    loss: int | None = None,
 ) -> tuple[str, str] | None:
-    """(code, detail) when the task must not get a new attempt, else None."""
+    """(code, detail) when the task must not get a new attempt, else None; `loss` is
+    `loss_after` when the caller already has it."""
     if task.deadline_at is not None and u.now >= task.deadline_at:
         return TASK_DEADLINE_EXCEEDED, f"task deadline {task.deadline_at.isoformat()} passed"
-    # `attempts` may predate the ended attempt's last move; `attempt` is its final row.
-    others = [a for a in attempts if a.id != attempt.id]
-    loss = await platform_loss(u, [*others, as_failed(attempt)])
+    if loss is None:
+        loss = await loss_after(u, attempt, attempts)
     if platform_loss_exceeded(limits, loss, attempt.estimated_cost_micros):
         limit = limits.max_estimated_platform_loss_micros
         return MAX_ESTIMATED_PLATFORM_LOSS, (

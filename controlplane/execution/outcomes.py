@@ -41,7 +41,7 @@ from controlplane.domain.outbox import Topic
 from controlplane.domain.polling import PollPhase, next_poll_delay
 from controlplane.domain.requeue import ExcludedCandidate, RequeueRequest
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
-from controlplane.execution.bounds import as_failed, platform_loss, requeue_refusal
+from controlplane.execution.bounds import as_failed, loss_after, platform_loss, requeue_refusal
 from controlplane.execution.breakers import OperationGate
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.leasing import LeaseKeeper
@@ -455,7 +455,8 @@ async def requeue(
     Past the task deadline, or when a new attempt could take the estimated platform loss past
     the limit, the task FAILS instead (FAIL_TASK). None: another writer moved the task first.
     """
-    refusal = await requeue_refusal(u, task, attempt, attempts, limits)
+    loss = await loss_after(u, attempt, attempts)
+    refusal = await requeue_refusal(u, task, attempt, attempts, limits, loss=loss)
     if refusal is not None:
         # As for decide's FAIL_TASK reasons: the failure keeps the attempt's class and code,
         # the message (and the transition) lead with why no new attempt was made.
@@ -476,6 +477,8 @@ async def requeue(
         excluded_candidates=excluded,
         same_model_only=same_model_only,
         required_model=attempt.provider_model if same_model_only else "",
+        platform_loss_micros=loss,
+        platform_loss_limit_micros=limits.max_estimated_platform_loss_micros,
     )
     current: TaskRecord | None = task
     if not TASK_MACHINE.can(task.state, TaskState.QUEUED):
@@ -488,12 +491,15 @@ async def requeue(
     await u.record_requeue(request)
     await u.enqueue(NewOutboxMessage(Topic.REQUEUE, str(task.id), request.wake_up()))
     log.info(
-        "task %s: failover after attempt %s (%s, %s); requeued excluding %d candidates",
+        "task %s: failover after attempt %s (%s, %s); requeued excluding %d candidates; "
+        "estimated platform loss %d of %d micros",
         task.id,
         attempt.id,
         reason,
         error_class,
         len(excluded),
+        loss,
+        limits.max_estimated_platform_loss_micros,
     )
     return FailoverAction.FAIL_OVER
 

@@ -52,6 +52,8 @@ class RequeueRow:
     required_model: str
     not_before: datetime | None
     created_at: datetime
+    platform_loss_micros: int = 0
+    platform_loss_limit_micros: int = 0
 
 
 def _requeue(m: RowMapping) -> RequeueRow:
@@ -64,6 +66,8 @@ def _requeue(m: RowMapping) -> RequeueRow:
         m["required_model"] or "",
         m["not_before"],
         m["created_at"],
+        m["estimated_platform_loss_micros"],
+        m["platform_loss_limit_micros"],
     )
 
 
@@ -97,6 +101,8 @@ async def record_requeue(conn: AsyncConnection, request: RequeueRequest, now: da
             error_class=request.error_class,
             required_model=request.required_model if request.same_model_only else None,
             not_before=request.not_before,
+            estimated_platform_loss_micros=request.platform_loss_micros,
+            platform_loss_limit_micros=request.platform_loss_limit_micros,
             created_at=now,
         )
     )

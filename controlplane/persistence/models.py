@@ -375,6 +375,11 @@ class TaskRequeue(Base):
     error_class: Mapped[str] = mapped_column(Text)
     required_model: Mapped[str | None] = mapped_column(Text)
     not_before: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    # Revision 0006: the estimated platform loss the new attempt was allowed at, and the limit.
+    estimated_platform_loss_micros: Mapped[int] = mapped_column(
+        BigInteger, server_default=text("0")
+    )
+    platform_loss_limit_micros: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
     created_at: Mapped[datetime] = _created()
 
 

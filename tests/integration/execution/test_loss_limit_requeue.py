@@ -63,6 +63,13 @@ async def test_within_the_limit_the_task_fails_over(lite: Harness) -> None:
     assert len(await lite.messages(Topic.REQUEUE)) == 1
 
 
+async def test_the_failover_records_its_loss_figure_and_limit(lite: Harness) -> None:
+    """The requeue row keeps the estimated loss it was allowed at and the limit in force."""
+    task_id = await run_accepted_then_failed(lite, max_loss=500_000)
+    [row] = await lite.requeues(task_id)
+    assert (row.platform_loss_micros, row.platform_loss_limit_micros) == (COST, 500_000)
+
+
 async def test_a_provider_reported_cost_replaces_the_estimate(lite: Harness) -> None:
     """A failed job the provider says cost 0 is no loss, so even a 400 000 limit fails over."""
     task_id = await run_accepted_then_failed(lite, max_loss=400_000, actual_cost_micros=0)

@@ -14,6 +14,8 @@ Design 9.23.1 / 9.23.2: two books, never mixed, both append-only and in integer 
 * ``provider_usage_ledger``: the platform's side, per attempt and provider job: EXPECTED when a
   provider accepts, ACTUAL when the job or the usage says so, PLATFORM_LOSS for provider cost
   the tenant is not charged (with the evidence). ``idempotency_key`` is UNIQUE.
+* ``task_requeues`` gains ``estimated_platform_loss_micros`` and ``platform_loss_limit_micros``:
+  the figure a failover after an accepted-then-failed job was allowed at (9.16.4).
 * ``provider_unit_rates``: provider-native units (Runway credits, GPU seconds) to micros as the
   integer fraction ``micros_per_unit / unit_divisor``, versioned (``rate_version``).
 
@@ -65,6 +67,12 @@ def _fk(column: str, target: str, table: str) -> sa.ForeignKeyConstraint:
 
 
 def upgrade() -> None:
+    # 9.16.4: a failover's figure, kept with the requeue that it allowed.
+    for name in ("estimated_platform_loss_micros", "platform_loss_limit_micros"):
+        op.add_column(
+            "task_requeues",
+            sa.Column(name, sa.BigInteger(), nullable=False, server_default=sa.text("0")),
+        )
     op.create_table(
         "credit_ledger",
         _pk(),
@@ -191,3 +199,6 @@ def downgrade() -> None:
     op.drop_index("ix_credit_ledger_task_id", table_name="credit_ledger")
     op.drop_index("ix_credit_ledger_tenant_id_id", table_name="credit_ledger")
     op.drop_table("credit_ledger")
+    with op.batch_alter_table("task_requeues") as batch:
+        batch.drop_column("platform_loss_limit_micros")
+        batch.drop_column("estimated_platform_loss_micros")
