@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
@@ -46,6 +47,7 @@ from tests.support.stack import free_port, spec_for
 from vidroute.scheduler.v1 import scheduler_service_pb2 as api
 from vidroute.scheduler.v1 import scheduler_service_pb2_grpc as api_grpc
 from vidroute_core import tracing
+from vidroute_core.wire import tracing as tracing_edge
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.postgres]
 
@@ -308,3 +310,33 @@ def test_otlp_export_reaches_the_configured_collector() -> None:
     [(resource, _)] = exported
     names = {a.key: a.value.string_value for a in resource.attributes}
     assert names["service.name"] == "vidroute-trace-test"
+
+
+async def test_a_traced_http_call_records_its_url_without_the_query(
+    spans: InMemorySpanExporter,
+) -> None:
+    """A signed URL's query (where its credentials live) never reaches a span attribute; the
+    traceparent header still goes out with the request."""
+    async with RunwayEmulator(RunwayConfig(api_key=KEY)) as emulator:
+        seen: list[str | None] = []
+        dispatch = emulator._dispatch
+
+        async def record(request: Request) -> Any:  # a spy on the server side only
+            seen.append(request.header("traceparent"))
+            return await dispatch(request)
+
+        emulator._dispatch = record  # type: ignore[method-assign]
+        client = httpx.AsyncClient(base_url=emulator.url)
+        tracing_edge.instrument_httpx(client)
+        try:
+            await client.get("/__emulator/jobs", params={"_jwt": "s3cr3t-signature", "x": "1"})
+        finally:
+            await client.aclose()
+    [span] = spans.get_finished_spans()
+    assert span.kind is SpanKind.CLIENT
+    urls = [str(v) for k, v in (span.attributes or {}).items() if k in ("http.url", "url.full")]
+    assert urls == [f"{emulator.url}/__emulator/jobs"]
+    assert "s3cr3t" not in repr(dict(span.attributes or {}))
+    [header] = seen
+    assert header is not None
+    assert header.startswith(f"00-{span.context.trace_id:032x}-{span.context.span_id:016x}-")
