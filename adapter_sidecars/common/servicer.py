@@ -58,7 +58,7 @@ from vidroute_core.adapter import (
 )
 from vidroute_core.errors import ErrorClass, make_error
 from vidroute_core.exceptions import InvalidSpec
-from vidroute_core.logs import bind_ids
+from vidroute_core.logs import add_ids, bind_ids
 from vidroute_core.wire import adapter as wire
 from vidroute_core.wire.spec import spec_from_proto
 
@@ -162,6 +162,11 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
         except asyncio.CancelledError:
             task.add_done_callback(lambda t: _log_orphan(t, submit))
             raise
+        if outcome.job is not None:  # the provider's ids, on this call's span and log lines
+            add_ids(
+                provider_job_id=outcome.job.provider_job_id or None,
+                provider_request_id=outcome.job.provider_request_id or None,
+            )
         return wire.submit_to_proto(outcome)
 
     async def _journaled(self, submit: SubmitInput) -> SubmitOutcome:

@@ -241,7 +241,7 @@ async def test_one_trace_runs_from_create_task_to_the_provider_request(
     for span, names in (
         (dispatch, ("task_id", "attempt_id", "client_request_key", "route_decision_id")),
         (submit, tuple(chain)),
-        (sidecar, ("client_request_key",)),
+        (sidecar, ("client_request_key", "provider_job_id")),
     ):
         attributes = dict(span.attributes or {})
         assert {n: attributes.get(n) for n in names} == {n: chain[n] for n in names}, span.name
