@@ -182,6 +182,40 @@ def decision_case(n: int, *, distinct: bool = False) -> Decide:
     return decide
 
 
+def before_case(n: int) -> Decide:
+    """The same decision through the pipeline as it was before the fast path (the oracle kept
+    in ``tests/unit/domain/routing_reference.py``: prefilter twice, route filtering again)."""
+    from tests.unit.domain import routing_reference as old
+
+    catalog = tuple(candidates(n))
+    cfg = RouterConfig(policy=example_policy("bench"), shadow_policy=example_policy("s"))
+    capacity = {c.id: CapacityView(3, 4) for c in catalog}
+    health = {c.id: HealthView(0.9, 100.0, 120.0) for c in catalog}
+    base = RoutingContext(now=NOW, circuit_open={catalog[-1].id: "OPEN since 09:58"})
+    full = dataclasses.replace(base, capacity=capacity, health=health)
+    compiled = {
+        c.id: CompileResult(
+            True,
+            (("prompt", TransformKind.EXACT, "p"), ("duration", TransformKind.EXACT, "8 s")),
+            c.price.estimate(SPEC),
+            "USD",
+            "sha256:x",
+        )
+        for c in old.prefilter(SPEC, catalog, full)
+    }
+
+    def decide(i: int) -> RouteDecisionSnapshot:
+        survivors = old.prefilter(SPEC, catalog, base)
+        old.prefilter(SPEC, survivors, full)
+        result: RouteDecisionSnapshot = old.route(
+            str(i), SPEC, catalog, compiled, cfg=cfg, ctx=full
+        )
+        return result
+
+    decide(0)
+    return decide
+
+
 def timed(decide: Decide, count: int, start: int = 0) -> list[int]:
     """Thread CPU nanoseconds of `count` decisions."""
     out = []
@@ -210,6 +244,7 @@ def hot_loop_calls(decide: Decide, decisions: int = 20) -> dict[str, float]:
         ("__init__.py", "dumps"): "json.dumps",
         (Path(filters.__file__).name, "_static_reject"): "static filters (per candidate)",
         (Path(filters.__file__).name, "_capability_reject"): "capability checks",
+        ("routing_reference.py", "hard_reject"): "hard_reject calls",
     }
     counts = dict.fromkeys(wanted.values(), 0.0)
     for (path, _line, name), row in stats.items():
@@ -267,8 +302,10 @@ def side_by_side(rounds: int, per_round: int, with_litellm: bool) -> dict[str, A
         "vidroute n=64": decision_case(64),
         "vidroute n=64 distinct capabilities": decision_case(64, distinct=True),
         "vidroute n=256": decision_case(256),
+        "before the fast path n=64": before_case(64),
     }
     calls = hot_loop_calls(ours["vidroute n=64"])
+    calls_before = hot_loop_calls(ours["before the fast path n=64"], decisions=5)
     lite = LiteLLMSide(64) if with_litellm else None
     samples: dict[str, list[int]] = {k: [] for k in ours}
     if lite is not None:
@@ -277,7 +314,9 @@ def side_by_side(rounds: int, per_round: int, with_litellm: bool) -> dict[str, A
     try:
         for r in range(rounds):
             for name, decide in ours.items():
-                count = per_round if "256" not in name else max(1, per_round // 4)
+                count = per_round
+                if "256" in name or "before" in name:
+                    count = max(1, per_round // (4 if "256" in name else 10))
                 samples[name] += timed(decide, count, start=r * per_round)
             if lite is not None:
                 for s in STRATEGIES:
@@ -295,6 +334,7 @@ def side_by_side(rounds: int, per_round: int, with_litellm: bool) -> dict[str, A
         "load_average": {"min": min(loads), "max": max(loads), "mean": statistics.fmean(loads)},
         "litellm": lite.version if lite is not None else None,
         "hot_loop_calls_per_decision_64": calls,
+        "hot_loop_calls_per_decision_64_before": calls_before,
     }
 
 
@@ -323,8 +363,21 @@ def report(result: dict[str, Any]) -> None:
         for s in STRATEGIES:
             row = table[f"litellm {s} (64 deployments)"]
             print(f"  LiteLLM {s} p50 / vidroute p50 at 64: {row['p50_ms'] / ours['p50_ms']:.1f}x")
+    before = table.get("before the fast path n=64")
+    if before is not None:
+        print(f"before / after at 64, p50: {before['p50_ms'] / ours['p50_ms']:.1f}x")
     calls = result["hot_loop_calls_per_decision_64"]
-    print("per decision at 64: " + ", ".join(f"{k} {v:g}" for k, v in calls.items()))
+    print(
+        "per decision at 64: "
+        + ", ".join(
+            f"{k} {v:g}" for k, v in calls.items() if "before" not in k and "hard_reject" not in k
+        )
+    )
+    before_calls = result["hot_loop_calls_per_decision_64_before"]
+    print(
+        "  before the fast path: "
+        + ", ".join(f"{k} {v:g}" for k, v in before_calls.items() if v or "dataclasses.fields" in k)
+    )
 
 
 class FixedPlanAdapter:

@@ -5,6 +5,11 @@ routing stable. It never decides *eligibility*: unsupported modes, disallowed re
 model pins, budgets, open breakers and policy mismatches are filtered before scoring (9.13.1),
 so no weight here can resurrect an excluded candidate.
 
+The routing hot loop (`routing.selection._score`) computes the same normalisers and weighted
+sum inline, with plain floats, for every eligible candidate of a decision; these dataclasses are
+the vocabulary of the explain view and the reference of that arithmetic
+(``tests/unit/domain/test_fast_routing.py`` holds the two equal).
+
 Pieces: normalisers to [0, 1] (9.13.2); a versioned ``RoutingPolicy`` holding weights per
 scenario; ``score`` producing a ``ScoreBreakdown`` fit for ``routing_decisions``; time-decayed
 EWMAs over four windows (9.13.3); hysteresis, dwell and stable bucketing against oscillation

@@ -106,7 +106,13 @@ def _compare(node: _Compare) -> Evaluator:
 
         def against_literal(env: Environment) -> Value:
             a = left(env)
-            kind_a = _kind(a)
+            # `_kind` inlined: this closure is most of a rule's evaluation.
+            if a is True or a is False:
+                kind_a = "bool"
+            elif isinstance(a, int | float):
+                kind_a = "number"
+            else:
+                kind_a = "string"
             if kind_a != kind_b:
                 raise ConstraintTypeError(f"cannot compare {a!r} {symbol} {b!r}")
             if ordering and kind_a == "bool":

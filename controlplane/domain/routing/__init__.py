@@ -15,7 +15,11 @@ lease pre-checks, compile plans, health windows) and the pipeline turns them int
   candidate): scoring, hysteresis/dwell, consistent-hash bucketing of near-ties, canary admission
   and the shadow policy; `route` runs steps 3-8;
 - `decision`: the record: each candidate's `Verdict`, the `Outcome` and the ranked fall-through
-  order, as stored in ``route_decisions.candidate_snapshot``.
+  order, as stored in ``route_decisions.candidate_snapshot``;
+- `plan`: the static half, once per catalog version: candidates sorted by id with their fields
+  read out, capabilities of equal content shared, constraint rules compiled
+  (`vidroute_core.capabilities.compiled`). The dispatcher runs `filters.screen` once per task
+  and hands it to `selection.route`, so no hard filter runs twice in a decision.
 
 Steps 9-12 (lease, Attempt + RouteDecision + outbox, submit) belong to the dispatcher, which
 calls `RouteDecisionSnapshot.after_leasing` to record which ranked candidates refused a lease.

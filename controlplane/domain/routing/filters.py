@@ -108,7 +108,7 @@ class _Task:
         "env",
         "has_last_frame",
         "height",
-        "mode",
+        "mode_value",
         "price_units",
         "references",
         "region",
@@ -126,7 +126,7 @@ class _Task:
 
     def __init__(self, spec: GenerationSpec) -> None:
         out, r = spec.output, spec.routing
-        self.mode = spec.mode
+        self.mode_value = spec.mode.value
         self.has_last_frame = spec.last_frame is not None
         self.references = len(spec.references)
         self.samples = max(1, out.sample_count)
@@ -149,7 +149,7 @@ class _Task:
         # Price.estimate: whole seconds (rounded up) x samples x the per-second price.
         self.price_units = -(-out.duration_ms // 1000) * self.samples
         self.env: dict[str, str | int | bool] = {
-            "mode": spec.mode.value,
+            "mode": self.mode_value,
             "aspect_ratio": self.aspect,
             "sample_count": self.samples,
             "has_last_frame": self.has_last_frame,
@@ -170,8 +170,8 @@ class _Task:
 
 
 def _capability_reject(t: _Task, cap: CapabilityPlan) -> Rejection | None:
-    if t.mode not in cap.modes:
-        return Reason.UNSUPPORTED_MODE, f"{t.mode.value} not in {cap.modes_text}"
+    if t.mode_value not in cap.modes:
+        return Reason.UNSUPPORTED_MODE, f"{t.mode_value} not in {cap.modes_text}"
     if t.has_last_frame and not cap.supports_last_frame:
         return Reason.UNSUPPORTED_INPUT, "model does not accept a last frame"
     if t.references > cap.max_reference_images:

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 from controlplane.domain.routing.candidates import Candidate
 from vidroute_core.capabilities.compiled import CompiledRules, compile_rules
-from vidroute_core.spec import Mode
 
 if TYPE_CHECKING:  # the loader pulls in YAML/JSON Schema; the domain only reads the fields
     from vidroute_core.capabilities.loader import Capability
@@ -46,7 +45,7 @@ PLAN_CACHE_SIZE = 8
 class CapabilityPlan:
     """What the hard filters test of one capability content, with the texts their details use."""
 
-    modes: frozenset[Mode]
+    modes: frozenset[str]  # Mode values: a str hashes in C, a Mode member in Python
     modes_text: str  # "['TEXT_TO_VIDEO', ...]", as the UNSUPPORTED_MODE detail shows it
     supports_last_frame: bool
     max_reference_images: int
@@ -121,7 +120,7 @@ def capability_plan(cap: Capability) -> CapabilityPlan:
     """The filter-relevant parts of `cap`, with its constraint rules compiled."""
     ranked = sorted(cap.resolutions, key=lambda r: RESOLUTION_PX.get(r, 0))
     return CapabilityPlan(
-        modes=frozenset(cap.modes),
+        modes=frozenset(m.value for m in cap.modes),
         modes_text=str([m.value for m in cap.modes]),
         supports_last_frame=cap.supports_last_frame,
         max_reference_images=cap.max_reference_images,

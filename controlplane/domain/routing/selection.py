@@ -290,7 +290,7 @@ def _rows(
                 Verdict(
                     e.candidate,
                     False,
-                    rejected[0].value,
+                    str(rejected[0]),  # the code as a plain str (StrEnum's __str__)
                     rejected[1],
                     None,
                     _NONE,
