@@ -14,7 +14,13 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from adapter_sidecars.common.jobs import map_state, parse_timestamp, progress_of, url_expiry
+from adapter_sidecars.common.jobs import (
+    map_state,
+    parse_timestamp,
+    progress_of,
+    scaled_int,
+    url_expiry,
+)
 from adapter_sidecars.common.transport import HttpReply, create_error_outcome, retry_after_ms
 from vidroute_core.adapter import JobOutput, JobSnapshot, JobState, SubmitOutcome
 from vidroute_core.capabilities.loader import Commercial
@@ -90,8 +96,9 @@ def with_cost(status: JobSnapshot, task: Mapping[str, Any], commercial: Commerci
         return status
     if isinstance(credits, bool) or not isinstance(credits, int | float):
         return status
+    # Exact decimal times the integer rate (fractional credits, e.g. 114.5): never a float.
     return replace(
-        status, actual_cost_micros=round(credits * per_credit), currency=commercial.currency
+        status, actual_cost_micros=scaled_int(credits, per_credit), currency=commercial.currency
     )
 
 

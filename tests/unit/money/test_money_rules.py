@@ -181,3 +181,19 @@ def test_actual_cost_reported_wins_and_veo_bills_per_delivered_second() -> None:
     ) == (3_200_000)
     assert actual_cost("google", reported_micros=None, succeeded=False, estimated_micros=9) == 0
     assert actual_cost("runway", reported_micros=None, succeeded=True, estimated_micros=9) is None
+
+
+def test_runway_terminal_credits_become_micros_exactly() -> None:
+    """Runway's terminal ``cost.credits`` (fractional ones too) times the integer rate, no float
+    product: 114.5 credits at 10,000 micros is 1,145,000 micros; 0.1 credit is 1,000."""
+    from adapter_sidecars.runway.mapping import with_cost
+    from vidroute_core.adapter import JobSnapshot, JobState
+    from vidroute_core.capabilities.loader import Commercial
+
+    commercial = Commercial("USD", "runway-2026-06", 120_000, micros_per_provider_unit=10_000)
+    done = JobSnapshot(JobState.SUCCEEDED, "SUCCEEDED")
+    for credits, micros in ((48, 480_000), (114.5, 1_145_000), (0.1, 1_000)):
+        got = with_cost(done, {"cost": {"credits": credits}}, commercial)
+        assert got.actual_cost_micros == micros
+    running = JobSnapshot(JobState.RUNNING, "RUNNING")
+    assert with_cost(running, {"cost": {"credits": 48}}, commercial).actual_cost_micros is None
