@@ -211,7 +211,7 @@ def add_commands(sub: Any, default_target: str) -> None:
         cmd = sub.add_parser(name, help=helps[name])
         cmd.add_argument("--target", default=default_target, help="control plane host:port")
         cmd.add_argument("--json", action="store_true", help="print JSON")
-        cmd.add_argument("--timeout", type=float, default=10.0, help=argparse.SUPPRESS)
+        cmd.add_argument("--timeout", type=float, default=10, help=argparse.SUPPRESS)  # seconds
     balance, ledger, credit, costs = (sub.choices[n] for n in COMMANDS)
     balance.add_argument("--tenant", default="", help="default: the caller's own tenant")
     balance.add_argument("--currency", default="", help="ISO 4217 code (default USD)")

@@ -28,6 +28,12 @@ MONEY_GLOBS = (
     "controlplane/execution/usage_entries.py",
     "controlplane/domain/reconciliation*.py",
     "controlplane/reconciliation/**/*.py",
+    # the billing API and unit costs (issue 11's RPCs, CLI and cost metrics)
+    "controlplane/domain/unit_cost.py",
+    "controlplane/persistence/cost_reads.py",
+    "controlplane/service/billing.py",
+    "controlplane/api/billing_servicer.py",
+    "clients/billing_cli.py",
 )
 FLOAT_TYPE_NAMES = frozenset({"Float", "REAL", "DOUBLE", "DOUBLE_PRECISION", "Double", "Numeric"})
 
