@@ -39,8 +39,9 @@ log = logging.getLogger(__name__)
 
 SCHEDULER_SERVICE = scheduler_service_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 BILLING_SERVICE = billing_service_pb2.DESCRIPTOR.services_by_name["BillingService"].full_name
-# Health service names: "" and SCHEDULER_SERVICE follow the database (readiness); "liveness"
-# only says the process serves, so a database outage never gets pods restarted in a loop.
+# Health service names: "", SCHEDULER_SERVICE and BILLING_SERVICE follow the database
+# (readiness); "liveness" only says the process serves, so a database outage never gets pods
+# restarted in a loop.
 LIVENESS_SERVICE = "liveness"
 
 
@@ -54,6 +55,8 @@ class ControlPlaneServer:
     probe: Callable[[], Awaitable[bool]]
     cleanup: Sequence[Callable[[], Awaitable[None]]] = ()
     probe_interval: float = 5.0
+    # Further API services whose health follows the same probe (BillingService).
+    services: Sequence[str] = ()
     _stopping: bool = field(default=False, init=False)
     _healthy: bool = field(default=False, init=False)
     _probe_task: asyncio.Task[None] | None = field(default=None, init=False)
@@ -72,8 +75,8 @@ class ControlPlaneServer:
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
         if not self._stopping:
-            await self.health.set(SCHEDULER_SERVICE, status)
-            await self.health.set("", status)
+            for name in (SCHEDULER_SERVICE, *self.services, ""):
+                await self.health.set(name, status)
         return healthy
 
     async def _probe_loop(self) -> None:
@@ -150,6 +153,7 @@ async def start_server(
         probe=probe,
         cleanup=cleanup,
         probe_interval=probe_interval,
+        services=tuple(served[1:]),
     )
     await health_servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     await running.refresh_health()

@@ -21,6 +21,7 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2, timestamp_pb2
 from google.rpc import error_details_pb2, status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from sqlalchemy import update
 
@@ -407,13 +408,17 @@ async def test_unit_cost_windows_out_of_range_are_invalid_argument(billing: Api)
 
 
 async def test_reflection_lists_the_billing_service(billing: Api) -> None:
-    """grpcurl's `list` (server reflection) names vidroute.scheduler.v1.BillingService."""
+    """grpcurl's `list` (server reflection) names vidroute.scheduler.v1.BillingService, and its
+    health follows the database like the scheduler's."""
     stub = reflection_pb2_grpc.ServerReflectionStub(billing.channel)
     replies = stub.ServerReflectionInfo(
         iter([reflection_pb2.ServerReflectionRequest(list_services="")])
     )
     names = [s.name async for r in replies for s in r.list_services_response.service]
     assert BILLING_SERVICE in names
+    health = health_pb2_grpc.HealthStub(billing.channel)
+    status = await health.Check(health_pb2.HealthCheckRequest(service=BILLING_SERVICE))
+    assert status.status == health_pb2.HealthCheckResponse.SERVING
 
 
 async def _cli(
@@ -553,3 +558,37 @@ def test_every_discrepancy_kind_has_a_wire_value() -> None:
     """The proto enum names every kind the matcher reports (a new kind fails here)."""
     wire = {n.removeprefix("DISCREPANCY_KIND_") for n in bpb.DiscrepancyKind.keys()}  # noqa: SIM118
     assert {k.value for k in DiscrepancyKind} <= wire
+
+
+async def test_a_database_away_is_unavailable_not_internal() -> None:
+    """With the database unreachable every money RPC is UNAVAILABLE (with a retry hint)."""
+    gone = Database.from_url("postgresql+asyncpg://postgres@127.0.0.1:9/nowhere")
+
+    async def probe() -> bool:
+        return False
+
+    running = await start_server(
+        SchedulerServicer(TaskService(gone)),
+        listen="127.0.0.1:0",
+        probe=probe,
+        cleanup=[gone.dispose],
+        billing=BillingServicer(BillingService(gone)),
+    )  # no tokens: the open mode, every caller an admin
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = billing_service_pb2_grpc.BillingServiceStub(channel)
+            for call in (
+                stub.GetBalance(api.GetBalanceRequest(tenant_id="alpha")),
+                stub.ListLedgerEntries(api.ListLedgerEntriesRequest(tenant_id="alpha")),
+                stub.CreditTenant(
+                    api.CreditTenantRequest(
+                        tenant_id="alpha", amount_micros=1, currency="USD", idempotency_key="k"
+                    )
+                ),
+                stub.GetUnitCosts(api.GetUnitCostsRequest()),
+                stub.GetReconciliationReport(api.GetReconciliationReportRequest()),
+            ):
+                exc = await _error(call)
+                assert exc.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        await running.stop(grace=1)
