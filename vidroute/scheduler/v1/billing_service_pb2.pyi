@@ -112,8 +112,9 @@ class ListLedgerEntriesResponse(_message.Message):
     ENTRIES_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
-    """Token of the next page; empty when this page reached the newest entry. Entries appended
-    later appear on a page fetched with the last token, none is skipped or repeated.
+    """Token of the next page; empty when this page reached the newest entry. A listing never
+    repeats an entry nor skips one committed before it began; an entry written while it runs
+    may show only in a fresh listing (ids are taken when a write starts, not when it commits).
     """
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[_billing_pb2.LedgerEntry]:
