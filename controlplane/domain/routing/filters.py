@@ -294,20 +294,25 @@ class Screen:
         soft: list[object] = []
         rest: list[Rejection | None] = []
         seen: dict[int, Rejection | None] = {}
-        excluded, soft_excluded = ctx.excluded, ctx.soft_excluded
-        for e in plan.entries:
+        lifted: list[int] = []
+        excluded, soft_excluded, now = ctx.excluded, ctx.soft_excluded, ctx.now
+        for i, e in enumerate(plan.entries):
             if e.exclusion_key in excluded:
                 head.append((Reason.EXCLUDED_BY_FAILOVER, "failed earlier for this task"))
                 soft.append(NOT_SOFT)
                 rest.append(None)
                 continue
             head.append(None)
-            soft.append(soft_excluded.get(e.exclusion_key, NOT_SOFT) if soft_excluded else NOT_SOFT)
-            rest.append(_static_reject(task, e, ctx, seen))
+            retry_at = soft_excluded.get(e.exclusion_key, NOT_SOFT) if soft_excluded else NOT_SOFT
+            soft.append(retry_at)
+            rejected = _static_reject(task, e, ctx, seen)
+            rest.append(rejected)
+            # `reject(i, lifted=True, no capacity)`, inlined: the survivors' list.
+            if rejected is None and not (isinstance(retry_at, datetime) and retry_at > now):
+                lifted.append(i)
         # Per entry: the hard exclusion, the soft one (retry_at or NOT_SOFT), the other filters;
         # and the entries that pass all but capacity with soft exclusions lifted.
-        self.head, self.soft, self.rest = head, soft, rest
-        self.lifted = [i for i in range(len(head)) if self.reject(i, True, {}) is None]
+        self.head, self.soft, self.rest, self.lifted = head, soft, rest, lifted
 
     def matches(
         self,
