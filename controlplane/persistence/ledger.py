@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, case, exists, func, select
+from sqlalchemy import and_, case, exists, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -47,6 +47,7 @@ from controlplane.domain.money import (
     settle,
 )
 from controlplane.domain.states import AttemptState, TaskState
+from controlplane.persistence.models import credit_balances as B
 from controlplane.persistence.models import credit_ledger as C
 from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.models import provider_accounts as PA
@@ -67,6 +68,7 @@ __all__ = [
     "append_credit",
     "balance",
     "check_and_lock",
+    "derived_balance",
     "list_entries",
     "lock_tenant",
     "put_unit_rate",
@@ -244,7 +246,37 @@ def _rate(m: RowMapping) -> UnitRate:
 
 
 async def balance(conn: AsyncConnection, tenant_id: str, currency: str) -> Balance:
-    """The tenant's derived balance in `currency` (see the module docstring)."""
+    """The tenant's balance in `currency` (see the module docstring).
+
+    Read from ``credit_balances`` while its `last_entry_id` is the newest entry's (two index
+    lookups, whatever the ledger's length); derived from the entries otherwise."""
+    cached = (
+        (await conn.execute(select(B).where(B.c.tenant_id == tenant_id, B.c.currency == currency)))
+        .mappings()
+        .first()
+    )
+    if cached is not None and cached["last_entry_id"] == await _newest_id(
+        conn, tenant_id, currency
+    ):
+        held = int(cached["reserved_micros"])
+        total = int(cached["balance_micros"])
+        return Balance(tenant_id, currency, total, held, total - held, cached["last_entry_id"])
+    return await derived_balance(conn, tenant_id, currency)
+
+
+async def _newest_id(
+    conn: AsyncConnection, tenant_id: str, currency: str, *, besides: int | None = None
+) -> int:
+    query = select(func.coalesce(func.max(C.c.id), 0)).where(
+        C.c.tenant_id == tenant_id, C.c.currency == currency
+    )
+    if besides is not None:
+        query = query.where(C.c.id != besides)
+    return int(await conn.scalar(query) or 0)
+
+
+async def derived_balance(conn: AsyncConnection, tenant_id: str, currency: str) -> Balance:
+    """The balance summed from the entries themselves: the truth the cache must equal."""
     effect = case(
         (C.c.kind.in_([CreditKind.CREDIT.value, CreditKind.REFUND.value]), C.c.amount_micros),
         (C.c.kind == CreditKind.CHARGE.value, -C.c.amount_micros),
@@ -358,6 +390,54 @@ async def rate_version(conn: AsyncConnection, provider: str, version: str) -> Un
     return None if found is None else _rate(found)
 
 
+async def _account_for(
+    conn: AsyncConnection,
+    entry_id: int,
+    tenant_id: str,
+    currency: str,
+    *,
+    d_balance: int,
+    d_reserved: int,
+    now: datetime,
+) -> None:
+    """Fold the entry just written (`entry_id`) into the tenant's cached balance, in its
+    transaction. The row is locked (PostgreSQL), so concurrent writers apply one at a time; a
+    cache that misses an entry (none yet, or a writer that bypassed this module) is rebuilt
+    from the entries instead of being moved by the delta."""
+    mine = and_(B.c.tenant_id == tenant_id, B.c.currency == currency)
+    row = (await conn.execute(select(B).where(mine).with_for_update())).mappings().first()
+    if row is not None and row["last_entry_id"] == await _newest_id(
+        conn, tenant_id, currency, besides=entry_id
+    ):
+        newest = row["last_entry_id"] if row["last_entry_id"] > entry_id else entry_id
+        await conn.execute(
+            update(B)
+            .where(mine)
+            .values(
+                balance_micros=B.c.balance_micros + d_balance,
+                reserved_micros=B.c.reserved_micros + d_reserved,
+                last_entry_id=newest,
+                updated_at=now,
+            )
+        )
+        return
+    truth = await derived_balance(conn, tenant_id, currency)
+    values = {
+        "balance_micros": truth.balance_micros,
+        "reserved_micros": truth.reserved_micros,
+        "last_entry_id": truth.as_of_entry_id,
+        "updated_at": now,
+    }
+    if row is None:
+        await conn.execute(
+            _insert_once(conn, B, ["tenant_id", "currency"]).values(
+                tenant_id=tenant_id, currency=currency, **values
+            )
+        )
+    else:
+        await conn.execute(update(B).where(mine).values(**values))
+
+
 # ---- writes --------------------------------------------------------------------------------
 
 
@@ -406,8 +486,9 @@ async def reserve(
     reason: str = "",
 ) -> CreditEntry:
     """The task's one RESERVE entry (call `check_and_lock` first, in the same transaction)."""
-    await conn.execute(
-        _insert_once(conn, C, ["tenant_id", "idempotency_key"]).values(
+    entry_id = await conn.scalar(
+        _insert_once(conn, C, ["tenant_id", "idempotency_key"])
+        .values(
             tenant_id=tenant_id,
             kind=CreditKind.RESERVE.value,
             amount_micros=reservation.amount_micros,
@@ -418,7 +499,18 @@ async def reserve(
             reason=reason or f"estimate ({reservation.policy.describe()})",
             created_at=now,
         )
+        .returning(C.c.id)
     )
+    if entry_id is not None:
+        await _account_for(
+            conn,
+            entry_id,
+            tenant_id,
+            reservation.currency,
+            d_balance=0,
+            d_reserved=reservation.amount_micros,
+            now=now,
+        )
     stored = await reservation_of(conn, task_id)
     assert stored is not None
     return stored
@@ -458,7 +550,11 @@ async def append_credit(  # noqa: PLR0917 (the positional signature of the money
         .first()
     )
     if inserted is not None:
-        return _credit(inserted), True
+        entry = _credit(inserted)
+        await _account_for(
+            conn, entry.id, tenant_id, currency, d_balance=amount_micros, d_reserved=0, now=now
+        )
+        return entry, True
     stored = await _one_entry(
         conn, C.c.tenant_id == tenant_id, C.c.idempotency_key == idempotency_key
     )
@@ -564,8 +660,9 @@ async def settle_task(
         delivered_attempt_id=delivered["id"] if delivered is not None else None,
         delivered_cost_micros=cost,
     )
-    await conn.execute(
-        _insert_once(conn, C, ["tenant_id", "idempotency_key"]).values(
+    entry_id = await conn.scalar(
+        _insert_once(conn, C, ["tenant_id", "idempotency_key"])
+        .values(
             tenant_id=held.tenant_id,
             kind=outcome.kind.value,
             amount_micros=outcome.amount_micros,
@@ -577,6 +674,19 @@ async def settle_task(
             reason=f"task {target.value}: {outcome.reason}",
             created_at=now,
         )
+        .returning(C.c.id)
+    )
+    if entry_id is None:
+        return await settlement_of(conn, task_id)  # settled already (a racing writer)
+    charged = outcome.amount_micros if outcome.kind is CreditKind.CHARGE else 0
+    await _account_for(
+        conn,
+        entry_id,
+        held.tenant_id,
+        held.currency,
+        d_balance=-charged,
+        d_reserved=-held.amount_micros,
+        now=now,
     )
     bills = [
         AttemptBill(

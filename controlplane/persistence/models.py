@@ -477,6 +477,22 @@ class CreditEntryRow(Base):
     created_at: Mapped[datetime] = _created()
 
 
+class CreditBalance(Base):
+    """The derived balance cached per (tenant, currency), as of `last_entry_id` (revision 0006).
+
+    A cache, never the truth: `persistence.ledger.balance` uses it only while `last_entry_id`
+    is the newest entry's id, and derives the balance from `credit_ledger` otherwise."""
+
+    __tablename__ = "credit_balances"
+
+    tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    currency: Mapped[str] = mapped_column(CHAR(3), primary_key=True)
+    balance_micros: Mapped[int] = mapped_column(BigInteger)
+    reserved_micros: Mapped[int] = mapped_column(BigInteger)
+    last_entry_id: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
 class ProviderUsageEntryRow(Base):
     """One append-only provider cost entry of an attempt (9.23.1, 9.23.2; revision 0006)."""
 
@@ -568,6 +584,7 @@ fair_queue_state = Table(
     Column("updated_at", UtcDateTime, nullable=False),
 )
 credit_ledger = _table(CreditEntryRow)
+credit_balances = _table(CreditBalance)
 provider_usage_ledger = _table(ProviderUsageEntryRow)
 provider_unit_rates = _table(ProviderUnitRate)
 

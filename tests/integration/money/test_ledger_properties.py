@@ -5,7 +5,7 @@ unknown submit, duplicated; the task SUCCEEDED through one of them, FAILED or CA
 concurrent reserve and settle calls (``asyncio.gather`` over separate pooled connections):
 
 * every tenant is charged at most once per task (and reserved at most once);
-* the sum of the entries equals the derived balance;
+* the sum of the entries equals the derived balance, and the cached balance equals both;
 * no prepaid tenant's available balance goes below zero; a postpaid one stays above its overdraft;
 * platform loss equals the cost of the platform-caused duplicates and unknown submits the model
   predicts, attempt by attempt.
@@ -302,7 +302,10 @@ async def _check_balance(
 ) -> None:
     async with db.reading() as conn:
         got = await ledger.balance(conn, tenant, "USD")
+        truth = await ledger.derived_balance(conn, tenant, "USD")
         entries = await ledger.list_entries(conn, tenant, 0, 10_000)
+    assert got == truth  # the cached balance is the derived one, as of the newest entry
+    assert got.as_of_entry_id == max(e.id for e in entries)
     assert got.balance_micros == sum(e.balance_effect_micros for e in entries)
     reserves = {e.task_id: e.amount_micros for e in entries if e.kind is CreditKind.RESERVE}
     settled_ids = {e.task_id for e in entries if e.kind in (CreditKind.CHARGE, CreditKind.RELEASE)}

@@ -96,8 +96,15 @@ async def test_database_refuses_second_reserve_and_second_settlement(db: Databas
         }
 
     async with db.unit(NOW) as u:
+        await ledger.append_credit(u.conn, "acme", 10, "USD", "c", "test", "", NOW)
         await u.conn.execute(insert(credit_ledger).values(row("RESERVE", "a")))
         await u.conn.execute(insert(credit_ledger).values(row("CHARGE", "b")))
+    async with db.reading() as conn:
+        # The raw rows bypassed the cached balance: the read derives it from the entries.
+        assert await ledger.balance(conn, "acme", "USD") == await ledger.derived_balance(
+            conn, "acme", "USD"
+        )
+        assert (await ledger.balance(conn, "acme", "USD")).balance_micros == 9
     for kind in ("RESERVE", "CHARGE", "RELEASE"):
         with pytest.raises(IntegrityError):
             async with db.unit(NOW) as u:

@@ -11,6 +11,9 @@ Design 9.23.1 / 9.23.2: two books, never mixed, both append-only and in integer 
   the task's one settlement (CHARGE or RELEASE) ends the hold. Every row has its own
   idempotency key, UNIQUE per tenant; partial UNIQUE indexes make a second RESERVE of a task
   and a second settlement (CHARGE or RELEASE) of a task impossible in the database itself.
+* ``credit_balances``: the derived balance cached per (tenant, currency) with the id of the
+  newest entry it includes, updated by every ledger write in its transaction; a reader uses it
+  only while that id is the newest entry's, else it derives the balance from the entries.
 * ``provider_usage_ledger``: the platform's side, per attempt and provider job: EXPECTED when a
   provider accepts, ACTUAL when the job or the usage says so, PLATFORM_LOSS for provider cost
   the tenant is not charged (with the evidence). ``idempotency_key`` is UNIQUE.
@@ -121,6 +124,16 @@ def upgrade() -> None:
         sqlite_where=where_settle,
     )
     op.create_table(
+        "credit_balances",
+        sa.Column("tenant_id", sa.Text(), nullable=False),
+        sa.Column("currency", sa.CHAR(3), nullable=False),
+        sa.Column("balance_micros", sa.BigInteger(), nullable=False),
+        sa.Column("reserved_micros", sa.BigInteger(), nullable=False),
+        sa.Column("last_entry_id", sa.BigInteger(), nullable=False),
+        _ts("updated_at"),
+        sa.PrimaryKeyConstraint("tenant_id", "currency", name="pk_credit_balances"),
+    )
+    op.create_table(
         "provider_usage_ledger",
         _pk(),
         sa.Column("attempt_id", sa.BigInteger(), nullable=False),
@@ -194,6 +207,7 @@ def downgrade() -> None:
     op.drop_index("ix_provider_usage_ledger_attempt_id", table_name="provider_usage_ledger")
     op.drop_index("ix_provider_usage_ledger_created_at", table_name="provider_usage_ledger")
     op.drop_table("provider_usage_ledger")
+    op.drop_table("credit_balances")
     op.drop_index("uq_credit_ledger_one_settlement", table_name="credit_ledger")
     op.drop_index("uq_credit_ledger_one_reserve", table_name="credit_ledger")
     op.drop_index("ix_credit_ledger_task_id", table_name="credit_ledger")
