@@ -42,8 +42,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 __all__ = [
+    "BILLABLE_STATES",
     "SUBMISSION_WINDOW",
     "UNIT_CLASSES",
+    "UNKNOWN_STATES",
     "Billed",
     "Discrepancy",
     "DiscrepancyKind",

@@ -4,8 +4,9 @@ the local facts the matcher needs, runs and their discrepancy rows.
 * `store_import` writes a ListUsage answer raw (canonical JSON + sha256) with its normalized
   records, once: the same payload for the same account and window returns the stored import.
 * `expectations` reads the account's attempts around a day (task_attempts, provider_jobs,
-  attempt_runtime's late-found job id, and provider_usage_ledger's EXPECTED / ACTUAL rows,
-  ACTUAL winning) as `controlplane.domain.reconciliation.Expectation`.
+  attempt_runtime's late-found job id, and provider_usage_ledger's EXPECTED / ACTUAL rows:
+  a succeeded attempt's ACTUAL wins, any other's estimate is its would-be cost; the ledger's
+  whole units become thousandths) as `controlplane.domain.reconciliation.Expectation`.
 * `settlements` reads the credit ledger's settlement entries of the tasks settled in a window.
 * `save_run` stores a run's result unless the current run of (day, provider, account) has the
   same result digest; a different result supersedes it (``superseded_by``), in one transaction.
@@ -26,6 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.reconciliation import (
+    BILLABLE_STATES,
     UNKNOWN_STATES,
     Billed,
     Discrepancy,
@@ -247,14 +249,22 @@ async def expectations(
     out = []
     for r in rows:
         state = str(r["status"])
-        entry = ledger.get(r["id"], {})
+        entries = ledger.get(r["id"], {})
+        # What the provider should bill: a succeeded attempt's ACTUAL cost (else EXPECTED, else
+        # the estimate); any other attempt's would-be cost is its estimate (what a wrongful
+        # charge would amount to), never its ACTUAL 0.
+        kinds = ("ACTUAL", "EXPECTED") if state in BILLABLE_STATES else ("EXPECTED",)
+        entry = next((entries[k] for k in kinds if k in entries), {})
         amount = entry.get("amount_micros")
         if amount is None:
             amount = (
                 r["actual_cost_micros"]
-                if r["actual_cost_micros"] is not None
+                if r["actual_cost_micros"] is not None and state in BILLABLE_STATES
                 else r["estimated_cost_micros"]
             )
+        # The ledger counts whole units of its rate's unit (`money.units_for`); records count
+        # thousandths.
+        units = entry.get("provider_units")
         submitted = r["submitted_at"] or r["request_started_at"] or r["created_at"]
         ended = r["completed_at"] or r["updated_at"]
         moment = submitted if state in UNKNOWN_STATES else ended
@@ -273,7 +283,7 @@ async def expectations(
                 provider_job_id=r["provider_job_id"] or r["late_found_job_id"] or "",
                 provider_request_id=r["provider_request_id"] or "",
                 client_request_key=r["client_request_key"] or "",
-                expected_milliunits=int(entry.get("provider_units") or 0),
+                expected_milliunits=int(units) * 1000 if units else 0,
                 unit=str(entry.get("provider_unit_name") or ""),
                 price_version=str(entry.get("price_version") or r["price_version"] or ""),
                 conversion_rate_version=str(entry.get("conversion_rate_version") or ""),
@@ -282,8 +292,10 @@ async def expectations(
     return out
 
 
-async def _ledger_of(conn: AsyncConnection, attempt_ids: list[int]) -> dict[int, dict[str, Any]]:
-    """Per attempt, its ACTUAL provider usage entry, else its EXPECTED one."""
+async def _ledger_of(
+    conn: AsyncConnection, attempt_ids: list[int]
+) -> dict[int, dict[str, dict[str, Any]]]:
+    """Per attempt, its EXPECTED and ACTUAL provider usage entries by kind (the first of each)."""
     if not attempt_ids:
         return {}
     rows = await conn.execute(
@@ -291,11 +303,9 @@ async def _ledger_of(conn: AsyncConnection, attempt_ids: list[int]) -> dict[int,
         .where(U.c.attempt_id.in_(attempt_ids), U.c.kind.in_(("EXPECTED", "ACTUAL")))
         .order_by(U.c.id)
     )
-    out: dict[int, dict[str, Any]] = {}
+    out: dict[int, dict[str, dict[str, Any]]] = {}
     for m in rows.mappings():
-        known = out.get(m["attempt_id"])
-        if known is None or m["kind"] == "ACTUAL":
-            out[m["attempt_id"]] = dict(m)
+        out.setdefault(m["attempt_id"], {}).setdefault(m["kind"], dict(m))
     return out
 
 

@@ -52,6 +52,8 @@ VEO_MICROS = 400_000 * DURATION_S
 VEO_WRONG_PRICE_USD_PER_S = "0.30"
 GPU_SECONDS = 42
 GPU_RATE, GPU_WRONG_RATE = 350, 500
+RUNWAY_CREDITS_PER_S, RUNWAY_MICROS_PER_CREDIT = 12, 10_000  # gen4.5; 1 credit = USD 0.01
+RUNWAY_UNKNOWN_S, RUNWAY_FAILED_S = 3, 5
 ORPHAN = {"model": "veo-3.1-generate-preview", "seconds": 6, "usd": 2.4, "ref": "ghost-operation"}
 LATE_ORPHAN = {"model": "veo-3.1-generate-preview", "seconds": 2, "usd": 0.8, "ref": "late-op"}
 
@@ -155,22 +157,30 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Scenario:
     prompts: dict[str, str] = {}
     created: dict[str, str] = {}
 
-    def create(name: str, provider: str) -> str:
+    def create(name: str, provider: str, duration_s: int = DURATION_S) -> str:
         prompts[name] = f"reconcile {name} {tag} a red kite over a green hill"
-        created[name] = cp.create_task(provider, prompt=prompts[name], duration_s=DURATION_S)
+        created[name] = cp.create_task(provider, prompt=prompts[name], duration_s=duration_s)
         return created[name]
 
-    # The unknown submit first: its 1800 s (36 s here) recovery window runs while the rest do.
-    index = _arm(farm, "google", {"action": "corrupt_json"})
-    create("veo_unknown", "google")
-    wait_for(lambda: _fired(farm, "google", index), timeout_s=60, what="corrupt create")
-    # Failures, one at a time so a retry's create never meets the next armed fault.
-    for name, provider, code in (
-        ("runway_failed", "runway", "INTERNAL.BAD_OUTPUT"),
-        ("veo_failed", "google", "INTERNAL"),
+    # The unknown submits first: their 1800 s (36 s here) recovery windows run while the rest
+    # do. Veo bills the lost operation on its own line; Runway only in the model's daily total,
+    # so its clip is 3 s (36 credits): no other Runway attempt of the day costs that much, and
+    # the aggregate's difference can be pinned on it alone.
+    for name, provider, fault, seconds in (
+        ("veo_unknown", "google", "corrupt_json", DURATION_S),
+        ("runway_unknown", "runway", "drop_after_body", RUNWAY_UNKNOWN_S),
+    ):
+        index = _arm(farm, provider, {"action": fault})
+        create(name, provider, seconds)
+        wait_for(lambda: _fired(farm, provider, index), timeout_s=60, what=f"{fault} create")  # noqa: B023
+    # Failures, one at a time so a retry's create never meets the next armed fault. Runway's
+    # failed clip is 5 s (60 credits), so its cost is unlike every other Runway attempt's.
+    for name, provider, code, seconds in (
+        ("runway_failed", "runway", "INTERNAL.BAD_OUTPUT", RUNWAY_FAILED_S),
+        ("veo_failed", "google", "INTERNAL", DURATION_S),
     ):
         index = _arm(farm, provider, {"action": "fail_job", "code": code})
-        cp.wait_terminal(create(name, provider), timeout_s=90)
+        cp.wait_terminal(create(name, provider, seconds), timeout_s=90)
         assert _fired(farm, provider, index), name
     plain = {
         "runway_ok_1": "runway",
@@ -186,8 +196,11 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Scenario:
     tasks = {name: cp.wait_terminal(task_id, timeout_s=120) for name, task_id in created.items()}
     for name in plain:
         assert tasks[name].state == sp.TASK_STATE_SUCCEEDED, describe(tasks[name])
-    unknown = tasks["veo_unknown"]
-    assert [a.state for a in unknown.attempts] == [sp.ATTEMPT_STATE_ABANDONED], describe(unknown)
+    for name in ("veo_unknown", "runway_unknown"):
+        unknown = tasks[name]
+        assert [a.state for a in unknown.attempts] == [sp.ATTEMPT_STATE_ABANDONED], describe(
+            unknown
+        )
     failed_attempt = tasks["veo_failed"].attempts[0]
     assert failed_attempt.state == sp.ATTEMPT_STATE_FAILED, describe(tasks["veo_failed"])
 
@@ -213,6 +226,13 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Scenario:
 
     truth_rows = [
         ("google", "COST_AFTER_UNKNOWN", attempt("veo_unknown"), VEO_MICROS, 0),
+        (
+            "runway",
+            "COST_AFTER_UNKNOWN",
+            attempt("runway_unknown"),
+            RUNWAY_MICROS_PER_CREDIT * RUNWAY_CREDITS_PER_S * RUNWAY_UNKNOWN_S,
+            0,
+        ),
         ("google", "DUPLICATE_CHARGE", attempt("veo_twice"), VEO_MICROS, 0),
         ("google", "FAILED_TASK_CHARGED", attempt("veo_failed"), VEO_MICROS, 0),
         ("google", "WRONG_PRICE_VERSION", attempt("veo_price"), 300_000 * DURATION_S, VEO_MICROS),
@@ -305,7 +325,7 @@ def test_report_rows_are_exactly_the_injected_truth(scenario: Scenario) -> None:
 
 def test_every_account_is_reconciled_and_deltas_add_up(scenario: Scenario) -> None:
     """Each provider has a run; its billed-minus-expected equals the sum of its rows' deltas
-    (every cent of difference is a row), and Runway's clean daily total has no row at all."""
+    (every cent of difference is a row)."""
     runs = {r["provider"]: r for r in scenario.first["runs"]}
     assert set(runs) >= {"runway", "google", "self_hosted", "credit_ledger"}, sorted(runs)
     for provider in ("runway", "google", "self_hosted"):
@@ -313,22 +333,30 @@ def test_every_account_is_reconciled_and_deltas_add_up(scenario: Scenario) -> No
         rows = run["discrepancies"]
         assert run["delta_micros"] == sum(d["delta_micros"] for d in rows), run
         assert run["record_count"] > 0, run
-    assert runs["runway"]["discrepancies"] == []
-    assert runs["runway"]["status_counts"] == {"matched": runs["runway"]["record_count"]}
+    # Runway's one aggregate line (gen4.5, the day) is disputed: the lost submit's credits.
+    assert runs["runway"]["status_counts"] == {"disputed": 1}, runs["runway"]
+    [aggregate] = runs["runway"]["discrepancies"]
+    assert aggregate["evidence"]["matched_by"] == "aggregate"
+    assert aggregate["evidence"]["attributed"]["state"] == "ABANDONED"
     google = runs["google"]["status_counts"]
     assert google.get("duplicate") == 1, google
     assert google.get("unmatched") == 1, google
 
 
-def test_unknown_submit_cost_links_back_to_the_abandoned_attempt(scenario: Scenario) -> None:
-    """The ABANDONED attempt's job, billed under an id the platform never learned, is tied to
-    that attempt (9.17.5) with the evidence of how, and is never adopted as its job."""
+def _unknown_row(scenario: Scenario, provider: str) -> dict[str, Any]:
     [row] = [
         d
         for run in scenario.first["runs"]
         for d in run["discrepancies"]
-        if d["kind"] == "COST_AFTER_UNKNOWN"
+        if d["kind"] == "COST_AFTER_UNKNOWN" and d["provider"] == provider
     ]
+    return row
+
+
+def test_unknown_submit_cost_links_back_to_the_abandoned_attempt(scenario: Scenario) -> None:
+    """The ABANDONED attempt's job, billed under an id the platform never learned, is tied to
+    that attempt (9.17.5) with the evidence of how, and is never adopted as its job."""
+    row = _unknown_row(scenario, "google")
     task = scenario.tasks["veo_unknown"]
     assert row["attempt_id"] == int(task.attempts[0].attempt_id)
     assert row["task_id"] == int(task.task_id)
@@ -337,6 +365,24 @@ def test_unknown_submit_cost_links_back_to_the_abandoned_attempt(scenario: Scena
     assert "platform loss" in row["suggested_action"]
     job = _job_of(scenario.farm, "google", "veo_unknown")
     assert row["provider_job_id"] == job["id"]
+    assert not scenario.cp.get_task(task.task_id).attempts[0].provider_job.provider_job_id
+
+
+def test_runway_daily_total_pins_the_lost_submit_only_by_its_unique_cost(
+    scenario: Scenario,
+) -> None:
+    """Runway's total names no job: the gen4.5 day is billed 36 credits more than the local
+    successes, exactly the ABANDONED 3 s attempt's estimate and no other attempt's, so the row
+    names that attempt, records no job id, and says it was attributed from the aggregate."""
+    row = _unknown_row(scenario, "runway")
+    task = scenario.tasks["runway_unknown"]
+    assert row["attempt_id"] == int(task.attempts[0].attempt_id)
+    assert row["provider_job_id"] == ""
+    evidence = row["evidence"]
+    assert evidence["matched_by"] == "aggregate"
+    assert evidence["attributed"]["attempt_id"] == row["attempt_id"]
+    credits = RUNWAY_CREDITS_PER_S * RUNWAY_UNKNOWN_S
+    assert evidence["billed_milliunits"] - evidence["expected_milliunits"] == credits * 1000
     assert not scenario.cp.get_task(task.task_id).attempts[0].provider_job.provider_job_id
 
 
@@ -369,7 +415,7 @@ def test_a_changed_import_supersedes_the_run_visibly(scenario: Scenario) -> None
     assert superseded[first["google"]["run_id"]] == third["google"]["run_id"]
     assert superseded[third["google"]["run_id"]] is None
     assert scenario.delta["google"] == third["google"]["delta_micros"]
-    assert scenario.delta["runway"] == 0
+    assert scenario.delta["runway"] == third["runway"]["delta_micros"] == 360_000
 
 
 def test_a_sidecar_away_is_reported_not_taken_for_an_empty_bill(scenario: Scenario) -> None:
