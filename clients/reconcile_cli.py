@@ -156,5 +156,13 @@ async def _reconcile(day: date, as_json: bool) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    day = args.day or (datetime.now(UTC).date() - timedelta(days=1))
+    today = datetime.now(UTC).date()
+    day = args.day or (today - timedelta(days=1))
+    if day > today:
+        # Nothing can have been billed yet; a run would only store empty imports.
+        print(
+            f"error: --date {day.isoformat()} is after today ({today.isoformat()}, UTC)",
+            file=sys.stderr,
+        )
+        return 2
     return asyncio.run(_reconcile(day, args.json))

@@ -79,3 +79,8 @@ def test_json_has_every_row_field() -> None:
     assert row["suggested_action"]
     assert data["errors"][0]["error_class"] == "UNAVAILABLE"
     assert data["written_runs"] == [1]
+
+
+def test_a_future_day_is_refused_before_anything_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["reconcile", "--date", "2999-01-01"]) == 2
+    assert "after today" in capsys.readouterr().err
