@@ -27,7 +27,8 @@ The dispatcher does not hand this queue the whole backlog (9.12.4): each round i
 heads of every (class, tenant, user, priority) group, read from PostgreSQL, with the tenants'
 in-flight counts as numbers (``rebuild(in_flight_counts=...)``). A group whose rows were cut
 short is *partial*: when a pop drains one, the queue would take it for empty and hand its share
-to others, so ``pop_next`` stops the round there (``drained``) and the next round reads again.
+to others, so ``pop_next`` pauses there (``drained`` names the group, and its tenant keeps its
+place and deficit) until the caller ``refill``s it with the group's next rows, or ends the round.
 """
 
 from __future__ import annotations
@@ -287,13 +288,13 @@ class _TenantQueue:
 
     def best(self, eligible: Eligible, now: float, config: FairQueueConfig) -> QueuedTask | None:
         for buckets in self.users.values():
-            best: tuple[float, float, str] | None = None
+            best: tuple[float, float, int, str] | None = None
             chosen: QueuedTask | None = None
             for bucket in buckets.values():
                 task = next((t for t in bucket if eligible(t)), None)
                 if task is None:
                     continue
-                rank = (-effective_priority(task, now, config), task.enqueued_at, task.task_id)
+                rank = (-effective_priority(task, now, config), *_fifo(task))
                 if best is None or rank < best:
                     best, chosen = rank, task
             if chosen is not None:
@@ -303,6 +304,11 @@ class _TenantQueue:
 
 def _always(_: QueuedTask) -> bool:
     return True
+
+
+def _fifo(task: QueuedTask) -> tuple[float, int, str]:
+    """Arrival order; ties (one bulk insert) by id, numerically for decimal ids ("9" < "10")."""
+    return task.enqueued_at, len(task.task_id), task.task_id
 
 
 def _group(task: QueuedTask) -> GroupKey:
@@ -350,7 +356,7 @@ class FairQueue:
         self._in_flight_base: dict[str, int] = {}  # counted by the database, ids unknown
         self._partial: frozenset[GroupKey] = frozenset()
         self._group_sizes: dict[GroupKey, int] = {}
-        self.drained = False
+        self.drained: GroupKey | None = None
 
     @classmethod
     def rebuild(
@@ -369,7 +375,7 @@ class FairQueue:
         `queued` may be only the heads of each group; `partial` names the groups that hold more
         rows than were passed. `in_flight_counts` gives running tasks per tenant as numbers."""
         queue = cls(config, clock)
-        for task in sorted(queued, key=lambda t: (t.enqueued_at, t.task_id)):
+        for task in sorted(queued, key=_fifo):
             queue.push(task)
         for task in in_flight:
             queue._in_flight.setdefault(task.tenant_id, set()).add(task.task_id)
@@ -409,8 +415,8 @@ class FairQueue:
     def pop_next(self, eligible: Eligible | None = None) -> QueuedTask | None:
         """The next task to dispatch, marked in flight; ``None`` if nothing eligible can go.
 
-        Also ``None`` once a pop has drained a partial group (``drained``): what the queue holds
-        no longer shows every group's next task."""
+        Also ``None`` while a pop has drained a partial group (``drained``, until `refill`):
+        what the queue holds no longer shows every group's next task."""
         if self.drained:
             return None
         check = eligible or _always
@@ -440,8 +446,22 @@ class FairQueue:
         self._in_flight.setdefault(task.tenant_id, set()).add(task.task_id)
         group = _group(task)
         if group in self._partial and group not in self._group_sizes:
-            self.drained = True
+            self.drained = group
         return task
+
+    def refill(self, group: GroupKey, tasks: Iterable[QueuedTask], *, partial: bool) -> None:
+        """The drained `group`'s next rows (`partial`: it may hold still more); pops resume.
+
+        The tenant kept its place in the ring while drained, so a refill changes no order."""
+        for task in tasks:
+            self.push(task)
+        if not partial:
+            self._partial = self._partial - {group}
+        service_class, tenant = ServiceClass(group[0]), group[1]
+        queue = self._queues.get((service_class, tenant))
+        if queue is not None and queue.size == 0:  # nothing more after all: leave as _take would
+            self._leave(service_class, tenant)
+        self.drained = None
 
     def pop_batch(self, limit: int, eligible: Eligible | None = None) -> list[QueuedTask]:
         """Up to `limit` pops in order (one round's take)."""
@@ -491,9 +511,12 @@ class FairQueue:
             self._group_sizes[group] = left
         else:
             del self._group_sizes[group]
-        if queue.size == 0:
-            del self._queues[key]
-            ring = self._tenants[task.service_class]
-            ring.deactivate(task.tenant_id)
-            if not ring:
-                self._classes.deactivate(task.service_class)
+        if queue.size == 0 and not (served and group in self._partial):
+            self._leave(task.service_class, task.tenant_id)
+
+    def _leave(self, service_class: ServiceClass, tenant: str) -> None:
+        del self._queues[(service_class, tenant)]
+        ring = self._tenants[service_class]
+        ring.deactivate(tenant)
+        if not ring:
+            self._classes.deactivate(service_class)

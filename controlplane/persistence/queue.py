@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["GroupKey", "QueueHead", "QueueHeads", "QueueQueries", "oldest_by_class"]
 
-GroupKey = tuple[str, str, str, int]  # service class, tenant, user, priority
+GroupKey = tuple[str, str, str, float]  # service class, tenant, user, priority (an integer)
 
 # Next group after g: the index's first QUEUED entry past g's key (row comparison, one probe).
 _TYPED = frozenset({"created_at", "deadline_at", "queue_deadline_at"})
@@ -136,6 +136,25 @@ ORDER BY service_class, tenant_id, user_id, priority, id
 _HEADS_POSTGRESQL, _HEADS_SQLITE = _heads_sql(True), _heads_sql(False)
 
 
+def _more_sql(postgres: bool) -> str:
+    """One group's next due rows after an id (a refill: one index range scan)."""
+    if postgres:
+        output = ", ".join(
+            f"CAST(t.spec -> 'output' ->> '{f}' AS bigint) AS {f}" for f in _OUTPUT_FIELDS
+        )
+    else:
+        output = ", ".join(f"json_extract(t.spec, '$.output.{f}') AS {f}" for f in _OUTPUT_FIELDS)
+    return f"""
+SELECT {_LIGHT.format(t="t")}, {output} FROM generation_tasks t
+WHERE t.status = 'QUEUED' AND t.service_class = :sc AND t.tenant_id = :te AND t.user_id = :us
+  AND t.priority = :pr AND t.id > :after AND {_DUE}
+ORDER BY t.service_class, t.tenant_id, t.user_id, t.priority, t.id LIMIT :k
+"""
+
+
+_MORE_POSTGRESQL, _MORE_SQLITE = _more_sql(True), _more_sql(False)
+
+
 @dataclass(frozen=True, slots=True)
 class QueueHead:
     """A QUEUED task as the fair queue sees it (no spec: its output size is enough)."""
@@ -178,6 +197,12 @@ def _head(m: RowMapping) -> QueueHead:
         height=int(m["height"] or 0),
         sample_count=int(m["sample_count"] or 1),
     )
+
+
+def _types() -> dict[str, Any]:
+    """Result types the text queries need: timestamps as aware UTC (SQLite), JSON numbers."""
+    out: dict[str, Any] = {c.name: c.type for c in T.c if c.name in _TYPED}
+    return out | {f: Integer() for f in _OUTPUT_FIELDS}
 
 
 async def _count_by_tenant(conn: AsyncConnection, states: Sequence[TaskState]) -> dict[str, int]:
@@ -236,11 +261,10 @@ class QueueQueries:
                 # group and JIT-compiles a ~1 ms query for ~350 ms (EXPLAIN on 1M queued rows).
                 await conn.execute(text("SET LOCAL jit = off"))
             sql = _HEADS_POSTGRESQL if postgres else _HEADS_SQLITE
-            types = {c.name: c.type for c in T.c if c.name in _TYPED} | {
-                f: Integer() for f in (*_OUTPUT_FIELDS, "per_group")
-            }
             stmt = (
-                text(sql).bindparams(bindparam("now", type_=T.c.created_at.type)).columns(**types)
+                text(sql)
+                .bindparams(bindparam("now", type_=T.c.created_at.type))
+                .columns(**_types(), per_group=Integer())
             )
             result = await conn.execute(
                 stmt,
@@ -261,6 +285,32 @@ class QueueQueries:
         groups = len(counts)
         partial = frozenset(k for k, n in counts.items() if n >= per_group)
         return QueueHeads(tasks, partial, groups, per_group, in_flight)
+
+    async def more(
+        self, group: GroupKey, *, after_id: int, now: datetime, limit: int
+    ) -> list[QueueHead]:
+        """The group's next `limit` due tasks after `after_id` (a drained partial group)."""
+        async with self._db.reading() as conn:
+            sql = _MORE_POSTGRESQL if conn.dialect.name == "postgresql" else _MORE_SQLITE
+            stmt = (
+                text(sql)
+                .bindparams(bindparam("now", type_=T.c.created_at.type))
+                .columns(**_types())
+            )
+            sc, te, us, pr = group
+            result = await conn.execute(
+                stmt,
+                {
+                    "now": now,
+                    "sc": sc,
+                    "te": te,
+                    "us": us,
+                    "pr": int(pr),
+                    "after": after_id,
+                    "k": max(1, limit),
+                },
+            )
+            return [_head(m) for m in result.mappings()]
 
     async def tasks(self, ids: Sequence[int]) -> dict[int, TaskRecord]:
         """The full rows of `ids` that are still QUEUED (a round's take), in one read."""

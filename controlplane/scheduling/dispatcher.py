@@ -276,13 +276,8 @@ class Dispatcher:
             in_flight_states=IN_FLIGHT_TASK_STATES,
         )
         queued = self._mine(heads.tasks)
-        # Past a task or queue deadline: FAILED here, never dispatched (domain.deadlines).
         at = self._clock()
-        if overdue := [h.id for h in queued if _past_a_deadline(h, at)]:
-            full = await self._queue.tasks(overdue)
-            kept = await settle_overdue(self._db, self._catalogs, list(full.values()), at)
-            settled = set(full) - {t.id for t in kept}
-            queued = [h for h in queued if h.id not in settled]
+        queued = await self._settle(queued, at)
         self.metrics.queue_ages(queue_ages(queued, at))
         if not queued:
             return None
@@ -305,11 +300,51 @@ class Dispatcher:
             nb = facts.get(int(item.task_id), RequeueFacts()).not_before
             return nb is None or nb <= now
 
-        picked = queue.pop_batch(cfg.batch_size, eligible)
+        picked = await self._pop_round(queue, queued, facts, eligible, now)
         # Full rows (the spec) only for the take; one cancelled meanwhile is just left out.
         records = await self._queue.tasks([int(t.task_id) for t in picked])
         take = [t for t in picked if int(t.task_id) in records]
         return take, {str(i): r for i, r in records.items()}, facts, queue
+
+    async def _pop_round(
+        self,
+        queue: fq.FairQueue,
+        queued: list[QueueHead],
+        facts: dict[int, RequeueFacts],
+        eligible: fq.Eligible,
+        now: datetime,
+    ) -> list[fq.QueuedTask]:
+        """Pop the round; a drained partial group gets its next rows read and pushed (at most
+        one read per pop), so its tenant keeps its share instead of the round ending early."""
+        size = self.config.batch_size
+        last: dict[tuple[str, str, str, float], int] = {}
+        for h in queued:
+            last[h.group] = max(last.get(h.group, 0), h.id)
+        picked = queue.pop_batch(size, eligible)
+        while (group := queue.drained) is not None and len(picked) < size:
+            limit = size - len(picked)
+            while True:
+                more = await self._queue.more(group, after_id=last[group], now=now, limit=limit)
+                if more:
+                    last[group] = more[-1].id
+                kept = await self._settle(more, now)
+                if kept or len(more) < limit:
+                    break
+            facts.update(
+                await self._catalogs.requeue_facts([t.id for t in kept if t.status_version > 0])
+            )
+            queue.refill(group, [_queued(t) for t in kept], partial=len(more) >= limit)
+            picked += queue.pop_batch(size - len(picked), eligible)
+        return picked
+
+    async def _settle(self, heads: list[QueueHead], at: datetime) -> list[QueueHead]:
+        """Past a task or queue deadline: FAILED here, never dispatched (domain.deadlines)."""
+        if not (overdue := [h.id for h in heads if _past_a_deadline(h, at)]):
+            return heads
+        full = await self._queue.tasks(overdue)
+        kept = await settle_overdue(self._db, self._catalogs, list(full.values()), at)
+        settled = set(full) - {t.id for t in kept}
+        return [h for h in heads if h.id not in settled]
 
     def _mine(self, tasks: list[_Tenanted]) -> list[_Tenanted]:
         n = self.config.shard_count

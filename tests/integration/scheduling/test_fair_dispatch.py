@@ -216,3 +216,21 @@ async def test_a_requeued_task_not_yet_due_does_not_block_its_group(
     assert [t.id for t in later.tasks] == [waiting.id]
     one = DispatcherConfig(batch_size=1)
     assert await make_dispatcher(clock=lambda: retry, config=one).next_round() == [waiting.id]
+
+
+async def test_a_round_over_more_groups_than_its_rows_refills_and_keeps_the_order(
+    db: Database, make_dispatcher: DispatcherFactory
+) -> None:
+    """With room for one head per group, a round still takes its full batch, refilling each
+    drained group from the database, in exactly the order of a round that read them all."""
+    await bulk_queue(db, "A", 30, users=2)
+    await bulk_queue(db, "B", 30, users=2)
+    await bulk_queue(db, "C", 30, users=1)
+    fair = FairQueueConfig(tenant_weights=WEIGHTS)
+    narrow = DispatcherConfig(batch_size=16, scan_limit=5, fair_queue=fair)
+    wide = DispatcherConfig(batch_size=16, scan_limit=1_000, fair_queue=fair)
+    heads = await QueueQueries(db).heads(now=NOW, rows=5, per_group_max=16)
+    assert (heads.groups, heads.per_group) == (5, 1)
+    order = await make_dispatcher(config=narrow).next_round()
+    assert len(order) == 16
+    assert order == await make_dispatcher(config=wide).next_round()

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import random
+from collections import defaultdict
+
+import pytest
 
 from controlplane.domain.fairqueue import (
     FairQueue,
     FairQueueConfig,
+    GroupKey,
     QueuedTask,
     ServiceClass,
     parse_snapshot,
@@ -23,9 +28,10 @@ def _heads() -> list[QueuedTask]:
     ]
 
 
-def test_draining_a_partial_group_ends_the_round() -> None:
-    """Once the last loaded head of a group known to hold more is popped, nothing more pops:
-    the queue would otherwise take that group for empty and give its share away."""
+def test_draining_a_partial_group_pauses_the_round() -> None:
+    """Once the last loaded head of a group known to hold more is popped, nothing more pops
+    until a refill: the queue would otherwise take that group for empty and give its share
+    away."""
     partial = [(ServiceClass.STANDARD.value, "A", "u", 0.0)]
     queue = FairQueue.rebuild(FairQueueConfig(), lambda: 0.0, _heads(), partial=partial)
     assert [t.task_id for t in queue.pop_batch(10)] == ["a0", "b0", "a1"]
@@ -61,3 +67,48 @@ def test_a_checkpoint_survives_json_and_bad_ones_are_refused() -> None:
     broken = json.loads(json.dumps(queue.snapshot()))
     broken["tenants"]["STANDARD"]["deficits"] = {"A": "lots"}
     assert parse_snapshot(broken) is None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_heads_with_refills_pop_exactly_what_the_whole_backlog_would(seed: int) -> None:
+    """Loading k rows per group and refilling a drained group with its next k gives the very
+    order of a queue holding every row: the durable queue's view loses nothing."""
+    rng = random.Random(seed)
+    config = FairQueueConfig(tenant_weights={"A": 5, "B": 2, "C": 1})
+    backlog = [
+        QueuedTask(
+            f"{tenant}{i}",
+            tenant,
+            f"u{rng.randrange(3)}",
+            "p",
+            rng.choice([ServiceClass.STANDARD, ServiceClass.BATCH]),
+            float(rng.randrange(2)),
+            rng.choice([4.0, 8.0, 12.0, 27.0]),
+            float(i),
+        )
+        for tenant, n in (("A", 120), ("B", 60), ("C", 40))
+        for i in range(n)
+    ]
+    whole = FairQueue.rebuild(config, lambda: 0.0, backlog)
+    expected = [t.task_id for t in whole.pop_batch(len(backlog))]
+
+    k = rng.choice([1, 2, 3])
+    rows: dict[GroupKey, list[QueuedTask]] = defaultdict(list)
+    for t in sorted(backlog, key=lambda t: t.enqueued_at):
+        rows[(t.service_class.value, t.tenant_id, t.user_id, t.priority)].append(t)
+    heads = [t for group in rows.values() for t in group[:k]]
+    partial = [g for g, ts in rows.items() if len(ts) > k]
+    read = {g: min(k, len(ts)) for g, ts in rows.items()}
+    queue = FairQueue.rebuild(config, lambda: 0.0, heads, partial=partial)
+    got: list[str] = []
+    refills = 0
+    while len(got) < len(backlog):
+        got += [t.task_id for t in queue.pop_batch(len(backlog))]
+        if (group := queue.drained) is None:
+            break
+        more = rows[group][read[group] : read[group] + k]
+        read[group] += len(more)
+        queue.refill(group, more, partial=len(rows[group]) > read[group])
+        refills += 1
+    assert got == expected
+    assert refills > 0
