@@ -4,15 +4,19 @@ Read seams (shared with the billing RPCs and the reconciliation; names per the m
 contract):
 
 * `balance(conn, tenant_id, currency)` -> `Balance` (balance, reserved, available, as of the
-  newest entry id). Derived, never stored: balance = CREDIT - CHARGE + REFUND; reserved = the
-  RESERVE entries whose task has no settlement (CHARGE or RELEASE) yet.
+  newest entry id). Derived: balance = CREDIT - CHARGE + REFUND; reserved = the RESERVE entries
+  whose task has no settlement (CHARGE or RELEASE) yet. Served from the ``credit_balances``
+  cache while it is as of the newest entry, else summed (`derived_balance`, the truth).
 * `list_entries(conn, tenant_id, after_id, limit)` -> `CreditEntry` list, oldest first.
 * `append_credit(conn, tenant_id, amount_micros, currency, idempotency_key, actor, reason, now)`
   -> ``(CreditEntry, created)``; a replay of the key returns the stored entry, the key reused
   for another amount or currency raises `CreditKeyConflict`.
 * `usage_entries_between(conn, start, end, provider=None)` -> `ProviderUsageEntry` list whose
   ``created_at`` is in ``[start, end)``; `usage_of_task(conn, task_id)`.
-* `unit_rate(conn, provider, unit_name, at)` -> the `UnitRate` effective at `at`.
+* `unit_rate(conn, provider, unit_name, at)` -> the `UnitRate` effective at `at`;
+  `rate_version(conn, provider, version)` -> the rate stored under a version (publication
+  stores each model's rate under its price version, so ``conversion_rate_version`` of an
+  ACTUAL entry names the price version it was converted with).
 
 Writes (called by the unit of work inside its transaction): `lock_tenant` + `reserve` at
 CreateTask, `settle_task` at a task's terminal transition (its PLATFORM_LOSS rows too),
