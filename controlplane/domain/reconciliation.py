@@ -419,6 +419,8 @@ def reconcile(
         ("provider_request_id", _by(exps, "provider_request_id")),
         ("client_request_key", _by(exps, "client_request_key")),
     ]
+    unnamed = _unnamed(exps)
+    by_id = {e.attempt_id: e for e in exps}
     charged: dict[int, Billed] = {}  # attempt id -> the first record matched to it
     ordered = sorted(
         billed,
@@ -452,12 +454,12 @@ def reconcile(
             prior = seen_jobs.get(record.provider_job_id) if record.provider_job_id else None
             if prior is not None:
                 statuses[record.record_id] = RecordStatus.DUPLICATE
-                exp_of_prior = _attempt_of(prior.record_id, matched_attempts, exps)
+                exp_of_prior = _attempt_of(prior.record_id, matched_attempts, by_id)
                 rows.append(
                     _duplicate(record, prior, exp_of_prior, "provider_job_id (repeated line)")
                 )
                 continue
-            how, found = "window_amount", _window_candidates(record, exps, charged, window)
+            how, found = "window_amount", _window_candidates(record, unnamed, charged, window)
             if len(found) > 1:
                 statuses[record.record_id] = RecordStatus.DISPUTED
                 rows.append(
@@ -508,10 +510,10 @@ def reconcile(
 
 
 def _attempt_of(
-    record_id: int, matched: Mapping[int, int], exps: Sequence[Expectation]
+    record_id: int, matched: Mapping[int, int], exps: Mapping[int, Expectation]
 ) -> Expectation | None:
     attempt_id = matched.get(record_id)
-    return next((e for e in exps if e.attempt_id == attempt_id), None)
+    return None if attempt_id is None else exps.get(attempt_id)
 
 
 def _duplicate(record: Billed, first: Billed, exp: Expectation | None, how: str) -> Discrepancy:
@@ -527,9 +529,19 @@ def _duplicate(record: Billed, first: Billed, exp: Expectation | None, how: str)
     )
 
 
+def _unnamed(exps: Sequence[Expectation]) -> dict[tuple[str, int], list[Expectation]]:
+    """Rule 4's candidates indexed by (model, expected micros): attempts whose job we do not
+    know. One pass, so a day of many unidentified lines costs a lookup per line, not a scan."""
+    index: dict[tuple[str, int], list[Expectation]] = defaultdict(list)
+    for e in exps:
+        if not e.provider_job_id:
+            index[(e.model, e.expected_micros)].append(e)
+    return index
+
+
 def _window_candidates(
     record: Billed,
-    exps: Sequence[Expectation],
+    unnamed: Mapping[tuple[str, int], Sequence[Expectation]],
     charged: Mapping[int, Billed],
     window: timedelta,
 ) -> list[Expectation]:
@@ -537,12 +549,8 @@ def _window_candidates(
     window before the charge, expecting exactly the charged amount, not charged yet."""
     return [
         e
-        for e in exps
-        if not e.provider_job_id
-        and e.model == record.model
-        and e.attempt_id not in charged
-        and e.expected_micros == record.cost_micros
-        and _in_window(record, e, window)
+        for e in unnamed.get((record.model, record.cost_micros), ())
+        if e.attempt_id not in charged and _in_window(record, e, window)
     ]
 
 
