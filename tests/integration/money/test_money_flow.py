@@ -193,6 +193,8 @@ async def test_success_is_charged_failure_and_cancel_released_through_the_engine
     assert (actual_row.provider_units, actual_row.provider_unit_name) == (48, "credits")
     assert actual_row.conversion_rate_version == actual_row.price_version
     assert [u.kind for u in usage[ok_id]] == [UsageKind.EXPECTED, UsageKind.ACTUAL]
+    expected_row = usage[ok_id][0]
+    assert (expected_row.amount_micros, expected_row.provider_units) == (RUNWAY_4S, 48)
 
     veo = settled(veo_id)
     veo_actual = [u.amount_micros for u in usage[veo_id] if u.kind is UsageKind.ACTUAL]
