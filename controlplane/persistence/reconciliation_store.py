@@ -61,6 +61,9 @@ __all__ = [
 ]
 
 
+IN_CHUNK = 5000
+
+
 class RunConflict(Exception):
     """Another reconciliation of the same (day, provider, account) committed a run first (the
     partial unique index on the current run); run the account again."""
@@ -296,16 +299,19 @@ async def _ledger_of(
     conn: AsyncConnection, attempt_ids: list[int]
 ) -> dict[int, dict[str, dict[str, Any]]]:
     """Per attempt, its EXPECTED and ACTUAL provider usage entries by kind (the first of each)."""
-    if not attempt_ids:
-        return {}
-    rows = await conn.execute(
-        select(U)
-        .where(U.c.attempt_id.in_(attempt_ids), U.c.kind.in_(("EXPECTED", "ACTUAL")))
-        .order_by(U.c.id)
-    )
     out: dict[int, dict[str, dict[str, Any]]] = {}
-    for m in rows.mappings():
-        out.setdefault(m["attempt_id"], {}).setdefault(m["kind"], dict(m))
+    # In chunks: a driver takes at most 32,767 parameters per statement.
+    for at in range(0, len(attempt_ids), IN_CHUNK):
+        rows = await conn.execute(
+            select(U)
+            .where(
+                U.c.attempt_id.in_(attempt_ids[at : at + IN_CHUNK]),
+                U.c.kind.in_(("EXPECTED", "ACTUAL")),
+            )
+            .order_by(U.c.id)
+        )
+        for m in rows.mappings():
+            out.setdefault(m["attempt_id"], {}).setdefault(m["kind"], dict(m))
     return out
 
 
