@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import pytest_asyncio
-from sqlalchemy import text
+from sqlalchemy import bindparam, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from controlplane.domain.reconciliation import Discrepancy, DiscrepancyKind
 from controlplane.persistence import reconciliation_store as store
+from controlplane.persistence.coltypes import UtcDateTime
 from controlplane.persistence.database import Database
 from controlplane.persistence.migrate import upgrade
+from controlplane.persistence.models import provider_jobs as PJ
+from controlplane.persistence.models import provider_usage_ledger as PUL
+from tests.integration.persistence.builders import Scenario
 
 NOW = datetime(2026, 11, 30, 12, tzinfo=UTC)
 START, END = datetime(2026, 11, 30, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)
@@ -147,3 +151,97 @@ async def test_runs_are_idempotent_by_result_and_superseded_visibly(own_db: Data
     assert [d.billed_micros for d in rows[first.id]] == [5]
     assert [d.billed_micros for d in rows[changed.id]] == [5, 7]
     assert current[0].delta_micros == 12
+
+
+async def test_expectations_read_attempts_jobs_and_the_usage_ledger(
+    db: Database, scenario: Scenario
+) -> None:
+    """Both backends: a succeeded attempt with its job and ACTUAL ledger entry (whole credits
+    read as thousandths), an ABANDONED one without a job (in the day by its send), and one sent
+    the day before (a neighbour: matched, never reported missing); another account's attempt
+    stays out."""
+    account = await scenario.account("main")
+    other = await scenario.account("other")
+    names = {}
+    async with db.reading() as conn:
+        for pid, name in (
+            await conn.execute(text("SELECT id, account_name FROM provider_accounts"))
+        ).all():
+            names[int(pid)] = str(name)
+    done, lost, yesterday, foreign = (
+        await scenario.attempt(account),
+        await scenario.attempt(account),
+        await scenario.attempt(account),
+        await scenario.attempt(other),
+    )
+    sent = {done.id: NOW, lost.id: NOW, yesterday.id: START - timedelta(hours=1), foreign.id: NOW}
+    state = {done.id: "SUCCEEDED", lost.id: "ABANDONED", yesterday.id: "SUCCEEDED"}
+    async with db.unit(NOW) as unit:
+        for attempt_id, at in sent.items():
+            await unit.conn.execute(
+                text(
+                    "UPDATE task_attempts SET status = :s, request_started_at = :at WHERE id = :i"
+                ).bindparams(bindparam("at", type_=UtcDateTime)),
+                {"s": state.get(attempt_id, "SUCCEEDED"), "at": at, "i": attempt_id},
+            )
+        for attempt_id, completed in (
+            (done.id, NOW + timedelta(minutes=2)),
+            (yesterday.id, START - timedelta(minutes=5)),
+        ):
+            await unit.conn.execute(
+                PJ.insert().values(
+                    attempt_id=attempt_id,
+                    provider_account_id=account,
+                    provider_job_id=f"job-{attempt_id}",
+                    provider_request_id=f"req-{attempt_id}",
+                    normalized_status="SUCCEEDED",
+                    submitted_at=sent[attempt_id],
+                    completed_at=completed,
+                )
+            )
+        await unit.conn.execute(
+            PUL.insert().values(
+                attempt_id=done.id,
+                task_id=done.task_id,
+                provider="runway",
+                provider_account_id=account,
+                model="gen4.5",
+                provider_job_id=f"job-{done.id}",
+                kind="ACTUAL",
+                amount_micros=480_000,
+                currency="USD",
+                provider_units=48,
+                provider_unit_name="credits",
+                price_version="runway-2026-06",
+                conversion_rate_version="runway-2026-06",
+                idempotency_key=f"actual:{done.id}",
+            )
+        )
+    async with db.reading() as conn:
+        got = await store.expectations(
+            conn,
+            provider="runway",
+            account=names[account],
+            start=START,
+            end=END,
+            window=timedelta(hours=6),
+        )
+    by_id = {e.attempt_id: e for e in got}
+    assert set(by_id) == {done.id, lost.id, yesterday.id}
+    ok = by_id[done.id]
+    assert (ok.state, ok.in_day, ok.provider_job_id, ok.provider_request_id) == (
+        "SUCCEEDED",
+        True,
+        f"job-{done.id}",
+        f"req-{done.id}",
+    )
+    assert (ok.expected_micros, ok.expected_milliunits, ok.unit) == (480_000, 48_000, "credits")
+    assert ok.conversion_rate_version == "runway-2026-06"
+    gone = by_id[lost.id]
+    assert (gone.state, gone.in_day, gone.provider_job_id, gone.expected_micros) == (
+        "ABANDONED",
+        True,
+        "",
+        250_000,
+    )
+    assert by_id[yesterday.id].in_day is False
