@@ -133,10 +133,23 @@ async def _reconcile(day: date, as_json: bool) -> int:
     from controlplane.bootstrap import Settings
     from controlplane.persistence.database import Database
     from controlplane.persistence.errors import StoreUnavailable
+    from controlplane.persistence.reconciliation_store import schema_ready
     from controlplane.reconciliation import run_day
     from controlplane.reconciliation.clients import adapter_clients
 
     settings = Settings.from_env()
+    try:
+        ready = await schema_ready(settings.database_url)
+    except Exception as exc:  # the driver's own error: the database is away or refuses us
+        print(f"error: UNAVAILABLE: database: {exc}", file=sys.stderr)
+        return 2
+    if not ready:
+        print(
+            "error: FAILED_PRECONDITION: the database has no reconciliation tables yet "
+            "(run `vidroute migrate`, or start the control plane once)",
+            file=sys.stderr,
+        )
+        return 2
     db = Database.from_url(settings.database_url)
     clients = adapter_clients(settings)
     try:

@@ -56,12 +56,14 @@ __all__ = [
     "discrepancies_of",
     "expectations",
     "save_run",
+    "schema_ready",
     "settlements",
     "store_import",
 ]
 
 
 IN_CHUNK = 5000
+RECONCILIATION_REVISION = "0007_reconciliation"
 
 
 class RunConflict(Exception):
@@ -511,3 +513,18 @@ async def accounts_of(conn: AsyncConnection, providers: Sequence[str]) -> list[t
         .order_by(PA.c.provider, PA.c.account_name)
     )
     return [(str(p), str(a)) for p, a in rows.all()]
+
+
+async def schema_ready(url: str) -> bool:
+    """Whether the database at `url` has revision 0007 (the reconciliation tables) applied."""
+    from alembic.script import ScriptDirectory
+
+    from controlplane.persistence.migrate import alembic_config, current_revision
+
+    revision = await current_revision(url)
+    if revision is None:
+        return False
+    script = ScriptDirectory.from_config(alembic_config())
+    return any(
+        r.revision == RECONCILIATION_REVISION for r in script.iterate_revisions(revision, "base")
+    )
