@@ -465,8 +465,13 @@ async def lock_tenant(conn: AsyncConnection, tenant_id: str) -> None:
 
 async def check_and_lock(
     conn: AsyncConnection, tenant_id: str, reservation: Reservation
-) -> Balance:
-    """Lock the tenant and raise `InsufficientCredit` unless its policy allows `reservation`."""
+) -> Balance | None:
+    """Lock the tenant and raise `InsufficientCredit` unless its policy allows `reservation`.
+
+    A policy without a floor (postpaid, unlimited) allows everything: no lock, no read, and
+    the returned balance is None."""
+    if reservation.policy.floor_micros() is None:
+        return None
     await lock_tenant(conn, tenant_id)
     current = await balance(conn, tenant_id, reservation.currency)
     check_reserve(

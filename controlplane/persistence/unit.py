@@ -123,9 +123,11 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         """Insert a QUEUED task with its first event and a ``task.queued`` outbox message.
         `trace_context` is the creating call's W3C traceparent (a replay keeps the first one's).
 
-        With a `reservation`, the tenant is locked and its available credit checked first
-        (`ledger.check_and_lock`: `InsufficientCredit` before anything is written), and the
-        task's one RESERVE entry is written with it (9.23.1). A replay reserves nothing again.
+        With a `reservation`, the task's one RESERVE entry is written with it (9.23.1), after
+        the tenant is locked and its available credit checked (`ledger.check_and_lock`); a
+        refusal raises `InsufficientCredit` and the unit rolls back, so nothing is written. Both
+        come last, so the tenant's lock is held for as little of the transaction as possible
+        (its CreateTasks queue on it). A replay reserves nothing again.
 
         Returns ``(task, created)``. A replay of ``(tenant, idempotency_key)`` with the same
         `spec_hash` returns the stored task with ``created=False``; with another hash it raises
@@ -135,8 +137,6 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         existing = await _reads.task_by_key(self.conn, spec.tenant_id, idempotency_key)
         if existing is not None:
             return _sql.replay(existing, spec_hash), False
-        if reservation is not None:
-            await ledger.check_and_lock(self.conn, spec.tenant_id, reservation)
         try:
             async with self.conn.begin_nested():
                 row = (
@@ -173,8 +173,6 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
                 raise  # some other constraint; not an idempotent replay
             return _sql.replay(existing, spec_hash), False
         record = _rows.task(row)
-        if reservation is not None:
-            await ledger.reserve(self.conn, record.id, record.tenant_id, reservation, self.now)
         queued = _sql.state_payload(TaskState.QUEUED, 0)
         await _sql.append_event(self.conn, record.id, 1, "task.queued", queued, now=self.now)
         await self.enqueue(
@@ -189,6 +187,9 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
                 },
             )
         )
+        if reservation is not None:
+            await ledger.check_and_lock(self.conn, record.tenant_id, reservation)
+            await ledger.reserve(self.conn, record.id, record.tenant_id, reservation, self.now)
         return record, True
 
     async def move_task(
