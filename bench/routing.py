@@ -4,7 +4,8 @@
    survivors before and after the lease pre-check, `selection.route` reusing the screen; compile
    verdicts precomputed, as if the adapter answered at once; shadow policy on), for 8, 64 and
    256 candidates, and 64 candidates whose capabilities all differ (no shared checks). Thread
-   CPU per decision (`time.thread_time_ns`), p50/p99.
+   CPU per decision (`time.thread_time_ns`), p50/p99; "every task a new shape" empties the
+   capabilities' verdict tables before each decision (a task shape never seen before).
 2. Side by side with LiteLLM's Router (issue 10): a pinned litellm in its own environment
    (``.venv-bench-litellm`` from ``bench/requirements-litellm.txt``; never in constraints.txt)
    runs ``bench/routing_litellm.py`` as a subprocess: one Router per strategy (simple-shuffle,
@@ -61,6 +62,7 @@ from controlplane.domain.routing.candidates import (
 )
 from controlplane.domain.routing.decision import RouteDecisionSnapshot
 from controlplane.domain.routing.filters import screen
+from controlplane.domain.routing.plan import plan_for
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.scoring import example_policy
 from controlplane.leases.redis_store import RedisLeaseStore
@@ -146,8 +148,9 @@ def distinct_capabilities(cands: list[Candidate]) -> list[Candidate]:
 Decide = Callable[[int], RouteDecisionSnapshot]
 
 
-def decision_case(n: int, *, distinct: bool = False) -> Decide:
-    """One decision over `n` candidates as the dispatcher makes it (see the module docstring)."""
+def decision_case(n: int, *, distinct: bool = False, cold: bool = False) -> Decide:
+    """One decision over `n` candidates as the dispatcher makes it (see the module docstring);
+    `cold`: every capability's verdict table emptied first, as for a task of a new shape."""
     cands = candidates(n)
     if distinct:
         cands = distinct_capabilities(cands)
@@ -170,6 +173,8 @@ def decision_case(n: int, *, distinct: bool = False) -> Decide:
     }
 
     def decide(i: int) -> RouteDecisionSnapshot:
+        if cold:
+            plan_for(catalog, version).clear_tables()
         screened = screen(SPEC, catalog, base, version)
         screened.survivors()  # whose leases and health are read
         screened.survivors(capacity)  # whose adapters are asked to compile
@@ -243,7 +248,7 @@ def hot_loop_calls(decide: Decide, decisions: int = 20) -> dict[str, float]:
         ("dataclasses.py", "asdict"): "dataclasses.asdict",
         ("__init__.py", "dumps"): "json.dumps",
         (Path(filters.__file__).name, "_static_reject"): "static filters (per candidate)",
-        (Path(filters.__file__).name, "_capability_reject"): "capability checks",
+        (Path(filters.__file__).name, "_capability_reject"): "capability checks (table misses)",
         ("routing_reference.py", "hard_reject"): "hard_reject calls",
     }
     counts = dict.fromkeys(wanted.values(), 0.0)
@@ -300,7 +305,11 @@ def side_by_side(rounds: int, per_round: int, with_litellm: bool) -> dict[str, A
     ours = {
         "vidroute n=8": decision_case(8),
         "vidroute n=64": decision_case(64),
+        "vidroute n=64, every task a new shape": decision_case(64, cold=True),
         "vidroute n=64 distinct capabilities": decision_case(64, distinct=True),
+        "vidroute n=64 distinct, every task a new shape": decision_case(
+            64, distinct=True, cold=True
+        ),
         "vidroute n=256": decision_case(256),
         "before the fast path n=64": before_case(64),
     }
@@ -347,7 +356,7 @@ def report(result: dict[str, Any]) -> None:
     )
     for name, row in table.items():
         print(
-            f"  {name:<42} p50 {row['p50_ms']:7.3f} ms  p99 {row['p99_ms']:7.3f} ms  ({row['n']})"
+            f"  {name:<50} p50 {row['p50_ms']:7.3f} ms  p99 {row['p99_ms']:7.3f} ms  ({row['n']})"
         )
     ours = table["vidroute n=64"]
     print(

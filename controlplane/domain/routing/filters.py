@@ -45,6 +45,7 @@ from controlplane.domain.routing.candidates import (
     TransformKind,
 )
 from controlplane.domain.routing.plan import (
+    TABLE_SIZE,
     CandidatePlan,
     CapabilityPlan,
     CatalogPlan,
@@ -80,6 +81,7 @@ TRANSIENT_REASONS = frozenset({Reason.NO_CAPACITY, Reason.CIRCUIT_OPEN, Reason.R
 
 Rejection = tuple[Reason, str]
 _CONSTRAINT = Reason.RESOLUTION_DURATION_CONSTRAINT
+_UNKNOWN = object()
 SOFT_DETAIL = "endpoint failed earlier for this task (soft)"
 
 
@@ -115,6 +117,7 @@ class _Task:
         "required_model",
         "required_provider",
         "samples",
+        "shape",
         "short_side",
         "strict",
         "strict_detail",
@@ -148,6 +151,20 @@ class _Task:
         self.budget, self.budget_currency = r.max_estimated_cost_micros, r.currency
         # Price.estimate: whole seconds (rounded up) x samples x the per-second price.
         self.price_units = -(-out.duration_ms // 1000) * self.samples
+        # Everything `_capability_reject` reads of the task: the key of a capability's table.
+        self.shape = (
+            self.mode_value,
+            self.has_last_frame,
+            self.references,
+            self.samples,
+            out.width,
+            out.height,
+            out.duration_ms,
+            out.with_audio,
+            self.degrade_ok,
+            bool(spec.negative_prompt),
+            spec.seed is not None,
+        )
         self.env: dict[str, str | int | bool] = {
             "mode": self.mode_value,
             "aspect_ratio": self.aspect,
@@ -240,11 +257,19 @@ def _static_reject(
         return Reason.STRICT_MODEL_MISMATCH, f"failover keeps model {ctx.same_model_only}"
     if e.lifecycle == "sunset" or (e.sunset_at is not None and e.sunset_at <= ctx.now):
         return Reason.SUNSET, f"lifecycle {e.lifecycle}, sunset {e.sunset_at}"
-    key = id(e.capability)  # candidates of equal capability content share one check
+    cap = e.capability
+    key = id(cap)  # candidates of equal capability content share one check
     if key in seen:
         rejected = seen[key]
     else:
-        rejected = seen[key] = _capability_reject(t, e.capability)
+        table = cap.verdicts  # and tasks of one shape share it across decisions
+        found = table.get(t.shape, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = _capability_reject(t, cap)
+            if len(table) >= TABLE_SIZE:
+                table.clear()
+            table[t.shape] = found
+        rejected = seen[key] = found  # type: ignore[assignment]  # the table holds Rejections
     if rejected is not None:
         return rejected
     if t.region and e.region != t.region:

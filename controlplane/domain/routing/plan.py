@@ -9,7 +9,10 @@ the constraint rules compiled by `vidroute_core.capabilities.compiled`) and the 
 rejection details, so the per-decision loop reads plain attributes and never walks a dataclass.
 
 Candidates whose capabilities have equal content (the same model served by many accounts) share
-one `CapabilityPlan`, so a decision checks a capability once, not once per account.
+one `CapabilityPlan`, so a decision checks a capability once, not once per account; and the
+plan keeps each capability's verdict per task shape (the spec fields the check reads: mode,
+inputs, size, duration, audio, degrade permission), a table filled as tasks come, since a
+capability's verdict depends on nothing else.
 
 The cache is keyed by the catalog version and checked by identity against the candidates it was
 built from: a catalog change (a new version, or other candidate objects under the same version)
@@ -19,7 +22,7 @@ builds a new plan; the last `PLAN_CACHE_SIZE` plans are kept. Pure: no I/O, no c
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -39,6 +42,7 @@ RESOLUTION_PX: Mapping[str, int] = {
 }
 
 PLAN_CACHE_SIZE = 8
+TABLE_SIZE = 512  # task shapes remembered per capability
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,11 @@ class CapabilityPlan:
     native_audio: bool
     audio_optional: bool
     rules: CompiledRules
+    # The capability's verdict per task shape (`filters._Task.shape`): filled as tasks come,
+    # dropped with the plan when the catalog changes, cleared when it holds TABLE_SIZE shapes.
+    verdicts: dict[tuple[object, ...], object] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +96,11 @@ class CatalogPlan:
     version: str
     entries: tuple[CandidatePlan, ...]
     source: tuple[Candidate, ...]  # the candidates it was built from, in the caller's order
+
+    def clear_tables(self) -> None:
+        """Forget every capability's verdict table (as for the first task of each shape)."""
+        for entry in self.entries:
+            entry.capability.verdicts.clear()
 
     def built_from(self, candidates: Sequence[Candidate]) -> bool:
         """Whether `candidates` are the very objects this plan was built from."""

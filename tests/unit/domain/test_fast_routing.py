@@ -235,3 +235,32 @@ def test_decision_records_the_catalog_version_and_no_capacity_outcome() -> None:
     assert decision.outcome is Outcome.NO_CAPACITY
     assert decision.catalog_version == "cat-full"
     assert {v.reason for v in decision.verdicts if v.reason == Reason.NO_CAPACITY}
+
+
+def test_capability_tables_are_keyed_by_every_field_the_check_reads() -> None:
+    """A capability's remembered verdict per task shape never leaks to a task of another shape:
+    a rule on the seed, then on the negative prompt, flips the verdict back and forth."""
+    first = CATALOG[0]
+    rules = (
+        Constraint("has_seed", "duration_seconds > 100", "no seeds here"),
+        Constraint("has_negative_prompt", "duration_seconds > 100", "no negative prompts"),
+    )
+    cap = dataclasses.replace(first.capability, constraints=rules, capability_version="v-rules")
+    only = (dataclasses.replace(first, capability=cap, capability_version="v-rules"),)
+    ctx = RoutingContext(now=NOW)
+    plain = make_spec()  # text to video, 1280x720, 8 s: which CATALOG[0] runs
+    seeded = dataclasses.replace(plain, seed=7)
+    negative = dataclasses.replace(plain, negative_prompt="blurry")
+    version = catalog_version(only)
+
+    def reason(spec: GenerationSpec) -> tuple[str, str]:
+        rejected = screen(spec, only, ctx, version).rest[0]
+        return ("", "") if rejected is None else (rejected[0].value, rejected[1])
+
+    for _ in range(2):  # the second time every verdict comes from the table
+        assert reason(plain) == ("", "")
+        assert reason(seeded)[1] == "no seeds here"
+        assert reason(negative)[1] == "no negative prompts"
+    assert len(plan.plan_for(only, version).entries[0].capability.verdicts) == 3
+    plan.plan_for(only, version).clear_tables()
+    assert not plan.plan_for(only, version).entries[0].capability.verdicts
