@@ -214,3 +214,32 @@ async def test_success_is_charged_failure_and_cancel_released_through_the_engine
     charges = RUNWAY_4S + veo[CreditKind.CHARGE][0]
     assert (balance.balance_micros, balance.reserved_micros) == (50_000_000 - charges, 0)
     assert balance.available_micros == balance.balance_micros
+
+
+async def test_a_recovered_unknown_submit_is_charged_once_and_costs_no_loss(
+    control_plane: tuple[ControlPlaneServer, Database], farm: ProviderFarm
+) -> None:
+    """The self-hosted create answer is lost after the body was sent (SUBMIT_UNKNOWN); recovery
+    finds the one job: one EXPECTED, one ACTUAL, one CHARGE, no PLATFORM_LOSS."""
+    server, db = control_plane
+    async with db.unit(datetime.now(UTC)) as u:
+        await ledger.append_credit(u.conn, "acme", 50_000_000, "USD", "seed2", "test", "", u.now)
+    farm.emulator("self_hosted").add_faults(
+        [{"route": SUBMIT_ROUTE["self_hosted"], "action": "drop_after_body"}]
+    )
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = api_grpc.SchedulerServiceStub(channel)
+        task_id = (await stub.CreateTask(_request("self_hosted"), timeout=10)).task.task_id
+        task = await _terminal(stub, task_id)
+    assert task.state == sp.TASK_STATE_SUCCEEDED, task
+    assert len(farm.truth("self_hosted")) == 1  # never submitted twice
+    async with db.reading() as conn:
+        usage = await ledger.usage_of_task(conn, int(task_id))
+        entries = [e for e in await ledger.list_entries(conn, "acme", 0, 100) if e.task_id]
+    kinds = sorted(u.kind.value for u in usage)
+    assert kinds == ["ACTUAL", "EXPECTED"], usage
+    actual = next(u for u in usage if u.kind is UsageKind.ACTUAL)
+    mine = [e for e in entries if e.task_id == int(task_id)]
+    assert [(e.kind, e.amount_micros) for e in mine if e.kind is CreditKind.CHARGE] == [
+        (CreditKind.CHARGE, min(actual.amount_micros, mine[0].amount_micros))
+    ]
