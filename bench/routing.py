@@ -64,7 +64,7 @@ from controlplane.domain.routing.decision import RouteDecisionSnapshot
 from controlplane.domain.routing.filters import screen
 from controlplane.domain.routing.plan import plan_for
 from controlplane.domain.routing.selection import RouterConfig, route
-from controlplane.domain.scoring import example_policy
+from controlplane.domain.scoring import ScoreWeights, example_policy
 from controlplane.leases.redis_store import RedisLeaseStore
 from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
@@ -126,6 +126,11 @@ def candidates(n: int) -> list[Candidate]:
 
 
 GOAL_P50_MS = 0.35  # issue 10: p50 at 64 candidates, thread CPU
+# A shadow policy weighing cost more (a candidate next policy): recorded with every decision.
+SHADOW = dataclasses.replace(
+    example_policy("shadow-cost-heavy"),
+    weights={"default": ScoreWeights(0.20, 0.20, 0.10, 0.30, 0.10, 0.05, 0.05)},
+)
 LITELLM_VENV = ROOT / ".venv-bench-litellm"
 STRATEGIES = (
     "simple-shuffle",
@@ -156,7 +161,7 @@ def decision_case(n: int, *, distinct: bool = False, cold: bool = False) -> Deci
         cands = distinct_capabilities(cands)
     catalog = tuple(cands)
     version = catalog_version(catalog)
-    cfg = RouterConfig(policy=example_policy("bench"), shadow_policy=example_policy("s"))
+    cfg = RouterConfig(policy=example_policy("bench"), shadow_policy=SHADOW)
     capacity = {c.id: CapacityView(3, 4) for c in catalog}
     health = {c.id: HealthView(0.9, 100.0, 120.0) for c in catalog}
     base = RoutingContext(now=NOW, circuit_open={catalog[-1].id: "OPEN since 09:58"})
@@ -193,7 +198,7 @@ def before_case(n: int) -> Decide:
     from tests.unit.domain import routing_reference as old
 
     catalog = tuple(candidates(n))
-    cfg = RouterConfig(policy=example_policy("bench"), shadow_policy=example_policy("s"))
+    cfg = RouterConfig(policy=example_policy("bench"), shadow_policy=SHADOW)
     capacity = {c.id: CapacityView(3, 4) for c in catalog}
     health = {c.id: HealthView(0.9, 100.0, 120.0) for c in catalog}
     base = RoutingContext(now=NOW, circuit_open={catalog[-1].id: "OPEN since 09:58"})

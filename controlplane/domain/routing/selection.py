@@ -25,7 +25,12 @@ from operator import itemgetter
 from types import MappingProxyType
 
 from controlplane.domain import scoring
-from controlplane.domain.routing.candidates import Candidate, CompileResult, RoutingContext
+from controlplane.domain.routing.candidates import (
+    Candidate,
+    CompileResult,
+    RoutingContext,
+    TransformKind,
+)
 from controlplane.domain.routing.decision import (
     Components,
     Outcome,
@@ -47,6 +52,7 @@ from controlplane.domain.routing.plan import CandidatePlan
 from vidroute_core.spec import GenerationSpec, RoutingMode
 
 SOFT_LIFTED = "soft_exclusion_lifted"
+_REJECT, _DEGRADE = TransformKind.REJECT, TransformKind.DEGRADE
 _NONE: Mapping[str, float] = MappingProxyType({})
 
 
@@ -254,7 +260,7 @@ def _rows(
 ) -> list[_Row | Verdict]:
     """Every candidate in id order: a final `Verdict` when it is rejected, else a `_Row`."""
     units, audio, now = screened.task.price_units, screened.task.with_audio, ctx.now
-    capacity = ctx.capacity
+    capacity, budget = ctx.capacity, spec.routing.max_estimated_cost_micros
     out: list[_Row | Verdict] = []
     # `Screen.reject` inlined: this loop runs once per candidate per decision.
     for e, head, retry_at, rest in zip(
@@ -275,7 +281,17 @@ def _rows(
             rejected = capacity_reject(capacity.get(e.id))
         result = compiled.get(e.id)
         if rejected is None:
-            rejected = compile_reject(spec, e.candidate, result)
+            # `compile_reject` answers None for a plan without REJECT/DEGRADE under no budget;
+            # only other plans pay for the call (and its lists).
+            full = budget > 0 or result is None or bool(result.error) or not result.submittable
+            if not full and result is not None:
+                for transformation in result.transformations:
+                    kind = transformation[1]
+                    if kind is _REJECT or kind is _DEGRADE:
+                        full = True
+                        break
+            if full:
+                rejected = compile_reject(spec, e.candidate, result)
         if result is not None and not result.error:
             cost = result.estimated_cost_micros
         else:
@@ -326,7 +342,26 @@ def _route_once(
         shadow_ranked = _ranked(shadow_totals, list(scores))
         shadow_selected = shadow_ranked[0][0] if shadow_ranked else ""
         shadow_scores = {cid: round(s, 6) for cid, s in shadow_ranked}
-    verdicts = tuple(_verdict(r, scores) if isinstance(r, _Row) else r for r in rows)
+    verdicts: list[Verdict] = []
+    for r in rows:
+        if isinstance(r, _Row):  # eligible: its final verdict, scored
+            e = r.entry
+            verdicts.append(
+                Verdict(
+                    e.candidate,
+                    True,
+                    "",
+                    "",
+                    scores[e.id],
+                    Components(r.parts),
+                    {"DEPRECATED": r.penalty} if e.deprecated else _NONE,
+                    r.cost,
+                    r.result,
+                    r.canary,
+                )
+            )
+        else:
+            verdicts.append(r)
     ranked: tuple[str, ...] = ()
     outcome, why, slot = Outcome.NO_ELIGIBLE_CANDIDATE, "", None
     if eligible:
@@ -343,30 +378,13 @@ def _route_once(
         outcome=outcome,
         policy_version=cfg.policy.version,
         catalog_version=screened.plan.version,
-        verdicts=verdicts,
+        verdicts=tuple(verdicts),
         ranked=ranked,
         selection_reason=why,
         bucket=slot,
         shadow_policy_version=shadow_version,
         shadow_selected=shadow_selected,
         shadow_scores=shadow_scores,
-    )
-
-
-def _verdict(row: _Row, scores: Mapping[str, float]) -> Verdict:
-    e = row.entry
-    penalties = {"DEPRECATED": row.penalty} if e.deprecated else _NONE
-    return Verdict(
-        e.candidate,
-        True,
-        "",
-        "",
-        scores[e.id],
-        Components(row.parts),
-        penalties,
-        row.cost,
-        row.result,
-        row.canary,
     )
 
 
