@@ -26,9 +26,12 @@ reorders within a class, so it can never make an ineligible task run.
 The dispatcher does not hand this queue the whole backlog (9.12.4): each round it pushes the
 heads of every (class, tenant, user, priority) group, read from PostgreSQL, with the tenants'
 in-flight counts as numbers (``rebuild(in_flight_counts=...)``). A group whose rows were cut
-short is *partial*: when a pop drains one, the queue would take it for empty and hand its share
-to others, so ``pop_next`` pauses there (``drained`` names the group, and its tenant keeps its
-place and deficit) until the caller ``refill``s it with the group's next rows, or ends the round.
+short is *partial*: when its loaded rows run out it stays in the queue, empty but *pending*, so
+its user keeps its turn and its tenant its place and deficit. Only when a pop would have to look
+at a pending group (its turn has come) does ``pop_next`` stop, with the ring state as before
+that pop and ``drained`` naming the group, until the caller ``refill``s it with the group's next
+rows from the database (or ends the round). So the order is exactly that of a queue holding
+every row, and rows are read only for groups actually served again.
 """
 
 from __future__ import annotations
@@ -242,6 +245,15 @@ class _DrrRing:
             debts=dict(self.debts),
         )
 
+    def reset(self, state: RingState) -> None:
+        """Back to exactly `state` (taken by `state()` on this ring)."""
+        self.order, self.ptr, self.turn_open = (
+            list(state["order"]),
+            state["ptr"],
+            state["turn_open"],
+        )
+        self.deficits, self.debts = dict(state["deficits"]), dict(state["debts"])
+
     def load(self, state: RingState) -> None:
         """Adopt a saved state for the flows active now; new flows keep their place at the end."""
         active = set(self.order)
@@ -261,7 +273,9 @@ class _DrrRing:
 class _TenantQueue:
     """One tenant's tasks in one class: user round robin, then priority buckets kept FIFO."""
 
-    def __init__(self) -> None:
+    def __init__(self, service_class: ServiceClass, tenant: str) -> None:
+        self.service_class, self.tenant = service_class, tenant
+        # An empty bucket is a pending group: rows remain in the database (see the module doc).
         self.users: OrderedDict[str, dict[float, deque[QueuedTask]]] = OrderedDict()
         self.size = 0
 
@@ -275,10 +289,10 @@ class _TenantQueue:
         bucket.insert(idx, task)
         self.size += 1
 
-    def remove(self, task: QueuedTask, *, served: bool) -> None:
+    def remove(self, task: QueuedTask, *, served: bool, pending: bool) -> None:
         buckets = self.users[task.user_id]
         buckets[task.priority].remove(task)
-        if not buckets[task.priority]:
+        if not buckets[task.priority] and not pending:
             del buckets[task.priority]
         if not buckets:
             del self.users[task.user_id]
@@ -287,10 +301,12 @@ class _TenantQueue:
         self.size -= 1
 
     def best(self, eligible: Eligible, now: float, config: FairQueueConfig) -> QueuedTask | None:
-        for buckets in self.users.values():
+        for user, buckets in self.users.items():
             best: tuple[float, float, int, str] | None = None
             chosen: QueuedTask | None = None
-            for bucket in buckets.values():
+            for priority, bucket in buckets.items():
+                if not bucket:
+                    raise _NeedRows((self.service_class.value, self.tenant, user, priority))
                 task = next((t for t in bucket if eligible(t)), None)
                 if task is None:
                     continue
@@ -304,6 +320,14 @@ class _TenantQueue:
 
 def _always(_: QueuedTask) -> bool:
     return True
+
+
+class _NeedRows(Exception):
+    """A pop reached a pending group; pop_next undoes the pop's ring moves and reports it."""
+
+    def __init__(self, group: GroupKey) -> None:
+        super().__init__(group)
+        self.group = group
 
 
 def _fifo(task: QueuedTask) -> tuple[float, int, str]:
@@ -355,8 +379,7 @@ class FairQueue:
         self._in_flight: dict[str, set[str]] = {}
         self._in_flight_base: dict[str, int] = {}  # counted by the database, ids unknown
         self._partial: frozenset[GroupKey] = frozenset()
-        self._group_sizes: dict[GroupKey, int] = {}
-        self.drained: GroupKey | None = None
+        self.drained: GroupKey | None = None  # a pending group a pop needs rows of
 
     @classmethod
     def rebuild(
@@ -398,10 +421,11 @@ class FairQueue:
         if task.task_id in self._queued or task.task_id in self._in_flight.get(task.tenant_id, ()):
             raise ValueError(f"task {task.task_id} is already queued or in flight")
         key = (task.service_class, task.tenant_id)
-        self._queues.setdefault(key, _TenantQueue()).push(task)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = _TenantQueue(*key)
+        queue.push(task)
         self._queued[task.task_id] = task
-        group = _group(task)
-        self._group_sizes[group] = self._group_sizes.get(group, 0) + 1
         self._tenants[task.service_class].activate(task.tenant_id)
         self._classes.activate(task.service_class)
 
@@ -415,9 +439,9 @@ class FairQueue:
     def pop_next(self, eligible: Eligible | None = None) -> QueuedTask | None:
         """The next task to dispatch, marked in flight; ``None`` if nothing eligible can go.
 
-        Also ``None`` while a pop has drained a partial group (``drained``, until `refill`):
-        what the queue holds no longer shows every group's next task."""
-        if self.drained:
+        Also ``None`` when the pop would need a pending group's rows: ``drained`` names it, and
+        the pop is undone until `refill`."""
+        if self.drained is not None:
             return None
         check = eligible or _always
         now = self._clock()
@@ -436,7 +460,15 @@ class FairQueue:
             picked = inner[name]
             return None if picked is None else picked[1]
 
-        chosen = self._classes.select(class_head)
+        rings = self._classes.state(), {c: r.state() for c, r in self._tenants.items()}
+        try:
+            chosen = self._classes.select(class_head)
+        except _NeedRows as need:
+            self._classes.reset(rings[0])
+            for c, ring in self._tenants.items():
+                ring.reset(rings[1][c])
+            self.drained = need.group
+            return None
         if chosen is None:
             return None
         service_class, task = chosen
@@ -444,24 +476,29 @@ class FairQueue:
         self._tenants[ServiceClass(service_class)].charge(task.tenant_id, task.cost_units)
         self._take(task, served=True)
         self._in_flight.setdefault(task.tenant_id, set()).add(task.task_id)
-        group = _group(task)
-        if group in self._partial and group not in self._group_sizes:
-            self.drained = group
         return task
 
     def refill(self, group: GroupKey, tasks: Iterable[QueuedTask], *, partial: bool) -> None:
-        """The drained `group`'s next rows (`partial`: it may hold still more); pops resume.
+        """A pending `group`'s next rows (`partial`: it may hold still more); pops resume.
 
-        The tenant kept its place in the ring while drained, so a refill changes no order."""
+        It kept its user's turn and its tenant's place meanwhile, so a refill changes no order;
+        found empty after all, it leaves now as it would have when its last row was taken."""
         for task in tasks:
             self.push(task)
-        if not partial:
-            self._partial = self._partial - {group}
-        service_class, tenant = ServiceClass(group[0]), group[1]
-        queue = self._queues.get((service_class, tenant))
-        if queue is not None and queue.size == 0:  # nothing more after all: leave as _take would
-            self._leave(service_class, tenant)
         self.drained = None
+        if partial:
+            return
+        self._partial = self._partial - {group}
+        service_class, tenant, user, priority = ServiceClass(group[0]), *group[1:]
+        queue = self._queues.get((service_class, tenant))
+        buckets = queue.users.get(str(user)) if queue is not None else None
+        if queue is None or buckets is None or buckets.get(float(priority)) != deque():
+            return
+        del buckets[float(priority)]
+        if not buckets:
+            del queue.users[str(user)]
+        if not queue.users:
+            self._leave(service_class, tenant)
 
     def pop_batch(self, limit: int, eligible: Eligible | None = None) -> list[QueuedTask]:
         """Up to `limit` pops in order (one round's take)."""
@@ -503,15 +540,9 @@ class FairQueue:
     def _take(self, task: QueuedTask, *, served: bool) -> None:
         key = (task.service_class, task.tenant_id)
         queue = self._queues[key]
-        queue.remove(task, served=served)
+        queue.remove(task, served=served, pending=_group(task) in self._partial)
         del self._queued[task.task_id]
-        group = _group(task)
-        left = self._group_sizes[group] - 1
-        if left:
-            self._group_sizes[group] = left
-        else:
-            del self._group_sizes[group]
-        if queue.size == 0 and not (served and group in self._partial):
+        if not queue.users:
             self._leave(task.service_class, task.tenant_id)
 
     def _leave(self, service_class: ServiceClass, tenant: str) -> None:
