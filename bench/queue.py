@@ -5,7 +5,9 @@
    4 users, 10% spread over 50 tenants x 4 users). Per size: the median of 7 dry rounds
    (`Dispatcher.next_round`: heads read, in-flight aggregate, requeue facts, DRR rebuild, pop
    of a 64-task round, i.e. everything a round does besides dispatching), the process RSS, and,
-   for comparison, the old way (read the oldest 2,000 QUEUED rows and rebuild from them).
+   for comparison, the old way (read the oldest 2,000 QUEUED rows and rebuild from them). Then a
+   light tenant's one task is queued behind it all and one real round runs (is it dispatched?).
+   A last row adds 20,000 tasks of one tenant with 2,000 users: the cost follows the groups.
 2. The fairness flood through the real dispatcher on PostgreSQL (published catalog, Redis
    leases, an in-process adapter that compiles at once): tenants A:B:C weighted 5:2:1; rounds
    of 32; Poisson arrivals per round A 16, B 6, C (the light tenant) 1 (~72% load).
@@ -108,15 +110,19 @@ SELECT tn, us, 'p1', 'bulk-' || CAST(i AS text),
   :hash, 'STANDARD', 0, 'QUEUED', 0, 0, :now, :now
 FROM (
   SELECT i,
-    CASE WHEN i % 10 = 0 THEN 'tenant-' || CAST((i / 10) % 50 AS text) ELSE 'flood' END AS tn,
-    'u' || CAST((i / 7) % 4 AS text) AS us
+    CASE WHEN i % 10 = 0 THEN 'tenant-' || CAST((i / 10) % 50 AS text) ELSE :flood END AS tn,
+    'u' || CAST((i / 7) % CAST(:users AS bigint) AS text) AS us
   FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint)) AS i
 ) AS s
 """
 
 
-async def bulk_load(db: Database, lo: int, hi: int) -> None:
-    """Tasks lo..hi (inclusive) QUEUED, written by the server itself."""
+async def bulk_load(
+    db: Database, lo: int, hi: int, *, flood: str = "flood", users: int = 4
+) -> None:
+    """Tasks lo..hi (inclusive) QUEUED, written by the server itself, then VACUUM ANALYZE (the
+    state autovacuum reaches; right after a bulk load the index-only skip scan must visit the
+    heap for every probe)."""
     async with db.unit(datetime.now(UTC)) as u:
         await u.conn.execute(
             text(_BULK),
@@ -126,9 +132,13 @@ async def bulk_load(db: Database, lo: int, hi: int) -> None:
                 "now": datetime.now(UTC),
                 "lo": lo,
                 "hi": hi,
+                "flood": flood,
+                "users": users,
             },
         )
-        await u.conn.execute(text("ANALYZE generation_tasks"))
+    async with db.engine.connect() as raw:
+        conn = await raw.execution_options(isolation_level="AUTOCOMMIT")
+        await conn.execute(text("VACUUM (ANALYZE) generation_tasks"))
 
 
 def make_dispatcher(db: Database, leases: Any, config: DispatcherConfig) -> Dispatcher:
@@ -185,9 +195,12 @@ async def backlog_sizes(sizes: list[int]) -> list[dict[str, Any]]:
         dispatcher = make_dispatcher(db, RedisLeaseStore(client, namespace=namespace), config)
         loaded = 0
         try:
-            for size in sizes:
+            plan = [(size, "flood", 4) for size in sizes]
+            # Then 20,000 more from one tenant with 2,000 users: the cost follows the groups.
+            plan.append((sizes[-1] + 20_000, "wide", 2_000))
+            for size, flood, users in plan:
                 t0 = time.perf_counter()
-                await bulk_load(db, loaded + 1, size)
+                await bulk_load(db, loaded + 1, size, flood=flood, users=users)
                 load_s = time.perf_counter() - t0
                 loaded = size
                 await dispatcher.next_round()  # warm: plans, connections
