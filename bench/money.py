@@ -2,7 +2,7 @@
 
 What CreateTask adds for money, on PostgreSQL: `ledger.balance` served from the cached balance
 against `ledger.derived_balance` (the sum over the tenant's entries), for a tenant whose ledger
-holds `--entries` rows (bulk-loaded server side: CREDIT / RESERVE / CHARGE triples), and one
+holds `--entries` rows (bulk-loaded server side: credits, finished tasks' RESERVE + CHARGE), one
 reserve transaction (`check_and_lock` + `reserve` + commit). Medians of `--rounds` calls, wall
 clock, on whatever load the machine carries (printed).
 
@@ -54,17 +54,11 @@ async def _drop(maintenance: str, url: str) -> None:
 
 
 async def _load(db: Database, tenant: str, entries: int) -> None:
-    """`entries` ledger rows for `tenant` (thirds: credits, reserves of tasks, their charges),
+    """About `entries` ledger rows for `tenant`: a third credits, and for the other two thirds
+    finished tasks (SUCCEEDED) each with its RESERVE and CHARGE, all bulk-loaded server side;
     then one credit through the ledger so the cached balance is current."""
-    spec = GenerationSpec(
-        tenant_id=tenant,
-        prompt="bench",
-        mode=Mode.TEXT_TO_VIDEO,
-        output=OutputSpec(width=1280, height=720, duration_ms=4000),
-    )
+    third = max(1, entries // 3)
     async with db.unit(NOW) as u:
-        task, _ = await u.create_task(spec, idempotency_key="bench", spec_hash="bench")
-        third = max(1, entries // 3)
         await u.conn.execute(
             text(
                 "INSERT INTO credit_ledger (tenant_id, kind, amount_micros, currency, task_id,"
@@ -74,20 +68,29 @@ async def _load(db: Database, tenant: str, entries: int) -> None:
             ),
             {"t": tenant, "n": third},
         )
-        # Charges without their reservations keep the partial unique indexes satisfied by
-        # pointing every row at the one task only once; the rest are plain credits/refunds.
         await u.conn.execute(
             text(
-                "INSERT INTO credit_ledger (tenant_id, kind, amount_micros, currency, task_id,"
-                " idempotency_key, actor, reason, created_at)"
-                " SELECT :t, 'REFUND', 1, 'USD', :task, 'r' || g, 'bench', '', now()"
-                " FROM generate_series(1, :n) g"
+                "INSERT INTO generation_tasks (tenant_id, user_id, project_id, idempotency_key,"
+                " spec, normalized_spec_hash, service_class, priority, status, status_version,"
+                " last_event_seq, created_at, updated_at)"
+                " SELECT :t, 'u', 'p', 'done' || g, '{}', 'h', 'STANDARD', 0, 'SUCCEEDED', 5, 5,"
+                " now(), now() FROM generate_series(1, :n) g"
             ),
-            {"t": tenant, "n": entries - third, "task": task.id},
+            {"t": tenant, "n": third},
         )
+        for kind, key in (("RESERVE", "reserve:"), ("CHARGE", "settle:")):
+            await u.conn.execute(
+                text(
+                    "INSERT INTO credit_ledger (tenant_id, kind, amount_micros, currency,"
+                    " task_id, idempotency_key, actor, reason, created_at)"
+                    f" SELECT :t, '{kind}', 480000, 'USD', id, '{key}' || id, 'system', '',"
+                    " now() FROM generation_tasks WHERE tenant_id = :t"
+                ),
+                {"t": tenant},
+            )
         await ledger.append_credit(u.conn, tenant, 1, "USD", "warm", "bench", "", NOW)
     async with db.engine.connect() as conn:
-        await conn.execute(text("ANALYZE credit_ledger"))
+        await conn.execute(text("ANALYZE"))
 
 
 async def _median_ms(rounds: int, fn: object) -> float:

@@ -5,8 +5,9 @@ contract):
 
 * `balance(conn, tenant_id, currency)` -> `Balance` (balance, reserved, available, as of the
   newest entry id). Derived: balance = CREDIT - CHARGE + REFUND; reserved = the RESERVE entries
-  whose task has no settlement (CHARGE or RELEASE) yet. Served from the ``credit_balances``
-  cache while it is as of the newest entry, else summed (`derived_balance`, the truth).
+  whose task has no settlement (CHARGE or RELEASE) yet. The balance is served from the
+  ``credit_balances`` cache while it is as of the newest CREDIT/CHARGE/REFUND entry, the held
+  amount from the live tasks' reservations; else both are summed (`derived_balance`, the truth).
 * `list_entries(conn, tenant_id, after_id, limit)` -> `CreditEntry` list, oldest first.
 * `append_credit(conn, tenant_id, amount_micros, currency, idempotency_key, actor, reason, now)`
   -> ``(CreditEntry, created)``; a replay of the key returns the stored entry, the key reused
@@ -50,7 +51,7 @@ from controlplane.domain.money import (
     platform_losses,
     settle,
 )
-from controlplane.domain.states import AttemptState, TaskState
+from controlplane.domain.states import TASK_MACHINE, AttemptState, TaskState
 from controlplane.persistence.models import credit_balances as B
 from controlplane.persistence.models import credit_ledger as C
 from controlplane.persistence.models import generation_tasks as T
@@ -89,6 +90,10 @@ __all__ = [
 
 SYSTEM_ACTOR = "system"
 _SETTLE_KINDS = (CreditKind.CHARGE.value, CreditKind.RELEASE.value)
+_BALANCE_KINDS = (CreditKind.CREDIT.value, CreditKind.CHARGE.value, CreditKind.REFUND.value)
+# In declaration order, the order of ix_generation_tasks_open_tenant's predicate (so the
+# planner can prove the index applies).
+_LIVE_TASK_STATES = tuple(s.value for s in TaskState if not TASK_MACHINE.is_terminal(s))
 
 
 class CreditKeyConflict(DomainError):
@@ -252,27 +257,57 @@ def _rate(m: RowMapping) -> UnitRate:
 async def balance(conn: AsyncConnection, tenant_id: str, currency: str) -> Balance:
     """The tenant's balance in `currency` (see the module docstring).
 
-    Read from ``credit_balances`` while its `last_entry_id` is the newest entry's (two index
-    lookups, whatever the ledger's length); derived from the entries otherwise."""
+    The balance comes from ``credit_balances`` while its `last_entry_id` is the newest
+    CREDIT / CHARGE / REFUND entry's, the held amount from the reservations of the tenant's live
+    tasks (a settlement ends a task's hold in the transaction that ends the task): index
+    lookups, whatever the ledger's length. Without a current cache: `derived_balance`."""
     cached = (
         (await conn.execute(select(B).where(B.c.tenant_id == tenant_id, B.c.currency == currency)))
         .mappings()
         .first()
     )
-    if cached is not None and cached["last_entry_id"] == await _newest_id(
-        conn, tenant_id, currency
-    ):
-        held = int(cached["reserved_micros"])
-        total = int(cached["balance_micros"])
-        return Balance(tenant_id, currency, total, held, total - held, cached["last_entry_id"])
-    return await derived_balance(conn, tenant_id, currency)
+    if cached is None or cached["last_entry_id"] != await _newest_id(conn, tenant_id, currency):
+        return await derived_balance(conn, tenant_id, currency)
+    settled = C.alias("settled")
+    held = int(
+        await conn.scalar(
+            select(func.coalesce(func.sum(C.c.amount_micros), 0))
+            .select_from(T.join(C, C.c.task_id == T.c.id))
+            .where(
+                T.c.tenant_id == tenant_id,
+                T.c.status.in_(_LIVE_TASK_STATES),
+                C.c.kind == CreditKind.RESERVE.value,
+                C.c.currency == currency,
+                ~exists().where(settled.c.task_id == T.c.id, settled.c.kind.in_(_SETTLE_KINDS)),
+            )
+        )
+        or 0
+    )
+    newest = int(
+        await conn.scalar(
+            select(C.c.id)
+            .where(C.c.tenant_id == tenant_id, C.c.currency == currency)
+            .order_by(C.c.id.desc())
+            .limit(1)
+        )
+        or 0
+    )
+    total = int(cached["balance_micros"])
+    return Balance(tenant_id, currency, total, held, total - held, newest)
 
 
 async def _newest_id(
     conn: AsyncConnection, tenant_id: str, currency: str, *, besides: int | None = None
 ) -> int:
-    query = select(func.coalesce(func.max(C.c.id), 0)).where(
-        C.c.tenant_id == tenant_id, C.c.currency == currency
+    """The newest balance-changing (CREDIT / CHARGE / REFUND) entry's id, 0 if none.
+
+    ORDER BY id DESC LIMIT 1, not max(id): one step down ix_credit_ledger_balance_entries
+    whatever the planner's row estimate."""
+    query = (
+        select(C.c.id)
+        .where(C.c.tenant_id == tenant_id, C.c.currency == currency, C.c.kind.in_(_BALANCE_KINDS))
+        .order_by(C.c.id.desc())
+        .limit(1)
     )
     if besides is not None:
         query = query.where(C.c.id != besides)
@@ -401,13 +436,12 @@ async def _account_for(
     currency: str,
     *,
     d_balance: int,
-    d_reserved: int,
     now: datetime,
 ) -> None:
-    """Fold the entry just written (`entry_id`) into the tenant's cached balance, in its
-    transaction. The row is locked (PostgreSQL), so concurrent writers apply one at a time; a
-    cache that misses an entry (none yet, or a writer that bypassed this module) is rebuilt
-    from the entries instead of being moved by the delta."""
+    """Fold the CREDIT / CHARGE / REFUND entry just written (`entry_id`) into the tenant's
+    cached balance, in its transaction. The row is locked (PostgreSQL), so concurrent writers
+    apply one at a time; a cache that misses an entry (none yet, or a writer that bypassed
+    this module) is rebuilt from the entries instead of being moved by the delta."""
     mine = and_(B.c.tenant_id == tenant_id, B.c.currency == currency)
     row = (await conn.execute(select(B).where(mine).with_for_update())).mappings().first()
     if row is not None and row["last_entry_id"] == await _newest_id(
@@ -419,7 +453,6 @@ async def _account_for(
             .where(mine)
             .values(
                 balance_micros=B.c.balance_micros + d_balance,
-                reserved_micros=B.c.reserved_micros + d_reserved,
                 last_entry_id=newest,
                 updated_at=now,
             )
@@ -428,8 +461,7 @@ async def _account_for(
     truth = await derived_balance(conn, tenant_id, currency)
     values = {
         "balance_micros": truth.balance_micros,
-        "reserved_micros": truth.reserved_micros,
-        "last_entry_id": truth.as_of_entry_id,
+        "last_entry_id": await _newest_id(conn, tenant_id, currency),
         "updated_at": now,
     }
     if row is None:
@@ -494,8 +526,10 @@ async def reserve(
     *,
     reason: str = "",
 ) -> CreditEntry:
-    """The task's one RESERVE entry (call `check_and_lock` first, in the same transaction)."""
-    entry_id = await conn.scalar(
+    """The task's one RESERVE entry (call `check_and_lock` first, in the same transaction).
+
+    It does not touch the cached balance row: a tenant's CreateTasks do not queue on it."""
+    await conn.scalar(
         _insert_once(conn, C, ["tenant_id", "idempotency_key"])
         .values(
             tenant_id=tenant_id,
@@ -510,16 +544,6 @@ async def reserve(
         )
         .returning(C.c.id)
     )
-    if entry_id is not None:
-        await _account_for(
-            conn,
-            entry_id,
-            tenant_id,
-            reservation.currency,
-            d_balance=0,
-            d_reserved=reservation.amount_micros,
-            now=now,
-        )
     stored = await reservation_of(conn, task_id)
     assert stored is not None
     return stored
@@ -560,9 +584,7 @@ async def append_credit(  # noqa: PLR0917 (the positional signature of the money
     )
     if inserted is not None:
         entry = _credit(inserted)
-        await _account_for(
-            conn, entry.id, tenant_id, currency, d_balance=amount_micros, d_reserved=0, now=now
-        )
+        await _account_for(conn, entry.id, tenant_id, currency, d_balance=amount_micros, now=now)
         return entry, True
     stored = await _one_entry(
         conn, C.c.tenant_id == tenant_id, C.c.idempotency_key == idempotency_key
@@ -687,16 +709,10 @@ async def settle_task(
     )
     if entry_id is None:
         return await settlement_of(conn, task_id)  # settled already (a racing writer)
-    charged = outcome.amount_micros if outcome.kind is CreditKind.CHARGE else 0
-    await _account_for(
-        conn,
-        entry_id,
-        held.tenant_id,
-        held.currency,
-        d_balance=-charged,
-        d_reserved=-held.amount_micros,
-        now=now,
-    )
+    if outcome.kind is CreditKind.CHARGE:  # a RELEASE changes no balance, only the hold
+        await _account_for(
+            conn, entry_id, held.tenant_id, held.currency, d_balance=-outcome.amount_micros, now=now
+        )
     bills = [
         AttemptBill(
             attempt_id=r["id"],

@@ -150,6 +150,8 @@ class ProviderPriceVersion(Base):
 
 
 _WHERE_QUEUED = text("status = 'QUEUED'")
+# Revision 0006: a tenant's live tasks, whose reservations are still held (persistence.ledger).
+_WHERE_OPEN = text("status IN ('QUEUED', 'SCHEDULING', 'SUBMITTING', 'RUNNING', 'OUTPUT_FETCHING')")
 
 
 class GenerationTask(Base):
@@ -172,6 +174,12 @@ class GenerationTask(Base):
             "id",
             postgresql_where=_WHERE_QUEUED,
             sqlite_where=_WHERE_QUEUED,
+        ),
+        Index(
+            "ix_generation_tasks_open_tenant",
+            "tenant_id",
+            postgresql_where=_WHERE_OPEN,
+            sqlite_where=_WHERE_OPEN,
         ),
     )
 
@@ -427,6 +435,7 @@ class LeaseAuditEvent(Base):
 
 
 _WHERE_RESERVE = text("kind = 'RESERVE'")
+_WHERE_BALANCE = text("kind IN ('CREDIT', 'CHARGE', 'REFUND')")
 _WHERE_SETTLE = text("kind IN ('CHARGE', 'RELEASE')")
 
 
@@ -448,6 +457,14 @@ class CreditEntryRow(Base):
         ),
         Index("ix_credit_ledger_tenant_id_id", "tenant_id", "id"),
         Index("ix_credit_ledger_task_id", "task_id"),
+        Index(
+            "ix_credit_ledger_balance_entries",
+            "tenant_id",
+            "currency",
+            "id",
+            postgresql_where=_WHERE_BALANCE,
+            sqlite_where=_WHERE_BALANCE,
+        ),
         Index(
             "uq_credit_ledger_one_reserve",
             "task_id",
@@ -478,17 +495,19 @@ class CreditEntryRow(Base):
 
 
 class CreditBalance(Base):
-    """The derived balance cached per (tenant, currency), as of `last_entry_id` (revision 0006).
+    """The balance (CREDIT - CHARGE + REFUND) cached per (tenant, currency), as of
+    `last_entry_id`, the newest of those entries it includes (revision 0006).
 
     A cache, never the truth: `persistence.ledger.balance` uses it only while `last_entry_id`
-    is the newest entry's id, and derives the balance from `credit_ledger` otherwise."""
+    is the newest such entry's id, and derives the balance from `credit_ledger` otherwise.
+    Reservations are not in it (they would make every CreateTask of a tenant queue on this
+    row): the held amount is read from the tenant's live tasks."""
 
     __tablename__ = "credit_balances"
 
     tenant_id: Mapped[str] = mapped_column(Text, primary_key=True)
     currency: Mapped[str] = mapped_column(CHAR(3), primary_key=True)
     balance_micros: Mapped[int] = mapped_column(BigInteger)
-    reserved_micros: Mapped[int] = mapped_column(BigInteger)
     last_entry_id: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime)
 

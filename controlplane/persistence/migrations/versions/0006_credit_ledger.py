@@ -11,9 +11,11 @@ Design 9.23.1 / 9.23.2: two books, never mixed, both append-only and in integer 
   the task's one settlement (CHARGE or RELEASE) ends the hold. Every row has its own
   idempotency key, UNIQUE per tenant; partial UNIQUE indexes make a second RESERVE of a task
   and a second settlement (CHARGE or RELEASE) of a task impossible in the database itself.
-* ``credit_balances``: the derived balance cached per (tenant, currency) with the id of the
-  newest entry it includes, updated by every ledger write in its transaction; a reader uses it
-  only while that id is the newest entry's, else it derives the balance from the entries.
+* ``credit_balances``: the balance (CREDIT - CHARGE + REFUND) cached per (tenant, currency)
+  with the id of the newest such entry it includes, updated in the transaction of each; a
+  reader uses it only while that id is the newest such entry's, else it derives the balance
+  from the entries. The held amount is summed over the tenant's live tasks' reservations
+  (``ix_generation_tasks_open_tenant``), so reserving never queues on the cache row.
 * ``provider_usage_ledger``: the platform's side, per attempt and provider job: EXPECTED when a
   provider accepts, ACTUAL when the job or the usage says so, PLATFORM_LOSS for provider cost
   the tenant is not charged (with the evidence). ``idempotency_key`` is UNIQUE.
@@ -105,6 +107,24 @@ def upgrade() -> None:
     )
     op.create_index("ix_credit_ledger_tenant_id_id", "credit_ledger", ["tenant_id", "id"])
     op.create_index("ix_credit_ledger_task_id", "credit_ledger", ["task_id"])
+    where_balance = sa.text("kind IN ('CREDIT', 'CHARGE', 'REFUND')")
+    op.create_index(
+        "ix_credit_ledger_balance_entries",
+        "credit_ledger",
+        ["tenant_id", "currency", "id"],
+        postgresql_where=where_balance,
+        sqlite_where=where_balance,
+    )
+    where_open = sa.text(
+        "status IN ('QUEUED', 'SCHEDULING', 'SUBMITTING', 'RUNNING', 'OUTPUT_FETCHING')"
+    )
+    op.create_index(
+        "ix_generation_tasks_open_tenant",
+        "generation_tasks",
+        ["tenant_id"],
+        postgresql_where=where_open,
+        sqlite_where=where_open,
+    )
     where_reserve = sa.text("kind = 'RESERVE'")
     where_settle = sa.text("kind IN ('CHARGE', 'RELEASE')")
     op.create_index(
@@ -128,7 +148,6 @@ def upgrade() -> None:
         sa.Column("tenant_id", sa.Text(), nullable=False),
         sa.Column("currency", sa.CHAR(3), nullable=False),
         sa.Column("balance_micros", sa.BigInteger(), nullable=False),
-        sa.Column("reserved_micros", sa.BigInteger(), nullable=False),
         sa.Column("last_entry_id", sa.BigInteger(), nullable=False),
         _ts("updated_at"),
         sa.PrimaryKeyConstraint("tenant_id", "currency", name="pk_credit_balances"),
@@ -210,6 +229,8 @@ def downgrade() -> None:
     op.drop_table("credit_balances")
     op.drop_index("uq_credit_ledger_one_settlement", table_name="credit_ledger")
     op.drop_index("uq_credit_ledger_one_reserve", table_name="credit_ledger")
+    op.drop_index("ix_generation_tasks_open_tenant", table_name="generation_tasks")
+    op.drop_index("ix_credit_ledger_balance_entries", table_name="credit_ledger")
     op.drop_index("ix_credit_ledger_task_id", table_name="credit_ledger")
     op.drop_index("ix_credit_ledger_tenant_id_id", table_name="credit_ledger")
     op.drop_table("credit_ledger")
