@@ -160,7 +160,8 @@ def decision_case(n: int, *, distinct: bool = False, cold: bool = False) -> Deci
     if distinct:
         cands = distinct_capabilities(cands)
     catalog = tuple(cands)
-    version = catalog_version(catalog)
+    # Each case its own plan: equal clones under one version would rebuild it at every switch.
+    version = catalog_version(catalog) + ("-cold" if cold else "")
     cfg = RouterConfig(policy=example_policy("bench"), shadow_policy=SHADOW)
     capacity = {c.id: CapacityView(3, 4) for c in catalog}
     health = {c.id: HealthView(0.9, 100.0, 120.0) for c in catalog}
