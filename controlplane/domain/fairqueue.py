@@ -3,7 +3,8 @@
 This room decides *which queued task goes next*; it holds no durable state. PostgreSQL is the
 queue's source of truth (9.12.4): this structure is an accelerator that can be rebuilt from the
 task rows at any time (``FairQueue.rebuild``), optionally warmed with a ``snapshot()`` of the
-round-robin state kept in Redis.
+round-robin state (the dispatcher carries it across rounds and checkpoints it per shard, so a
+new leader serves on in the same order; `parse_snapshot` reads a stored one back).
 
 Three levels:
 

@@ -15,9 +15,15 @@ flood's own head. How, per backend:
   QUEUED rows of the found groups. Simpler, O(backlog), fine for its scale.
 
 How many rows a group gets is set per round: ``rows // groups``, clipped to
-``[1, per_group_max]``. A group that returned that many may hold more (`QueueHeads.partial`);
-the fair queue stops the round when it drains one (`FairQueue.pop_next`), rather than take it for
-empty. In-flight tasks are one ``GROUP BY tenant_id`` aggregate, not rows.
+``[1, per_group_max]``. A group that returned that many may hold more (`QueueHeads.partial`):
+when the fair queue needs it again after its rows ran out, it names it (`FairQueue.drained`)
+and the dispatcher reads its next rows (`more`), so the order is that of reading every row.
+In-flight tasks are one ``GROUP BY tenant_id`` aggregate, not rows. Heads are a light
+projection (no spec); the full rows of a round's take are read once (`tasks`).
+
+The known limit: a round costs O(groups), ~70 us per group (bench/RESULTS.md: 3,601 groups,
+263 ms), and past ``max_groups`` the groups last in index order are not seen that round. A
+per-tenant user cursor (read only the next users of the tenants served) would remove it.
 
 ``fair_queue_state`` is the deficit round robin's checkpoint per shard, written by the leader
 after each round that served something: a new leader starts from it and serves in the order the
@@ -51,9 +57,9 @@ __all__ = ["GroupKey", "QueueHead", "QueueHeads", "QueueQueries", "oldest_by_cla
 
 GroupKey = tuple[str, str, str, float]  # service class, tenant, user, priority (an integer)
 
-# Next group after g: the index's first QUEUED entry past g's key (row comparison, one probe).
 _TYPED = frozenset({"created_at", "deadline_at", "queue_deadline_at"})
 
+# Next group after g: the index's first QUEUED entry past g's key (row comparison, one probe).
 _GROUPS = """
 WITH RECURSIVE g(sc, te, us, pr) AS (
   SELECT * FROM (
