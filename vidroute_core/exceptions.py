@@ -33,12 +33,13 @@ class DomainError(Exception):
 
 
 class InvalidSpec(DomainError):
-    """A `GenerationSpec` failed validation; `violations` lists every broken rule, in order."""
+    """A request (a `GenerationSpec` or any RPC argument) failed validation; `violations` lists
+    every broken rule, in order, each naming its field path."""
 
     def __init__(self, violations: Sequence[FieldViolation]) -> None:
         self.violations: tuple[FieldViolation, ...] = tuple(violations)
         summary = "; ".join(f"{v.field}: {v.description}" for v in self.violations)
-        super().__init__(f"invalid generation spec: {summary}")
+        super().__init__(f"invalid argument: {summary}")
 
 
 class IdempotencyConflict(DomainError):
