@@ -270,6 +270,9 @@ class LeaseStore(Protocol):
     """Refuse acquires in accounts that are not live. Turn it on only where something restores."""
     on_not_live: Callable[[str], None] | None
     """Told the account whenever a fail-closed acquire is refused there: time to restore it."""
+    on_freed: Callable[[str], None] | None
+    """Told the account whenever slots there came back (a release, a reclaim of an expired
+    lease, also inside an acquire): the dispatcher wakes the tasks parked on it (9.12)."""
 
     async def now_ms(self) -> int:
         """Return the store's clock in ms: Redis server TIME, or the memory store's clock."""
@@ -283,6 +286,16 @@ class LeaseStore(Protocol):
         holder's slots come back without a sweeper. If the attempt already holds a live lease in
         this account, that lease comes back unchanged (idempotent).
         """
+        ...
+
+    async def acquire_many(self, requests: Sequence[LeaseRequest]) -> list[Lease | None]:
+        """`acquire` for every request, in order, in ONE round trip to the store (a dispatch
+        round's batch). Each request is atomic on its own (all its dimensions or none); later
+        requests see the slots earlier ones took. The answer is aligned with `requests`."""
+        ...
+
+    async def release_many(self, leases: Sequence[Lease]) -> list[bool]:
+        """`release` for every lease in ONE round trip; aligned with `leases`."""
         ...
 
     async def renew(self, lease: Lease) -> Lease | None:

@@ -52,6 +52,7 @@ class MemoryLeaseStore:
         self._on_unknown_slots_full = on_unknown_slots_full
         self.fail_closed = fail_closed
         self.on_not_live: Callable[[str], None] | None = None
+        self.on_freed: Callable[[str], None] | None = None
         self._lock = asyncio.Lock()
         self.forget_everything()
 
@@ -75,45 +76,62 @@ class MemoryLeaseStore:
     async def acquire(self, req: LeaseRequest) -> Lease | None:
         """Reserve every dimension or none. See `LeaseStore.acquire`."""
         async with self._lock:
-            now = self._clock()
-            self._accounts.add(req.account)
-            if self.fail_closed and req.account not in self._live:
-                self.metrics.rejected_not_live += 1
-                if self.on_not_live is not None:
-                    self.on_not_live(req.account)
+            return self._acquire(req)
+
+    async def acquire_many(self, requests: Sequence[LeaseRequest]) -> list[Lease | None]:
+        """Every request in order under one hold of the lock. See `LeaseStore.acquire_many`."""
+        async with self._lock:
+            return [self._acquire(req) for req in requests]
+
+    async def release_many(self, leases: Sequence[Lease]) -> list[bool]:
+        """Every release under one hold of the lock. See `LeaseStore.release_many`."""
+        async with self._lock:
+            return [self._release(lease) for lease in leases]
+
+    def _acquire(self, req: LeaseRequest) -> Lease | None:
+        now = self._clock()
+        self._accounts.add(req.account)
+        if self.fail_closed and req.account not in self._live:
+            self.metrics.rejected_not_live += 1
+            if self.on_not_live is not None:
+                self.on_not_live(req.account)
+            return None
+        reclaimed = 0
+        for lease in [v for (a, _), v in self._leases.items() if a == req.account]:
+            if lease.expires_at_ms <= now:  # a dead holder's slots come back on acquire
+                self._drop(lease)
+                self.metrics.reclaimed += 1
+                reclaimed += 1
+        if reclaimed:
+            self._freed(req.account)
+        existing = self._leases.get((req.account, req.attempt_id))
+        if existing is not None:
+            self.metrics.reacquired += 1
+            return existing
+        for dim in req.dimensions:
+            if self._used.get((req.account, dim.key), 0) + req.slots > dim.capacity:
+                self.metrics.rejected_no_capacity += 1
                 return None
-            for lease in [v for (a, _), v in self._leases.items() if a == req.account]:
-                if lease.expires_at_ms <= now:  # a dead holder's slots come back on acquire
-                    self._drop(lease)
-                    self.metrics.reclaimed += 1
-            existing = self._leases.get((req.account, req.attempt_id))
-            if existing is not None:
-                self.metrics.reacquired += 1
-                return existing
-            for dim in req.dimensions:
-                if self._used.get((req.account, dim.key), 0) + req.slots > dim.capacity:
-                    self.metrics.rejected_no_capacity += 1
-                    return None
-            for dim in req.dimensions:
-                ref = (req.account, dim.key)
-                self._used[ref] = self._used.get(ref, 0) + req.slots
-                self._capacity[ref] = dim.capacity
-            self._fence[req.account] = self._fence.get(req.account, 0) + 1
-            lease = Lease(
-                attempt_id=req.attempt_id,
-                account=req.account,
-                token=secrets.token_hex(16),
-                fencing_token=self._fence[req.account],
-                dimensions=req.dimensions,
-                slots=req.slots,
-                acquired_at_ms=now,
-                expires_at_ms=now + req.ttl_ms,
-                ttl_ms=req.ttl_ms,
-                max_term_ms=req.max_term_ms,
-            )
-            self._leases[(req.account, req.attempt_id)] = lease
-            self.metrics.acquired += 1
-            return lease
+        for dim in req.dimensions:
+            ref = (req.account, dim.key)
+            self._used[ref] = self._used.get(ref, 0) + req.slots
+            self._capacity[ref] = dim.capacity
+        self._fence[req.account] = self._fence.get(req.account, 0) + 1
+        lease = Lease(
+            attempt_id=req.attempt_id,
+            account=req.account,
+            token=secrets.token_hex(16),
+            fencing_token=self._fence[req.account],
+            dimensions=req.dimensions,
+            slots=req.slots,
+            acquired_at_ms=now,
+            expires_at_ms=now + req.ttl_ms,
+            ttl_ms=req.ttl_ms,
+            max_term_ms=req.max_term_ms,
+        )
+        self._leases[(req.account, req.attempt_id)] = lease
+        self.metrics.acquired += 1
+        return lease
 
     async def renew(self, lease: Lease) -> Lease | None:
         """Extend the expiry, capped at the max term. See `LeaseStore.renew`."""
@@ -132,14 +150,22 @@ class MemoryLeaseStore:
     async def release(self, lease: Lease) -> bool:
         """Return the slots once, if the token matches. See `LeaseStore.release`."""
         async with self._lock:
-            record = self._leases.get((lease.account, lease.attempt_id))
-            if record is None or not _same_holder(record, lease):
-                return False
-            if record.dimensions != lease.dimensions:
-                raise InvalidLeaseRequest("release: lease dimensions differ from the record")
-            self._drop(record)
-            self.metrics.released += 1
-            return True
+            return self._release(lease)
+
+    def _release(self, lease: Lease) -> bool:
+        record = self._leases.get((lease.account, lease.attempt_id))
+        if record is None or not _same_holder(record, lease):
+            return False
+        if record.dimensions != lease.dimensions:
+            raise InvalidLeaseRequest("release: lease dimensions differ from the record")
+        self._drop(record)
+        self.metrics.released += 1
+        self._freed(record.account)
+        return True
+
+    def _freed(self, account: str) -> None:
+        if self.on_freed is not None:
+            self.on_freed(account)
 
     async def mark_unknown(self, lease: Lease, unknown_cap: int) -> bool:
         """Move the slots into the unknown budget unless full. See `LeaseStore.mark_unknown`."""
@@ -197,6 +223,8 @@ class MemoryLeaseStore:
             for lease in expired:
                 self._drop(lease)
             self.metrics.reclaimed += len(expired)
+            for account in sorted({lease.account for lease in expired}):
+                self._freed(account)
             return [lease.attempt_id for lease in expired]
 
     async def is_live(self, account: str) -> bool:

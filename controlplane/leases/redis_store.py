@@ -37,7 +37,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError, WatchError
+from redis.exceptions import NoScriptError, RedisError, ResponseError, WatchError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from controlplane.leases import _lua
@@ -168,6 +168,7 @@ class RedisLeaseStore:
         self._on_unknown_slots_full = on_unknown_slots_full
         self.fail_closed = fail_closed
         self.on_not_live: Callable[[str], None] | None = None
+        self.on_freed: Callable[[str], None] | None = None
         self._acquire = client.register_script(_lua.ACQUIRE)
         self._drop = client.register_script(_lua.DROP)
         self._renew = client.register_script(_lua.RENEW)
@@ -199,6 +200,95 @@ class RedisLeaseStore:
 
     async def acquire(self, req: LeaseRequest) -> Lease | None:
         """Reserve every dimension or none in one script. See `LeaseStore.acquire`."""
+        keys, args = self._acquire_call(req)
+        async with _translated("acquire"):
+            await self._register(req.account)
+            reply = await self._acquire(keys=keys, args=args)
+        return self._acquired(req, reply)
+
+    async def acquire_many(self, requests: Sequence[LeaseRequest]) -> list[Lease | None]:
+        """One pipeline (one round trip): the accounts' registrations, then one ACQUIRE script
+        call per request in order. See `LeaseStore.acquire_many`.
+
+        Each script is atomic per account (its keys share the hash tag), so the batch stays
+        correct on Redis Cluster, where the pipeline is split per node.
+        """
+        if not requests:
+            return []
+        for req in requests:
+            validate_account(req.account)
+        calls = [self._acquire_call(req) for req in requests]
+        accounts = sorted({req.account for req in requests})
+        async with _translated("acquire_many"):
+            replies = await self._evalsha_batch(
+                self._acquire,
+                calls,
+                prelude=[("SADD", f"{self._ns}accounts", *accounts)],
+            )
+        return [self._acquired(req, reply) for req, reply in zip(requests, replies, strict=True)]
+
+    async def release_many(self, leases: Sequence[Lease]) -> list[bool]:
+        """One pipeline of DROP script calls. See `LeaseStore.release_many`."""
+        if not leases:
+            return []
+        calls = [
+            self._drop_call(
+                lease.account,
+                lease.attempt_id,
+                lease.token,
+                lease.dimensions,
+                mode="release",
+                now_ms=None,
+                fence=str(lease.fencing_token),
+            )
+            for lease in leases
+        ]
+        async with _translated("release_many"):
+            replies = await self._evalsha_batch(self._drop, calls)
+        done = [int(r) == 1 for r in replies]
+        self.metrics.released += sum(done)
+        for account in sorted(
+            {lease.account for lease, ok in zip(leases, done, strict=True) if ok}
+        ):
+            self._freed(account)
+        return done
+
+    async def _evalsha_batch(
+        self,
+        script: Any,
+        calls: Sequence[tuple[list[str], list[str | int]]],
+        *,
+        prelude: Sequence[tuple[Any, ...]] = (),
+    ) -> list[Any]:
+        """Run `script` once per (keys, args) in one non-transactional pipeline; the replies.
+
+        EVALSHA by hand (redis-py's pipeline would add a SCRIPT EXISTS round trip per execute);
+        a server that lost the script (restart, SCRIPT FLUSH) answers NOSCRIPT, which loads it
+        and runs the batch again: a NOSCRIPT call did nothing, so nothing runs twice.
+        """
+        for _ in range(2):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for command in prelude:
+                    pipe.execute_command(*command)
+                for keys, args in calls:
+                    pipe.evalsha(script.sha, len(keys), *keys, *args)
+                replies = await pipe.execute(raise_on_error=False)
+            replies = replies[len(prelude) :]
+            if not any(isinstance(r, NoScriptError) for r in replies):
+                for reply in replies:
+                    if isinstance(reply, Exception):
+                        raise reply
+                return list(replies)
+            if not all(isinstance(r, NoScriptError) for r in replies):
+                raise LeaseBackendError("scripts vanished in the middle of a batch")
+            await self._redis.script_load(script.script)
+        raise LeaseBackendError("the script could not be loaded")
+
+    def _freed(self, account: str) -> None:
+        if self.on_freed is not None:
+            self.on_freed(account)
+
+    def _acquire_call(self, req: LeaseRequest) -> tuple[list[str], list[str | int]]:
         keys = [
             self._key("lease", req.account, req.attempt_id),
             self._key("leases", req.account),
@@ -224,11 +314,13 @@ class RedisLeaseStore:
         ]
         for dim in req.dimensions:
             args += [dim.key, dim.capacity]
-        async with _translated("acquire"):
-            await self._register(req.account)
-            reply = await self._acquire(keys=keys, args=args)
+        return keys, args
+
+    def _acquired(self, req: LeaseRequest, reply: Any) -> Lease | None:
         code = int(reply[0])
         self.metrics.reclaimed += int(reply[2])
+        if int(reply[2]):
+            self._freed(req.account)
         if code == 4:
             self.metrics.rejected_not_live += 1
             if self.on_not_live is not None:
@@ -274,6 +366,7 @@ class RedisLeaseStore:
             )
         if released:
             self.metrics.released += 1
+            self._freed(lease.account)
         return released
 
     async def mark_unknown(self, lease: Lease, unknown_cap: int) -> bool:
@@ -305,6 +398,7 @@ class RedisLeaseStore:
     async def reclaim_expired(self, now_ms: int | None = None) -> list[str]:
         """Return expired leases' slots, all accounts. See `LeaseStore.reclaim_expired`."""
         reclaimed: list[str] = []
+        freed: set[str] = set()
         async with _translated("reclaim_expired"):
             now = await self.now_ms() if now_ms is None else now_ms
             for account in await self.accounts():
@@ -317,9 +411,12 @@ class RedisLeaseStore:
                         attempt_id = _text(raw_id)
                         if await self._reclaim_one(account, attempt_id, now_ms):
                             reclaimed.append(attempt_id)
+                            freed.add(account)
                     if len(due) < _RECLAIM_BATCH:
                         break
         self.metrics.reclaimed += len(reclaimed)
+        for account in sorted(freed):
+            self._freed(account)
         return reclaimed
 
     async def is_live(self, account: str) -> bool:
@@ -452,13 +549,29 @@ class RedisLeaseStore:
         now_ms: int | None,
         fence: str = "",
     ) -> bool:
+        keys, args = self._drop_call(
+            account, attempt_id, token, dims, mode=mode, now_ms=now_ms, fence=fence
+        )
+        return int(await self._drop(keys=keys, args=args)) == 1
+
+    def _drop_call(
+        self,
+        account: str,
+        attempt_id: str,
+        token: str,
+        dims: Sequence[Dimension],
+        *,
+        mode: str,
+        now_ms: int | None,
+        fence: str = "",
+    ) -> tuple[list[str], list[str | int]]:
         keys = [
             self._key("lease", account, attempt_id),
             self._key("leases", account),
             self._key("unknown", account),
             *self._capacity_keys(account, dims),
         ]
-        args = [
+        args: list[str | int] = [
             token,
             attempt_id,
             _encode_dims(dims),
@@ -466,7 +579,7 @@ class RedisLeaseStore:
             "" if now_ms is None else str(now_ms),
             fence,
         ]
-        return int(await self._drop(keys=keys, args=args)) == 1
+        return keys, args
 
     async def _reclaim_one(self, account: str, attempt_id: str, now_ms: int | None) -> bool:
         """Reclaim one expired lease; reading the record first lets the script declare its keys."""

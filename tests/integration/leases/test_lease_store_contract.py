@@ -597,3 +597,45 @@ async def test_unreachable_redis_raises_lease_backend_error() -> None:
             await store.acquire(request_for("a-1"))
     finally:
         await client.aclose()
+
+
+# -- batches (one round trip per dispatch round) ----------------------------------------------------
+
+
+async def test_acquire_many_grants_in_order_each_request_all_or_nothing(backend: Backend) -> None:
+    """A batch is the single acquires in order: later requests see earlier grants, a full
+    dimension refuses only the requests that need it, other accounts are unaffected."""
+    store = backend.store
+    reqs = [request_for(f"b{i}") for i in range(3)]  # GEN45 holds 2
+    reqs.append(request_for("other", (ALL_VIDEO,), account=OTHER_ACCOUNT))
+    reqs.append(request_for("b0"))  # the same attempt again: its held lease, unchanged
+    got = await store.acquire_many(reqs)
+    assert [g is not None for g in got] == [True, True, False, True, True]
+    assert got[4] == got[0]
+    assert await usage(store) == {"all-video": 2, "gen4.5": 2, "region-us": 2}
+    assert await store.used(OTHER_ACCOUNT, "all-video") == 1
+    assert await store.acquire_many([]) == []
+
+
+async def test_release_many_returns_every_slot_once_and_reports_the_accounts(
+    backend: Backend,
+) -> None:
+    """Releasing a batch gives back each lease's slots exactly once (a second release of the
+    same leases changes nothing) and tells `on_freed` every account that got slots back."""
+    store = backend.store
+    freed: list[str] = []
+    store.on_freed = freed.append
+    got = await store.acquire_many(
+        [
+            request_for("r0"),
+            request_for("r1", (ALL_VIDEO,)),
+            request_for("r2", (ALL_VIDEO,), account=OTHER_ACCOUNT),
+        ]
+    )
+    leases = [g for g in got if g is not None]
+    assert len(leases) == 3
+    assert await store.release_many(leases) == [True, True, True]
+    assert sorted(set(freed)) == sorted({ACCOUNT, OTHER_ACCOUNT})
+    assert await store.release_many(leases) == [False, False, False]
+    assert await usage(store) == {"all-video": 0, "gen4.5": 0, "region-us": 0}
+    assert await store.used(OTHER_ACCOUNT, "all-video") == 0
