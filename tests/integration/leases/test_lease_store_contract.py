@@ -599,7 +599,7 @@ async def test_unreachable_redis_raises_lease_backend_error() -> None:
         await client.aclose()
 
 
-# -- batches (one round trip per dispatch round) ----------------------------------------------------
+# -- batches (one round trip per dispatch round) ----------------------------------------------
 
 
 async def test_acquire_many_grants_in_order_each_request_all_or_nothing(backend: Backend) -> None:
