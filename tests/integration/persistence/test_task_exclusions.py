@@ -14,7 +14,7 @@ from controlplane.domain.outbox import Topic
 from controlplane.domain.requeue import ExcludedCandidate, RequeueRequest
 from controlplane.persistence import exclusions
 from controlplane.persistence.database import Database
-from controlplane.persistence.migrate import upgrade
+from controlplane.persistence.migrate import downgrade, upgrade
 from controlplane.persistence.models import task_exclusions
 from controlplane.persistence.records import AttemptRecord, NewOutboxMessage
 from tests.integration.persistence.builders import NOW, Scenario
@@ -143,11 +143,15 @@ async def test_history_written_before_revision_0004_survives_the_upgrade(
     empty_database_url: str,
 ) -> None:
     """A task requeued by a 0003 control plane (its exclusions in ``task.requeue`` payloads)
-    keeps them after the upgrade: the revision copies the payloads into rows, merged."""
-    await upgrade(empty_database_url, "0003_attempt_evidence")
+    keeps them after the upgrade: the revision copies the payloads into rows, merged.
+
+    Today's code writes the task and attempt at head (it reads columns later revisions add);
+    the database then goes down to 0003, where the 0003 control plane's payloads are written."""
+    await upgrade(empty_database_url)
     db = Database.from_url(empty_database_url)
     try:
         attempt = await Scenario(db).attempt()
+        await downgrade(empty_database_url, "0003_attempt_evidence")
         account, task_id = attempt.provider_account_id, attempt.task_id
 
         def payload(*excluded: dict[str, object], pinned: bool) -> dict[str, object]:

@@ -24,11 +24,11 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
+# Plain ALTER TABLE on both databases (SQLite >= 3.35 drops a column in place): a batch
+# operation would rebuild generation_tasks on SQLite, which the rows referencing it forbid.
 def upgrade() -> None:
-    with op.batch_alter_table("generation_tasks") as batch:
-        batch.add_column(sa.Column("trace_context", sa.Text(), nullable=True))
+    op.add_column("generation_tasks", sa.Column("trace_context", sa.Text(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("generation_tasks") as batch:
-        batch.drop_column("trace_context")
+    op.drop_column("generation_tasks", "trace_context")
