@@ -9,6 +9,7 @@ see one exception for "down, try again" whatever the driver.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -28,6 +29,7 @@ class Database:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
+        self._writer = asyncio.Lock() if engine.dialect.name == "sqlite" else None
 
     @classmethod
     def from_url(cls, url: str) -> Database:
@@ -42,8 +44,19 @@ class Database:
     async def unit(self, now: datetime) -> AsyncIterator[SqlUnitOfWork]:
         """One transaction; commits when the block exits normally, rolls back otherwise."""
         with translate_outage():
-            async with self._engine.begin() as conn:
+            async with self._begin() as conn:
                 yield SqlUnitOfWork(conn, now)
+
+    @asynccontextmanager
+    async def _begin(self) -> AsyncIterator[AsyncConnection]:
+        if self._writer is None:
+            async with self._engine.begin() as conn:
+                yield conn
+            return
+        # SQLite has one write lock per file: writers of this process queue here, in order,
+        # instead of polling it in the driver's busy handler (sleeps up to 100 ms each try).
+        async with self._writer, self._engine.begin() as conn:
+            yield conn
 
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[AsyncConnection]:

@@ -69,7 +69,11 @@ def create_engine(url: str | URL, *, echo: bool = False, **kwargs: Any) -> Async
         engine = _create_async_engine(parsed, echo=echo, connect_args=connect_args, **kwargs)
         _install_sqlite_hooks(engine)
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
+    # No pre-ping: it was a round trip before every checkout (every call of the API and every
+    # unit of the workers). A connection the server dropped fails its first statement instead,
+    # which `errors.translate_outage` turns into StoreUnavailable (UNAVAILABLE, retried), and the
+    # disconnect invalidates the whole pool, so the next checkout connects afresh.
+    kwargs.setdefault("pool_pre_ping", False)
     return _create_async_engine(parsed, echo=echo, **kwargs)
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -38,11 +38,10 @@ from controlplane.domain.money import Reservation
 from controlplane.domain.outbox import Topic
 from controlplane.domain.requeue import RequeueRequest
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
-from controlplane.persistence import _reads, _rows, _sql, exclusions, ledger
+from controlplane.persistence import _create, _reads, _rows, _sql, exclusions, ledger
 from controlplane.persistence._unit_catalog import CatalogWrites
 from controlplane.persistence._unit_execution import ExecutionWrites
 from controlplane.persistence.errors import ConcurrentModification, DuplicateRecord
-from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.models import outbox as O
 from controlplane.persistence.models import task_attempts as A
 from controlplane.persistence.records import (
@@ -59,7 +58,6 @@ from controlplane.persistence.records import (
     RouteDecisionRecord,
     TaskRecord,
 )
-from vidroute_core.codec import spec_to_dict
 from vidroute_core.exceptions import NotFound
 from vidroute_core.spec import GenerationSpec
 
@@ -123,74 +121,22 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         """Insert a QUEUED task with its first event and a ``task.queued`` outbox message.
         `trace_context` is the creating call's W3C traceparent (a replay keeps the first one's).
 
-        With a `reservation`, the task's one RESERVE entry is written with it (9.23.1), after
-        the tenant is locked and its available credit checked (`ledger.check_and_lock`); a
-        refusal raises `InsufficientCredit` and the unit rolls back, so nothing is written. Both
-        come last, so the tenant's lock is held for as little of the transaction as possible
-        (its CreateTasks queue on it). A replay reserves nothing again.
+        With a `reservation`, the task's one RESERVE entry is written with it (9.23.1); under a
+        policy with a floor after the tenant is locked and its available credit checked
+        (`ledger.check_and_lock`), last, so the tenant's lock is held for as little of the
+        transaction as possible. A refusal raises `InsufficientCredit` and the unit rolls back,
+        so nothing is written. A replay reserves nothing again.
 
         Returns ``(task, created)``. A replay of ``(tenant, idempotency_key)`` with the same
         `spec_hash` returns the stored task with ``created=False``; with another hash it raises
-        `IdempotencyConflict`. Concurrent creators race on the UNIQUE constraint: the loser's
-        insert fails (inside a savepoint, so the unit stays usable) and it returns the winner's.
+        `IdempotencyConflict`. Concurrent creators meet in INSERT ... ON CONFLICT DO NOTHING: the
+        loser inserts nothing and returns the winner's task. On PostgreSQL the whole write is one
+        statement (`_create`).
         """
-        existing = await _reads.task_by_key(self.conn, spec.tenant_id, idempotency_key)
-        if existing is not None:
-            return _sql.replay(existing, spec_hash), False
-        try:
-            async with self.conn.begin_nested():
-                row = (
-                    (
-                        await self.conn.execute(
-                            insert(T)
-                            .values(
-                                tenant_id=spec.tenant_id,
-                                user_id=spec.user_id,
-                                project_id=spec.project_id,
-                                idempotency_key=idempotency_key,
-                                spec=spec_to_dict(spec),
-                                normalized_spec_hash=spec_hash,
-                                service_class=spec.service_class.value,
-                                priority=spec.priority,
-                                status=TaskState.QUEUED.value,
-                                status_version=0,
-                                last_event_seq=1,
-                                queue_deadline_at=queue_deadline_at,
-                                deadline_at=deadline_at,
-                                trace_context=trace_context,
-                                created_at=self.now,
-                                updated_at=self.now,
-                            )
-                            .returning(T)
-                        )
-                    )
-                    .mappings()
-                    .one()
-                )
-        except IntegrityError:
-            existing = await _reads.task_by_key(self.conn, spec.tenant_id, idempotency_key)
-            if existing is None:
-                raise  # some other constraint; not an idempotent replay
-            return _sql.replay(existing, spec_hash), False
-        record = _rows.task(row)
-        queued = _sql.state_payload(TaskState.QUEUED, 0)
-        await _sql.append_event(self.conn, record.id, 1, "task.queued", queued, now=self.now)
-        await self.enqueue(
-            NewOutboxMessage(
-                topic=Topic.QUEUED,
-                aggregate_id=str(record.id),
-                payload={
-                    "task_id": record.id,
-                    "tenant_id": record.tenant_id,
-                    "service_class": record.service_class.value,
-                    "priority": record.priority,
-                },
-            )
+        new = _create.NewTask(
+            spec, idempotency_key, spec_hash, queue_deadline_at, deadline_at, trace_context
         )
-        if reservation is not None:
-            await ledger.check_and_lock(self.conn, record.tenant_id, reservation)
-            await ledger.reserve(self.conn, record.id, record.tenant_id, reservation, self.now)
-        return record, True
+        return await _create.insert_task(self.conn, new, reservation, self.now)
 
     async def move_task(
         self,

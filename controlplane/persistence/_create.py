@@ -1,0 +1,280 @@
+"""The CreateTask write: a QUEUED task, its first event, its ``task.queued`` outbox message and,
+with a reservation, its RESERVE entry, in the fewest round trips the database allows.
+
+PostgreSQL: ONE statement. ``INSERT ... ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+RETURNING id`` is a data-modifying CTE the event, outbox and reserve inserts select from, so a
+replayed key inserts nothing at all (no savepoint, no read before the write). A key that already
+exists (committed, or committed by a concurrent creator the ON CONFLICT waited for) returns no
+row, and one read by key then returns the stored task (READ COMMITTED: that read's snapshot is
+newer than the winner's commit). A policy with a floor (prepaid) locks the tenant and checks
+its available credit after the insert (`ledger.check_and_lock`), then reserves: a refusal rolls
+the unit back.
+
+SQLite: the same INSERT ... ON CONFLICT DO NOTHING RETURNING (no data-modifying CTEs there), then
+the event, outbox and reserve inserts: statements are local calls, and ``BEGIN IMMEDIATE`` holds
+the single write lock for the transaction anyway.
+
+The stored task is returned as built here (status QUEUED, version 0, nothing adopted), not read
+back: the row is exactly these values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Text, bindparam, cast, func, insert, literal, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.expression import Executable
+
+from controlplane.domain.money import CreditKind, Reservation
+from controlplane.domain.outbox import Topic
+from controlplane.domain.states import TaskState
+from controlplane.persistence import _reads, _sql, ledger
+from controlplane.persistence.coltypes import JsonDoc, UtcDateTime
+from controlplane.persistence.errors import StoreUnavailable
+from controlplane.persistence.models import credit_ledger as C
+from controlplane.persistence.models import generation_tasks as T
+from controlplane.persistence.models import outbox as O
+from controlplane.persistence.models import task_events as E
+from controlplane.persistence.records import TaskRecord
+from vidroute_core.codec import spec_to_dict
+from vidroute_core.spec import GenerationSpec
+
+__all__ = ["NewTask", "insert_task"]
+
+_KEY = ["tenant_id", "idempotency_key"]
+_QUEUED_EVENT = _sql.state_payload(TaskState.QUEUED, 0)
+_TASK_COLUMNS = (
+    "tenant_id",
+    "user_id",
+    "project_id",
+    "idempotency_key",
+    "spec",
+    "normalized_spec_hash",
+    "service_class",
+    "priority",
+    "status",
+    "status_version",
+    "last_event_seq",
+    "queue_deadline_at",
+    "deadline_at",
+    "trace_context",
+    "created_at",
+    "updated_at",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """What CreateTask stores (the unit's clock gives created_at)."""
+
+    spec: GenerationSpec
+    idempotency_key: str
+    spec_hash: str
+    queue_deadline_at: datetime | None
+    deadline_at: datetime | None
+    trace_context: str | None
+
+
+def _task_insert(dialect: Any) -> Any:
+    values = {name: bindparam(f"t_{name}", type_=T.c[name].type) for name in _TASK_COLUMNS}
+    return dialect.insert(T).values(values).on_conflict_do_nothing(index_elements=_KEY)
+
+
+def _pg_statement(*, reserve: bool) -> Executable:
+    """The one-statement create (see the module docstring); parameters bound per call."""
+    ins = (
+        _task_insert(postgresql)
+        .returning(T.c.id, T.c.tenant_id, T.c.service_class, T.c.priority)
+        .cte("ins")
+    )
+    now = bindparam("now", type_=UtcDateTime)
+    event = insert(E).from_select(
+        ["task_id", "seq", "kind", "payload", "created_at"],
+        select(
+            ins.c.id,
+            literal(1),
+            literal("task.queued"),
+            bindparam("event_payload", type_=JsonDoc),
+            now,
+        ),
+    )
+    message = insert(O).from_select(
+        ["topic", "aggregate_id", "payload", "created_at", "available_at", "attempts"],
+        select(
+            literal(str(Topic.QUEUED)),
+            cast(ins.c.id, Text),
+            func.jsonb_build_object(
+                "task_id",
+                ins.c.id,
+                "tenant_id",
+                ins.c.tenant_id,
+                "service_class",
+                ins.c.service_class,
+                "priority",
+                ins.c.priority,
+            ),
+            now,
+            now,
+            literal(0),
+        ),
+    )
+    ctes = [event.cte("ev"), message.cte("ob")]
+    if reserve:
+        entry = insert(C).from_select(
+            [
+                "tenant_id",
+                "kind",
+                "amount_micros",
+                "currency",
+                "task_id",
+                "idempotency_key",
+                "actor",
+                "reason",
+                "created_at",
+            ],
+            select(
+                ins.c.tenant_id,
+                literal(CreditKind.RESERVE.value),
+                bindparam("r_amount", type_=BigInteger),
+                bindparam("r_currency", type_=Text),
+                ins.c.id,
+                literal("reserve:") + cast(ins.c.id, Text),
+                literal(ledger.SYSTEM_ACTOR),
+                bindparam("r_reason", type_=Text),
+                now,
+            ),
+        )
+        ctes.append(entry.cte("res"))
+    return select(ins.c.id).add_cte(*ctes)
+
+
+_PG_CREATE = _pg_statement(reserve=False)
+_PG_CREATE_RESERVING = _pg_statement(reserve=True)
+_SQLITE_INSERT = _task_insert(sqlite).returning(T.c.id)
+
+
+def _task_params(new: NewTask, now: datetime) -> dict[str, Any]:
+    spec = new.spec
+    return {
+        "t_tenant_id": spec.tenant_id,
+        "t_user_id": spec.user_id,
+        "t_project_id": spec.project_id,
+        "t_idempotency_key": new.idempotency_key,
+        "t_spec": spec_to_dict(spec),
+        "t_normalized_spec_hash": new.spec_hash,
+        "t_service_class": spec.service_class.value,
+        "t_priority": spec.priority,
+        "t_status": TaskState.QUEUED.value,
+        "t_status_version": 0,
+        "t_last_event_seq": 1,
+        "t_queue_deadline_at": new.queue_deadline_at,
+        "t_deadline_at": new.deadline_at,
+        "t_trace_context": new.trace_context,
+        "t_created_at": now,
+        "t_updated_at": now,
+    }
+
+
+def _record(task_id: int, new: NewTask, now: datetime) -> TaskRecord:
+    spec = new.spec
+    return TaskRecord(
+        id=task_id,
+        tenant_id=spec.tenant_id,
+        user_id=spec.user_id,
+        project_id=spec.project_id,
+        idempotency_key=new.idempotency_key,
+        spec=spec,
+        spec_hash=new.spec_hash,
+        service_class=spec.service_class,
+        priority=spec.priority,
+        state=TaskState.QUEUED,
+        status_version=0,
+        failure=None,
+        adopted_attempt_id=None,
+        output_asset=None,
+        queue_deadline_at=new.queue_deadline_at,
+        deadline_at=new.deadline_at,
+        created_at=now,
+        updated_at=now,
+        trace_context=new.trace_context,
+    )
+
+
+def _reason(reservation: Reservation) -> str:
+    return f"estimate ({reservation.policy.describe()})"
+
+
+async def insert_task(
+    conn: AsyncConnection, new: NewTask, reservation: Reservation | None, now: datetime
+) -> tuple[TaskRecord, bool]:
+    """``(task, created)``: the new task, or the one this key already stored (``created`` False;
+    another spec hash under the key is `IdempotencyConflict`). See the module docstring."""
+    spec = new.spec
+    floor = reservation is not None and reservation.policy.floor_micros() is not None
+    params = _task_params(new, now)
+    if conn.dialect.name == "postgresql":
+        params.update(
+            now=now,
+            event_payload=_QUEUED_EVENT,
+        )
+        inline = reservation is not None and not floor
+        if inline:
+            assert reservation is not None
+            params.update(
+                r_amount=reservation.amount_micros,
+                r_currency=reservation.currency,
+                r_reason=_reason(reservation),
+            )
+        statement = _PG_CREATE_RESERVING if inline else _PG_CREATE
+        task_id = await conn.scalar(statement, params)
+    else:
+        task_id = await conn.scalar(_SQLITE_INSERT, params)
+        if task_id is not None:
+            await _sql.append_event(conn, task_id, 1, "task.queued", _QUEUED_EVENT, now=now)
+            await conn.execute(
+                insert(O).values(
+                    topic=str(Topic.QUEUED),
+                    aggregate_id=str(task_id),
+                    payload={
+                        "task_id": task_id,
+                        "tenant_id": spec.tenant_id,
+                        "service_class": spec.service_class.value,
+                        "priority": spec.priority,
+                    },
+                    created_at=now,
+                    available_at=now,
+                    attempts=0,
+                )
+            )
+    if task_id is None:
+        existing = await _reads.task_by_key(conn, spec.tenant_id, new.idempotency_key)
+        if existing is None:  # the conflicting creator rolled back between the two statements
+            raise StoreUnavailable("a concurrent CreateTask of this key rolled back", 0.1)
+        return _sql.replay(existing, new.spec_hash), False
+    record = _record(int(task_id), new, now)
+    if reservation is not None and (floor or conn.dialect.name != "postgresql"):
+        await ledger.check_and_lock(conn, record.tenant_id, reservation)
+        await _reserve(conn, record, reservation, now)
+    return record, True
+
+
+async def _reserve(
+    conn: AsyncConnection, record: TaskRecord, reservation: Reservation, now: datetime
+) -> None:
+    await conn.execute(
+        insert(C).values(
+            tenant_id=record.tenant_id,
+            kind=CreditKind.RESERVE.value,
+            amount_micros=reservation.amount_micros,
+            currency=reservation.currency,
+            task_id=record.id,
+            idempotency_key=f"reserve:{record.id}",
+            actor=ledger.SYSTEM_ACTOR,
+            reason=_reason(reservation),
+            created_at=now,
+        )
+    )
