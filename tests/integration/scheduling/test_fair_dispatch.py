@@ -120,18 +120,20 @@ async def test_weighted_shares_hold_over_rounds_behind_a_flood(
     dispatched: Counter[str] = Counter()
     running: list[int] = []
     rounds = 16
-    original = dispatcher.dispatch
+    original = dispatcher.dispatch_batch
     outcomes: Counter[DispatchOutcome] = Counter()
 
-    async def counting(task: TaskRecord, facts: Any = None) -> Any:
-        result = await original(task, facts)
-        outcomes[result.outcome] += 1
-        if result.outcome is DispatchOutcome.SELECTED:
-            dispatched[task.tenant_id] += 1
-            running.append(task.id)
-        return result
+    async def counting(tasks: list[TaskRecord], *args: Any, **kwargs: Any) -> Any:
+        results = await original(tasks, *args, **kwargs)
+        tenants = {t.id: t.tenant_id for t in tasks}
+        for result in results:
+            outcomes[result.outcome] += 1
+            if result.outcome is DispatchOutcome.SELECTED:
+                dispatched[tenants[result.task_id]] += 1
+                running.append(result.task_id)
+        return results
 
-    dispatcher.dispatch = counting  # type: ignore[method-assign]
+    dispatcher.dispatch_batch = counting  # type: ignore[method-assign]
     for _ in range(rounds):
         assert await dispatcher.tick() == 20
         await _finish(db, leases, dispatcher, running)

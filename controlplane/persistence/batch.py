@@ -1,0 +1,222 @@
+"""A dispatch round's writes in one transaction (design 9.10, 9.20): claim, CAS, insert in bulk.
+
+The dispatcher routes and leases a whole batch first, then commits it here inside ONE unit of
+work (`Database.unit`):
+
+1. `claim`: ``SELECT id, status_version ... WHERE id IN (...) AND status = 'QUEUED' FOR UPDATE
+   SKIP LOCKED`` (PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` already serialises writers). A task
+   is the round's only if its row was free to lock AND its version is still the one the round
+   routed: a second dispatcher (two leaders by force, a slow old leader) either skips the locked
+   row or finds the version moved, so a task never gets two attempts.
+2. `write_selected`: for the claimed SELECTED tasks, one UPDATE (QUEUED -> SCHEDULING ->
+   SUBMITTING: version + 2, three event numbers), one multi-row INSERT each into
+   route_decisions, task_attempts, task_events and outbox. The numbers (attempt_no,
+   decision_no) were read with `numbers` before the round leased: the claimed version proves no
+   decision or attempt was added since (both are only ever written with a task CAS).
+
+Statements per batch do not grow with the batch: 2 reads + 5 writes, whatever its size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from controlplane.domain.outbox import Topic
+from controlplane.domain.states import TaskState
+from controlplane.persistence.errors import ConcurrentModification
+from controlplane.persistence.models import generation_tasks as T
+from controlplane.persistence.models import outbox as O
+from controlplane.persistence.models import route_decisions as D
+from controlplane.persistence.models import task_attempts as A
+from controlplane.persistence.models import task_events as E
+from controlplane.persistence.records import NewAttempt, NewRouteDecision
+
+__all__ = ["Numbers", "SelectedTask", "claim", "numbers", "write_selected"]
+
+
+@dataclass(frozen=True, slots=True)
+class Numbers:
+    """A task's highest attempt_no and decision_no so far (0 when none)."""
+
+    attempt_no: int = 0
+    decision_no: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SelectedTask:
+    """One SELECTED task of the batch: its routed version, attempt, decision and submit payload."""
+
+    task_id: int
+    expected_version: int
+    numbers: Numbers
+    attempt: NewAttempt
+    decision: NewRouteDecision
+    outbox_payload: Mapping[str, Any]
+
+
+async def numbers(conn: AsyncConnection, task_ids: Iterable[int]) -> dict[int, Numbers]:
+    """`Numbers` of every task in one statement (tasks without attempts or decisions: zeros)."""
+    ids = sorted(set(task_ids))
+    if not ids:
+        return {}
+    attempts = (
+        select(func.max(A.c.attempt_no)).where(A.c.task_id == T.c.id).correlate(T).scalar_subquery()
+    )
+    decisions = (
+        select(func.max(D.c.decision_no))
+        .where(D.c.task_id == T.c.id)
+        .correlate(T)
+        .scalar_subquery()
+    )
+    rows = await conn.execute(select(T.c.id, attempts, decisions).where(T.c.id.in_(ids)))
+    return {int(i): Numbers(int(a or 0), int(d or 0)) for i, a, d in rows}
+
+
+async def claim(conn: AsyncConnection, expected: Mapping[int, int]) -> set[int]:
+    """Lock the QUEUED rows of `expected` (task id -> routed status_version) that no other
+    transaction holds, and return those whose version is still the routed one (see module)."""
+    if not expected:
+        return set()
+    rows = await conn.execute(
+        select(T.c.id, T.c.status_version)
+        .where(T.c.id.in_(sorted(expected)), T.c.status == TaskState.QUEUED.value)
+        .with_for_update(skip_locked=True)
+    )
+    return {int(i) for i, v in rows if expected.get(int(i)) == int(v)}
+
+
+async def write_selected(
+    conn: AsyncConnection, items: Sequence[SelectedTask], now: datetime
+) -> dict[int, int]:
+    """Write the claimed SELECTED tasks (see module); task id -> new attempt id.
+
+    Raises `ConcurrentModification` if a row was not QUEUED at its version after all (the
+    caller claimed it in this transaction, so that is a bug or a writer ignoring the locks); the
+    unit then rolls back and nothing of the batch is written.
+    """
+    if not items:
+        return {}
+    by_id = {i.task_id: i for i in items}
+    moved = await conn.execute(
+        update(T)
+        .where(T.c.id.in_(sorted(by_id)), T.c.status == TaskState.QUEUED.value)
+        .values(
+            status=TaskState.SUBMITTING.value,
+            status_version=T.c.status_version + 2,
+            last_event_seq=T.c.last_event_seq + 3,
+            updated_at=now,
+        )
+        .returning(T.c.id, T.c.status_version, T.c.last_event_seq)
+    )
+    seqs: dict[int, int] = {}
+    for task_id, version, seq in moved:
+        if by_id[int(task_id)].expected_version + 2 != int(version):
+            raise ConcurrentModification(f"task {task_id} moved under the batch's claim")
+        seqs[int(task_id)] = int(seq)
+    if len(seqs) != len(by_id):
+        raise ConcurrentModification(f"tasks {sorted(set(by_id) - set(seqs))} left QUEUED")
+    decision_rows = await conn.execute(
+        insert(D).returning(D.c.id, D.c.task_id, sort_by_parameter_order=True),
+        [
+            {
+                "task_id": i.task_id,
+                "decision_no": i.numbers.decision_no + 1,
+                "policy_version": i.decision.policy_version,
+                "selected_candidate": i.decision.selected_candidate,
+                "candidate_snapshot": dict(i.decision.candidate_snapshot),
+                "reason_code": i.decision.reason_code,
+                "created_at": now,
+            }
+            for i in items
+        ],
+    )
+    decision_ids = {int(t): int(d) for d, t in decision_rows}
+    attempt_rows = await conn.execute(
+        insert(A).returning(A.c.id, A.c.task_id, sort_by_parameter_order=True),
+        [_attempt_row(i, decision_ids[i.task_id], now) for i in items],
+    )
+    attempt_ids = {int(t): int(a) for a, t in attempt_rows}
+    events: list[dict[str, Any]] = []
+    messages: list[dict[str, Any]] = []
+    for i in items:
+        seq, v, attempt_id = seqs[i.task_id], i.expected_version, attempt_ids[i.task_id]
+        a = i.attempt
+        for offset, kind, payload in (
+            (2, "task.state_changed", _state(TaskState.SCHEDULING, v + 1, "dispatch")),
+            (1, "task.state_changed", _state(TaskState.SUBMITTING, v + 2, "")),
+            (
+                0,
+                "attempt.created",
+                {
+                    "attempt_id": attempt_id,
+                    "attempt_no": i.numbers.attempt_no + 1,
+                    "state": a.initial_state.value,
+                    "status_version": 0,
+                    "provider_account_id": a.provider_account_id,
+                    "provider_model": a.provider_model,
+                },
+            ),
+        ):
+            events.append(
+                {
+                    "task_id": i.task_id,
+                    "seq": seq - offset,
+                    "kind": kind,
+                    "payload": payload,
+                    "created_at": now,
+                }
+            )
+        body = {**i.outbox_payload, "task_id": i.task_id, "attempt_id": attempt_id}
+        messages.append(
+            {
+                "topic": Topic.SUBMIT,
+                "aggregate_id": str(attempt_id),
+                "payload": body,
+                "created_at": now,
+                "available_at": now,
+                "attempts": 0,
+            }
+        )
+    await conn.execute(insert(E), events)
+    await conn.execute(insert(O), messages)
+    return attempt_ids
+
+
+def _state(state: TaskState, version: int, reason: str) -> dict[str, Any]:
+    payload: dict[str, Any] = {"state": state.value, "status_version": version}
+    if reason:
+        payload["reason"] = reason
+    return payload
+
+
+def _attempt_row(item: SelectedTask, decision_id: int, now: datetime) -> dict[str, Any]:
+    a = item.attempt
+    return {
+        "task_id": item.task_id,
+        "attempt_no": item.numbers.attempt_no + 1,
+        "provider_account_id": a.provider_account_id,
+        "provider_model": a.provider_model,
+        "provider_model_version": a.provider_model_version,
+        "capability_version": a.capability_version,
+        "price_version": a.price_version,
+        "routing_policy_version": a.routing_policy_version,
+        "client_request_key": a.client_request_key,
+        "normalized_spec_hash": a.normalized_spec_hash,
+        "request_hash": a.request_hash,
+        "compile_plan": dict(a.compile_plan),
+        "route_decision_id": decision_id,
+        "status": a.initial_state.value,
+        "status_version": 0,
+        "estimated_cost_micros": a.estimated_cost_micros,
+        "currency": a.currency,
+        "lease_token": a.lease_token,
+        "fencing_token": a.fencing_token,
+        "created_at": now,
+        "updated_at": now,
+    }
