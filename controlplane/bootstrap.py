@@ -6,6 +6,9 @@ The only module that reads environment variables:
   PostgreSQL: ``postgresql+asyncpg://user@127.0.0.1:5432/vidroute``.
 - ``VIDROUTE_REDIS_URL``: Redis for quota leases and shared breaker state. Default: none, which
   selects the in-process implementations (one replica only).
+- ``VIDROUTE_BROKER_URL``: ``nats://host:port``, wake-ups across replicas (`controlplane.wakeups`).
+  Default: none, wake-ups stay in this process; polling is relied on either way.
+- ``VIDROUTE_SHARD_COUNT``: dispatcher shards, the same on every replica (PostgreSQL). Default 1.
 - ``VIDROUTE_LISTEN``: gRPC listen address. Default ``127.0.0.1:50051``.
 - ``VIDROUTE_ADAPTERS``: ``provider=host:port,...`` adapter sidecars. Without any, the process
   serves the API only: tasks are accepted and stay QUEUED until a scheduling replica runs.
@@ -58,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -86,6 +90,7 @@ from controlplane.capabilities.publish import (
 from controlplane.domain.breaker import BreakerConfig, BreakerKey, Operation
 from controlplane.domain.deadlines import DeadlinePolicy
 from controlplane.domain.money import BillingPolicies, BillingPolicy
+from controlplane.domain.outbox import Topic
 from controlplane.domain.safety import SafetyPolicy
 from controlplane.domain.scoring import example_policy
 from controlplane.execution.callback_server import CallbackLimits, CallbackServer
@@ -121,6 +126,7 @@ from controlplane.service.billing import BillingService
 from controlplane.service.cost_gauges import CostGaugeRefresher
 from controlplane.service.tasks import TaskService
 from controlplane.storage import object_store_from_url
+from controlplane.wakeups import LocalWakeBus, wake_bus_for
 from vidroute_core import logs as vidroute_logs
 from vidroute_core import tracing
 from vidroute_core.adapter import JobSnapshot, JobState, SubmitKind, SubmitOutcome
@@ -184,6 +190,8 @@ class Settings:
 
     database_url: str = DEFAULT_DATABASE_URL
     redis_url: str | None = None
+    broker_url: str | None = None  # VIDROUTE_BROKER_URL: nats://... wake-ups (else in-process)
+    shard_count: int = 1  # VIDROUTE_SHARD_COUNT: dispatcher shards (PostgreSQL, every replica)
     listen: str = DEFAULT_LISTEN
     adapters: Mapping[str, str] = field(default_factory=dict)
     object_store_url: str = ""
@@ -215,6 +223,8 @@ class Settings:
         values: dict[str, object] = {
             "database_url": env.get("VIDROUTE_DATABASE_URL") or DEFAULT_DATABASE_URL,
             "redis_url": env.get("VIDROUTE_REDIS_URL") or None,
+            "broker_url": env.get("VIDROUTE_BROKER_URL") or None,
+            "shard_count": _shard_count(env.get("VIDROUTE_SHARD_COUNT") or "1"),
             "listen": env.get("VIDROUTE_LISTEN") or DEFAULT_LISTEN,
             "adapters": _pairs(env.get("VIDROUTE_ADAPTERS", "")),
             "object_store_url": env.get("VIDROUTE_OBJECT_STORE", ""),
@@ -240,6 +250,16 @@ class Settings:
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _shard_count(raw: str) -> int:
+    try:
+        count = int(raw)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= 1024:
+        raise ValueError(f"VIDROUTE_SHARD_COUNT must be an integer from 1 to 1024, not {raw!r}")
+    return count
 
 
 def _deadlines(env: Mapping[str, str]) -> DeadlinePolicy:
@@ -354,6 +374,33 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# Which execution step consumes which outbox topic: a wake-up of the topic runs it now.
+WORKER_TOPICS = {Topic.SUBMIT: "submit", Topic.CANCEL: "cancel", Topic.OUTPUT_FETCH: "output"}
+
+
+async def _wakeups(
+    settings: Settings, db: Database, cleanup: list[Callable[[], Awaitable[Any]]]
+) -> LocalWakeBus:
+    """The wake-up bus (`controlplane.wakeups`): each committed outbox topic wakes its consumers
+    here and, with ``VIDROUTE_BROKER_URL``, in every replica; polling stays what is relied on."""
+    bus = wake_bus_for(settings.broker_url)
+    db.after_commit = bus.notify
+    await bus.start()
+    cleanup.append(bus.close)
+    return bus
+
+
+def _subscribe(bus: LocalWakeBus, runtime: SchedulingRuntime, execution: ExecutionEngine) -> None:
+    """The dispatchers on the queue topics; the execution steps on theirs, where the engine
+    takes wake-ups."""
+    runtime.subscribe(bus)
+    wake = getattr(execution, "wake", None)
+    if wake is None:  # an engine without the seam: its steps poll
+        return
+    for topic, step in WORKER_TOPICS.items():
+        bus.subscribe(topic, functools.partial(wake, step))
+
+
 async def _publish_until_done(
     runtime: SchedulingRuntime,
     adapters: Mapping[str, GrpcAdapterClient],
@@ -366,7 +413,7 @@ async def _publish_until_done(
     while not stop.is_set():
         try:
             await publish_from_adapters(runtime, adapters, addresses)
-            runtime.dispatcher.wake()
+            runtime.wake()
             return
         except PublishError:
             log.exception("an adapter described capabilities that fail validation")
@@ -464,7 +511,7 @@ def _wire_metrics(
     metrics: ControlPlaneMetrics, runtime: SchedulingRuntime, leases: LeaseStore
 ) -> None:
     """Point the metrics at the dispatcher's events and the state they read at scrape time."""
-    runtime.dispatcher.metrics = metrics
+    runtime.set_metrics(metrics)
     runtime.upkeep.on_drifts = lambda drifts: metrics.reconcile_pass(drift_deltas(drifts))
     metrics.state.loop = asyncio.get_running_loop()
     metrics.state.leases = lambda: lease_gauges(leases)
@@ -517,12 +564,15 @@ class _Readiness:
         return self.not_ready() is None
 
 
-async def start_control_plane(settings: Settings) -> ControlPlaneServer:
+async def start_control_plane(  # noqa: PLR0915 - the composition root, one line per part
+    settings: Settings,
+) -> ControlPlaneServer:
     """Migrate (if asked), wire the services and start serving."""
     if settings.migrate_on_start:
         await upgrade(settings.database_url)
     db = Database.from_url(settings.database_url)
     cleanup: list[Callable[[], Awaitable[Any]]] = []
+    wakeups = await _wakeups(settings, db, cleanup)
     metrics = _metrics(settings, cleanup)
     background = _cost_gauges(settings, db, metrics)  # stopped first, before the cleanup
 
@@ -553,13 +603,13 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             redis_client=readiness.redis,
             worker_id=worker,
             breaker_config=scale_durations(BreakerConfig(), scale),
-            config=scale_durations(DispatcherConfig(), scale),
+            config=scale_durations(DispatcherConfig(shard_count=settings.shard_count), scale),
             upkeep_config=scale_durations(
                 UpkeepConfig(default_concurrency=DispatcherConfig().default_concurrency), scale
             ),
         )
         admin = runtime.admin
-        runtime.dispatcher.readiness = CatalogReadiness(frozenset(settings.adapters))
+        runtime.set_readiness(CatalogReadiness(frozenset(settings.adapters)))
         _wire_metrics(metrics, runtime, leases)
         readiness.not_ready = runtime.dispatcher.not_ready
         catalog = runtime.dispatcher.catalog
@@ -590,6 +640,7 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
             on_attempt_end=chain(_health_feed(runtime), attempt_end_observer(metrics)),
         )
         canceller = execution.cancel_service
+        _subscribe(wakeups, runtime, execution)
         stop_publishing = asyncio.Event()
         publisher = asyncio.create_task(
             _publish_until_done(runtime, adapters, settings.adapters, stop_publishing, scale),

@@ -19,7 +19,7 @@ from sqlalchemy.pool import NullPool
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.errors import PersistenceError
 
-__all__ = ["AdvisoryLockSession", "DatabaseUnavailable"]
+__all__ = ["AdvisoryLockSession", "DatabaseUnavailable", "ReplicaLockSession"]
 
 
 class DatabaseUnavailable(PersistenceError):
@@ -83,4 +83,113 @@ class AdvisoryLockSession:
 
     async def dispose(self) -> None:
         await self.drop()
+        await self._engine.dispose()
+
+
+# Two-key advisory locks of the sharded dispatcher (`scheduling.leader.ShardLeadership`):
+# (MEMBER_CLASS, member) marks a live replica, (SHARD_CLASS, shard) leads a shard. Both are held
+# on one session per replica, so `pg_locks` shows who is alive and who leads what by backend pid.
+MEMBER_CLASS = 0x56520001
+SHARD_CLASS = 0x56520002
+
+
+class ReplicaLockSession:
+    """One replica's dedicated autocommit session holding its member lock and shard locks.
+
+    Statements are serialized (one connection, several dispatchers). Every failure is
+    `DatabaseUnavailable` and drops the session, which releases all its locks at once.
+    """
+
+    def __init__(self, url: str, member: int) -> None:
+        self.member = member
+        self._engine: AsyncEngine = create_engine(
+            url, poolclass=NullPool, isolation_level="AUTOCOMMIT"
+        )
+        self._conn: AsyncConnection | None = None
+        self._lock = asyncio.Lock()
+        self.backend_pid: int | None = None
+        self.held: set[int] = set()
+
+    async def _connected(self) -> AsyncConnection:
+        if self._conn is None:
+            conn = await self._engine.connect()
+            try:
+                got = await conn.scalar(
+                    text("SELECT pg_try_advisory_lock(:c, :m)"),
+                    {"c": MEMBER_CLASS, "m": self.member},
+                )
+                if not got:
+                    raise DatabaseUnavailable(f"member id {self.member} already in use")
+                self.backend_pid = await conn.scalar(text("SELECT pg_backend_pid()"))
+            except BaseException:
+                await conn.close()
+                raise
+            self._conn, self.held = conn, set()
+        return self._conn
+
+    async def _run(self, sql: str, params: dict[str, int], timeout_s: float = 5.0) -> object:
+        async with self._lock:
+            try:
+                async with asyncio.timeout(timeout_s):
+                    conn = await self._connected()
+                    return await conn.scalar(text(sql), params)
+            except _FAILURES as exc:
+                await self._drop()
+                raise DatabaseUnavailable(repr(exc)) from exc
+
+    async def try_shard(self, shard: int) -> bool:
+        if shard in self.held and self._conn is not None:
+            return True  # advisory locks nest: never take one twice (one unlock must free it)
+        got = bool(
+            await self._run("SELECT pg_try_advisory_lock(:c, :s)", {"c": SHARD_CLASS, "s": shard})
+        )
+        if got:
+            self.held.add(shard)
+        return got
+
+    async def release_shard(self, shard: int) -> None:
+        if shard in self.held:
+            self.held.discard(shard)
+            await self._run("SELECT pg_advisory_unlock(:c, :s)", {"c": SHARD_CLASS, "s": shard})
+
+    async def ping(self) -> None:
+        if self._conn is None:
+            raise DatabaseUnavailable("no lock session")
+        await self._run("SELECT 1", {})
+
+    async def view(self) -> tuple[set[int], dict[int, int]]:
+        """(backend pids of live members, shard -> backend pid of its leader) in this database."""
+        async with self._lock:
+            try:
+                async with asyncio.timeout(5.0):
+                    conn = await self._connected()
+                    rows = (
+                        await conn.execute(
+                            text(
+                                "SELECT classid::bigint, objid::bigint, pid FROM pg_locks"
+                                " WHERE locktype = 'advisory' AND granted AND objsubid = 2"
+                                " AND classid::bigint IN (:mc, :sc) AND database ="
+                                " (SELECT oid FROM pg_database WHERE datname = current_database())"
+                            ),
+                            {"mc": MEMBER_CLASS, "sc": SHARD_CLASS},
+                        )
+                    ).all()
+            except _FAILURES as exc:
+                await self._drop()
+                raise DatabaseUnavailable(repr(exc)) from exc
+        members = {int(pid) for cls, _, pid in rows if int(cls) == MEMBER_CLASS}
+        shards = {int(obj): int(pid) for cls, obj, pid in rows if int(cls) == SHARD_CLASS}
+        return members, shards
+
+    async def _drop(self) -> None:
+        conn, self._conn, self.backend_pid, self.held = self._conn, None, None, set()
+        if conn is not None:
+            try:
+                await conn.close()
+            except (OSError, SQLAlchemyError):
+                await conn.invalidate()
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._drop()
         await self._engine.dispose()

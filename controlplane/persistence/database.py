@@ -10,7 +10,7 @@ see one exception for "down, try again" whatever the driver.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
 
@@ -30,6 +30,9 @@ class Database:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
         self._writer = asyncio.Lock() if engine.dialect.name == "sqlite" else None
+        # Called with the outbox topics a unit wrote, once it committed (the wake-up relay,
+        # `controlplane.wakeups`); must not raise. None: no one to wake.
+        self.after_commit: Callable[[set[str]], None] | None = None
 
     @classmethod
     def from_url(cls, url: str) -> Database:
@@ -45,7 +48,10 @@ class Database:
         """One transaction; commits when the block exits normally, rolls back otherwise."""
         with translate_outage():
             async with self._begin() as conn:
-                yield SqlUnitOfWork(conn, now)
+                unit = SqlUnitOfWork(conn, now)
+                yield unit
+        if unit.topics and self.after_commit is not None:
+            self.after_commit(unit.topics)
 
     @asynccontextmanager
     async def _begin(self) -> AsyncIterator[AsyncConnection]:

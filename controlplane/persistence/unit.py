@@ -81,6 +81,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
     def __init__(self, conn: AsyncConnection, now: datetime) -> None:
         self.conn = conn
         self.now = now
+        self.topics: set[str] = set()  # outbox topics written: woken after commit (wakeups)
 
     # ---- reads inside the transaction ------------------------------------------------------
 
@@ -136,7 +137,10 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         new = _create.NewTask(
             spec, idempotency_key, spec_hash, queue_deadline_at, deadline_at, trace_context
         )
-        return await _create.insert_task(self.conn, new, reservation, self.now)
+        record, created = await _create.insert_task(self.conn, new, reservation, self.now)
+        if created:  # `_create` wrote the outbox row itself, not through `enqueue`
+            self.topics.add(str(Topic.QUEUED))
+        return record, created
 
     async def move_task(
         self,
@@ -370,6 +374,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
 
     async def enqueue(self, message: NewOutboxMessage) -> int:
         """Add a message (a state change's own messages go through its `outbox=` argument)."""
+        self.topics.add(str(message.topic))
         return await _sql.enqueue(self.conn, message, self.now)
 
     async def record_usage(self, usage: ledger.NewUsage) -> bool:

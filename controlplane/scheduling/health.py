@@ -14,12 +14,22 @@ those holders' results, reported through `record_outcome(..., holder=...)`, deci
 breaker closes or reopens. A submit must also pass its account's breaker (`account_key`),
 which AUTH / PERMISSION / a misconfigured account open at once (9.9.1 `disables_account`).
 
+Health windows and incumbents are shared too (scale-out): each observation this replica makes
+is appended to the shared state (a Redis stream) and every replica folds the others' into its
+own windows on `sync`, so all replicas score a candidate on the same samples, and a replica that
+starts or takes over a shard rebuilds them from the stream instead of starting blind. The routing
+groups' incumbents (`incumbents`, what hysteresis keeps) are a shared hash the same way. Losing
+Redis loses only this acceleration: each replica goes on with what it has seen itself.
+
 Clock: wall-clock seconds, so OPEN-until instants mean the same thing on every replica.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -38,12 +48,13 @@ from controlplane.domain.breaker import (
     Permit,
     account_key,
 )
-from controlplane.domain.routing.candidates import Candidate, HealthView
+from controlplane.domain.routing.candidates import Candidate, HealthView, Incumbent
 from controlplane.domain.scoring import HealthWindows, Window
 from controlplane.persistence.catalog import CatalogQueries, HealthEvent
 from controlplane.persistence.database import Database
 from controlplane.scheduling.shared_state import (
     InProcessSharedState,
+    Observation,
     ProbeFinish,
     SharedBreakerState,
     SharedRecord,
@@ -69,6 +80,32 @@ class BreakerStatus:
     open_until: datetime | None
 
 
+Group = tuple[str, str, str]  # a routing group: (tenant, service class, mode)
+
+
+class SharedIncumbents(dict[Group, Incumbent]):
+    """The dispatcher's incumbents; a new one is also written to the shared state, and `sync`
+    merges what other replicas wrote (the later `since_s` wins)."""
+
+    def __init__(self, monitor: HealthMonitor) -> None:
+        super().__init__()
+        self._monitor = monitor
+
+    def __setitem__(self, group: Group, incumbent: Incumbent) -> None:
+        super().__setitem__(group, incumbent)
+        raw = json.dumps(list(group), separators=(",", ":"))
+        put = self._monitor._shared.put_incumbent(raw, incumbent.candidate_id, incumbent.since_s)
+        self._monitor._background("incumbent", put)
+
+    def merge(self, shared: dict[str, tuple[str, float]]) -> None:
+        for raw, (cid, since) in shared.items():
+            tenant, service_class, mode = json.loads(raw)
+            group = (str(tenant), str(service_class), str(mode))
+            mine = self.get(group)
+            if mine is None or since > mine.since_s:
+                super().__setitem__(group, Incumbent(cid, since))
+
+
 class HealthMonitor:
     """One per process; safe to call from any coroutine of the event loop that owns it."""
 
@@ -90,6 +127,12 @@ class HealthMonitor:
         self._account_ids: dict[tuple[str, str, str], int] = {}
         self.persist_failures = 0
         self.on_transition: Callable[[BreakerTransition], None] | None = None  # e.g. the metrics
+        self.origin = secrets.token_hex(8)  # this replica, on the observations it shares
+        self.incumbents = SharedIncumbents(self)
+        self._unsent: list[Observation] = []
+        self._flushing: asyncio.Task[None] | None = None
+        self._cursor: str | None = None  # the shared observations read so far
+        self._pending: set[asyncio.Task[None]] = set()
 
     def set_account_ids(self, ids: Iterable[tuple[tuple[str, str, str], int]]) -> None:
         """(provider, account, region) -> provider_accounts.id, for health event rows."""
@@ -119,16 +162,76 @@ class HealthMonitor:
         if key.operation is Operation.SUBMIT and not outcome.neutral and not outcome.succeeded:
             # A refused submit is a failed attempt of this candidate. Accepted submits are
             # counted when their generation ends (`observe_generation`), with its real duration.
-            window = self._windows.setdefault(_candidate_id(key), HealthWindows())
-            window.observe(False, None, cost_micros, self._clock())
+            self._observe(_candidate_id(key), False, None, cost_micros)
         return result
 
     def observe_generation(
         self, key: BreakerKey, *, succeeded: bool, duration_s: float, cost_micros: int = 0
     ) -> None:
         """A provider job of this candidate ended: feeds success, latency and cost windows."""
-        window = self._windows.setdefault(_candidate_id(key), HealthWindows())
-        window.observe(succeeded, duration_s, cost_micros, self._clock())
+        self._observe(_candidate_id(key), succeeded, duration_s, cost_micros)
+
+    def _observe(
+        self, candidate_id: str, succeeded: bool, latency_s: float | None, cost_micros: int
+    ) -> None:
+        at = self._clock()
+        window = self._windows.setdefault(candidate_id, HealthWindows())
+        window.observe(succeeded, latency_s, cost_micros, at)
+        self._unsent.append(
+            Observation(candidate_id, succeeded, latency_s, cost_micros, at, self.origin)
+        )
+        del self._unsent[:-10_000]  # bounded while the shared state is away
+        if self._flushing is None or self._flushing.done():
+            try:
+                self._flushing = asyncio.get_running_loop().create_task(self.flush_observations())
+            except RuntimeError:  # no loop (a synchronous caller): the next `sync` sends them
+                self._flushing = None
+
+    async def flush_observations(self) -> None:
+        """Send this replica's new observations to the shared state (kept for later on failure)."""
+        while self._unsent:
+            batch, self._unsent = self._unsent, []
+            try:
+                await self._shared.add_observations(batch)
+            except Exception:
+                self._unsent[:0] = batch[-10_000:]
+                log.warning("health observations not shared (kept for later)", exc_info=True)
+                return
+
+    async def sync_windows(self) -> int:
+        """Fold the other replicas' new observations into the windows; returns how many."""
+        await self.flush_observations()
+        folded = 0
+        try:
+            while True:
+                batch, self._cursor = await self._shared.read_observations(self._cursor)
+                for o in batch:
+                    if o.origin != self.origin:
+                        window = self._windows.setdefault(o.candidate_id, HealthWindows())
+                        window.observe(o.succeeded, o.latency_s, o.cost_micros, o.at)
+                        folded += 1
+                if len(batch) < 10_000:
+                    break
+            self.incumbents.merge(await self._shared.read_incumbents())
+        except Exception:
+            log.warning("shared health windows not read; using this replica's", exc_info=True)
+        return folded
+
+    def _background(self, what: str, call: Awaitable[None]) -> None:
+        async def run() -> None:
+            try:
+                await call
+            except Exception:
+                log.warning("shared %s not written", what, exc_info=True)
+
+        try:
+            task = asyncio.get_running_loop().create_task(run())
+        except RuntimeError:
+            if asyncio.iscoroutine(call):
+                call.close()
+            return
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
 
     async def admit(self, key: BreakerKey, holder: str) -> bool:
         """May `holder` make one call on `key` now? HALF_OPEN admits the configured probes.
@@ -235,6 +338,7 @@ class HealthMonitor:
             self._adopt(record)
         for transition in self.registry.tick():
             await self._emit(transition, publish=False)  # every replica times out alike
+        await self.sync_windows()
 
     def _adopt(self, record: SharedRecord) -> None:
         if record.version <= self._applied.get(record.key, 0):

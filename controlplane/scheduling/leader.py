@@ -7,16 +7,28 @@ dies, and another replica's next ``try_acquire`` wins. The leader checks its con
 every dispatch round (`still_held`), so it stops dispatching when it can no longer prove it
 holds the lock.
 
+With ``shard_count`` > 1 on PostgreSQL, `ShardLeadership` holds one replica's shard locks and
+balances the shards over the live replicas (see its docstring); tenants are hashed to shards
+(`controlplane.domain.scoring.bucket`, sha256), so each task has one shard and one leader.
+
 On SQLite (single node, development) `LocalLock` is a process-local lock: one replica only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import secrets
+import time
+from collections.abc import Callable
 from typing import Protocol
 
-from controlplane.persistence.advisory import AdvisoryLockSession, DatabaseUnavailable
+from controlplane.persistence.advisory import (
+    AdvisoryLockSession,
+    DatabaseUnavailable,
+    ReplicaLockSession,
+)
 from controlplane.persistence.db import is_sqlite
 
 log = logging.getLogger(__name__)
@@ -121,3 +133,126 @@ class LocalLock:
 def leader_lock_for(url: str, name: str = "shard-0") -> PostgresAdvisoryLock | LocalLock:
     """The right lock for the database behind `url`."""
     return LocalLock(name) if is_sqlite(url) else PostgresAdvisoryLock(url, name)
+
+
+class ShardLeadership:
+    """One replica's leadership of the dispatcher shards (``shard_count`` > 1, PostgreSQL).
+
+    Every replica holds a member lock and the locks of the shards it leads on one dedicated
+    session (`ReplicaLockSession`), so ``pg_locks`` tells each replica how many replicas are
+    alive and who leads which shard; a replica that dies (or loses its connection) releases
+    everything at once and the others' next `try_acquire` takes its shards. Balance: a replica
+    takes a free shard while it leads fewer than its fair share ``ceil(shards / replicas)``
+    (or when the shard has stayed free for `orphan_grace_s`, so no shard waits on a slow
+    peer), and gives one up, after that shard's round, when it leads more than its share while
+    another replica leads less: two replicas with four shards lead two each.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        shard_count: int,
+        *,
+        orphan_grace_s: float = 6.0,
+        member: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.shard_count = shard_count
+        self.session = ReplicaLockSession(url, member or secrets.randbelow(2**31 - 2) + 1)
+        self._orphan_grace_s = orphan_grace_s
+        self._free_since: dict[int, float] = {}
+        self._clock = clock
+
+    @property
+    def led(self) -> set[int]:
+        return set(self.session.held)
+
+    def lock(self, shard: int) -> ShardLock:
+        return ShardLock(self, shard)
+
+    async def try_acquire(self, shard: int) -> bool:
+        session = self.session
+        if shard in session.held:
+            return await self.still_held(shard)
+        try:
+            members, holders = await session.view()
+            if shard in holders:
+                self._free_since.pop(shard, None)
+                return False
+            first_free = self._free_since.setdefault(shard, self._clock())
+            mine = len(session.held)
+            orphaned = self._clock() - first_free >= self._orphan_grace_s
+            if mine >= self._share(members) and not orphaned:
+                return False
+            got = await session.try_shard(shard)
+        except DatabaseUnavailable as exc:
+            log.warning("shard %s: cannot reach PostgreSQL: %s", shard, exc)
+            return False
+        if got:
+            self._free_since.pop(shard, None)
+            log.info("shard %s: leading (backend pid %s)", shard, session.backend_pid)
+        return got
+
+    async def still_held(self, shard: int) -> bool:
+        session = self.session
+        if shard not in session.held:
+            return False
+        try:
+            members, holders = await session.view()
+            if holders.get(shard) != session.backend_pid:
+                session.held.discard(shard)
+                return False
+            if self._should_give_up(shard, members, holders):
+                log.info(
+                    "shard %s: handing over (leading %d of %d shards, %d replicas)",
+                    shard,
+                    len(session.held),
+                    self.shard_count,
+                    len(members),
+                )
+                await session.release_shard(shard)
+                return False
+        except DatabaseUnavailable as exc:
+            log.warning("shard %s: leadership lost: %s", shard, exc)
+            return False
+        return True
+
+    def _share(self, members: set[int]) -> int:
+        return -(-self.shard_count // max(1, len(members)))
+
+    def _should_give_up(self, shard: int, members: set[int], holders: dict[int, int]) -> bool:
+        mine = sorted(self.session.held)
+        share = self._share(members)
+        if len(mine) <= share:
+            return False
+        led: dict[int, int] = dict.fromkeys(members, 0)
+        for pid in holders.values():
+            led[pid] = led.get(pid, 0) + 1
+        if not any(n < share for pid, n in led.items() if pid != self.session.backend_pid):
+            return False  # nobody to take it: keep leading it
+        return shard in mine[share:]  # the highest-numbered beyond the share go
+
+    async def release(self, shard: int) -> None:
+        with contextlib.suppress(DatabaseUnavailable):  # the session is gone, locks with it
+            await self.session.release_shard(shard)
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+class ShardLock:
+    """`LeaderLock` of one shard under a replica's `ShardLeadership`."""
+
+    def __init__(self, leadership: ShardLeadership, shard: int) -> None:
+        self.leadership = leadership
+        self.shard = shard
+        self.name = f"shard-{shard}"
+
+    async def try_acquire(self) -> bool:
+        return await self.leadership.try_acquire(self.shard)
+
+    async def still_held(self) -> bool:
+        return await self.leadership.still_held(self.shard)
+
+    async def release(self) -> None:
+        await self.leadership.release(self.shard)

@@ -7,8 +7,14 @@
     runtime.start()                    # dispatcher loop (leader-elected) as a background task
     servicer = SchedulerServicer(tasks, runtime.admin)
     execution -> runtime.monitor.record_outcome(key, error_class | None, latency_s)
-    task.queued / task.requeue consumers -> runtime.dispatcher.wake()
+    task.queued / task.requeue consumers -> runtime.wake()   (wired to the wake-up bus)
     await runtime.stop()
+
+Scale-out: with ``config.shard_count`` N > 1 the runtime holds one dispatcher per shard, all
+under one `ShardLeadership` (PostgreSQL advisory locks on one session): each dispatcher waits
+for its shard's leadership, which the replicas balance among themselves, and dispatches only
+the tenants hashed to its shard. `dispatcher` is shard 0's (catalog, readiness and metrics
+are shared by all of them). Every replica must run the same ``shard_count``.
 
 Nothing here reads the environment; `controlplane.bootstrap` passes configuration in.
 """
@@ -37,12 +43,15 @@ from controlplane.domain.scoring import RoutingPolicy
 from controlplane.leases.base import LeaseStore
 from controlplane.persistence.catalog import CatalogQueries, PublishCounts
 from controlplane.persistence.database import Database
+from controlplane.persistence.db import is_sqlite
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
-from controlplane.scheduling.leader import leader_lock_for
+from controlplane.scheduling.leader import LeaderLock, ShardLeadership, leader_lock_for
+from controlplane.scheduling.readiness import CatalogReadiness
 from controlplane.scheduling.shared_state import InProcessSharedState, RedisSharedState
-from controlplane.scheduling.upkeep import Upkeep, UpkeepConfig
+from controlplane.scheduling.upkeep import QUEUE_TOPICS, Upkeep, UpkeepConfig
 from controlplane.service.providers import ProviderAdminService
+from controlplane.wakeups import WakeBus
 
 
 @dataclass
@@ -54,17 +63,53 @@ class SchedulingRuntime:
     admin: ProviderAdminService
     db: Database
     upkeep: Upkeep
+    dispatchers: list[Dispatcher] = field(default_factory=list)  # one per shard
+    leadership: ShardLeadership | None = None
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if not self.dispatchers:
+            self.dispatchers = [self.dispatcher]
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica leads any shard."""
+        return any(d.leading for d in self.dispatchers)
+
+    @property
+    def led_shards(self) -> list[int]:
+        return [d.config.shard for d in self.dispatchers if d.leading]
+
+    def wake(self) -> None:
+        """A dispatch round now on every shard this replica leads (new or requeued work)."""
+        for d in self.dispatchers:
+            d.wake()
+
+    def subscribe(self, bus: WakeBus) -> None:
+        """Wake the dispatchers on the bus's queue wake-ups (``task.queued``/``task.requeue``)."""
+        for topic in QUEUE_TOPICS:
+            bus.subscribe(topic, self.wake)
+
+    def set_readiness(self, readiness: CatalogReadiness) -> None:
+        for d in self.dispatchers:
+            d.readiness = readiness
+
+    def set_metrics(self, metrics: Any) -> None:
+        for d in self.dispatchers:
+            d.metrics = metrics
+
     def start(self) -> None:
-        """Run the dispatcher loop (it waits for leadership itself) and upkeep in the background."""
+        """Run the dispatcher loops (each waits for its shard's leadership) and upkeep."""
         if not self._tasks:
             self._stop.clear()
             self._tasks = [
-                asyncio.create_task(self.dispatcher.run(self._stop), name="dispatcher"),
-                asyncio.create_task(self.upkeep.run(self._stop), name="scheduler-upkeep"),
+                asyncio.create_task(d.run(self._stop), name=f"dispatcher-{d.config.shard}")
+                for d in self.dispatchers
             ]
+            self._tasks.append(
+                asyncio.create_task(self.upkeep.run(self._stop), name="scheduler-upkeep")
+            )
 
     async def stop(self) -> None:
         """Stop dispatching and upkeep and release leadership; idempotent."""
@@ -73,6 +118,9 @@ class SchedulingRuntime:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.leadership is not None:
+            await self.leadership.close()
+            return
         close = getattr(self.dispatcher.leader, "close", None)
         if close is not None:
             await close()
@@ -103,8 +151,10 @@ def build_scheduling(
     worker_id: str = "scheduler",
     upkeep_config: UpkeepConfig | None = None,
 ) -> SchedulingRuntime:
-    """Wire queries, breakers (shared through Redis when given), leader lock and dispatcher."""
+    """Wire queries, breakers (shared through Redis when given), leader locks and dispatchers."""
     config = config or DispatcherConfig()
+    if config.shard_count < 1 or not 0 <= config.shard < config.shard_count:
+        raise ValueError(f"shard {config.shard} of shard_count {config.shard_count}")
     catalogs = CatalogQueries(db)
     shared = RedisSharedState(redis_client) if redis_client is not None else InProcessSharedState()
     monitor = HealthMonitor(
@@ -112,22 +162,41 @@ def build_scheduling(
         db=db,
         shared=shared,
     )
-    dispatcher = Dispatcher(
-        db=db,
-        catalogs=catalogs,
-        leases=leases,
-        adapters=adapters,
-        monitor=monitor,
-        router=RouterConfig(policy=policy, shadow_policy=shadow_policy),
-        leader=leader_lock_for(database_url, f"shard-{config.shard}"),
-        config=config,
-    )
+    router = RouterConfig(policy=policy, shadow_policy=shadow_policy)
+    leadership = None
+    locks: list[tuple[DispatcherConfig, LeaderLock]]
+    if config.shard_count > 1 and not is_sqlite(database_url):
+        leadership = ShardLeadership(
+            database_url, config.shard_count, orphan_grace_s=3 * config.leader_retry_s
+        )
+        locks = [
+            (dataclasses.replace(config, shard=n), leadership.lock(n))
+            for n in range(config.shard_count)
+        ]
+    else:  # one shard (or SQLite: one process) -- the shard named by the config
+        locks = [(config, leader_lock_for(database_url, f"shard-{config.shard}"))]
+    dispatchers = [
+        Dispatcher(
+            db=db,
+            catalogs=catalogs,
+            leases=leases,
+            adapters=adapters,
+            monitor=monitor,
+            router=router,
+            leader=lock,
+            config=shard_config,
+        )
+        for shard_config, lock in locks
+    ]
+    dispatcher = dispatchers[0]
+    for d in dispatchers[1:]:
+        d.readiness = dispatcher.readiness
     upkeep = Upkeep(
         db=db,
         leases=leases,
         catalog=dispatcher.catalog,
-        is_leader=lambda: dispatcher.leading,
-        wake=dispatcher.wake,
+        is_leader=lambda: any(d.leading for d in dispatchers),
+        wake=lambda: _wake_all(dispatchers),
         worker_id=worker_id,
         # Rebuilt leases live as long as the dispatcher's own, whatever the upkeep config says.
         config=dataclasses.replace(
@@ -141,7 +210,19 @@ def build_scheduling(
     # switched on here because this is what runs the rebuild that lifts it.
     leases.fail_closed = True
     leases.on_not_live = upkeep.kick
-    dispatcher.before_admit = upkeep.ensure_leases_live
+    for d in dispatchers:
+        d.before_admit = upkeep.ensure_leases_live
     return SchedulingRuntime(
-        dispatcher, monitor, ProviderAdminService(catalogs, monitor), db, upkeep
+        dispatcher,
+        monitor,
+        ProviderAdminService(catalogs, monitor),
+        db,
+        upkeep,
+        dispatchers=dispatchers,
+        leadership=leadership,
     )
+
+
+def _wake_all(dispatchers: Sequence[Dispatcher]) -> None:
+    for d in dispatchers:
+        d.wake()

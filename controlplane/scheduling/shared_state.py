@@ -103,6 +103,64 @@ class SharedBreakerState(Protocol):
         """Forget the half-open phase of `key` (slots and success count)."""
         ...
 
+    async def add_observations(self, observations: list[Observation]) -> None:
+        """Append health-window observations for every replica to read (9.13.3)."""
+        ...
+
+    async def read_observations(self, after: str | None) -> tuple[list[Observation], str | None]:
+        """Observations appended after cursor `after` (None: all kept), and the new cursor."""
+        ...
+
+    async def put_incumbent(self, group: str, candidate_id: str, since_s: float) -> None:
+        """The candidate a routing group uses now (9.13 hysteresis), for every replica."""
+        ...
+
+    async def read_incumbents(self) -> dict[str, tuple[str, float]]:
+        """Every routing group's incumbent: group -> (candidate id, since)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One health-window sample (`HealthWindows.observe`), named by the replica that saw it."""
+
+    candidate_id: str
+    succeeded: bool
+    latency_s: float | None
+    cost_micros: int
+    at: float
+    origin: str
+
+    def encode(self) -> str:
+        return json.dumps(
+            [
+                self.candidate_id,
+                self.succeeded,
+                self.latency_s,
+                self.cost_micros,
+                self.at,
+                self.origin,
+            ],
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def decode(cls, raw: str) -> Observation:
+        cid, ok, latency, cost, at, origin = json.loads(raw)
+        return cls(
+            str(cid),
+            bool(ok),
+            None if latency is None else float(latency),
+            int(cost),
+            float(at),
+            str(origin),
+        )
+
+
+# How many observations the shared stream keeps (approximately): a replica that starts or
+# takes over a shard rebuilds its windows from these; older samples weigh ~nothing anyway.
+OBSERVATIONS_KEPT = 50_000
+
 
 @dataclass
 class _Ledger:
@@ -117,6 +175,9 @@ class InProcessSharedState:
         self._records: dict[BreakerKey, SharedRecord] = {}
         self._ledgers: dict[BreakerKey, _Ledger] = {}
         self._clock = clock
+        self._observations: list[Observation] = []
+        self._observed = 0  # appended in all (the cursor)
+        self._incumbents: dict[str, tuple[str, float]] = {}
 
     async def publish(
         self,
@@ -168,6 +229,23 @@ class InProcessSharedState:
 
     async def clear_probes(self, key: BreakerKey) -> None:
         self._ledgers.pop(key, None)
+
+    async def add_observations(self, observations: list[Observation]) -> None:
+        self._observations.extend(observations)
+        del self._observations[:-OBSERVATIONS_KEPT]
+        self._observed += len(observations)
+
+    async def read_observations(self, after: str | None) -> tuple[list[Observation], str | None]:
+        start = int(after) if after else 0
+        kept_from = self._observed - len(self._observations)
+        new = self._observations[max(0, start - kept_from) :]
+        return new, str(self._observed)
+
+    async def put_incumbent(self, group: str, candidate_id: str, since_s: float) -> None:
+        self._incumbents[group] = (candidate_id, since_s)
+
+    async def read_incumbents(self) -> dict[str, tuple[str, float]]:
+        return dict(self._incumbents)
 
 
 # KEYS[1] slots (zset holder -> expiry, Redis TIME seconds); ARGV holder, limit, ttl_s.
@@ -298,6 +376,44 @@ class RedisSharedState:
     async def read_all(self) -> list[SharedRecord]:
         with _redis_outage():
             return await self._read_all()
+
+    async def add_observations(self, observations: list[Observation]) -> None:
+        if not observations:
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for o in observations:
+                pipe.xadd(
+                    f"{self._prefix}:health-observations",
+                    {"o": o.encode()},
+                    maxlen=OBSERVATIONS_KEPT,
+                    approximate=True,
+                )
+            await pipe.execute()
+
+    async def read_observations(self, after: str | None) -> tuple[list[Observation], str | None]:
+        stream = f"{self._prefix}:health-observations"
+        # Exclusive start after the cursor; one bounded page per call (the next sync goes on).
+        entries = await self._redis.xrange(
+            stream, min=f"({after}" if after else "-", max="+", count=10_000
+        )
+        out = []
+        for _entry_id, fields in entries:
+            raw = fields.get(b"o", fields.get("o"))
+            if raw is not None:
+                out.append(Observation.decode(_text(raw)))
+        return out, (_text(entries[-1][0]) if entries else after)
+
+    async def put_incumbent(self, group: str, candidate_id: str, since_s: float) -> None:
+        value = json.dumps([candidate_id, since_s], separators=(",", ":"))
+        await self._redis.hset(f"{self._prefix}:incumbents", group, value)
+
+    async def read_incumbents(self) -> dict[str, tuple[str, float]]:
+        rows = await self._redis.hgetall(f"{self._prefix}:incumbents")
+        out = {}
+        for group, raw in rows.items():
+            cid, since = json.loads(_text(raw))
+            out[_text(group)] = (str(cid), float(since))
+        return out
 
     async def _read_all(self) -> list[SharedRecord]:
         keys = sorted(_text(k) for k in await self._redis.smembers(f"{self._prefix}:breakers"))
