@@ -37,14 +37,17 @@ from typing import Any, TypeVar
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.capabilities.catalog import CapabilityCatalog, load_catalog
 from controlplane.domain import fairqueue as fq
+from controlplane.domain.breaker import BreakerKey, BreakerState, account_key
+from controlplane.domain.outbox import Topic
 from controlplane.domain.requeue import RequeueFacts
 from controlplane.domain.routing.candidates import Incumbent, RoutingContext
 from controlplane.domain.routing.decision import Outcome, RouteDecisionSnapshot
 from controlplane.domain.routing.filters import Reason, screen
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.states import TaskState
-from controlplane.leases.base import LeaseRequest, LeaseStore
+from controlplane.leases.base import Lease, LeaseRequest, LeaseStore
 from controlplane.metrics import ControlPlaneMetrics
+from controlplane.persistence import batch
 from controlplane.persistence.catalog import IN_FLIGHT_TASK_STATES, CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.errors import ConcurrentModification
@@ -53,9 +56,18 @@ from controlplane.persistence.queue import oldest_by_class as queue_ages
 from controlplane.persistence.records import Failure, NewAttempt, NewRouteDecision, TaskRecord
 from controlplane.scheduling.dispatch_metrics import count_decision
 from controlplane.scheduling.expiry import settle_overdue
-from controlplane.scheduling.gather import capacity_views, compile_all, lease_dimensions
+from controlplane.scheduling.gather import (
+    CompileCache,
+    CompileJob,
+    RoundCapacity,
+    capacity_views,
+    compile_all,
+    compile_many,
+    lease_dimensions,
+)
 from controlplane.scheduling.health import HealthMonitor, submit_key
 from controlplane.scheduling.leader import LeaderLock
+from controlplane.scheduling.parking import Parking, Signature
 from controlplane.scheduling.readiness import CatalogReadiness
 from vidroute_core import tracing
 from vidroute_core.logs import add_ids, bind_ids, ids_of
@@ -82,6 +94,9 @@ class DispatcherConfig:
     leader_retry_s: float = 2.0
     catalog_refresh_s: float = 10.0
     compile_timeout_s: float = 10.0
+    compile_cache_size: int = 4096  # compile verdicts kept (gather.CompileCache)
+    # A parked NO_CAPACITY task is routed again after this long even if no wake came (9.12).
+    park_recheck_s: float = 30.0
     default_concurrency: int = 4
     lease_ttl_ms: int = 600_000
     lease_max_term_ms: int = 6 * 3_600_000
@@ -132,6 +147,9 @@ class Dispatcher:
         # Shared with the other replicas through the monitor's shared state (scale-out).
         self._incumbents: dict[tuple[str, str, str], Incumbent] = monitor.incumbents
         self._wake = asyncio.Event()
+        self.parking = Parking(time.monotonic, recheck_s=self.config.park_recheck_s)
+        self.compile_cache = CompileCache(self.config.compile_cache_size)
+        self._catalog_version = ""
         self.leading = False
         self.dispatched = 0
         self.readiness = CatalogReadiness()  # the composition root names the adapters
@@ -146,6 +164,17 @@ class Dispatcher:
     def wake(self) -> None:
         """Ask for a round now (new task, requeue, released capacity)."""
         self._wake.set()
+
+    def capacity_freed(self, account: str) -> None:
+        """Slots came back in a lease account (the lease store's `on_freed`): the tasks parked
+        on it are routed in the next round, which starts now if any were."""
+        if self.parking.freed(account):
+            self.wake()
+
+    def breaker_moved(self, candidate_id: str) -> None:
+        """A breaker of the candidate closed or went HALF_OPEN (the health monitor's hook)."""
+        if self.parking.breaker_moved(candidate_id):
+            self.wake()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Lead when possible and dispatch until `stop` is set; leadership is released on exit."""
@@ -205,6 +234,11 @@ class Dispatcher:
         if self._catalog is None or refresh or stale:
             self._catalog = await load_catalog(self._catalogs, self._clock())
             self._catalog_at = time.monotonic()
+            if self._catalog.version != self._catalog_version:
+                self._catalog_version = self._catalog.version
+                self.compile_cache.clear()  # bounded anyway; old versions' keys never hit again
+                if self.parking.catalog_changed(self._catalog.version):
+                    self.wake()
             self.monitor.set_account_ids(
                 ((c.provider, c.account, c.region), c.account_id) for c in self._catalog.candidates
             )
@@ -231,21 +265,19 @@ class Dispatcher:
             await self.before_admit()
         await self.monitor.sync()
         cfg = self.config
+        catalog = await self.catalog()
+        view = await self._round_view(catalog)
         planned = await self._plan_round()
         if planned is None:
             return 0
         picked, by_id, facts, queue = planned
-        done, throttled = 0, Counter[tuple[str, str]]()
-        for item in picked:
-            task = by_id[item.task_id]
-            task_facts = facts.get(task.id, RequeueFacts())
-            try:
-                result = await self.dispatch(task, task_facts)
-                catalog = await self.catalog()
-                count_decision(self.metrics, result.decision, task_facts, catalog, throttled)
-            except Exception:  # one bad task must not stop the round; it is back in the queue
-                log.exception("dispatching task %s failed", task.id)
-            done += 1
+        throttled = Counter[tuple[str, str]]()
+        tasks = [by_id[item.task_id] for item in picked]
+        results = await self.dispatch_batch(tasks, facts, catalog=catalog, view=view)
+        for result in results:
+            task_facts = facts.get(result.task_id, RequeueFacts())
+            count_decision(self.metrics, result.decision, task_facts, catalog, throttled)
+        done = len(tasks)
         self.metrics.throttled_round(throttled)
         self._fq_snapshot = queue.snapshot()
         if done:
@@ -297,9 +329,12 @@ class Dispatcher:
         )
         now = self._clock()
 
+        parking = self.parking
+
         def eligible(item: fq.QueuedTask) -> bool:
-            nb = facts.get(int(item.task_id), RequeueFacts()).not_before
-            return nb is None or nb <= now
+            task_id = int(item.task_id)
+            nb = facts.get(task_id, RequeueFacts()).not_before
+            return (nb is None or nb <= now) and not parking.waiting(task_id, now)
 
         picked = await self._pop_round(queue, queued, facts, eligible, now)
         # Full rows (the spec) only for the take; one cancelled meanwhile is just left out.
@@ -354,6 +389,381 @@ class Dispatcher:
         from controlplane.domain.scoring import bucket
 
         return [t for t in tasks if bucket(t.tenant_id, n) == self.config.shard]
+
+    # ---- one batch (a round's take) ---------------------------------------------------------
+
+    async def _round_view(self, catalog: CapabilityCatalog) -> _RoundView:
+        """The round's one read of breaker refusals and lease counters; parked tasks whose waits
+        read differently now are woken (the safety net under the in-process wakes)."""
+        circuit_open: dict[str, str] = {}
+        for c in catalog.candidates:
+            if (reason := await self.monitor.refusal(submit_key(c))) is not None:
+                circuit_open[c.id] = reason
+        capacity = await RoundCapacity.read(
+            self._leases, catalog.candidates, self.config.default_concurrency
+        )
+        if len(self.parking):
+            by_id = {c.id: c for c in catalog.candidates}
+
+            def has_room(cid: str) -> bool:
+                c = by_id.get(cid)
+                return c is None or ((v := capacity.view(c)).available > 0 and v.accepting_new)
+
+            self.parking.wake_changed(has_room, circuit_open, catalog.version)
+        return _RoundView(capacity, circuit_open)
+
+    async def dispatch_batch(
+        self,
+        tasks: list[TaskRecord],
+        facts: Mapping[int, RequeueFacts],
+        *,
+        catalog: CapabilityCatalog | None = None,
+        view: _RoundView | None = None,
+    ) -> list[DispatchResult]:
+        """Route, lease and commit a batch of QUEUED tasks (design 9.10, 9.20): compile what is
+        not cached for the whole batch concurrently, route each task in memory on the round's
+        capacity, acquire every lease in one round trip, and write every task's outcome in ONE
+        transaction (`persistence.batch`: SKIP LOCKED claims and version CAS, so another
+        dispatcher's concurrent round never doubles a task). If that transaction fails every
+        lease it took is released (one round trip) and the tasks stay QUEUED. NO_CAPACITY parks
+        the task (`parking`), storing a decision only when its outcome changed."""
+        if not tasks:
+            return []
+        catalog = catalog or await self.catalog()
+        if self.not_ready() is not None:
+            return [DispatchResult(t.id, DispatchOutcome.SKIPPED) for t in tasks]
+        view = view or await self._round_view(catalog)
+        now = self._clock()
+        async with self._db.reading() as conn:
+            numbers = await batch.numbers(conn, [t.id for t in tasks])
+        prepared: list[tuple[TaskRecord, RequeueFacts, RoutingContext, Any, list[Any]]] = []
+        jobs: list[CompileJob] = []
+        for task in tasks:
+            f = facts.get(task.id, RequeueFacts())
+            spec = task.spec
+            group = (task.tenant_id, spec.service_class.value, spec.mode.value)
+            ctx = RoutingContext(
+                now=now,
+                circuit_open=view.circuit_open,
+                excluded=f.excluded,
+                soft_excluded=f.soft_excluded,
+                same_model_only=f.same_model_only,
+                allowed_regions=self.config.allowed_regions.get(task.tenant_id),
+                incumbent=self._incumbents.get(group),
+                canary_stages=self.config.canary_stages,
+            )
+            screened = screen(spec, catalog.candidates, ctx, catalog.version)
+            survivors = screened.survivors()
+            start = {c.id: view.capacity.view(c) for c in survivors}
+            jobs.append((spec, task.spec_hash, screened.survivors(start)))
+            prepared.append((task, f, ctx, screened, survivors))
+        compiled = await compile_many(
+            self._adapters, jobs, self.compile_cache, timeout_s=self.config.compile_timeout_s
+        )
+        picks: list[_Pick] = []
+        others: list[_Other] = []
+        for item, answer in zip(prepared, compiled, strict=True):
+            task = item[0]
+            try:
+                with (
+                    bind_ids(task_id=task.id),
+                    tracing.continue_trace("dispatch", task.trace_context),
+                ):
+                    n = numbers.get(task.id, batch.Numbers())
+                    outcome = await self._route_in_round(item, answer, n, catalog, view)
+            except Exception:  # one bad task must not stop the round; it stays QUEUED
+                log.exception("routing task %s failed", task.id)
+                continue
+            (picks if isinstance(outcome, _Pick) else others).append(outcome)  # type: ignore[arg-type]
+        await self._lease_batch(picks, catalog, view)
+        for p in picks:
+            if p.lease is None:
+                d = p.decision.after_leasing(None, p.refused)
+                others.append(_Other(p.task, d, TaskState.QUEUED, p.facts))
+        return await self._commit_batch([p for p in picks if p.lease is not None], others, catalog)
+
+    async def _route_in_round(
+        self,
+        prepared: tuple[TaskRecord, RequeueFacts, RoutingContext, Any, list[Any]],
+        compiled: tuple[Mapping[str, Any], Mapping[str, Any]],
+        numbers: batch.Numbers,
+        catalog: CapabilityCatalog,
+        view: _RoundView,
+    ) -> _Pick | _Other:
+        task, facts, ctx, screened, survivors = prepared
+        verdicts, plans = compiled
+        spec = task.spec
+        capacity = {c.id: view.capacity.view(c) for c in survivors}
+        health = {c.id: h for c in survivors if (h := self.monitor.health_view(c.id)) is not None}
+        ctx = _with(ctx, capacity=capacity, health=health, circuit_open=view.circuit_open)
+        decision = route(
+            str(task.id),
+            spec,
+            catalog.candidates,
+            verdicts,
+            cfg=self.router,
+            ctx=ctx,
+            catalog_version=catalog.version,
+            screened=screened,
+        )
+        if decision.outcome is Outcome.NO_CAPACITY:
+            return _Other(task, decision, TaskState.QUEUED, facts)
+        if decision.outcome is not Outcome.SELECTED:
+            return _Other(task, decision, TaskState.FAILED, facts)
+        key = f"{task.id}-{numbers.attempt_no + 1}-{secrets.token_hex(6)}"
+        group = (task.tenant_id, spec.service_class.value, spec.mode.value)
+        pick = _Pick(task, facts, decision, plans, group, key, numbers, tracing.carrier())
+        pick.rest = list(decision.ranked)
+        await self._next_candidate(pick, catalog, view)
+        return pick
+
+    async def _next_candidate(
+        self, pick: _Pick, catalog: CapabilityCatalog, view: _RoundView
+    ) -> bool:
+        """Walk the pick's ranked list on: the first candidate with room in the round whose
+        breaker admits it (taking the round's slot); False when none is left."""
+        while pick.rest:
+            cid = pick.rest.pop(0)
+            c = catalog.by_id(cid)
+            if c is None:
+                continue
+            room = view.capacity.view(c)
+            if room.available <= 0 or not room.accepting_new:
+                pick.refused.append(cid)
+                continue
+            breaker = submit_key(c)
+            admitted = await self.monitor.admit(breaker, pick.key)
+            if self._probing(breaker):  # a HALF_OPEN slot taken (or refused): re-read it
+                await self._refresh_refusal(view, c)
+            if not admitted:
+                pick.refused.append(cid)
+                continue
+            view.capacity.take(c)
+            pick.cid = cid
+            return True
+        pick.cid = None
+        return False
+
+    def _probing(self, breaker: BreakerKey) -> bool:
+        registry = self.monitor.registry
+        return any(
+            registry.get(k).state is not BreakerState.CLOSED
+            for k in (breaker, account_key(breaker))
+        )
+
+    async def _refresh_refusal(self, view: _RoundView, c: Any) -> None:
+        reason = await self.monitor.refusal(submit_key(c))
+        if view.circuit_open.get(c.id) != reason:
+            fresh = dict(view.circuit_open)  # a new mapping: screens taken on the old one differ
+            if reason is None:
+                fresh.pop(c.id, None)
+            else:
+                fresh[c.id] = reason
+            view.circuit_open = fresh
+
+    async def _lease_batch(
+        self, picks: list[_Pick], catalog: CapabilityCatalog, view: _RoundView
+    ) -> None:
+        """Every pick's lease in one `acquire_many`; a refused one (another process took the
+        slot) falls through to its next candidate in one more round trip per fall."""
+        pending = [p for p in picks if p.cid is not None]
+        try:
+            while pending:
+                requests = []
+                for p in pending:
+                    c = catalog.by_id(p.cid or "")
+                    assert c is not None
+                    requests.append(
+                        LeaseRequest(
+                            attempt_id=p.key,
+                            account=c.lease_account,
+                            dimensions=lease_dimensions(c, self.config.default_concurrency),
+                            ttl_ms=self.config.lease_ttl_ms,
+                            max_term_ms=self.config.lease_max_term_ms,
+                        )
+                    )
+                got = await self._leases.acquire_many(requests)
+                again = []
+                for p, lease in zip(pending, got, strict=True):
+                    if lease is not None:
+                        p.lease = lease
+                        continue
+                    c = catalog.by_id(p.cid or "")
+                    assert c is not None
+                    await self.monitor.release(submit_key(c), p.key)
+                    view.capacity.full(c)
+                    p.refused.append(c.id)
+                    if await self._next_candidate(p, catalog, view):
+                        again.append(p)
+                pending = again
+        except BaseException:
+            await self._give_back(picks, catalog)
+            raise
+
+    async def _give_back(self, picks: list[_Pick], catalog: CapabilityCatalog) -> None:
+        """Release the picks' leases (one round trip) and breaker admissions: 9.20, a lease
+        without an attempt is a leak."""
+        held = [p for p in picks if p.lease is not None]
+        try:
+            if held:
+                await self._leases.release_many([p.lease for p in held if p.lease is not None])
+        finally:
+            for p in picks:
+                c = catalog.by_id(p.cid or "")
+                if c is not None:
+                    await self.monitor.release(submit_key(c), p.key)
+                p.lease = None
+
+    async def _commit_batch(
+        self, picks: list[_Pick], others: list[_Other], catalog: CapabilityCatalog
+    ) -> list[DispatchResult]:
+        """ONE transaction for the batch's outcomes (see `dispatch_batch`)."""
+        now = self._clock()
+        writes: list[_Other] = []
+        for o in others:
+            if o.target is TaskState.QUEUED and self.parking.outcome(o.task.id) == _signature(
+                o.decision
+            ):
+                continue  # the same wait as the stored one: nothing to write
+            writes.append(o)
+        expected = {p.task.id: p.task.status_version for p in picks}
+        expected.update({o.task.id: o.task.status_version for o in writes})
+        selected = self._selected_rows(picks, catalog)
+        try:
+            async with self._db.unit(now) as u:
+                claimed = await batch.claim(u.conn, expected)
+                mine = [s for s in selected if s.task_id in claimed]
+                attempt_ids = await batch.write_selected(u.conn, mine, now)
+                if mine and hasattr(u, "topics"):  # the after-commit wake-up relay
+                    u.topics.add(Topic.SUBMIT)
+                for o in writes:
+                    if o.task.id in claimed:
+                        await self._write_other(u, o)
+        except BaseException:
+            await self._give_back(picks, catalog)
+            raise
+        lost = [p for p in picks if p.task.id not in claimed]
+        if lost:  # another dispatcher holds or moved them: their leases go back at once
+            await self._give_back(lost, catalog)
+        results: list[DispatchResult] = []
+        for p in picks:
+            if p.task.id not in claimed:
+                results.append(DispatchResult(p.task.id, DispatchOutcome.SKIPPED, p.final))
+                continue
+            assert p.cid is not None
+            self._remember(p.group, p.cid)
+            self.parking.done(p.task.id)
+            log.info(
+                "task %s: attempt %s on %s (key %s)",
+                p.task.id,
+                attempt_ids[p.task.id],
+                p.cid,
+                p.key,
+            )
+            results.append(
+                DispatchResult(p.task.id, DispatchOutcome.SELECTED, p.final, attempt_ids[p.task.id])
+            )
+        written = {o.task.id for o in writes}
+        for o in others:
+            if o.task.id in written and o.task.id not in claimed:
+                results.append(DispatchResult(o.task.id, DispatchOutcome.SKIPPED, o.decision))
+                continue
+            if o.target is TaskState.FAILED:
+                self.parking.done(o.task.id)
+                results.append(DispatchResult(o.task.id, DispatchOutcome.FAILED, o.decision))
+                continue
+            if o.task.id in written:
+                self.parking.stored(o.task.id, _signature(o.decision))
+            self._park(o, catalog)
+            results.append(DispatchResult(o.task.id, DispatchOutcome.NO_CAPACITY, o.decision))
+        return results
+
+    def _selected_rows(
+        self, picks: list[_Pick], catalog: CapabilityCatalog
+    ) -> list[batch.SelectedTask]:
+        """The rows of the leased picks: attempt, decision (after leasing), submit payload."""
+        selected: list[batch.SelectedTask] = []
+        policy = self.router.policy.version
+        for p in picks:
+            c = catalog.by_id(p.cid or "")
+            assert c is not None
+            assert p.lease is not None
+            p.final = p.decision.after_leasing(c.id, p.refused)
+            plan = p.plans[c.id]
+            selected.append(
+                batch.SelectedTask(
+                    task_id=p.task.id,
+                    expected_version=p.task.status_version,
+                    numbers=p.numbers,
+                    attempt=NewAttempt(
+                        provider_account_id=c.account_id,
+                        provider_model=c.model,
+                        provider_model_version=plan.model_version or c.model_version,
+                        capability_version=plan.capability_version or c.capability_version,
+                        price_version=plan.price_version or c.price.price_version,
+                        routing_policy_version=policy,
+                        client_request_key=p.key,
+                        normalized_spec_hash=p.task.spec_hash,
+                        compile_plan=dict(plan.plan_json),
+                        estimated_cost_micros=plan.estimated_cost_micros,
+                        currency=plan.currency,
+                        request_hash=plan.request_hash or None,
+                        lease_token=p.lease.token,
+                        fencing_token=p.lease.fencing_token,
+                    ),
+                    decision=NewRouteDecision(
+                        policy, p.final.outcome.value, p.final.to_json(), selected_candidate=c.id
+                    ),
+                    outbox_payload={
+                        "lease_account": c.lease_account,
+                        "supports_idempotency_key": c.capability.operations.client_idempotency_key,
+                        **p.carrier,  # the submit worker continues the task's trace
+                    },
+                )
+            )
+        return selected
+
+    async def _write_other(self, u: Any, o: _Other) -> None:
+        """A decision without an attempt: QUEUED -> SCHEDULING -> QUEUED (a changed wait) or
+        FAILED (no eligible candidate), with the decision row, in the batch's transaction."""
+        v = o.task.status_version
+        await u.move_task_at(o.task.id, v, TaskState.SCHEDULING, "dispatch")
+        failure = None
+        if o.target is TaskState.FAILED:
+            failure = Failure(
+                _ending_class(o.decision, o.facts.error_class),
+                o.decision.outcome.value,
+                o.decision.failure_message()[:4000],
+            )
+        await u.record_decision(
+            o.task.id,
+            v + 1,
+            o.target,
+            NewRouteDecision(
+                self.router.policy.version, o.decision.outcome.value, o.decision.to_json()
+            ),
+            reason=o.decision.outcome.value,
+            failure=failure,
+        )
+
+    def _park(self, o: _Other, catalog: CapabilityCatalog) -> None:
+        full, breakers, accounts = [], [], set()
+        for v in o.decision.verdicts:
+            if v.reason == Reason.NO_CAPACITY.value:
+                full.append(v.candidate.id)
+                accounts.add(v.candidate.lease_account)
+            elif v.reason == Reason.CIRCUIT_OPEN.value:
+                breakers.append(v.candidate.id)
+        now = self._clock()
+        later = [t for t in o.facts.soft_excluded.values() if t is not None and t > now]
+        self.parking.park(
+            o.task.id,
+            accounts=accounts,
+            full=full,
+            breakers=breakers,
+            catalog_version=catalog.version,
+            until=min(later) if later else None,
+        )
 
     # ---- one task -------------------------------------------------------------------------------
 
@@ -611,4 +1021,48 @@ def _queued(task: QueueHead) -> fq.QueuedTask:
         priority=float(task.priority),
         cost_units=cost,
         enqueued_at=task.created_at.timestamp(),
+    )
+
+
+@dataclass(slots=True)
+class _RoundView:
+    """A round's reads: the lease counters (moved as the batch is assigned) and refusals."""
+
+    capacity: RoundCapacity
+    circuit_open: dict[str, str]
+
+
+@dataclass(slots=True)
+class _Pick:
+    """A SELECTED task of the batch on its way to an attempt."""
+
+    task: TaskRecord
+    facts: RequeueFacts
+    decision: RouteDecisionSnapshot
+    plans: Mapping[str, Any]
+    group: tuple[str, str, str]
+    key: str  # the client request key, fixed before the transaction
+    numbers: batch.Numbers
+    carrier: dict[str, str]
+    rest: list[str] = field(default_factory=list)  # ranked candidates not tried yet
+    refused: list[str] = field(default_factory=list)
+    cid: str | None = None
+    lease: Lease | None = None
+    final: RouteDecisionSnapshot | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Other:
+    """A task of the batch without an attempt: waiting (QUEUED) or failed."""
+
+    task: TaskRecord
+    decision: RouteDecisionSnapshot
+    target: TaskState
+    facts: RequeueFacts
+
+
+def _signature(decision: RouteDecisionSnapshot) -> Signature:
+    return (
+        decision.outcome.value,
+        tuple((v.candidate.id, v.reason) for v in decision.verdicts),
     )
