@@ -383,7 +383,7 @@ async def _wakeups(
 ) -> LocalWakeBus:
     """The wake-up bus (`controlplane.wakeups`): each committed outbox topic wakes its consumers
     here and, with ``VIDROUTE_BROKER_URL``, in every replica; polling stays what is relied on."""
-    bus = wake_bus_for(settings.broker_url)
+    bus = wake_bus_for(settings.broker_url, settings.database_url)
     db.after_commit = bus.notify
     await bus.start()
     cleanup.append(bus.close)

@@ -9,7 +9,9 @@ table every poll interval, and that poll is what is relied on. So a wake-up carr
 a lost one (broker down, process killed between commit and publish) costs at most one poll
 interval, and a duplicate costs one extra cheap read.
 
-`LocalWakeBus` is the embedded default (one process: SQLite, `make up`). `NatsWakeBus` adds a
+`LocalWakeBus` is the embedded default (one process: SQLite, `make up`). On PostgreSQL without a
+broker, `PgNotifyWakeBus` carries the same wake-ups between replicas with ``pg_notify`` on the
+channel ``vidroute_wake`` (one dedicated LISTEN connection per replica). `NatsWakeBus` adds a
 NATS broker (``VIDROUTE_BROKER_URL=nats://host:4222``): plain NATS subjects
 ``{prefix}.{topic}``, fanned out to every subscribed replica, because every replica's leader
 of a shard must hear a wake-up and a wake-up stored past one poll interval is worthless (a
@@ -31,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-__all__ = ["LocalWakeBus", "NatsWakeBus", "WakeBus", "wake_bus_for"]
+__all__ = ["LocalWakeBus", "NatsWakeBus", "PgNotifyWakeBus", "WakeBus", "wake_bus_for"]
 
 log = logging.getLogger(__name__)
 
@@ -214,9 +216,67 @@ class NatsWakeBus(LocalWakeBus):
             log.warning(message, *args)
 
 
-def wake_bus_for(broker_url: str | None) -> LocalWakeBus:
-    """The bus for ``VIDROUTE_BROKER_URL``: none -> in-process; ``nats://`` -> NATS."""
+class PgNotifyWakeBus(NatsWakeBus):
+    """Local wake-ups plus PostgreSQL ``LISTEN``/``NOTIFY`` between replicas (no broker).
+
+    The same coalescing pump and reconnect loop as NATS; a payload is ``origin topic``.
+    """
+
+    CHANNEL = "vidroute_wake"
+
+    def __init__(self, database_url: str, **kwargs: Any) -> None:
+        super().__init__("postgresql", **kwargs)  # `url` is only named in logs: no secrets
+        from controlplane.persistence.notify import NotifyChannel
+
+        self._channel = NotifyChannel(database_url, self.CHANNEL)
+
+    @property
+    def connected(self) -> bool:
+        return self._channel.open
+
+    async def close(self) -> None:
+        await super().close()
+        await self._channel.close()
+
+    async def _connect_loop(self) -> None:
+        while True:
+            if not self._channel.open:
+                try:
+                    await self._channel.listen(self._on_notify, self._connect_timeout_s)
+                    log.info("wake-ups: listening on PostgreSQL channel %s", self.CHANNEL)
+                except Exception as exc:
+                    self._warn("wake-ups: PostgreSQL LISTEN failed (%r); polling only", exc)
+            await asyncio.sleep(self._reconnect_wait_s)  # also how soon a lost one is noticed
+
+    async def _pump(self) -> None:
+        while True:
+            await self._has_pending.wait()
+            self._has_pending.clear()
+            topics, self._pending = self._pending, set()
+            if not self._channel.open:
+                continue
+            for topic in sorted(topics):
+                try:
+                    await self._channel.notify(f"{self.origin} {topic}")
+                    self.published += 1
+                except Exception as exc:
+                    self.publish_failures += 1
+                    self._warn("wake-ups: NOTIFY of %s failed (%r)", topic, exc)
+
+    def _on_notify(self, payload: str) -> None:
+        origin, _, topic = payload.partition(" ")
+        if origin == self.origin:
+            return
+        self.received += 1
+        self._deliver(topic)
+
+
+def wake_bus_for(broker_url: str | None, database_url: str = "") -> LocalWakeBus:
+    """The bus for ``VIDROUTE_BROKER_URL``: ``nats://`` -> NATS; none -> PostgreSQL
+    ``LISTEN``/``NOTIFY`` when the store is PostgreSQL, else in-process."""
     if not broker_url:
+        if database_url.startswith("postgresql"):
+            return PgNotifyWakeBus(database_url)
         return LocalWakeBus()
     scheme = broker_url.split("://", 1)[0].lower()
     if scheme in {"nats", "tls"}:

@@ -23,7 +23,7 @@ from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.persistence.database import Database
 from controlplane.scheduling.dispatcher import DispatcherConfig
 from controlplane.scheduling.leader import LocalLock
-from controlplane.wakeups import LocalWakeBus, NatsWakeBus, wake_bus_for
+from controlplane.wakeups import LocalWakeBus, NatsWakeBus, PgNotifyWakeBus, wake_bus_for
 from tests.conftest import require_server
 from tests.integration.scheduling.conftest import DispatcherFactory
 from tests.integration.scheduling.observe import AttemptWatch, attempt_counts, eventually
@@ -100,14 +100,19 @@ def test_embedded_default_is_in_process_and_wakes_local_subscribers() -> None:
         wake_bus_for("kafka://x")
 
 
-async def test_a_committed_task_wakes_the_other_replicas_dispatcher_over_nats(
-    nats: PrivateNats, db: Database, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
+async def wakes_the_other_replica(
+    writer: NatsWakeBus,
+    dispatcher_side: NatsWakeBus,
+    db: Database,
+    leases: MemoryLeaseStore,
+    make_dispatcher: DispatcherFactory,
 ) -> None:
-    poll = 30.0  # far longer than the test waits: only a wake-up can start the round
+    """A task committed by `writer`'s replica is dispatched by the other replica's dispatcher
+    long before its poll interval: only `dispatcher_side`'s wake-up can start that round."""
+    poll = 30.0
     d = make_dispatcher(
-        leader=LocalLock(f"wake-{id(nats)}"), config=DispatcherConfig(poll_interval_s=poll)
+        leader=LocalLock(f"wake-{id(writer)}"), config=DispatcherConfig(poll_interval_s=poll)
     )
-    writer, dispatcher_side = NatsWakeBus(nats.url), NatsWakeBus(nats.url)
     dispatcher_side.subscribe(Topic.QUEUED, d.wake)
     db.after_commit = writer.notify
     stop = asyncio.Event()
@@ -119,7 +124,7 @@ async def test_a_committed_task_wakes_the_other_replicas_dispatcher_over_nats(
         await dispatcher_side.start()
         assert await writer.wait_connected(10)
         assert await dispatcher_side.wait_connected(10)
-        await asyncio.sleep(0.2)  # let the SUB reach the server: a pub before it is not seen
+        await asyncio.sleep(0.2)  # let the subscription reach the server: a pub before it is lost
         run = asyncio.create_task(d.run(stop))
         await eventually(lambda: d.leading)
         await asyncio.sleep(0.3)  # its first (empty) round is over: it now sleeps `poll`
@@ -137,6 +142,26 @@ async def test_a_committed_task_wakes_the_other_replicas_dispatcher_over_nats(
         db.after_commit = None
         await writer.close()
         await dispatcher_side.close()
+
+
+async def test_a_committed_task_wakes_the_other_replicas_dispatcher_over_nats(
+    nats: PrivateNats, db: Database, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
+) -> None:
+    await wakes_the_other_replica(
+        NatsWakeBus(nats.url), NatsWakeBus(nats.url), db, leases, make_dispatcher
+    )
+
+
+async def test_without_a_broker_postgresql_notify_wakes_the_other_replica(
+    database_url: str, db: Database, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
+) -> None:
+    if database_url.startswith("sqlite"):
+        assert type(wake_bus_for(None, database_url)) is LocalWakeBus
+        return
+    writer, other = wake_bus_for(None, database_url), wake_bus_for(None, database_url)
+    assert isinstance(writer, PgNotifyWakeBus)
+    assert isinstance(other, PgNotifyWakeBus)
+    await wakes_the_other_replica(writer, other, db, leases, make_dispatcher)
 
 
 async def test_broker_killed_under_load_loses_nothing_and_wakeups_resume(
