@@ -195,7 +195,8 @@ def build_scheduling(
         db=db,
         leases=leases,
         catalog=dispatcher.catalog,
-        is_leader=lambda: any(d.leading for d in dispatchers),
+        # Lease reconciliation is one replica's job: shard 0's leader (the only leader unsharded).
+        is_leader=lambda: dispatchers[0].leading,
         wake=lambda: _wake_all(dispatchers),
         worker_id=worker_id,
         # Rebuilt leases live as long as the dispatcher's own, whatever the upkeep config says.
