@@ -48,6 +48,16 @@ CONCURRENCIES = (1, 8, 32, 128)
 TENANT = "bench"
 # A path: the control plane runs under cProfile and writes its profile there (``--profile``).
 PROFILE = ""
+LOOP = "asyncio"
+_UVLOOP = (
+    "import asyncio, sys, uvloop; from clients.cli import main; "
+    "asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); sys.exit(main(sys.argv[1:]))"
+)
+_PROFILED = (
+    "import cProfile, sys, time; from clients.cli import main; "
+    "p = cProfile.Profile(time.process_time); p.enable(); "
+    "code = main(sys.argv[1:]); p.disable(); p.dump_stats({out!r}); sys.exit(code)"
+)
 
 
 def _load() -> str:
@@ -84,6 +94,12 @@ async def _pg_xacts(url: str) -> int:
     return int(value or 0)
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds the process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _request(key: str) -> scheduler_service_pb2.CreateTaskRequest:
     request = scheduler_service_pb2.CreateTaskRequest(idempotency_key=key)
     spec = request.spec
@@ -104,13 +120,15 @@ class Row:
     p50_ms: float
     p99_ms: float
     xacts_per_call: float | None
+    cpu_ms: float
     load: str
 
     def line(self) -> str:
         xacts = "-" if self.xacts_per_call is None else f"{self.xacts_per_call:.2f}"
         return (
             f"| {self.backend} | {self.concurrency} | {self.requests / self.seconds:,.0f} | "
-            f"{self.p50_ms:.1f} | {self.p99_ms:.1f} | {self.errors} | {xacts} | {self.load} |"
+            f"{self.p50_ms:.1f} | {self.p99_ms:.1f} | {self.errors} | {xacts} | "
+            f"{self.cpu_ms:.2f} | {self.load} |"
         )
 
 
@@ -156,12 +174,15 @@ def _serve(url: str, workdir: Path, token: str, extra_env: dict[str, str]) -> tu
     }
     env.pop("VIDROUTE_ADAPTERS", None)
     log = (workdir / "cp.log").open("ab")
-    profile = ["-m", "cProfile", "-o", PROFILE] if PROFILE else []
+    # Profiled by process CPU time, not wall time: what the server spends, not what it waits.
+    profile = ["-c", _PROFILED.format(out=PROFILE), "serve"] if PROFILE else []
+    if LOOP == "uvloop":  # the same server on uvloop's event loop (A/B against asyncio's)
+        profile = ["-c", _UVLOOP, "serve"]
     popen = subprocess.Popen(
         [
             sys.executable,
-            *profile,
-            *("-m", "clients.cli", "serve", "--listen", "127.0.0.1:0"),
+            *(profile or ("-m", "clients.cli", "serve")),
+            *("--listen", "127.0.0.1:0"),
             *("--port-file", str(port_file)),
         ],
         env=env,
@@ -189,9 +210,11 @@ async def _grpc_rows(
     try:
         for concurrency in concurrencies:
             before = await _pg_xacts(url) if backend == "postgresql" else None
+            cpu = _cpu_s(popen.pid)
             latencies, errors, elapsed = await _drive(
                 f"127.0.0.1:{port}", token, concurrency, seconds
             )
+            cpu = _cpu_s(popen.pid) - cpu
             xacts = None
             if before is not None:
                 xacts = (await _pg_xacts(url) - before) / max(1, len(latencies) + len(errors))
@@ -206,6 +229,7 @@ async def _grpc_rows(
                 q[49] * 1000,
                 q[98] * 1000,
                 xacts,
+                cpu * 1000 / max(1, len(latencies) + len(errors)),
                 _load(),
             )
             print(row.line(), flush=True)
@@ -280,8 +304,11 @@ async def _store_counts(backend: str, url: str, calls: int) -> str:
 async def _run(args: argparse.Namespace) -> None:
     maintenance = os.environ.get("VIDROUTE_BENCH_POSTGRES_URL", DEFAULT_PG)
     print(f"load average before: {_load()}", flush=True)
-    print("| backend | concurrency | req/s | p50 ms | p99 ms | errors | xacts/call | load |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print(
+        "| backend | concurrency | req/s | p50 ms | p99 ms | errors | xacts/call | "
+        "server CPU ms/call | load |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     store_lines = []
     with tempfile.TemporaryDirectory(prefix="bench-create-") as tmp:
         workdir = Path(tmp)
@@ -315,10 +342,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--backends", nargs="+", default=["sqlite", "postgresql"], choices=["sqlite", "postgresql"]
     )
     parser.add_argument("--store-calls", type=int, default=300)
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     parser.add_argument("--profile", default="", help="cProfile the control plane into this file")
     args = parser.parse_args(argv)
-    global PROFILE  # noqa: PLW0603 (one switch read by _serve)
-    PROFILE = args.profile
+    global PROFILE, LOOP  # switches read by _serve
+    PROFILE, LOOP = args.profile, args.loop
     asyncio.run(_run(args))
 
 

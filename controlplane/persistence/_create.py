@@ -257,6 +257,10 @@ async def insert_task(
         return _sql.replay(existing, new.spec_hash), False
     record = _record(int(task_id), new, now)
     if reservation is not None and (floor or conn.dialect.name != "postgresql"):
+        # The check and the RESERVE entry need the unit's transaction (not `one_statement`).
+        if conn.sync_connection is not None:
+            options = conn.sync_connection.get_execution_options()
+            assert options.get("isolation_level") != "AUTOCOMMIT", "a floor needs a transaction"
         await ledger.check_and_lock(conn, record.tenant_id, reservation)
         await _reserve(conn, record, reservation, now)
     return record, True

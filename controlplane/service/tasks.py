@@ -179,7 +179,10 @@ class TaskService:
         now = self._clock()
         queue_deadline_at, deadline_at = deadlines_for(cmd.spec, self._deadlines, now)
         reservation = await self._reservation(cmd.spec, now)
-        async with self._db.unit(now) as u:
+        # Only a policy with a floor locks the tenant and reads its credit in the transaction;
+        # otherwise the store writes the task with one statement (no BEGIN/COMMIT needed).
+        checked = reservation is not None and reservation.policy.floor_micros() is not None
+        async with self._db.unit(now, one_statement=not checked) as u:
             return await u.create_task(
                 cmd.spec,
                 reservation=reservation,

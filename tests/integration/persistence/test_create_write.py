@@ -158,3 +158,18 @@ async def test_many_concurrent_writers_all_commit(
     assert all(results)
     assert await _count(engine, generation_tasks) == 60
     assert await _count(engine, outbox) == 60
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgresql", marks=pytest.mark.postgres)])
+async def test_one_statement_unit_runs_outside_a_transaction(
+    db: Database, engine: AsyncEngine
+) -> None:
+    """On PostgreSQL a `one_statement` unit sends its create without BEGIN/COMMIT: the task is
+    visible to another connection before the block ends; in an ordinary unit it is not."""
+    async with db.unit(NOW, one_statement=True) as u:
+        await u.create_task(make_spec(), idempotency_key="auto", spec_hash="h")
+        assert await _count(engine, generation_tasks) == 1
+    async with db.unit(NOW) as u:
+        await u.create_task(make_spec(), idempotency_key="tx", spec_hash="h")
+        assert await _count(engine, generation_tasks) == 1
+    assert await _count(engine, generation_tasks) == 2
