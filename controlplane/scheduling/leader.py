@@ -162,6 +162,10 @@ class ShardLeadership:
         self._orphan_grace_s = orphan_grace_s
         self._free_since: dict[int, float] = {}
         self._clock = clock
+        # Between rounds a leader only pings; who is alive and who leads (the balance) is read
+        # at most this often, so a busy dispatcher does not scan pg_locks every round.
+        self._view_every_s = orphan_grace_s / 6
+        self._viewed_at = -float("inf")
 
     @property
     def led(self) -> set[int]:
@@ -198,7 +202,11 @@ class ShardLeadership:
         if shard not in session.held:
             return False
         try:
+            if self._clock() - self._viewed_at < self._view_every_s:
+                await session.ping()  # alive session: its session-level locks are still ours
+                return shard in session.held
             members, holders = await session.view()
+            self._viewed_at = self._clock()
             if holders.get(shard) != session.backend_pid:
                 session.held.discard(shard)
                 return False

@@ -173,7 +173,11 @@ def build_scheduling(
             (dataclasses.replace(config, shard=n), leadership.lock(n))
             for n in range(config.shard_count)
         ]
-    else:  # one shard (or SQLite: one process) -- the shard named by the config
+    elif is_sqlite(database_url):  # one process: it dispatches every tenant
+        locks = [
+            (dataclasses.replace(config, shard=0, shard_count=1), leader_lock_for(database_url))
+        ]
+    else:  # one shard: the one named by the config
         locks = [(config, leader_lock_for(database_url, f"shard-{config.shard}"))]
     dispatchers = [
         Dispatcher(

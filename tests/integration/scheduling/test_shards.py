@@ -229,3 +229,21 @@ async def test_health_windows_and_incumbents_are_shared_through_redis(
         if keys:
             await client.delete(*keys)
         await client.aclose()
+
+
+def test_on_sqlite_one_process_dispatches_every_tenant_whatever_the_shard_count(
+    database_url: str, db: Database, adapter: CompilingAdapter
+) -> None:
+    if not database_url.startswith("sqlite"):
+        pytest.skip("the embedded default")
+    runtime = build_scheduling(
+        db=db,
+        database_url=database_url,
+        leases=MemoryLeaseStore(),
+        adapters=adapter.for_providers(["runway"]),
+        policy=example_policy("router-v17"),
+        config=DispatcherConfig(shard_count=SHARDS),
+    )
+    assert len(runtime.dispatchers) == 1
+    assert runtime.leadership is None
+    assert runtime.dispatcher.config.shard_count == 1  # no tenant filtered out
