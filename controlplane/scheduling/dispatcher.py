@@ -171,9 +171,17 @@ class Dispatcher:
         if self.parking.freed(account):
             self.wake()
 
-    def breaker_moved(self, candidate_id: str) -> None:
-        """A breaker of the candidate closed or went HALF_OPEN (the health monitor's hook)."""
-        if self.parking.breaker_moved(candidate_id):
+    def breaker_recovered(self, key: BreakerKey) -> None:
+        """A breaker closed or went HALF_OPEN (the health monitor's `on_recovered`): the tasks
+        parked on a candidate behind it (its own breaker or its account's) are routed again."""
+        if self._catalog is None:
+            return
+        woken = 0
+        for c in self._catalog.candidates:
+            own = submit_key(c)
+            if key in (own, account_key(own)):
+                woken += self.parking.breaker_moved(c.id)
+        if woken:
             self.wake()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -634,8 +642,8 @@ class Dispatcher:
                 claimed = await batch.claim(u.conn, expected)
                 mine = [s for s in selected if s.task_id in claimed]
                 attempt_ids = await batch.write_selected(u.conn, mine, now)
-                if mine and hasattr(u, "topics"):  # the after-commit wake-up relay
-                    u.topics.add(Topic.SUBMIT)
+                if mine:  # the after-commit wake-up relay (controlplane.wakeups)
+                    u.topics.add(str(Topic.SUBMIT))
                 for o in writes:
                     if o.task.id in claimed:
                         await self._write_other(u, o)

@@ -127,6 +127,8 @@ class HealthMonitor:
         self._account_ids: dict[tuple[str, str, str], int] = {}
         self.persist_failures = 0
         self.on_transition: Callable[[BreakerTransition], None] | None = None  # e.g. the metrics
+        # Told the key whenever a breaker closes or goes HALF_OPEN here (the dispatchers' wake).
+        self.on_recovered: Callable[[BreakerKey], None] | None = None
         self.origin = secrets.token_hex(8)  # this replica, on the observations it shares
         self.incumbents = SharedIncumbents(self)
         self._unsent: list[Observation] = []
@@ -452,6 +454,8 @@ class HealthMonitor:
         )
         if self.on_transition is not None:
             self.on_transition(transition)
+        if self.on_recovered is not None and transition.new is not BreakerState.OPEN:
+            self.on_recovered(transition.key)  # parked tasks may run now (dispatcher)
         if publish:
             breaker = self.registry.get(transition.key)
             published = self._shared.publish(

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -215,6 +215,10 @@ def build_scheduling(
     # switched on here because this is what runs the rebuild that lifts it.
     leases.fail_closed = True
     leases.on_not_live = upkeep.kick
+    # Parked capacity waits (9.12): released or expired slots and recovered breakers wake the
+    # tasks parked on them, in process; each round's own reads are the safety net.
+    leases.on_freed = lambda account: _each(dispatchers, lambda d: d.capacity_freed(account))
+    monitor.on_recovered = lambda key: _each(dispatchers, lambda d: d.breaker_recovered(key))
     for d in dispatchers:
         d.before_admit = upkeep.ensure_leases_live
     return SchedulingRuntime(
@@ -231,3 +235,8 @@ def build_scheduling(
 def _wake_all(dispatchers: Sequence[Dispatcher]) -> None:
     for d in dispatchers:
         d.wake()
+
+
+def _each(dispatchers: Sequence[Dispatcher], call: Callable[[Dispatcher], None]) -> None:
+    for d in dispatchers:
+        call(d)
