@@ -27,6 +27,7 @@ from datetime import timedelta
 from controlplane.domain.breaker import Operation
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
+from controlplane.execution.batching import run_batch
 from controlplane.execution.breakers import TRANSPORT_FAILURE
 from controlplane.execution.events import EventNormalizer, EventSource, Observation
 from controlplane.execution.outcomes import (
@@ -136,8 +137,12 @@ class CancelWorker:
 
     async def run_once(self) -> int:
         messages = await claim_batch(self._deps, Topic.CANCEL)
-        for message in messages:
-            await self.handle(message)
+        await run_batch(
+            messages,
+            self.handle,
+            key=lambda m: m.payload.get("attempt_id"),
+            limit=self._deps.config.concurrency,
+        )
         return len(messages)
 
     async def handle(self, message: OutboxRecord) -> None:

@@ -31,7 +31,10 @@ class ExecutionConfig:
 
     worker_id: str = "exec-1"
     callback_base_url: str = ""
-    batch_size: int = 16
+    batch_size: int = 32
+    # Items of one claimed batch handled side by side (sidecar calls in flight per worker loop);
+    # one attempt's items never run side by side (`controlplane.execution.batching`).
+    concurrency: int = 8
     claim_lease_s: float = 30.0
     idle_sleep_s: float = 0.5
 

@@ -93,6 +93,7 @@ class ExecutionEngine:
         self.output = OutputStep(self.deps, fetch or _no_fetch, self.normalizer)
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
+        self._wakes: dict[str, asyncio.Event] = {name: asyncio.Event() for name in self._steps()}
         self.errors = 0
 
     async def sweep(self) -> int:
@@ -164,4 +165,28 @@ class ExecutionEngine:
                 log.exception("execution step %s failed; retrying after a pause", name)
                 done = 0
             if done == 0 and not self._stopping.is_set():
-                await self._sleep(self.config.idle_sleep_s)
+                await self._idle(name)
+
+    def wake(self, step: str | None = None) -> None:
+        """End the idle pause of one step's loop (None: every loop) so it looks for work now.
+
+        The seam for wake-ups (a broker message, an outbox commit): a wake only shortens a
+        pause, so a lost one delays nothing by more than `idle_sleep_s`.
+        """
+        for name, event in self._wakes.items():
+            if step is None or name == step:
+                event.set()
+
+    async def _idle(self, name: str) -> None:
+        event = self._wakes.setdefault(name, asyncio.Event())
+        if event.is_set():
+            event.clear()
+            return
+        pause = asyncio.ensure_future(self._sleep(self.config.idle_sleep_s))
+        woken = asyncio.ensure_future(event.wait())
+        try:
+            await asyncio.wait({pause, woken}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (pause, woken):
+                waiter.cancel()
+            event.clear()

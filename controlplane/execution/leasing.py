@@ -27,6 +27,8 @@ from controlplane.persistence.records import AttemptRecord
 
 __all__ = ["LeaseKeeper"]
 
+_MAX_HINTS = 100_000  # token -> where hints kept (bounded; a cleared hint costs one scan)
+
 log = logging.getLogger(__name__)
 
 
@@ -36,26 +38,53 @@ class LeaseKeeper:
     def __init__(self, store: LeaseStore | None) -> None:
         self._store = store
         self.failures = 0
+        # Where a token's lease was last seen: (account, the lease's key), so the next find is
+        # one point read (`lease_of`) instead of a snapshot of every lease of every account.
+        # Only a hint: the record read is verified exactly as a scan's, and a miss scans.
+        self._where: dict[str, tuple[str, str]] = {}
 
     async def find(self, attempt: AttemptRecord) -> Lease | None:
         if self._store is None or not attempt.lease_token:
             return None
-        for account in await self._store.accounts():
+        token = attempt.lease_token
+        point = getattr(self._store, "lease_of", None)
+        hint = self._where.get(token)
+        if point is not None and hint is not None:
+            lease = await point(*hint)
+            if lease is not None and lease.token == token:
+                return self._verified(attempt, lease)
+            self._where.pop(token, None)
+        accounts = await self._store.accounts()
+        if point is not None and attempt.client_request_key:
+            # The scheduler keys a lease by the attempt's client request key: a point read per
+            # account (there are few) finds it without reading every lease.
+            for account in accounts:
+                lease = await point(account, attempt.client_request_key)
+                if lease is not None and lease.token == token:
+                    return self._verified(attempt, lease)
+        for account in accounts:
             snapshot = await self._store.snapshot(account)
             for lease in snapshot.leases:
-                if lease.token != attempt.lease_token:
+                if lease.token != token:
                     continue
-                fence = attempt.fencing_token
-                if fence is not None and lease.fencing_token != fence:
-                    log.warning(
-                        "attempt %s: lease fence %s is not the attempt's %s; not its lease",
-                        attempt.id,
-                        lease.fencing_token,
-                        fence,
-                    )
-                    return None
-                return lease
+                if len(self._where) >= _MAX_HINTS:
+                    self._where.clear()
+                self._where[token] = (lease.account, lease.attempt_id)
+                return self._verified(attempt, lease)
         return None
+
+    def _verified(self, attempt: AttemptRecord, lease: Lease) -> Lease | None:
+        """`lease` if it is held under the attempt's fencing token (9.11.1), else None."""
+        fence = attempt.fencing_token
+        if fence is not None and lease.fencing_token != fence:
+            log.warning(
+                "attempt %s: lease fence %s is not the attempt's %s; not its lease",
+                attempt.id,
+                lease.fencing_token,
+                fence,
+            )
+            return None
+        return lease
 
     async def still_held(self, attempt: AttemptRecord) -> bool:
         """Renew the attempt's lease; True only if the store still has it under its fence.
@@ -74,6 +103,8 @@ class LeaseKeeper:
     async def release(self, attempt: AttemptRecord) -> bool:
         try:
             lease = await self.find(attempt)
+            if attempt.lease_token:
+                self._where.pop(attempt.lease_token, None)
             return lease is not None and await self._require().release(lease)
         except LeaseError as exc:
             return self._failed("release", attempt, exc)

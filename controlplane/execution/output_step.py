@@ -31,6 +31,7 @@ from controlplane.domain.breaker import Operation
 from controlplane.domain.failover import backoff_delay_s
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TaskState
+from controlplane.execution.batching import run_batch
 from controlplane.execution.breakers import TRANSPORT_FAILURE, GuardedCall
 from controlplane.execution.events import (
     EventNormalizer,
@@ -136,11 +137,18 @@ class OutputStep:
 
     async def run_once(self) -> int:
         messages = await claim_batch(self._deps, Topic.OUTPUT_FETCH)
-        for message in messages:
-            payload = message.payload
-            with bind_ids(task_id=payload.get("task_id"), attempt_id=payload.get("attempt_id")):
-                await self.handle(message)
+        await run_batch(
+            messages,
+            self._handle_bound,
+            key=lambda m: m.payload.get("attempt_id"),
+            limit=self._deps.config.concurrency,
+        )
         return len(messages)
+
+    async def _handle_bound(self, message: OutboxRecord) -> None:
+        payload = message.payload
+        with bind_ids(task_id=payload.get("task_id"), attempt_id=payload.get("attempt_id")):
+            await self.handle(message)
 
     async def handle(self, message: OutboxRecord) -> None:
         cfg = self._deps.config

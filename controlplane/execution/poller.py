@@ -20,6 +20,7 @@ from controlplane.domain.breaker import Operation
 from controlplane.domain.observation import poll_phase_of
 from controlplane.domain.polling import PollPhase, next_poll_delay
 from controlplane.domain.states import ATTEMPT_MACHINE
+from controlplane.execution.batching import run_batch
 from controlplane.execution.breakers import TRANSPORT_FAILURE
 from controlplane.execution.events import EventNormalizer, EventSource, Observation
 from controlplane.execution.lost_jobs import is_job_not_found, on_job_not_found, on_job_seen
@@ -49,10 +50,12 @@ class Poller:
             ids = await u.claim_polls(
                 cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s
             )
-        for attempt_id in ids:
-            with bind_ids(attempt_id=attempt_id):
-                await self.poll(attempt_id)
+        await run_batch(ids, self._poll_one, key=lambda i: i, limit=cfg.concurrency)
         return len(ids)
+
+    async def _poll_one(self, attempt_id: int) -> None:
+        with bind_ids(attempt_id=attempt_id):
+            await self.poll(attempt_id)
 
     async def poll(self, attempt_id: int) -> None:
         snap = await self._deps.reads.snapshot(attempt_id)

@@ -32,6 +32,7 @@ from datetime import timedelta
 from controlplane.domain.failover import FailureStage
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TASK_MACHINE, AttemptState, TaskState
+from controlplane.execution.batching import run_batch
 from controlplane.execution.events import EventNormalizer
 from controlplane.execution.outcomes import (
     PROVEN_ABSENT,
@@ -76,8 +77,12 @@ class SubmitWorker:
     async def run_once(self) -> int:
         """Claim and handle one batch; returns how many messages were claimed."""
         messages = await claim_batch(self._deps, Topic.SUBMIT)
-        for message in messages:
-            await self.handle(message)
+        await run_batch(
+            messages,
+            self.handle,
+            key=lambda m: m.payload.get("attempt_id"),
+            limit=self._deps.config.concurrency,
+        )
         return len(messages)
 
     async def handle(self, message: OutboxRecord) -> None:

@@ -303,6 +303,11 @@ class MemoryLeaseStore:
                 leases=tuple(v for (a, _), v in self._leases.items() if a == account),
             )
 
+    async def lease_of(self, account: str, attempt_id: str) -> Lease | None:
+        """The stored record of one lease (point read; `LeaseKeeper`'s fast path)."""
+        async with self._lock:
+            return self._leases.get((account, attempt_id))
+
     async def accounts(self) -> list[str]:
         """Accounts seen by this store."""
         async with self._lock:

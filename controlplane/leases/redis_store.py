@@ -510,6 +510,13 @@ class RedisLeaseStore:
                 raise LeaseBackendError(f"snapshot of {account} kept racing with writers")
         return self._build_snapshot(account, dim_keys, results)
 
+    async def lease_of(self, account: str, attempt_id: str) -> Lease | None:
+        """The stored record of one lease, one HGETALL (`LeaseKeeper`'s fast path; a snapshot
+        reads every lease of the account)."""
+        async with _translated("lease_of"):
+            raw = await self._redis.hgetall(self._key("lease", account, attempt_id))
+        return _lease_from(_record(raw)) if raw else None
+
     async def accounts(self) -> list[str]:
         """Accounts ever used with this namespace."""
         async with _translated("accounts"):

@@ -1,0 +1,344 @@
+"""Full lifecycle benchmark (not a test): ``python -m bench.lifecycle [--tasks N] [--scale F]``.
+
+One command, one run: a real control plane process (`vidroute serve`, its shipped defaults, on
+PostgreSQL + Redis), the self-hosted sidecar process and its emulator configured to finish jobs
+at once (a tiny time factor, 64 GPU workers, the capability's ``max_concurrency`` raised to
+1,000 in a copied capabilities directory the sidecar is pointed at). N tasks (default 500) are
+created over gRPC (16 client threads), then the bench waits until every one is terminal.
+
+Figures: end-to-end tasks/s (first CreateTask to last terminal), tasks SUCCEEDED, the control
+plane's CPU seconds per task (``/proc/<pid>/stat``), and, from ``pg_stat_database`` of the
+bench's own database, transactions and rows written per task (``pg_stat_statements`` is not
+preloaded on this machine, so statements are approximated by commits + rows). With
+``--profile`` the control plane runs under ``py-spy record`` if py-spy is on PATH.
+
+Needs ``VIDROUTE_BENCH_POSTGRES_URL`` (maintenance database, default
+``postgresql+asyncpg://postgres@127.0.0.1:5432/test``) and ``VIDROUTE_BENCH_REDIS_URL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
+
+from adapter_sidecars.emulators.selfhosted import SelfHostedConfig, SelfHostedEmulator
+from tests.support import stack
+from tests.support.stack import CALLBACK_SECRET, ControlPlane, ProviderFarm, RedisDb
+
+ROOT = Path(__file__).resolve().parent.parent
+PROVIDER = "self_hosted"
+# Wall seconds per simulated GPU second: a 4 s video (~35 GPU s) renders in ~3.5 ms.
+EMULATOR_SPEED = 0.0001
+
+
+def _instant_selfhosted(scale: float, extensions: frozenset[str]) -> SelfHostedEmulator:
+    return SelfHostedEmulator(
+        SelfHostedConfig(
+            advance="time",
+            workers=64,
+            speed=EMULATOR_SPEED,
+            max_queue=100_000,
+            url_ttl_s=86400.0,
+            callback_secret=CALLBACK_SECRET,
+            extensions=extensions,
+        )
+    )
+
+
+def _raised_capabilities(into: Path, limit: int) -> Path:
+    source = ROOT / "adapter_sidecars" / "selfhosted" / "capabilities"
+    into.mkdir(parents=True, exist_ok=True)
+    for path in source.glob("*.yaml"):
+        raised = re.sub(
+            r"^max_concurrency: \d+$",
+            f"max_concurrency: {limit}",
+            path.read_text(encoding="utf-8"),
+            flags=re.MULTILINE,
+        )
+        (into / path.name).write_text(raised, encoding="utf-8")
+    return into
+
+
+def _py_spy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    return found
+
+
+def _maintenance() -> Any:
+    return make_url(
+        os.environ.get(
+            "VIDROUTE_BENCH_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+        )
+    )
+
+
+async def _create_db(name: str) -> None:
+    admin = create_async_engine(_maintenance(), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    async with admin.connect() as conn:
+        await conn.execute(text(f'CREATE DATABASE "{name}"'))
+    await admin.dispose()
+
+
+async def _drop_db(name: str) -> None:
+    admin = create_async_engine(_maintenance(), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    async with admin.connect() as conn:
+        await conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    await admin.dispose()
+
+
+async def _db_stats(name: str) -> dict[str, int]:
+    admin = create_async_engine(_maintenance(), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    async with admin.connect() as conn:
+        await conn.execute(text("SELECT pg_stat_clear_snapshot()"))
+        row = (
+            await conn.execute(
+                text(
+                    "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated, tup_deleted,"
+                    " tup_returned, tup_fetched FROM pg_stat_database WHERE datname = :n"
+                ),
+                {"n": name},
+            )
+        ).one()
+    await admin.dispose()
+    keys = ("commits", "rollbacks", "inserted", "updated", "deleted", "returned", "fetched")
+    return dict(zip(keys, (int(v) for v in row), strict=True))
+
+
+async def _seq_scans(url: str) -> dict[str, tuple[int, int]]:
+    engine = create_async_engine(url, poolclass=NullPool)
+    async with engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                text("SELECT relname, seq_scan, seq_tup_read FROM pg_stat_user_tables")
+            )
+        ).all()
+    await engine.dispose()
+    return {str(r[0]): (int(r[1]), int(r[2])) for r in rows}
+
+
+_SKIP = ("engine", "batching", "bootstrap", "server", "cli")
+_FRAME = re.compile(r"controlplane/((?:\w+/)*)(\w+)\.py")
+
+
+def _stage_of(stack_line: str) -> str:
+    """The outermost control-plane frame of a collapsed py-spy stack that names a stage."""
+    for frame in stack_line.split(";"):
+        found = _FRAME.search(frame)
+        if found is None or found.group(2) in _SKIP:
+            continue
+        return f"{found.group(1)}{found.group(2)}"
+    return "(not control plane: event loop, grpc, idle)"
+
+
+def _profile_summary(raw: Path) -> dict[str, float]:
+    totals: dict[str, int] = {}
+    if not raw.exists():
+        return {}
+    for line in raw.read_text(errors="replace").splitlines():
+        frames, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        stage = _stage_of(frames)
+        totals[stage] = totals.get(stage, 0) + int(count)
+    whole = sum(totals.values()) or 1
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])[:12]
+    return {k: round(100 * v / whole, 1) for k, v in ranked}
+
+
+_TERMINAL_SQL = (
+    "SELECT status, failure_code, count(*) FROM generation_tasks"
+    " WHERE status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') GROUP BY status, failure_code"
+)
+
+
+async def _wait_terminal(url: str, count: int, deadline: float) -> dict[str, int]:
+    """Wait (reading PostgreSQL, not the API) until `count` tasks are terminal or the deadline."""
+    engine = create_async_engine(url, poolclass=NullPool)
+    states: dict[str, int] = {}
+    try:
+        while True:
+            async with engine.connect() as conn:
+                rows = (await conn.execute(text(_TERMINAL_SQL))).all()
+            states = {}
+            for status, code, n in rows:
+                label = str(status) if code is None else f"{status}:{code}"
+                states[label] = states.get(label, 0) + int(n)
+            if sum(states.values()) >= count or time.monotonic() >= deadline:
+                return states
+            await asyncio.sleep(0.05)
+    finally:
+        await engine.dispose()
+
+
+_STAGES_SQL = """
+SELECT
+       percentile_cont(0.5)
+         WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM a.created_at - t.created_at)),
+       percentile_cont(0.5)
+         WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM r.accepted_at - a.created_at)),
+       percentile_cont(0.5)
+         WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM t.updated_at - r.accepted_at)),
+       EXTRACT(EPOCH FROM max(a.created_at) - min(t.created_at)),
+       EXTRACT(EPOCH FROM max(r.accepted_at) - min(t.created_at)),
+       EXTRACT(EPOCH FROM max(t.updated_at) - min(t.created_at))
+FROM generation_tasks t
+JOIN task_attempts a ON a.task_id = t.id AND a.attempt_no = 1
+LEFT JOIN attempt_runtime r ON r.attempt_id = a.id
+"""
+
+
+async def _stage_times(url: str) -> dict[str, float]:
+    """Medians per stage and when the last task reached each (seconds from the first create)."""
+    engine = create_async_engine(url, poolclass=NullPool)
+    async with engine.connect() as conn:
+        row = (await conn.execute(text(_STAGES_SQL))).one()
+    await engine.dispose()
+    keys = (
+        "p50_create_to_dispatch_s",
+        "p50_dispatch_to_accept_s",
+        "p50_accept_to_terminal_s",
+        "last_dispatch_at_s",
+        "last_accept_at_s",
+        "last_terminal_at_s",
+    )
+    return {k: round(float(v or 0.0), 3) for k, v in zip(keys, row, strict=True)}
+
+
+def failures_of(states: dict[str, int]) -> dict[str, int]:
+    return {k: v for k, v in states.items() if k != "SUCCEEDED"}
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def run(tasks: int, scale: float, redis_url: str, profile: bool) -> dict[str, Any]:
+    stack.PROVIDERS[PROVIDER] = stack.Provider(
+        PROVIDER, "selfhosted", "wan2.2-t2v", _instant_selfhosted, callbacks=True
+    )
+    work = Path(tempfile.mkdtemp(prefix="vidroute-bench-life-"))
+    name = f"vidroute_bench_l_{secrets.token_hex(4)}"
+    asyncio.run(_create_db(name))
+    url = _maintenance().set(database=name).render_as_string(hide_password=False)
+    caps = _raised_capabilities(work / "caps", 1000)
+    try:
+        with ProviderFarm(
+            work / "farm",
+            time_scale=scale,
+            providers=[PROVIDER],
+            sidecar_env={"VIDROUTE_ADAPTER_CAPABILITIES_DIR": str(caps)},
+        ) as farm:
+            (work / "cp").mkdir()
+            cp = ControlPlane(work / "cp", farm, database_url=url, redis_url=redis_url)
+            cp.start()
+            try:
+                assert cp.proc is not None
+                pid = cp.proc.popen.pid
+                before_db = asyncio.run(_db_stats(name))
+                scans0 = asyncio.run(_seq_scans(url))
+                spy = None
+                raw = work / "profile.txt"
+                if profile:
+                    spy = subprocess.Popen(
+                        [
+                            _py_spy(),
+                            "record",
+                            "--pid",
+                            str(pid),
+                            "--format",
+                            "raw",
+                            "--rate",
+                            "50",
+                            "--nonblocking",
+                            "--output",
+                            str(raw),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                cpu0 = _cpu_s(pid)
+                t0 = time.monotonic()
+                with ThreadPoolExecutor(16) as pool:
+                    ids = list(pool.map(lambda i: cp.create_task(PROVIDER), range(tasks)))
+                created_s = time.monotonic() - t0
+                deadline = time.monotonic() + max(120.0, tasks * 2.0)
+                states = asyncio.run(_wait_terminal(url, len(ids), deadline))
+                wall = time.monotonic() - t0
+                cpu = _cpu_s(pid) - cpu0
+                after_db = asyncio.run(_db_stats(name))
+                scans1 = asyncio.run(_seq_scans(url))
+                stage_times = asyncio.run(_stage_times(url))
+                if spy is not None:
+                    spy.send_signal(signal.SIGINT)
+                    spy.wait(timeout=60)
+                stages = _profile_summary(raw)
+            finally:
+                cp.stop()
+    finally:
+        asyncio.run(_drop_db(name))
+        if not os.environ.get("VIDROUTE_BENCH_KEEP"):
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"kept {work}")
+    delta = {k: after_db[k] - before_db[k] for k in after_db}
+    done = sum(states.values())
+    return {
+        "tasks": tasks,
+        "terminal": done,
+        "succeeded": states.get("SUCCEEDED", 0),
+        "create_s": round(created_s, 2),
+        "wall_s": round(wall, 2),
+        "tasks_per_s": round(done / wall, 2),
+        "cp_cpu_s": round(cpu, 2),
+        "cp_cpu_ms_per_task": round(1000 * cpu / max(done, 1), 1),
+        "commits_per_task": round(delta["commits"] / max(done, 1), 1),
+        "rows_written_per_task": round(
+            (delta["inserted"] + delta["updated"] + delta["deleted"]) / max(done, 1), 1
+        ),
+        "rows_read_per_task": round((delta["returned"] + delta["fetched"]) / max(done, 1), 1),
+        "failures": failures_of(states),
+        "seq_tup_read_per_task": {
+            t: round((scans1[t][1] - scans0.get(t, (0, 0))[1]) / max(done, 1))
+            for t in sorted(scans1, key=lambda t: scans0.get(t, (0, 0))[1] - scans1[t][1])[:6]
+        },
+        "stage_times": stage_times,
+        "cpu_share_by_stage_pct": stages,
+        "load_avg": os.getloadavg(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=500)
+    parser.add_argument("--scale", type=float, default=0.1, help="the control plane's time factor")
+    parser.add_argument("--profile", action="store_true", help="py-spy the control plane")
+    args = parser.parse_args()
+    base = os.environ.get("VIDROUTE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+    # A logical database claimed like the e2e tests claim theirs, so no one flushes it meanwhile.
+    with RedisDb(base) as redis_db:
+        figures = run(args.tasks, args.scale, redis_db.url, args.profile)
+    for key, value in figures.items():
+        print(f"{key}: {value}")
+
+
+if __name__ == "__main__":
+    main()
