@@ -134,6 +134,9 @@ class HealthMonitor:
         self._unsent: list[Observation] = []
         self._flushing: asyncio.Task[None] | None = None
         self._cursor: str | None = None  # the shared observations read so far
+        self.windows_sync_s = 1.0
+        self.incumbents_sync_s = 30.0
+        self._windows_read_at = self._incumbents_read_at = -float("inf")
         self._pending: set[asyncio.Task[None]] = set()
 
     def set_account_ids(self, ids: Iterable[tuple[tuple[str, str, str], int]]) -> None:
@@ -200,8 +203,16 @@ class HealthMonitor:
                 log.warning("health observations not shared (kept for later)", exc_info=True)
                 return
 
-    async def sync_windows(self) -> int:
-        """Fold the other replicas' new observations into the windows; returns how many."""
+    async def sync_windows(self, *, force: bool = False) -> int:
+        """Fold the other replicas' new observations into the windows; returns how many.
+
+        Every dispatch round asks; the shared state is read at most every `windows_sync_s`
+        (observations) and `incumbents_sync_s` (the incumbents hash, which only a shard's new
+        leader needs) unless `force`."""
+        now = time.monotonic()
+        if not force and now - self._windows_read_at < self.windows_sync_s:
+            return 0
+        self._windows_read_at = now
         await self.flush_observations()
         folded = 0
         try:
@@ -214,7 +225,9 @@ class HealthMonitor:
                         folded += 1
                 if len(batch) < 10_000:
                     break
-            self.incumbents.merge(await self._shared.read_incumbents())
+            if force or now - self._incumbents_read_at >= self.incumbents_sync_s:
+                self._incumbents_read_at = now
+                self.incumbents.merge(await self._shared.read_incumbents())
         except Exception:
             log.warning("shared health windows not read; using this replica's", exc_info=True)
         return folded

@@ -196,7 +196,7 @@ async def test_health_windows_and_incumbents_are_shared_through_redis(
             one.observe_generation(key, succeeded=n % 3 != 0, duration_s=40.0, cost_micros=500)
         await one.flush_observations()
         assert two.health_view(cid) is None  # nothing seen locally
-        await two.sync()
+        await two.sync()  # its first: reads the shared state at once
         mine, theirs = one.health_view(cid), two.health_view(cid)
         assert mine is not None
         assert theirs is not None
@@ -209,18 +209,18 @@ async def test_health_windows_and_incumbents_are_shared_through_redis(
         group = ("tenant-a", "STANDARD", "TEXT_TO_VIDEO")
         one.incumbents[group] = Incumbent(cid, 1_000.0)
         await asyncio.gather(*one._pending)
-        await two.sync()
+        await two.sync_windows(force=True)
         assert two.incumbents.get(group) == Incumbent(cid, 1_000.0)
 
         # A replica that starts later (or takes a shard over) rebuilds from the stream.
         three = monitor()
-        await three.sync()
+        await three.sync_windows(force=True)
         rebuilt = three.health_view(cid)
         assert rebuilt is not None
         assert rebuilt.samples == pytest.approx(mine.samples, rel=1e-3)  # both decay with the clock
         assert three.incumbents.get(group) == Incumbent(cid, 1_000.0)
         # Its own echo is not counted twice: a second sync of `one` changes nothing.
-        await one.sync()
+        await one.sync_windows(force=True)
         again = one.health_view(cid)
         assert again is not None
         assert again.samples == pytest.approx(mine.samples, rel=1e-3)
