@@ -74,9 +74,15 @@ $(BENCH_LITELLM)/.installed: bench/requirements-litellm.txt
 bench-routing: $(INSTALLED) $(BENCH_LITELLM)/.installed
 	$(PY) -m bench.routing
 
+## Every benchmark, one after the other, in one command (the figures go to bench/RESULTS.md):
+## routing side by side with LiteLLM, then each module of BENCH_MODULES that exists.
+BENCH_MODULES := queue dispatch reconciliation create_task money lifecycle shards
 bench: $(INSTALLED) $(BENCH_LITELLM)/.installed
 	bash scripts/ensure_services.sh
 	$(PY) -m bench.routing --e2e
+	@set -e; for m in $(BENCH_MODULES); do \
+	  if [ -f bench/$$m.py ]; then echo "== bench.$$m"; $(PY) -m bench.$$m; fi; \
+	done
 
 clean:
 	rm -rf $(VENV) $(BENCH_LITELLM) node_modules var dist .pytest_cache .mypy_cache .ruff_cache
