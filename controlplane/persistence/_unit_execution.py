@@ -169,21 +169,32 @@ class ExecutionWrites:
     async def _claim(
         self, column: Any, states: Iterable[AttemptState], *, limit: int, lease_s: float
     ) -> list[int]:
+        """Claim up to `limit` due rows in due order (earliest first, then attempt id).
+
+        The due rows come off the front of the partial due-time index (``ix_attempt_runtime_
+        poll_due`` / ``_recovery_due``, only rows whose time is set) in its order, locked with
+        SKIP LOCKED so concurrent claimers take disjoint sets, and the claim pushes their due
+        time past the lease in the same transaction: a crashed worker's claim simply expires.
+        """
         now = self.now
         due = (
             select(R.c.attempt_id)
             .join(A, A.c.id == R.c.attempt_id)
-            .where(column <= now, A.c.status.in_(sorted(s.value for s in states)))
-            .order_by(column)
+            .where(
+                column.is_not(None),
+                column <= now,
+                A.c.status.in_(sorted(s.value for s in states)),
+            )
+            .order_by(column, R.c.attempt_id)
             .limit(limit)
             .with_for_update(skip_locked=True, of=R)
-            .cte("due")
         )
-        # Claiming pushes the due time past the lease: a crashed worker's claim simply expires.
-        stmt = (
-            update(R)
-            .where(R.c.attempt_id.in_(select(due.c.attempt_id)))
-            .values({column.name: now + timedelta(seconds=lease_s), "updated_at": now})
-            .returning(R.c.attempt_id)
-        )
-        return sorted(int(i) for i in (await self.conn.execute(stmt)).scalars())
+        ids = [int(i) for i in (await self.conn.execute(due)).scalars()]
+        if ids:
+            # The rows stay locked until this transaction ends, so no one claims them meanwhile.
+            await self.conn.execute(
+                update(R)
+                .where(R.c.attempt_id.in_(ids))
+                .values({column.name: now + timedelta(seconds=lease_s), "updated_at": now})
+            )
+        return ids

@@ -371,12 +371,12 @@ class MemoryUnitOfWork:
                 and getattr(r, column) <= self.now
                 and self._s.attempts[r.attempt_id].state in wanted
             ),
-            key=lambda r: getattr(r, column),
+            key=lambda r: (getattr(r, column), r.attempt_id),
         )[:limit]
         pushed: dict[str, Any] = {column: self.now + timedelta(seconds=lease_s)}
         for r in due:
             self._s.runtimes[r.attempt_id] = replace(r, **pushed)
-        return sorted(r.attempt_id for r in due)
+        return [r.attempt_id for r in due]  # in due order, like the SQL claim
 
     def _event(self, task_id: int, kind: str, payload: Mapping[str, Any]) -> None:
         seq = self._s.last_seq.get(task_id, 0) + 1

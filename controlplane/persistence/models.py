@@ -638,8 +638,21 @@ attempt_runtime = Table(
     Column("late_found_job_id", Text, nullable=True),
     Column("late_found_method", Text, nullable=True),
     Column("updated_at", UtcDateTime, nullable=False),
-    Index("ix_attempt_runtime_next_poll_at", "next_poll_at"),
-    Index("ix_attempt_runtime_next_recovery_at", "next_recovery_at"),
+    # Revision 0009: partial due-time indexes, only rows that can come due (the claims' order).
+    Index(
+        "ix_attempt_runtime_poll_due",
+        "next_poll_at",
+        "attempt_id",
+        postgresql_where=text("next_poll_at IS NOT NULL"),
+        sqlite_where=text("next_poll_at IS NOT NULL"),
+    ),
+    Index(
+        "ix_attempt_runtime_recovery_due",
+        "next_recovery_at",
+        "attempt_id",
+        postgresql_where=text("next_recovery_at IS NOT NULL"),
+        sqlite_where=text("next_recovery_at IS NOT NULL"),
+    ),
 )
 
 provider_events = Table(
