@@ -11,13 +11,23 @@ over when the leader's database session dies. Each round (`tick`):
    user, priority) group and the in-flight count per tenant (`persistence.queue`), never a scan
    of the oldest rows, so a light tenant behind any flood is served in the next round; the DRR
    state is checkpointed per shard after each round, and a new leader starts from it;
-3. for each popped task: QUEUED -> SCHEDULING (CAS), gather facts, compile the candidates that
-   passed the static filters, `route`, then walk the ranked list acquiring a lease (falling
-   through on no capacity) and persist Attempt + RouteDecision + outbox in one transaction
-   (`SqlUnitOfWork.create_attempt`). The client request key is fixed before that
-   transaction; if it fails, the lease is released and the task goes back to the queue.
-   NO_CAPACITY records the decision and returns the task to QUEUED; NO_ELIGIBLE_CANDIDATE
-   records it and fails the task with every candidate's reason.
+3. the round's take is dispatched as ONE batch (`dispatch_batch`): compile verdicts for the
+   whole batch first (cached per candidate, capability/price version and normalized spec hash;
+   the misses called concurrently), then each task routed in memory on the round's single read
+   of lease counters and breaker refusals (`gather.RoundCapacity`, moved as the batch is
+   assigned), every lease acquired in one round trip (`LeaseStore.acquire_many`; a refused one
+   falls through to the task's next candidate), and every outcome written in one transaction
+   (`persistence.batch`: SKIP LOCKED claims on the routed versions, one UPDATE and one
+   multi-row INSERT per table). A task whose claim is lost (another dispatcher, a slow old
+   leader) gets nothing and its lease goes back; a failed transaction releases every lease of
+   the batch and leaves its tasks QUEUED.
+4. NO_CAPACITY parks the task (`scheduling.parking`): it is passed over, unrouted, until a
+   release or expiry in one of its accounts, a breaker recovery, a catalog change, the round's
+   own counter read or the recheck interval wakes it; its decision row is written only when
+   the outcome changed (QUEUED -> SCHEDULING -> QUEUED with the decision).
+   NO_ELIGIBLE_CANDIDATE records the decision and fails the task with every candidate's reason.
+
+`dispatch(task)` is the one-task path (operators, tests): its own transactions, same rules.
 """
 
 from __future__ import annotations
