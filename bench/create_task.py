@@ -6,8 +6,9 @@ generator in this process at fixed concurrencies (every request a new idempotenc
 tenant token). Per backend and concurrency: req/s over `--seconds`, p50/p99 latency, errors,
 and the PostgreSQL transactions per call (``pg_stat_database``). Then the store alone, in
 process: statements, transactions and pre-pings per CreateTask counted by engine events, and
-the replay of an existing key. The machine's load average is printed with each row: the figures
-are only as good as the cores were free.
+the replay of an existing key; and on PostgreSQL 64 concurrent creates in process with group
+commit (`persistence.creates`) off and on, interleaved. The machine's load average is printed
+with each row: the figures are only as good as the cores were free.
 
 PostgreSQL: ``VIDROUTE_BENCH_POSTGRES_URL`` (maintenance database, default
 ``postgresql+asyncpg://postgres@127.0.0.1:5432/test``). SQLite: a file under a temp folder.
@@ -37,6 +38,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from controlplane.api.auth import hash_token
+from controlplane.persistence.creates import CreateBatcher
 from controlplane.persistence.database import Database
 from controlplane.persistence.migrate import upgrade
 from controlplane.service.tasks import CreateTaskInput, TaskService
@@ -301,6 +303,39 @@ async def _store_counts(backend: str, url: str, calls: int) -> str:
     )
 
 
+async def _store_batching(backend: str, url: str, calls: int, rounds: int = 3) -> list[str]:
+    """The store alone under 64 concurrent creates, group commit on (batches up to 64) and off
+    (max_batch 1), interleaved `rounds` times: creates/s and process CPU per create."""
+    from controlplane.bootstrap import Settings
+
+    db = Database.from_url(url)
+    service = TaskService(db, billing=Settings.from_env({"VIDROUTE_DATABASE_URL": url}).billing)
+    spec = _spec()
+    lines = []
+    try:
+        for r in range(rounds):
+            for max_batch in (1, 64):
+                service._creates = CreateBatcher(db, max_batch=max_batch)  # the A/B switch
+                keys = iter(range(calls))
+                tag = f"batch-{r}-{max_batch}"
+
+                async def worker(tag: str = tag, keys: Any = keys) -> None:
+                    for i in keys:
+                        await service.create_task(CreateTaskInput(spec, f"{tag}-{i}"))
+
+                cpu, began = time.process_time(), time.perf_counter()
+                await asyncio.gather(*(worker() for _ in range(64)))
+                wall, cpu = time.perf_counter() - began, time.process_time() - cpu
+                lines.append(
+                    f"| {backend} | {max_batch} | {r + 1} | {calls / wall:,.0f}/s | "
+                    f"{cpu / calls * 1000:.3f} ms | {_load()} |"
+                )
+                print(lines[-1], flush=True)
+    finally:
+        await db.dispose()
+    return lines
+
+
 async def _run(args: argparse.Namespace) -> None:
     maintenance = os.environ.get("VIDROUTE_BENCH_POSTGRES_URL", DEFAULT_PG)
     print(f"load average before: {_load()}", flush=True)
@@ -321,6 +356,10 @@ async def _run(args: argparse.Namespace) -> None:
                 await upgrade(url)
                 await _grpc_rows(backend, url, workdir, args.seconds, args.concurrency)
                 store_lines.append(await _store_counts(backend, url, args.store_calls))
+                if backend == "postgresql":
+                    print("| store, 64 concurrent | max batch | round | rate | CPU/create | load |")
+                    print("|---|---:|---:|---:|---:|---|")
+                    await _store_batching(backend, url, args.batch_calls)
             finally:
                 if backend == "postgresql":
                     await _pg_drop(maintenance, url)
@@ -342,6 +381,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--backends", nargs="+", default=["sqlite", "postgresql"], choices=["sqlite", "postgresql"]
     )
     parser.add_argument("--store-calls", type=int, default=300)
+    parser.add_argument("--batch-calls", type=int, default=1500, help="per group commit round")
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     parser.add_argument("--profile", default="", help="cProfile the control plane into this file")
     args = parser.parse_args(argv)

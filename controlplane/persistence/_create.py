@@ -24,7 +24,18 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Text, bindparam, cast, func, insert, literal, select
+from sqlalchemy import (
+    BigInteger,
+    Text,
+    bindparam,
+    cast,
+    column,
+    func,
+    insert,
+    literal,
+    select,
+    values,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.expression import Executable
@@ -43,7 +54,7 @@ from controlplane.persistence.records import TaskRecord
 from vidroute_core.codec import spec_to_dict
 from vidroute_core.spec import GenerationSpec
 
-__all__ = ["NewTask", "insert_task"]
+__all__ = ["NewTask", "insert_many", "insert_task"]
 
 _KEY = ["tenant_id", "idempotency_key"]
 _QUEUED_EVENT = _sql.state_payload(TaskState.QUEUED, 0)
@@ -282,3 +293,139 @@ async def _reserve(
             created_at=now,
         )
     )
+
+
+def _many_statement(
+    rows: list[dict[str, Any]], reserves: list[tuple[str, str, int, str, str]]
+) -> Executable:
+    """One statement for several new tasks (PostgreSQL): `_pg_statement` over many rows, each
+    row's event and outbox message stamped with its own created_at, and the RESERVE entries of
+    `reserves` (tenant, key, amount, currency, reason) joined to the tasks they belong to."""
+    ins = (
+        postgresql.insert(T)
+        .values(rows)
+        .on_conflict_do_nothing(index_elements=_KEY)
+        .returning(
+            T.c.id,
+            T.c.tenant_id,
+            T.c.idempotency_key,
+            T.c.service_class,
+            T.c.priority,
+            T.c.created_at,
+        )
+        .cte("ins")
+    )
+    event = insert(E).from_select(
+        ["task_id", "seq", "kind", "payload", "created_at"],
+        select(
+            ins.c.id,
+            literal(1),
+            literal("task.queued"),
+            literal(_QUEUED_EVENT, JsonDoc),
+            ins.c.created_at,
+        ),
+    )
+    message = insert(O).from_select(
+        ["topic", "aggregate_id", "payload", "created_at", "available_at", "attempts"],
+        select(
+            literal(str(Topic.QUEUED)),
+            cast(ins.c.id, Text),
+            func.jsonb_build_object(
+                "task_id",
+                ins.c.id,
+                "tenant_id",
+                ins.c.tenant_id,
+                "service_class",
+                ins.c.service_class,
+                "priority",
+                ins.c.priority,
+            ),
+            ins.c.created_at,
+            ins.c.created_at,
+            literal(0),
+        ),
+    )
+    ctes = [event.cte("ev"), message.cte("ob")]
+    if reserves:
+        wanted = values(
+            column("tenant_id", Text),
+            column("idempotency_key", Text),
+            column("amount_micros", BigInteger),
+            column("currency", Text),
+            column("reason", Text),
+            name="wanted",
+        ).data(reserves)
+        entry = insert(C).from_select(
+            [
+                "tenant_id",
+                "kind",
+                "amount_micros",
+                "currency",
+                "task_id",
+                "idempotency_key",
+                "actor",
+                "reason",
+                "created_at",
+            ],
+            select(
+                ins.c.tenant_id,
+                literal(CreditKind.RESERVE.value),
+                wanted.c.amount_micros,
+                wanted.c.currency,
+                ins.c.id,
+                literal("reserve:") + cast(ins.c.id, Text),
+                literal(ledger.SYSTEM_ACTOR),
+                wanted.c.reason,
+                ins.c.created_at,
+            ).select_from(
+                ins.join(
+                    wanted,
+                    (wanted.c.tenant_id == ins.c.tenant_id)
+                    & (wanted.c.idempotency_key == ins.c.idempotency_key),
+                )
+            ),
+        )
+        ctes.append(entry.cte("res"))
+    return select(ins.c.id, ins.c.tenant_id, ins.c.idempotency_key).add_cte(*ctes)
+
+
+async def insert_many(
+    conn: AsyncConnection, items: list[tuple[NewTask, Reservation | None, datetime]]
+) -> list[tuple[TaskRecord, bool] | BaseException]:
+    """`insert_task` for several creates at once, none needing a credit check (PostgreSQL):
+    one statement; per item ``(task, created)`` or its `IdempotencyConflict`. The first of the
+    items sharing a key is the one written; the others replay it."""
+    first: dict[tuple[str, str], int] = {}
+    rows: list[dict[str, Any]] = []
+    reserves: list[tuple[str, str, int, str, str]] = []
+    for i, (new, reservation, now) in enumerate(items):
+        key = (new.spec.tenant_id, new.idempotency_key)
+        if key in first:
+            continue
+        first[key] = i
+        rows.append({k.removeprefix("t_"): v for k, v in _task_params(new, now).items()})
+        if reservation is not None:
+            assert reservation.policy.floor_micros() is None, "a floor needs its own transaction"
+            reserves.append(
+                (*key, reservation.amount_micros, reservation.currency, _reason(reservation))
+            )
+    stored = {
+        (row.tenant_id, row.idempotency_key): int(row.id)
+        for row in await conn.execute(_many_statement(rows, reserves))
+    }
+    made: dict[tuple[str, str], TaskRecord] = {}
+    results: list[tuple[TaskRecord, bool] | BaseException] = []
+    for i, (new, _reservation, now) in enumerate(items):
+        key = (new.spec.tenant_id, new.idempotency_key)
+        try:
+            if first[key] == i and key in stored:
+                made[key] = _record(stored[key], new, now)
+                results.append((made[key], True))
+                continue
+            existing = made.get(key) or await _reads.task_by_key(conn, *key)
+            if existing is None:
+                raise StoreUnavailable("a concurrent CreateTask of this key rolled back", 0.1)
+            results.append((_sql.replay(existing, new.spec_hash), False))
+        except Exception as exc:  # this create's own outcome (a conflict), not the batch's
+            results.append(exc)
+    return results

@@ -26,6 +26,7 @@ from controlplane.domain.money import (
 from controlplane.domain.safety import SafetyPolicy, ensure_allowed
 from controlplane.domain.states import TASK_MACHINE, TaskState
 from controlplane.persistence import errors as store_errors
+from controlplane.persistence.creates import CreateBatcher, NewTask
 from controlplane.persistence.database import Database
 from controlplane.persistence.records import TaskDetail, TaskEventRecord, TaskRecord
 from controlplane.persistence.tasks import TaskQueries
@@ -154,6 +155,7 @@ class TaskService:
     ) -> None:
         self._db = db
         self._tasks = TaskQueries(db)
+        self._creates = CreateBatcher(db)
         self._clock = clock
         self._canceller = canceller
         self._watch_poll_s = watch_poll_interval_s
@@ -179,19 +181,17 @@ class TaskService:
         now = self._clock()
         queue_deadline_at, deadline_at = deadlines_for(cmd.spec, self._deadlines, now)
         reservation = await self._reservation(cmd.spec, now)
-        # Only a policy with a floor locks the tenant and reads its credit in the transaction;
-        # otherwise the store writes the task with one statement (no BEGIN/COMMIT needed).
-        checked = reservation is not None and reservation.policy.floor_micros() is not None
-        async with self._db.unit(now, one_statement=not checked) as u:
-            return await u.create_task(
-                cmd.spec,
-                reservation=reservation,
-                idempotency_key=cmd.idempotency_key,
-                spec_hash=normalized_spec_hash(cmd.spec),
-                queue_deadline_at=queue_deadline_at,
-                deadline_at=deadline_at,
-                trace_context=tracing.current_traceparent(),  # the dispatcher continues it
-            )
+        new = NewTask(
+            cmd.spec,
+            cmd.idempotency_key,
+            normalized_spec_hash(cmd.spec),
+            queue_deadline_at,
+            deadline_at,
+            tracing.current_traceparent(),  # the dispatcher continues it
+        )
+        # Concurrent creates are written together (group commit); one needing a credit check
+        # in its own transaction.
+        return await self._creates.create(new, reservation, now)
 
     async def _reservation(self, spec: GenerationSpec, now: datetime) -> Reservation | None:
         """What to reserve for `spec`: the highest estimate of its eligible candidates."""
