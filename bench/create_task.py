@@ -6,7 +6,7 @@ generator in this process at fixed concurrencies (every request a new idempotenc
 tenant token). Per backend and concurrency: req/s over `--seconds`, p50/p99 latency, errors,
 and the PostgreSQL transactions per call (``pg_stat_database``). Then the store alone, in
 process: statements, transactions and pre-pings per CreateTask counted by engine events, and
-the replay of an existing key; and on PostgreSQL 64 concurrent creates in process with group
+the replay of an existing key; and 64 concurrent creates in process with group
 commit (`persistence.creates`) off and on, interleaved. The machine's load average is printed
 with each row: the figures are only as good as the cores were free.
 
@@ -356,10 +356,9 @@ async def _run(args: argparse.Namespace) -> None:
                 await upgrade(url)
                 await _grpc_rows(backend, url, workdir, args.seconds, args.concurrency)
                 store_lines.append(await _store_counts(backend, url, args.store_calls))
-                if backend == "postgresql":
-                    print("| store, 64 concurrent | max batch | round | rate | CPU/create | load |")
-                    print("|---|---:|---:|---:|---:|---|")
-                    await _store_batching(backend, url, args.batch_calls)
+                print("| store, 64 concurrent | max batch | round | rate | CPU/create | load |")
+                print("|---|---:|---:|---:|---:|---|")
+                await _store_batching(backend, url, args.batch_calls)
             finally:
                 if backend == "postgresql":
                     await _pg_drop(maintenance, url)

@@ -392,9 +392,10 @@ def _many_statement(
 async def insert_many(
     conn: AsyncConnection, items: list[tuple[NewTask, Reservation | None, datetime]]
 ) -> list[tuple[TaskRecord, bool] | BaseException]:
-    """`insert_task` for several creates at once, none needing a credit check (PostgreSQL):
-    one statement; per item ``(task, created)`` or its `IdempotencyConflict`. The first of the
-    items sharing a key is the one written; the others replay it."""
+    """`insert_task` for several creates at once, none needing a credit check: on PostgreSQL
+    one statement, on SQLite one multi-row INSERT per table in the unit's transaction; per item
+    ``(task, created)`` or its `IdempotencyConflict`. The first of the items sharing a key is
+    the one written; the others replay it."""
     first: dict[tuple[str, str], int] = {}
     rows: list[dict[str, Any]] = []
     reserves: list[tuple[str, str, int, str, str]] = []
@@ -409,10 +410,13 @@ async def insert_many(
             reserves.append(
                 (*key, reservation.amount_micros, reservation.currency, _reason(reservation))
             )
-    stored = {
-        (row.tenant_id, row.idempotency_key): int(row.id)
-        for row in await conn.execute(_many_statement(rows, reserves))
-    }
+    if conn.dialect.name == "postgresql":
+        stored = {
+            (row.tenant_id, row.idempotency_key): int(row.id)
+            for row in await conn.execute(_many_statement(rows, reserves))
+        }
+    else:
+        stored = await _sqlite_many(conn, rows, reserves)
     made: dict[tuple[str, str], TaskRecord] = {}
     results: list[tuple[TaskRecord, bool] | BaseException] = []
     for i, (new, _reservation, now) in enumerate(items):
@@ -429,3 +433,79 @@ async def insert_many(
         except Exception as exc:  # this create's own outcome (a conflict), not the batch's
             results.append(exc)
     return results
+
+
+async def _sqlite_many(
+    conn: AsyncConnection,
+    rows: list[dict[str, Any]],
+    reserves: list[tuple[str, str, int, str, str]],
+) -> dict[tuple[str, str], int]:
+    """SQLite's `insert_many` writes: the tasks (RETURNING the new ids; rows of keys already
+    stored are skipped), then the new ones' events, outbox messages and RESERVE entries."""
+    found = await conn.execute(
+        sqlite.insert(T)
+        .values(rows)
+        .on_conflict_do_nothing(index_elements=_KEY)
+        .returning(T.c.id, T.c.tenant_id, T.c.idempotency_key)
+    )
+    stored = {(r.tenant_id, r.idempotency_key): int(r.id) for r in found}
+    new = [
+        (stored[k], row)
+        for row in rows
+        if (k := (row["tenant_id"], row["idempotency_key"])) in stored
+    ]
+    if not new:
+        return stored
+    await conn.execute(
+        insert(E).values(
+            [
+                {
+                    "task_id": task_id,
+                    "seq": 1,
+                    "kind": "task.queued",
+                    "payload": _QUEUED_EVENT,
+                    "created_at": row["created_at"],
+                }
+                for task_id, row in new
+            ]
+        )
+    )
+    await conn.execute(
+        insert(O).values(
+            [
+                {
+                    "topic": str(Topic.QUEUED),
+                    "aggregate_id": str(task_id),
+                    "payload": {
+                        "task_id": task_id,
+                        "tenant_id": row["tenant_id"],
+                        "service_class": row["service_class"],
+                        "priority": row["priority"],
+                    },
+                    "created_at": row["created_at"],
+                    "available_at": row["created_at"],
+                    "attempts": 0,
+                }
+                for task_id, row in new
+            ]
+        )
+    )
+    at = {(row["tenant_id"], row["idempotency_key"]): row["created_at"] for _, row in new}
+    entries = [
+        {
+            "tenant_id": tenant,
+            "kind": CreditKind.RESERVE.value,
+            "amount_micros": amount,
+            "currency": currency,
+            "task_id": stored[(tenant, key)],
+            "idempotency_key": f"reserve:{stored[(tenant, key)]}",
+            "actor": ledger.SYSTEM_ACTOR,
+            "reason": reason,
+            "created_at": at[(tenant, key)],
+        }
+        for tenant, key, amount, currency, reason in reserves
+        if (tenant, key) in at
+    ]
+    if entries:
+        await conn.execute(insert(C).values(entries))
+    return stored

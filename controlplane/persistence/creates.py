@@ -3,18 +3,18 @@
 `CreateBatcher.create` queues a create and waits for its result. While a batch is being
 written the next one gathers; the first create to find no batch in flight starts the writer,
 so an idle server writes a lone create at once (no timer, no added latency) and a busy one
-writes everything that arrived meanwhile in ONE statement on an autocommit connection (up to
-`max_batch`): a multi-row ``INSERT ... ON CONFLICT (tenant, key) DO NOTHING RETURNING`` whose
-CTEs add each new task's event, outbox message and RESERVE entry (`_create.insert_many`).
+writes everything that arrived meanwhile (up to `max_batch`). On PostgreSQL that is ONE
+statement on an autocommit connection: a multi-row ``INSERT ... ON CONFLICT (tenant, key) DO
+NOTHING RETURNING`` whose CTEs add each new task's event, outbox message and RESERVE entry
+(`_create.insert_many`). On SQLite it is one transaction of one multi-row INSERT per table
+(one write lock and one commit for the batch instead of one each).
 
 Only creates that need no credit check are batched (no reservation, or a policy without a
 floor); a prepaid create takes its tenant's lock in its own transaction
-(`SqlUnitOfWork.create_task`), and SQLite, whose writers serialise on one lock anyway, writes
-each create alone. Each create gets exactly what it would get alone: its task and
+(`SqlUnitOfWork.create_task`). Each create gets exactly what it would get alone: its task and
 ``created``; a key already stored, or repeated in the batch, returns the stored task (another
-spec hash: `IdempotencyConflict`). If the batch statement fails, each of its creates is
-retried alone, so one bad row never fails another's create; an outage fails each with
-`StoreUnavailable`.
+spec hash: `IdempotencyConflict`). If the batch fails, each of its creates is retried alone, so
+one bad row never fails another's create; an outage fails each with `StoreUnavailable`.
 """
 
 from __future__ import annotations
@@ -64,7 +64,6 @@ class CreateBatcher:
     def __init__(self, db: Database, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
         self._db = db
         self._max = max_batch
-        self._batching = db.engine.dialect.name == "postgresql"
         self._pending: list[_Pending] = []
         self._writer: asyncio.Task[None] | None = None
 
@@ -73,7 +72,7 @@ class CreateBatcher:
     ) -> tuple[TaskRecord, bool]:
         """The task `new` describes, stored now or found under its key (``(task, created)``)."""
         checked = reservation is not None and reservation.policy.floor_micros() is not None
-        if checked or not self._batching:
+        if checked:
             return await self._alone(new, reservation, now, one_statement=not checked)
         pending = _Pending(new, reservation, now)
         self._pending.append(pending)

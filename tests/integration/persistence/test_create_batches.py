@@ -36,7 +36,8 @@ async def test_concurrent_creates_get_what_they_would_alone(
     """Thirty concurrent creates: 24 new keys, 3 repeats of one key with its spec, 3 with
     another spec, and a key stored before. Each new key is created once with its event,
     outbox message and RESERVE entry; repeats return that task, other specs conflict; on
-    PostgreSQL the batch is one statement, plus one read for the key stored before."""
+    PostgreSQL the batch is one statement, plus one read for the key stored before; on SQLite
+    one transaction of four INSERTs and that read."""
     service = _service(db)
     before, _ = await service.create_task(CreateTaskInput(make_spec(), "stored"))
     statements: list[str] = []
@@ -68,6 +69,8 @@ async def test_concurrent_creates_get_what_they_would_alone(
         assert await _count(engine, table) == 25
     if backend == "postgresql":
         assert len(sent) == 2, sent  # the batch, and the read of the key stored before
+    else:  # BEGIN IMMEDIATE, tasks, events, outbox, RESERVE entries, the read
+        assert len(sent) == 6, sent
 
 
 @pytest.mark.parametrize("backend", [pytest.param("postgresql", marks=pytest.mark.postgres)])
