@@ -192,7 +192,9 @@ SELECT
        percentile_cont(0.5)
          WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM a.created_at - t.created_at)),
        percentile_cont(0.5)
-         WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM r.accepted_at - a.created_at)),
+         WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM a.request_started_at - a.created_at)),
+       percentile_cont(0.5)
+         WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM r.accepted_at - a.request_started_at)),
        percentile_cont(0.5)
          WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM t.updated_at - r.accepted_at)),
        EXTRACT(EPOCH FROM max(a.created_at) - min(t.created_at)),
@@ -212,7 +214,8 @@ async def _stage_times(url: str) -> dict[str, float]:
     await engine.dispose()
     keys = (
         "p50_create_to_dispatch_s",
-        "p50_dispatch_to_accept_s",
+        "p50_dispatch_to_submit_start_s",
+        "p50_submit_start_to_accept_s",
         "p50_accept_to_terminal_s",
         "last_dispatch_at_s",
         "last_accept_at_s",
@@ -231,7 +234,9 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
-def run(tasks: int, scale: float, redis_url: str, profile: bool) -> dict[str, Any]:
+def run(  # noqa: PLR0915 - one linear script of a run
+    tasks: int, scale: float, redis_url: str, profile: bool, tuning: str = ""
+) -> dict[str, Any]:
     stack.PROVIDERS[PROVIDER] = stack.Provider(
         PROVIDER, "selfhosted", "wan2.2-t2v", _instant_selfhosted, callbacks=True
     )
@@ -248,7 +253,8 @@ def run(tasks: int, scale: float, redis_url: str, profile: bool) -> dict[str, An
             sidecar_env={"VIDROUTE_ADAPTER_CAPABILITIES_DIR": str(caps)},
         ) as farm:
             (work / "cp").mkdir()
-            cp = ControlPlane(work / "cp", farm, database_url=url, redis_url=redis_url)
+            env = {"VIDROUTE_EXECUTION_TUNING": tuning} if tuning else {}
+            cp = ControlPlane(work / "cp", farm, database_url=url, redis_url=redis_url, env=env)
             cp.start()
             try:
                 assert cp.proc is not None
@@ -276,6 +282,8 @@ def run(tasks: int, scale: float, redis_url: str, profile: bool) -> dict[str, An
                         stderr=subprocess.DEVNULL,
                     )
                 cpu0 = _cpu_s(pid)
+                sidecar_pid = farm.sidecars[PROVIDER].popen.pid
+                side0, bench0 = _cpu_s(sidecar_pid), _cpu_s(os.getpid())
                 t0 = time.monotonic()
                 with ThreadPoolExecutor(16) as pool:
                     ids = list(pool.map(lambda i: cp.create_task(PROVIDER), range(tasks)))
@@ -284,6 +292,8 @@ def run(tasks: int, scale: float, redis_url: str, profile: bool) -> dict[str, An
                 states = asyncio.run(_wait_terminal(url, len(ids), deadline))
                 wall = time.monotonic() - t0
                 cpu = _cpu_s(pid) - cpu0
+                side_cpu = _cpu_s(sidecar_pid) - side0
+                bench_cpu = _cpu_s(os.getpid()) - bench0
                 after_db = asyncio.run(_db_stats(name))
                 scans1 = asyncio.run(_seq_scans(url))
                 stage_times = asyncio.run(_stage_times(url))
@@ -310,6 +320,8 @@ def run(tasks: int, scale: float, redis_url: str, profile: bool) -> dict[str, An
         "tasks_per_s": round(done / wall, 2),
         "cp_cpu_s": round(cpu, 2),
         "cp_cpu_ms_per_task": round(1000 * cpu / max(done, 1), 1),
+        "sidecar_cpu_s": round(side_cpu, 2),
+        "bench_and_emulator_cpu_s": round(bench_cpu, 2),
         "commits_per_task": round(delta["commits"] / max(done, 1), 1),
         "rows_written_per_task": round(
             (delta["inserted"] + delta["updated"] + delta["deleted"]) / max(done, 1), 1
@@ -331,11 +343,12 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=500)
     parser.add_argument("--scale", type=float, default=0.1, help="the control plane's time factor")
     parser.add_argument("--profile", action="store_true", help="py-spy the control plane")
+    parser.add_argument("--tuning", default="", help="VIDROUTE_EXECUTION_TUNING JSON, if any")
     args = parser.parse_args()
     base = os.environ.get("VIDROUTE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
     # A logical database claimed like the e2e tests claim theirs, so no one flushes it meanwhile.
     with RedisDb(base) as redis_db:
-        figures = run(args.tasks, args.scale, redis_db.url, args.profile)
+        figures = run(args.tasks, args.scale, redis_db.url, args.profile, args.tuning)
     for key, value in figures.items():
         print(f"{key}: {value}")
 

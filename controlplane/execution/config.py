@@ -34,7 +34,7 @@ class ExecutionConfig:
     batch_size: int = 32
     # Items of one claimed batch handled side by side (sidecar calls in flight per worker loop);
     # one attempt's items never run side by side (`controlplane.execution.batching`).
-    concurrency: int = 8
+    concurrency: int = 16
     claim_lease_s: float = 30.0
     idle_sleep_s: float = 0.5
 

@@ -58,10 +58,13 @@ class LeaseKeeper:
         if point is not None and attempt.client_request_key:
             # The scheduler keys a lease by the attempt's client request key: a point read per
             # account (there are few) finds it without reading every lease.
+            # Both grant paths (the dispatcher, the rebuild from PostgreSQL) key by it, so a miss
+            # is an ended lease: no scan (a released lease's second release would read them all).
             for account in accounts:
                 lease = await point(account, attempt.client_request_key)
                 if lease is not None and lease.token == token:
                     return self._verified(attempt, lease)
+            return None
         for account in accounts:
             snapshot = await self._store.snapshot(account)
             for lease in snapshot.leases:
