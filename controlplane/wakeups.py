@@ -16,7 +16,8 @@ NATS broker (``VIDROUTE_BROKER_URL=nats://host:4222``): plain NATS subjects
 ``{prefix}.{topic}``, fanned out to every subscribed replica, because every replica's leader
 of a shard must hear a wake-up and a wake-up stored past one poll interval is worthless (a
 JetStream stream would persist and replay exactly what polling already covers). Publishes are
-coalesced: however many transactions commit meanwhile, one message per topic per flush.
+coalesced: however many transactions commit meanwhile, one message per topic per flush, and
+at most one flush per `min_interval_s` (20 ms).
 
 The bus never raises into a writer: a commit has happened, and a broker outage must not turn
 it into an error. While the broker is away the bus keeps waking this replica and reconnects in
@@ -102,6 +103,10 @@ class NatsWakeBus(LocalWakeBus):
         self.prefix = prefix
         self.origin = origin or secrets.token_hex(8)  # this replica: its own echoes are skipped
         self._reconnect_wait_s = reconnect_wait_s
+        # After a publish the pump gathers topics this long before the next one: at most one
+        # message per topic per interval, whatever the commit rate (a wake-up 20 ms later is
+        # still far inside a poll interval).
+        self.min_interval_s = 0.02
         self._connect_timeout_s = connect_timeout_s
         self._pending: set[str] = set()
         self._has_pending = asyncio.Event()
@@ -193,6 +198,7 @@ class NatsWakeBus(LocalWakeBus):
                 except Exception as exc:
                     self.publish_failures += 1
                     self._warn("wake-ups: publish of %s failed (%r)", topic, exc)
+            await asyncio.sleep(self.min_interval_s)
 
     async def _on_message(self, msg: Any) -> None:
         if msg.data.decode(errors="replace") == self.origin:
@@ -262,6 +268,7 @@ class PgNotifyWakeBus(NatsWakeBus):
                 except Exception as exc:
                     self.publish_failures += 1
                     self._warn("wake-ups: NOTIFY of %s failed (%r)", topic, exc)
+            await asyncio.sleep(self.min_interval_s)
 
     def _on_notify(self, payload: str) -> None:
         origin, _, topic = payload.partition(" ")

@@ -220,3 +220,24 @@ async def test_broker_killed_under_load_loses_nothing_and_wakeups_resume(
         db.after_commit = None
         await writer.close()
         await dispatcher_side.close()
+
+
+async def test_many_commits_make_one_message_per_topic_per_interval(nats: PrivateNats) -> None:
+    writer, other = NatsWakeBus(nats.url), NatsWakeBus(nats.url)
+    woken: list[str] = []
+    other.subscribe(Topic.QUEUED, lambda: woken.append("q"))
+    try:
+        await writer.start()
+        await other.start()
+        assert await writer.wait_connected(10)
+        assert await other.wait_connected(10)
+        await asyncio.sleep(0.2)  # the subscription reaches the server
+        for _ in range(500):  # a burst of commits between two passes of the pump
+            writer.notify({str(Topic.QUEUED)})
+        await eventually(lambda: other.received >= 1, timeout_s=10)
+        await asyncio.sleep(0.2)  # anything else the burst would have sent has arrived by now
+        assert writer.published == 1
+        assert woken == ["q"]
+    finally:
+        await writer.close()
+        await other.close()
