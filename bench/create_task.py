@@ -381,7 +381,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--store-calls", type=int, default=300)
     parser.add_argument("--batch-calls", type=int, default=1500, help="per group commit round")
-    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
+    parser.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop"],
+        default="asyncio",
+        help="the server's event loop; uvloop is no project dependency (pip install it to A/B)",
+    )
     parser.add_argument("--profile", default="", help="cProfile the control plane into this file")
     args = parser.parse_args(argv)
     global PROFILE, LOOP  # switches read by _serve
