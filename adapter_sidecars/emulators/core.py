@@ -98,6 +98,7 @@ class Emulator:
         self.jobs: dict[str, Job] = {}
         self.usage_charges: list[dict[str, Any]] = []
         self.usage_faults: list[dict[str, Any]] = []
+        self._reopen: asyncio.Task[None] | None = None
         self.counters: Counter[str] = Counter()
         self.media = MediaLinks(config.media_secret)
         self.callbacks = CallbackSender(config.callback_secret)
@@ -213,17 +214,26 @@ class Emulator:
         self.on_reset()
 
     def refuse_connections(self, duration_ms: float) -> None:
-        """Stop listening for `duration_ms` (new connects get ECONNREFUSED), then reopen."""
+        """Stop listening for `duration_ms` (new connects get ECONNREFUSED), then reopen.
+
+        A second call while refusing restarts the window from now (one reopen timer), so a
+        harness can refuse until it has seen a client hit the refusal and then hold it for a
+        fixed time after that."""
 
         self._server.close_listener()  # in force before the rule is acknowledged
+        if self._reopen is not None:
+            self._reopen.cancel()
 
         async def reopen() -> None:
             try:
                 await asyncio.sleep(duration_ms / 1000)
-            finally:
-                await self._server.resume_listening()
+            except asyncio.CancelledError:
+                return  # a later call owns the window now
+            await self._server.resume_listening()
 
-        self.spawn(reopen())
+        self._reopen = asyncio.get_running_loop().create_task(reopen())
+        self._background.add(self._reopen)
+        self._reopen.add_done_callback(self._background.discard)
 
     # -- hooks for provider emulators ------------------------------------------------------
     def install_routes(self) -> None:

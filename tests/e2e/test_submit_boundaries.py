@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,8 @@ STALL_WITHIN_RUNWAY_READ_S = 40.0
 REFUSED_FOR_S = 30.0
 # An outage that outlasts all of it: the third attempt also fails, MAX_TOTAL_ATTEMPTS (3) ends it.
 REFUSED_LONG_S = 300.0
+# Longer than any test waits: the test ends the refusal itself (`_refuse` restarts the window).
+REFUSED_UNTIL_REOPENED_S = 100 * REFUSED_LONG_S
 MAX_TOTAL_ATTEMPTS = 3  # FailoverLimits' shipped default
 
 
@@ -191,6 +194,21 @@ def _refuse(stack: Stack, provider: str, production_s: float) -> None:
     emulator.call(emulator.emulator.refuse_connections, stack.farm.seconds(production_s) * 1000)
 
 
+def _wait_for_a_refused_submit(stack: Stack, task_id: str, timeout_s: float) -> None:
+    """Until the task's history shows a refused submit: an attempt re-sent (SUBMITTING twice)
+    or ended FAILED."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states: dict[str, list[str]] = {}
+        for kind, payload in task_events(stack.cp.database_url, task_id):
+            if kind in ("attempt.created", "attempt.state_changed"):
+                states.setdefault(str(payload["attempt_id"]), []).append(str(payload["state"]))
+        if any(s.count("SUBMITTING") > 1 or "FAILED" in s for s in states.values()):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no submit of task {task_id} hit the refusal in {timeout_s} s")
+
+
 def _listening(url: str) -> bool:
     """Whether the emulator behind `url` accepts TCP connections again."""
     parts = urlsplit(url)
@@ -217,9 +235,15 @@ def test_refused_connection_at_the_only_candidate_is_ridden_out_with_one_job(
 ) -> None:
     """ECONNREFUSED proves nothing was sent: a 30 s refusal at the only candidate is retried
     (each attempt with its own key, new attempts on the same candidate paced by backoff and its
-    breaker) until it succeeds, with exactly one provider job."""
-    _refuse(stack, provider, REFUSED_FOR_S)
+    breaker) until it succeeds, with exactly one provider job.
+
+    The refusal holds until the first submit has hit it, then 30 s more: the control plane's
+    own CPU time from CreateTask to the first submit does not shrink with the time scale, so a
+    window opened before CreateTask could close before the submit is ever refused."""
+    _refuse(stack, provider, REFUSED_UNTIL_REOPENED_S)
     task_id = stack.cp.create_task(provider, prompt=f"refused {secrets.token_hex(4)}")
+    _wait_for_a_refused_submit(stack, task_id, 30)
+    _refuse(stack, provider, REFUSED_FOR_S)  # the window restarts now
     task = stack.cp.wait_terminal(task_id, 60)
     truth = stack.farm.truth(provider)
     assert task.state == sp.TASK_STATE_SUCCEEDED, describe(task)
@@ -456,9 +480,14 @@ def test_refusal_past_the_retry_policy_fails_with_its_true_class(
     stack: Stack, provider: str
 ) -> None:
     """A refusal that outlasts the retry policy ends the task FAILED at MAX_TOTAL_ATTEMPTS with
-    TRANSIENT_NETWORK (never NO_ELIGIBLE_CANDIDATE for the candidate it kept), and no job."""
-    _refuse(stack, provider, REFUSED_LONG_S)
+    TRANSIENT_NETWORK (never NO_ELIGIBLE_CANDIDATE for the candidate it kept), and no job.
+
+    The refusal lasts until the task has ended (at least 300 s): the control plane's own CPU
+    time between attempts does not shrink with the time scale, so a fixed scaled window could
+    end on a loaded machine before the third attempt is refused."""
+    _refuse(stack, provider, REFUSED_UNTIL_REOPENED_S)
     task_id = stack.cp.create_task(provider, prompt=f"refused long {secrets.token_hex(4)}")
+    started = time.monotonic()
     try:
         task = stack.cp.wait_terminal(task_id, 60)
         assert stack.farm.truth(provider) == []
@@ -469,7 +498,9 @@ def test_refusal_past_the_retry_policy_fails_with_its_true_class(
         assert len(task.attempts) == MAX_TOTAL_ATTEMPTS, describe(task)
         _assert_refused_attempts(stack, task)
     finally:
-        # The next test needs the emulator back: the refusal ends by itself, wait for it.
+        # The next test needs the emulator back: reopen once 300 s (scaled) have passed.
+        held = time.monotonic() - started
+        _refuse(stack, provider, max(0.0, REFUSED_LONG_S - held / TIME_SCALE))
         url = stack.farm.emulator(provider).url
         wait_for(lambda: _listening(url), timeout_s=30, what=f"{provider} listening again")
     stack.assert_clean()
