@@ -100,6 +100,7 @@ class NatsWakeBus(LocalWakeBus):
     ) -> None:
         super().__init__()
         self.url = url
+        self.where = _without_credentials(url)  # what the logs name
         self.prefix = prefix
         self.origin = origin or secrets.token_hex(8)  # this replica: its own echoes are skipped
         self._reconnect_wait_s = reconnect_wait_s
@@ -178,9 +179,9 @@ class NatsWakeBus(LocalWakeBus):
                 )
                 await nc.subscribe(f"{self.prefix}.>", cb=self._on_message)
                 self._nc = nc
-                log.info("wake-ups: connected to %s", self.url)
+                log.info("wake-ups: connected to %s", self.where)
             except Exception as exc:
-                self._warn("wake-ups: broker %s unreachable (%r); polling only", self.url, exc)
+                self._warn("wake-ups: broker %s unreachable (%r); polling only", self.where, exc)
                 await asyncio.sleep(self._reconnect_wait_s)
 
     async def _pump(self) -> None:
@@ -210,10 +211,10 @@ class NatsWakeBus(LocalWakeBus):
         self._warn("wake-ups: broker error %r", exc)
 
     async def _on_disconnected(self) -> None:
-        self._warn("wake-ups: disconnected from %s; polling only until it is back", self.url)
+        self._warn("wake-ups: disconnected from %s; polling only until it is back", self.where)
 
     async def _on_reconnected(self) -> None:
-        log.info("wake-ups: reconnected to %s", self.url)
+        log.info("wake-ups: reconnected to %s", self.where)
 
     def _warn(self, message: str, *args: object) -> None:
         now = time.monotonic()
@@ -276,6 +277,11 @@ class PgNotifyWakeBus(NatsWakeBus):
             return
         self.received += 1
         self._deliver(topic)
+
+
+def _without_credentials(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    return scheme + sep + rest.rpartition("@")[2] if sep else url
 
 
 def wake_bus_for(broker_url: str | None, database_url: str = "") -> LocalWakeBus:
