@@ -101,6 +101,7 @@ class SubmitWorker:
         now = self._deps.clock()
         after = AfterCommit()
         started = None
+        account: AccountInfo | None = None
         interrupted = False
         unsent = None
         async with self._deps.db.unit(now) as u:
@@ -145,9 +146,9 @@ class SubmitWorker:
             await self._deps.gate.release_unsent(account, unsent)
         if interrupted:
             await self.settle(attempt_id, message)
-        if started is None:
+        if started is None or account is None:
             return
-        account = await self._deps.reads.account(started.provider_account_id)
+        # The account read in the transaction above: not read again on another connection.
         adapter = self._deps.adapter(account)
         if not await self._deps.leases.still_held(started):
             await self._not_sent(started, message)
@@ -239,9 +240,11 @@ class SubmitWorker:
             kind = SubmitKind.UNKNOWN
         after = AfterCommit()
         accepted_job = None
+        account_id = 0
         async with self._deps.db.unit(self._deps.clock()) as u:
             attempt = await u.attempt(attempt_id)
             assert attempt is not None
+            account_id = attempt.provider_account_id
             add_ids(**ids_of(attempt, result.job))
             task = await u.task(attempt.task_id)
             assert task is not None
@@ -268,9 +271,8 @@ class SubmitWorker:
                 await u.complete_message(message.id, self._deps.config.worker_id)
         await after.run(self._deps.leases)
         if accepted_job is not None:
-            snap = await self._deps.reads.snapshot(attempt_id)
-            if snap is not None:
-                await self._normalizer.replay_unmatched(snap[0].provider_account_id, accepted_job)
+            # The account of the attempt just written (never re-read for it).
+            await self._normalizer.replay_unmatched(account_id, accepted_job)
 
     async def settle(self, attempt_id: int, message: OutboxRecord | None = None) -> bool:
         """Resolve an interrupted submit: complete it if its job is recorded, else UNKNOWN.
