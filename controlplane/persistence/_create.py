@@ -20,12 +20,15 @@ back: the row is exactly these values.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    DateTime,
+    Integer,
     Text,
     bindparam,
     cast,
@@ -34,9 +37,9 @@ from sqlalchemy import (
     insert,
     literal,
     select,
-    values,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY as PG_ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.expression import Executable
 
@@ -166,6 +169,11 @@ def _pg_statement(*, reserve: bool) -> Executable:
 _PG_CREATE = _pg_statement(reserve=False)
 _PG_CREATE_RESERVING = _pg_statement(reserve=True)
 _SQLITE_INSERT = _task_insert(sqlite).returning(T.c.id)
+_SQLITE_MANY = (
+    sqlite.insert(T)
+    .on_conflict_do_nothing(index_elements=_KEY)
+    .returning(T.c.id, T.c.tenant_id, T.c.idempotency_key)
+)
 
 
 def _task_params(new: NewTask, now: datetime) -> dict[str, Any]:
@@ -295,15 +303,48 @@ async def _reserve(
     )
 
 
-def _many_statement(
-    rows: list[dict[str, Any]], reserves: list[tuple[str, str, int, str, str]]
-) -> Executable:
-    """One statement for several new tasks (PostgreSQL): `_pg_statement` over many rows, each
-    row's event and outbox message stamped with its own created_at, and the RESERVE entries of
-    `reserves` (tenant, key, amount, currency, reason) joined to the tasks they belong to."""
+_ARRAYS: tuple[tuple[str, Any], ...] = (
+    ("tenant_id", Text),
+    ("user_id", Text),
+    ("project_id", Text),
+    ("idempotency_key", Text),
+    ("spec", Text),  # JSON text, cast to JSONB in the statement
+    ("normalized_spec_hash", Text),
+    ("service_class", Text),
+    ("priority", Integer),
+    ("queue_deadline_at", DateTime(timezone=True)),
+    ("deadline_at", DateTime(timezone=True)),
+    ("trace_context", Text),
+    ("created_at", DateTime(timezone=True)),
+    ("reserve_amount", BigInteger),  # NULL: no reservation
+    ("reserve_currency", Text),
+    ("reserve_reason", Text),
+)
+
+
+def _many_statement() -> Executable:
+    """One statement for any number of new tasks (PostgreSQL), built and prepared once: the
+    rows arrive as one array per column (``unnest ... WITH ORDINALITY``, so the first of them
+    wins a key), and each new task's event, outbox message and RESERVE entry come from the
+    CTE of the INSERT, stamped with its own created_at."""
+    src = (
+        func.unnest(*(bindparam(f"a_{name}", type_=PG_ARRAY(kind)) for name, kind in _ARRAYS))
+        .table_valued(*(column(name, kind) for name, kind in _ARRAYS), with_ordinality="ord")
+        .render_derived(name="src")
+    )
+    task_columns = [name for name, _ in _ARRAYS[:12]]
+    picked = [
+        cast(src.c.spec, postgresql.JSONB) if name == "spec" else src.c[name]
+        for name in task_columns
+    ]
     ins = (
         postgresql.insert(T)
-        .values(rows)
+        .from_select(
+            [*task_columns, "status", "status_version", "last_event_seq", "updated_at"],
+            select(
+                *picked, literal(TaskState.QUEUED.value), literal(0), literal(1), src.c.created_at
+            ).order_by(src.c.ord),
+        )
         .on_conflict_do_nothing(index_elements=_KEY)
         .returning(
             T.c.id,
@@ -345,48 +386,62 @@ def _many_statement(
             literal(0),
         ),
     )
-    ctes = [event.cte("ev"), message.cte("ob")]
-    if reserves:
-        wanted = values(
-            column("tenant_id", Text),
-            column("idempotency_key", Text),
-            column("amount_micros", BigInteger),
-            column("currency", Text),
-            column("reason", Text),
-            name="wanted",
-        ).data(reserves)
-        entry = insert(C).from_select(
-            [
-                "tenant_id",
-                "kind",
-                "amount_micros",
-                "currency",
-                "task_id",
-                "idempotency_key",
-                "actor",
-                "reason",
-                "created_at",
-            ],
-            select(
-                ins.c.tenant_id,
-                literal(CreditKind.RESERVE.value),
-                wanted.c.amount_micros,
-                wanted.c.currency,
-                ins.c.id,
-                literal("reserve:") + cast(ins.c.id, Text),
-                literal(ledger.SYSTEM_ACTOR),
-                wanted.c.reason,
-                ins.c.created_at,
-            ).select_from(
-                ins.join(
-                    wanted,
-                    (wanted.c.tenant_id == ins.c.tenant_id)
-                    & (wanted.c.idempotency_key == ins.c.idempotency_key),
-                )
-            ),
+    wanted = src.alias("wanted")
+    entry = insert(C).from_select(
+        [
+            "tenant_id",
+            "kind",
+            "amount_micros",
+            "currency",
+            "task_id",
+            "idempotency_key",
+            "actor",
+            "reason",
+            "created_at",
+        ],
+        select(
+            ins.c.tenant_id,
+            literal(CreditKind.RESERVE.value),
+            wanted.c.reserve_amount,
+            wanted.c.reserve_currency,
+            ins.c.id,
+            literal("reserve:") + cast(ins.c.id, Text),
+            literal(ledger.SYSTEM_ACTOR),
+            wanted.c.reserve_reason,
+            ins.c.created_at,
         )
-        ctes.append(entry.cte("res"))
-    return select(ins.c.id, ins.c.tenant_id, ins.c.idempotency_key).add_cte(*ctes)
+        .select_from(
+            ins.join(
+                wanted,
+                (wanted.c.tenant_id == ins.c.tenant_id)
+                & (wanted.c.idempotency_key == ins.c.idempotency_key),
+            )
+        )
+        .where(wanted.c.reserve_amount.is_not(None)),
+    )
+    return select(ins.c.id, ins.c.tenant_id, ins.c.idempotency_key).add_cte(
+        event.cte("ev"), message.cte("ob"), entry.cte("res")
+    )
+
+
+_PG_MANY = _many_statement()
+
+
+def _many_params(
+    rows: list[dict[str, Any]], reserves: dict[tuple[str, str], tuple[int, str, str]]
+) -> dict[str, list[Any]]:
+    params: dict[str, list[Any]] = {f"a_{name}": [] for name, _ in _ARRAYS}
+    for row in rows:
+        for name, _ in _ARRAYS[:12]:
+            value = row[name]
+            params[f"a_{name}"].append(json.dumps(value) if name == "spec" else value)
+        amount, currency, reason = reserves.get(
+            (row["tenant_id"], row["idempotency_key"]), (None, None, None)
+        )
+        params["a_reserve_amount"].append(amount)
+        params["a_reserve_currency"].append(currency)
+        params["a_reserve_reason"].append(reason)
+    return params
 
 
 async def insert_many(
@@ -411,10 +466,9 @@ async def insert_many(
                 (*key, reservation.amount_micros, reservation.currency, _reason(reservation))
             )
     if conn.dialect.name == "postgresql":
-        stored = {
-            (row.tenant_id, row.idempotency_key): int(row.id)
-            for row in await conn.execute(_many_statement(rows, reserves))
-        }
+        wanted = {(t, k): (amount, cur, why) for t, k, amount, cur, why in reserves}
+        found = await conn.execute(_PG_MANY, _many_params(rows, wanted))
+        stored = {(row.tenant_id, row.idempotency_key): int(row.id) for row in found}
     else:
         stored = await _sqlite_many(conn, rows, reserves)
     made: dict[tuple[str, str], TaskRecord] = {}
@@ -442,12 +496,9 @@ async def _sqlite_many(
 ) -> dict[tuple[str, str], int]:
     """SQLite's `insert_many` writes: the tasks (RETURNING the new ids; rows of keys already
     stored are skipped), then the new ones' events, outbox messages and RESERVE entries."""
-    found = await conn.execute(
-        sqlite.insert(T)
-        .values(rows)
-        .on_conflict_do_nothing(index_elements=_KEY)
-        .returning(T.c.id, T.c.tenant_id, T.c.idempotency_key)
-    )
+    # executemany forms throughout: SQLAlchemy's insertmanyvalues batches them into multi-row
+    # INSERTs from one cached compilation (a literal multi-row VALUES compiles per batch).
+    found = await conn.execute(_SQLITE_MANY, rows)
     stored = {(r.tenant_id, r.idempotency_key): int(r.id) for r in found}
     new = [
         (stored[k], row)
@@ -457,38 +508,36 @@ async def _sqlite_many(
     if not new:
         return stored
     await conn.execute(
-        insert(E).values(
-            [
-                {
-                    "task_id": task_id,
-                    "seq": 1,
-                    "kind": "task.queued",
-                    "payload": _QUEUED_EVENT,
-                    "created_at": row["created_at"],
-                }
-                for task_id, row in new
-            ]
-        )
+        insert(E),
+        [
+            {
+                "task_id": task_id,
+                "seq": 1,
+                "kind": "task.queued",
+                "payload": _QUEUED_EVENT,
+                "created_at": row["created_at"],
+            }
+            for task_id, row in new
+        ],
     )
     await conn.execute(
-        insert(O).values(
-            [
-                {
-                    "topic": str(Topic.QUEUED),
-                    "aggregate_id": str(task_id),
-                    "payload": {
-                        "task_id": task_id,
-                        "tenant_id": row["tenant_id"],
-                        "service_class": row["service_class"],
-                        "priority": row["priority"],
-                    },
-                    "created_at": row["created_at"],
-                    "available_at": row["created_at"],
-                    "attempts": 0,
-                }
-                for task_id, row in new
-            ]
-        )
+        insert(O),
+        [
+            {
+                "topic": str(Topic.QUEUED),
+                "aggregate_id": str(task_id),
+                "payload": {
+                    "task_id": task_id,
+                    "tenant_id": row["tenant_id"],
+                    "service_class": row["service_class"],
+                    "priority": row["priority"],
+                },
+                "created_at": row["created_at"],
+                "available_at": row["created_at"],
+                "attempts": 0,
+            }
+            for task_id, row in new
+        ],
     )
     at = {(row["tenant_id"], row["idempotency_key"]): row["created_at"] for _, row in new}
     entries = [
@@ -507,5 +556,5 @@ async def _sqlite_many(
         if (tenant, key) in at
     ]
     if entries:
-        await conn.execute(insert(C).values(entries))
+        await conn.execute(insert(C), entries)
     return stored
