@@ -324,6 +324,17 @@ def _abandoned_unknown(task: sp.Task) -> bool:
     )
 
 
+def _interrupted_submit(history: list[tuple[str, dict[str, Any]]]) -> bool:
+    """Did the control plane die inside this task's submit? A restarted submit worker finds the
+    attempt still SUBMITTING with no job and marks it unknown at SUBMIT_INTERRUPTED."""
+    return any(
+        kind == "attempt.state_changed"
+        and payload.get("state") == "SUBMIT_UNKNOWN"
+        and "SUBMIT_INTERRUPTED" in str(payload.get("reason", ""))
+        for kind, payload in history
+    )
+
+
 def unexplained_outcomes(
     workload: Workload, tasks: dict[str, sp.Task], farm: ProviderFarm, database_url: str
 ) -> list[str]:
@@ -356,6 +367,12 @@ def unexplained_outcomes(
         if _abandoned_unknown(task) and unnameable[planned.provider] > 0:
             unnameable[planned.provider] -= 1
             continue
+        if (
+            _abandoned_unknown(task)
+            and planned.provider in UNNAMEABLE_PROVIDERS
+            and _interrupted_submit(task_events(database_url, task.task_id))
+        ):
+            continue  # a kill landed inside its submit: may have been accepted, nothing names it
         errors = [(a.attempt_no, a.error.code, a.error.message) for a in task.attempts]
         bad.append(
             f"task {planned.task_id} ({planned.provider}, fault {planned.fault}, cancel "
