@@ -60,6 +60,8 @@ NOT_DURATIONS = frozenset(
         "batch",
         "batch_size",
         "class_weights",
+        "compile_cache_size",  # the dispatcher's compile-verdict LRU bound
+        "concurrency",  # ExecutionConfig: sidecar calls in flight per batch
         "consecutive_failures",
         "default_concurrency",
         "default_tenant_weight",
