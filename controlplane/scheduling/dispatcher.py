@@ -671,13 +671,9 @@ class Dispatcher:
             assert p.cid is not None
             self._remember(p.group, p.cid)
             self.parking.done(p.task.id)
-            log.info(
-                "task %s: attempt %s on %s (key %s)",
-                p.task.id,
-                attempt_ids[p.task.id],
-                p.cid,
-                p.key,
-            )
+            attempt_id = attempt_ids[p.task.id]
+            with bind_ids(task_id=p.task.id, attempt_id=attempt_id, client_request_key=p.key):
+                log.info("task %s: attempt %s on %s (key %s)", p.task.id, attempt_id, p.cid, p.key)
             results.append(
                 DispatchResult(p.task.id, DispatchOutcome.SELECTED, p.final, attempt_ids[p.task.id])
             )
