@@ -187,8 +187,9 @@ async def _run_attempts(
             attempt, _ = await u.create_attempt(
                 task_id, task.status_version, _new_attempt(account_id, ap), _decision()
             )
-            attempt = await u.move_attempt(attempt, AttemptState.SUBMITTING)
-            assert attempt is not None
+            submitting = await u.move_attempt(attempt, AttemptState.SUBMITTING)
+            assert submitting is not None
+            attempt = submitting
             if ap.fate == "REJECTED":
                 final = AttemptState.FAILED
             elif ap.fate == "UNKNOWN":

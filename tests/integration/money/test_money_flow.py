@@ -110,7 +110,7 @@ def _request(provider: str, tenant: str = "acme") -> api.CreateTaskRequest:
     return api.CreateTaskRequest(spec=spec, idempotency_key=uuid.uuid4().hex)
 
 
-async def _terminal(stub: api_grpc.SchedulerServiceStub, task_id: str) -> sp.Task:
+async def _terminal(stub: api_grpc.SchedulerServiceAsyncStub, task_id: str) -> sp.Task:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 120
     while True:

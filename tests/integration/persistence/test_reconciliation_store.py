@@ -143,7 +143,7 @@ async def test_runs_are_idempotent_by_result_and_superseded_visibly(own_db: Data
     async with own_db.reading() as conn:
         current = await store.current_runs(conn, "2026-11-30")
         rows = await store.discrepancies_of(conn, [first.id, changed.id])
-        marks = dict(
+        marks: dict[int, int | None] = dict(
             (await conn.execute(text("SELECT id, superseded_by FROM reconciliation_runs"))).all()
         )
     assert [r.id for r in current] == [changed.id]

@@ -277,8 +277,8 @@ async def test_lease_is_released_when_the_attempt_transaction_fails(
 
     class BrokenDatabase(Database):
         @asynccontextmanager
-        async def unit(self, now: datetime) -> AsyncIterator[Any]:
-            async with super().unit(now) as u:
+        async def unit(self, now: datetime, *, one_statement: bool = False) -> AsyncIterator[Any]:
+            async with super().unit(now, one_statement=one_statement) as u:
 
                 async def broken(*args: Any, **kwargs: Any) -> Any:
                     raise RuntimeError("database went away")

@@ -54,7 +54,7 @@ def replica(
         db=db,
         database_url=pg_url,
         leases=leases,
-        adapters=adapter.for_providers(["runway", "google", "self_hosted"]),
+        adapters=adapter.for_providers(["runway", "google", "self_hosted"]),  # type: ignore[arg-type]
         policy=example_policy("router-v17"),
         config=DispatcherConfig(shard_count=SHARDS, poll_interval_s=0.05, leader_retry_s=0.1),
         upkeep_config=UpkeepConfig(interval_s=3600),  # leases are freed by AttemptWatch here
@@ -240,7 +240,7 @@ def test_on_sqlite_one_process_dispatches_every_tenant_whatever_the_shard_count(
         db=db,
         database_url=database_url,
         leases=MemoryLeaseStore(),
-        adapters=adapter.for_providers(["runway"]),
+        adapters=adapter.for_providers(["runway"]),  # type: ignore[arg-type]
         policy=example_policy("router-v17"),
         config=DispatcherConfig(shard_count=SHARDS),
     )
