@@ -221,3 +221,45 @@ def continue_trace(name: str, traceparent: object = None) -> Iterator[None]:
         name, context=parent, kind=trace.SpanKind.INTERNAL, attributes=span_attributes()
     ):
         yield
+
+
+class OpenSpan:
+    """A span started now and ended later, for work whose ids are known only after a batch's
+    commit (the dispatcher's round); every method is a no-op when tracing is off."""
+
+    __slots__ = ("_span",)
+
+    def __init__(self, span: trace.Span | None) -> None:
+        self._span = span
+
+    @contextlib.contextmanager
+    def current(self) -> Iterator[None]:
+        """Make the span current for the block without ending it."""
+        if self._span is None:
+            yield
+            return
+        with trace.use_span(self._span, end_on_exit=False):
+            yield
+
+    def annotate(self, **ids: object) -> None:
+        """Add id-chain attributes (None values skipped)."""
+        given = {k: v for k, v in ids.items() if v is not None}
+        if self._span is not None and given:
+            self._span.set_attributes(span_attributes(given))
+
+    def end(self) -> None:
+        if self._span is not None:
+            self._span.end()
+            self._span = None
+
+
+def open_span(name: str, traceparent: object = None) -> OpenSpan:
+    """Like `continue_trace`, but the span stays open until `OpenSpan.end`."""
+    if _provider is None:
+        return OpenSpan(None)
+    parent = _W3C.extract({_TRACEPARENT: traceparent} if isinstance(traceparent, str) else {})
+    return OpenSpan(
+        tracer().start_span(
+            name, context=parent, kind=trace.SpanKind.INTERNAL, attributes=span_attributes()
+        )
+    )

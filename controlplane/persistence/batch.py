@@ -37,7 +37,7 @@ from controlplane.persistence.models import task_attempts as A
 from controlplane.persistence.models import task_events as E
 from controlplane.persistence.records import NewAttempt, NewRouteDecision
 
-__all__ = ["Numbers", "SelectedTask", "claim", "numbers", "write_selected"]
+__all__ = ["Numbers", "SelectedTask", "Written", "claim", "numbers", "write_selected"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +91,18 @@ async def claim(conn: AsyncConnection, expected: Mapping[int, int]) -> set[int]:
     return {int(i) for i, v in rows if expected.get(int(i)) == int(v)}
 
 
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What `write_selected` created for one task."""
+
+    attempt_id: int
+    route_decision_id: int
+
+
 async def write_selected(
     conn: AsyncConnection, items: Sequence[SelectedTask], now: datetime
-) -> dict[int, int]:
-    """Write the claimed SELECTED tasks (see module); task id -> new attempt id.
+) -> dict[int, Written]:
+    """Write the claimed SELECTED tasks (see module); task id -> its new attempt and decision.
 
     Raises `ConcurrentModification` if a row was not QUEUED at its version after all (the
     caller claimed it in this transaction, so that is a bug or a writer ignoring the locks); the
@@ -185,7 +193,7 @@ async def write_selected(
         )
     await conn.execute(insert(E), events)
     await conn.execute(insert(O), messages)
-    return attempt_ids
+    return {t: Written(a, decision_ids[t]) for t, a in attempt_ids.items()}
 
 
 def _state(state: TaskState, version: int, reason: str) -> dict[str, Any]:

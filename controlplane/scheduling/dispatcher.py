@@ -482,23 +482,35 @@ class Dispatcher:
         others: list[_Other] = []
         for item, answer in zip(prepared, compiled, strict=True):
             task = item[0]
+            # The task's dispatch span stays open until the batch commits (its attempt and
+            # decision ids are known only then); the submit message carries it as the parent.
+            span = tracing.open_span("dispatch", task.trace_context)
+            span.annotate(task_id=task.id)
             try:
-                with (
-                    bind_ids(task_id=task.id),
-                    tracing.continue_trace("dispatch", task.trace_context),
-                ):
+                with bind_ids(task_id=task.id), span.current():
                     n = numbers.get(task.id, batch.Numbers())
                     outcome = await self._route_in_round(item, answer, n, catalog, view)
             except Exception:  # one bad task must not stop the round; it stays QUEUED
+                span.end()
                 log.exception("routing task %s failed", task.id)
                 continue
-            (picks if isinstance(outcome, _Pick) else others).append(outcome)  # type: ignore[arg-type]
-        await self._lease_batch(picks, catalog, view)
-        for p in picks:
-            if p.lease is None:
-                d = p.decision.after_leasing(None, p.refused)
-                others.append(_Other(p.task, d, TaskState.QUEUED, p.facts))
-        return await self._commit_batch([p for p in picks if p.lease is not None], others, catalog)
+            if isinstance(outcome, _Pick):
+                outcome.span = span
+                picks.append(outcome)
+            else:
+                span.end()
+                others.append(outcome)
+        try:
+            await self._lease_batch(picks, catalog, view)
+            for p in picks:
+                if p.lease is None:
+                    d = p.decision.after_leasing(None, p.refused)
+                    others.append(_Other(p.task, d, TaskState.QUEUED, p.facts))
+            leased = [p for p in picks if p.lease is not None]
+            return await self._commit_batch(leased, others, catalog)
+        finally:
+            for p in picks:
+                p.span.end()
 
     async def _route_in_round(
         self,
@@ -651,7 +663,7 @@ class Dispatcher:
             async with self._db.unit(now) as u:
                 claimed = await batch.claim(u.conn, expected)
                 mine = [s for s in selected if s.task_id in claimed]
-                attempt_ids = await batch.write_selected(u.conn, mine, now)
+                written_ids = await batch.write_selected(u.conn, mine, now)
                 if mine:  # the after-commit wake-up relay (controlplane.wakeups)
                     u.topics.add(str(Topic.SUBMIT))
                 for o in writes:
@@ -671,11 +683,18 @@ class Dispatcher:
             assert p.cid is not None
             self._remember(p.group, p.cid)
             self.parking.done(p.task.id)
-            attempt_id = attempt_ids[p.task.id]
-            with bind_ids(task_id=p.task.id, attempt_id=attempt_id, client_request_key=p.key):
-                log.info("task %s: attempt %s on %s (key %s)", p.task.id, attempt_id, p.cid, p.key)
+            ids = written_ids[p.task.id]
+            p.span.annotate(
+                attempt_id=ids.attempt_id,
+                client_request_key=p.key,
+                route_decision_id=ids.route_decision_id,
+            )
+            with bind_ids(task_id=p.task.id, attempt_id=ids.attempt_id, client_request_key=p.key):
+                log.info(
+                    "task %s: attempt %s on %s (key %s)", p.task.id, ids.attempt_id, p.cid, p.key
+                )
             results.append(
-                DispatchResult(p.task.id, DispatchOutcome.SELECTED, p.final, attempt_ids[p.task.id])
+                DispatchResult(p.task.id, DispatchOutcome.SELECTED, p.final, ids.attempt_id)
             )
         written = {o.task.id for o in writes}
         for o in others:
@@ -1063,6 +1082,7 @@ class _Pick:
     cid: str | None = None
     lease: Lease | None = None
     final: RouteDecisionSnapshot | None = None
+    span: tracing.OpenSpan = field(default_factory=lambda: tracing.OpenSpan(None))
 
 
 @dataclass(frozen=True, slots=True)

@@ -316,11 +316,15 @@ def _failed_by_provider(farm: ProviderFarm, task: sp.Task) -> bool:
 
 
 def _abandoned_unknown(task: sp.Task) -> bool:
-    """FAILED(SUBMISSION_UNKNOWN) with its one attempt ABANDONED: what 9.17.5 prescribes."""
+    """FAILED(SUBMISSION_UNKNOWN) with its last attempt ABANDONED, what 9.17.5 prescribes; any
+    earlier attempt ended FAILED (e.g. a submit a kill interrupted, proven never sent, requeued)."""
+    states = [a.state for a in task.attempts]
     return (
         task.state == sp.TASK_STATE_FAILED
         and task.failure.error_class == error_pb2.ERROR_CLASS_SUBMISSION_UNKNOWN
-        and [a.state for a in task.attempts] == [sp.ATTEMPT_STATE_ABANDONED]
+        and bool(states)
+        and states[-1] == sp.ATTEMPT_STATE_ABANDONED
+        and all(s == sp.ATTEMPT_STATE_FAILED for s in states[:-1])
     )
 
 

@@ -23,7 +23,7 @@ POSTPAID = BillingPolicies(BillingPolicy.parse("postpaid"))
 
 async def _count(engine: AsyncEngine, table: Any) -> int:
     async with engine.connect() as conn:
-        return int(await conn.scalar(select(func.count()).select_from(table)))
+        return int((await conn.execute(select(func.count()).select_from(table))).scalar_one())
 
 
 def _service(db: Database) -> TaskService:

@@ -23,7 +23,7 @@ PREPAID = BillingPolicy.parse("prepaid")
 
 async def _count(engine: AsyncEngine, table: Any) -> int:
     async with engine.connect() as conn:
-        return int(await conn.scalar(select(func.count()).select_from(table)))
+        return int((await conn.execute(select(func.count()).select_from(table))).scalar_one())
 
 
 def _statements(engine: AsyncEngine) -> list[str]:
