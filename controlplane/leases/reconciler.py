@@ -144,16 +144,25 @@ async def reconcile(
     store: LeaseStore,
     facts: Iterable[InFlightAttempt],
     audit: Callable[[Drift], Awaitable[None]],
+    *,
+    confirm: Callable[[], Awaitable[Iterable[InFlightAttempt]]] | None = None,
 ) -> list[Drift]:
     """Correct each drifting counter in every account the store or facts know; audit each one.
 
-    The audit runs after each correction has been applied. Returns the drifts found.
+    `confirm` re-reads the facts after the store's snapshots: an attempt that ended between the
+    first read and its account's snapshot released its lease in between (the record and its
+    slots are gone from the snapshot), so counting it from the first read would add back the
+    slot its release just returned, a leak with no lease behind it. Only attempts in flight in
+    both reads count. The audit runs after each correction has been applied. Returns the drifts.
     """
     fact_list = list(facts)
     accounts = sorted(set(await store.accounts()) | {f.account for f in fact_list})
+    snapshots = [(account, await store.snapshot(account)) for account in accounts]
+    if confirm is not None:
+        still = {(f.account, f.attempt_id) for f in await confirm()}
+        fact_list = [f for f in fact_list if (f.account, f.attempt_id) in still]
     found: list[Drift] = []
-    for account in accounts:
-        snapshot = await store.snapshot(account)
+    for account, snapshot in snapshots:
         for drift in compute_drift(fact_list, snapshot):
             if drift.kind is CounterKind.DIMENSION:
                 await store.adjust_used(account, drift.dimension, drift.delta)

@@ -128,7 +128,12 @@ class Upkeep:
             await self._restore_holders(catalog)
             dc = self.config.default_concurrency
             facts = await in_flight_facts(self._db, catalog, dc)
-            drifts = await reconcile(self._leases, facts, self._audit)
+            drifts = await reconcile(
+                self._leases,
+                facts,
+                self._audit,
+                confirm=lambda: in_flight_facts(self._db, catalog, dc),
+            )
             self.drifts_corrected += len(drifts)
             if self.on_drifts is not None:
                 self.on_drifts(drifts)

@@ -393,6 +393,30 @@ async def test_reconciler_repairs_injected_drift_and_reports_it(backend: Backend
     assert await reconcile(store, facts, audit) == []
 
 
+async def test_reconciler_does_not_add_back_a_lease_released_after_its_facts_were_read(
+    backend: Backend,
+) -> None:
+    """An attempt read as in flight that ends and releases its lease before the snapshot is not
+    counted when the re-read (`confirm`) no longer has it; without the re-read the pass would
+    add back the released slot, a leak with no lease behind it."""
+    store = backend.store
+    lease = await must_acquire(store, request_for("a-ending", (ALL_VIDEO, GEN45)))
+    facts = [InFlightAttempt("a-ending", ACCOUNT, (ALL_VIDEO, GEN45), 1)]  # read while running
+    await store.release(lease)  # the attempt ends and its release lands before the snapshot
+
+    async def audit(drift: Drift) -> None:
+        pass
+
+    async def now_in_flight() -> list[InFlightAttempt]:
+        return []  # the re-read after the snapshot: it has ended
+
+    assert await reconcile(store, facts, audit, confirm=now_in_flight) == []
+    assert await usage(store) == {"all-video": 0, "gen4.5": 0, "region-us": 0}
+    # Without the re-read the stale fact is counted and a slot leaks back in.
+    leaked = await reconcile(store, facts, audit)
+    assert {(d.dimension, d.delta) for d in leaked} == {("all-video", 1), ("gen4.5", 1)}
+
+
 def test_compute_drift_counts_facts_and_lease_records_once_per_attempt() -> None:
     """An attempt both in the database and holding a lease counts once; the database wins."""
     lease = Lease("a-1", ACCOUNT, "t", 1, (ALL_VIDEO, GEN45), 1, 0, 10, 10, 10, unknown=False)
