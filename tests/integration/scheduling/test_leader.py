@@ -38,13 +38,19 @@ async def kill_session(url: str, pid: int) -> None:
         await engine.dispose()
 
 
+# PostgreSQL only (advisory locks are PostgreSQL's): the tests that take `pg_url` run
+# on that backend alone
+# (`ON_POSTGRES`) instead of being collected on SQLite and skipped.
+ON_POSTGRES = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+
+
 @pytest.fixture
 def pg_url(database_url: str) -> str:
-    if database_url.startswith("sqlite"):
-        pytest.skip("advisory locks are PostgreSQL's")
+    assert database_url.startswith("postgresql"), database_url
     return database_url
 
 
+@ON_POSTGRES
 async def test_advisory_lock_has_one_holder_and_is_freed_by_a_dead_session(pg_url: str) -> None:
     """Only one lock holder at a time; terminating its session lets the other acquire."""
     first, second = PostgresAdvisoryLock(pg_url, "shard-x"), PostgresAdvisoryLock(pg_url, "shard-x")
@@ -65,6 +71,7 @@ async def test_advisory_lock_has_one_holder_and_is_freed_by_a_dead_session(pg_ur
         await second.close()
 
 
+@ON_POSTGRES
 async def test_only_the_leader_dispatches_and_a_standby_takes_over(
     pg_url: str, db: Database, make_dispatcher: DispatcherFactory
 ) -> None:

@@ -27,10 +27,15 @@ pytestmark = pytest.mark.postgres
 SHARDS = 4
 
 
+# PostgreSQL only (shard leadership is PostgreSQL advisory locks): the tests that take
+# `pg_url` run on that backend alone
+# (`ON_POSTGRES`) instead of being collected on SQLite and skipped.
+ON_POSTGRES = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+
+
 @pytest.fixture
 def pg_url(database_url: str) -> str:
-    if database_url.startswith("sqlite"):
-        pytest.skip("shard leadership is PostgreSQL advisory locks")
+    assert database_url.startswith("postgresql"), database_url
     return database_url
 
 
@@ -74,6 +79,7 @@ def taken(runtime: SchedulingRuntime) -> dict[int, int]:
     return {d.config.shard: d.dispatched for d in runtime.dispatchers}
 
 
+@ON_POSTGRES
 async def test_two_replicas_split_the_shards_and_dispatch_each_task_once_by_its_leader(
     pg_url: str, db: Database, published: None, adapter: CompilingAdapter
 ) -> None:
@@ -130,6 +136,7 @@ async def test_two_replicas_split_the_shards_and_dispatch_each_task_once_by_its_
         await b.stop()
 
 
+@ON_POSTGRES
 async def test_a_killed_replica_session_frees_its_shards(
     pg_url: str, db: Database, published: None, adapter: CompilingAdapter
 ) -> None:
@@ -231,11 +238,10 @@ async def test_health_windows_and_incumbents_are_shared_through_redis(
         await client.aclose()
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # the embedded default
 def test_on_sqlite_one_process_dispatches_every_tenant_whatever_the_shard_count(
     database_url: str, db: Database, adapter: CompilingAdapter
 ) -> None:
-    if not database_url.startswith("sqlite"):
-        pytest.skip("the embedded default")
     runtime = build_scheduling(
         db=db,
         database_url=database_url,
