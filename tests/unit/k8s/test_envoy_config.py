@@ -40,8 +40,11 @@ RETRIED_SCHEDULER = {
     "ExplainRoute",
     "ListProviders",
     "GetProviderHealth",
+    "GetOutput",
+    "GetOutputUrl",
+    "ListWebhookDeliveries",
 }
-NEVER_RETRIED_SCHEDULER = {"CreateTask", "CancelTask", "ForceBreaker"}
+NEVER_RETRIED_SCHEDULER = {"CreateTask", "CancelTask", "ForceBreaker", "PublishCapabilities"}
 RETRIED_ADAPTER = {
     "Describe",
     "Compile",
@@ -260,13 +263,16 @@ def test_debug_listener_never_retries_submit_on_any_sidecar(committed: Doc) -> N
 
 
 def test_timeouts_fit_each_rpc(committed: Doc, base_docs: list[Doc]) -> None:
-    """Unary calls 30 s, WatchTask unbounded but cut after an idle hour, Submit longer than any
-    sidecar's own submit budget plus the control plane's margin, callbacks bounded."""
+    """Unary calls 30 s, the streams (WatchTask, GetOutput) unbounded but cut after an idle hour,
+    Submit longer than any sidecar's own submit budget plus the control plane's margin, callbacks
+    bounded."""
     ingress = _method_routes(_routes(committed, "grpc_ingress"), SCHEDULER.full_name)
-    assert ingress["WatchTask"]["route"]["timeout"] == "0s"
-    assert ingress["WatchTask"]["route"]["idle_timeout"] == "3600s"
-    assert "per_try_timeout" not in ingress["WatchTask"]["route"]["retry_policy"]
-    for name in set(ingress) - {"WatchTask"}:
+    streams = {"WatchTask", "GetOutput"}
+    for name in streams:
+        assert ingress[name]["route"]["timeout"] == "0s", name
+        assert ingress[name]["route"]["idle_timeout"] == "3600s", name
+        assert "per_try_timeout" not in ingress[name]["route"]["retry_policy"], name
+    for name in set(ingress) - streams:
         assert ingress[name]["route"]["timeout"] == "30s", name
     debug = _method_routes(_routes(committed, "adapter_debug"), ADAPTER.full_name)
     submit_s = float(debug["Submit"]["route"]["timeout"].removesuffix("s"))

@@ -715,6 +715,7 @@ class JobStatus(_message.Message):
     FAILURE_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
     ACTUAL_COST_FIELD_NUMBER: _builtins.int
+    QUEUE_POSITION_FIELD_NUMBER: _builtins.int
     state: Global___JobState.ValueType
     """Normalized state."""
     progress: _builtins.float
@@ -723,6 +724,8 @@ class JobStatus(_message.Message):
     """The provider's raw status string."""
     raw_payload_json: _builtins.str
     """The provider's raw response body (JSON)."""
+    queue_position: _builtins.int
+    """Position in the provider's (or model server's) queue, when it reports one; 0 is next."""
     @_builtins.property
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___Output]:
         """Outputs, on success."""
@@ -750,14 +753,20 @@ class JobStatus(_message.Message):
         failure: _error_pb2.Error | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
         actual_cost: _money_pb2.Money | None = ...,
+        queue_position: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_progress", b"_progress", "actual_cost", b"actual_cost", "failure", b"failure", "progress", b"progress", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_progress", b"_progress", "_queue_position", b"_queue_position", "actual_cost", b"actual_cost", "failure", b"failure", "progress", b"progress", "queue_position", b"queue_position", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_progress", b"_progress", "actual_cost", b"actual_cost", "failure", b"failure", "outputs", b"outputs", "progress", b"progress", "raw_payload_json", b"raw_payload_json", "raw_status", b"raw_status", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_progress", b"_progress", "_queue_position", b"_queue_position", "actual_cost", b"actual_cost", "failure", b"failure", "outputs", b"outputs", "progress", b"progress", "queue_position", b"queue_position", "raw_payload_json", b"raw_payload_json", "raw_status", b"raw_status", "state", b"state", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__progress: _TypeAlias = _typing.Literal["progress"]  # noqa: Y015
     _WhichOneofArgType__progress: _TypeAlias = _typing.Literal["_progress", b"_progress"]  # noqa: Y015
+    _WhichOneofReturnType__queue_position: _TypeAlias = _typing.Literal["queue_position"]  # noqa: Y015
+    _WhichOneofArgType__queue_position: _TypeAlias = _typing.Literal["_queue_position", b"_queue_position"]  # noqa: Y015
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__progress) -> _WhichOneofReturnType__progress | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__queue_position) -> _WhichOneofReturnType__queue_position | None: ...
 
 Global___JobStatus: _TypeAlias = JobStatus  # noqa: Y015
 

@@ -184,6 +184,66 @@ TASK_EVENT_KIND_OUTPUT_STORED: TaskEventKind.ValueType  # 6
 """The output was stored."""
 Global___TaskEventKind: _TypeAlias = TaskEventKind  # noqa: Y015
 
+class _CancelOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CancelOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CancelOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CANCEL_OUTCOME_UNSPECIFIED: _CancelOutcome.ValueType  # 0
+    """Not set."""
+    CANCEL_OUTCOME_CANCELLED: _CancelOutcome.ValueType  # 1
+    """The task was not yet at a provider and is CANCELLED now."""
+    CANCEL_OUTCOME_REQUESTED: _CancelOutcome.ValueType  # 2
+    """A running attempt was asked to cancel; the task ends CANCELLED when the provider confirms."""
+    CANCEL_OUTCOME_ALREADY_FINISHED: _CancelOutcome.ValueType  # 3
+    """The task had already finished (SUCCEEDED, FAILED or CANCELLED); nothing changed."""
+
+class CancelOutcome(_CancelOutcome, metaclass=_CancelOutcomeEnumTypeWrapper):
+    """What a CancelTask call did."""
+
+CANCEL_OUTCOME_UNSPECIFIED: CancelOutcome.ValueType  # 0
+"""Not set."""
+CANCEL_OUTCOME_CANCELLED: CancelOutcome.ValueType  # 1
+"""The task was not yet at a provider and is CANCELLED now."""
+CANCEL_OUTCOME_REQUESTED: CancelOutcome.ValueType  # 2
+"""A running attempt was asked to cancel; the task ends CANCELLED when the provider confirms."""
+CANCEL_OUTCOME_ALREADY_FINISHED: CancelOutcome.ValueType  # 3
+"""The task had already finished (SUCCEEDED, FAILED or CANCELLED); nothing changed."""
+Global___CancelOutcome: _TypeAlias = CancelOutcome  # noqa: Y015
+
+class _WebhookDeliveryState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _WebhookDeliveryStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_WebhookDeliveryState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    WEBHOOK_DELIVERY_STATE_UNSPECIFIED: _WebhookDeliveryState.ValueType  # 0
+    """Not set."""
+    WEBHOOK_DELIVERY_STATE_PENDING: _WebhookDeliveryState.ValueType  # 1
+    """Waiting for its next attempt."""
+    WEBHOOK_DELIVERY_STATE_DELIVERED: _WebhookDeliveryState.ValueType  # 2
+    """The receiver answered 2xx."""
+    WEBHOOK_DELIVERY_STATE_FAILED: _WebhookDeliveryState.ValueType  # 3
+    """Every attempt failed; no more are made."""
+    WEBHOOK_DELIVERY_STATE_REFUSED: _WebhookDeliveryState.ValueType  # 4
+    """Never sent: the URL is not allowed (e.g. a private or loopback address)."""
+
+class WebhookDeliveryState(_WebhookDeliveryState, metaclass=_WebhookDeliveryStateEnumTypeWrapper):
+    """Delivery state of one caller webhook message."""
+
+WEBHOOK_DELIVERY_STATE_UNSPECIFIED: WebhookDeliveryState.ValueType  # 0
+"""Not set."""
+WEBHOOK_DELIVERY_STATE_PENDING: WebhookDeliveryState.ValueType  # 1
+"""Waiting for its next attempt."""
+WEBHOOK_DELIVERY_STATE_DELIVERED: WebhookDeliveryState.ValueType  # 2
+"""The receiver answered 2xx."""
+WEBHOOK_DELIVERY_STATE_FAILED: WebhookDeliveryState.ValueType  # 3
+"""Every attempt failed; no more are made."""
+WEBHOOK_DELIVERY_STATE_REFUSED: WebhookDeliveryState.ValueType  # 4
+"""Never sent: the URL is not allowed (e.g. a private or loopback address)."""
+Global___WebhookDeliveryState: _TypeAlias = WebhookDeliveryState  # noqa: Y015
+
 class _BreakerState:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -501,6 +561,7 @@ class StoredOutput(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     URI_FIELD_NUMBER: _builtins.int
+    SAMPLE_INDEX_FIELD_NUMBER: _builtins.int
     MIME_TYPE_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     CHECKSUM_SHA256_FIELD_NUMBER: _builtins.int
@@ -509,6 +570,8 @@ class StoredOutput(_message.Message):
     HEIGHT_FIELD_NUMBER: _builtins.int
     uri: _builtins.str
     """Platform storage URI (file:// or s3://)."""
+    sample_index: _builtins.int
+    """Which sample of the job (0-based, design 9.22: every sample is stored)."""
     mime_type: _builtins.str
     """MIME type."""
     size_bytes: _builtins.int
@@ -525,6 +588,7 @@ class StoredOutput(_message.Message):
         self,
         *,
         uri: _builtins.str = ...,
+        sample_index: _builtins.int = ...,
         mime_type: _builtins.str = ...,
         size_bytes: _builtins.int = ...,
         checksum_sha256: _builtins.str = ...,
@@ -534,7 +598,7 @@ class StoredOutput(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum_sha256", b"checksum_sha256", "duration_ms", b"duration_ms", "height", b"height", "mime_type", b"mime_type", "size_bytes", b"size_bytes", "uri", b"uri", "width", b"width"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checksum_sha256", b"checksum_sha256", "duration_ms", b"duration_ms", "height", b"height", "mime_type", b"mime_type", "sample_index", b"sample_index", "size_bytes", b"size_bytes", "uri", b"uri", "width", b"width"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -559,6 +623,8 @@ class Task(_message.Message):
     OUTPUT_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     UPDATED_AT_FIELD_NUMBER: _builtins.int
+    OUTPUTS_FIELD_NUMBER: _builtins.int
+    WEBHOOK_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Task id."""
     idempotency_key: _builtins.str
@@ -589,7 +655,7 @@ class Task(_message.Message):
 
     @_builtins.property
     def output(self) -> Global___StoredOutput:
-        """The stored output, when SUCCEEDED."""
+        """The stored output, when SUCCEEDED: the first sample (see outputs)."""
 
     @_builtins.property
     def created_at(self) -> _timestamp_pb2.Timestamp:
@@ -598,6 +664,14 @@ class Task(_message.Message):
     @_builtins.property
     def updated_at(self) -> _timestamp_pb2.Timestamp:
         """Last update."""
+
+    @_builtins.property
+    def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___StoredOutput]:
+        """Every stored sample of the adopted job, in sample_index order, when SUCCEEDED."""
+
+    @_builtins.property
+    def webhook(self) -> Global___WebhookSubscription:
+        """The caller webhook the task's events are POSTed to, if any (its own or the tenant's default)."""
 
     def __init__(
         self,
@@ -615,14 +689,173 @@ class Task(_message.Message):
         output: Global___StoredOutput | None = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         updated_at: _timestamp_pb2.Timestamp | None = ...,
+        outputs: _abc.Iterable[Global___StoredOutput] | None = ...,
+        webhook: Global___WebhookSubscription | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "failure", b"failure", "output", b"output", "spec", b"spec", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "failure", b"failure", "output", b"output", "spec", b"spec", "updated_at", b"updated_at", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adopted_attempt_id", b"adopted_attempt_id", "attempts", b"attempts", "created_at", b"created_at", "failure", b"failure", "idempotency_key", b"idempotency_key", "normalized_spec_hash", b"normalized_spec_hash", "output", b"output", "route_decisions", b"route_decisions", "spec", b"spec", "state", b"state", "status_version", b"status_version", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adopted_attempt_id", b"adopted_attempt_id", "attempts", b"attempts", "created_at", b"created_at", "failure", b"failure", "idempotency_key", b"idempotency_key", "normalized_spec_hash", b"normalized_spec_hash", "output", b"output", "outputs", b"outputs", "route_decisions", b"route_decisions", "spec", b"spec", "state", b"state", "status_version", b"status_version", "task_id", b"task_id", "updated_at", b"updated_at", "webhook", b"webhook"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Task: _TypeAlias = Task  # noqa: Y015
+
+@_typing.final
+class WebhookSubscription(_message.Message):
+    """Where and what a task's caller webhook receives (Standard Webhooks signing)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    EVENTS_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    """https URL (http only where configuration allows); private and loopback hosts are refused
+    unless configuration allows them.
+    """
+    @_builtins.property
+    def events(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Event types sent besides the terminal ones (task.succeeded, task.failed, task.cancelled),
+        e.g. "task.progress" or "task.state_changed".
+        """
+
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        events: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WebhookSubscription: _TypeAlias = WebhookSubscription  # noqa: Y015
+
+@_typing.final
+class Progress(_message.Message):
+    """Progress reported by the provider, throttled before it is stored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FRACTION_FIELD_NUMBER: _builtins.int
+    QUEUE_POSITION_FIELD_NUMBER: _builtins.int
+    fraction: _builtins.float
+    """Fraction done, 0..1, when the provider reports it."""
+    queue_position: _builtins.int
+    """Position in the provider's queue, when it reports one; 0 is next."""
+    def __init__(
+        self,
+        *,
+        fraction: _builtins.float | None = ...,
+        queue_position: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_fraction", b"_fraction", "_queue_position", b"_queue_position", "fraction", b"fraction", "queue_position", b"queue_position"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_fraction", b"_fraction", "_queue_position", b"_queue_position", "fraction", b"fraction", "queue_position", b"queue_position"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__fraction: _TypeAlias = _typing.Literal["fraction"]  # noqa: Y015
+    _WhichOneofArgType__fraction: _TypeAlias = _typing.Literal["_fraction", b"_fraction"]  # noqa: Y015
+    _WhichOneofReturnType__queue_position: _TypeAlias = _typing.Literal["queue_position"]  # noqa: Y015
+    _WhichOneofArgType__queue_position: _TypeAlias = _typing.Literal["_queue_position", b"_queue_position"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fraction) -> _WhichOneofReturnType__fraction | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__queue_position) -> _WhichOneofReturnType__queue_position | None: ...
+
+Global___Progress: _TypeAlias = Progress  # noqa: Y015
+
+@_typing.final
+class WebhookAttempt(_message.Message):
+    """One attempt to deliver a webhook message."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_NO_FIELD_NUMBER: _builtins.int
+    SENT_AT_FIELD_NUMBER: _builtins.int
+    STATUS_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    DURATION_MS_FIELD_NUMBER: _builtins.int
+    attempt_no: _builtins.int
+    """1-based."""
+    status_code: _builtins.int
+    """HTTP status of the answer; 0 when none came (connect error, timeout)."""
+    error: _builtins.str
+    """Why it failed, if it did."""
+    duration_ms: _builtins.int
+    """Round trip in milliseconds."""
+    @_builtins.property
+    def sent_at(self) -> _timestamp_pb2.Timestamp:
+        """When the request was sent."""
+
+    def __init__(
+        self,
+        *,
+        attempt_no: _builtins.int = ...,
+        sent_at: _timestamp_pb2.Timestamp | None = ...,
+        status_code: _builtins.int = ...,
+        error: _builtins.str = ...,
+        duration_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sent_at", b"sent_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_no", b"attempt_no", "duration_ms", b"duration_ms", "error", b"error", "sent_at", b"sent_at", "status_code", b"status_code"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WebhookAttempt: _TypeAlias = WebhookAttempt  # noqa: Y015
+
+@_typing.final
+class WebhookDelivery(_message.Message):
+    """One webhook message of a task and its delivery."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WEBHOOK_ID_FIELD_NUMBER: _builtins.int
+    EVENT_TYPE_FIELD_NUMBER: _builtins.int
+    URL_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    NEXT_ATTEMPT_AT_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    webhook_id: _builtins.str
+    """The message id (the webhook-id header): the same on every retry of this message."""
+    event_type: _builtins.str
+    """Event type, e.g. "task.succeeded"."""
+    url: _builtins.str
+    """Receiver URL."""
+    state: Global___WebhookDeliveryState.ValueType
+    """State."""
+    @_builtins.property
+    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___WebhookAttempt]:
+        """Attempts so far, oldest first."""
+
+    @_builtins.property
+    def next_attempt_at(self) -> _timestamp_pb2.Timestamp:
+        """When the next attempt is due, while PENDING."""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When the message was created."""
+
+    def __init__(
+        self,
+        *,
+        webhook_id: _builtins.str = ...,
+        event_type: _builtins.str = ...,
+        url: _builtins.str = ...,
+        state: Global___WebhookDeliveryState.ValueType = ...,
+        attempts: _abc.Iterable[Global___WebhookAttempt] | None = ...,
+        next_attempt_at: _timestamp_pb2.Timestamp | None = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "next_attempt_at", b"next_attempt_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "created_at", b"created_at", "event_type", b"event_type", "next_attempt_at", b"next_attempt_at", "state", b"state", "url", b"url", "webhook_id", b"webhook_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WebhookDelivery: _TypeAlias = WebhookDelivery  # noqa: Y015
 
 @_typing.final
 class TaskEvent(_message.Message):
@@ -638,6 +871,7 @@ class TaskEvent(_message.Message):
     ATTEMPT_STATE_FIELD_NUMBER: _builtins.int
     DETAIL_JSON_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
     cursor: _builtins.str
     """Opaque resume cursor: pass it back to WatchTask to continue after this event."""
     task_id: _builtins.str
@@ -656,6 +890,10 @@ class TaskEvent(_message.Message):
     def created_at(self) -> _timestamp_pb2.Timestamp:
         """When it happened."""
 
+    @_builtins.property
+    def progress(self) -> Global___Progress:
+        """Provider progress, on TASK_EVENT_KIND_PROVIDER_PROGRESS events."""
+
     def __init__(
         self,
         *,
@@ -667,10 +905,11 @@ class TaskEvent(_message.Message):
         attempt_state: Global___AttemptState.ValueType = ...,
         detail_json: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        progress: Global___Progress | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "progress", b"progress"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_id", b"attempt_id", "attempt_state", b"attempt_state", "created_at", b"created_at", "cursor", b"cursor", "detail_json", b"detail_json", "kind", b"kind", "task_id", b"task_id", "task_state", b"task_state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt_id", b"attempt_id", "attempt_state", b"attempt_state", "created_at", b"created_at", "cursor", b"cursor", "detail_json", b"detail_json", "kind", b"kind", "progress", b"progress", "task_id", b"task_id", "task_state", b"task_state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -22,17 +22,20 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from vidroute.common.v1 import generation_pb2 as vidroute_dot_common_dot_v1_dot_generation__pb2
 from vidroute.scheduler.v1 import scheduler_pb2 as vidroute_dot_scheduler_dot_v1_dot_scheduler__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-vidroute/scheduler/v1/scheduler_service.proto\x12\x15vidroute.scheduler.v1\x1a#vidroute/common/v1/generation.proto\x1a%vidroute/scheduler/v1/scheduler.proto\"^\n\x11\x43reateTaskRequest\x12\x30\n\x04spec\x18\x01 \x01(\x0b\x32\".vidroute.common.v1.GenerationSpec\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"P\n\x12\x43reateTaskResponse\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.vidroute.scheduler.v1.Task\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"<\n\x0fGetTaskResponse\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.vidroute.scheduler.v1.Task\"}\n\x10ListTasksRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12/\n\x05state\x18\x02 \x01(\x0e\x32 .vidroute.scheduler.v1.TaskState\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"X\n\x11ListTasksResponse\x12*\n\x05tasks\x18\x01 \x03(\x0b\x32\x1b.vidroute.scheduler.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"?\n\x12\x43\x61ncelTaskResponse\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.vidroute.scheduler.v1.Task\"9\n\x10WatchTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x14\n\x0c\x61\x66ter_cursor\x18\x02 \x01(\t\"D\n\x11WatchTaskResponse\x12/\n\x05\x65vent\x18\x01 \x01(\x0b\x32 .vidroute.scheduler.v1.TaskEvent\"&\n\x13\x45xplainRouteRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"O\n\x14\x45xplainRouteResponse\x12\x37\n\tdecisions\x18\x01 \x03(\x0b\x32$.vidroute.scheduler.v1.RouteDecision\"\x16\n\x14ListProvidersRequest\"O\n\x15ListProvidersResponse\x12\x36\n\tproviders\x18\x01 \x03(\x0b\x32#.vidroute.scheduler.v1.ProviderInfo\",\n\x18GetProviderHealthRequest\x12\x10\n\x08provider\x18\x01 \x01(\t\"S\n\x19GetProviderHealthResponse\x12\x36\n\x08\x62reakers\x18\x01 \x03(\x0b\x32$.vidroute.scheduler.v1.BreakerStatus\"\xae\x01\n\x13\x46orceBreakerRequest\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63\x63ount\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x11\n\toperation\x18\x05 \x01(\t\x12\x32\n\x05state\x18\x06 \x01(\x0e\x32#.vidroute.scheduler.v1.BreakerState\x12\x0e\n\x06reason\x18\x07 \x01(\t\"M\n\x14\x46orceBreakerResponse\x12\x35\n\x07\x62reaker\x18\x01 \x01(\x0b\x32$.vidroute.scheduler.v1.BreakerStatus2\xd2\x07\n\x10SchedulerService\x12\x66\n\nCreateTask\x12(.vidroute.scheduler.v1.CreateTaskRequest\x1a).vidroute.scheduler.v1.CreateTaskResponse\"\x03\x90\x02\x02\x12]\n\x07GetTask\x12%.vidroute.scheduler.v1.GetTaskRequest\x1a&.vidroute.scheduler.v1.GetTaskResponse\"\x03\x90\x02\x01\x12\x63\n\tListTasks\x12\'.vidroute.scheduler.v1.ListTasksRequest\x1a(.vidroute.scheduler.v1.ListTasksResponse\"\x03\x90\x02\x01\x12\x66\n\nCancelTask\x12(.vidroute.scheduler.v1.CancelTaskRequest\x1a).vidroute.scheduler.v1.CancelTaskResponse\"\x03\x90\x02\x02\x12\x65\n\tWatchTask\x12\'.vidroute.scheduler.v1.WatchTaskRequest\x1a(.vidroute.scheduler.v1.WatchTaskResponse\"\x03\x90\x02\x01\x30\x01\x12l\n\x0c\x45xplainRoute\x12*.vidroute.scheduler.v1.ExplainRouteRequest\x1a+.vidroute.scheduler.v1.ExplainRouteResponse\"\x03\x90\x02\x01\x12o\n\rListProviders\x12+.vidroute.scheduler.v1.ListProvidersRequest\x1a,.vidroute.scheduler.v1.ListProvidersResponse\"\x03\x90\x02\x01\x12{\n\x11GetProviderHealth\x12/.vidroute.scheduler.v1.GetProviderHealthRequest\x1a\x30.vidroute.scheduler.v1.GetProviderHealthResponse\"\x03\x90\x02\x01\x12g\n\x0c\x46orceBreaker\x12*.vidroute.scheduler.v1.ForceBreakerRequest\x1a+.vidroute.scheduler.v1.ForceBreakerResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-vidroute/scheduler/v1/scheduler_service.proto\x12\x15vidroute.scheduler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a#vidroute/common/v1/generation.proto\x1a%vidroute/scheduler/v1/scheduler.proto\"\x9b\x01\n\x11\x43reateTaskRequest\x12\x30\n\x04spec\x18\x01 \x01(\x0b\x32\".vidroute.common.v1.GenerationSpec\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\x12;\n\x07webhook\x18\x03 \x01(\x0b\x32*.vidroute.scheduler.v1.WebhookSubscription\"P\n\x12\x43reateTaskResponse\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.vidroute.scheduler.v1.Task\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"!\n\x0eGetTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"<\n\x0fGetTaskResponse\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.vidroute.scheduler.v1.Task\"}\n\x10ListTasksRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12/\n\x05state\x18\x02 \x01(\x0e\x32 .vidroute.scheduler.v1.TaskState\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\npage_token\x18\x04 \x01(\t\"X\n\x11ListTasksResponse\x12*\n\x05tasks\x18\x01 \x03(\x0b\x32\x1b.vidroute.scheduler.v1.Task\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"4\n\x11\x43\x61ncelTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"v\n\x12\x43\x61ncelTaskResponse\x12)\n\x04task\x18\x01 \x01(\x0b\x32\x1b.vidroute.scheduler.v1.Task\x12\x35\n\x07outcome\x18\x02 \x01(\x0e\x32$.vidroute.scheduler.v1.CancelOutcome\"9\n\x10WatchTaskRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x14\n\x0c\x61\x66ter_cursor\x18\x02 \x01(\t\"D\n\x11WatchTaskResponse\x12/\n\x05\x65vent\x18\x01 \x01(\x0b\x32 .vidroute.scheduler.v1.TaskEvent\"&\n\x13\x45xplainRouteRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"O\n\x14\x45xplainRouteResponse\x12\x37\n\tdecisions\x18\x01 \x03(\x0b\x32$.vidroute.scheduler.v1.RouteDecision\"\x16\n\x14ListProvidersRequest\"O\n\x15ListProvidersResponse\x12\x36\n\tproviders\x18\x01 \x03(\x0b\x32#.vidroute.scheduler.v1.ProviderInfo\",\n\x18GetProviderHealthRequest\x12\x10\n\x08provider\x18\x01 \x01(\t\"S\n\x19GetProviderHealthResponse\x12\x36\n\x08\x62reakers\x18\x01 \x03(\x0b\x32$.vidroute.scheduler.v1.BreakerStatus\"\xae\x01\n\x13\x46orceBreakerRequest\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x63\x63ount\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x11\n\toperation\x18\x05 \x01(\t\x12\x32\n\x05state\x18\x06 \x01(\x0e\x32#.vidroute.scheduler.v1.BreakerState\x12\x0e\n\x06reason\x18\x07 \x01(\t\"M\n\x14\x46orceBreakerResponse\x12\x35\n\x07\x62reaker\x18\x01 \x01(\x0b\x32$.vidroute.scheduler.v1.BreakerStatus\"X\n\x10GetOutputRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\r\n\x05limit\x18\x04 \x01(\x03\"f\n\x11GetOutputResponse\x12\x33\n\x06output\x18\x01 \x01(\x0b\x32#.vidroute.scheduler.v1.StoredOutput\x12\x0e\n\x06offset\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"R\n\x13GetOutputUrlRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\r\x12\x14\n\x0c\x65xpires_in_s\x18\x03 \x01(\r\"\x88\x01\n\x14GetOutputUrlResponse\x12\x0b\n\x03url\x18\x01 \x01(\t\x12.\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x33\n\x06output\x18\x03 \x01(\x0b\x32#.vidroute.scheduler.v1.StoredOutput\"/\n\x1cListWebhookDeliveriesRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\"[\n\x1dListWebhookDeliveriesResponse\x12:\n\ndeliveries\x18\x01 \x03(\x0b\x32&.vidroute.scheduler.v1.WebhookDelivery\"O\n\x1aPublishCapabilitiesRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"\xad\x01\n\x1bPublishCapabilitiesResponse\x12N\n\x06\x63ounts\x18\x01 \x03(\x0b\x32>.vidroute.scheduler.v1.PublishCapabilitiesResponse.CountsEntry\x12\x0f\n\x07\x64ry_run\x18\x02 \x01(\x08\x1a-\n\x0b\x43ountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x32\xaf\x0b\n\x10SchedulerService\x12\x66\n\nCreateTask\x12(.vidroute.scheduler.v1.CreateTaskRequest\x1a).vidroute.scheduler.v1.CreateTaskResponse\"\x03\x90\x02\x02\x12]\n\x07GetTask\x12%.vidroute.scheduler.v1.GetTaskRequest\x1a&.vidroute.scheduler.v1.GetTaskResponse\"\x03\x90\x02\x01\x12\x63\n\tListTasks\x12\'.vidroute.scheduler.v1.ListTasksRequest\x1a(.vidroute.scheduler.v1.ListTasksResponse\"\x03\x90\x02\x01\x12\x66\n\nCancelTask\x12(.vidroute.scheduler.v1.CancelTaskRequest\x1a).vidroute.scheduler.v1.CancelTaskResponse\"\x03\x90\x02\x02\x12\x65\n\tWatchTask\x12\'.vidroute.scheduler.v1.WatchTaskRequest\x1a(.vidroute.scheduler.v1.WatchTaskResponse\"\x03\x90\x02\x01\x30\x01\x12l\n\x0c\x45xplainRoute\x12*.vidroute.scheduler.v1.ExplainRouteRequest\x1a+.vidroute.scheduler.v1.ExplainRouteResponse\"\x03\x90\x02\x01\x12o\n\rListProviders\x12+.vidroute.scheduler.v1.ListProvidersRequest\x1a,.vidroute.scheduler.v1.ListProvidersResponse\"\x03\x90\x02\x01\x12{\n\x11GetProviderHealth\x12/.vidroute.scheduler.v1.GetProviderHealthRequest\x1a\x30.vidroute.scheduler.v1.GetProviderHealthResponse\"\x03\x90\x02\x01\x12g\n\x0c\x46orceBreaker\x12*.vidroute.scheduler.v1.ForceBreakerRequest\x1a+.vidroute.scheduler.v1.ForceBreakerResponse\x12\x65\n\tGetOutput\x12\'.vidroute.scheduler.v1.GetOutputRequest\x1a(.vidroute.scheduler.v1.GetOutputResponse\"\x03\x90\x02\x01\x30\x01\x12l\n\x0cGetOutputUrl\x12*.vidroute.scheduler.v1.GetOutputUrlRequest\x1a+.vidroute.scheduler.v1.GetOutputUrlResponse\"\x03\x90\x02\x01\x12\x87\x01\n\x15ListWebhookDeliveries\x12\x33.vidroute.scheduler.v1.ListWebhookDeliveriesRequest\x1a\x34.vidroute.scheduler.v1.ListWebhookDeliveriesResponse\"\x03\x90\x02\x01\x12|\n\x13PublishCapabilities\x12\x31.vidroute.scheduler.v1.PublishCapabilitiesRequest\x1a\x32.vidroute.scheduler.v1.PublishCapabilitiesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'vidroute.scheduler.v1.scheduler_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_PUBLISHCAPABILITIESRESPONSE_COUNTSENTRY']._loaded_options = None
+  _globals['_PUBLISHCAPABILITIESRESPONSE_COUNTSENTRY']._serialized_options = b'8\001'
   _globals['_SCHEDULERSERVICE'].methods_by_name['CreateTask']._loaded_options = None
   _globals['_SCHEDULERSERVICE'].methods_by_name['CreateTask']._serialized_options = b'\220\002\002'
   _globals['_SCHEDULERSERVICE'].methods_by_name['GetTask']._loaded_options = None
@@ -49,42 +52,66 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCHEDULERSERVICE'].methods_by_name['ListProviders']._serialized_options = b'\220\002\001'
   _globals['_SCHEDULERSERVICE'].methods_by_name['GetProviderHealth']._loaded_options = None
   _globals['_SCHEDULERSERVICE'].methods_by_name['GetProviderHealth']._serialized_options = b'\220\002\001'
-  _globals['_CREATETASKREQUEST']._serialized_start=148
-  _globals['_CREATETASKREQUEST']._serialized_end=242
-  _globals['_CREATETASKRESPONSE']._serialized_start=244
-  _globals['_CREATETASKRESPONSE']._serialized_end=324
-  _globals['_GETTASKREQUEST']._serialized_start=326
-  _globals['_GETTASKREQUEST']._serialized_end=359
-  _globals['_GETTASKRESPONSE']._serialized_start=361
-  _globals['_GETTASKRESPONSE']._serialized_end=421
-  _globals['_LISTTASKSREQUEST']._serialized_start=423
-  _globals['_LISTTASKSREQUEST']._serialized_end=548
-  _globals['_LISTTASKSRESPONSE']._serialized_start=550
-  _globals['_LISTTASKSRESPONSE']._serialized_end=638
-  _globals['_CANCELTASKREQUEST']._serialized_start=640
-  _globals['_CANCELTASKREQUEST']._serialized_end=692
-  _globals['_CANCELTASKRESPONSE']._serialized_start=694
-  _globals['_CANCELTASKRESPONSE']._serialized_end=757
-  _globals['_WATCHTASKREQUEST']._serialized_start=759
-  _globals['_WATCHTASKREQUEST']._serialized_end=816
-  _globals['_WATCHTASKRESPONSE']._serialized_start=818
-  _globals['_WATCHTASKRESPONSE']._serialized_end=886
-  _globals['_EXPLAINROUTEREQUEST']._serialized_start=888
-  _globals['_EXPLAINROUTEREQUEST']._serialized_end=926
-  _globals['_EXPLAINROUTERESPONSE']._serialized_start=928
-  _globals['_EXPLAINROUTERESPONSE']._serialized_end=1007
-  _globals['_LISTPROVIDERSREQUEST']._serialized_start=1009
-  _globals['_LISTPROVIDERSREQUEST']._serialized_end=1031
-  _globals['_LISTPROVIDERSRESPONSE']._serialized_start=1033
-  _globals['_LISTPROVIDERSRESPONSE']._serialized_end=1112
-  _globals['_GETPROVIDERHEALTHREQUEST']._serialized_start=1114
-  _globals['_GETPROVIDERHEALTHREQUEST']._serialized_end=1158
-  _globals['_GETPROVIDERHEALTHRESPONSE']._serialized_start=1160
-  _globals['_GETPROVIDERHEALTHRESPONSE']._serialized_end=1243
-  _globals['_FORCEBREAKERREQUEST']._serialized_start=1246
-  _globals['_FORCEBREAKERREQUEST']._serialized_end=1420
-  _globals['_FORCEBREAKERRESPONSE']._serialized_start=1422
-  _globals['_FORCEBREAKERRESPONSE']._serialized_end=1499
-  _globals['_SCHEDULERSERVICE']._serialized_start=1502
-  _globals['_SCHEDULERSERVICE']._serialized_end=2480
+  _globals['_SCHEDULERSERVICE'].methods_by_name['GetOutput']._loaded_options = None
+  _globals['_SCHEDULERSERVICE'].methods_by_name['GetOutput']._serialized_options = b'\220\002\001'
+  _globals['_SCHEDULERSERVICE'].methods_by_name['GetOutputUrl']._loaded_options = None
+  _globals['_SCHEDULERSERVICE'].methods_by_name['GetOutputUrl']._serialized_options = b'\220\002\001'
+  _globals['_SCHEDULERSERVICE'].methods_by_name['ListWebhookDeliveries']._loaded_options = None
+  _globals['_SCHEDULERSERVICE'].methods_by_name['ListWebhookDeliveries']._serialized_options = b'\220\002\001'
+  _globals['_CREATETASKREQUEST']._serialized_start=182
+  _globals['_CREATETASKREQUEST']._serialized_end=337
+  _globals['_CREATETASKRESPONSE']._serialized_start=339
+  _globals['_CREATETASKRESPONSE']._serialized_end=419
+  _globals['_GETTASKREQUEST']._serialized_start=421
+  _globals['_GETTASKREQUEST']._serialized_end=454
+  _globals['_GETTASKRESPONSE']._serialized_start=456
+  _globals['_GETTASKRESPONSE']._serialized_end=516
+  _globals['_LISTTASKSREQUEST']._serialized_start=518
+  _globals['_LISTTASKSREQUEST']._serialized_end=643
+  _globals['_LISTTASKSRESPONSE']._serialized_start=645
+  _globals['_LISTTASKSRESPONSE']._serialized_end=733
+  _globals['_CANCELTASKREQUEST']._serialized_start=735
+  _globals['_CANCELTASKREQUEST']._serialized_end=787
+  _globals['_CANCELTASKRESPONSE']._serialized_start=789
+  _globals['_CANCELTASKRESPONSE']._serialized_end=907
+  _globals['_WATCHTASKREQUEST']._serialized_start=909
+  _globals['_WATCHTASKREQUEST']._serialized_end=966
+  _globals['_WATCHTASKRESPONSE']._serialized_start=968
+  _globals['_WATCHTASKRESPONSE']._serialized_end=1036
+  _globals['_EXPLAINROUTEREQUEST']._serialized_start=1038
+  _globals['_EXPLAINROUTEREQUEST']._serialized_end=1076
+  _globals['_EXPLAINROUTERESPONSE']._serialized_start=1078
+  _globals['_EXPLAINROUTERESPONSE']._serialized_end=1157
+  _globals['_LISTPROVIDERSREQUEST']._serialized_start=1159
+  _globals['_LISTPROVIDERSREQUEST']._serialized_end=1181
+  _globals['_LISTPROVIDERSRESPONSE']._serialized_start=1183
+  _globals['_LISTPROVIDERSRESPONSE']._serialized_end=1262
+  _globals['_GETPROVIDERHEALTHREQUEST']._serialized_start=1264
+  _globals['_GETPROVIDERHEALTHREQUEST']._serialized_end=1308
+  _globals['_GETPROVIDERHEALTHRESPONSE']._serialized_start=1310
+  _globals['_GETPROVIDERHEALTHRESPONSE']._serialized_end=1393
+  _globals['_FORCEBREAKERREQUEST']._serialized_start=1396
+  _globals['_FORCEBREAKERREQUEST']._serialized_end=1570
+  _globals['_FORCEBREAKERRESPONSE']._serialized_start=1572
+  _globals['_FORCEBREAKERRESPONSE']._serialized_end=1649
+  _globals['_GETOUTPUTREQUEST']._serialized_start=1651
+  _globals['_GETOUTPUTREQUEST']._serialized_end=1739
+  _globals['_GETOUTPUTRESPONSE']._serialized_start=1741
+  _globals['_GETOUTPUTRESPONSE']._serialized_end=1843
+  _globals['_GETOUTPUTURLREQUEST']._serialized_start=1845
+  _globals['_GETOUTPUTURLREQUEST']._serialized_end=1927
+  _globals['_GETOUTPUTURLRESPONSE']._serialized_start=1930
+  _globals['_GETOUTPUTURLRESPONSE']._serialized_end=2066
+  _globals['_LISTWEBHOOKDELIVERIESREQUEST']._serialized_start=2068
+  _globals['_LISTWEBHOOKDELIVERIESREQUEST']._serialized_end=2115
+  _globals['_LISTWEBHOOKDELIVERIESRESPONSE']._serialized_start=2117
+  _globals['_LISTWEBHOOKDELIVERIESRESPONSE']._serialized_end=2208
+  _globals['_PUBLISHCAPABILITIESREQUEST']._serialized_start=2210
+  _globals['_PUBLISHCAPABILITIESREQUEST']._serialized_end=2289
+  _globals['_PUBLISHCAPABILITIESRESPONSE']._serialized_start=2292
+  _globals['_PUBLISHCAPABILITIESRESPONSE']._serialized_end=2465
+  _globals['_PUBLISHCAPABILITIESRESPONSE_COUNTSENTRY']._serialized_start=2420
+  _globals['_PUBLISHCAPABILITIESRESPONSE_COUNTSENTRY']._serialized_end=2465
+  _globals['_SCHEDULERSERVICE']._serialized_start=2468
+  _globals['_SCHEDULERSERVICE']._serialized_end=3923
 # @@protoc_insertion_point(module_scope)

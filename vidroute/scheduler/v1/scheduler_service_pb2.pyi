@@ -6,6 +6,7 @@ isort:skip_file
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from vidroute.common.v1 import generation_pb2 as _generation_pb2
 from vidroute.scheduler.v1 import scheduler_pb2 as _scheduler_pb2
@@ -28,21 +29,27 @@ class CreateTaskRequest(_message.Message):
 
     SPEC_FIELD_NUMBER: _builtins.int
     IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
+    WEBHOOK_FIELD_NUMBER: _builtins.int
     idempotency_key: _builtins.str
     """Client-chosen key, unique per tenant, 1..128 characters; required."""
     @_builtins.property
     def spec(self) -> _generation_pb2.GenerationSpec:
         """The spec; validated before anything is written."""
 
+    @_builtins.property
+    def webhook(self) -> _scheduler_pb2.WebhookSubscription:
+        """Caller webhook for this task; unset uses the tenant's default, if configured."""
+
     def __init__(
         self,
         *,
         spec: _generation_pb2.GenerationSpec | None = ...,
         idempotency_key: _builtins.str = ...,
+        webhook: _scheduler_pb2.WebhookSubscription | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec", "webhook", b"webhook"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["idempotency_key", b"idempotency_key", "spec", b"spec", "webhook", b"webhook"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -217,6 +224,9 @@ class CancelTaskResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    outcome: _scheduler_pb2.CancelOutcome.ValueType
+    """What the call did."""
     @_builtins.property
     def task(self) -> _scheduler_pb2.Task:
         """The task after the request: CANCELLED, or still running with a cancel requested."""
@@ -225,10 +235,11 @@ class CancelTaskResponse(_message.Message):
         self,
         *,
         task: _scheduler_pb2.Task | None = ...,
+        outcome: _scheduler_pb2.CancelOutcome.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -486,3 +497,257 @@ class ForceBreakerResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ForceBreakerResponse: _TypeAlias = ForceBreakerResponse  # noqa: Y015
+
+@_typing.final
+class GetOutputRequest(_message.Message):
+    """Request of GetOutput."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    SAMPLE_INDEX_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Task id; the task must be SUCCEEDED."""
+    sample_index: _builtins.int
+    """Which sample (StoredOutput.sample_index)."""
+    offset: _builtins.int
+    """First byte to send."""
+    limit: _builtins.int
+    """Bytes to send at most; 0 means to the end."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        sample_index: _builtins.int = ...,
+        offset: _builtins.int = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "offset", b"offset", "sample_index", b"sample_index", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetOutputRequest: _TypeAlias = GetOutputRequest  # noqa: Y015
+
+@_typing.final
+class GetOutputResponse(_message.Message):
+    """Response of GetOutput: one chunk. The first message also carries the output's metadata."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    offset: _builtins.int
+    """Offset of data within the object."""
+    data: _builtins.bytes
+    """The bytes."""
+    @_builtins.property
+    def output(self) -> _scheduler_pb2.StoredOutput:
+        """The stored output (first message only)."""
+
+    def __init__(
+        self,
+        *,
+        output: _scheduler_pb2.StoredOutput | None = ...,
+        offset: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["output", b"output"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "offset", b"offset", "output", b"output"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetOutputResponse: _TypeAlias = GetOutputResponse  # noqa: Y015
+
+@_typing.final
+class GetOutputUrlRequest(_message.Message):
+    """Request of GetOutputUrl."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    SAMPLE_INDEX_FIELD_NUMBER: _builtins.int
+    EXPIRES_IN_S_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Task id; the task must be SUCCEEDED."""
+    sample_index: _builtins.int
+    """Which sample (StoredOutput.sample_index)."""
+    expires_in_s: _builtins.int
+    """Lifetime of the URL in seconds; 0 means the configured default."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        sample_index: _builtins.int = ...,
+        expires_in_s: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_in_s", b"expires_in_s", "sample_index", b"sample_index", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetOutputUrlRequest: _TypeAlias = GetOutputUrlRequest  # noqa: Y015
+
+@_typing.final
+class GetOutputUrlResponse(_message.Message):
+    """Response of GetOutputUrl."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    URL_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    url: _builtins.str
+    """The URL."""
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """When it stops working."""
+
+    @_builtins.property
+    def output(self) -> _scheduler_pb2.StoredOutput:
+        """The stored output it points at."""
+
+    def __init__(
+        self,
+        *,
+        url: _builtins.str = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        output: _scheduler_pb2.StoredOutput | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "output", b"output"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "output", b"output", "url", b"url"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetOutputUrlResponse: _TypeAlias = GetOutputUrlResponse  # noqa: Y015
+
+@_typing.final
+class ListWebhookDeliveriesRequest(_message.Message):
+    """Request of ListWebhookDeliveries."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Task id."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWebhookDeliveriesRequest: _TypeAlias = ListWebhookDeliveriesRequest  # noqa: Y015
+
+@_typing.final
+class ListWebhookDeliveriesResponse(_message.Message):
+    """Response of ListWebhookDeliveries."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def deliveries(self) -> _containers.RepeatedCompositeFieldContainer[_scheduler_pb2.WebhookDelivery]:
+        """The task's webhook messages, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        deliveries: _abc.Iterable[_scheduler_pb2.WebhookDelivery] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deliveries", b"deliveries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWebhookDeliveriesResponse: _TypeAlias = ListWebhookDeliveriesResponse  # noqa: Y015
+
+@_typing.final
+class PublishCapabilitiesRequest(_message.Message):
+    """Request of PublishCapabilities."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DOCUMENT_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    document: _builtins.str
+    """The document: YAML or JSON in the capabilities file format."""
+    source: _builtins.str
+    """Where it came from (a file name), for the audit trail."""
+    dry_run: _builtins.bool
+    """Check everything, write nothing."""
+    def __init__(
+        self,
+        *,
+        document: _builtins.str = ...,
+        source: _builtins.str = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["document", b"document", "dry_run", b"dry_run", "source", b"source"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PublishCapabilitiesRequest: _TypeAlias = PublishCapabilitiesRequest  # noqa: Y015
+
+@_typing.final
+class PublishCapabilitiesResponse(_message.Message):
+    """Response of PublishCapabilities."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class CountsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    COUNTS_FIELD_NUMBER: _builtins.int
+    DRY_RUN_FIELD_NUMBER: _builtins.int
+    dry_run: _builtins.bool
+    """True when nothing was written."""
+    @_builtins.property
+    def counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Rows written (or that would be written) per kind: accounts, capabilities, prices."""
+
+    def __init__(
+        self,
+        *,
+        counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        dry_run: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "dry_run", b"dry_run"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PublishCapabilitiesResponse: _TypeAlias = PublishCapabilitiesResponse  # noqa: Y015

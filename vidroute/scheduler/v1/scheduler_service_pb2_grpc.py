@@ -83,6 +83,26 @@ class SchedulerServiceStub:
                 request_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ForceBreakerRequest.SerializeToString,
                 response_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ForceBreakerResponse.FromString,
                 _registered_method=True)
+        self.GetOutput = channel.unary_stream(
+                '/vidroute.scheduler.v1.SchedulerService/GetOutput',
+                request_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.GetOutputRequest.SerializeToString,
+                response_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.GetOutputResponse.FromString,
+                _registered_method=True)
+        self.GetOutputUrl = channel.unary_unary(
+                '/vidroute.scheduler.v1.SchedulerService/GetOutputUrl',
+                request_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.GetOutputUrlRequest.SerializeToString,
+                response_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.GetOutputUrlResponse.FromString,
+                _registered_method=True)
+        self.ListWebhookDeliveries = channel.unary_unary(
+                '/vidroute.scheduler.v1.SchedulerService/ListWebhookDeliveries',
+                request_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ListWebhookDeliveriesRequest.SerializeToString,
+                response_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ListWebhookDeliveriesResponse.FromString,
+                _registered_method=True)
+        self.PublishCapabilities = channel.unary_unary(
+                '/vidroute.scheduler.v1.SchedulerService/PublishCapabilities',
+                request_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.PublishCapabilitiesRequest.SerializeToString,
+                response_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.PublishCapabilitiesResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -156,6 +176,35 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetOutput(self, request, context):
+        """The bytes of a stored output, in chunks; offset and limit read a range (to resume).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetOutputUrl(self, request, context):
+        """A time-limited URL another service can GET a stored output from (the S3 store presigns).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWebhookDeliveries(self, request, context):
+        """The caller webhook messages of a task and every delivery attempt.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PublishCapabilities(self, request, context):
+        """Admin: publish a capability document (the YAML/JSON of a capabilities file); rejected whole
+        with field violations when any entry is bad.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -203,6 +252,26 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ForceBreaker,
                     request_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ForceBreakerRequest.FromString,
                     response_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ForceBreakerResponse.SerializeToString,
+            ),
+            'GetOutput': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetOutput,
+                    request_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.GetOutputRequest.FromString,
+                    response_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.GetOutputResponse.SerializeToString,
+            ),
+            'GetOutputUrl': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetOutputUrl,
+                    request_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.GetOutputUrlRequest.FromString,
+                    response_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.GetOutputUrlResponse.SerializeToString,
+            ),
+            'ListWebhookDeliveries': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWebhookDeliveries,
+                    request_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ListWebhookDeliveriesRequest.FromString,
+                    response_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ListWebhookDeliveriesResponse.SerializeToString,
+            ),
+            'PublishCapabilities': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishCapabilities,
+                    request_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.PublishCapabilitiesRequest.FromString,
+                    response_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.PublishCapabilitiesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -452,6 +521,114 @@ class SchedulerService:
             '/vidroute.scheduler.v1.SchedulerService/ForceBreaker',
             vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ForceBreakerRequest.SerializeToString,
             vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ForceBreakerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/vidroute.scheduler.v1.SchedulerService/GetOutput',
+            vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.GetOutputRequest.SerializeToString,
+            vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.GetOutputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetOutputUrl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vidroute.scheduler.v1.SchedulerService/GetOutputUrl',
+            vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.GetOutputUrlRequest.SerializeToString,
+            vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.GetOutputUrlResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWebhookDeliveries(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vidroute.scheduler.v1.SchedulerService/ListWebhookDeliveries',
+            vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ListWebhookDeliveriesRequest.SerializeToString,
+            vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ListWebhookDeliveriesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishCapabilities(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vidroute.scheduler.v1.SchedulerService/PublishCapabilities',
+            vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.PublishCapabilitiesRequest.SerializeToString,
+            vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.PublishCapabilitiesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,6 +57,16 @@ class SchedulerServiceStub:
     """Admin: circuit breaker states of a provider."""
     ForceBreaker: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.ForceBreakerRequest, _scheduler_service_pb2.ForceBreakerResponse]
     """Admin: force a circuit breaker open or closed, or release the override. Recorded."""
+    GetOutput: _grpc.UnaryStreamMultiCallable[_scheduler_service_pb2.GetOutputRequest, _scheduler_service_pb2.GetOutputResponse]
+    """The bytes of a stored output, in chunks; offset and limit read a range (to resume)."""
+    GetOutputUrl: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.GetOutputUrlRequest, _scheduler_service_pb2.GetOutputUrlResponse]
+    """A time-limited URL another service can GET a stored output from (the S3 store presigns)."""
+    ListWebhookDeliveries: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.ListWebhookDeliveriesRequest, _scheduler_service_pb2.ListWebhookDeliveriesResponse]
+    """The caller webhook messages of a task and every delivery attempt."""
+    PublishCapabilities: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.PublishCapabilitiesRequest, _scheduler_service_pb2.PublishCapabilitiesResponse]
+    """Admin: publish a capability document (the YAML/JSON of a capabilities file); rejected whole
+    with field violations when any entry is bad.
+    """
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -87,6 +97,16 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Admin: circuit breaker states of a provider."""
     ForceBreaker: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.ForceBreakerRequest, _scheduler_service_pb2.ForceBreakerResponse]  # type: ignore[assignment]
     """Admin: force a circuit breaker open or closed, or release the override. Recorded."""
+    GetOutput: _aio.UnaryStreamMultiCallable[_scheduler_service_pb2.GetOutputRequest, _scheduler_service_pb2.GetOutputResponse]  # type: ignore[assignment]
+    """The bytes of a stored output, in chunks; offset and limit read a range (to resume)."""
+    GetOutputUrl: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.GetOutputUrlRequest, _scheduler_service_pb2.GetOutputUrlResponse]  # type: ignore[assignment]
+    """A time-limited URL another service can GET a stored output from (the S3 store presigns)."""
+    ListWebhookDeliveries: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.ListWebhookDeliveriesRequest, _scheduler_service_pb2.ListWebhookDeliveriesResponse]  # type: ignore[assignment]
+    """The caller webhook messages of a task and every delivery attempt."""
+    PublishCapabilities: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.PublishCapabilitiesRequest, _scheduler_service_pb2.PublishCapabilitiesResponse]  # type: ignore[assignment]
+    """Admin: publish a capability document (the YAML/JSON of a capabilities file); rejected whole
+    with field violations when any entry is bad.
+    """
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """The control plane's public API. Errors use gRPC status codes with google.rpc details:
@@ -168,5 +188,39 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_scheduler_service_pb2.ForceBreakerResponse, _abc.Awaitable[_scheduler_service_pb2.ForceBreakerResponse]]:
         """Admin: force a circuit breaker open or closed, or release the override. Recorded."""
+
+    @_abc_1.abstractmethod
+    def GetOutput(
+        self,
+        request: _scheduler_service_pb2.GetOutputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_scheduler_service_pb2.GetOutputResponse], _abc.AsyncIterator[_scheduler_service_pb2.GetOutputResponse]]:
+        """The bytes of a stored output, in chunks; offset and limit read a range (to resume)."""
+
+    @_abc_1.abstractmethod
+    def GetOutputUrl(
+        self,
+        request: _scheduler_service_pb2.GetOutputUrlRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_service_pb2.GetOutputUrlResponse, _abc.Awaitable[_scheduler_service_pb2.GetOutputUrlResponse]]:
+        """A time-limited URL another service can GET a stored output from (the S3 store presigns)."""
+
+    @_abc_1.abstractmethod
+    def ListWebhookDeliveries(
+        self,
+        request: _scheduler_service_pb2.ListWebhookDeliveriesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_service_pb2.ListWebhookDeliveriesResponse, _abc.Awaitable[_scheduler_service_pb2.ListWebhookDeliveriesResponse]]:
+        """The caller webhook messages of a task and every delivery attempt."""
+
+    @_abc_1.abstractmethod
+    def PublishCapabilities(
+        self,
+        request: _scheduler_service_pb2.PublishCapabilitiesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_service_pb2.PublishCapabilitiesResponse, _abc.Awaitable[_scheduler_service_pb2.PublishCapabilitiesResponse]]:
+        """Admin: publish a capability document (the YAML/JSON of a capabilities file); rejected whole
+        with field violations when any entry is bad.
+        """
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
