@@ -117,10 +117,12 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
     async def CancelTask(
         self, request: scheduler_service_pb2.CancelTaskRequest, context: Any
     ) -> scheduler_service_pb2.CancelTaskResponse:
-        detail = await self._tasks.cancel_task(
+        detail, result = await self._tasks.cancel_task(
             parse_task_id(request.task_id), request.reason, self._caller()
         )
-        return scheduler_service_pb2.CancelTaskResponse(task=views.task(detail.task, detail))
+        return scheduler_service_pb2.CancelTaskResponse(
+            task=views.task(detail.task, detail), outcome=views.cancel_outcome(result)
+        )
 
     async def ExplainRoute(
         self, request: scheduler_service_pb2.ExplainRouteRequest, context: Any

@@ -17,6 +17,7 @@ from controlplane.persistence.records import (
     TaskEventRecord,
     TaskRecord,
 )
+from controlplane.service.tasks import CancelResult
 from vidroute.adapter.v1 import adapter_pb2
 from vidroute.common.v1 import error_pb2, money_pb2
 from vidroute.scheduler.v1 import scheduler_pb2 as pb
@@ -209,3 +210,15 @@ def task_event(
         if not is_task_event and state in AttemptState.__members__:
             msg.attempt_state = attempt_state(AttemptState(state))
     return msg
+
+
+_CANCEL_OUTCOME = {
+    CancelResult.CANCELLED: pb.CANCEL_OUTCOME_CANCELLED,
+    CancelResult.REQUESTED: pb.CANCEL_OUTCOME_REQUESTED,
+    CancelResult.ALREADY_FINISHED: pb.CANCEL_OUTCOME_ALREADY_FINISHED,
+}
+
+
+def cancel_outcome(result: CancelResult) -> pb.CancelOutcome.ValueType:
+    """What a CancelTask call did."""
+    return _CANCEL_OUTCOME[result]

@@ -13,6 +13,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import Enum
 from typing import Protocol
 
 from controlplane.capabilities.catalog import CapabilityCatalog
@@ -60,6 +61,21 @@ class Canceller(Protocol):
     """Cancels tasks whose attempts may be at a provider (the execution engine)."""
 
     async def cancel(self, task_id: int, reason: str = "") -> object: ...
+
+
+class CancelResult(Enum):
+    """What a `TaskService.cancel_task` call did (the API's ``CancelOutcome``)."""
+
+    CANCELLED = "CANCELLED"  # not at a provider (or confirmed at once): CANCELLED now
+    REQUESTED = "REQUESTED"  # an attempt was asked to cancel; the provider has to confirm
+    ALREADY_FINISHED = "ALREADY_FINISHED"  # terminal before the call: nothing changed
+
+
+def _cancel_result(after: TaskState) -> CancelResult:
+    """The outcome of a cancel of a task that was not terminal before it, from its state after."""
+    if after is TaskState.CANCELLED:
+        return CancelResult.CANCELLED
+    return CancelResult.ALREADY_FINISHED if after in _TERMINAL else CancelResult.REQUESTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,30 +245,35 @@ class TaskService:
 
     async def cancel_task(
         self, task_id: int, reason: str = "", caller: Caller = SYSTEM
-    ) -> TaskDetail:
-        """Cancel a task; cancelling a terminal task returns it unchanged.
+    ) -> tuple[TaskDetail, CancelResult]:
+        """Cancel a task; the task after the call and what the call did.
 
-        A queued task is CANCELLED at once. A task with an attempt at a provider is a request
-        (attempt CANCEL_REQUESTED) that only the provider's confirmation completes (9.18.3);
+        A task terminal before the call is returned unchanged (ALREADY_FINISHED). A queued task
+        is CANCELLED at once. A task with an attempt at a provider is a request (attempt
+        CANCEL_REQUESTED) that only the provider's confirmation completes (9.18.3): REQUESTED;
         the execution engine's `Canceller` owns that. Without an engine (an API-only replica),
-        such a task is FAILED_PRECONDITION with its state named.
+        such a task is FAILED_PRECONDITION with its state named. A task that ended on its own
+        while the cancel was being decided is ALREADY_FINISHED too.
         """
         violations = text_violations("reason", reason, MAX_CANCEL_REASON)
         if violations:  # before any read: bad input never touches the database
             raise InvalidSpec(violations)
-        await self.get_task(task_id, caller)  # another tenant's task: NotFound, nothing done
+        before = await self.get_task(task_id, caller)  # another tenant's: NotFound, nothing done
+        if before.task.state in _TERMINAL:
+            return before, CancelResult.ALREADY_FINISHED
         if self._canceller is not None:
             await self._canceller.cancel(task_id, reason)
-            return await self.get_task(task_id)
+            after = await self.get_task(task_id)
+            return after, _cancel_result(after.task.state)
         async with self._db.unit(self._clock()) as u:
             record = await u.cancel_queued_task(task_id, reason)
-        if record.state is not TaskState.CANCELLED and record.state not in _TERMINAL:
+        if record.state not in _TERMINAL:
             raise PreconditionFailed(
                 f"task {task_id} is {record.state.value}; only queued tasks can be cancelled "
                 "without a running execution worker",
                 {"status_version": record.status_version},
             )
-        return await self.get_task(task_id)
+        return await self.get_task(task_id), _cancel_result(record.state)
 
     async def watch(
         self, task_id: int, after_seq: int = 0, caller: Caller = SYSTEM

@@ -176,7 +176,8 @@ def test_unknown_task_is_not_found(server: grpc_testing.Server) -> None:
 
 
 def test_cancel_queued_task(server: grpc_testing.Server) -> None:
-    """CancelTask moves a queued task straight to CANCELLED, and repeating it changes nothing."""
+    """CancelTask moves a queued task straight to CANCELLED (outcome CANCELLED), and repeating
+    it changes nothing (outcome ALREADY_FINISHED)."""
     created, _, _, _ = _unary(
         server, "CreateTask", api.CreateTaskRequest(spec=_valid_spec(), idempotency_key="c")
     )
@@ -184,9 +185,52 @@ def test_cancel_queued_task(server: grpc_testing.Server) -> None:
     cancelled, _, code, _ = _unary(server, "CancelTask", req)
     assert code is grpc.StatusCode.OK
     assert cancelled.task.state == scheduler_pb2.TASK_STATE_CANCELLED
+    assert cancelled.outcome == scheduler_pb2.CANCEL_OUTCOME_CANCELLED
     again, _, code, _ = _unary(server, "CancelTask", req)
     assert code is grpc.StatusCode.OK
     assert again.task.status_version == cancelled.task.status_version
+    assert again.outcome == scheduler_pb2.CANCEL_OUTCOME_ALREADY_FINISHED
+
+
+class _AskingCanceller:
+    """An engine whose cancel only asks the provider: the task stays where it is."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    async def cancel(self, task_id: int, reason: str = "") -> object:
+        self.asked.append(task_id)
+        return None
+
+
+def test_cancel_left_to_the_provider_is_requested(
+    db: Database, loop: asyncio.AbstractEventLoop
+) -> None:
+    """A cancel the engine only requested answers REQUESTED with the task still not terminal;
+    a task terminal before the call never reaches the engine and answers ALREADY_FINISHED."""
+    engine = _AskingCanceller()
+    servicer = SchedulerServicer(TaskService(db, canceller=engine), default_caller=SYSTEM)
+    server = grpc_testing.server_from_dictionary(
+        {SERVICE: _Bridge(servicer, loop)}, grpc_testing.strict_real_time()
+    )
+    created, _, _, _ = _unary(
+        server, "CreateTask", api.CreateTaskRequest(spec=_valid_spec(), idempotency_key="r")
+    )
+    task_id = created.task.task_id
+    asked, _, code, _ = _unary(server, "CancelTask", api.CancelTaskRequest(task_id=task_id))
+    assert code is grpc.StatusCode.OK
+    assert asked.outcome == scheduler_pb2.CANCEL_OUTCOME_REQUESTED
+    assert asked.task.state == scheduler_pb2.TASK_STATE_QUEUED
+    assert engine.asked == [int(task_id)]
+    plain = SchedulerServicer(TaskService(db), default_caller=SYSTEM)
+    direct = grpc_testing.server_from_dictionary(
+        {SERVICE: _Bridge(plain, loop)}, grpc_testing.strict_real_time()
+    )
+    _unary(direct, "CancelTask", api.CancelTaskRequest(task_id=task_id))
+    finished, _, code, _ = _unary(server, "CancelTask", api.CancelTaskRequest(task_id=task_id))
+    assert code is grpc.StatusCode.OK
+    assert finished.outcome == scheduler_pb2.CANCEL_OUTCOME_ALREADY_FINISHED
+    assert engine.asked == [int(task_id)]
 
 
 def test_list_tasks_filters_and_pages(server: grpc_testing.Server) -> None:
