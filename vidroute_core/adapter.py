@@ -186,6 +186,8 @@ class JobSnapshot:
     updated_at: datetime | None = None
     actual_cost_micros: int | None = None
     currency: str = ""
+    #: Position in the provider's (or model server's) queue when it reports one; 0 is next.
+    queue_position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,14 @@ def progress_of(value: object) -> float | None:
     return min(1.0, max(0.0, float(value)))
 
 
+def queue_position_of(value: object, *, first: int = 0) -> int | None:
+    """A provider's queue position counted from 0 (0 is next), or None when absent or
+    nonsensical; `first` is the number the provider gives the job that runs next."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < first:
+        return None
+    return value - first
+
+
 def iso_z(when: datetime) -> str:
     """RFC 3339 in UTC with a ``Z``, as provider query parameters expect."""
     return when.astimezone(UTC).isoformat().replace("+00:00", "Z")

@@ -13,7 +13,13 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from adapter_sidecars.common.jobs import map_state, parse_timestamp, progress_of, url_expiry
+from adapter_sidecars.common.jobs import (
+    map_state,
+    parse_timestamp,
+    progress_of,
+    queue_position_of,
+    url_expiry,
+)
 from adapter_sidecars.common.transport import HttpReply, create_error_outcome, retry_after_ms
 from vidroute_core.adapter import JobOutput, JobSnapshot, JobState, SubmitOutcome
 from vidroute_core.errors import ErrorClass, ProviderError, classify_http_status, make_error
@@ -32,6 +38,8 @@ JOB_ERRORS: Mapping[str, ErrorClass] = {
     "INVALID_INPUT": ErrorClass.INVALID_INPUT,
 }
 NOT_CREATED_5XX = frozenset({503})
+# The model server numbers its queue from 1 (the job that starts next); JobStatus from 0.
+FIRST_QUEUE_POSITION = 1
 
 
 def job_error(error: Mapping[str, Any] | None) -> ProviderError:
@@ -84,6 +92,9 @@ def job_status(
         updated_at=updated,
         actual_cost_micros=cost,
         currency="USD" if cost is not None else "",
+        queue_position=queue_position_of(job.get("queue_position"), first=FIRST_QUEUE_POSITION)
+        if state is JobState.QUEUED
+        else None,
     )
 
 

@@ -209,6 +209,12 @@ def task_event(
         msg.attempt_id = str(payload["attempt_id"])
         if not is_task_event and state in AttemptState.__members__:
             msg.attempt_state = attempt_state(AttemptState(state))
+    if event.kind == "provider.progress":
+        msg.progress.SetInParent()  # set even when a reading held neither field
+        if isinstance(fraction := payload.get("fraction"), int | float):
+            msg.progress.fraction = float(fraction)
+        if isinstance(position := payload.get("queue_position"), int):
+            msg.progress.queue_position = position
     return msg
 
 

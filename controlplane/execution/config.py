@@ -21,6 +21,7 @@ from types import MappingProxyType
 
 from controlplane.domain.failover import FailoverLimits
 from controlplane.domain.polling import PollingPolicy
+from controlplane.domain.progress import ProgressThrottle
 
 __all__ = ["ExecutionConfig"]
 
@@ -40,6 +41,8 @@ class ExecutionConfig:
 
     limits: FailoverLimits = field(default_factory=FailoverLimits)
     polling: PollingPolicy = field(default_factory=PollingPolicy)
+    # Which provider progress readings become ``provider.progress`` task events.
+    progress: ProgressThrottle = field(default_factory=ProgressThrottle)
     # Per model: the provider's p95 job duration, and the longest a job can plausibly take.
     expected_p95_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     max_plausible_s: float = 1800.0

@@ -11,7 +11,9 @@ Every observation of a provider job goes through `EventNormalizer.ingest` in one
    which provider state moves which attempt state, what is stale, late or adopted) on the rows
    loaded here, and the verdict is applied: UNRECOGNIZED statuses stored raw and flagged on the
    attempt, the attempt's move as a CAS on the locked row (a lost CAS is STALE), the task's move
-   (a lost adopting CAS is NOT_ADOPTED), the ``output.fetch``, or the failover decision.
+   (a lost adopting CAS is NOT_ADOPTED), the ``output.fetch``, or the failover decision;
+4. a live attempt's progress or queue position becomes a ``provider.progress`` task event when
+   the domain's throttle keeps it (`progress_events`); it never moves a state.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from controlplane.execution.outcomes import (
     accept,
     fail_attempt,
 )
+from controlplane.execution.progress_events import record_progress
 from controlplane.execution.usage_entries import record_actual
 from controlplane.persistence.ports import UnitOfWork
 from controlplane.persistence.records import (
@@ -114,6 +117,7 @@ class EventNormalizer:
     def __init__(self, deps: ExecutionDeps) -> None:
         self._deps = deps
         self.counts: dict[IngestOutcome, int] = dict.fromkeys(IngestOutcome, 0)
+        self.progress_marks = 0  # provider.progress events written
 
     async def ingest(self, obs: Observation) -> IngestOutcome:
         with bind_ids(attempt_id=obs.attempt_hint, provider_job_id=obs.provider_job_id):
@@ -219,6 +223,8 @@ class EventNormalizer:
         if target is None:
             if verdict.record:
                 await u.update_job(job.id, **job_values)
+            if verdict.outcome is IngestOutcome.NO_CHANGE:
+                await self._progress(u, attempt, task, snap)
             return verdict.outcome
         cause = verdict.failure
         failure = Failure(cause.error_class.value, cause.code, cause.message) if cause else None
@@ -248,6 +254,7 @@ class EventNormalizer:
                 poll_phase=phase.value if phase else None,
                 polls_in_phase=0,
             )
+            await self._progress(u, moved, task, snap)
             return verdict.outcome
         await u.set_runtime(moved.id, moved.task_id, next_poll_at=None)
         if cost is not None:
@@ -257,6 +264,13 @@ class EventNormalizer:
         after.release.append(moved)
         after.ended.append((moved, snap))
         return await self._follow(u, moved, task, job, verdict=verdict, after=after)
+
+    async def _progress(
+        self, u: UnitOfWork, attempt: AttemptRecord, task: TaskRecord, snap: JobSnapshot
+    ) -> None:
+        """A live attempt's progress reading as a task event, when the throttle keeps it."""
+        if await record_progress(u, self._deps.config.progress, attempt, task, snap) is not None:
+            self.progress_marks += 1
 
     async def _facts(
         self, u: UnitOfWork, attempt: AttemptRecord, task: TaskRecord, snap: JobSnapshot

@@ -3,7 +3,7 @@ events, and the claims of due polls and recoveries (internal; see `unit`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,7 +20,8 @@ from controlplane.persistence.models import attempt_runtime as R
 from controlplane.persistence.models import provider_events as E
 from controlplane.persistence.models import provider_jobs
 from controlplane.persistence.models import task_attempts as A
-from controlplane.persistence.records import NewProviderJob, ProviderJobRecord
+from controlplane.persistence.models import task_events as TE
+from controlplane.persistence.records import NewProviderJob, ProviderJobRecord, TaskEventRecord
 from vidroute_core.exceptions import NotFound
 
 
@@ -149,6 +150,28 @@ class ExecutionWrites:
 
     async def set_event_outcome(self, event_id: int, outcome: str) -> None:
         await self.conn.execute(update(E).where(E.c.id == event_id).values(outcome=outcome))
+
+    async def last_task_event(self, task_id: int, kind: str) -> TaskEventRecord | None:
+        """The task's newest event of `kind` (a backward walk of its ``(task_id, seq)`` key)."""
+        row = (
+            (
+                await self.conn.execute(
+                    select(TE)
+                    .where(TE.c.task_id == task_id, TE.c.kind == kind)
+                    .order_by(TE.c.seq.desc())
+                    .limit(1)
+                )
+            )
+            .mappings()
+            .first()
+        )
+        return None if row is None else _rows.task_event(row)
+
+    async def append_task_event(self, task_id: int, kind: str, payload: Mapping[str, Any]) -> int:
+        """Append an event that is no state change (e.g. provider progress); its number."""
+        seq = await _sql.next_seq(self.conn, task_id)
+        await _sql.append_event(self.conn, task_id, seq, kind, payload, now=self.now)
+        return seq
 
     # ---- claims: a claim pushes the due time past its lease, so it is a write -------------
 

@@ -283,6 +283,14 @@ class MemoryUnitOfWork:
     async def set_event_outcome(self, event_id: int, outcome: str) -> None:
         self._s.events[event_id] = replace(self._s.events[event_id], outcome=outcome)
 
+    async def last_task_event(self, task_id: int, kind: str) -> TaskEventRecord | None:
+        found = [e for e in self._s.task_events if e.task_id == task_id and e.kind == kind]
+        return found[-1] if found else None
+
+    async def append_task_event(self, task_id: int, kind: str, payload: Mapping[str, Any]) -> int:
+        self._event(task_id, kind, payload)
+        return self._s.last_seq[task_id]
+
     async def record_requeue(self, request: RequeueRequest) -> None:
         self._s.requeues.append(request)
 

@@ -30,6 +30,7 @@ from controlplane.persistence.records import (
     ProviderEventRecord,
     ProviderJobRecord,
     TaskDetail,
+    TaskEventRecord,
     TaskRecord,
 )
 
@@ -96,6 +97,12 @@ class UnitOfWork(Protocol):
     async def insert_event(self, **values: Any) -> int | None: ...
 
     async def set_event_outcome(self, event_id: int, outcome: str) -> None: ...
+
+    async def last_task_event(self, task_id: int, kind: str) -> TaskEventRecord | None: ...
+
+    async def append_task_event(
+        self, task_id: int, kind: str, payload: Mapping[str, Any]
+    ) -> int: ...
 
     async def record_requeue(self, request: RequeueRequest) -> None: ...
 

@@ -264,6 +264,8 @@ def snapshot_to_proto(snapshot: JobSnapshot | None) -> pb.JobStatus | None:
     )
     if snapshot.progress is not None:
         msg.progress = snapshot.progress
+    if snapshot.queue_position is not None:
+        msg.queue_position = snapshot.queue_position
     if snapshot.actual_cost_micros is not None:
         msg.actual_cost.CopyFrom(money(snapshot.actual_cost_micros, snapshot.currency))
     return msg
@@ -282,6 +284,7 @@ def snapshot_from_proto(msg: pb.JobStatus) -> JobSnapshot:
         updated_at=from_timestamp(msg.updated_at, msg.HasField("updated_at")),
         actual_cost_micros=msg.actual_cost.amount_micros if cost else None,
         currency=msg.actual_cost.currency_code if cost else "",
+        queue_position=msg.queue_position if msg.HasField("queue_position") else None,
     )
 
 

@@ -98,6 +98,7 @@ def snapshots(draw: st.DrawFn) -> JobSnapshot:
         updated_at=draw(maybe_when),
         actual_cost_micros=cost,
         currency="" if cost is None else draw(st.sampled_from(["USD", "EUR"])),
+        queue_position=draw(st.none() | st.integers(0, 2**32 - 1)),
     )
 
 

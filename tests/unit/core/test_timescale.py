@@ -85,6 +85,7 @@ NOT_DURATIONS = frozenset(
         "max_same_candidate_retries",
         "max_total_attempts",
         "min_samples",
+        "min_step",  # ProgressThrottle: a fraction of progress, not time
         "near_p95_fraction",
         "quantum",
         "scale",  # PollingPolicy's own multiplier, left at 1: the time scale replaces it
