@@ -175,6 +175,7 @@ def _serve(url: str, workdir: Path, token: str, extra_env: dict[str, str]) -> tu
         **extra_env,
     }
     env.pop("VIDROUTE_ADAPTERS", None)
+    env["VIDROUTE_API_ONLY"] = "1"  # CreateTask alone: no scheduling replica
     log = (workdir / "cp.log").open("ab")
     # Profiled by process CPU time, not wall time: what the server spends, not what it waits.
     profile = ["-c", _PROFILED.format(out=PROFILE), "serve"] if PROFILE else []

@@ -10,8 +10,9 @@ The only module that reads environment variables:
   Default: none, wake-ups stay in this process; polling is relied on either way.
 - ``VIDROUTE_SHARD_COUNT``: dispatcher shards, the same on every replica (PostgreSQL). Default 1.
 - ``VIDROUTE_LISTEN``: gRPC listen address. Default ``127.0.0.1:50051``.
-- ``VIDROUTE_ADAPTERS``: ``provider=host:port,...`` adapter sidecars. Without any, the process
-  serves the API only: tasks are accepted and stay QUEUED until a scheduling replica runs.
+- ``VIDROUTE_ADAPTERS``: ``provider=host:port,...`` adapter sidecars. Without any the control
+  plane refuses to start (`controlplane.startup`), unless ``VIDROUTE_API_ONLY`` is ``1``/``true``:
+  then it serves the API only, tasks are accepted and stay QUEUED until a scheduling replica runs.
 - ``VIDROUTE_OBJECT_STORE``: ``file:///path`` or ``s3://bucket/prefix?endpoint_url=...``.
   Default ``file://<cwd>/var/objects``.
 - ``VIDROUTE_CALLBACK_LISTEN`` / ``VIDROUTE_CALLBACK_PUBLIC_URL`` / ``VIDROUTE_CALLBACK_SECRETS``
@@ -125,6 +126,7 @@ from controlplane.service.access import Caller
 from controlplane.service.billing import BillingService
 from controlplane.service.cost_gauges import CostGaugeRefresher
 from controlplane.service.tasks import TaskService
+from controlplane.startup import check_adapters, check_listen, lock_sqlite, refuse
 from controlplane.storage import object_store_from_url
 from controlplane.wakeups import LocalWakeBus, wake_bus_for
 from vidroute_core import logs as vidroute_logs
@@ -139,6 +141,7 @@ from vidroute_core.timescale import (
 )
 from vidroute_core.tls import TlsSettings, channel_options
 from vidroute_core.wire import tracing as tracing_edge
+from vidroute_core.wire.listen import PortInUse
 from vidroute_core.wire.tls import channel_credentials
 
 log = logging.getLogger(__name__)
@@ -194,6 +197,7 @@ class Settings:
     shard_count: int = 1  # VIDROUTE_SHARD_COUNT: dispatcher shards (PostgreSQL, every replica)
     listen: str = DEFAULT_LISTEN
     adapters: Mapping[str, str] = field(default_factory=dict)
+    api_only: bool = False  # VIDROUTE_API_ONLY: serve without adapters (else refused at start)
     object_store_url: str = ""
     callback_listen: str = ""
     callback_public_url: str = ""
@@ -227,6 +231,7 @@ class Settings:
             "shard_count": _shard_count(env.get("VIDROUTE_SHARD_COUNT") or "1"),
             "listen": env.get("VIDROUTE_LISTEN") or DEFAULT_LISTEN,
             "adapters": _pairs(env.get("VIDROUTE_ADAPTERS", "")),
+            "api_only": _flag(env.get("VIDROUTE_API_ONLY", ""), "VIDROUTE_API_ONLY"),
             "object_store_url": env.get("VIDROUTE_OBJECT_STORE", ""),
             "callback_listen": env.get("VIDROUTE_CALLBACK_LISTEN", ""),
             "callback_public_url": env.get("VIDROUTE_CALLBACK_PUBLIC_URL", ""),
@@ -250,6 +255,15 @@ class Settings:
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _flag(raw: str, name: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{name} must be 1/true/yes/on or 0/false/no/off, not {raw!r}")
 
 
 def _shard_count(raw: str) -> int:
@@ -564,10 +578,24 @@ class _Readiness:
         return self.not_ready() is None
 
 
-async def start_control_plane(  # noqa: PLR0915 - the composition root, one line per part
-    settings: Settings,
+async def start_control_plane(settings: Settings) -> ControlPlaneServer:
+    """Refuse a configuration that cannot work (one line, exit status 78: `controlplane.startup`:
+    no adapters outside an API-only replica, an SQLite file another control plane holds, a busy
+    port), then migrate (if asked), wire the services and start serving."""
+    check_adapters(settings.adapters, settings.api_only)
+    check_listen(settings.listen)  # before any worker starts; the bind checks again
+    lock = lock_sqlite(settings.database_url)
+    try:
+        return await _start(settings, [] if lock is None else [lock.release])
+    except BaseException:
+        if lock is not None:
+            await lock.release()
+        raise
+
+
+async def _start(  # noqa: PLR0915 - the composition root, one line per part
+    settings: Settings, release: list[Callable[[], Awaitable[Any]]]
 ) -> ControlPlaneServer:
-    """Migrate (if asked), wire the services and start serving."""
     if settings.migrate_on_start:
         await upgrade(settings.database_url)
     db = Database.from_url(settings.database_url)
@@ -680,11 +708,33 @@ async def start_control_plane(  # noqa: PLR0915 - the composition root, one line
         catalog=catalog or _cached_catalog(db, DispatcherConfig().catalog_refresh_s * scale),
     )
     servicer = SchedulerServicer(tasks, admin)
+    stops = [*background, *cleanup, db.dispose, *release]
+    try:
+        return await _serve(
+            settings, servicer, readiness=readiness, stops=stops, metrics=metrics, db=db
+        )
+    except PortInUse as exc:
+        for close in stops:
+            with contextlib.suppress(Exception):
+                await close()
+        refuse(str(exc))
+
+
+async def _serve(
+    settings: Settings,
+    servicer: SchedulerServicer,
+    *,
+    readiness: _Readiness,
+    stops: list[Callable[[], Awaitable[Any]]],
+    metrics: ControlPlaneMetrics,
+    db: Database,
+) -> ControlPlaneServer:
+    scale = settings.time_scale
     return await start_server(
         servicer,
         listen=settings.listen,
         probe=readiness.probe,
-        cleanup=[*background, *cleanup, db.dispose],
+        cleanup=stops,
         probe_interval=scale_value(settings.health_probe_interval_s, scale),
         auth=Authenticator(settings.auth_tokens),
         interceptors=[*tracing_edge.server_interceptors(), metrics.interceptor()],

@@ -27,12 +27,14 @@ from grpc_reflection.v1alpha import reflection
 
 from controlplane.api.auth import Authenticator, AuthInterceptor
 from controlplane.api.servicer import SchedulerServicer
+from controlplane.startup import LISTEN_FIX
 from vidroute.scheduler.v1 import (
     billing_service_pb2,
     billing_service_pb2_grpc,
     scheduler_service_pb2,
     scheduler_service_pb2_grpc,
 )
+from vidroute_core.wire.listen import SERVER_OPTIONS, bind
 from vidroute_core.wire.status import DomainErrorInterceptor
 
 log = logging.getLogger(__name__)
@@ -129,8 +131,10 @@ async def start_server(
         )
     # The first interceptor is the outermost: an unauthenticated call never reaches a handler.
     # `interceptors` (the metrics) wrap even that, so they count the code the caller sees.
+    # Without SO_REUSEPORT: a port another server holds is an error (`PortInUse`), not shared.
     server = grpc.aio.server(
-        interceptors=[*interceptors, AuthInterceptor(auth), DomainErrorInterceptor()]
+        interceptors=[*interceptors, AuthInterceptor(auth), DomainErrorInterceptor()],
+        options=SERVER_OPTIONS,
     )
     scheduler_service_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
     served = [SCHEDULER_SERVICE]
@@ -142,9 +146,7 @@ async def start_server(
     reflection.enable_server_reflection(
         (*served, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(listen)
-    if port == 0:
-        raise OSError(f"could not bind {listen}")
+    port = bind(server.add_insecure_port, listen, fix=LISTEN_FIX)
     await server.start()
     running = ControlPlaneServer(
         server=server,

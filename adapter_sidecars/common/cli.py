@@ -6,7 +6,8 @@
 
 ``--listen`` beats ``VIDROUTE_ADAPTER_LISTEN`` beats the file's ``listen``. Exit status: 0 after
 a clean shutdown, 2 for a bad configuration (a TLS one included: ``VIDROUTE_TLS_*`` as in
-`vidroute_core.tls`; plaintext on a non-loopback address without ``VIDROUTE_TLS=off``).
+`vidroute_core.tls`; plaintext on a non-loopback address without ``VIDROUTE_TLS=off``) or a
+listen port already in use (one line on stderr, no traceback).
 Traces follow the standard ``OTEL_*`` variables (`vidroute_core.tracing`; off when unset), with
 the program name as the service name.
 """
@@ -29,6 +30,7 @@ from vidroute_core.capabilities.loader import CapabilityLoadError
 from vidroute_core.logs import configure_logging
 from vidroute_core.tls import TlsConfigError, TlsSettings
 from vidroute_core.tracing import TracingConfigError, configure_tracing
+from vidroute_core.wire.listen import PortInUse
 
 AdapterFactory = Callable[[SidecarConfig], ProviderAdapter]
 
@@ -82,16 +84,20 @@ def run(prog: str, factory: AdapterFactory, argv: Sequence[str] | None = None) -
         config.time_scale,
         config.timeouts.submit_read,
     )
-    asyncio.run(
-        serve(
-            adapter,
-            config.listen,
-            port_file=args.port_file,
-            probe_interval_seconds=config.probe_interval_seconds,
-            shutdown_grace_seconds=config.shutdown_grace_seconds,
-            metrics_listen=args.metrics_listen,
-            tls=tls,
-            health_listen=args.health_listen,
+    try:
+        asyncio.run(
+            serve(
+                adapter,
+                config.listen,
+                port_file=args.port_file,
+                probe_interval_seconds=config.probe_interval_seconds,
+                shutdown_grace_seconds=config.shutdown_grace_seconds,
+                metrics_listen=args.metrics_listen,
+                tls=tls,
+                health_listen=args.health_listen,
+            )
         )
-    )
+    except PortInUse as exc:  # one line, no traceback
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -41,6 +41,7 @@ from vidroute.adapter.v1 import adapter_service_pb2, adapter_service_pb2_grpc
 from vidroute_core.metrics_http import serve_metrics
 from vidroute_core.tls import TlsSettings
 from vidroute_core.wire import tracing as tracing_edge
+from vidroute_core.wire.listen import SERVER_OPTIONS, bind
 from vidroute_core.wire.status import DomainErrorInterceptor
 from vidroute_core.wire.tls import server_credentials
 
@@ -54,6 +55,12 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 LIVENESS_SERVICE = "liveness"
+# What to do about a taken port (`vidroute_core.wire.listen.PortInUse`).
+LISTEN_FIX = (
+    "another sidecar, or a vidroute up? Stop it, or set --listen (or VIDROUTE_ADAPTER_LISTEN) "
+    "to a free address, e.g. 127.0.0.1:0"
+)
+HEALTH_LISTEN_FIX = "stop what holds it, or set --health-listen (or VIDROUTE_HEALTH_LISTEN)"
 
 
 class SidecarServer:
@@ -83,12 +90,14 @@ class SidecarServer:
         # Tracing first (outermost): an INTERNAL is logged inside the call's span. Then the gRPC
         # server metrics, so they count the code the client sees after error mapping.
         rpc_metrics = [] if metrics is None else [metrics.grpc.interceptor()]
+        # Without SO_REUSEPORT: a taken port is an error (`PortInUse`), never silently shared.
         self.server = grpc.aio.server(
             interceptors=[
                 *tracing_edge.server_interceptors(),
                 *rpc_metrics,
                 DomainErrorInterceptor(),
-            ]
+            ],
+            options=SERVER_OPTIONS,
         )
         self.port = 0
         self._prober: asyncio.Task[None] | None = None
@@ -111,14 +120,12 @@ class SidecarServer:
         # liveness probe on "" would restart healthy pods during a provider outage.
         await self.health.set(LIVENESS_SERVICE, _SERVING)
         self.port = self._bind()
-        if self.port == 0:
-            raise OSError(f"cannot listen on {self.listen}")
         if self.health_listen:
-            self._health_server = grpc.aio.server()
+            self._health_server = grpc.aio.server(options=SERVER_OPTIONS)
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self._health_server)
-            self.health_port = self._health_server.add_insecure_port(self.health_listen)
-            if self.health_port == 0:
-                raise OSError(f"cannot listen on {self.health_listen}")
+            self.health_port = bind(
+                self._health_server.add_insecure_port, self.health_listen, fix=HEALTH_LISTEN_FIX
+            )
             await self._health_server.start()
         await self.server.start()
         await self.probe_once()
@@ -128,9 +135,14 @@ class SidecarServer:
 
     def _bind(self) -> int:
         if self.tls.files is not None:
-            return self.server.add_secure_port(self.listen, server_credentials(self.tls.files))
+            credentials = server_credentials(self.tls.files)
+            return bind(
+                lambda address: self.server.add_secure_port(address, credentials),
+                self.listen,
+                fix=LISTEN_FIX,
+            )
         self.tls.check_plaintext(self.listen, role="plaintext listen address")
-        return self.server.add_insecure_port(self.listen)
+        return bind(self.server.add_insecure_port, self.listen, fix=LISTEN_FIX)
 
     async def probe_once(self) -> bool:
         """Probe the provider and publish the result as the health status."""

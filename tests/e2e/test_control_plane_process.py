@@ -39,7 +39,7 @@ def start_server(tmp_path: Path, database_url: str) -> Iterator[object]:
             ["-m", "clients.cli", "serve", "--listen", "127.0.0.1:0"],
             workdir=tmp_path,
             name=f"controlplane-{len(started)}",
-            env={"VIDROUTE_DATABASE_URL": database_url},
+            env={"VIDROUTE_DATABASE_URL": database_url, "VIDROUTE_API_ONLY": "1"},
         )
         started.append(proc)
         return proc

@@ -121,6 +121,7 @@ def test_control_plane_wheel_migrates_and_serves_without_the_sidecars(
     env = {
         "VIDROUTE_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'vidroute.db'}",
         "VIDROUTE_ADAPTERS": "",
+        "VIDROUTE_API_ONLY": "1",  # serving without sidecars is an API-only replica
         "VIDROUTE_REDIS_URL": "",
     }
     migrate = Isolated(target, tmp_path, "vidroute-controlplane", "vidroute", "migrate")

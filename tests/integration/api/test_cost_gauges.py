@@ -84,6 +84,7 @@ async def test_the_control_plane_process_serves_the_ledger_figures(tmp_path: Pat
         Settings(
             database_url=url,
             listen="127.0.0.1:0",
+            api_only=True,  # no adapters: the ledger figures need none
             metrics_listen=f"127.0.0.1:{port}",
             time_scale=0.005,  # the 60 s refresh period becomes 0.3 s
         )

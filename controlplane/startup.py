@@ -1,0 +1,129 @@
+"""Refusing to start, in one line: the checks `controlplane.bootstrap` runs before serving.
+
+A control plane that cannot do its job as configured stops at start with one log line naming
+the cause and the fix, and exit status `EXIT_CONFIG` (``EX_CONFIG`` of sysexits.h), never a
+traceback: `StartupRefused` is a `SystemExit`, so uncaught it ends the process with that
+status and prints nothing more; in process (tests) it is caught like any exception.
+
+* No adapters and not an API-only replica (`check_adapters`): tasks would queue forever.
+* Another control plane on the same embedded SQLite file (`SqliteLock`): an exclusive
+  ``flock`` on ``<database file>.lock``, held until shutdown.
+* The listen port taken (`vidroute_core.wire.listen.PortInUse`, raised by the server's bind).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, NoReturn
+
+from sqlalchemy.engine import make_url
+
+from vidroute_core.wire.listen import PortInUse, address_in_use
+
+log = logging.getLogger(__name__)
+
+EXIT_CONFIG = 78  # EX_CONFIG: the configuration does not allow this process to run
+# What to do about a busy listen port (`PortInUse`).
+LISTEN_FIX = (
+    "another vidroute up or serve? Stop it, or set VIDROUTE_LISTEN (or --listen) to a free "
+    "address, e.g. 127.0.0.1:0"
+)
+
+
+class StartupRefused(SystemExit):
+    """The control plane refused to start; ``str()`` is the one line that says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(EXIT_CONFIG)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def refuse(reason: str) -> NoReturn:
+    """Log the one line and raise `StartupRefused`."""
+    log.error("refusing to start: %s", reason)
+    raise StartupRefused(reason)
+
+
+def check_adapters(adapters: Mapping[str, str], api_only: bool) -> None:
+    """A scheduling control plane needs adapters; only an API-only replica runs without."""
+    if adapters or api_only:
+        return
+    refuse(
+        "no adapters configured (VIDROUTE_ADAPTERS is empty), so no task would ever run: set "
+        "VIDROUTE_ADAPTERS=provider=host:port,... (`vidroute up` runs a whole stack), or "
+        "VIDROUTE_API_ONLY=1 for a replica that only accepts tasks for others to schedule"
+    )
+
+
+def check_listen(listen: str) -> None:
+    """Refuse when something listens on `listen` already (checked before anything starts)."""
+    if address_in_use(listen):
+        refuse(str(PortInUse(listen, LISTEN_FIX)))
+
+
+def sqlite_file(database_url: str) -> Path | None:
+    """The file of an SQLite URL; None for another backend or an in-memory database."""
+    url = make_url(database_url)
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    if url.database.startswith("file:") or url.query.get("mode") == "memory":
+        return None
+    return Path(url.database).resolve()
+
+
+class SqliteLock:
+    """An exclusive, non-blocking ``flock`` on ``<db>.lock`` beside an SQLite database file.
+
+    `acquire` refuses to start (`refuse`) when another process, or another control plane of
+    this one, holds it; `release` is idempotent. The kernel drops the lock when the process
+    dies, so a killed control plane never leaves a stale one."""
+
+    def __init__(self, database: Path) -> None:
+        self.path = database.with_name(database.name + ".lock")
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = self.path.open("a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            refuse(
+                f"the SQLite database {self.path.with_suffix('')} is in use by another "
+                f"control plane ({holder}; lock {self.path}): stop it, or give this one its "
+                "own VIDROUTE_DATABASE_URL"
+            )
+        handle.truncate(0)
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        self._file = handle
+
+    async def release(self) -> None:
+        if self._file is None:
+            return
+        handle, self._file = self._file, None
+        with contextlib.suppress(OSError):
+            handle.truncate(0)
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+
+def lock_sqlite(database_url: str) -> SqliteLock | None:
+    """Take the lock of an embedded SQLite database (None for PostgreSQL or in memory)."""
+    database = sqlite_file(database_url)
+    if database is None:
+        return None
+    lock = SqliteLock(database)
+    lock.acquire()
+    return lock
