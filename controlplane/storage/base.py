@@ -7,6 +7,10 @@ first. This module names what every backend shares and imports no boto3:
   half-written object) and overwriting a key is allowed, so a repeated fetch is idempotent.
   `get` of a missing key raises `ObjectNotFoundError`; `delete` of a missing key is a no-op.
 - `StoredObject`: what `put` returns: the backend URI, size and SHA-256 of the bytes written.
+- `read_range` streams part of an object (offset and length, as an HTTP Range), so a reader can
+  resume where it stopped without the store loading the object whole.
+- `PresigningStore`: a store that can hand out a time-limited URL anyone may GET an object from
+  (S3 presigns; the filesystem store cannot, since a ``file://`` path means nothing elsewhere).
 - `PutSource`: bytes, a local file path, or an async iterable of byte chunks.
 - Keys are relative ``/``-separated paths of safe segments (`validate_key`); the same key means
   the same object on every backend.
@@ -22,19 +26,22 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import AsyncIterable
+from collections.abc import AsyncGenerator, AsyncIterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 __all__ = [
     "CHUNK_SIZE",
+    "MAX_PRESIGN_S",
     "InvalidKeyError",
     "ObjectNotFoundError",
     "ObjectStore",
+    "PresigningStore",
     "PutSource",
     "StorageError",
     "StoredObject",
+    "check_range",
     "file_digest",
     "validate_key",
 ]
@@ -45,6 +52,7 @@ PutSource = bytes | Path | AsyncIterable[bytes]
 # A segment never starts with "." (so never "." or ".."): dot names are the stores' temp files.
 _SEGMENT = re.compile(r"^[A-Za-z0-9_=+@-][A-Za-z0-9._=+@-]*$")
 _MAX_KEY_LEN = 1024  # the S3 limit; the filesystem store keeps the same rule
+MAX_PRESIGN_S = 7 * 24 * 3600  # SigV4's longest presigned URL lifetime
 
 
 class StorageError(Exception):
@@ -94,9 +102,38 @@ class ObjectStore(Protocol):
         """Remove the object at `key`; a missing key is not an error."""
         ...
 
+    def read_range(
+        self, key: str, offset: int = 0, length: int | None = None, *, chunk_size: int = CHUNK_SIZE
+    ) -> AsyncGenerator[bytes, None]:
+        """The bytes of `key` from `offset`, at most `length` of them (None: to the end), in
+        chunks of at most `chunk_size`. An offset at or past the end yields nothing; a missing
+        key raises `ObjectNotFoundError` at the first iteration; `ValueError` for a negative
+        offset or length or a chunk size under 1. One read sees one version of the object."""
+        ...
+
     def uri_for(self, key: str) -> str:
         """The URI an object at `key` has (or would have) on this backend."""
         ...
+
+
+@runtime_checkable
+class PresigningStore(Protocol):
+    """A store that can hand out URLs other services GET objects from without credentials."""
+
+    async def presigned_get_url(self, key: str, expires_in_s: int) -> str:
+        """A URL that GETs the object at `key` for `expires_in_s` seconds (1..`MAX_PRESIGN_S`,
+        else `ValueError`). The object's existence is not checked: callers know the key."""
+        ...
+
+
+def check_range(offset: int, length: int | None, chunk_size: int) -> None:
+    """`ValueError` unless offset >= 0, length is None or >= 0 and chunk_size >= 1."""
+    if offset < 0:
+        raise ValueError(f"offset must not be negative: {offset}")
+    if length is not None and length < 0:
+        raise ValueError(f"length must not be negative: {length}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive: {chunk_size}")
 
 
 def validate_key(key: str) -> str:

@@ -2,7 +2,9 @@
 
 An object at key ``a/b.mp4`` is the file ``<root>/a/b.mp4``. A write goes to a dot-prefixed temp
 file in the same directory, is fsynced, then renamed over the target with `os.replace`, so
-readers see the old object or the new one, never a mix. Blocking file work runs in a thread.
+readers see the old object or the new one, never a mix (a `read_range` in progress keeps the
+file it opened). Blocking file work runs in a thread. It cannot presign: a ``file://`` path means
+nothing to another host, so it is not a `PresigningStore`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
@@ -22,6 +24,7 @@ from controlplane.storage.base import (
     PutSource,
     StorageError,
     StoredObject,
+    check_range,
     validate_key,
 )
 
@@ -79,6 +82,33 @@ class FilesystemObjectStore:
         except OSError as exc:
             raise StorageError(f"cannot read {key!r}: {exc}") from exc
 
+    async def read_range(
+        self, key: str, offset: int = 0, length: int | None = None, *, chunk_size: int = CHUNK_SIZE
+    ) -> AsyncGenerator[bytes, None]:
+        check_range(offset, length, chunk_size)
+        path = self._path(key)
+        try:
+            fh = await asyncio.to_thread(_open_at, path, offset)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise ObjectNotFoundError(key) from exc
+        except OSError as exc:
+            raise StorageError(f"cannot read {key!r}: {exc}") from exc
+        try:
+            remaining = length
+            while remaining is None or remaining > 0:
+                size = chunk_size if remaining is None else min(chunk_size, remaining)
+                try:
+                    chunk = await asyncio.to_thread(fh.read, size)
+                except OSError as exc:
+                    raise StorageError(f"cannot read {key!r}: {exc}") from exc
+                if not chunk:
+                    return
+                if remaining is not None:
+                    remaining -= len(chunk)
+                yield chunk
+        finally:
+            fh.close()
+
     async def exists(self, key: str) -> bool:
         path = self._path(key)
         return await asyncio.to_thread(path.is_file)
@@ -90,6 +120,16 @@ class FilesystemObjectStore:
             await asyncio.to_thread(path.unlink, missing_ok=True)
         except OSError as exc:
             raise StorageError(f"cannot delete {key!r}: {exc}") from exc
+
+
+def _open_at(path: Path, offset: int) -> IO[bytes]:
+    fh = path.open("rb")
+    try:
+        fh.seek(offset)
+    except BaseException:
+        fh.close()
+        raise
+    return fh
 
 
 def _open_temp(target: Path) -> IO[bytes]:

@@ -8,6 +8,8 @@ An object at key ``k`` is ``s3://<bucket>/<prefix>/k``. A PUT to S3 is atomic pe
 readers see the old object or the new one. Files go up with the managed (multipart) uploader;
 an async stream is spooled to a temp file first, because S3 needs the length or multipart parts.
 The SHA-256 is stored as user metadata ``sha256`` so a reader can verify without downloading.
+`read_range` is one ranged GET (``Range: bytes=a-b``) streamed in chunks; `presigned_get_url`
+signs a GET locally (SigV4, at most 7 days), so a URL costs no request to S3.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import asyncio
 import contextlib
 import hashlib
 import tempfile
-from collections.abc import AsyncIterable
+from collections.abc import AsyncGenerator, AsyncIterable
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +28,13 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from controlplane.storage.base import (
+    CHUNK_SIZE,
+    MAX_PRESIGN_S,
     ObjectNotFoundError,
     PutSource,
     StorageError,
     StoredObject,
+    check_range,
     file_digest,
     validate_key,
 )
@@ -37,6 +42,7 @@ from controlplane.storage.base import (
 __all__ = ["S3ObjectStore"]
 
 _NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+_RANGE_NOT_SATISFIABLE = frozenset({"416", "InvalidRange"})
 
 
 class S3ObjectStore:
@@ -64,7 +70,9 @@ class S3ObjectStore:
             validate_key(self.prefix)
         # Path-style addressing for custom endpoints: S3-compatible servers rarely serve
         # virtual-hosted buckets on an IP address or a single host name.
+        # SigV4 for presigned URLs too: its X-Amz-Expires is what bounds a URL's lifetime.
         config = Config(
+            signature_version="s3v4",
             retries={"mode": "standard"},
             s3={"addressing_style": "path"} if endpoint_url else {},
         )
@@ -133,6 +141,56 @@ class S3ObjectStore:
         finally:
             body.close()
         return data
+
+    async def read_range(
+        self, key: str, offset: int = 0, length: int | None = None, *, chunk_size: int = CHUNK_SIZE
+    ) -> AsyncGenerator[bytes, None]:
+        check_range(offset, length, chunk_size)
+        if length == 0:
+            return
+        last = "" if length is None else str(offset + length - 1)
+        params = {
+            "Bucket": self.bucket,
+            "Key": self._object_key(key),
+            "Range": f"bytes={offset}-{last}",
+        }
+
+        def open_range() -> Any:
+            try:
+                return self._client.get_object(**params)
+            except ClientError as exc:  # an offset at or past the end: nothing to send
+                if str(exc.response.get("Error", {}).get("Code", "")) in _RANGE_NOT_SATISFIABLE:
+                    return None
+                raise
+
+        response = await self._call(key, open_range)
+        if response is None:
+            return
+        body = response["Body"]
+        try:
+            while True:
+                try:
+                    chunk: bytes = await asyncio.to_thread(body.read, chunk_size)
+                except (BotoCoreError, OSError) as exc:
+                    raise StorageError(f"cannot read {key!r}: {exc}") from exc
+                if not chunk:
+                    return
+                yield chunk
+        finally:
+            body.close()
+
+    async def presigned_get_url(self, key: str, expires_in_s: int) -> str:
+        if not 1 <= expires_in_s <= MAX_PRESIGN_S:
+            raise ValueError(f"expires_in_s must be 1..{MAX_PRESIGN_S}: {expires_in_s}")
+        url: str = await self._call(
+            key,
+            self._client.generate_presigned_url,
+            "get_object",
+            Params={"Bucket": self.bucket, "Key": self._object_key(key)},
+            ExpiresIn=expires_in_s,
+            HttpMethod="GET",
+        )
+        return url
 
     async def exists(self, key: str) -> bool:
         try:
