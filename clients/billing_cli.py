@@ -12,15 +12,16 @@ printed from integer micros without floats (``12.340000 USD``).
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable, Iterable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
+import click
 from google.protobuf import duration_pb2, json_format
 from google.protobuf.message import Message
 
-from clients import auth as client_auth
+from clients.cli_client import channel
 from vidroute.scheduler.v1 import billing_pb2, billing_service_pb2, billing_service_pb2_grpc
 
 COMMANDS = ("balance", "ledger", "credit", "costs")
@@ -63,14 +64,7 @@ def _dump(message: Message | Sequence[Message], key: str = "") -> str:
     return json.dumps(data, indent=2, sort_keys=True)
 
 
-def _stub(
-    args: argparse.Namespace,
-) -> tuple[Any, billing_service_pb2_grpc.BillingServiceStub]:
-    channel = client_auth.channel(args.target, client_auth.token_from_env())
-    return channel, billing_service_pb2_grpc.BillingServiceStub(channel)
-
-
-def _balance(args: argparse.Namespace, stub: billing_service_pb2_grpc.BillingServiceStub) -> str:
+def _balance(args: Any, stub: billing_service_pb2_grpc.BillingServiceStub) -> str:
     reply = stub.GetBalance(
         billing_service_pb2.GetBalanceRequest(tenant_id=args.tenant, currency=args.currency),
         timeout=args.timeout,
@@ -94,7 +88,7 @@ def _balance(args: argparse.Namespace, stub: billing_service_pb2_grpc.BillingSer
     )
 
 
-def _ledger(args: argparse.Namespace, stub: billing_service_pb2_grpc.BillingServiceStub) -> str:
+def _ledger(args: Any, stub: billing_service_pb2_grpc.BillingServiceStub) -> str:
     entries: list[billing_pb2.LedgerEntry] = []
     token, more = "", False
     while len(entries) < args.limit:
@@ -135,7 +129,7 @@ def _ledger(args: argparse.Namespace, stub: billing_service_pb2_grpc.BillingServ
     return text
 
 
-def _credit(args: argparse.Namespace, stub: billing_service_pb2_grpc.BillingServiceStub) -> str:
+def _credit(args: Any, stub: billing_service_pb2_grpc.BillingServiceStub) -> str:
     reply = stub.CreditTenant(
         billing_service_pb2.CreditTenantRequest(
             tenant_id=args.tenant,
@@ -153,7 +147,7 @@ def _credit(args: argparse.Namespace, stub: billing_service_pb2_grpc.BillingServ
     return f"{what}: entry {e.entry_id}  {e.tenant_id}  {money(e.amount_micros, e.currency)}"
 
 
-def _costs(args: argparse.Namespace, stub: billing_service_pb2_grpc.BillingServiceStub) -> str:
+def _costs(args: Any, stub: billing_service_pb2_grpc.BillingServiceStub) -> str:
     reply = stub.GetUnitCosts(
         billing_service_pb2.GetUnitCostsRequest(
             provider=args.provider,
@@ -189,9 +183,7 @@ def _costs(args: argparse.Namespace, stub: billing_service_pb2_grpc.BillingServi
     return f"unit cost of successful delivery, {start} .. {end} UTC\n{table}"
 
 
-_RUN: dict[
-    str, Callable[[argparse.Namespace, billing_service_pb2_grpc.BillingServiceStub], str]
-] = {
+_RUN: dict[str, Callable[[Any, billing_service_pb2_grpc.BillingServiceStub], str]] = {
     "balance": _balance,
     "ledger": _ledger,
     "credit": _credit,
@@ -199,39 +191,74 @@ _RUN: dict[
 }
 
 
-def add_commands(sub: Any, default_target: str) -> None:
-    """Register the money subcommands on the CLI's subparsers."""
-    helps = {
-        "balance": "a tenant's balance, reservations and available credit",
-        "ledger": "a tenant's credit ledger entries, oldest first",
-        "credit": "admin: add credit to a tenant (idempotent by --key)",
-        "costs": "admin: unit cost of successful delivery per provider/model",
-    }
+_HELP = {
+    "balance": "A tenant's balance, reservations and available credit.",
+    "ledger": "A tenant's credit ledger entries, oldest first.",
+    "credit": "Admin: add credit to a tenant (idempotent by --key).",
+    "costs": "Admin: unit cost of successful delivery per provider/model.",
+}
+
+
+def _command(name: str) -> Callable[..., int]:
+    """The click callback of one money command: resolve the connection, call, print."""
+
+    def run(target: str | None, tls: bool | None, debug: bool, **options: Any) -> int:
+        args = SimpleNamespace(command=name, timeout=10.0, json=options.pop("as_json"), **options)
+        conn = _connection(target, tls, debug)
+        with channel(conn) as chan:
+            print(_RUN[name](args, billing_service_pb2_grpc.BillingServiceStub(chan)))
+        return 0
+
+    run.__doc__ = _HELP[name]
+    return run
+
+
+def _connection(target: str | None, tls: bool | None, debug: bool) -> Any:
+    from clients.cli_common import state
+    from clients.cli_config import ConfigError, resolve
+
+    try:
+        conn = resolve(target, None, tls)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    state().target, state().debug = conn.target, state().debug or debug
+    return conn
+
+
+def commands() -> list[click.Command]:
+    """The money commands, for the `vidroute` group."""
+    from clients.cli_common import connection_options, json_option
+
+    tenant_help = "Tenant (default: the caller's own tenant)."
+    options: dict[str, list[Callable[[Any], Any]]] = {
+        "balance": [
+            click.option("--tenant", default="", help=tenant_help),
+            click.option("--currency", default="", help="ISO 4217 code (default USD)."),
+        ],
+        "ledger": [
+            click.option("--tenant", default="", help=tenant_help),
+            click.option("--limit", type=click.IntRange(1), default=50, show_default=True,
+                         help="Entries to print."),
+        ],
+        "credit": [
+            click.option("--tenant", required=True, help="Tenant to credit."),
+            click.option("--amount-micros", type=int, required=True, help="1 USD = 1000000."),
+            click.option("--currency", required=True, help="ISO 4217 code, e.g. USD."),
+            click.option("--key", required=True,
+                         help="Idempotency key: retry with the same one."),
+            click.option("--reason", default="", help="Why, for the ledger."),
+        ],
+        "costs": [
+            click.option("--provider", default="", help="Only this provider."),
+            click.option("--model", default="", help="Only this model."),
+            click.option("--days", type=click.IntRange(0, 366), default=7, show_default=True,
+                         help="Window ending now, in days."),
+        ],
+    }  # fmt: skip
+    built = []
     for name in COMMANDS:
-        cmd = sub.add_parser(name, help=helps[name])
-        cmd.add_argument("--target", default=default_target, help="control plane host:port")
-        cmd.add_argument("--json", action="store_true", help="print JSON")
-        cmd.add_argument("--timeout", type=float, default=10, help=argparse.SUPPRESS)  # seconds
-    balance, ledger, credit, costs = (sub.choices[n] for n in COMMANDS)
-    balance.add_argument("--tenant", default="", help="default: the caller's own tenant")
-    balance.add_argument("--currency", default="", help="ISO 4217 code (default USD)")
-    ledger.add_argument("--tenant", default="", help="default: the caller's own tenant")
-    ledger.add_argument("--limit", type=int, default=50, help="entries to print (default 50)")
-    credit.add_argument("--tenant", required=True)
-    credit.add_argument("--amount-micros", type=int, required=True, help="1 USD = 1000000")
-    credit.add_argument("--currency", required=True, help="ISO 4217 code, e.g. USD")
-    credit.add_argument("--key", required=True, help="idempotency key: retry with the same one")
-    credit.add_argument("--reason", default="")
-    costs.add_argument("--provider", default="")
-    costs.add_argument("--model", default="")
-    costs.add_argument("--days", type=int, default=7, help="window ending now (default 7 days)")
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run one money command; gRPC errors propagate to the CLI's handler."""
-    if args.command == "ledger" and args.limit <= 0:
-        raise SystemExit("vidroute ledger: --limit must be positive")
-    channel, stub = _stub(args)
-    with channel:
-        print(_RUN[args.command](args, stub))
-    return 0
+        func: Any = _command(name)
+        for decorate in reversed([*options[name], json_option, connection_options]):
+            func = decorate(func)
+        built.append(click.command(name, help=_HELP[name])(func))
+    return built

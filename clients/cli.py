@@ -1,45 +1,46 @@
-"""The `vidroute` command line.
+"""The `vidroute` command line (click, rich): the platform itself and a client of its API.
 
-vidroute up                 the whole platform on embedded defaults, in the foreground
-vidroute serve              only the control plane (gRPC on VIDROUTE_LISTEN)
-vidroute migrate [--down]   apply (or revert) database migrations
-vidroute submit ...         create a task            vidroute get TASK_ID   show a task
-vidroute balance | ledger | credit | costs   money (clients.billing_cli)
-vidroute reconcile [--date YYYY-MM-DD]      daily bill reconciliation (clients.reconcile_cli)
+    vidroute up [--ephemeral-ports]      the whole platform on embedded defaults, in the foreground
+    vidroute serve                       only the control plane (gRPC on VIDROUTE_LISTEN)
+    vidroute migrate [--down]            apply (or revert) database migrations
+    vidroute submit --tenant T --prompt P [--mode M --first-frame URI ...] [--spec FILE] [--wait]
+    vidroute get | watch | explain | cancel TASK_ID       vidroute list [--tenant T --state S]
+    vidroute download TASK_ID [-o FILE] [--sample N]      vidroute url TASK_ID (presigned)
+    vidroute providers | breakers | health | force-breaker | capabilities publish FILE [--dry-run]
+    vidroute balance | ledger | credit | costs            money (clients.billing_cli)
+    vidroute reconcile [--date YYYY-MM-DD]                daily bill reconciliation
 
-Client commands send ``VIDROUTE_TOKEN`` as their bearer token (`clients.auth`); `vidroute up`
-prints a dev admin and a dev tenant token and leaves them under ./var, where the client commands
-find the admin one when ``VIDROUTE_TOKEN`` is unset.
+Client commands connect to ``--target``, else ``VIDROUTE_TARGET``, else the config file
+(`clients.cli_config`: ``$VIDROUTE_CONFIG`` or ``~/.config/vidroute/config.toml`` with target,
+token, tls), else localhost:50051; they send ``VIDROUTE_TOKEN`` (or the file's token, or the dev
+admin token `vidroute up` leaves under ./var) as their bearer token. Tables by default, ``--json``
+on every read command. Errors are one line each on stderr (`clients.cli_errors`): a bad spec one
+line per field violation and exit code 2, an unreachable server the target tried and exit 1;
+tracebacks only with ``--debug``. ``vidroute COMMAND --help`` documents every option.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
-import json
 import logging
 import os
 import sys
-import uuid
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
+import click
 import grpc
-from google.protobuf import json_format
 
 from clients import auth as client_auth
-from clients import billing_cli, reconcile_cli
-from vidroute.common.v1 import generation_pb2
-from vidroute.scheduler.v1 import scheduler_service_pb2, scheduler_service_pb2_grpc
+from clients import billing_cli, cli_admin, cli_errors, cli_tasks, reconcile_cli
+from clients.cli_common import State
+from clients.cli_config import DEFAULT_TARGET, ConfigError
+from clients.cli_spec import SpecError
 
 log = logging.getLogger("vidroute")
-DEFAULT_TARGET = "localhost:50051"
-_MODES = {
-    name.removeprefix("MODE_").lower().replace("_", "-"): name
-    for name in generation_pb2.Mode.keys()  # noqa: SIM118 - an enum wrapper, not a dict
-    if name != "MODE_UNSPECIFIED"
-}
+__all__ = ["DEFAULT_TARGET", "app", "main"]
 
 
 def _write_port_file(path: str, port: int) -> None:
@@ -138,165 +139,97 @@ async def _migrate(down: bool) -> int:
     return 0
 
 
-def _print_task(task: object, as_json: bool) -> None:
-    data = json_format.MessageToDict(task, preserving_proto_field_name=True)  # type: ignore[arg-type]
-    if as_json:
-        print(json.dumps(data, indent=2, sort_keys=True))
-        return
-    print(f"task {data['task_id']}  {data.get('state', '')}  tenant={data['spec']['tenant_id']}")
-    for att in data.get("attempts", []):
-        print(
-            f"  attempt {att['attempt_no']}: {att.get('provider', '')}/{att.get('model', '')} "
-            f"{att.get('state', '')}"
-        )
-    if "output" in data:
-        print(f"  output: {data['output'].get('uri', '')}")
+_LISTEN_HELP = "host:port to listen on (default VIDROUTE_LISTEN)."
+_PORT_FILE_HELP = "Write the bound port to this file once serving."
 
 
-def _submit(args: argparse.Namespace) -> int:
-    spec = generation_pb2.GenerationSpec(
-        tenant_id=args.tenant,
-        user_id=args.user,
-        prompt=args.prompt,
-        mode=generation_pb2.Mode.Value(_MODES[args.mode]),
-        output=generation_pb2.OutputSpec(
-            width=args.width, height=args.height, duration_ms=int(args.duration * 1000)
-        ),
-    )
-    key = args.idempotency_key or uuid.uuid4().hex
-    with client_auth.channel(args.target, client_auth.token_from_env()) as channel:
-        stub = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
-        response = stub.CreateTask(
-            scheduler_service_pb2.CreateTaskRequest(spec=spec, idempotency_key=key), timeout=10
-        )
-    _print_task(response.task, args.json)
-    return 0
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option("--debug", is_flag=True, help="Show a traceback on errors.")
+@click.pass_context
+def app(ctx: click.Context, debug: bool) -> None:
+    """vidroute: route AI video generation across providers."""
+    if not isinstance(ctx.obj, State):
+        ctx.obj = State()
+    ctx.obj.debug = ctx.obj.debug or debug
 
 
-def _get(args: argparse.Namespace) -> int:
-    with client_auth.channel(args.target, client_auth.token_from_env()) as channel:
-        stub = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
-        response = stub.GetTask(
-            scheduler_service_pb2.GetTaskRequest(task_id=args.task_id), timeout=10
-        )
-    _print_task(response.task, args.json)
-    return 0
+@app.command("up")
+@click.option("--listen", default=None, help=_LISTEN_HELP)
+@click.option("--port-file", default=None, help=_PORT_FILE_HELP)
+@click.option(
+    "--ephemeral-ports",
+    is_flag=True,
+    help="Run emulators and sidecars on free ports instead of 8101-8103 / 50061-50063.",
+)
+def up(listen: str | None, port_file: str | None, ephemeral_ports: bool) -> int:
+    """Run the whole platform on embedded defaults (foreground)."""
+    return asyncio.run(_serve(listen, port_file, whole_stack=True, ephemeral_ports=ephemeral_ports))
 
 
-def _explain_rows(decision: dict[str, object]) -> list[str]:
-    """One decision as a fixed-width table: candidate, eligible, score, cost, reason."""
-    lines = [
-        f"decision {decision.get('decision_no', '?')}  {decision.get('reason_code', '')}  "
-        f"policy={decision.get('policy_version', '')}  "
-        f"capability={decision.get('capability_version', '')}",
-        f"  selected: {decision.get('selected_candidate') or '-'}"
-        + (
-            f"   shadow: {decision['shadow_selected_candidate']}"
-            if decision.get("shadow_selected_candidate")
-            else ""
-        ),
-        f"  {'CANDIDATE':<48} {'OK':<3} {'SCORE':>7} {'COST':>10}  REASON",
-    ]
-    candidates = decision.get("candidates", [])
-    assert isinstance(candidates, list)
-    ranked = sorted(candidates, key=lambda c: (not c.get("eligible"), -c.get("score", 0.0)))
-    for c in ranked:
-        cost = c.get("estimated_cost", {}).get("amount_micros")
-        money = f"{int(cost) / 1e6:.2f}" if cost is not None else "-"
-        score = f"{c.get('score', 0.0):.3f}" if c.get("eligible") else "-"
-        reason = (
-            ""
-            if c.get("eligible")
-            else f"{c.get('reject_reason', '')}: {c.get('reject_detail', '')}"
-        )
-        lines.append(
-            f"  {c.get('candidate_id', ''):<48} {'yes' if c.get('eligible') else 'no':<3} "
-            f"{score:>7} {money:>10}  {reason}"
-        )
-    return lines
+@app.command("serve")
+@click.option("--listen", default=None, help=_LISTEN_HELP)
+@click.option("--port-file", default=None, help=_PORT_FILE_HELP)
+def serve(listen: str | None, port_file: str | None) -> int:
+    """Run only the control plane."""
+    return asyncio.run(_serve(listen, port_file, whole_stack=False))
 
 
-def _explain(args: argparse.Namespace) -> int:
-    with client_auth.channel(args.target, client_auth.token_from_env()) as channel:
-        stub = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
-        response = stub.ExplainRoute(
-            scheduler_service_pb2.ExplainRouteRequest(task_id=args.task_id), timeout=10
-        )
-    data = json_format.MessageToDict(response, preserving_proto_field_name=True)
-    if args.json:
-        print(json.dumps(data, indent=2, sort_keys=True))
-        return 0
-    decisions = data.get("decisions", [])
-    if not decisions:
-        print(f"task {args.task_id}: no routing decision yet")
-    for decision in decisions:
-        print("\n".join(_explain_rows(decision)))
-    return 0
+@app.command("migrate")
+@click.option("--down", is_flag=True, help="Revert every migration.")
+def migrate(down: bool) -> int:
+    """Apply database migrations (VIDROUTE_DATABASE_URL)."""
+    return asyncio.run(_migrate(down))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vidroute", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name, text in (
-        ("up", "run the whole platform on embedded defaults (foreground)"),
-        ("serve", "run only the control plane"),
-    ):
-        cmd = sub.add_parser(name, help=text)
-        cmd.add_argument("--listen", default=None, help="host:port (default VIDROUTE_LISTEN)")
-        cmd.add_argument("--port-file", default=None, help="write the bound port here when ready")
-    sub.choices["up"].add_argument(
-        "--ephemeral-ports",
-        action="store_true",
-        help="run emulators and sidecars on free ports instead of 8101-8103 / 50061-50063",
-    )
-    migrate = sub.add_parser("migrate", help="apply database migrations")
-    migrate.add_argument("--down", action="store_true", help="revert every migration")
-    for name in ("submit", "get", "explain"):
-        cmd = sub.add_parser(name)
-        cmd.add_argument("--target", default=DEFAULT_TARGET, help="control plane host:port")
-        cmd.add_argument("--json", action="store_true", help="print JSON")
-    submit = sub.choices["submit"]
-    submit.add_argument("--tenant", required=True)
-    submit.add_argument("--user", default="")
-    submit.add_argument("--prompt", required=True)
-    submit.add_argument("--mode", choices=sorted(_MODES), default="text-to-video")
-    submit.add_argument("--duration", type=float, default=4.0, help="seconds")
-    submit.add_argument("--width", type=int, default=1280)
-    submit.add_argument("--height", type=int, default=720)
-    submit.add_argument("--idempotency-key", default="")
-    sub.choices["get"].add_argument("task_id")
-    sub.choices["explain"].add_argument("task_id")
-    billing_cli.add_commands(sub, DEFAULT_TARGET)  # balance, ledger, credit, costs
-    reconcile_cli.add_commands(sub)  # reconcile [--date YYYY-MM-DD]
-    return parser
+for _command in (
+    *cli_tasks.COMMANDS,
+    *cli_admin.COMMANDS,
+    *billing_cli.commands(),
+    reconcile_cli.command,
+):
+    app.add_command(_command)
+
+
+def _error(lines: Sequence[str]) -> None:
+    for line in lines:
+        print(line, file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; every failure becomes lines on stderr and an exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    state = State(debug="--debug" in args or bool(os.environ.get("VIDROUTE_DEBUG")))
     try:
-        if args.command in ("up", "serve"):
-            return asyncio.run(
-                _serve(
-                    args.listen,
-                    args.port_file,
-                    whole_stack=args.command == "up",
-                    ephemeral_ports=getattr(args, "ephemeral_ports", False),
-                )
-            )
-        if args.command == "migrate":
-            return asyncio.run(_migrate(args.down))
-        if args.command == "submit":
-            return _submit(args)
-        if args.command == "explain":
-            return _explain(args)
-        if args.command in billing_cli.COMMANDS:
-            return billing_cli.run(args)
-        if args.command in reconcile_cli.COMMANDS:
-            return reconcile_cli.run(args)
-        return _get(args)
+        with app.make_context("vidroute", args, obj=state) as ctx:
+            result = app.invoke(ctx)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "vidroute"
+        _error([f"error: {where}: {exc.format_message()} (see {where} --help)"])
+        return exc.exit_code
+    except click.ClickException as exc:
+        _error([f"error: {exc.format_message()}"])
+        return exc.exit_code
+    except click.exceptions.Abort:
+        return 130
+    except KeyboardInterrupt:
+        return 130
+    except (SpecError, ConfigError) as exc:
+        _error([f"error: {exc}"])
+        return cli_errors.EXIT_USAGE
     except grpc.RpcError as exc:
-        print(f"error: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 1
+        if state.debug:
+            traceback.print_exc()
+        lines, code = cli_errors.rpc_lines(exc, state.target or DEFAULT_TARGET)
+        _error(lines)
+        return code
+    except Exception as exc:
+        if state.debug:
+            raise
+        _error([f"error: {type(exc).__name__}: {exc}", "(run with --debug for the traceback)"])
+        return cli_errors.EXIT_FAILED
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

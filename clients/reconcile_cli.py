@@ -14,33 +14,37 @@ arguments or the database away.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-COMMANDS = ("reconcile",)
+import click
 
 
-def _day(text: str) -> date:
+def _day(ctx: click.Context, param: click.Parameter, text: str | None) -> date | None:
+    if text is None:
+        return None
     try:
         return date.fromisoformat(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a date YYYY-MM-DD: {text!r}") from None
+        raise click.BadParameter(f"not a date YYYY-MM-DD: {text!r}") from None
 
 
-def add_commands(sub: Any) -> None:
-    cmd = sub.add_parser("reconcile", help="reconcile a day's provider bills (default yesterday)")
-    cmd.add_argument(
-        "--date",
-        type=_day,
-        default=None,
-        dest="day",
-        help="UTC day YYYY-MM-DD (default: yesterday, UTC)",
-    )
-    cmd.add_argument("--json", action="store_true", help="print the report as JSON")
+@click.command("reconcile")
+@click.option(
+    "--date",
+    "day",
+    default=None,
+    callback=_day,
+    metavar="YYYY-MM-DD",
+    help="UTC day to reconcile (default: yesterday, UTC).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def command(day: date | None, as_json: bool) -> int:
+    """Reconcile a day's provider bills against our usage (default yesterday)."""
+    return run(day, as_json)
 
 
 def money(micros: int, currency: str = "") -> str:
@@ -168,9 +172,9 @@ async def _reconcile(day: date, as_json: bool) -> int:
     return 1 if any(not e.unsupported for e in report.errors) else 0
 
 
-def run(args: argparse.Namespace) -> int:
+def run(day: date | None, as_json: bool) -> int:
     today = datetime.now(UTC).date()
-    day = args.day or (today - timedelta(days=1))
+    day = day or (today - timedelta(days=1))
     if day > today:
         # Nothing can have been billed yet; a run would only store empty imports.
         print(
@@ -178,4 +182,4 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return asyncio.run(_reconcile(day, args.json))
+    return asyncio.run(_reconcile(day, as_json))

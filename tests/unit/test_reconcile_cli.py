@@ -48,13 +48,16 @@ REPORT = ReconciliationReport(
 
 
 def test_date_defaults_to_none_and_is_checked() -> None:
-    args = cli.build_parser().parse_args(["reconcile"])
-    assert args.day is None
-    assert cli.build_parser().parse_args(["reconcile", "--date", "2026-11-30"]).day == date(
-        2026, 11, 30
-    )
-    with pytest.raises(SystemExit):
-        cli.build_parser().parse_args(["reconcile", "--date", "30/11/2026"])
+    """--date is optional (None: yesterday) and parsed as YYYY-MM-DD; anything else is a usage
+    error (exit code 2)."""
+
+    def day(*args: str) -> object:
+        with reconcile_cli.command.make_context("reconcile", list(args)) as ctx:
+            return ctx.params["day"]
+
+    assert day() is None
+    assert day("--date", "2026-11-30") == date(2026, 11, 30)
+    assert cli.main(["reconcile", "--date", "30/11/2026"]) == 2
 
 
 def test_table_prints_micros_exactly() -> None:

@@ -1,0 +1,198 @@
+"""Operator commands: providers, breakers, force-breaker, health, capabilities publish, and the
+outputs of a task (download, url)."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import click
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from clients import cli_render as render
+from clients.cli_common import api, connection_options, fail, json_option
+from clients.cli_tasks import UINT32
+from vidroute.scheduler.v1 import scheduler_pb2, scheduler_service_pb2
+
+HEALTH_SERVICES = ("", "vidroute.scheduler.v1.SchedulerService", "liveness")
+_FORCE = {
+    "open": scheduler_pb2.BREAKER_STATE_OPEN,
+    "closed": scheduler_pb2.BREAKER_STATE_CLOSED,
+    "release": scheduler_pb2.BREAKER_STATE_UNSPECIFIED,
+}
+
+
+@click.command("providers")
+@json_option
+@connection_options
+def providers(*, target: str | None, tls: bool | None, debug: bool, as_json: bool) -> int:
+    """Admin: provider accounts and their capability matrix (models, versions, modes)."""
+    with api(target, tls, debug) as client:
+        reply = client.providers()
+    render.print_json(reply) if as_json else render.print_providers(reply.providers)
+    return 0
+
+
+@click.command("breakers")
+@click.option("--provider", default="", help="Only this provider's breakers.")
+@json_option
+@connection_options
+def breakers(*, provider: str, target: str | None, tls: bool | None, debug: bool,
+             as_json: bool) -> int:  # fmt: skip
+    """Admin: circuit breaker states (provider/account/region/model/operation)."""
+    with api(target, tls, debug) as client:
+        reply = client.health(provider)
+    render.print_json(reply) if as_json else render.print_breakers(reply.breakers)
+    return 0
+
+
+@click.command("force-breaker")
+@click.argument("provider")
+@click.option("--account", default="", help="Provider account.")
+@click.option("--region", default="", help="Region.")
+@click.option("--model", default="", help="Model (empty: the account's breaker).")
+@click.option("--operation", default="SUBMIT", show_default=True, help="Operation.")
+@click.option(
+    "--state",
+    "forced",
+    type=click.Choice(sorted(_FORCE)),
+    required=True,
+    help="Force open or closed, or release the override.",
+)
+@click.option("--reason", required=True, help="Why, for the audit trail.")
+@json_option
+@connection_options
+def force_breaker(*, provider: str, account: str, region: str, model: str, operation: str,
+                  forced: str, reason: str, target: str | None, tls: bool | None, debug: bool,
+                  as_json: bool) -> int:  # fmt: skip
+    """Admin: force a circuit breaker open or closed, or release the override."""
+    request = scheduler_service_pb2.ForceBreakerRequest(
+        provider=provider, account=account, region=region, model=model,
+        operation=operation, state=_FORCE[forced], reason=reason,
+    )  # fmt: skip
+    with api(target, tls, debug) as client:
+        reply = client.force_breaker(request)
+    render.print_json(reply) if as_json else render.print_breakers([reply.breaker])
+    return 0
+
+
+@click.command("health")
+@json_option
+@connection_options
+def health(*, target: str | None, tls: bool | None, debug: bool, as_json: bool) -> int:
+    """The server's gRPC health: readiness ("" and SchedulerService) and liveness."""
+    from clients.cli_client import channel
+    from clients.cli_common import state
+    from clients.cli_config import resolve
+
+    conn = resolve(target, None, tls)
+    state().target, state().debug = conn.target, state().debug or debug
+    answers: dict[str, str] = {}
+    with channel(conn) as chan:
+        stub = health_pb2_grpc.HealthStub(chan)
+        for service in HEALTH_SERVICES:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            answers[service] = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    if as_json:
+        render.print_json({"target": conn.target, "services": answers})
+    else:
+        for service, status in answers.items():
+            print(f"{service or '(server)':<42} {status}")
+    return 0 if all(s == "SERVING" for s in answers.values()) else 1
+
+
+@click.group("capabilities")
+def capabilities() -> None:
+    """Admin: capability documents."""
+
+
+@capabilities.command("publish")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Check everything, write nothing.")
+@json_option
+@connection_options
+def publish(*, file: Path, dry_run: bool, target: str | None, tls: bool | None, debug: bool,
+            as_json: bool) -> int:  # fmt: skip
+    """Publish a capability document (YAML/JSON); rejected whole when any entry is bad."""
+    document = file.read_text(encoding="utf-8")
+    with api(target, tls, debug) as client:
+        reply = client.publish(document, file.name, dry_run)
+    if as_json:
+        render.print_json(reply)
+    else:
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(reply.counts.items())) or "nothing"
+        print(f"{'would write' if reply.dry_run else 'published'}: {counts} ({file.name})")
+    return 0
+
+
+@click.command("download")
+@click.argument("task_id")
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="File to write (default: task-<id>-<sample>.<ext> here; - for stdout).",
+)
+@click.option("--sample", type=UINT32, default=0, show_default=True, help="Which sample.")
+@connection_options
+def download(*, task_id: str, out: Path | None, sample: int, target: str | None, tls: bool | None,
+             debug: bool) -> int:  # fmt: skip
+    """Download a stored output (GetOutput); the size and SHA-256 are checked."""
+    sha, size, meta = hashlib.sha256(), 0, None
+    to_stdout = out is not None and str(out) == "-"
+    part: Path | None = None
+    with api(target, tls, debug) as client:
+        sink = sys.stdout.buffer if to_stdout else None
+        for chunk_meta, data in client.download(task_id, sample):
+            if chunk_meta is not None:
+                meta = chunk_meta
+                if sink is None:
+                    out = out or Path(f"task-{task_id}-{sample}{_extension(meta.mime_type)}")
+                    part = out.with_name(out.name + ".part")
+                    sink = part.open("wb")
+            if sink is None:
+                raise fail(f"task {task_id}: the output stream carried no metadata")
+            sink.write(data)
+            sha.update(data)
+            size += len(data)
+        if sink is not None and not to_stdout:
+            sink.close()
+    if meta is None:
+        raise fail(f"task {task_id}: the output stream was empty")
+    if size != meta.size_bytes or (
+        meta.checksum_sha256 and sha.hexdigest() != meta.checksum_sha256
+    ):
+        raise fail(f"task {task_id}: downloaded {size} bytes that do not match the stored output")
+    if part is not None and out is not None:
+        part.replace(out)
+        print(f"{out}  {size} bytes  sha256 {sha.hexdigest()}", file=sys.stderr)
+    return 0
+
+
+def _extension(mime: str) -> str:
+    return {"video/mp4": ".mp4", "video/webm": ".webm", "video/quicktime": ".mov"}.get(mime, "")
+
+
+@click.command("url")
+@click.argument("task_id")
+@click.option("--sample", type=UINT32, default=0, show_default=True, help="Which sample.")
+@click.option("--expires-in", type=UINT32, default=0, help="Lifetime in seconds "
+              "(default: the server's).")  # fmt: skip
+@json_option
+@connection_options
+def url(*, task_id: str, sample: int, expires_in: int, target: str | None, tls: bool | None,
+        debug: bool, as_json: bool) -> int:  # fmt: skip
+    """A time-limited URL another service can GET the output from (S3 presigned)."""
+    with api(target, tls, debug) as client:
+        reply = client.output_url(task_id, sample, expires_in)
+    if as_json:
+        render.print_json(reply)
+    else:
+        print(reply.url)
+        print(f"expires {render.when(reply.expires_at)} UTC", file=sys.stderr)
+    return 0
+
+
+COMMANDS = (providers, breakers, force_breaker, health, capabilities, download, url)

@@ -1,0 +1,97 @@
+"""What every client command of `vidroute` shares: connection options, ``--json``, one place
+that turns failures into lines on stderr and an exit code (`clients.cli_errors`)."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+
+from clients import cli_config
+from clients.cli_client import Api, connect
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class State:
+    """Per-invocation state: the target tried (for the unreachable message) and --debug."""
+
+    target: str = ""
+    debug: bool = False
+
+
+def state() -> State:
+    ctx = click.get_current_context()
+    root = ctx.find_root()
+    if not isinstance(root.obj, State):
+        root.obj = State()
+    return root.obj
+
+
+def connection_options(func: F) -> F:
+    """``--target``, ``--tls/--no-tls`` and ``--debug`` on a client command."""
+    decorators = [
+        click.option(
+            "--target",
+            default=None,
+            metavar="HOST:PORT",
+            help="Control plane address (default: VIDROUTE_TARGET, the config file's target, "
+            "localhost:50051).",
+        ),
+        click.option(
+            "--tls/--no-tls",
+            default=None,
+            help="Use TLS (default: the config file's tls, else plaintext).",
+        ),
+        click.option("--debug", is_flag=True, help="Show a traceback on errors."),
+    ]
+    for decorate in reversed(decorators):
+        func = decorate(func)
+    return func
+
+
+def json_option(func: F) -> F:
+    return click.option(
+        "--json", "as_json", is_flag=True, help="Print the response as JSON (proto field names)."
+    )(func)
+
+
+@contextmanager
+def api(target: str | None, tls: bool | None, debug: bool = False) -> Iterator[Api]:
+    """An `Api` on the resolved connection; the target is remembered for error messages."""
+    st = state()
+    st.debug = st.debug or debug
+    try:
+        conn = cli_config.resolve(target, None, tls)
+    except cli_config.ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    st.target = conn.target
+    with connect(conn) as client:
+        yield client
+
+
+def client_command(group: click.Group, name: str, **kwargs: Any) -> Callable[[F], F]:
+    """Register a client command with the connection options."""
+
+    def register(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            state().debug = state().debug or bool(kw.get("debug"))
+            return func(*args, **kw)
+
+        group.command(name, **kwargs)(connection_options(wrapper))
+        return func
+
+    return register
+
+
+def fail(message: str, code: int = 1) -> click.exceptions.Exit:
+    """Print `message` as one error line and return the exit to raise."""
+    print(f"error: {message}", file=sys.stderr)
+    return click.exceptions.Exit(code)
