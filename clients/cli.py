@@ -38,6 +38,7 @@ from clients import billing_cli, cli_admin, cli_errors, cli_tasks, reconcile_cli
 from clients.cli_common import State
 from clients.cli_config import DEFAULT_TARGET, ConfigError
 from clients.cli_spec import SpecError
+from clients.sdk import errors as sdk_errors
 
 log = logging.getLogger("vidroute")
 __all__ = ["DEFAULT_TARGET", "app", "main"]
@@ -218,10 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SpecError, ConfigError) as exc:
         _error([f"error: {exc}"])
         return cli_errors.EXIT_USAGE
-    except grpc.RpcError as exc:
+    except (grpc.RpcError, sdk_errors.VidrouteError) as exc:
         if state.debug:
             traceback.print_exc()
-        lines, code = cli_errors.rpc_lines(exc, state.target or DEFAULT_TARGET)
+        lines, code = cli_errors.lines(exc, state.target or DEFAULT_TARGET)
         _error(lines)
         return code
     except Exception as exc:

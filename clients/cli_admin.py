@@ -3,7 +3,6 @@ outputs of a task (download, url)."""
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from pathlib import Path
 
@@ -11,16 +10,11 @@ import click
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from clients import cli_render as render
-from clients.cli_common import api, connection_options, fail, json_option
+from clients.cli_common import api, connection_options, json_option
 from clients.cli_tasks import UINT32
-from vidroute.scheduler.v1 import scheduler_pb2, scheduler_service_pb2
 
 HEALTH_SERVICES = ("", "vidroute.scheduler.v1.SchedulerService", "liveness")
-_FORCE = {
-    "open": scheduler_pb2.BREAKER_STATE_OPEN,
-    "closed": scheduler_pb2.BREAKER_STATE_CLOSED,
-    "release": scheduler_pb2.BREAKER_STATE_UNSPECIFIED,
-}
+_FORCE: dict[str, str | None] = {"open": "OPEN", "closed": "CLOSED", "release": None}
 
 
 @click.command("providers")
@@ -29,8 +23,11 @@ _FORCE = {
 def providers(*, target: str | None, tls: bool | None, debug: bool, as_json: bool) -> int:
     """Admin: provider accounts and their capability matrix (models, versions, modes)."""
     with api(target, tls, debug) as client:
-        reply = client.providers()
-    render.print_json(reply) if as_json else render.print_providers(reply.providers)
+        found = client.providers()
+    if as_json:
+        render.print_json({"providers": [render.to_dict(p) for p in found]})
+    else:
+        render.print_providers(found)
     return 0
 
 
@@ -42,8 +39,11 @@ def breakers(*, provider: str, target: str | None, tls: bool | None, debug: bool
              as_json: bool) -> int:  # fmt: skip
     """Admin: circuit breaker states (provider/account/region/model/operation)."""
     with api(target, tls, debug) as client:
-        reply = client.health(provider)
-    render.print_json(reply) if as_json else render.print_breakers(reply.breakers)
+        found = client.health(provider)
+    if as_json:
+        render.print_json({"breakers": [render.to_dict(b) for b in found]})
+    else:
+        render.print_breakers(found)
     return 0
 
 
@@ -67,13 +67,12 @@ def force_breaker(*, provider: str, account: str, region: str, model: str, opera
                   forced: str, reason: str, target: str | None, tls: bool | None, debug: bool,
                   as_json: bool) -> int:  # fmt: skip
     """Admin: force a circuit breaker open or closed, or release the override."""
-    request = scheduler_service_pb2.ForceBreakerRequest(
-        provider=provider, account=account, region=region, model=model,
-        operation=operation, state=_FORCE[forced], reason=reason,
-    )  # fmt: skip
     with api(target, tls, debug) as client:
-        reply = client.force_breaker(request)
-    render.print_json(reply) if as_json else render.print_breakers([reply.breaker])
+        breaker = client.force_breaker(
+            provider, account, region, model, state=_FORCE[forced], reason=reason,
+            operation=operation,
+        )  # fmt: skip
+    render.print_json(breaker) if as_json else render.print_breakers([breaker])
     return 0
 
 
@@ -115,9 +114,8 @@ def capabilities() -> None:
 def publish(*, file: Path, dry_run: bool, target: str | None, tls: bool | None, debug: bool,
             as_json: bool) -> int:  # fmt: skip
     """Publish a capability document (YAML/JSON); rejected whole when any entry is bad."""
-    document = file.read_text(encoding="utf-8")
     with api(target, tls, debug) as client:
-        reply = client.publish(document, file.name, dry_run)
+        reply = client.publish_capabilities(file, source=file.name, dry_run=dry_run)
     if as_json:
         render.print_json(reply)
     else:
@@ -139,35 +137,18 @@ def publish(*, file: Path, dry_run: bool, target: str | None, tls: bool | None, 
 @connection_options
 def download(*, task_id: str, out: Path | None, sample: int, target: str | None, tls: bool | None,
              debug: bool) -> int:  # fmt: skip
-    """Download a stored output (GetOutput); the size and SHA-256 are checked."""
-    sha, size, meta = hashlib.sha256(), 0, None
-    to_stdout = out is not None and str(out) == "-"
-    part: Path | None = None
+    """Download a stored output (GetOutput); its size and SHA-256 are checked."""
     with api(target, tls, debug) as client:
-        sink = sys.stdout.buffer if to_stdout else None
-        for chunk_meta, data in client.download(task_id, sample):
-            if chunk_meta is not None:
-                meta = chunk_meta
-                if sink is None:
-                    out = out or Path(f"task-{task_id}-{sample}{_extension(meta.mime_type)}")
-                    part = out.with_name(out.name + ".part")
-                    sink = part.open("wb")
-            if sink is None:
-                raise fail(f"task {task_id}: the output stream carried no metadata")
-            sink.write(data)
-            sha.update(data)
-            size += len(data)
-        if sink is not None and not to_stdout:
-            sink.close()
-    if meta is None:
-        raise fail(f"task {task_id}: the output stream was empty")
-    if size != meta.size_bytes or (
-        meta.checksum_sha256 and sha.hexdigest() != meta.checksum_sha256
-    ):
-        raise fail(f"task {task_id}: downloaded {size} bytes that do not match the stored output")
-    if part is not None and out is not None:
-        part.replace(out)
-        print(f"{out}  {size} bytes  sha256 {sha.hexdigest()}", file=sys.stderr)
+        if out is not None and str(out) == "-":
+            client.download_output(task_id, sys.stdout.buffer, sample_index=sample)
+            return 0
+        if out is None:
+            task = client.get(task_id)
+            stored = [o for o in task.outputs if o.sample_index == sample]
+            mime = stored[0].mime_type if stored else task.output.mime_type
+            out = Path(f"task-{task_id}-{sample}{_extension(mime)}")
+        size = client.download_output(task_id, out, sample_index=sample)
+    print(f"{out}  {size} bytes", file=sys.stderr)
     return 0
 
 
@@ -186,7 +167,7 @@ def url(*, task_id: str, sample: int, expires_in: int, target: str | None, tls: 
         debug: bool, as_json: bool) -> int:  # fmt: skip
     """A time-limited URL another service can GET the output from (S3 presigned)."""
     with api(target, tls, debug) as client:
-        reply = client.output_url(task_id, sample, expires_in)
+        reply = client.output_url(task_id, sample_index=sample, expires_in_s=expires_in)
     if as_json:
         render.print_json(reply)
     else:

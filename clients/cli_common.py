@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 import click
 
 from clients import cli_config
-from clients.cli_client import Api, connect
+from clients.cli_client import connect
+from clients.sdk import Client
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,8 +64,8 @@ def json_option(func: F) -> F:
 
 
 @contextmanager
-def api(target: str | None, tls: bool | None, debug: bool = False) -> Iterator[Api]:
-    """An `Api` on the resolved connection; the target is remembered for error messages."""
+def api(target: str | None, tls: bool | None, debug: bool = False) -> Iterator[Client]:
+    """An SDK client on the resolved connection; the target is remembered for error messages."""
     st = state()
     st.debug = st.debug or debug
     try:

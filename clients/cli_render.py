@@ -110,7 +110,7 @@ def print_task(task: scheduler_pb2.Task) -> None:
         out.print(f"  webhook: {task.webhook.url} {' '.join(task.webhook.events)}")
 
 
-def print_tasks(tasks: Sequence[scheduler_pb2.Task], next_token: str) -> None:
+def print_tasks(tasks: Sequence[scheduler_pb2.Task], more: bool) -> None:
     table = _table("TASK", "STATE", "TENANT", "MODE", "CREATED", "PROMPT", right=("TASK",))
     for t in tasks:
         table.add_row(
@@ -123,8 +123,8 @@ def print_tasks(tasks: Sequence[scheduler_pb2.Task], next_token: str) -> None:
         )
     out = console()
     out.print(table)
-    if next_token:
-        out.print(f"(more: --page-token {next_token})")
+    if more:
+        out.print(f"(more tasks after these {len(tasks)}: raise --limit)")
 
 
 def progress_text(event: scheduler_pb2.TaskEvent) -> str:

@@ -8,6 +8,7 @@ Exit status after waiting: 0 SUCCEEDED, 1 FAILED or CANCELLED (the failure reaso
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from pathlib import Path
@@ -17,9 +18,9 @@ import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from clients import cli_render as render
-from clients.cli_client import Api
 from clients.cli_common import api, connection_options, json_option
 from clients.cli_spec import MODES, ROUTING_MODES, SERVICE_CLASSES, SubmitFlags, build_request
+from clients.sdk import Client
 from vidroute.scheduler.v1 import scheduler_pb2
 
 
@@ -56,6 +57,7 @@ _STATES = sorted(
     for n in scheduler_pb2.TaskState.keys()  # noqa: SIM118 - an enum wrapper, not a dict
     if n != "TASK_STATE_UNSPECIFIED"
 )
+_OUTCOME_NAMES = dict((number, name) for name, number in scheduler_pb2.CancelOutcome.items())
 _CANCEL_OUTCOMES = {
     scheduler_pb2.CANCEL_OUTCOME_CANCELLED: "cancelled",
     scheduler_pb2.CANCEL_OUTCOME_REQUESTED: "cancel requested (the provider is asked to stop)",
@@ -140,7 +142,11 @@ def submit(*, target: str | None, tls: bool | None, debug: bool, as_json: bool, 
     """Create a task from flags and/or a spec file."""
     request = build_request(SubmitFlags(**fields))
     with api(target, tls, debug) as client:
-        created = client.create(request)
+        created = client.create(
+            request.spec,
+            idempotency_key=request.idempotency_key or None,
+            webhook=request.webhook if request.HasField("webhook") else None,
+        )
         task = created.task
         if not wait:
             if as_json:
@@ -155,7 +161,7 @@ def submit(*, target: str | None, tls: bool | None, debug: bool, as_json: bool, 
         return _follow(client, task.task_id, as_json)
 
 
-def _follow(client: Api, task_id: str, as_json: bool) -> int:
+def _follow(client: Client, task_id: str, as_json: bool) -> int:
     """Wait for the task's end showing progress; then the timeline and the task."""
     events: list[scheduler_pb2.TaskEvent] = []
     live = sys.stdout.isatty() and not as_json
@@ -214,26 +220,20 @@ def get(*, task_id: str, target: str | None, tls: bool | None, debug: bool, as_j
     show_default=True,
     help="Tasks per ListTasks call.",
 )
-@click.option("--page-token", default="", help="Continue after a previous listing.")
 @json_option
 @connection_options
-def list_(*, tenant: str, state: str | None, limit: int, page_size: int, page_token: str,
-          target: str | None, tls: bool | None, debug: bool, as_json: bool) -> int:  # fmt: skip
-    """List tasks, newest first."""
-    value = scheduler_pb2.TaskState.Value(f"TASK_STATE_{state.upper()}") if state else 0
-    tasks: list[scheduler_pb2.Task] = []
-    token = page_token
+def list_(*, tenant: str, state: str | None, limit: int, page_size: int, target: str | None,
+          tls: bool | None, debug: bool, as_json: bool) -> int:  # fmt: skip
+    """List tasks, newest first (pages fetched as needed, up to --limit)."""
     with api(target, tls, debug) as client:
-        while len(tasks) < limit:
-            page = client.list_page(tenant, value, min(page_size, limit - len(tasks)), token)
-            tasks.extend(page.tasks)
-            token = page.next_page_token
-            if not token:
-                break
+        found = client.list(tenant_id=tenant, state=state, page_size=min(page_size, limit + 1))
+        tasks = list(itertools.islice(found, limit + 1))
+    more = len(tasks) > limit
+    del tasks[limit:]
     if as_json:
-        render.print_json({"tasks": [render.to_dict(t) for t in tasks], "next_page_token": token})
+        render.print_json({"tasks": [render.to_dict(t) for t in tasks], "more": more})
     else:
-        render.print_tasks(tasks, token)
+        render.print_tasks(tasks, more)
     return 0
 
 
@@ -248,7 +248,8 @@ def cancel(*, task_id: str, reason: str, target: str | None, tls: bool | None, d
     with api(target, tls, debug) as client:
         reply = client.cancel(task_id, reason)
     if as_json:
-        render.print_json(reply)
+        outcome_name = _OUTCOME_NAMES[reply.outcome]
+        render.print_json({"task": render.to_dict(reply.task), "outcome": outcome_name})
     else:
         outcome = _CANCEL_OUTCOMES.get(reply.outcome, "unknown outcome")
         print(f"task {task_id}: {outcome}; now {render.task_state(reply.task.state)}")
@@ -264,7 +265,7 @@ def watch(*, task_id: str, after_cursor: str, target: str | None, tls: bool | No
           as_json: bool) -> int:  # fmt: skip
     """Stream a task's events, one line each, until it ends."""
     with api(target, tls, debug) as client:
-        for event in client.watch(task_id, after_cursor):
+        for event in client.watch(task_id, after_cursor=after_cursor):
             if as_json:
                 print(json.dumps(render.to_dict(event), sort_keys=True), flush=True)
             else:
@@ -280,8 +281,11 @@ def explain(*, task_id: str, target: str | None, tls: bool | None, debug: bool,
             as_json: bool) -> int:  # fmt: skip
     """Show the route decisions of a task: every candidate, its score or why it was rejected."""
     with api(target, tls, debug) as client:
-        reply = client.explain(task_id)
-    render.print_json(reply) if as_json else render.print_explain(reply.decisions, task_id)
+        decisions = client.explain(task_id)
+    if as_json:
+        render.print_json({"decisions": [render.to_dict(d) for d in decisions]})
+    else:
+        render.print_explain(decisions, task_id)
     return 0
 
 
