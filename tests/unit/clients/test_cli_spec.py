@@ -35,8 +35,10 @@ def test_flags_fill_every_spec_field() -> None:
     assert spec.mode == gen.MODE_FIRST_LAST_TO_VIDEO
     out = spec.output
     assert (out.width, out.height, out.duration_ms, out.fps) == (720, 1280, 8000, 30)
-    assert out.with_audio and out.sample_count == 2
-    assert spec.HasField("seed") and spec.seed == 7
+    assert out.with_audio
+    assert out.sample_count == 2
+    assert spec.HasField("seed")
+    assert spec.seed == 7
     r = spec.routing
     assert r.mode == gen.ROUTING_MODE_PREFERRED
     assert (r.required_provider, r.required_model) == ("google", "veo-3.1-generate-preview")
@@ -45,8 +47,11 @@ def test_flags_fill_every_spec_field() -> None:
         500_000,
         "USD",
     )
-    assert r.max_queue_delay_ms == 1500 and r.region == "us" and r.allow_semantic_degrade
-    assert spec.service_class == gen.SERVICE_CLASS_INTERACTIVE and spec.priority == -5
+    assert r.max_queue_delay_ms == 1500
+    assert r.region == "us"
+    assert r.allow_semantic_degrade
+    assert spec.service_class == gen.SERVICE_CLASS_INTERACTIVE
+    assert spec.priority == -5
     assert (spec.first_frame.object_uri, spec.first_frame.mime_type) == (
         "https://cdn.example.com/a.png",
         "image/png",
@@ -90,7 +95,8 @@ def test_a_yaml_spec_file_is_read_and_flags_override_it(tmp_path: Path) -> None:
     )
     spec = build_request(SubmitFlags(spec_file=path, prompt="from the flag", duration_s=6)).spec
     assert spec.prompt == "from the flag"
-    assert spec.tenant_id == "acme" and spec.mode == gen.MODE_IMAGE_TO_VIDEO
+    assert spec.tenant_id == "acme"
+    assert spec.mode == gen.MODE_IMAGE_TO_VIDEO
     assert (spec.output.width, spec.output.height, spec.output.duration_ms) == (720, 1280, 6000)
     assert spec.first_frame.object_uri == "https://cdn.example.com/f.png"
     assert spec.routing.mode == gen.ROUTING_MODE_STRICT_MODEL
@@ -180,7 +186,8 @@ def test_values_the_proto_cannot_carry_are_usage_errors(
     err = capsys.readouterr().err
     assert code == 2
     assert len(err.strip().splitlines()) == 1, err
-    assert wanted in err and "Traceback" not in err
+    assert wanted in err
+    assert "Traceback" not in err
 
 
 def test_the_config_file_supplies_target_token_and_tls(tmp_path: Path) -> None:
