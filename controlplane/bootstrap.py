@@ -124,6 +124,7 @@ from controlplane.scheduling.upkeep import UpkeepConfig
 from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.access import Caller
 from controlplane.service.billing import BillingService
+from controlplane.service.capability_publish import CapabilityPublishService
 from controlplane.service.cost_gauges import CostGaugeRefresher
 from controlplane.service.tasks import TaskService
 from controlplane.startup import check_adapters, check_listen, lock_sqlite, refuse
@@ -556,6 +557,17 @@ def _bind_callback_ingress(settings: Settings, scale: float) -> CallbackServer |
     return ingress
 
 
+def _catalog_refresher(runtime: SchedulingRuntime) -> Callable[[], Awaitable[None]]:
+    """After PublishCapabilities: this replica routes on the new catalog now (others within
+    their refresh period), and queued tasks get a dispatch round."""
+
+    async def refresh() -> None:
+        await runtime.dispatcher.catalog(refresh=True)
+        runtime.wake()
+
+    return refresh
+
+
 def _catalog_ready() -> str | None:
     return None
 
@@ -609,6 +621,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     canceller = None
     admin = None
     catalog: Callable[[], Awaitable[CapabilityCatalog]] | None = None
+    published: Callable[[], Awaitable[None]] | None = None  # PublishCapabilities' hook
     scale = settings.time_scale
     log.info("time scale %g: every duration of the control plane multiplied by it", scale)
     if settings.adapters:
@@ -641,6 +654,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         _wire_metrics(metrics, runtime, leases)
         readiness.not_ready = runtime.dispatcher.not_ready
         catalog = runtime.dispatcher.catalog
+        published = _catalog_refresher(runtime)
         http = _http_client(scale)
         cleanup.append(http.aclose)
         object_store = object_store_from_url(
@@ -707,7 +721,8 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         billing=settings.billing,
         catalog=catalog or _cached_catalog(db, DispatcherConfig().catalog_refresh_s * scale),
     )
-    servicer = SchedulerServicer(tasks, admin)
+    capability_admin = CapabilityPublishService(db, on_published=published)
+    servicer = SchedulerServicer(tasks, admin, capabilities=capability_admin)
     stops = [*background, *cleanup, db.dispose, *release]
     try:
         return await _serve(

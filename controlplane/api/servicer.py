@@ -18,6 +18,7 @@ from controlplane.api.auth import require_caller
 from controlplane.domain.breaker import BreakerState
 from controlplane.domain.states import TaskState
 from controlplane.service.access import Caller, ensure_admin
+from controlplane.service.capability_publish import CapabilityPublishService, PublishInput
 from controlplane.service.providers import ForceBreakerInput, ProviderAdminService
 from controlplane.service.tasks import (
     CreateTaskInput,
@@ -61,9 +62,11 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
         providers: ProviderAdminService | None = None,
         *,
         default_caller: Caller | None = None,
+        capabilities: CapabilityPublishService | None = None,
     ) -> None:
         self._tasks = tasks
         self._providers = providers
+        self._capabilities = capabilities
         # Only for a servicer driven without the server (grpcio-testing); the server always
         # authenticates, and without either every call is UNAUTHENTICATED.
         self._default_caller = default_caller
@@ -179,3 +182,18 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
             self._caller(),
         )
         return scheduler_service_pb2.ForceBreakerResponse(breaker=provider_views.breaker(status))
+
+    async def PublishCapabilities(
+        self, request: scheduler_service_pb2.PublishCapabilitiesRequest, context: Any
+    ) -> scheduler_service_pb2.PublishCapabilitiesResponse:
+        caller = self._caller()
+        ensure_admin(caller, "PublishCapabilities")
+        if self._capabilities is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "PublishCapabilities: no catalog")
+            raise AssertionError("unreachable")
+        result = await self._capabilities.publish(
+            PublishInput(request.document, request.source, request.dry_run), caller
+        )
+        return scheduler_service_pb2.PublishCapabilitiesResponse(
+            counts=dict(result.counts), dry_run=result.dry_run
+        )

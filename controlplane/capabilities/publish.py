@@ -51,6 +51,14 @@ class PublishError(ValueError):
     """A publication was refused; nothing was written. The message names the bad entry."""
 
 
+class _DryRun(Exception):
+    """Rolls a dry run's unit back, carrying its counts out."""
+
+    def __init__(self, counts: PublishCounts) -> None:
+        super().__init__("dry run")
+        self.counts = counts
+
+
 @dataclass(frozen=True, slots=True)
 class AccountConfig:
     """A configured provider account; the credential is a reference, never the secret."""
@@ -97,14 +105,24 @@ def _plain(value: Any) -> Any:
 def documents_from_file(path: Path) -> list[dict[str, Any]]:
     """The YAML documents of one capability file (not validated yet)."""
     try:
-        with path.open(encoding="utf-8") as fh:
-            docs = [d for d in yaml.safe_load_all(fh) if d is not None]
-    except (OSError, yaml.YAMLError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
         raise PublishError(f"{path}: {exc}") from exc
+    return documents_from_text(text, str(path))
+
+
+def documents_from_text(text: str, source: str = "<memory>") -> list[dict[str, Any]]:
+    """The documents of a capability file's text: YAML (JSON is YAML), one entry per document;
+    a document that is a list holds entries too (a JSON array). Not validated yet."""
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise PublishError(f"{source}: {exc}") from exc
+    entries = [e for d in docs for e in (d if isinstance(d, list) else [d])]
     out = []
-    for i, doc in enumerate(docs):
+    for i, doc in enumerate(entries):
         if not isinstance(doc, dict):
-            raise PublishError(f"{path}#{i}: a document must be a mapping")
+            raise PublishError(f"{source}#{i}: a document must be a mapping")
         out.append(_plain(doc))
     return out
 
@@ -244,16 +262,22 @@ async def publish_documents(
     *,
     now: datetime,
     source: str = "<memory>",
+    dry_run: bool = False,
 ) -> PublishCounts:
-    """Check and write a batch; `PublishError` (nothing written) on any bad entry."""
+    """Check and write a batch; `PublishError` (nothing written) on any bad entry. `dry_run`
+    writes in a unit that is rolled back: the counts (and conflicts) are those of a real run."""
     plan = plan_publication(documents, accounts, effective_from=now, source=source)
     try:
         async with db.unit(now) as u:
             counts = await u.publish(plan.accounts, plan.capabilities, plan.prices)
             await u.put_unit_rates(plan.unit_rates)
+            if dry_run:
+                raise _DryRun(counts)
             return counts
     except CatalogConflict as exc:
         raise PublishError(f"{source}: {exc}") from exc
+    except _DryRun as rolled_back:
+        return rolled_back.counts
 
 
 async def publish_file(
