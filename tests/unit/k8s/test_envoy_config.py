@@ -52,6 +52,7 @@ RETRIED_ADAPTER = {
     "RecoverSubmission",
     "ListUsage",
     "FetchOutput",
+    "GetLoad",
 }
 NEVER_RETRIED_ADAPTER = {"Submit", "CancelJob"}
 SIDECARS = {"adapter-runway": 50061, "adapter-veo": 50062, "adapter-selfhosted": 50063}

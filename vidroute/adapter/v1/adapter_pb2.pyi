@@ -832,3 +832,57 @@ class UsageRecord(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___UsageRecord: _TypeAlias = UsageRecord  # noqa: Y015
+
+@_typing.final
+class ModelLoad(_message.Message):
+    """Live load of one model's serving capacity (design 9.21)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    QUEUE_LENGTH_FIELD_NUMBER: _builtins.int
+    WARM_FIELD_NUMBER: _builtins.int
+    COLD_START_SECONDS_FIELD_NUMBER: _builtins.int
+    GPU_UTILIZATION_FIELD_NUMBER: _builtins.int
+    VRAM_FREE_MB_FIELD_NUMBER: _builtins.int
+    VRAM_TOTAL_MB_FIELD_NUMBER: _builtins.int
+    AVAILABLE_SLOTS_FIELD_NUMBER: _builtins.int
+    READY_REPLICAS_FIELD_NUMBER: _builtins.int
+    model: _builtins.str
+    """Model."""
+    queue_length: _builtins.int
+    """Requests waiting in the model server's queue."""
+    warm: _builtins.bool
+    """True when a replica holds the model loaded (no cold start for the next request)."""
+    cold_start_seconds: _builtins.float
+    """Seconds a cold start takes now, when not warm."""
+    gpu_utilization: _builtins.float
+    """Mean GPU utilisation of the model's replicas, 0..1."""
+    vram_free_mb: _builtins.int
+    """Free GPU memory across the replicas, MiB."""
+    vram_total_mb: _builtins.int
+    """Total GPU memory across the replicas, MiB."""
+    available_slots: _builtins.int
+    """Requests the model can start now without queueing."""
+    ready_replicas: _builtins.int
+    """Ready replicas (nodes) serving the model."""
+    def __init__(
+        self,
+        *,
+        model: _builtins.str = ...,
+        queue_length: _builtins.int = ...,
+        warm: _builtins.bool = ...,
+        cold_start_seconds: _builtins.float = ...,
+        gpu_utilization: _builtins.float = ...,
+        vram_free_mb: _builtins.int = ...,
+        vram_total_mb: _builtins.int = ...,
+        available_slots: _builtins.int = ...,
+        ready_replicas: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["available_slots", b"available_slots", "cold_start_seconds", b"cold_start_seconds", "gpu_utilization", b"gpu_utilization", "model", b"model", "queue_length", b"queue_length", "ready_replicas", b"ready_replicas", "vram_free_mb", b"vram_free_mb", "vram_total_mb", b"vram_total_mb", "warm", b"warm"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ModelLoad: _TypeAlias = ModelLoad  # noqa: Y015

@@ -23,6 +23,53 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class GetLoadRequest(_message.Message):
+    """Request of GetLoad."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLoadRequest: _TypeAlias = GetLoadRequest  # noqa: Y015
+
+@_typing.final
+class GetLoadResponse(_message.Message):
+    """Response of GetLoad."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODELS_FIELD_NUMBER: _builtins.int
+    OBSERVED_AT_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def models(self) -> _containers.RepeatedCompositeFieldContainer[_adapter_pb2.ModelLoad]:
+        """One entry per model the provider reports on; empty when it reports nothing."""
+
+    @_builtins.property
+    def observed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the provider measured it."""
+
+    def __init__(
+        self,
+        *,
+        models: _abc.Iterable[_adapter_pb2.ModelLoad] | None = ...,
+        observed_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["observed_at", b"observed_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["models", b"models", "observed_at", b"observed_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetLoadResponse: _TypeAlias = GetLoadResponse  # noqa: Y015
+
+@_typing.final
 class DescribeRequest(_message.Message):
     """Request of Describe."""
 

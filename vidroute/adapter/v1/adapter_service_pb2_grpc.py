@@ -77,6 +77,11 @@ class ProviderAdapterServiceStub:
                 request_serializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.FetchOutputRequest.SerializeToString,
                 response_deserializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.FetchOutputResponse.FromString,
                 _registered_method=True)
+        self.GetLoad = channel.unary_unary(
+                '/vidroute.adapter.v1.ProviderAdapterService/GetLoad',
+                request_serializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.GetLoadRequest.SerializeToString,
+                response_deserializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.GetLoadResponse.FromString,
+                _registered_method=True)
 
 
 class ProviderAdapterServiceServicer:
@@ -144,6 +149,15 @@ class ProviderAdapterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetLoad(self, request, context):
+        """Live load of the provider's serving capacity, where the provider exposes it (design 9.21: a
+        self-hosted model server's queue, warm state and GPUs). An adapter whose provider exposes
+        nothing answers an empty list, never an error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ProviderAdapterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -186,6 +200,11 @@ def add_ProviderAdapterServiceServicer_to_server(servicer, server):
                     servicer.FetchOutput,
                     request_deserializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.FetchOutputRequest.FromString,
                     response_serializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.FetchOutputResponse.SerializeToString,
+            ),
+            'GetLoad': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetLoad,
+                    request_deserializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.GetLoadRequest.FromString,
+                    response_serializer=vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.GetLoadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -407,6 +426,33 @@ class ProviderAdapterService:
             '/vidroute.adapter.v1.ProviderAdapterService/FetchOutput',
             vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.FetchOutputRequest.SerializeToString,
             vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.FetchOutputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vidroute.adapter.v1.ProviderAdapterService/GetLoad',
+            vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.GetLoadRequest.SerializeToString,
+            vidroute_dot_adapter_dot_v1_dot_adapter__service__pb2.GetLoadResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -57,6 +57,11 @@ class ProviderAdapterServiceStub:
     Only URIs on the provider's own host are fetched; anything else is INVALID_ARGUMENT.
     Streams the bytes in order; a failed download ends with a message carrying error.
     """
+    GetLoad: _grpc.UnaryUnaryMultiCallable[_adapter_service_pb2.GetLoadRequest, _adapter_service_pb2.GetLoadResponse]
+    """Live load of the provider's serving capacity, where the provider exposes it (design 9.21: a
+    self-hosted model server's queue, warm state and GPUs). An adapter whose provider exposes
+    nothing answers an empty list, never an error.
+    """
 
 @_typing.type_check_only
 class ProviderAdapterServiceAsyncStub(ProviderAdapterServiceStub):
@@ -86,6 +91,11 @@ class ProviderAdapterServiceAsyncStub(ProviderAdapterServiceStub):
     """Download an output whose URI needs the provider's credentials (Output.fetch_through_adapter).
     Only URIs on the provider's own host are fetched; anything else is INVALID_ARGUMENT.
     Streams the bytes in order; a failed download ends with a message carrying error.
+    """
+    GetLoad: _aio.UnaryUnaryMultiCallable[_adapter_service_pb2.GetLoadRequest, _adapter_service_pb2.GetLoadResponse]  # type: ignore[assignment]
+    """Live load of the provider's serving capacity, where the provider exposes it (design 9.21: a
+    self-hosted model server's queue, warm state and GPUs). An adapter whose provider exposes
+    nothing answers an empty list, never an error.
     """
 
 class ProviderAdapterServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -161,6 +171,17 @@ class ProviderAdapterServiceServicer(metaclass=_abc_1.ABCMeta):
         """Download an output whose URI needs the provider's credentials (Output.fetch_through_adapter).
         Only URIs on the provider's own host are fetched; anything else is INVALID_ARGUMENT.
         Streams the bytes in order; a failed download ends with a message carrying error.
+        """
+
+    @_abc_1.abstractmethod
+    def GetLoad(
+        self,
+        request: _adapter_service_pb2.GetLoadRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_adapter_service_pb2.GetLoadResponse, _abc.Awaitable[_adapter_service_pb2.GetLoadResponse]]:
+        """Live load of the provider's serving capacity, where the provider exposes it (design 9.21: a
+        self-hosted model server's queue, warm state and GPUs). An adapter whose provider exposes
+        nothing answers an empty list, never an error.
         """
 
 def add_ProviderAdapterServiceServicer_to_server(servicer: ProviderAdapterServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
