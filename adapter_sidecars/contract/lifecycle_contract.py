@@ -85,6 +85,32 @@ class JobLifecycleContract:
             assert status.raw_status, f"{state_name(status.state)} without raw_status"
             assert isinstance(json.loads(status.raw_payload_json), dict), status.raw_payload_json
 
+    @requires("reports_progress")
+    def test_progress_is_a_rising_fraction_and_queue_position_only_while_waiting(
+        self, adapter: AdapterDriver
+    ) -> None:
+        """A plain job's live fractions lie in 0..1 and never fall, a RUNNING status carries
+        one, and a queue position comes only with QUEUED or THROTTLED."""
+        statuses = adapter.poll_to_end(adapter.accepted_job())
+        live = [s for s in statuses if s.state not in (SUCCEEDED, FAILED, CANCELLED)]
+        fractions = [s.progress for s in live if s.HasField("progress")]
+        running = [s for s in live if s.state == adapter_pb2.JOB_STATE_RUNNING]
+        assert any(s.HasField("progress") for s in running), _names(statuses)
+        assert all(0.0 <= f <= 1.0 for f in fractions), fractions
+        assert fractions == sorted(fractions), f"progress went backwards: {fractions}"
+        waiting = (adapter_pb2.JOB_STATE_QUEUED, adapter_pb2.JOB_STATE_THROTTLED)
+        positioned = [s for s in statuses if s.HasField("queue_position")]
+        assert all(s.state in waiting for s in positioned), _names(positioned)
+
+    @requires(reports_progress=False)
+    def test_no_progress_is_invented(self, adapter: AdapterDriver) -> None:
+        """Where the provider reports no progress, no live status carries a fraction or a
+        queue position: the adapter makes none up."""
+        statuses = adapter.poll_to_end(adapter.accepted_job())
+        live = [s for s in statuses if s.state not in (SUCCEEDED, FAILED, CANCELLED)]
+        invented = [s for s in live if s.HasField("progress") or s.HasField("queue_position")]
+        assert not invented, _names(invented)
+
     @requires("reports_throttling")
     def test_throttled_job_is_reported_throttled(
         self, adapter: AdapterDriver, emulator: EmulatorAdmin

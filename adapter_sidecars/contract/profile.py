@@ -102,6 +102,8 @@ class AdapterProfile:
       supports_callbacks: the provider calls back (callback dedup is the control plane's job).
       cancel_deletes_job: a cancelled job disappears at the provider (later reads 404).
       reports_throttling: the provider has a distinct "held by concurrency" status.
+      reports_progress: the provider reports a running job's progress (a 0..1 fraction);
+        without it no live status may carry a fraction or a queue position (none invented).
       output_expiry_known: outputs carry an expiry the adapter can report in expires_at.
       supports_usage: ListUsage returns the provider's usage records.
       fetch_through_adapter: outputs need the provider's credentials, so they are flagged
@@ -132,6 +134,7 @@ class AdapterProfile:
     supports_callbacks: bool = False
     cancel_deletes_job: bool = False
     reports_throttling: bool = False
+    reports_progress: bool = False
     output_expiry_known: bool = False
     supports_usage: bool = True
     fetch_through_adapter: bool = False
@@ -197,6 +200,7 @@ CAPABILITY_FLAGS = frozenset(
         "supports_callbacks",
         "cancel_deletes_job",
         "reports_throttling",
+        "reports_progress",
         "output_expiry_known",
         "supports_usage",
         "fetch_through_adapter",
