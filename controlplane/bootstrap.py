@@ -18,6 +18,12 @@ The only module that reads environment variables:
 - ``VIDROUTE_CALLBACK_LISTEN`` / ``VIDROUTE_CALLBACK_PUBLIC_URL`` / ``VIDROUTE_CALLBACK_SECRETS``
   (``provider=secret,...``): the provider callback ingress (uvicorn); off unless a listen address
   is set. Port 0 binds a free port; the public URL defaults to the bound address.
+- ``VIDROUTE_WEBHOOKS_FILE``: YAML of caller webhooks per tenant, ``tenants: {acme: {secret:
+  "whsec_<base64>", url: https://..., events: [task.progress]}}`` (`controlplane.webhooks.config`):
+  a tenant's signing secret (required for its tasks to name a webhook) and optional default.
+  ``VIDROUTE_WEBHOOK_ALLOW_HTTP`` (default off: https only), ``VIDROUTE_WEBHOOK_ALLOW_PRIVATE``
+  (default off: loopback, private, link-local and multicast receivers are refused at send time)
+  and ``VIDROUTE_WEBHOOK_PRIVATE_ALLOWLIST`` (``10.1.2.0/24,fd00::/8``: private networks allowed).
 - ``VIDROUTE_TIME_SCALE``: a factor in (0, 1] that multiplies every duration of the control plane
   together (execution, polling, dispatcher, upkeep, breakers, leases, adapter deadlines), so a
   test or ``make up`` runs faster with every deadline in its production order; the sidecars read
@@ -116,6 +122,7 @@ from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.records import AccountInfo, AttemptRecord
+from controlplane.persistence.webhooks import WebhookStore
 from controlplane.reconciliation import delta_by_provider
 from controlplane.scheduling.dispatcher import DispatcherConfig
 from controlplane.scheduling.readiness import CatalogReadiness
@@ -127,9 +134,12 @@ from controlplane.service.billing import BillingService
 from controlplane.service.capability_publish import CapabilityPublishService
 from controlplane.service.cost_gauges import CostGaugeRefresher
 from controlplane.service.tasks import TaskService
+from controlplane.service.webhooks import WebhookSubscriptions
 from controlplane.startup import check_adapters, check_listen, lock_sqlite, refuse
 from controlplane.storage import object_store_from_url
 from controlplane.wakeups import LocalWakeBus, wake_bus_for
+from controlplane.webhooks.config import WebhookPolicy, parse_networks, parse_webhooks_document
+from controlplane.webhooks.delivery import DeliveryConfig, WebhookDeliveryWorker
 from vidroute_core import logs as vidroute_logs
 from vidroute_core import tracing
 from vidroute_core.adapter import JobSnapshot, JobState, SubmitKind, SubmitOutcome
@@ -221,6 +231,7 @@ class Settings:
     billing: BillingPolicies = field(  # VIDROUTE_BILLING*
         default_factory=lambda: BillingPolicies(BillingPolicy.parse("postpaid"))
     )
+    webhooks: WebhookPolicy = field(default_factory=WebhookPolicy)  # VIDROUTE_WEBHOOK*
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -251,6 +262,7 @@ class Settings:
             "adapter_tls": TlsSettings.from_env(env),
             "otel_env": {k: v for k, v in env.items() if k.startswith("OTEL_")},
             "billing": _billing(env),
+            "webhooks": _webhooks(env),
             "adapter_submit_margin_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_MARGIN_S") or 5.0),
             "adapter_submit_timeout_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_TIMEOUT_S") or 0),
         }
@@ -291,6 +303,36 @@ def _billing(env: Mapping[str, str]) -> BillingPolicies:
     if env.get("VIDROUTE_BILLING_FILE"):
         lines.extend(Path(env["VIDROUTE_BILLING_FILE"]).read_text(encoding="utf-8").splitlines())
     return BillingPolicies.parse(env.get("VIDROUTE_BILLING_POLICY") or "postpaid", lines)
+
+
+def _webhooks(env: Mapping[str, str]) -> WebhookPolicy:
+    """Caller webhooks: the tenants' file and what receivers may be (see the module docstring)."""
+    path = env.get("VIDROUTE_WEBHOOKS_FILE", "")
+    return parse_webhooks_document(
+        Path(path).read_text(encoding="utf-8") if path else "",
+        allow_http=_flag(env.get("VIDROUTE_WEBHOOK_ALLOW_HTTP", ""), "VIDROUTE_WEBHOOK_ALLOW_HTTP"),
+        allow_private=_flag(
+            env.get("VIDROUTE_WEBHOOK_ALLOW_PRIVATE", ""), "VIDROUTE_WEBHOOK_ALLOW_PRIVATE"
+        ),
+        private_allowlist=parse_networks(env.get("VIDROUTE_WEBHOOK_PRIVATE_ALLOWLIST", "")),
+    )
+
+
+def _webhook_worker(
+    settings: Settings, db: Database, cleanup: list[Callable[[], Awaitable[Any]]]
+) -> WebhookDeliveryWorker | None:
+    """The caller-webhook delivery worker, when any tenant can have webhooks; every replica
+    runs one (claims are SKIP LOCKED). Its HTTP client is its own: it never follows redirects
+    and talks only to the addresses it checked."""
+    if not settings.webhooks.tenants:
+        return None
+    config = scale_durations(DeliveryConfig(), settings.time_scale)
+    http = httpx.AsyncClient(follow_redirects=False)
+    tracing_edge.instrument_httpx(http)
+    cleanup.append(http.aclose)
+    worker = WebhookDeliveryWorker(WebhookStore(db), settings.webhooks, http, config=config)
+    worker.start()
+    return worker
 
 
 def _cached_catalog(db: Database, refresh_s: float) -> Callable[[], Awaitable[CapabilityCatalog]]:
@@ -711,6 +753,9 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         # Stopped first, in order: stop taking new work, finish in-flight steps, then I/O.
         background[:0] = [stop_publisher, runtime.stop, execution.stop]
 
+    webhook_worker = _webhook_worker(settings, db, cleanup)
+    if webhook_worker is not None:
+        background.append(webhook_worker.stop)
     safety = load_safety_policy(settings.safety_policy_path)
     log.info("safety policy %s loaded", safety.version)
     tasks = TaskService(
@@ -720,6 +765,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         deadlines=scale_durations(settings.deadlines, scale),
         billing=settings.billing,
         catalog=catalog or _cached_catalog(db, DispatcherConfig().catalog_refresh_s * scale),
+        webhooks=WebhookSubscriptions(settings.webhooks),
     )
     capability_admin = CapabilityPublishService(db, on_published=published)
     servicer = SchedulerServicer(tasks, admin, capabilities=capability_admin)

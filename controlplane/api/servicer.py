@@ -17,6 +17,7 @@ from controlplane.api import provider_views, views
 from controlplane.api.auth import require_caller
 from controlplane.domain.breaker import BreakerState
 from controlplane.domain.states import TaskState
+from controlplane.domain.webhooks import WebhookSubscription
 from controlplane.service.access import Caller, ensure_admin
 from controlplane.service.capability_publish import CapabilityPublishService, PublishInput
 from controlplane.service.providers import ForceBreakerInput, ProviderAdminService
@@ -53,6 +54,13 @@ def _breaker_state(value: int) -> BreakerState | None:
     return provider_views.breaker_state_from_proto(value)
 
 
+def _webhook(request: scheduler_service_pb2.CreateTaskRequest) -> WebhookSubscription | None:
+    """The webhook a CreateTask names (None: unset, so the tenant's default applies)."""
+    if not request.HasField("webhook"):
+        return None
+    return WebhookSubscription(request.webhook.url, tuple(request.webhook.events))
+
+
 class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
     """The public scheduler API."""
 
@@ -87,7 +95,10 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
         spec, violations = spec_from_proto(request.spec)
         record, created = await self._tasks.create_task(
             CreateTaskInput(
-                spec=spec, idempotency_key=request.idempotency_key, violations=violations
+                spec=spec,
+                idempotency_key=request.idempotency_key,
+                violations=violations,
+                webhook=_webhook(request),
             ),
             self._caller(),
         )
@@ -145,6 +156,16 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
             message = views.task_event(event, last_state)
             last_state = message.task_state or last_state
             yield scheduler_service_pb2.WatchTaskResponse(event=message)
+
+    async def ListWebhookDeliveries(
+        self, request: scheduler_service_pb2.ListWebhookDeliveriesRequest, context: Any
+    ) -> scheduler_service_pb2.ListWebhookDeliveriesResponse:
+        found = await self._tasks.list_webhook_deliveries(
+            parse_task_id(request.task_id), self._caller()
+        )
+        return scheduler_service_pb2.ListWebhookDeliveriesResponse(
+            deliveries=[views.webhook_delivery(d) for d in found]
+        )
 
     async def ListProviders(
         self, request: scheduler_service_pb2.ListProvidersRequest, context: Any

@@ -8,6 +8,7 @@ from datetime import datetime
 from google.protobuf import timestamp_pb2
 
 from controlplane.domain.states import AttemptState, TaskState
+from controlplane.domain.webhooks import DeliveryState
 from controlplane.persistence.records import (
     AttemptRecord,
     Failure,
@@ -17,6 +18,7 @@ from controlplane.persistence.records import (
     TaskEventRecord,
     TaskRecord,
 )
+from controlplane.persistence.webhooks import DeliveryRecord
 from controlplane.service.tasks import CancelResult
 from vidroute.adapter.v1 import adapter_pb2
 from vidroute.common.v1 import error_pb2, money_pb2
@@ -168,6 +170,10 @@ def task(rec: TaskRecord, detail: TaskDetail | None = None) -> pb.Task:
                 height=int(out.get("height", 0)),
             )
         )
+    if rec.webhook is not None:
+        msg.webhook.CopyFrom(
+            pb.WebhookSubscription(url=rec.webhook.url, events=list(rec.webhook.events))
+        )
     if detail is not None:
         jobs = {j.attempt_id: j for j in detail.provider_jobs}
         msg.attempts.extend(attempt(a, jobs.get(a.id)) for a in detail.attempts)
@@ -228,3 +234,34 @@ _CANCEL_OUTCOME = {
 def cancel_outcome(result: CancelResult) -> pb.CancelOutcome.ValueType:
     """What a CancelTask call did."""
     return _CANCEL_OUTCOME[result]
+
+_DELIVERY_STATE = {
+    DeliveryState.PENDING: pb.WEBHOOK_DELIVERY_STATE_PENDING,
+    DeliveryState.DELIVERED: pb.WEBHOOK_DELIVERY_STATE_DELIVERED,
+    DeliveryState.FAILED: pb.WEBHOOK_DELIVERY_STATE_FAILED,
+    DeliveryState.REFUSED: pb.WEBHOOK_DELIVERY_STATE_REFUSED,
+}
+
+
+def webhook_delivery(rec: DeliveryRecord) -> pb.WebhookDelivery:
+    """One caller-webhook message of a task and its attempts."""
+    return pb.WebhookDelivery(
+        webhook_id=rec.id,
+        event_type=rec.event_type,
+        url=rec.url,
+        state=_DELIVERY_STATE[rec.state],
+        attempts=[
+            pb.WebhookAttempt(
+                attempt_no=a.attempt_no,
+                sent_at=timestamp(a.sent_at),
+                status_code=a.status_code,
+                error=a.error,
+                duration_ms=a.duration_ms,
+            )
+            for a in rec.attempts
+        ],
+        next_attempt_at=(
+            timestamp(rec.next_attempt_at) if rec.state is DeliveryState.PENDING else None
+        ),
+        created_at=timestamp(rec.created_at),
+    )

@@ -46,6 +46,7 @@ from sqlalchemy.sql.expression import Executable
 from controlplane.domain.money import CreditKind, Reservation
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TaskState
+from controlplane.domain.webhooks import WebhookSubscription
 from controlplane.persistence import _reads, _sql, ledger
 from controlplane.persistence.coltypes import JsonDoc, UtcDateTime
 from controlplane.persistence.errors import StoreUnavailable
@@ -76,6 +77,8 @@ _TASK_COLUMNS = (
     "queue_deadline_at",
     "deadline_at",
     "trace_context",
+    "webhook_url",
+    "webhook_events",
     "created_at",
     "updated_at",
 )
@@ -91,6 +94,7 @@ class NewTask:
     queue_deadline_at: datetime | None
     deadline_at: datetime | None
     trace_context: str | None
+    webhook: WebhookSubscription | None = None  # the caller webhook (its own or the default)
 
 
 def _task_insert(dialect: Any) -> Any:
@@ -193,6 +197,8 @@ def _task_params(new: NewTask, now: datetime) -> dict[str, Any]:
         "t_queue_deadline_at": new.queue_deadline_at,
         "t_deadline_at": new.deadline_at,
         "t_trace_context": new.trace_context,
+        "t_webhook_url": new.webhook.url if new.webhook else None,
+        "t_webhook_events": new.webhook.mask if new.webhook else None,
         "t_created_at": now,
         "t_updated_at": now,
     }
@@ -220,6 +226,7 @@ def _record(task_id: int, new: NewTask, now: datetime) -> TaskRecord:
         created_at=now,
         updated_at=now,
         trace_context=new.trace_context,
+        webhook=new.webhook,
     )
 
 
@@ -315,11 +322,16 @@ _ARRAYS: tuple[tuple[str, Any], ...] = (
     ("queue_deadline_at", DateTime(timezone=True)),
     ("deadline_at", DateTime(timezone=True)),
     ("trace_context", Text),
+    ("webhook_url", Text),
+    ("webhook_events", Integer),
     ("created_at", DateTime(timezone=True)),
     ("reserve_amount", BigInteger),  # NULL: no reservation
     ("reserve_currency", Text),
     ("reserve_reason", Text),
 )
+
+
+_TASK_ARRAYS = 14  # the leading arrays that are task columns (created_at last)
 
 
 def _many_statement() -> Executable:
@@ -332,7 +344,7 @@ def _many_statement() -> Executable:
         .table_valued(*(column(name, kind) for name, kind in _ARRAYS), with_ordinality="ord")
         .render_derived(name="src")
     )
-    task_columns = [name for name, _ in _ARRAYS[:12]]
+    task_columns = [name for name, _ in _ARRAYS[:_TASK_ARRAYS]]
     picked = [
         cast(src.c.spec, postgresql.JSONB) if name == "spec" else src.c[name]
         for name in task_columns
@@ -432,7 +444,7 @@ def _many_params(
 ) -> dict[str, list[Any]]:
     params: dict[str, list[Any]] = {f"a_{name}": [] for name, _ in _ARRAYS}
     for row in rows:
-        for name, _ in _ARRAYS[:12]:
+        for name, _ in _ARRAYS[:_TASK_ARRAYS]:
             value = row[name]
             params[f"a_{name}"].append(json.dumps(value) if name == "spec" else value)
         amount, currency, reason = reserves.get(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlalchemy.engine import RowMapping
 
 from controlplane.domain.states import AttemptState, TaskState
+from controlplane.domain.webhooks import WebhookSubscription
 from controlplane.persistence.records import (
     AccountInfo,
     AttemptRecord,
@@ -38,6 +39,11 @@ def _failure(m: RowMapping) -> Failure | None:
     return Failure(m["failure_class"], m["failure_code"] or "", m["failure_message"] or "")
 
 
+def _webhook(m: RowMapping) -> WebhookSubscription | None:
+    url = m.get("webhook_url")
+    return None if url is None else WebhookSubscription.stored(url, m.get("webhook_events"))
+
+
 def task(m: RowMapping) -> TaskRecord:
     return TaskRecord(
         id=m["id"],
@@ -59,6 +65,7 @@ def task(m: RowMapping) -> TaskRecord:
         created_at=m["created_at"],
         updated_at=m["updated_at"],
         trace_context=m.get("trace_context"),
+        webhook=_webhook(m),
     )
 
 

@@ -6,7 +6,7 @@ import base64
 import binascii
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -14,7 +14,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.states import TASK_MACHINE, TaskState
-from controlplane.persistence import _rows
+from controlplane.persistence import _rows, webhooks
 from controlplane.persistence.errors import InvalidPageToken
 from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.models import outbox as O
@@ -94,12 +94,22 @@ async def append_event(
     payload: Mapping[str, Any],
     *,
     now: datetime,
+    outputs: Sequence[Mapping[str, Any]] = (),
 ) -> None:
-    await conn.execute(
-        insert(task_events).values(
-            task_id=task_id, seq=seq, kind=kind, payload=dict(payload), created_at=now
-        )
+    """Store a task event and, in the same transaction, its caller-webhook message when the task
+    is subscribed to it (`webhooks.enqueue_statement`; `outputs` go into that message). On
+    PostgreSQL both are one statement, the event an unreferenced data-modifying CTE."""
+    event = insert(task_events).values(
+        task_id=task_id, seq=seq, kind=kind, payload=dict(payload), created_at=now
     )
+    message = webhooks.enqueue_statement(task_id, kind, payload, now, outputs)
+    if message is None:
+        await conn.execute(event)
+    elif conn.dialect.name == "postgresql":
+        await conn.execute(message.add_cte(event.cte("ev")))
+    else:
+        await conn.execute(event)
+        await conn.execute(message)
 
 
 async def enqueue(conn: AsyncConnection, message: NewOutboxMessage, now: datetime) -> int:

@@ -98,6 +98,7 @@ class CreateBatcher:
                 queue_deadline_at=new.queue_deadline_at,
                 deadline_at=new.deadline_at,
                 trace_context=new.trace_context,
+                webhook=new.webhook,
             )
 
     async def _write_all(self) -> None:

@@ -208,6 +208,10 @@ class GenerationTask(Base):
     deadline_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # W3C traceparent of the CreateTask call (NULL: tracing was off); the dispatcher continues it.
     trace_context: Mapped[str | None] = mapped_column(Text)
+    # Revision 0010: the caller webhook (its own or the tenant's default; NULL: none) and the
+    # optional event types it named, as a bit mask (controlplane.domain.webhooks.OPTIONAL_EVENTS).
+    webhook_url: Mapped[str | None] = mapped_column(Text)
+    webhook_events: Mapped[int | None] = mapped_column(Integer)
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()
 
@@ -782,4 +786,48 @@ reconciliation_discrepancies = Table(
     UniqueConstraint("run_id", "seq", name="uq_reconciliation_discrepancies_seq"),
     one_of("kind", DiscrepancyKind, "kind_enum"),
     Index("ix_reconciliation_discrepancies_attempt_id", "attempt_id"),
+)
+
+# Caller webhooks (revision 0010): the durable outbox of messages to callers, written in the
+# transaction of the task event each announces, and every delivery attempt of them.
+_WHERE_PENDING = text("state = 'PENDING'")
+
+webhook_messages = Table(
+    "webhook_messages",
+    Base.metadata,
+    # ``msg_<uuid>``: the webhook-id header, the same on every retry.
+    Column("id", Text, primary_key=True),
+    Column("task_id", BigInteger, ForeignKey(generation_tasks.c.id), nullable=False),
+    Column("tenant_id", Text, nullable=False),
+    Column("event_type", Text, nullable=False),
+    Column("url", Text, nullable=False),
+    Column("body", Text, nullable=False),  # exactly the bytes signed and sent
+    Column("state", Text, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    # Due time while PENDING (a claim pushes it past its lease); NULL once settled.
+    Column("next_attempt_at", UtcDateTime, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    CheckConstraint("state IN ('PENDING', 'DELIVERED', 'FAILED', 'REFUSED')", name="state_enum"),
+    Index("ix_webhook_messages_task_id", "task_id"),
+    Index(
+        "ix_webhook_messages_due",
+        "next_attempt_at",
+        postgresql_where=_WHERE_PENDING,
+        sqlite_where=_WHERE_PENDING,
+    ),
+)
+
+webhook_attempts = Table(
+    "webhook_attempts",
+    Base.metadata,
+    Column("id", BigIntPK, primary_key=True),
+    Column("message_id", Text, ForeignKey(webhook_messages.c.id), nullable=False),
+    Column("attempt_no", Integer, nullable=False),
+    Column("sent_at", UtcDateTime, nullable=False),
+    Column("status_code", Integer, nullable=False),  # 0: no answer
+    Column("error", Text, nullable=False),
+    Column("duration_ms", Integer, nullable=False),
+    UniqueConstraint("message_id", "attempt_no", name="uq_webhook_attempts_message_attempt"),
 )

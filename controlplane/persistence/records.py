@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from controlplane.domain.states import AttemptState, TaskState
+from controlplane.domain.webhooks import WebhookSubscription
 from vidroute_core.spec import GenerationSpec, ServiceClass
 
 
@@ -47,6 +48,7 @@ class TaskRecord:
     created_at: datetime
     updated_at: datetime
     trace_context: str | None = None  # W3C traceparent of CreateTask (vidroute_core.tracing)
+    webhook: WebhookSubscription | None = None  # the caller webhook (controlplane.domain.webhooks)
 
 
 @dataclass(frozen=True, slots=True)

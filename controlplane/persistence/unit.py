@@ -38,6 +38,7 @@ from controlplane.domain.money import Reservation
 from controlplane.domain.outbox import Topic
 from controlplane.domain.requeue import RequeueRequest
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
+from controlplane.domain.webhooks import WebhookSubscription, outputs_of
 from controlplane.persistence import _create, _reads, _rows, _sql, exclusions, ledger
 from controlplane.persistence._unit_catalog import CatalogWrites
 from controlplane.persistence._unit_execution import ExecutionWrites
@@ -118,6 +119,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         deadline_at: datetime | None = None,
         reservation: Reservation | None = None,
         trace_context: str | None = None,
+        webhook: WebhookSubscription | None = None,
     ) -> tuple[TaskRecord, bool]:
         """Insert a QUEUED task with its first event and a ``task.queued`` outbox message.
         `trace_context` is the creating call's W3C traceparent (a replay keeps the first one's).
@@ -135,7 +137,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         statement (`_create`).
         """
         new = _create.NewTask(
-            spec, idempotency_key, spec_hash, queue_deadline_at, deadline_at, trace_context
+            spec, idempotency_key, spec_hash, queue_deadline_at, deadline_at, trace_context, webhook
         )
         record, created = await _create.insert_task(self.conn, new, reservation, self.now)
         if created:  # `_create` wrote the outbox row itself, not through `enqueue`
@@ -268,7 +270,13 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
             stored = await _sql.insert_decision(self.conn, task_id, decision, self.now)
             payload["route_decision_no"] = stored.decision_no
         await _sql.append_event(
-            self.conn, task_id, seq, "task.state_changed", payload, now=self.now
+            self.conn,
+            task_id,
+            seq,
+            "task.state_changed",
+            payload,
+            now=self.now,
+            outputs=outputs_of(output_asset),
         )
         for message in outbox:
             await self.enqueue(message)

@@ -26,11 +26,13 @@ from controlplane.domain.money import (
 )
 from controlplane.domain.safety import SafetyPolicy, ensure_allowed
 from controlplane.domain.states import TASK_MACHINE, TaskState
+from controlplane.domain.webhooks import WebhookSubscription
 from controlplane.persistence import errors as store_errors
 from controlplane.persistence.creates import CreateBatcher, NewTask
 from controlplane.persistence.database import Database
 from controlplane.persistence.records import TaskDetail, TaskEventRecord, TaskRecord
 from controlplane.persistence.tasks import TaskQueries
+from controlplane.persistence.webhooks import DeliveryRecord, WebhookStore
 from controlplane.service.access import (
     SYSTEM,
     Caller,
@@ -38,6 +40,7 @@ from controlplane.service.access import (
     ensure_visible,
     list_scope,
 )
+from controlplane.service.webhooks import WebhookSubscriptions
 from vidroute_core import tracing
 from vidroute_core.exceptions import InvalidSpec, NotFound, PreconditionFailed
 from vidroute_core.hashing import normalized_spec_hash
@@ -85,6 +88,7 @@ class CreateTaskInput:
     spec: GenerationSpec
     idempotency_key: str
     violations: Sequence[FieldViolation] = ()
+    webhook: WebhookSubscription | None = None  # None: the tenant's default, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,8 +172,11 @@ class TaskService:
         deadlines: DeadlinePolicy | None = None,
         billing: BillingPolicies | None = None,
         catalog: Callable[[], Awaitable[CapabilityCatalog]] | None = None,
+        webhooks: WebhookSubscriptions | None = None,
     ) -> None:
         self._db = db
+        self._webhooks = webhooks or WebhookSubscriptions()
+        self._deliveries = WebhookStore(db)
         self._tasks = TaskQueries(db)
         self._creates = CreateBatcher(db)
         self._clock = clock
@@ -189,11 +196,16 @@ class TaskService:
 
         The safety policy is checked before the idempotency lookup: what the platform refuses
         today is refused, even for a key that an older, laxer policy once accepted."""
-        violations = [*cmd.violations, *_key_violations(cmd.idempotency_key)]
+        violations = [
+            *cmd.violations,
+            *_key_violations(cmd.idempotency_key),
+            *self._webhooks.violations(cmd.webhook),
+        ]
         if violations:
             raise InvalidSpec(violations)
         ensure_own_tenant(caller, cmd.spec.tenant_id)
         ensure_allowed(self._safety, cmd.spec)
+        webhook = self._webhooks.resolve(cmd.webhook, cmd.spec.tenant_id)
         now = self._clock()
         queue_deadline_at, deadline_at = deadlines_for(cmd.spec, self._deadlines, now)
         reservation = await self._reservation(cmd.spec, now)
@@ -204,6 +216,7 @@ class TaskService:
             queue_deadline_at,
             deadline_at,
             tracing.current_traceparent(),  # the dispatcher continues it
+            webhook=webhook,
         )
         # Concurrent creates are written together (group commit); one needing a credit check
         # in its own transaction.
@@ -226,6 +239,14 @@ class TaskService:
             raise NotFound("task", str(task_id))
         ensure_visible(caller, detail.task.tenant_id, "task", str(task_id))
         return detail
+
+    async def list_webhook_deliveries(
+        self, task_id: int, caller: Caller = SYSTEM
+    ) -> list[DeliveryRecord]:
+        """The task's caller-webhook messages and their attempts, oldest first (scoped like
+        `get_task`: another tenant's task is NotFound)."""
+        await self.get_task(task_id, caller)
+        return await self._deliveries.deliveries(task_id)
 
     async def list_tasks(
         self, query: ListTasksInput, caller: Caller = SYSTEM

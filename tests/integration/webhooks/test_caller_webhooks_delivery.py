@@ -1,0 +1,224 @@
+"""Caller webhooks delivered to a receiver this test runs (issue 13's Done-when).
+
+Messages come from the real path: CreateTask with a webhook through `TaskService`, then a
+cancel that ends the task, whose CANCELLED event writes the message in its transaction. The
+delivery worker POSTs to an HTTP server on 127.0.0.1; its configuration must allow loopback
+(and plain http) for that, which the refusal test shows is not the default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import json
+import random
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import httpx
+import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from controlplane.domain.webhooks import DeliveryState, WebhookSubscription
+from controlplane.persistence.database import Database
+from controlplane.persistence.webhooks import DeliveryRecord, WebhookStore
+from controlplane.service.tasks import CreateTaskInput, TaskService
+from controlplane.service.webhooks import WebhookSubscriptions
+from controlplane.webhooks.config import TenantWebhooks, WebhookPolicy
+from controlplane.webhooks.delivery import DeliveryConfig, WebhookDeliveryWorker
+from tests.integration.persistence.builders import make_spec
+from tests.support.webhook_receiver import Answer, WebhookReceiver
+
+pytestmark = [pytest.mark.timeout(60)]
+
+TENANT = "tenant-a"
+SECRET = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+FAST = DeliveryConfig(
+    max_attempts=4,
+    base_delay_s=0.4,
+    multiplier=3.0,
+    max_delay_s=60.0,
+    request_timeout_s=0.5,
+    connect_timeout_s=0.5,
+    claim_lease_s=5.0,
+    idle_s=0.02,
+)
+
+
+def policy(*, allow_private: bool) -> WebhookPolicy:
+    return WebhookPolicy(
+        {TENANT: TenantWebhooks(SECRET)}, allow_http=True, allow_private=allow_private
+    )
+
+
+async def cancelled_task(db: Database, url: str, pol: WebhookPolicy) -> int:
+    """A task subscribed to `url`, created and cancelled: one task.cancelled message."""
+    service = TaskService(db, webhooks=WebhookSubscriptions(pol))
+    record, _ = await service.create_task(
+        CreateTaskInput(
+            make_spec(TENANT), f"key-{secrets.token_hex(4)}", webhook=WebhookSubscription(url)
+        )
+    )
+    await service.cancel_task(record.id, "caller changed its mind")
+    return record.id
+
+
+async def until(
+    check: Callable[[], Awaitable[list[DeliveryRecord]]],
+    done: Callable[[list[DeliveryRecord]], bool],
+    timeout_s: float = 20.0,
+) -> list[DeliveryRecord]:
+    """Poll `check` until `done` holds, failing after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = await check()
+        if done(found):
+            return found
+        assert time.monotonic() < deadline, f"condition not met: {found}"
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    db: Database, pol: WebhookPolicy, config: DeliveryConfig = FAST
+) -> AsyncIterator[WebhookDeliveryWorker]:
+    async with httpx.AsyncClient() as http:
+        worker = WebhookDeliveryWorker(
+            WebhookStore(db), pol, http, config=config, rng=random.Random(7)
+        )
+        worker.start()
+        try:
+            yield worker
+        finally:
+            await worker.stop()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
+async def test_a_delivered_message_verifies_with_the_reference_algorithm(db: Database) -> None:
+    """The POST carries the Standard Webhooks headers, and `Webhook.verify` accepts it."""
+    async with WebhookReceiver([Answer(200)]) as receiver:
+        task_id = await cancelled_task(db, receiver.url, policy(allow_private=True))
+        async with running(db, policy(allow_private=True)):
+            (got,) = await receiver.wait_requests(1, timeout_s=20)
+            store = WebhookStore(db)
+            (delivery,) = await until(
+                lambda: store.deliveries(task_id),
+                lambda d: bool(d) and d[0].state is DeliveryState.DELIVERED,
+            )
+    assert (got.method, got.path) == ("POST", "/hook")
+    assert got.headers["webhook-id"] == delivery.id
+    assert delivery.id.startswith("msg_")
+    assert got.headers["webhook-signature"].startswith("v1,")
+    payload = Webhook(SECRET).verify(got.body, got.headers)
+    assert payload["type"] == "task.cancelled"
+    assert payload["data"]["task_id"] == str(task_id)
+    assert payload["data"]["state"] == "CANCELLED"
+    assert payload["data"]["reason"] == "caller changed its mind"
+    other = "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
+    with pytest.raises(WebhookVerificationError):
+        Webhook(other).verify(got.body, got.headers)  # the check can fail: it is the key
+    assert [(a.attempt_no, a.status_code, a.error) for a in delivery.attempts] == [(1, 200, "")]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_a_failing_receiver_gets_retries_with_growing_delays(db: Database) -> None:
+    """500s are retried; each gap is within its jitter bounds and longer than the one before,
+    and after the last attempt the message is FAILED with every attempt recorded."""
+    async with WebhookReceiver([Answer(500)]) as receiver:
+        task_id = await cancelled_task(db, receiver.url, policy(allow_private=True))
+        async with running(db, policy(allow_private=True)):
+            got = await receiver.wait_requests(FAST.max_attempts, timeout_s=30)
+            store = WebhookStore(db)
+            (delivery,) = await until(
+                lambda: store.deliveries(task_id),
+                lambda d: bool(d) and d[0].state is DeliveryState.FAILED,
+            )
+        assert len(receiver.requests) == FAST.max_attempts  # no attempt after the last
+    gaps = [b.at - a.at for a, b in itertools.pairwise(got)]
+    retry = FAST.retry
+    for n, gap in enumerate(gaps, start=1):
+        assert retry.ceiling(n) / 2 <= gap <= retry.ceiling(n) + 1.0, (n, gaps)
+    assert gaps == sorted(gaps), gaps
+    assert {r.headers["webhook-id"] for r in got} == {delivery.id}
+    assert [a.status_code for a in delivery.attempts] == [500] * FAST.max_attempts
+    assert [a.attempt_no for a in delivery.attempts] == [1, 2, 3, 4]
+    assert all("HTTP 500" in a.error for a in delivery.attempts)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_a_retried_delivery_carries_the_same_webhook_id(db: Database) -> None:
+    """A receiver answering after the sender's timeout gets the message again, with the same
+    webhook-id and body, so it can deduplicate; the second answer delivers it."""
+    slow = Answer(200, delay_s=FAST.request_timeout_s * 3)
+    async with WebhookReceiver([slow, Answer(200)]) as receiver:
+        task_id = await cancelled_task(db, receiver.url, policy(allow_private=True))
+        async with running(db, policy(allow_private=True)):
+            first, second = await receiver.wait_requests(2, timeout_s=20)
+            store = WebhookStore(db)
+            (delivery,) = await until(
+                lambda: store.deliveries(task_id),
+                lambda d: bool(d) and d[0].state is DeliveryState.DELIVERED,
+            )
+    assert first.headers["webhook-id"] == second.headers["webhook-id"] == delivery.id
+    assert first.body == second.body
+    for request in (first, second):
+        Webhook(SECRET).verify(request.body, request.headers)
+    assert delivery.attempts[0].status_code == 0
+    assert "timed out" in delivery.attempts[0].error
+    assert delivery.attempts[1].status_code == 200
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+async def test_a_loopback_receiver_is_refused_by_default(db: Database, host: str) -> None:
+    """With the default policy (no private addresses) a receiver on loopback, by address or by
+    name, is never connected to: the message is REFUSED with the reason as its attempt."""
+    async with WebhookReceiver([Answer(200)]) as receiver:
+        url = f"http://{host}:{receiver.port}/hook"
+        task_id = await cancelled_task(db, url, policy(allow_private=False))
+        async with running(db, policy(allow_private=False)):
+            store = WebhookStore(db)
+            (delivery,) = await until(
+                lambda: store.deliveries(task_id),
+                lambda d: bool(d) and d[0].state is DeliveryState.REFUSED,
+            )
+        assert receiver.connections == 0
+        assert receiver.requests == []
+    (attempt,) = delivery.attempts
+    assert attempt.status_code == 0
+    assert "loopback" in attempt.error
+    assert delivery.next_attempt_at is None
+
+
+@pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+async def test_two_workers_never_send_one_message_twice(db: Database) -> None:
+    """Two workers on one PostgreSQL claim disjoint messages (SKIP LOCKED): each of several
+    messages reaches the receiver exactly once."""
+    pol = policy(allow_private=True)
+    async with WebhookReceiver([Answer(200, delay_s=0.05)]) as receiver:
+        tasks = [await cancelled_task(db, receiver.url, pol) for _ in range(12)]
+        store = WebhookStore(db)
+        async with httpx.AsyncClient() as http:
+            workers = [
+                WebhookDeliveryWorker(store, pol, http, config=FAST, rng=random.Random(i))
+                for i in range(2)
+            ]
+            for worker in workers:
+                worker.start()
+            try:
+                await receiver.wait_requests(len(tasks), timeout_s=20)
+                for task_id in tasks:
+                    await until(
+                        lambda t=task_id: store.deliveries(t),  # type: ignore[misc]
+                        lambda d: bool(d) and d[0].state is DeliveryState.DELIVERED,
+                    )
+            finally:
+                for worker in workers:
+                    await worker.stop()
+    ids = [r.headers["webhook-id"] for r in receiver.requests]
+    assert len(ids) == len(set(ids)) == len(tasks)
+    bodies = {json.loads(r.body)["data"]["task_id"] for r in receiver.requests}
+    assert bodies == {str(t) for t in tasks}
