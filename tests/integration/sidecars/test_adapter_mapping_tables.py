@@ -352,3 +352,45 @@ def test_selfhosted_create_http_row(status, kind, error_class):
 def test_output_expiry_from_signed_url_or_known_ttl(url, expected):
     """Expiry is read from the link's signature parameters, else now + the known TTL."""
     assert url_expiry(url, 600, NOW) == expected
+
+
+@pytest.mark.parametrize(
+    ("job", "progress", "position"),
+    [
+        ({"status": "queued", "progress": 0.0, "queue_position": 3}, 0.0, 2),
+        ({"status": "queued", "progress": 0.0, "queue_position": 1}, 0.0, 0),
+        ({"status": "queued", "queue_position": 0}, None, None),  # not a 1-based position
+        ({"status": "queued", "queue_position": True}, None, None),
+        ({"status": "running", "progress": 0.42, "queue_position": 1}, 0.42, None),
+        ({"status": "running", "progress": 1.7}, 1.0, None),
+    ],
+)
+def test_selfhosted_progress_and_queue_position_row(job, progress, position):
+    """The model server's progress is clamped to 0..1 and its 1-based queue position becomes
+    JobStatus's 0 = next, only while the job is queued."""
+    status = selfhosted.job_status(job, url_ttl_seconds=0, now=NOW, micros_per_gpu_second=350)
+    assert (status.progress, status.queue_position) == (progress, position)
+
+
+@pytest.mark.parametrize(
+    ("task", "progress"),
+    [
+        ({"status": "PENDING"}, None),
+        ({"status": "THROTTLED"}, None),
+        ({"status": "RUNNING", "progress": 0.35}, 0.35),
+        ({"status": "RUNNING"}, None),
+    ],
+)
+def test_runway_progress_row(task, progress):
+    """Runway's progress is read from RUNNING tasks only; Runway reports no queue position."""
+    status = runway.task_status(
+        {"id": "t", "createdAt": "2026-06-01T12:00:00.000Z", **task}, url_ttl_seconds=0, now=NOW
+    )
+    assert (status.progress, status.queue_position) == (progress, None)
+
+
+def test_veo_running_operation_reports_no_progress():
+    """A not-done Veo operation carries no progress and no queue position: none is invented."""
+    op = {"name": "models/m/operations/o", "metadata": {"createTime": "2026-06-01T12:00:00Z"}}
+    status = veo.operation_status(op, url_ttl_seconds=0, now=NOW)
+    assert (status.progress, status.queue_position) == (None, None)
