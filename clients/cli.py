@@ -216,6 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `vidroute list | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (SpecError, ConfigError) as exc:
         _error([f"error: {exc}"])
         return cli_errors.EXIT_USAGE

@@ -22,7 +22,7 @@ from vidroute.adapter.v1 import adapter_pb2
 from vidroute.common.v1 import error_pb2, generation_pb2
 from vidroute.scheduler.v1 import scheduler_pb2
 
-PIPED_WIDTH = 240
+PIPED_WIDTH = 320
 
 
 def console(stderr: bool = False) -> Console:
@@ -71,7 +71,7 @@ def when(ts: timestamp_pb2.Timestamp) -> str:
 def _table(*columns: str, right: Iterable[str] = ()) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for name in columns:
-        table.add_column(name, justify="right" if name in set(right) else "left", no_wrap=True)
+        table.add_column(name, justify="right" if name in set(right) else "left", overflow="fold")
     return table
 
 
@@ -156,7 +156,8 @@ def timeline(events: Sequence[scheduler_pb2.TaskEvent]) -> list[str]:
         at: datetime = e.created_at.ToDatetime()
         start = start or at
         if e.task_state and e.task_state != last:
-            lines.append(f"  +{(at - start).total_seconds():6.1f}s  {task_state(e.task_state)}")
+            since = f"+{(at - start).total_seconds():.1f}s"
+            lines.append(f"  {since:>8}  {task_state(e.task_state)}")
             last = e.task_state
     return lines
 

@@ -176,10 +176,10 @@ def _follow(client: Client, task_id: str, as_json: bool) -> int:
             for event in client.watch(task_id):
                 events.append(event)
                 done = event.progress.fraction if event.progress.HasField("fraction") else None
+                if event.task_state == scheduler_pb2.TASK_STATE_SUCCEEDED:
+                    done = 1.0
                 note = render.progress_text(event) or render.task_state(event.task_state)
                 bar.update(row, completed=done, note=note)
-                if event.task_state == scheduler_pb2.TASK_STATE_SUCCEEDED:
-                    bar.update(row, completed=1.0)
     else:
         for event in client.watch(task_id):
             events.append(event)
