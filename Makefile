@@ -2,7 +2,11 @@
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
+# Two installs: `make up` needs only the runtime dependencies (RUNTIME_INSTALLED: `pip install -e .`);
+# tests, lint and the tools need the dev extra too (INSTALLED: `-e '.[dev]'`, a superset).
 INSTALLED := $(VENV)/.installed
+RUNTIME_INSTALLED := $(VENV)/.installed-runtime
+PIP := $(PY) -m pip install --disable-pip-version-check -c constraints.txt
 NODE_INSTALLED := node_modules/.installed
 # google-genai 2.34.x for the Gemini-API SDK test; cannot share .venv with the 3.x in constraints.
 SDK_GENAI2 := $(VENV)/sdk-genai2
@@ -12,9 +16,19 @@ BENCH_LITELLM := .venv-bench-litellm
 .PHONY: up test lint typecheck dists proto proto-check buf-lint buf-breaking bench bench-routing clean
 
 $(INSTALLED): pyproject.toml constraints.txt
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@test -x $(PY) || { echo "==> creating $(VENV) ($(PYTHON))"; $(PYTHON) -m venv $(VENV); }
+	@echo "==> installing pip, then vidroute with its dev dependencies into $(VENV)"
+	$(PIP) --quiet pip
+	$(PIP) --quiet -e '.[dev]'
+	@touch $@ $(RUNTIME_INSTALLED)
+
+# What `make up` installs: the runtime dependencies only, with pip's progress shown.
+$(RUNTIME_INSTALLED): pyproject.toml constraints.txt
+	@test -x $(PY) || { echo "==> [1/3] creating $(VENV) ($(PYTHON))"; $(PYTHON) -m venv $(VENV); }
+	@echo "==> [2/3] installing pip"
+	$(PIP) --quiet pip
+	@echo "==> [3/3] installing vidroute and its runtime dependencies (not the dev tools)"
+	$(PIP) --progress-bar on -e .
 	@touch $@
 
 $(SDK_GENAI2)/.installed: $(SDK_GENAI2_REQ) | $(INSTALLED)
@@ -27,8 +41,10 @@ $(NODE_INSTALLED): package.json package-lock.json
 	@touch $@
 
 ## The whole platform on embedded defaults (SQLite, in-process leases), in the foreground.
-up: $(INSTALLED)
-	$(VENV)/bin/vidroute up
+## ARGS go to `vidroute up`, e.g. `make up ARGS=--ephemeral-ports`.
+ARGS ?=
+up: $(RUNTIME_INSTALLED)
+	$(VENV)/bin/vidroute up $(ARGS)
 
 ## The whole test suite, PostgreSQL and Redis tests included.
 test: $(INSTALLED) $(NODE_INSTALLED) $(SDK_GENAI2)/.installed
