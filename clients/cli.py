@@ -199,7 +199,7 @@ def _error(lines: Sequence[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure becomes lines on stderr and an exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    state = State(debug="--debug" in args or bool(os.environ.get("VIDROUTE_DEBUG")))
+    state = State(debug="--debug" in args)
     try:
         with app.make_context("vidroute", args, obj=state) as ctx:
             result = app.invoke(ctx)
