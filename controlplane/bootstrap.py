@@ -15,6 +15,8 @@ The only module that reads environment variables:
   then it serves the API only, tasks are accepted and stay QUEUED until a scheduling replica runs.
 - ``VIDROUTE_OBJECT_STORE``: ``file:///path`` or ``s3://bucket/prefix?endpoint_url=...``.
   Default ``file://<cwd>/var/objects``.
+- ``VIDROUTE_OUTPUT_URL_TTL_S``: lifetime of GetOutputUrl's presigned URLs (S3 store) when the
+  request asks none: 1..604800 (7 days, SigV4's limit). Default 3600.
 - ``VIDROUTE_CALLBACK_LISTEN`` / ``VIDROUTE_CALLBACK_PUBLIC_URL`` / ``VIDROUTE_CALLBACK_SECRETS``
   (``provider=secret,...``): the provider callback ingress (uvicorn); off unless a listen address
   is set. Port 0 binds a free port; the public URL defaults to the bound address.
@@ -133,10 +135,12 @@ from controlplane.service.access import Caller
 from controlplane.service.billing import BillingService
 from controlplane.service.capability_publish import CapabilityPublishService
 from controlplane.service.cost_gauges import CostGaugeRefresher
+from controlplane.service.outputs import DEFAULT_URL_TTL_S, OutputService
 from controlplane.service.tasks import TaskService
 from controlplane.service.webhooks import WebhookSubscriptions
 from controlplane.startup import check_adapters, check_listen, lock_sqlite, refuse
 from controlplane.storage import object_store_from_url
+from controlplane.storage.base import MAX_PRESIGN_S
 from controlplane.wakeups import LocalWakeBus, wake_bus_for
 from controlplane.webhooks.config import WebhookPolicy, parse_networks, parse_webhooks_document
 from controlplane.webhooks.delivery import DeliveryConfig, WebhookDeliveryWorker
@@ -210,6 +214,7 @@ class Settings:
     adapters: Mapping[str, str] = field(default_factory=dict)
     api_only: bool = False  # VIDROUTE_API_ONLY: serve without adapters (else refused at start)
     object_store_url: str = ""
+    output_url_ttl_s: int = DEFAULT_URL_TTL_S  # VIDROUTE_OUTPUT_URL_TTL_S: presigned URLs
     callback_listen: str = ""
     callback_public_url: str = ""
     callback_secrets: Mapping[str, str] = field(default_factory=dict)
@@ -245,6 +250,7 @@ class Settings:
             "adapters": _pairs(env.get("VIDROUTE_ADAPTERS", "")),
             "api_only": _flag(env.get("VIDROUTE_API_ONLY", ""), "VIDROUTE_API_ONLY"),
             "object_store_url": env.get("VIDROUTE_OBJECT_STORE", ""),
+            "output_url_ttl_s": _url_ttl(env.get("VIDROUTE_OUTPUT_URL_TTL_S", "")),
             "callback_listen": env.get("VIDROUTE_CALLBACK_LISTEN", ""),
             "callback_public_url": env.get("VIDROUTE_CALLBACK_PUBLIC_URL", ""),
             "callback_secrets": _pairs(env.get("VIDROUTE_CALLBACK_SECRETS", "")),
@@ -287,6 +293,20 @@ def _shard_count(raw: str) -> int:
     if not 1 <= count <= 1024:
         raise ValueError(f"VIDROUTE_SHARD_COUNT must be an integer from 1 to 1024, not {raw!r}")
     return count
+
+
+def _url_ttl(raw: str) -> int:
+    if not raw.strip():
+        return DEFAULT_URL_TTL_S
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_PRESIGN_S:
+        raise ValueError(
+            f"VIDROUTE_OUTPUT_URL_TTL_S must be whole seconds, 1 to {MAX_PRESIGN_S}: {raw!r}"
+        )
+    return value
 
 
 def _deadlines(env: Mapping[str, str]) -> DeadlinePolicy:
@@ -660,6 +680,10 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
 
     readiness = _Readiness(db, READINESS_REDIS_TIMEOUT_S * settings.time_scale)
 
+    # Also on an API-only replica: GetOutput and GetOutputUrl read the store.
+    object_store = object_store_from_url(
+        settings.object_store_url or (Path.cwd() / "var" / "objects").as_uri()
+    )
     canceller = None
     admin = None
     catalog: Callable[[], Awaitable[CapabilityCatalog]] | None = None
@@ -699,9 +723,6 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         published = _catalog_refresher(runtime)
         http = _http_client(scale)
         cleanup.append(http.aclose)
-        object_store = object_store_from_url(
-            settings.object_store_url or (Path.cwd() / "var" / "objects").as_uri()
-        )
         ingress = _bind_callback_ingress(settings, scale)
         if ingress is not None:
             background.append(ingress.stop)
@@ -767,8 +788,9 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         catalog=catalog or _cached_catalog(db, DispatcherConfig().catalog_refresh_s * scale),
         webhooks=WebhookSubscriptions(settings.webhooks),
     )
+    outputs = OutputService(tasks, object_store, url_ttl_s=settings.output_url_ttl_s)
     capability_admin = CapabilityPublishService(db, on_published=published)
-    servicer = SchedulerServicer(tasks, admin, capabilities=capability_admin)
+    servicer = SchedulerServicer(tasks, admin, capabilities=capability_admin, outputs=outputs)
     stops = [*background, *cleanup, db.dispose, *release]
     try:
         return await _serve(

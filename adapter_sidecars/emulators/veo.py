@@ -199,12 +199,20 @@ class VeoEmulator(Emulator):
                 {"gcsUri": f"{storage.rstrip('/')}/{op_id}/sample_{i}.mp4", "mimeType": "video/mp4"}
                 for i in range(len(job.data["files"]))
             ]
-        data = base64.b64encode(render_mp4(self._spec(job))).decode()
-        return [{"bytesBase64Encoded": data, "mimeType": "video/mp4"} for _ in job.data["files"]]
+        return [
+            {
+                "bytesBase64Encoded": base64.b64encode(render_mp4(self._spec(job, i))).decode(),
+                "mimeType": "video/mp4",
+            }
+            for i in range(len(job.data["files"]))
+        ]
 
-    def _spec(self, job: Job) -> MediaSpec:
+    def _spec(self, job: Job, sample: int = 0) -> MediaSpec:
+        """The clip of one sample: with sampleCount > 1 each is a different video, as Veo
+        renders each sample with its own seed (the first is the prompt's own clip)."""
         w, h = job.data["size"]
-        return MediaSpec(job.data["prompt"], job.data["duration"], w, h, 24)
+        prompt = job.data["prompt"] if sample == 0 else f"{job.data['prompt']} #sample{sample}"
+        return MediaSpec(prompt, job.data["duration"], w, h, 24)
 
     # -- submit ----------------------------------------------------------------------------
     def _rate_limit(self, model: str) -> vs.GoogleError | None:
@@ -321,7 +329,9 @@ class VeoEmulator(Emulator):
         entry = self._files.get(request.params["file"])
         if entry is None or entry[1] < time.time():
             return vs.GoogleError(404, "File not found or no longer available.").response()
-        url = self.media_url(self._spec(entry[0]))
+        job = entry[0]
+        sample = job.data["files"].index(request.params["file"])
+        url = self.media_url(self._spec(job, sample))
         return Response.empty(302, [("location", url)])
 
     async def _billing(self, request: Request) -> Response:

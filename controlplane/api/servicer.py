@@ -20,6 +20,7 @@ from controlplane.domain.states import TaskState
 from controlplane.domain.webhooks import WebhookSubscription
 from controlplane.service.access import Caller, ensure_admin
 from controlplane.service.capability_publish import CapabilityPublishService, PublishInput
+from controlplane.service.outputs import OutputService
 from controlplane.service.providers import ForceBreakerInput, ProviderAdminService
 from controlplane.service.tasks import (
     CreateTaskInput,
@@ -71,10 +72,12 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
         *,
         default_caller: Caller | None = None,
         capabilities: CapabilityPublishService | None = None,
+        outputs: OutputService | None = None,
     ) -> None:
         self._tasks = tasks
         self._providers = providers
         self._capabilities = capabilities
+        self._outputs = outputs
         # Only for a servicer driven without the server (grpcio-testing); the server always
         # authenticates, and without either every call is UNAUTHENTICATED.
         self._default_caller = default_caller
@@ -156,6 +159,54 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
             message = views.task_event(event, last_state)
             last_state = message.task_state or last_state
             yield scheduler_service_pb2.WatchTaskResponse(event=message)
+
+    async def _output_service(self, context: Any, rpc: str) -> OutputService:
+        if self._outputs is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{rpc}: no object store configured")
+            raise AssertionError("unreachable")
+        return self._outputs
+
+    async def GetOutput(
+        self, request: scheduler_service_pb2.GetOutputRequest, context: Any
+    ) -> AsyncIterator[scheduler_service_pb2.GetOutputResponse]:
+        outputs = await self._output_service(context, "GetOutput")
+        sample, chunks = await outputs.read(
+            parse_task_id(request.task_id),
+            request.sample_index,
+            request.offset,
+            request.limit,
+            self._caller(),
+        )
+        first: scheduler_service_pb2.GetOutputResponse | None = (
+            scheduler_service_pb2.GetOutputResponse(
+                output=views.stored_output(sample), offset=request.offset
+            )
+        )
+        async for chunk in chunks:
+            if first is not None:  # the metadata rides on the first chunk
+                first.offset, first.data = chunk.offset, chunk.data
+                yield first
+                first = None
+            else:
+                yield scheduler_service_pb2.GetOutputResponse(offset=chunk.offset, data=chunk.data)
+        if first is not None:  # an empty range: the metadata alone
+            yield first
+
+    async def GetOutputUrl(
+        self, request: scheduler_service_pb2.GetOutputUrlRequest, context: Any
+    ) -> scheduler_service_pb2.GetOutputUrlResponse:
+        outputs = await self._output_service(context, "GetOutputUrl")
+        found = await outputs.presigned_url(
+            parse_task_id(request.task_id),
+            request.sample_index,
+            request.expires_in_s,
+            self._caller(),
+        )
+        return scheduler_service_pb2.GetOutputUrlResponse(
+            url=found.url,
+            expires_at=views.timestamp(found.expires_at),
+            output=views.stored_output(found.sample),
+        )
 
     async def ListWebhookDeliveries(
         self, request: scheduler_service_pb2.ListWebhookDeliveriesRequest, context: Any

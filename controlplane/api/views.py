@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
+from typing import Any
 
 from google.protobuf import timestamp_pb2
 
+from controlplane.domain.outputs import stored_samples
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.domain.webhooks import DeliveryState
 from controlplane.persistence.records import (
@@ -143,6 +146,20 @@ def route_decision(rec: RouteDecisionRecord) -> pb.RouteDecision:
     )
 
 
+def stored_output(sample: Mapping[str, Any]) -> pb.StoredOutput:
+    """One stored sample (a dict of `controlplane.domain.outputs`)."""
+    return pb.StoredOutput(
+        uri=str(sample.get("uri", "")),
+        sample_index=int(sample.get("sample_index", 0)),
+        mime_type=str(sample.get("mime_type", "")),
+        size_bytes=int(sample.get("size_bytes", 0)),
+        checksum_sha256=str(sample.get("checksum_sha256", "")),
+        duration_ms=int(sample.get("duration_ms", 0)),
+        width=int(sample.get("width", 0)),
+        height=int(sample.get("height", 0)),
+    )
+
+
 def task(rec: TaskRecord, detail: TaskDetail | None = None) -> pb.Task:
     """A task message; attempts and decisions are filled only when `detail` is given."""
     msg = pb.Task(
@@ -157,19 +174,10 @@ def task(rec: TaskRecord, detail: TaskDetail | None = None) -> pb.Task:
         created_at=timestamp(rec.created_at),
         updated_at=timestamp(rec.updated_at),
     )
-    if rec.output_asset:
-        out = rec.output_asset
-        msg.output.CopyFrom(
-            pb.StoredOutput(
-                uri=str(out.get("uri", "")),
-                mime_type=str(out.get("mime_type", "")),
-                size_bytes=int(out.get("size_bytes", 0)),
-                checksum_sha256=str(out.get("checksum_sha256", "")),
-                duration_ms=int(out.get("duration_ms", 0)),
-                width=int(out.get("width", 0)),
-                height=int(out.get("height", 0)),
-            )
-        )
+    samples = stored_samples(rec.output_asset)
+    if samples:
+        msg.outputs.extend(stored_output(s) for s in samples)
+        msg.output.CopyFrom(msg.outputs[0])
     if rec.webhook is not None:
         msg.webhook.CopyFrom(
             pb.WebhookSubscription(url=rec.webhook.url, events=list(rec.webhook.events))
@@ -234,6 +242,7 @@ _CANCEL_OUTCOME = {
 def cancel_outcome(result: CancelResult) -> pb.CancelOutcome.ValueType:
     """What a CancelTask call did."""
     return _CANCEL_OUTCOME[result]
+
 
 _DELIVERY_STATE = {
     DeliveryState.PENDING: pb.WEBHOOK_DELIVERY_STATE_PENDING,

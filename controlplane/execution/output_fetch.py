@@ -165,6 +165,7 @@ class FetchRequest:
     key_prefix: str = "outputs"
     source: ByteSource | None = field(default=None, repr=False, compare=False)
     strip_audio: bool = False  # remove any audio track before storing (see the module doc)
+    sample_index: int = 0  # which output of the job (a job may render several samples)
 
     def __post_init__(self) -> None:
         if urlsplit(self.source_uri).scheme not in ("http", "https"):
@@ -173,12 +174,16 @@ class FetchRequest:
             raise ValueError("max_bytes must be positive")
         if self.expires_at is not None and self.expires_at.tzinfo is None:
             raise ValueError("expires_at must be timezone-aware")
+        if self.sample_index < 0:
+            raise ValueError("sample_index must not be negative")
         validate_key(self.storage_key)
 
     @property
     def storage_key(self) -> str:
-        """Deterministic per attempt, so a refetch after a refreshed URL overwrites in place."""
-        return f"{self.key_prefix}/{self.task_id}/{self.attempt_id}/output.mp4"
+        """Deterministic per attempt and sample, so a refetch after a refreshed URL overwrites
+        in place (the first sample keeps the name single-output tasks always had)."""
+        name = "output.mp4" if self.sample_index == 0 else f"output-{self.sample_index}.mp4"
+        return f"{self.key_prefix}/{self.task_id}/{self.attempt_id}/{name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +202,7 @@ class StoredAsset:
     codec: str
     has_audio: bool
     audio_stripped: bool = False  # the provider's file had audio; the stored one has none
+    sample_index: int = 0
 
 
 class InvalidReason(enum.Enum):
@@ -391,6 +397,7 @@ async def fetch_output(
         codec=probe.codec,
         has_audio=probe.has_audio and not stripped,
         audio_stripped=stripped,
+        sample_index=request.sample_index,
     )
 
 

@@ -1,6 +1,8 @@
 """Delivery (design 9.22): drives ``output.fetch`` messages through `fetch_output`.
 
-    StoredAsset          task OUTPUT_FETCHING -> SUCCEEDED with the asset, lease released
+    StoredAsset          for every output of the job (each sample its own key, checksum and
+                         probe): task OUTPUT_FETCHING -> SUCCEEDED with all of them
+                         (`controlplane.domain.outputs`), lease released
     OutputExpired        re-query the provider job (`get_job`) for a fresh locator and retry;
                          never generate again; after `max_output_refreshes` the task FAILS
     OutputInvalid        task FAILED with the reason (fetching again cannot help)
@@ -13,13 +15,14 @@ adapter's FetchOutput stream as the request's byte source (`adapter_source`); ev
 output is a plain HTTP GET. Both go through the same checks and storage.
 
 The message is completed in the same transaction as the task's final state, so a crash
-re-fetches (the storage key is per attempt, so a second fetch overwrites the same object).
+re-fetches (the storage key is per attempt and sample, so a second fetch overwrites the same
+object). A failure of any sample decides the message as above; a retry fetches every sample again.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -30,9 +33,11 @@ from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.domain.breaker import Operation
 from controlplane.domain.failover import backoff_delay_s
 from controlplane.domain.outbox import Topic
+from controlplane.domain.outputs import output_document
 from controlplane.domain.states import TaskState
 from controlplane.execution.batching import run_batch
 from controlplane.execution.breakers import TRANSPORT_FAILURE, GuardedCall
+from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.events import (
     EventNormalizer,
     EventSource,
@@ -72,6 +77,7 @@ from controlplane.storage.base import ObjectStore, StorageError
 from vidroute_core.adapter import JobRef
 from vidroute_core.errors import ErrorClass, ProviderError
 from vidroute_core.logs import bind_ids
+from vidroute_core.spec import GenerationSpec
 
 __all__ = ["FetchFn", "OutputStep", "adapter_source", "fetcher_for"]
 
@@ -95,6 +101,38 @@ def _checksum(raw: str) -> ProviderChecksum | None:
         return ProviderChecksum(algorithm, digest) if digest else None
     except ValueError:
         return None
+
+
+def _request(
+    spec: GenerationSpec,
+    task_id: str,
+    attempt_id: int,
+    index: int,
+    output: Mapping[str, object],
+    *,
+    cfg: ExecutionConfig,
+) -> FetchRequest:
+    """The fetch of sample `index`; `ValueError` when its locator is unusable."""
+    expires = output.get("expires_at")
+    return FetchRequest(
+        task_id=task_id,
+        attempt_id=str(attempt_id),
+        source_uri=str(output.get("uri", "")),
+        expected=ExpectedMedia(
+            duration_ms=spec.output.duration_ms,
+            width=spec.output.width,
+            height=spec.output.height,
+            with_audio=spec.output.with_audio,
+        ),
+        max_bytes=cfg.max_output_bytes,
+        expected_mime=str(output.get("mime_type") or "video/mp4"),
+        provider_checksum=_checksum(str(output.get("checksum") or "")),
+        expires_at=datetime.fromisoformat(str(expires)) if expires else None,
+        # A silent request gets a silent file, whatever the model rendered: the compile
+        # plan's LOSSLESS "stripped on delivery" happens here.
+        strip_audio=not spec.output.with_audio,
+        sample_index=index,
+    )
 
 
 def _failure_of(error: ProviderError) -> OutputExpired | OutputInvalid | TransientFetchError:
@@ -164,51 +202,28 @@ class OutputStep:
             await complete(self._deps, message.id, cfg.worker_id)
             return
         attempt, job, runtime = snap
-        spec = detail.task.spec
         outputs = outputs_json(job)
+        spec = detail.task.spec
         result: FetchResult
+        stored: list[StoredAsset] = []
         if not outputs:
             result = OutputExpired("the provider reported no output locator")
         else:
-            first = outputs[0]
-            expires = first.get("expires_at")
             try:
-                request = FetchRequest(
-                    task_id=str(detail.task.id),
-                    attempt_id=str(attempt_id),
-                    source_uri=str(first.get("uri", "")),
-                    expected=ExpectedMedia(
-                        duration_ms=spec.output.duration_ms,
-                        width=spec.output.width,
-                        height=spec.output.height,
-                        with_audio=spec.output.with_audio,
-                    ),
-                    max_bytes=cfg.max_output_bytes,
-                    expected_mime=str(first.get("mime_type") or "video/mp4"),
-                    provider_checksum=_checksum(str(first.get("checksum") or "")),
-                    expires_at=datetime.fromisoformat(str(expires)) if expires else None,
-                    # A silent request gets a silent file, whatever the model rendered: the
-                    # compile plan's LOSSLESS "stripped on delivery" happens here.
-                    strip_audio=not spec.output.with_audio,
-                )
+                requests = [
+                    _request(spec, str(detail.task.id), attempt_id, index, output, cfg=cfg)
+                    for index, output in enumerate(outputs)
+                ]
             except ValueError as exc:
                 result = OutputExpired(f"unusable output locator: {exc}")
             else:
-                if first.get("fetch_through_adapter") and job is not None:
-                    request = await self._through_adapter(attempt, job, request)
-                account = await self._deps.reads.account(attempt.provider_account_id)
-                call = await self._deps.gate.begin(
-                    account, attempt.provider_model, Operation.DOWNLOAD_OUTPUT
-                )
-                if call is None:  # the DOWNLOAD_OUTPUT breaker refuses: not a fetch attempt
-                    wait = timedelta(seconds=cfg.breaker_retry_s)
-                    retry_at = self._deps.clock() + wait
-                    await retry_later(self._deps, message.id, cfg.worker_id, available_at=retry_at)
+                fetched = await self._fetch_all(message, attempt, job, requests, outputs)
+                if fetched is None:  # a breaker refused; the message is due again later
                     return
-                self.fetches += 1
-                result = await self._guarded_fetch(call, request)
+                result, stored = fetched
         if isinstance(result, StoredAsset):
-            await self._deliver(message, attempt_id, asdict(result))
+            document = output_document([asdict(a) for a in stored])
+            await self._deliver(message, attempt_id, document)
         elif isinstance(result, OutputInvalid):
             await self._fail(
                 message, attempt_id, f"OUTPUT_INVALID_{result.code.value}", result.reason
@@ -234,6 +249,39 @@ class OutputStep:
                 unit_random=self._deps.rng.random(),
             )
             await self._retry(message, attempt_id, "fetch_attempts", delay)
+
+    async def _fetch_all(
+        self,
+        message: OutboxRecord,
+        attempt: AttemptRecord,
+        job: ProviderJobRecord | None,
+        requests: list[FetchRequest],
+        outputs: list[dict[str, object]],
+    ) -> tuple[FetchResult, list[StoredAsset]] | None:
+        """Fetch every sample in order, stopping at the first that is not stored: (the last
+        result, the stored ones). None when the DOWNLOAD_OUTPUT breaker refused (the message is
+        then due again after `breaker_retry_s`; a refusal is not a fetch attempt)."""
+        cfg = self._deps.config
+        stored: list[StoredAsset] = []
+        result: FetchResult = OutputExpired("no output")
+        for output, plain in zip(outputs, requests, strict=True):
+            request = plain
+            if output.get("fetch_through_adapter") and job is not None:
+                request = await self._through_adapter(attempt, job, plain)
+            account = await self._deps.reads.account(attempt.provider_account_id)
+            call = await self._deps.gate.begin(
+                account, attempt.provider_model, Operation.DOWNLOAD_OUTPUT
+            )
+            if call is None:
+                retry_at = self._deps.clock() + timedelta(seconds=cfg.breaker_retry_s)
+                await retry_later(self._deps, message.id, cfg.worker_id, available_at=retry_at)
+                return None
+            self.fetches += 1
+            result = await self._guarded_fetch(call, request)
+            if not isinstance(result, StoredAsset):
+                break  # every sample or none: a retry fetches them all again
+            stored.append(replace(result, sample_index=plain.sample_index))
+        return result, stored
 
     async def _guarded_fetch(self, call: GuardedCall, request: FetchRequest) -> FetchResult:
         """Fetch, telling the breaker what the download says about the provider's endpoint."""
