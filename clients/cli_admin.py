@@ -176,4 +176,20 @@ def url(*, task_id: str, sample: int, expires_in: int, target: str | None, tls: 
     return 0
 
 
-COMMANDS = (providers, breakers, force_breaker, health, capabilities, download, url)
+@click.command("webhooks")
+@click.argument("task_id")
+@json_option
+@connection_options
+def webhooks(*, task_id: str, target: str | None, tls: bool | None, debug: bool,
+             as_json: bool) -> int:  # fmt: skip
+    """The task's caller webhook messages and every delivery attempt."""
+    with api(target, tls, debug) as client:
+        deliveries = client.webhook_deliveries(task_id)
+    if as_json:
+        render.print_json({"deliveries": [render.to_dict(d) for d in deliveries]})
+    else:
+        render.print_deliveries(deliveries, task_id)
+    return 0
+
+
+COMMANDS = (providers, breakers, force_breaker, health, capabilities, download, url, webhooks)

@@ -232,3 +232,29 @@ def print_breakers(breakers: Sequence[scheduler_pb2.BreakerStatus]) -> None:
             when(b.open_until),
         )
     console().print(table)
+
+
+def print_deliveries(deliveries: Sequence[scheduler_pb2.WebhookDelivery], task_id: str) -> None:
+    out = console()
+    if not deliveries:
+        out.print(f"task {task_id}: no webhook messages")
+        return
+    table = _table("WEBHOOK ID", "EVENT", "STATE", "ATTEMPTS", "LAST", "NEXT", "URL",
+                   right=("ATTEMPTS",))  # fmt: skip
+    for d in deliveries:
+        last = d.attempts[-1] if d.attempts else None
+        answer = (
+            "-"
+            if last is None
+            else f"{last.status_code or last.error or 'no answer'} at {when(last.sent_at)}"
+        )
+        table.add_row(
+            d.webhook_id,
+            d.event_type,
+            short(scheduler_pb2.WebhookDeliveryState, d.state, "WEBHOOK_DELIVERY_STATE_"),
+            str(len(d.attempts)),
+            answer,
+            when(d.next_attempt_at),
+            d.url,
+        )
+    out.print(table)
