@@ -1,10 +1,8 @@
-"""What every client command of `vidroute` shares: connection options, ``--json``, one place
-that turns failures into lines on stderr and an exit code (`clients.cli_errors`)."""
+"""What every client command of `vidroute` shares: the connection options, ``--json``, and
+the per-invocation `State` that `clients.cli.main` reads when it turns a failure into a line."""
 
 from __future__ import annotations
 
-import functools
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,24 +73,3 @@ def api(target: str | None, tls: bool | None, debug: bool = False) -> Iterator[C
     st.target = conn.target
     with connect(conn) as client:
         yield client
-
-
-def client_command(group: click.Group, name: str, **kwargs: Any) -> Callable[[F], F]:
-    """Register a client command with the connection options."""
-
-    def register(func: F) -> F:
-        @functools.wraps(func)
-        def wrapper(*args: Any, **kw: Any) -> Any:
-            state().debug = state().debug or bool(kw.get("debug"))
-            return func(*args, **kw)
-
-        group.command(name, **kwargs)(connection_options(wrapper))
-        return func
-
-    return register
-
-
-def fail(message: str, code: int = 1) -> click.exceptions.Exit:
-    """Print `message` as one error line and return the exit to raise."""
-    print(f"error: {message}", file=sys.stderr)
-    return click.exceptions.Exit(code)

@@ -45,15 +45,8 @@ class Integer(click.ParamType[int]):
 UINT32 = Integer(0, 2**32 - 1)
 INT32 = Integer(-(2**31), 2**31 - 1)
 INT64 = Integer(-(2**63), 2**63 - 1)
-TERMINAL = frozenset(
-    {
-        scheduler_pb2.TASK_STATE_SUCCEEDED,
-        scheduler_pb2.TASK_STATE_FAILED,
-        scheduler_pb2.TASK_STATE_CANCELLED,
-    }
-)
 _STATES = sorted(
-    n.removeprefix("TASK_STATE_").lower()
+    n.removeprefix("TASK_STATE_").lower().replace("_", "-")
     for n in scheduler_pb2.TaskState.keys()  # noqa: SIM118 - an enum wrapper, not a dict
     if n != "TASK_STATE_UNSPECIFIED"
 )
@@ -135,10 +128,17 @@ def _asset_help(slot: str, modes: str) -> str:
     "--reference", "references", multiple=True, help=_asset_help("Reference image", "repeatable")
 )
 @click.option("--wait", is_flag=True, help="Follow the task to its end: progress, timeline.")
+@click.option(
+    "--wait-timeout",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Give up waiting after this long (the task goes on; exit 1).",
+)
 @json_option
 @connection_options
 def submit(*, target: str | None, tls: bool | None, debug: bool, as_json: bool, wait: bool,
-           **fields: Any) -> int:  # fmt: skip
+           wait_timeout: float | None, **fields: Any) -> int:  # fmt: skip
     """Create a task from flags and/or a spec file."""
     request = build_request(SubmitFlags(**fields))
     with api(target, tls, debug) as client:
@@ -158,10 +158,10 @@ def submit(*, target: str | None, tls: bool | None, debug: bool, as_json: bool, 
             return 0
         if not as_json:
             print(f"task {task.task_id} created (key {created.idempotency_key}); waiting")
-        return _follow(client, task.task_id, as_json)
+        return _follow(client, task.task_id, as_json, wait_timeout)
 
 
-def _follow(client: Client, task_id: str, as_json: bool) -> int:
+def _follow(client: Client, task_id: str, as_json: bool, timeout: float | None) -> int:
     """Wait for the task's end showing progress; then the timeline and the task."""
     events: list[scheduler_pb2.TaskEvent] = []
     live = sys.stdout.isatty() and not as_json
@@ -173,7 +173,7 @@ def _follow(client: Client, task_id: str, as_json: bool) -> int:
             TimeElapsedColumn(),
         ) as bar:
             row = bar.add_task(f"task {task_id}", total=1.0, note="")
-            for event in client.watch(task_id):
+            for event in client.watch(task_id, timeout=timeout):
                 events.append(event)
                 done = event.progress.fraction if event.progress.HasField("fraction") else None
                 if event.task_state == scheduler_pb2.TASK_STATE_SUCCEEDED:
@@ -181,7 +181,7 @@ def _follow(client: Client, task_id: str, as_json: bool) -> int:
                 note = render.progress_text(event) or render.task_state(event.task_state)
                 bar.update(row, completed=done, note=note)
     else:
-        for event in client.watch(task_id):
+        for event in client.watch(task_id, timeout=timeout):
             events.append(event)
             if not as_json and (text := render.progress_text(event)):
                 print(f"progress {text}  ({render.task_state(event.task_state)})", flush=True)
@@ -226,7 +226,8 @@ def list_(*, tenant: str, state: str | None, limit: int, page_size: int, target:
           tls: bool | None, debug: bool, as_json: bool) -> int:  # fmt: skip
     """List tasks, newest first (pages fetched as needed, up to --limit)."""
     with api(target, tls, debug) as client:
-        found = client.list(tenant_id=tenant, state=state, page_size=min(page_size, limit + 1))
+        wanted = state.replace("-", "_") if state else None
+        found = client.list(tenant_id=tenant, state=wanted, page_size=min(page_size, limit + 1))
         tasks = list(itertools.islice(found, limit + 1))
     more = len(tasks) > limit
     del tasks[limit:]
