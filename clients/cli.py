@@ -16,7 +16,8 @@ token, tls), else localhost:50051; they send ``VIDROUTE_TOKEN`` (or the file's t
 admin token `vidroute up` leaves under ./var) as their bearer token. Tables by default, ``--json``
 on every read command. Errors are one line each on stderr (`clients.cli_errors`): a bad spec one
 line per field violation and exit code 2, an unreachable server the target tried and exit 1;
-tracebacks only with ``--debug``. ``vidroute COMMAND --help`` documents every option.
+tracebacks only with ``--debug`` (or ``VIDROUTE_DEBUG`` set). ``vidroute COMMAND --help``
+documents every option.
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ def _error(lines: Sequence[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; every failure becomes lines on stderr and an exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    state = State(debug="--debug" in args)
+    state = State(debug="--debug" in args or bool(os.environ.get("VIDROUTE_DEBUG")))
     try:
         with app.make_context("vidroute", args, obj=state) as ctx:
             result = app.invoke(ctx)
