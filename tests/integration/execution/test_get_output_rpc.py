@@ -326,3 +326,60 @@ async def test_s3_get_output_and_presigned_url_return_the_bytes(on_s3: Stack) ->
             metadata=on_s3.md(),
         )
     assert "expires_in_s" in _violations(too_long.value)
+
+
+async def _rounds(lite: Harness, rounds: int) -> None:
+    engine = lite.engines[-1]
+    await engine.run_until_idle()
+    for _ in range(rounds):
+        lite.clock.advance(120)
+        await engine.run_until_idle()
+
+
+async def test_a_sample_failing_transiently_is_fetched_again_with_the_others(
+    lite: Harness, file_server: FileServer, tmp_path: Path
+) -> None:
+    """While the second sample answers 503 the task stays OUTPUT_FETCHING with nothing recorded;
+    once it answers, both samples are stored (the first fetched again, same key)."""
+    first = file_server.serve("/out/a.mp4", CLIPS[0])
+    second = file_server.serve("/out/b.mp4", b"busy", status=503, content_type="text/plain")
+    outputs = (JobOutput(first, "video/mp4"), JobOutput(second, "video/mp4"))
+    lite.fake.set_job("job-3", JobSnapshot(JobState.SUCCEEDED, "DONE", "{}", 1.0, outputs))
+    attempt = await lite.task_with_attempt(provider="runway")
+    lite.fake.script_submit(lite.fake.accepted("job-3"))
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        lite.fetch = fetcher_for(http, FilesystemObjectStore(tmp_path / "objects"))  # type: ignore[assignment]
+        lite.engine()
+        await _rounds(lite, 1)
+        waiting = (await lite.detail(attempt.task_id)).task
+        assert (waiting.state, waiting.output_asset) == (TaskState.OUTPUT_FETCHING, None)
+        file_server.serve("/out/b.mp4", CLIPS[1])
+        await _rounds(lite, 3)
+    task = (await lite.detail(attempt.task_id)).task
+    assert task.state is TaskState.SUCCEEDED
+    assert task.output_asset is not None
+    samples = task.output_asset["samples"]
+    assert [s["checksum_sha256"] for s in samples] == [hashlib.sha256(c).hexdigest() for c in CLIPS]
+    assert file_server.hits.count("/out/a.mp4?X-Signature=secret") == 2
+
+
+async def test_one_invalid_sample_fails_the_task(
+    lite: Harness, file_server: FileServer, tmp_path: Path
+) -> None:
+    """An HTML page as the second sample fails the task OUTPUT_INVALID_MIME_TYPE: a delivery is
+    every sample or none."""
+    first = file_server.serve("/out/a.mp4", CLIPS[0])
+    second = file_server.serve("/out/b.mp4", b"<html>quota</html>", content_type="text/html")
+    outputs = (JobOutput(first, "video/mp4"), JobOutput(second, "video/mp4"))
+    lite.fake.set_job("job-4", JobSnapshot(JobState.SUCCEEDED, "DONE", "{}", 1.0, outputs))
+    attempt = await lite.task_with_attempt(provider="runway")
+    lite.fake.script_submit(lite.fake.accepted("job-4"))
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        lite.fetch = fetcher_for(http, FilesystemObjectStore(tmp_path / "objects"))  # type: ignore[assignment]
+        lite.engine()
+        await _rounds(lite, 3)
+    task = (await lite.detail(attempt.task_id)).task
+    assert task.state is TaskState.FAILED
+    assert task.failure is not None
+    assert task.failure.code == "OUTPUT_INVALID_MIME_TYPE"
+    assert task.output_asset is None
