@@ -176,9 +176,13 @@ class OutputService:
                 labels={"store": type(store).__name__},
             )
         lifetime = expires_in_s or self._url_ttl_s
+        key = str(sample.get("key", ""))
         now = self._clock()
         try:
-            url = await store.presigned_get_url(str(sample.get("key", "")), lifetime)
+            # One HEAD: a URL to nothing (the store was changed or emptied) is no answer.
+            if not await store.exists(key):
+                raise _missing(key)
+            url = await store.presigned_get_url(key, lifetime)
         except StorageError as exc:
             raise Unavailable("object store") from exc
         return OutputUrl(url, now + timedelta(seconds=lifetime), sample)

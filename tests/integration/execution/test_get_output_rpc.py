@@ -294,7 +294,8 @@ async def test_s3_get_output_and_presigned_url_return_the_bytes(on_s3: Stack) ->
     GetOutputUrl's URL, fetched with plain httpx and no credentials, returns the same bytes.
     Its lifetime is the asked one (else the configured default) both in the signature
     (X-Amz-Expires, which S3 enforces) and in expires_at; moto does not enforce X-Amz-Expires,
-    so a refused GET after expiry cannot be shown here."""
+    so a refused GET after expiry cannot be shown here. An object gone from the store is
+    FAILED_PRECONDITION OUTPUT_OBJECT_MISSING for both RPCs."""
     resumed = b"".join(m.data for m in await on_s3.read(sample=1, limit=1000))
     resumed += b"".join(m.data for m in await on_s3.read(sample=1, offset=1000))
     assert resumed == CLIPS[1]
@@ -326,6 +327,19 @@ async def test_s3_get_output_and_presigned_url_return_the_bytes(on_s3: Stack) ->
             metadata=on_s3.md(),
         )
     assert "expires_in_s" in _violations(too_long.value)
+    # The object vanishes from the store (emptied, or another store configured): refused.
+    asset = (await on_s3.lite.detail(int(on_s3.task_id))).task.output_asset
+    assert asset is not None
+    await on_s3.store.delete(asset["samples"][1]["key"])
+    with pytest.raises(grpc.aio.AioRpcError) as no_url:
+        await on_s3.stub.GetOutputUrl(
+            api.GetOutputUrlRequest(task_id=on_s3.task_id, sample_index=1), metadata=on_s3.md()
+        )
+    with pytest.raises(grpc.aio.AioRpcError) as no_bytes:
+        await on_s3.read(sample=1)
+    for missing in (no_url.value, no_bytes.value):
+        assert missing.code() is grpc.StatusCode.FAILED_PRECONDITION
+        assert _error_info(missing).reason == "OUTPUT_OBJECT_MISSING"
 
 
 async def _rounds(lite: Harness, rounds: int) -> None:
