@@ -1,24 +1,29 @@
 """``vidroute-contract``: run the adapter contract suite against an already-running adapter.
 
     vidroute-contract --adapter 127.0.0.1:50061 --emulator http://127.0.0.1:8101 \\
-        --profile runway [--unresolvable-adapter HOST:PORT] [--update-goldens] [pytest args]
+        --profile runway --adapter-config adapter_sidecars/runway/config.example.yaml \\
+        [--unresolvable-adapter HOST:PORT] [--update-goldens] [pytest args]
 
-Anything not recognised here is passed to pytest (``-k cancel``, ``-x``, ``-v`` ...). Golden
-files are read from ``./tests/testdata/<adapter>/`` unless ``--goldens-dir`` says otherwise.
-Exit status is pytest's: 0 all passed, 1 some failed, 2-5 usage or collection problems.
+The same as ``pytest --vidroute-adapter ... --vidroute-emulator ... --vidroute-profile ...``
+(the ``vidroute_contract`` plugin); anything not recognised here is passed to pytest (``-k
+cancel``, ``-x``, ``-v`` ...). Golden files are read from ``./tests/testdata/<adapter>/`` unless
+``--goldens-dir`` says otherwise. Exit status is pytest's: 0 all passed, 1 some failed, 2-5
+usage or collection problems.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from adapter_sidecars.contract import bound
-
+#: The plugin's pytest11 entry-point name, and its module for a checkout that is not installed.
+ENTRY_POINT = "vidroute_contract"
 PLUGIN = "adapter_sidecars.contract.plugin"
+_ALREADY_IMPORTED = "Module already imported so cannot be rewritten; adapter_sidecars"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="built-in profile (runway, veo, selfhosted) or a profile YAML file",
     )
     parser.add_argument(
+        "--adapter-config",
+        type=Path,
+        metavar="FILE",
+        help="the adapter's config file: timings are read from it (at VIDROUTE_TIME_SCALE)",
+    )
+    parser.add_argument(
         "--unresolvable-adapter",
         metavar="HOST:PORT",
         help="the same adapter configured with an unresolvable provider host (DNS boundary test)",
@@ -54,28 +65,42 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _plugin_spec() -> str:
+    """``-p`` value loading the plugin: by entry point when installed, else by module."""
+    installed = any(
+        ep.name == ENTRY_POINT for ep in importlib.metadata.entry_points(group="pytest11")
+    )
+    return ENTRY_POINT if installed else PLUGIN
+
+
 def pytest_args(args: argparse.Namespace, extra: Sequence[str]) -> list[str]:
     """The pytest command line equivalent to `args` plus the pass-through `extra`."""
     goldens = args.goldens_dir or Path.cwd() / "tests" / "testdata"
     argv = [
         "-p",
-        PLUGIN,
+        _plugin_spec(),
         "-p",
         "no:cacheprovider",
-        str(Path(bound.__file__)),
-        "--adapter",
+        # pytest marks every package of a distribution with a pytest11 entry point for
+        # assertion rewriting; this command has imported ours already (harmless: the suite's
+        # own modules are imported later and rewritten).
+        "-W",
+        f"ignore:{_ALREADY_IMPORTED}:pytest.PytestAssertRewriteWarning",
+        "--vidroute-adapter",
         args.adapter,
-        "--emulator",
+        "--vidroute-emulator",
         args.emulator,
-        "--profile",
+        "--vidroute-profile",
         args.profile,
-        "--goldens-dir",
+        "--vidroute-goldens-dir",
         str(goldens.resolve()),
     ]
+    if args.adapter_config:
+        argv += ["--vidroute-adapter-config", str(args.adapter_config)]
     if args.unresolvable_adapter:
-        argv += ["--unresolvable-adapter", args.unresolvable_adapter]
+        argv += ["--vidroute-unresolvable-adapter", args.unresolvable_adapter]
     if args.update_goldens:
-        argv.append("--update-goldens")
+        argv.append("--vidroute-update-goldens")
     return [*argv, *extra]
 
 

@@ -120,6 +120,12 @@ class AdapterProfile:
         conclusive (a request still in flight could yet create a job); NOT_FOUND is awaited
         for up to submit_read_timeout_s + recovery_settle_s (+ slack).
       base_spec / golden_specs / unsupported_overrides: specs in proto3 JSON form.
+      emulator_options: the emulator settings the suite's expectations assume (``advance:
+        polls``, ``delete_mode: delete`` ...), as ``--flag value`` options of the emulator's
+        command line (`emulator_flags`); CI starts the emulator with exactly these.
+
+    The two timings are best not written here: ``--vidroute-adapter-config`` reads them from
+    the adapter's configuration file (`timings`), so they cannot drift from what the sidecar runs.
     """
 
     name: str
@@ -148,6 +154,7 @@ class AdapterProfile:
     unsupported_overrides: Mapping[str, Any] = field(
         default_factory=lambda: dict(_UNSUPPORTED_OVERRIDES)
     )
+    emulator_options: Mapping[str, Any] = field(default_factory=dict)
 
     # -- derived capabilities --------------------------------------------------------------
     @property
@@ -184,6 +191,17 @@ class AdapterProfile:
             raise ProfileError(f"unknown golden case {case!r}; known: {sorted(GOLDEN_CASE_MODES)}")
         built_in = merge(self.base_spec, _GOLDEN_OVERRIDES[case])
         return merge(built_in, self.golden_specs.get(case, {}))
+
+    def emulator_flags(self) -> list[str]:
+        """`emulator_options` as command-line flags: ``["--delete-mode", "delete", ...]``."""
+        flags: list[str] = []
+        for key, value in self.emulator_options.items():
+            flag = "--" + key.replace("_", "-")
+            if isinstance(value, bool):
+                flags.append(flag if value else "--no-" + key.replace("_", "-"))
+            else:
+                flags += [flag, str(value)]
+        return flags
 
     def model_for(self, mode: str) -> str:
         try:

@@ -5,11 +5,14 @@ adapter sidecar as separate processes (``python -m adapter_sidecars.<name> --con
 --port-file ...``), plus a second sidecar whose provider host is ``nonexistent.invalid`` for the
 DNS boundary, and parametrizes the suite over runway, veo and selfhosted. Processes live for one
 provider's tests at a time (session-scoped, parametrized fixture) and are stopped afterwards.
-With ``--adapter/--emulator/--profile`` it tests that one already-running adapter instead.
+With ``--vidroute-adapter/--vidroute-emulator/--vidroute-profile`` it tests that one
+already-running adapter instead.
 
-Emulators run in ``advance=polls`` mode (each GetJob moves a job one step), so state
-progressions are deterministic; sidecars use short timeouts (submit read 1.5 s) so the
-read-timeout boundary costs seconds, not minutes.
+Each emulator runs with its profile's ``emulator_options`` (``advance=polls``: each GetJob
+moves a job one step, so state progressions are deterministic); sidecars use short timeouts
+(submit read 1.5 s) so the read-timeout boundary costs seconds, not minutes, and each profile
+takes its timings from the sidecar config generated here (`with_timings`), the way
+``--vidroute-adapter-config`` takes them from an author's config file.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from adapter_sidecars.contract.fixtures import *  # noqa: F403 - binds the suite's fixtures here
 from adapter_sidecars.contract.harness import (
     ManagedProcess,
     sidecar_config,
@@ -28,46 +32,53 @@ from adapter_sidecars.contract.harness import (
     start_sidecar,
     write_sidecar_config,
 )
-from adapter_sidecars.contract.plugin import *  # noqa: F403 - registers the contract plugin here
-from adapter_sidecars.contract.profile import load_profile
+from adapter_sidecars.contract.plugin import option
+from adapter_sidecars.contract.profile import AdapterProfile, load_profile
 from adapter_sidecars.contract.target import ContractTarget, Endpoints
+from adapter_sidecars.contract.timings import with_timings
 
 ROOT = Path(__file__).resolve().parents[2]
 UNRESOLVABLE_URL = "http://nonexistent.invalid:8080"
-POLLS = {"advance": "polls", "queued_polls": 1, "running_polls": 2}
 
 
 @dataclass(frozen=True)
 class LocalProvider:
-    """How to run one provider locally: emulator module + options, sidecar module + options."""
+    """How to run one provider locally: emulator and sidecar modules, the sidecar's provider
+    options (the emulator's come from the profile's ``emulator_options``)."""
 
     emulator_module: str
     sidecar_module: str
-    emulator_options: dict[str, Any] = field(default_factory=dict)
     provider_options: dict[str, Any] = field(default_factory=dict)
+
+    def config(self, base_url: str) -> dict[str, Any]:
+        """The sidecar configuration CI runs this provider's adapter with."""
+        return sidecar_config(base_url, provider_options=self.provider_options)
 
 
 PROVIDERS: dict[str, LocalProvider] = {
     "runway": LocalProvider(
         "adapter_sidecars.emulators.runway",
         "adapter_sidecars.runway",
-        # Real Runway deletes on DELETE /v1/tasks/{id} (later GETs 404); emulate that.
-        {**POLLS, "delete_mode": "delete"},
         {"api_version": "2024-11-06", "recovery_settle_seconds": 0},
     ),
     "veo": LocalProvider(
         "adapter_sidecars.emulators.veo",
         "adapter_sidecars.veo",
-        dict(POLLS),
         {"recovery_settle_seconds": 0},
     ),
     "selfhosted": LocalProvider(
         "adapter_sidecars.emulators.selfhosted",
         "adapter_sidecars.selfhosted",
-        dict(POLLS),
         {"recovery_settle_seconds": 0},
     ),
 }
+
+
+def local_profile(name: str) -> AdapterProfile:
+    """The built-in profile of `name` with the timings of the sidecar config CI runs it with."""
+    return with_timings(load_profile(name), PROVIDERS[name].config(UNRESOLVABLE_URL))
+
+
 _RUNNING: list[ManagedProcess] = []
 
 
@@ -75,10 +86,10 @@ def pytest_contract_targets(  # type: ignore[no-redef]  # this binding replaces 
     config: pytest.Config,
 ) -> list[ContractTarget] | None:
     """The three in-repo adapters, unless one external adapter is named on the command line."""
-    if config.getoption("adapter", default=None):
-        return targets_from_options(config)  # noqa: F405 - from the plugin
+    if option(config, "adapter"):
+        return targets_from_options(config)  # noqa: F405 - from the suite's fixtures
     features = frozenset({"unresolvable_adapter"})
-    return [ContractTarget(load_profile(name), features) for name in PROVIDERS]
+    return [ContractTarget(local_profile(name), features) for name in PROVIDERS]
 
 
 @pytest.fixture(scope="session")  # type: ignore[no-redef]  # this binding replaces the plugin's
@@ -89,11 +100,11 @@ def contract_endpoints(
 ) -> Iterator[Endpoints]:
     """Start the emulator and two sidecars (normal + unresolvable host) of this provider."""
     config = request.config
-    if config.getoption("adapter", default=None):
+    if option(config, "adapter"):
         yield Endpoints(
-            config.getoption("adapter"),
-            config.getoption("emulator"),
-            config.getoption("unresolvable_adapter", default=None),
+            option(config, "adapter"),
+            option(config, "emulator"),
+            option(config, "unresolvable_adapter"),
         )
         return
     name = contract_target.id
@@ -101,15 +112,12 @@ def contract_endpoints(
     workdir = tmp_path_factory.mktemp(f"contract-{name}")
     started: list[ManagedProcess] = []
     try:
-        emulator = start_emulator(local.emulator_module, workdir, local.emulator_options, cwd=ROOT)
+        emulator_options = contract_target.profile.emulator_options
+        emulator = start_emulator(local.emulator_module, workdir, emulator_options, cwd=ROOT)
         started.append(emulator)
         configs = {
-            f"{name}-sidecar": sidecar_config(
-                emulator.url, provider_options=local.provider_options
-            ),
-            f"{name}-dns-sidecar": sidecar_config(
-                UNRESOLVABLE_URL, provider_options=local.provider_options
-            ),
+            f"{name}-sidecar": local.config(emulator.url),
+            f"{name}-dns-sidecar": local.config(UNRESOLVABLE_URL),
         }
         sidecars = {}
         for label, cfg in configs.items():
