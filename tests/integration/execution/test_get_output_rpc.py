@@ -208,6 +208,12 @@ async def _ranges_and_resume_give_the_stored_bytes(on_disk: Stack) -> None:
     assert (end.offset, end.data, end.output.size_bytes) == (len(clip), b"", len(clip))
     past = await on_disk.read(sample=1, offset=len(clip) - 10, limit=len(clip))
     assert b"".join(m.data for m in past) == clip[-10:]
+    for offset in range(0, len(clip) + 1, 331):  # a sweep across chunk boundaries
+        for limit in (0, 1, CHUNK - 1, CHUNK, CHUNK + 1):
+            messages = await on_disk.read(sample=1, offset=offset, limit=limit)
+            end = offset + limit if limit else None
+            assert b"".join(m.data for m in messages) == clip[offset:end], (offset, limit)
+            assert messages[0].offset == offset
 
 
 async def _bad_sample_offset_and_limit_are_invalid_argument(on_disk: Stack) -> None:
