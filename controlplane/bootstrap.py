@@ -122,7 +122,6 @@ from controlplane.metrics import (
 )
 from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
-from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.records import AccountInfo, AttemptRecord
 from controlplane.persistence.webhooks import WebhookStore
 from controlplane.reconciliation import delta_by_provider
@@ -138,7 +137,7 @@ from controlplane.service.cost_gauges import CostGaugeRefresher
 from controlplane.service.outputs import DEFAULT_URL_TTL_S, OutputService
 from controlplane.service.tasks import TaskService
 from controlplane.service.webhooks import WebhookSubscriptions
-from controlplane.startup import check_adapters, check_listen, lock_sqlite, refuse
+from controlplane.startup import check_adapters, check_listen, lock_sqlite, migrate, refuse
 from controlplane.storage import object_store_from_url
 from controlplane.storage.base import MAX_PRESIGN_S
 from controlplane.wakeups import LocalWakeBus, wake_bus_for
@@ -671,7 +670,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     settings: Settings, release: list[Callable[[], Awaitable[Any]]]
 ) -> ControlPlaneServer:
     if settings.migrate_on_start:
-        await upgrade(settings.database_url)
+        await migrate(settings.database_url)  # a database that does not answer: refused
     db = Database.from_url(settings.database_url)
     cleanup: list[Callable[[], Awaitable[Any]]] = []
     wakeups = await _wakeups(settings, db, cleanup)

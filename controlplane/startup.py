@@ -1,14 +1,16 @@
 """Refusing to start, in one line: the checks `controlplane.bootstrap` runs before serving.
 
 A control plane that cannot do its job as configured stops at start with one log line naming
-the cause and the fix, and exit status `EXIT_CONFIG` (``EX_CONFIG`` of sysexits.h), never a
-traceback: `StartupRefused` is a `SystemExit`, so uncaught it ends the process with that
-status and prints nothing more; in process (tests) it is caught like any exception.
+the cause and the fix, and exit status `EXIT_CONFIG` (``EX_CONFIG`` of sysexits.h; a database
+that does not answer: `EXIT_UNAVAILABLE`), never a traceback: `StartupRefused` is a
+`SystemExit`, so uncaught it ends the process with that status and prints nothing more; in
+process (tests) it is caught like any exception.
 
 * No adapters and not an API-only replica (`check_adapters`): tasks would queue forever.
 * Another control plane on the same embedded SQLite file (`SqliteLock`): an exclusive
   ``flock`` on ``<database file>.lock``, held until shutdown.
 * The listen port taken (`vidroute_core.wire.listen.PortInUse`, raised by the server's bind).
+* The database not answering when the migrations run (`migrate`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from typing import IO, NoReturn
 
 from sqlalchemy.engine import make_url
 
+from controlplane.persistence.errors import is_outage
+from controlplane.persistence.migrate import upgrade
 from vidroute_core.wire.listen import PortInUse, address_in_use
 
 log = logging.getLogger(__name__)
 
 EXIT_CONFIG = 78  # EX_CONFIG: the configuration does not allow this process to run
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a service it needs does not answer
 # What to do about a busy listen port (`PortInUse`).
 LISTEN_FIX = (
     "another vidroute up or serve? Stop it, or set VIDROUTE_LISTEN (or --listen) to a free "
@@ -38,18 +43,18 @@ LISTEN_FIX = (
 class StartupRefused(SystemExit):
     """The control plane refused to start; ``str()`` is the one line that says why."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(EXIT_CONFIG)
+    def __init__(self, reason: str, code: int = EXIT_CONFIG) -> None:
+        super().__init__(code)
         self.reason = reason
 
     def __str__(self) -> str:
         return self.reason
 
 
-def refuse(reason: str) -> NoReturn:
+def refuse(reason: str, code: int = EXIT_CONFIG) -> NoReturn:
     """Log the one line and raise `StartupRefused`."""
     log.error("refusing to start: %s", reason)
-    raise StartupRefused(reason)
+    raise StartupRefused(reason, code)
 
 
 def check_adapters(adapters: Mapping[str, str], api_only: bool) -> None:
@@ -67,6 +72,22 @@ def check_listen(listen: str) -> None:
     """Refuse when something listens on `listen` already (checked before anything starts)."""
     if address_in_use(listen):
         refuse(str(PortInUse(listen, LISTEN_FIX)))
+
+
+async def migrate(database_url: str) -> None:
+    """Apply the migrations; a database that does not answer is a refusal that names it."""
+    try:
+        await upgrade(database_url)
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        where = make_url(database_url).render_as_string(hide_password=True)
+        cause = (str(exc).strip().splitlines() or [""])[0]
+        refuse(
+            f"the database {where} does not answer ({type(exc).__name__}: {cause}): start it, "
+            "or point VIDROUTE_DATABASE_URL at one that runs",
+            EXIT_UNAVAILABLE,
+        )
 
 
 def sqlite_file(database_url: str) -> Path | None:

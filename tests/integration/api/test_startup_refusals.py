@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -20,7 +21,7 @@ import pytest
 
 from controlplane.bootstrap import Settings, start_control_plane
 from controlplane.server import ControlPlaneServer
-from controlplane.startup import EXIT_CONFIG, StartupRefused
+from controlplane.startup import EXIT_CONFIG, EXIT_UNAVAILABLE, StartupRefused
 from vidroute_core.wire.listen import SERVER_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -79,6 +80,23 @@ def test_serve_without_adapters_refuses_in_one_line_before_writing(tmp_path: Pat
     assert "VIDROUTE_ADAPTERS" in line, line
     assert "VIDROUTE_API_ONLY=1" in line, line
     assert not (tmp_path / "var").exists()
+
+
+async def test_a_database_that_does_not_answer_is_named_in_the_refusal() -> None:
+    """A PostgreSQL URL nothing listens on: `StartupRefused` with exit status 69, naming the
+    database (password hidden) and VIDROUTE_DATABASE_URL."""
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql+asyncpg://vidroute:secret@127.0.0.1:{port}/vidroute"
+    with pytest.raises(StartupRefused) as refused:
+        await start_control_plane(Settings(database_url=url, listen="127.0.0.1:0", api_only=True))
+    assert refused.value.code == EXIT_UNAVAILABLE
+    reason = str(refused.value)
+    assert f"the database postgresql+asyncpg://vidroute:***@127.0.0.1:{port}/vidroute" in reason
+    assert "does not answer" in reason, reason
+    assert "VIDROUTE_DATABASE_URL" in reason, reason
+    assert "secret" not in reason
 
 
 async def test_without_adapters_only_an_api_only_replica_starts(tmp_path: Path) -> None:
