@@ -4,9 +4,10 @@ a control plane on SQLite), configured the way the README says: ``VIDROUTE_TARGE
 ``VIDROUTE_TOKEN`` instead of ``--target`` on every call.
 
 One stack for the module. The five modes are submitted at once with ``--wait`` (each prints its
-progress lines, the state timeline and the task); then explain, list, cancel and watch, download
-(bytes equal to the stored object), a bad spec (one line per field violation, exit 2) and an
-unreachable server (one line naming the target, exit 1).
+progress lines, the state timeline and the task); then explain, get, list, cancel and watch (a
+task held by an operator's open breaker), download (bytes equal to the stored object), the
+operator commands, a bad spec (one line per field violation, exit 2) and an unreachable server
+(one line naming the target, exit 1).
 """
 
 from __future__ import annotations
@@ -24,14 +25,14 @@ from typing import Any
 import pytest
 
 from tests.support.module_stack import started_platform
-from tests.support.stack import ControlPlane, free_port, local_path
+from tests.support.stack import ControlPlane, free_port, local_path, wait_for
 from vidroute.common.v1 import generation_pb2 as gen
 from vidroute.scheduler.v1 import scheduler_pb2 as sp
 
-pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(120)]
+# The module's first test also starts the platform and waits for the five submits.
+pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(240)]
 
-# Jobs take 60 s of production time at the providers, 3 s here; a 10 s self-hosted clip holds a
-# GPU for 90 s (4.5 s here), long enough to cancel it while it runs.
+# Jobs take 60 s of production time at the providers: 3 s here.
 TIME_SCALE = 0.05
 VIDROUTE = Path(sys.executable).with_name("vidroute")
 ASSETS = "https://assets.example.com"
@@ -73,8 +74,20 @@ class User:
         )
 
     def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        proc = self.popen(*args)
-        out, err = proc.communicate(timeout=timeout)
+        return self.finish(self.popen(*args), timeout)
+
+    def finish(
+        self, proc: subprocess.Popen[str], timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        """Its output once it exits; killed (and the test failed with what it said) if not."""
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(
+                f"{proc.args!r} still running after {timeout} s:\n{out}\n{err}\n{self.cp.logs()}"
+            )
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
     def json(self, *args: str) -> Any:
@@ -119,10 +132,9 @@ def submitted(user: User) -> dict[str, Submitted]:
     }  # fmt: skip
     results = {}
     for mode, proc in procs.items():
-        out, err = proc.communicate(timeout=90)
-        done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-        created = re.search(r"^task (\d+) created", out, re.MULTILINE)
-        assert created, (mode, out, err)
+        done = user.finish(proc, timeout=120)
+        created = re.search(r"^task (\d+) created", done.stdout, re.MULTILINE)
+        assert created, (mode, done.stdout, done.stderr)
         results[mode] = Submitted(done, user.cp.get_task(created.group(1)))
     return results
 
@@ -197,17 +209,38 @@ def test_explain_get_and_list_show_the_tasks(user: User, submitted: dict[str, Su
     assert "raise --limit" in table.stdout
 
 
-def test_cancel_a_running_task_and_watch_it_end(user: User) -> None:
-    """cancel says what it did (cancelled, or the provider asked to stop); watch streams the
+def test_cancel_a_held_task_and_watch_it_end(user: User) -> None:
+    """An operator forces the self-hosted model's breaker OPEN (force-breaker; breakers shows it
+    forced), so a task pinned to it stays QUEUED; cancel says it cancelled it; watch streams the
     events, one line each, to CANCELLED; a second cancel says the task had already finished."""
-    created = user.json(
-        "submit", "--tenant", "acme", "--prompt", "a long kite",
-        "--provider", "self_hosted", "--model", "wan2.2-t2v", "--duration", "10",
-    )  # fmt: skip
-    task_id = created["task_id"]
-    cancelled = user.run("cancel", task_id, "--reason", "changed my mind")
+    account = next(p for p in user.json("providers")["providers"] if p["provider"] == "self_hosted")
+    breaker = [
+        *("self_hosted", "--account", account["account"], "--region", account["region"]),
+        *("--model", "wan2.2-t2v"),
+    ]
+    forced = user.run("force-breaker", *breaker, "--state", "open", "--reason", "cli drill")
+    assert forced.returncode == 0, forced.stderr
+    try:
+        shown = user.json("breakers", "--provider", "self_hosted")["breakers"]
+        assert any(b.get("forced") and b["model"] == "wan2.2-t2v" for b in shown), shown
+        created = user.json(
+            "submit", "--tenant", "acme", "--prompt", "a held kite",
+            "--provider", "self_hosted", "--model", "wan2.2-t2v",
+        )  # fmt: skip
+        task_id = created["task_id"]
+        # The dispatcher's next round decides: the only candidate's breaker is open.
+        wait_for(
+            lambda: "CIRCUIT_OPEN" in user.run("explain", task_id).stdout,
+            timeout_s=30,
+            interval_s=0.2,
+            what=f"task {task_id} explained as held by the open breaker",
+        )
+        assert user.cp.get_task(task_id).state == sp.TASK_STATE_QUEUED
+        cancelled = user.run("cancel", task_id, "--reason", "changed my mind")
+    finally:
+        user.run("force-breaker", *breaker, "--state", "release", "--reason", "cli drill")
     assert cancelled.returncode == 0, cancelled.stderr
-    assert re.match(rf"task {task_id}: (cancelled|cancel requested)", cancelled.stdout), (
+    assert cancelled.stdout.startswith(f"task {task_id}: cancelled; now CANCELLED"), (
         cancelled.stdout
     )
     watched = user.run("watch", task_id)
@@ -255,3 +288,25 @@ def test_an_unreachable_server_is_one_line_naming_the_target(user: User) -> None
     assert done.returncode == 1
     assert done.stderr.startswith(f"error: cannot reach the control plane at {target} ")
     assert len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_operator_commands_show_the_platform(user: User) -> None:
+    """providers prints the capability matrix (every provider's models with their versions),
+    health reports SERVING (exit 0), and a capability document with a bad entry is refused with
+    one line per violation (exit 2)."""
+    matrix = user.run("providers")
+    assert matrix.returncode == 0, matrix.stderr
+    for provider, model in (("runway", "gen4.5"), ("google", "veo-3.1-generate-preview")):
+        name = re.escape(model)
+        row = rf"^{provider}\s+\S+\s+\S+\s+{name}\s+\S+\s+{provider}/{name}/"
+        assert re.search(row, matrix.stdout, re.MULTILINE), matrix.stdout
+    assert "self_hosted" in matrix.stdout
+    health = user.run("health")
+    assert health.returncode == 0, health.stdout + health.stderr
+    assert re.search(r"^vidroute\.scheduler\.v1\.SchedulerService\s+SERVING$", health.stdout, re.M)
+    bad = user.workdir / "bad-capabilities.yaml"
+    bad.write_text("provider: runway\nmodel: gen9\n", encoding="utf-8")
+    refused = user.run("capabilities", "publish", str(bad), "--dry-run")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.startswith("error: document"), refused.stderr
+    assert "Traceback" not in refused.stderr
