@@ -68,11 +68,23 @@ def test_recipe_emulator_flags_give_the_profile_emulator_options(name: str) -> N
 
 
 @pytest.mark.parametrize("name", ADAPTERS)
-def test_recipe_adapter_port_is_the_example_config_listen_port(name: str) -> None:
-    """The port the recipe hands the sidecar is the one its example config listens on."""
+def test_recipe_ports_are_the_example_config_ports(name: str) -> None:
+    """The recipe's ports are the example config's listen port and its emulator base URL's."""
     example = ROOT / "adapter_sidecars" / name / "config.example.yaml"
-    listen = str(yaml.safe_load(example.read_text(encoding="utf-8"))["listen"])
-    assert listen == f"127.0.0.1:{VARIABLES[name]['adapter_port']}"
+    data = yaml.safe_load(example.read_text(encoding="utf-8"))
+    assert str(data["listen"]) == f"127.0.0.1:{VARIABLES[name]['adapter_port']}"
+    assert data["provider"]["base_url"] == f"http://127.0.0.1:{VARIABLES[name]['emulator_port']}"
+
+
+def test_recipe_points_the_sidecar_at_the_recipe_emulator() -> None:
+    """The sidecar line takes its listen port and provider URL from the recipe's variables."""
+    sidecar = re.compile(
+        r"^VIDROUTE_ADAPTER_BASE_URL=http://127\.0\.0\.1:\$emulator_port \\\n"
+        r"\s+\.venv/bin/python -m adapter_sidecars\.\$adapter .*"
+        r"--listen 127\.0\.0\.1:\$adapter_port &$",
+        re.M,
+    )
+    assert sidecar.search(BLOCK), BLOCK
 
 
 @pytest.mark.parametrize("name", ADAPTERS)
