@@ -21,9 +21,14 @@ and the dispatcher reads its next rows (`more`), so the order is that of reading
 In-flight tasks are one ``GROUP BY tenant_id`` aggregate, not rows. Heads are a light
 projection (no spec); the full rows of a round's take are read once (`tasks`).
 
-The known limit: a round costs O(groups), ~70 us per group (bench/RESULTS.md: 3,601 groups,
-263 ms), and past ``max_groups`` the groups last in index order are not seen that round. A
-per-tenant user cursor (read only the next users of the tenants served) would remove it.
+Which groups a round reads: the (class, tenant) pairs come from a skip scan over tenants (one
+probe each), filtered to the dispatcher's shard in the query (sha256 bucket of the tenant, as
+`domain.scoring.bucket`; on SQLite that function is registered on the connection); of each
+tenant only a *window* of users is read: from the first group past the tenant's cursor (the
+last user the dispatcher's window went past, `UserCursors`, carried in the DRR checkpoint) in
+index order, wrapping round, at most ~2x the round's share per tenant (at least 4 users). So a
+round reads O(tenants x window) groups whatever the backlog and however many users a tenant
+has; `max_groups` still bounds it.
 
 ``fair_queue_state`` is the deficit round robin's checkpoint per shard, written by the leader
 after each round that served something: a new leader starts from it and serves in the order the
@@ -32,8 +37,9 @@ old one would have. Losing it loses no task, only the last round's credit and de
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +49,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from controlplane.domain.scoring import bucket
 from controlplane.domain.states import TaskState
 from controlplane.persistence import _rows
 from controlplane.persistence.models import fair_queue_state as S
@@ -53,31 +60,110 @@ from vidroute_core.spec import ServiceClass
 if TYPE_CHECKING:
     from controlplane.persistence.database import Database
 
-__all__ = ["GroupKey", "QueueHead", "QueueHeads", "QueueQueries", "oldest_by_class"]
+__all__ = [
+    "GroupKey",
+    "QueueHead",
+    "QueueHeads",
+    "QueueQueries",
+    "UserCursors",
+    "oldest_by_class",
+]
 
 GroupKey = tuple[str, str, str, float]  # service class, tenant, user, priority (an integer)
 
 _TYPED = frozenset({"created_at", "deadline_at", "queue_deadline_at"})
 
-# Next group after g: the index's first QUEUED entry past g's key (row comparison, one probe).
-_GROUPS = """
-WITH RECURSIVE g(sc, te, us, pr) AS (
+# The (class, tenant) pairs with QUEUED rows: one index probe per tenant (a skip scan), kept
+# when the tenant hashes to this shard (`domain.scoring.bucket`: sha256, first 8 bytes, mod n).
+_TENANTS = """
+WITH RECURSIVE tn(sc, te) AS (
   SELECT * FROM (
-    SELECT service_class, tenant_id, user_id, priority FROM generation_tasks
-    WHERE status = 'QUEUED'
-    ORDER BY service_class, tenant_id, user_id, priority LIMIT 1
-  ) AS first_group
+    SELECT service_class, tenant_id FROM generation_tasks WHERE status = 'QUEUED'
+    ORDER BY service_class, tenant_id LIMIT 1
+  ) AS first_tenant
   UNION ALL
-  SELECT t.service_class, t.tenant_id, t.user_id, t.priority
-  FROM g JOIN generation_tasks t ON t.id = (
+  SELECT t.service_class, t.tenant_id FROM tn JOIN generation_tasks t ON t.id = (
     SELECT t2.id FROM generation_tasks t2
-    WHERE t2.status = 'QUEUED'
-      AND (t2.service_class, t2.tenant_id, t2.user_id, t2.priority) > (g.sc, g.te, g.us, g.pr)
+    WHERE t2.status = 'QUEUED' AND (t2.service_class, t2.tenant_id) > (tn.sc, tn.te)
     ORDER BY t2.service_class, t2.tenant_id, t2.user_id, t2.priority, t2.id LIMIT 1
   )
 ),
-groups AS (SELECT * FROM g LIMIT :max_groups)
+mine AS (
+  SELECT sc, te FROM tn WHERE CAST(:shards AS integer) = 1 OR {bucket} = CAST(:shard AS integer)
+),
 """
+_BUCKET_POSTGRESQL = (
+    "mod(mod(CAST(CAST(CAST('x' || encode(substring(sha256(convert_to(te, 'UTF8')) FROM 1 FOR 8),"
+    " 'hex') AS bit(64)) AS bigint) AS numeric) + 18446744073709551616,"
+    " 18446744073709551616), CAST(:shards AS integer))"
+)
+_BUCKET_SQLITE = "vidroute_bucket(te, CAST(:shards AS integer))"
+_CURSORS_POSTGRESQL = """
+cur AS (
+  SELECT * FROM jsonb_to_recordset(CAST(:cursors AS jsonb)) AS c(sc text, te text, us text, pr int)
+),
+"""
+_CURSORS_SQLITE = """
+cur AS (
+  SELECT json_extract(value, '$.sc') AS sc, json_extract(value, '$.te') AS te,
+         json_extract(value, '$.us') AS us, json_extract(value, '$.pr') AS pr
+  FROM json_each(:cursors)
+),
+"""
+# Each tenant's window of users: from the first group past the tenant's cursor (the last user
+# served), in index order, wrapping round to its first group, at most `cap` groups: a round reads
+# O(tenants x cap) groups, not every user's. cap = 2 x the round's share per tenant, at least
+# :min_users, at most :per_group_max (a round of B tasks never serves more than B users).
+_WINDOWS = """
+caps(cap) AS (
+  SELECT CASE WHEN count(*) = 0 THEN 1 ELSE {max}(CAST(:min_users AS integer), {min}(
+    CAST(:per_group_max AS integer), (2 * :per_group_max + count(*) - 1) / count(*))) END
+  FROM mine
+),
+g(sc, te, us, pr, n, wrapped, cus, cpr) AS (
+  SELECT t.service_class, t.tenant_id, t.user_id, t.priority, 1,
+         cur.us IS NOT NULL AND (t.user_id, t.priority) <= (cur.us, cur.pr), cur.us, cur.pr
+  FROM mine LEFT JOIN cur ON cur.sc = mine.sc AND cur.te = mine.te
+  JOIN generation_tasks t ON t.id = COALESCE(
+    (SELECT t2.id FROM generation_tasks t2 WHERE t2.status = 'QUEUED'
+       AND t2.service_class = mine.sc AND t2.tenant_id = mine.te
+       AND cur.us IS NOT NULL AND (t2.user_id, t2.priority) > (cur.us, cur.pr)
+     ORDER BY t2.service_class, t2.tenant_id, t2.user_id, t2.priority, t2.id LIMIT 1),
+    (SELECT t2.id FROM generation_tasks t2 WHERE t2.status = 'QUEUED'
+       AND t2.service_class = mine.sc AND t2.tenant_id = mine.te
+     ORDER BY t2.service_class, t2.tenant_id, t2.user_id, t2.priority, t2.id LIMIT 1))
+  UNION ALL
+  SELECT t.service_class, t.tenant_id, t.user_id, t.priority, g.n + 1,
+         g.wrapped OR (t.user_id, t.priority) <= (g.us, g.pr), g.cus, g.cpr
+  FROM g JOIN generation_tasks t ON g.n < (SELECT cap FROM caps) AND t.id = COALESCE(
+    (SELECT t2.id FROM generation_tasks t2 WHERE t2.status = 'QUEUED'
+       AND t2.service_class = g.sc AND t2.tenant_id = g.te
+       AND (t2.user_id, t2.priority) > (g.us, g.pr)
+       AND (NOT g.wrapped OR (t2.user_id, t2.priority) <= (g.cus, g.cpr))
+     ORDER BY t2.service_class, t2.tenant_id, t2.user_id, t2.priority, t2.id LIMIT 1),
+    (SELECT t2.id FROM generation_tasks t2 WHERE t2.status = 'QUEUED'
+       AND NOT g.wrapped AND g.cus IS NOT NULL
+       AND t2.service_class = g.sc AND t2.tenant_id = g.te
+       AND (t2.user_id, t2.priority) <= (g.cus, g.cpr)
+     ORDER BY t2.service_class, t2.tenant_id, t2.user_id, t2.priority, t2.id LIMIT 1))
+),
+groups AS (SELECT sc, te, us, pr, n FROM g LIMIT :max_groups)
+"""
+
+
+def _groups_sql(postgres: bool) -> str:
+    if postgres:
+        return (
+            _TENANTS.format(bucket=_BUCKET_POSTGRESQL)
+            + _CURSORS_POSTGRESQL
+            + _WINDOWS.format(max="greatest", min="least")
+        )
+    return (
+        _TENANTS.format(bucket=_BUCKET_SQLITE)
+        + _CURSORS_SQLITE
+        + _WINDOWS.format(max="max", min="min")
+    )
+
 
 # A requeued task whose latest requeue asks to wait is not a head yet.
 _DUE = """
@@ -108,9 +194,10 @@ def _heads_sql(postgres: bool) -> str:
             f"CAST(t.spec -> 'output' ->> '{f}' AS bigint) AS {f}" for f in _OUTPUT_FIELDS
         )
         return (
-            _GROUPS
+            _groups_sql(True)
             + f"""
-SELECT h.*, {per_group} AS per_group FROM groups CROSS JOIN LATERAL (
+SELECT h.*, groups.n AS window_rank, (SELECT cap FROM caps) AS window_cap,
+  {per_group} AS per_group FROM groups CROSS JOIN LATERAL (
   SELECT {_LIGHT.format(t="t")}, {output} FROM generation_tasks t
   WHERE t.status = 'QUEUED' AND t.service_class = groups.sc AND t.tenant_id = groups.te
     AND t.user_id = groups.us AND t.priority = groups.pr AND {_DUE}
@@ -122,10 +209,10 @@ ORDER BY h.service_class, h.tenant_id, h.user_id, h.priority, h.id
     per_group = _PER_GROUP.format(max="max", min="min")
     output = ", ".join(f"json_extract(t.spec, '$.output.{f}') AS {f}" for f in _OUTPUT_FIELDS)
     return (
-        _GROUPS
+        _groups_sql(False)
         + f"""
-SELECT ranked.*, {per_group} AS per_group FROM (
-  SELECT {_LIGHT.format(t="t")}, {output}, row_number() OVER (
+SELECT ranked.*, (SELECT cap FROM caps) AS window_cap, {per_group} AS per_group FROM (
+  SELECT {_LIGHT.format(t="t")}, {output}, groups.n AS window_rank, row_number() OVER (
     PARTITION BY t.service_class, t.tenant_id, t.user_id, t.priority ORDER BY t.id
   ) AS head_rank
   FROM generation_tasks t JOIN groups
@@ -232,7 +319,7 @@ def oldest_by_class(heads: Iterable[QueueHead], now: datetime) -> dict[str, floa
 
 @dataclass(frozen=True, slots=True)
 class QueueHeads:
-    """One round's view of the queue: due heads of every group, grouped, oldest first."""
+    """One round's view of the queue: due heads of every group read, grouped, oldest first."""
 
     tasks: list[QueueHead]
     # Groups that returned `per_group` rows and so may hold more due tasks than were read.
@@ -240,6 +327,29 @@ class QueueHeads:
     groups: int
     per_group: int
     in_flight: dict[str, int]  # tasks per tenant in the states asked for
+    # Each group's place in its tenant's window of users (1 = first after the cursor), and the
+    # window's size this round: a tenant whose window is full may have users not read.
+    ranks: dict[GroupKey, int] = field(default_factory=dict)
+    window_cap: int = 0
+
+
+UserCursors = Mapping[tuple[str, str], tuple[str, int]]
+"""(service class, tenant) -> (user, priority) of the last group its window went past."""
+
+
+def _sqlite_bucket(key: str, buckets: int) -> int:
+    return bucket(key, buckets)
+
+
+def _register_bucket(sync_conn: Any) -> None:
+    """SQLite has no sha256: the shard filter calls `domain.scoring.bucket`, registered once per
+    DBAPI connection."""
+    record = sync_conn.connection
+    if not record.info.get("vidroute_bucket"):
+        record.dbapi_connection.create_function(
+            "vidroute_bucket", 2, _sqlite_bucket, deterministic=True
+        )
+        record.info["vidroute_bucket"] = True
 
 
 class QueueQueries:
@@ -256,21 +366,36 @@ class QueueQueries:
         per_group_max: int,
         max_groups: int = 10_000,
         in_flight_states: Sequence[TaskState] = (),
+        shard: int = 0,
+        shard_count: int = 1,
+        cursors: UserCursors | None = None,
+        min_users: int = 4,
     ) -> QueueHeads:
-        """The due heads of every group: about `rows` rows in all, at most `per_group_max` each;
-        with the in-flight counts per tenant of `in_flight_states`, on the same connection."""
+        """The due heads of the groups in every tenant's window of users: about `rows` rows in
+        all, at most `per_group_max` each; only tenants of `shard` (of `shard_count`); each
+        tenant's window starts after its cursor (see `_WINDOWS`); with the in-flight counts per
+        tenant of `in_flight_states`, on the same connection."""
         rows, per_group_max = max(1, rows), max(1, per_group_max)
+        shard_count = max(1, shard_count)
+        cursor_rows = [
+            {"sc": sc, "te": te, "us": us, "pr": int(pr)}
+            for (sc, te), (us, pr) in (cursors or {}).items()
+        ]
         async with self._db.reading() as conn:
             postgres = conn.dialect.name == "postgresql"
             if postgres:
                 # The per-group LIMIT is a subquery, so the planner guesses thousands of rows per
                 # group and JIT-compiles a ~1 ms query for ~350 ms (EXPLAIN on 1M queued rows).
                 await conn.execute(text("SET LOCAL jit = off"))
+            else:
+                await conn.run_sync(_register_bucket)
             sql = _HEADS_POSTGRESQL if postgres else _HEADS_SQLITE
             stmt = (
                 text(sql)
                 .bindparams(bindparam("now", type_=T.c.created_at.type))
-                .columns(**_types(), per_group=Integer())
+                .columns(
+                    **_types(), per_group=Integer(), window_rank=Integer(), window_cap=Integer()
+                )
             )
             result = await conn.execute(
                 stmt,
@@ -279,18 +404,26 @@ class QueueQueries:
                     "rows": rows,
                     "per_group_max": per_group_max,
                     "max_groups": max_groups,
+                    "shard": shard % shard_count,
+                    "shards": shard_count,
+                    "cursors": json.dumps(cursor_rows),
+                    "min_users": max(1, min_users),
                 },
             )
             found = result.mappings().all()
             in_flight = await _count_by_tenant(conn, in_flight_states) if in_flight_states else {}
         tasks = [_head(m) for m in found]
         per_group = int(found[0]["per_group"]) if found else 1
+        cap = int(found[0]["window_cap"]) if found else 0
         counts: dict[GroupKey, int] = {}
-        for task in tasks:
-            counts[task.group] = counts.get(task.group, 0) + 1
+        ranks: dict[GroupKey, int] = {}
+        for task, m in zip(tasks, found, strict=True):
+            key = task.group
+            counts[key] = counts.get(key, 0) + 1
+            ranks[key] = int(m["window_rank"])
         groups = len(counts)
         partial = frozenset(k for k, n in counts.items() if n >= per_group)
-        return QueueHeads(tasks, partial, groups, per_group, in_flight)
+        return QueueHeads(tasks, partial, groups, per_group, in_flight, ranks, cap)
 
     async def more(
         self, group: GroupKey, *, after_id: int, now: datetime, limit: int

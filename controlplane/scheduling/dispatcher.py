@@ -7,10 +7,12 @@ over when the leader's database session dies. Each round (`tick`):
    while the catalog is not ready (`CatalogReadiness`: empty, or lacking what a configured
    adapter described) the round is skipped and every task stays QUEUED;
 2. rebuild the fair queue from PostgreSQL (QUEUED tasks are the facts; the DRR state carried
-   over from the last round only accelerates, 9.12.4): the due heads of every (class, tenant,
-   user, priority) group and the in-flight count per tenant (`persistence.queue`), never a scan
-   of the oldest rows, so a light tenant behind any flood is served in the next round; the DRR
-   state is checkpointed per shard after each round, and a new leader starts from it;
+   over from the last round only accelerates, 9.12.4): the due heads of the (class, tenant,
+   user, priority) groups of this shard's tenants, of each tenant a window of users from its
+   cursor on, and the in-flight count per tenant (`persistence.queue`), never a scan of the
+   oldest rows, so a light tenant behind any flood is served in the next round; the DRR state
+   and the user cursors are checkpointed per shard after each round, and a new leader starts
+   from them;
 3. the round's take is dispatched as ONE batch (`dispatch_batch`): compile verdicts for the
    whole batch first (cached per candidate, capability/price version and normalized spec hash;
    the misses called concurrently), then each task routed in memory on the round's single read
@@ -27,7 +29,8 @@ over when the leader's database session dies. Each round (`tick`):
    the outcome changed (QUEUED -> SCHEDULING -> QUEUED with the decision).
    NO_ELIGIBLE_CANDIDATE records the decision and fails the task with every candidate's reason.
 
-`dispatch(task)` is the one-task path (operators, tests): its own transactions, same rules.
+A batch of one (`dispatch_batch([task], ...)`) is the way to dispatch a single task: there is
+one path.
 """
 
 from __future__ import annotations
@@ -60,8 +63,7 @@ from controlplane.metrics import ControlPlaneMetrics
 from controlplane.persistence import batch
 from controlplane.persistence.catalog import IN_FLIGHT_TASK_STATES, CatalogQueries
 from controlplane.persistence.database import Database
-from controlplane.persistence.errors import ConcurrentModification
-from controlplane.persistence.queue import QueueHead, QueueQueries
+from controlplane.persistence.queue import GroupKey, QueueHead, QueueHeads, QueueQueries
 from controlplane.persistence.queue import oldest_by_class as queue_ages
 from controlplane.persistence.records import Failure, NewAttempt, NewRouteDecision, TaskRecord
 from controlplane.scheduling.dispatch_metrics import count_decision
@@ -70,8 +72,6 @@ from controlplane.scheduling.gather import (
     CompileCache,
     CompileJob,
     RoundCapacity,
-    capacity_views,
-    compile_all,
     compile_many,
     lease_dimensions,
 )
@@ -80,7 +80,7 @@ from controlplane.scheduling.leader import LeaderLock
 from controlplane.scheduling.parking import Parking, Signature
 from controlplane.scheduling.readiness import CatalogReadiness
 from vidroute_core import tracing
-from vidroute_core.logs import add_ids, bind_ids, ids_of
+from vidroute_core.logs import bind_ids
 
 log = logging.getLogger(__name__)
 _Tenanted = TypeVar("_Tenanted", TaskRecord, QueueHead)
@@ -130,6 +130,9 @@ class DispatchResult:
     attempt_id: int | None = None
 
 
+_MOVED_ON = (DispatchOutcome.SELECTED, DispatchOutcome.FAILED)
+
+
 class Dispatcher:
     """Routes queued tasks into attempts; run one per shard under a `LeaderLock`."""
 
@@ -153,6 +156,9 @@ class Dispatcher:
         self._catalog_at = 0.0
         self._fq_snapshot: fq.FairQueueSnapshot | None = None
         self._fq_loaded = False  # the shard's DRR checkpoint is read once per leadership
+        # Per (class, tenant): the last user its window of users went past (persistence.queue).
+        self._cursors: dict[tuple[str, str], tuple[str, int]] = {}
+        self._next_cursors: dict[tuple[str, str], tuple[str, int]] = {}
         self._queue = QueueQueries(db)
         # Shared with the other replicas through the monitor's shared state (scale-out).
         self._incumbents: dict[tuple[str, str, str], Incumbent] = monitor.incumbents
@@ -162,6 +168,7 @@ class Dispatcher:
         self._catalog_version = ""
         self.leading = False
         self.dispatched = 0
+        self.progressed = 0  # tasks the last round moved on (an attempt or a failure)
         self.readiness = CatalogReadiness()  # the composition root names the adapters
         self.skipped_rounds = 0
         self._unready_reason: str | None = None
@@ -213,7 +220,9 @@ class Dispatcher:
                 except Exception:  # a bad round must not kill the leader; log and retry
                     log.exception("dispatch round failed")
                     done = 0
-                if done == 0:
+                # A round that moved nothing on (empty, or every task still waiting for
+                # capacity) waits for a wake or the poll interval instead of spinning.
+                if done == 0 or not self.progressed:
                     await self._pause(stop, self.config.poll_interval_s)
         finally:
             self.leading = False
@@ -292,15 +301,18 @@ class Dispatcher:
         throttled = Counter[tuple[str, str]]()
         tasks = [by_id[item.task_id] for item in picked]
         results = await self.dispatch_batch(tasks, facts, catalog=catalog, view=view)
+        self.progressed = sum(r.outcome in _MOVED_ON for r in results)
         for result in results:
             task_facts = facts.get(result.task_id, RequeueFacts())
             count_decision(self.metrics, result.decision, task_facts, catalog, throttled)
         done = len(tasks)
         self.metrics.throttled_round(throttled)
         self._fq_snapshot = queue.snapshot()
+        self._cursors = self._next_cursors
         if done:
+            state = dict(self._fq_snapshot) | {"user_cursors": _dump_cursors(self._cursors)}
             try:
-                await self._queue.save_state(cfg.shard, self._fq_snapshot, self._clock())
+                await self._queue.save_state(cfg.shard, state, self._clock())
             except Exception:  # only the checkpoint is lost: the next leader starts afresh
                 log.warning("fair queue checkpoint not saved", exc_info=True)
         self.dispatched += done
@@ -320,27 +332,33 @@ class Dispatcher:
     ):
         """Read the group heads (9.12.4), settle the overdue, and pop this round's take."""
         cfg = self.config
+        if not self._fq_loaded:  # a new leader serves on from the shard's checkpoint
+            state = await self._queue.load_state(cfg.shard)
+            self._fq_snapshot = fq.parse_snapshot(state)
+            self._cursors = _parse_cursors(state)
+            self._fq_loaded = True
+        # Only this shard's tenants, and of each only its window of users (persistence.queue).
         heads = await self._queue.heads(
             now=self._clock(),
             rows=cfg.scan_limit,
             per_group_max=cfg.batch_size,
             in_flight_states=IN_FLIGHT_TASK_STATES,
+            shard=cfg.shard,
+            shard_count=cfg.shard_count,
+            cursors=self._cursors,
         )
-        queued = self._mine(heads.tasks)
         at = self._clock()
-        queued = await self._settle(queued, at)
+        queued = await self._settle(heads.tasks, at)
         self.metrics.queue_ages(queue_ages(queued, at))
         if not queued:
             return None
         # One read for the round; a task never moved (version 0) was never requeued.
         facts = await self._catalogs.requeue_facts([t.id for t in queued if t.status_version > 0])
-        if not self._fq_loaded:  # a new leader serves on from the shard's checkpoint
-            self._fq_snapshot = fq.parse_snapshot(await self._queue.load_state(cfg.shard))
-            self._fq_loaded = True
+        items = [_queued(t) for t in queued]
         queue = fq.FairQueue.rebuild(
             cfg.fair_queue,
             time.time,
-            [_queued(t) for t in queued],
+            items,
             snapshot=self._fq_snapshot,
             in_flight_counts=heads.in_flight,
             partial=heads.partial,
@@ -355,6 +373,8 @@ class Dispatcher:
             return (nb is None or nb <= now) and not parking.waiting(task_id, now)
 
         picked = await self._pop_round(queue, queued, facts, eligible, now)
+        ready = {h.group for h, item in zip(queued, items, strict=True) if eligible(item)}
+        self._next_cursors = _advance_cursors(self._cursors, heads, ready, picked)
         # Full rows (the spec) only for the take; one cancelled meanwhile is just left out.
         records = await self._queue.tasks([int(t.task_id) for t in picked])
         take = [t for t in picked if int(t.task_id) in records]
@@ -798,209 +818,10 @@ class Dispatcher:
             until=min(later) if later else None,
         )
 
-    # ---- one task -------------------------------------------------------------------------------
-
-    async def dispatch(self, task: TaskRecord, facts: RequeueFacts | None = None) -> DispatchResult:
-        """Route one QUEUED task end to end (see the module docstring); lines carry its ids, and
-        its span continues the task's trace from CreateTask (`vidroute_core.tracing`)."""
-        with bind_ids(task_id=task.id), tracing.continue_trace("dispatch", task.trace_context):
-            return await self._dispatch(task, facts)
-
-    async def _dispatch(self, task: TaskRecord, facts: RequeueFacts | None) -> DispatchResult:
-        await self.catalog()
-        if self.not_ready() is not None:
-            return DispatchResult(task.id, DispatchOutcome.SKIPPED)  # it stays QUEUED
-        now = self._clock()
-        if not await self._move_task(
-            task.id, task.status_version, TaskState.SCHEDULING, "dispatch", now
-        ):
-            return DispatchResult(task.id, DispatchOutcome.SKIPPED)
-        version = task.status_version + 1
-        try:
-            return await self._route_and_commit(task, version, facts or RequeueFacts(), now)
-        except ConcurrentModification:
-            return DispatchResult(task.id, DispatchOutcome.SKIPPED)  # e.g. cancelled meanwhile
-        except Exception:
-            await self._back_to_queue(task.id, version, "dispatch_error")
-            raise
-
-    async def _route_and_commit(
-        self, task: TaskRecord, version: int, facts: RequeueFacts, now: datetime
-    ) -> DispatchResult:
-        catalog = await self.catalog()
-        spec = task.spec
-        group = (task.tenant_id, spec.service_class.value, spec.mode.value)
-        # OPEN breakers (the candidate's or its account's), and HALF_OPEN ones whose probe
-        # slots are all taken, refuse here; `admit` below is what actually takes a probe slot.
-        circuit_open = {}
-        for c in catalog.candidates:
-            if (reason := await self.monitor.refusal(submit_key(c))) is not None:
-                circuit_open[c.id] = reason
-        ctx = RoutingContext(
-            now=now,
-            circuit_open=circuit_open,
-            excluded=facts.excluded,
-            soft_excluded=facts.soft_excluded,
-            same_model_only=facts.same_model_only,
-            allowed_regions=self.config.allowed_regions.get(task.tenant_id),
-            incumbent=self._incumbents.get(group),
-            canary_stages=self.config.canary_stages,
-        )
-        # The hard filters run once per candidate (`screen`); capacity and health only for
-        # the candidates that survive them; `route` reuses the screen.
-        screened = screen(spec, catalog.candidates, ctx, catalog.version)
-        survivors = screened.survivors()
-        capacity = await capacity_views(self._leases, survivors, self.config.default_concurrency)
-        health = {c.id: h for c in survivors if (h := self.monitor.health_view(c.id)) is not None}
-        ctx = _with(ctx, capacity=capacity, health=health)
-        compiled, plans = await compile_all(
-            self._adapters,
-            spec,
-            screened.survivors(capacity),
-            timeout_s=self.config.compile_timeout_s,
-        )
-        decision = route(
-            str(task.id),
-            spec,
-            catalog.candidates,
-            compiled,
-            cfg=self.router,
-            ctx=ctx,
-            catalog_version=catalog.version,
-            screened=screened,
-        )
-        if decision.outcome is Outcome.SELECTED:
-            return await self._lease_and_persist(
-                task=task,
-                version=version,
-                decision=decision,
-                plans=plans,
-                catalog=catalog,
-                group=group,
-            )
-        if decision.outcome is Outcome.NO_CAPACITY:
-            return await self._record(task, version, decision, TaskState.QUEUED)
-        return await self._record(task, version, decision, TaskState.FAILED, facts.error_class)
-
-    async def _lease_and_persist(
-        self,
-        *,
-        task: TaskRecord,
-        version: int,
-        decision: RouteDecisionSnapshot,
-        plans: Mapping[str, Any],
-        catalog: CapabilityCatalog,
-        group: tuple[str, str, str],
-    ) -> DispatchResult:
-        attempt_no = await self._catalogs.attempt_count(task.id) + 1
-        key = f"{task.id}-{attempt_no}-{secrets.token_hex(6)}"  # fixed before the transaction
-        refused: list[str] = []
-        for cid in decision.ranked:
-            candidate = catalog.by_id(cid)
-            if candidate is None:
-                continue
-            breaker = submit_key(candidate)
-            if not await self.monitor.admit(breaker, key):  # e.g. a HALF_OPEN probe slot taken
-                refused.append(cid)
-                continue
-            lease = await self._leases.acquire(
-                LeaseRequest(
-                    attempt_id=key,
-                    account=candidate.lease_account,
-                    dimensions=lease_dimensions(candidate, self.config.default_concurrency),
-                    ttl_ms=self.config.lease_ttl_ms,
-                    max_term_ms=self.config.lease_max_term_ms,
-                )
-            )
-            if lease is None:
-                await self.monitor.release(breaker, key)
-                refused.append(cid)
-                continue
-            final = decision.after_leasing(cid, refused)
-            plan, ops = plans[cid], candidate.capability.operations
-            attempt = NewAttempt(
-                provider_account_id=candidate.account_id,
-                provider_model=candidate.model,
-                provider_model_version=plan.model_version or candidate.model_version,
-                capability_version=plan.capability_version or candidate.capability_version,
-                price_version=plan.price_version or candidate.price.price_version,
-                routing_policy_version=self.router.policy.version,
-                client_request_key=key,
-                normalized_spec_hash=task.spec_hash,
-                compile_plan=dict(plan.plan_json),
-                estimated_cost_micros=plan.estimated_cost_micros,
-                currency=plan.currency,
-                request_hash=plan.request_hash or None,
-                lease_token=lease.token,
-                fencing_token=lease.fencing_token,
-            )
-            try:
-                async with self._db.unit(self._clock()) as u:
-                    record, _ = await u.create_attempt(
-                        task.id,
-                        version,
-                        attempt,
-                        NewRouteDecision(
-                            self.router.policy.version,
-                            final.outcome.value,
-                            final.to_json(),
-                            selected_candidate=cid,
-                        ),
-                        outbox_payload={
-                            "lease_account": candidate.lease_account,
-                            "supports_idempotency_key": ops.client_idempotency_key,
-                            **tracing.carrier(),  # the submit worker continues this trace
-                        },
-                    )
-            except BaseException:
-                await self._leases.release(lease)  # 9.20: a lease without an attempt is a leak
-                await self.monitor.release(breaker, key)
-                raise
-            self._remember(group, cid)
-            add_ids(**ids_of(record))
-            log.info("task %s: attempt %s on %s (key %s)", task.id, record.id, cid, key)
-            return DispatchResult(task.id, DispatchOutcome.SELECTED, final, record.id)
-        return await self._record(
-            task, version, decision.after_leasing(None, refused), TaskState.QUEUED
-        )
-
     def _remember(self, group: tuple[str, str, str], chosen: str) -> None:
         current = self._incumbents.get(group)
         if current is None or current.candidate_id != chosen:
             self._incumbents[group] = Incumbent(chosen, self._clock().timestamp())
-
-    async def _record(
-        self,
-        task: TaskRecord,
-        version: int,
-        decision: RouteDecisionSnapshot,
-        target: TaskState,
-        error_class: str = "",
-    ) -> DispatchResult:
-        failure = None
-        if target is TaskState.FAILED:
-            failure = Failure(
-                _ending_class(decision, error_class),
-                decision.outcome.value,
-                decision.failure_message()[:4000],
-            )
-        async with self._db.unit(self._clock()) as u:
-            stored = await u.record_decision(
-                task.id,
-                version,
-                target,
-                NewRouteDecision(
-                    self.router.policy.version, decision.outcome.value, decision.to_json()
-                ),
-                reason=decision.outcome.value,
-                failure=failure,
-            )
-        if stored is None:
-            return DispatchResult(task.id, DispatchOutcome.SKIPPED, decision)
-        outcome = (
-            DispatchOutcome.FAILED if target is TaskState.FAILED else DispatchOutcome.NO_CAPACITY
-        )
-        return DispatchResult(task.id, outcome, decision)
 
     async def _move_task(
         self, task_id: int, version: int, target: TaskState, reason: str, now: datetime
@@ -1008,12 +829,6 @@ class Dispatcher:
         """One task CAS in a unit of its own; True if it applied."""
         async with self._db.unit(now) as u:
             return await u.move_task_at(task_id, version, target, reason)
-
-    async def _back_to_queue(self, task_id: int, version: int, reason: str) -> None:
-        try:
-            await self._move_task(task_id, version, TaskState.QUEUED, reason, self._clock())
-        except Exception:  # it stays SCHEDULING until the next leader's `recover_orphans`
-            log.exception("task %s could not go back to QUEUED", task_id)
 
 
 def _ending_class(decision: RouteDecisionSnapshot, error_class: str) -> str:
@@ -1036,6 +851,50 @@ def _past_a_deadline(head: QueueHead, now: datetime) -> bool:
     return (head.deadline_at is not None and now >= head.deadline_at) or (
         head.queue_deadline_at is not None and now >= head.queue_deadline_at
     )
+
+
+def _advance_cursors(
+    old: Mapping[tuple[str, str], tuple[str, int]],
+    heads: QueueHeads,
+    ready: set[GroupKey],
+    picked: list[fq.QueuedTask],
+) -> dict[tuple[str, str], tuple[str, int]]:
+    """Each tenant's window moves past its leading groups that were served or could not be
+    (parked, backing off); it stops at the first one that could have been served and was not,
+    so every user of a tenant with more users than a window gets its turn in index order. A
+    tenant whose users all fit in the window needs no cursor."""
+    served = {(t.service_class.value, t.tenant_id, t.user_id, int(t.priority)) for t in picked}
+    windows: dict[tuple[str, str], list[tuple[int, GroupKey]]] = {}
+    for group, rank in heads.ranks.items():
+        windows.setdefault((group[0], group[1]), []).append((rank, group))
+    out: dict[tuple[str, str], tuple[str, int]] = {}
+    for tenant, window in windows.items():
+        window.sort()
+        if window[-1][0] < heads.window_cap:
+            continue  # every user of the tenant was read
+        last = old.get(tenant)
+        for _, group in window:
+            if group in ready and group not in served:
+                break
+            last = (group[2], int(group[3]))
+        if last is not None:
+            out[tenant] = last
+    return out
+
+
+def _dump_cursors(cursors: Mapping[tuple[str, str], tuple[str, int]]) -> list[list[Any]]:
+    return [[sc, te, us, pr] for (sc, te), (us, pr) in sorted(cursors.items())]
+
+
+def _parse_cursors(state: Mapping[str, Any] | None) -> dict[tuple[str, str], tuple[str, int]]:
+    """The checkpoint's user cursors; anything malformed is dropped (windows start afresh)."""
+    out: dict[tuple[str, str], tuple[str, int]] = {}
+    for row in (state or {}).get("user_cursors") or []:
+        if isinstance(row, list) and len(row) == 4:
+            sc, te, us, pr = row
+            if all(isinstance(v, str) for v in (sc, te, us)) and isinstance(pr, int):
+                out[(sc, te)] = (us, pr)
+    return out
 
 
 def _queued(task: QueueHead) -> fq.QueuedTask:

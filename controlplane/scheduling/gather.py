@@ -38,42 +38,6 @@ def lease_dimensions(candidate: Candidate, default_concurrency: int) -> tuple[Di
     )
 
 
-async def capacity_views(
-    leases: LeaseStore, candidates: Sequence[Candidate], default_concurrency: int
-) -> dict[str, CapacityView]:
-    """Lease pre-check per candidate: O(1) counter reads, issued concurrently.
-
-    (`LeaseStore.snapshot` would read every lease record of the account: too slow here.)
-    A lease store error reads as "no free slot" for that candidate (fail safe).
-    """
-    accounts = sorted({c.lease_account for c in candidates})
-
-    async def accepting(account: str) -> bool | None:
-        try:
-            return await leases.accepting_new(account)
-        except LeaseError as exc:
-            log.warning("lease pre-check for %s failed: %r", account, exc)
-            return None
-
-    async def view(c: Candidate, open_: bool | None) -> CapacityView:
-        dims = lease_dimensions(c, default_concurrency)
-        if open_ is None:
-            return CapacityView(0, dims[-1].capacity)
-        try:
-            used = await asyncio.gather(*(leases.used(c.lease_account, d.key) for d in dims))
-        except LeaseError as exc:
-            log.warning("lease pre-check for %s failed: %r", c.id, exc)
-            return CapacityView(0, dims[-1].capacity)
-        free = min(d.capacity - n for d, n in zip(dims, used, strict=True))
-        return CapacityView(max(0, free), dims[-1].capacity, open_)
-
-    flags = dict(
-        zip(accounts, await asyncio.gather(*(accepting(a) for a in accounts)), strict=True)
-    )
-    views = await asyncio.gather(*(view(c, flags[c.lease_account]) for c in candidates))
-    return {c.id: v for c, v in zip(candidates, views, strict=True)}
-
-
 def compile_result(plan: CompiledPlan) -> CompileResult:
     """The adapter's plan in the domain's terms."""
     return CompileResult(
@@ -85,34 +49,6 @@ def compile_result(plan: CompiledPlan) -> CompileResult:
         currency=plan.currency,
         request_hash=plan.request_hash,
     )
-
-
-async def compile_all(
-    adapters: Mapping[str, AdapterClient],
-    spec: GenerationSpec,
-    candidates: Sequence[Candidate],
-    *,
-    timeout_s: float,
-) -> tuple[dict[str, CompileResult], dict[str, CompiledPlan]]:
-    """Compile `spec` for every candidate concurrently; failures become error results."""
-
-    async def one(c: Candidate) -> tuple[str, CompileResult, CompiledPlan | None]:
-        adapter = adapters.get(c.provider)
-        if adapter is None:
-            return c.id, CompileResult(False, error=f"no adapter for provider {c.provider}"), None
-        try:
-            async with asyncio.timeout(timeout_s):
-                plan = await adapter.compile(
-                    spec, account=c.account, model=c.model, model_version=c.model_version
-                )
-        except Exception as exc:  # any adapter failure only disqualifies this candidate
-            return c.id, CompileResult(False, error=f"{type(exc).__name__}: {exc}"), None
-        return c.id, compile_result(plan), plan
-
-    results = await asyncio.gather(*(one(c) for c in candidates))
-    verdicts = {cid: result for cid, result, _ in results}
-    plans = {cid: plan for cid, _, plan in results if plan is not None}
-    return verdicts, plans
 
 
 class CompileCache:
@@ -169,8 +105,9 @@ async def compile_many(
     *,
     timeout_s: float,
 ) -> list[tuple[dict[str, CompileResult], dict[str, CompiledPlan]]]:
-    """`compile_all` for a whole batch: cached verdicts first, every other call concurrently
-    (one gather for the batch, each call under `timeout_s`); answers aligned with `jobs`."""
+    """Compile a whole batch: cached verdicts first, every other call concurrently (one gather
+    for the batch, each call under `timeout_s`); failures become error results, never cached;
+    answers aligned with `jobs`."""
     out: list[tuple[dict[str, CompileResult], dict[str, CompiledPlan]]] = []
     missing: dict[tuple[str, str, str, str], tuple[GenerationSpec, Candidate]] = {}
     for spec, spec_hash, candidates in jobs:

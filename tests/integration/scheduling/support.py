@@ -6,13 +6,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from adapter_sidecars.common.compiling import finish, resolve
 from controlplane.capabilities.publish import AccountConfig
 from vidroute_core.adapter import CompiledPlan, Transformation, TransformationKind
 from vidroute_core.capabilities.loader import Capability, expand_for_accounts, load_file
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec, RoutingMode, RoutingPolicy
+
+if TYPE_CHECKING:
+    from controlplane.domain.requeue import RequeueFacts
+    from controlplane.persistence.records import TaskRecord
+    from controlplane.scheduling.dispatcher import Dispatcher, DispatchResult
 
 ROOT = Path(__file__).resolve().parents[3]
 CAPABILITY_DIRS = sorted(ROOT.glob("adapter_sidecars/*/capabilities"))
@@ -57,6 +62,14 @@ def make_spec(
         output=OutputSpec(width=size[0], height=size[1], duration_ms=seconds * 1000),
         routing=RoutingPolicy(**routing),  # type: ignore[arg-type]
     )
+
+
+async def dispatch_one(
+    dispatcher: Dispatcher, task: TaskRecord, facts: RequeueFacts | None = None
+) -> DispatchResult:
+    """One task through the one dispatch path: `dispatch_batch` with a batch of one."""
+    (result,) = await dispatcher.dispatch_batch([task], {task.id: facts} if facts else {})
+    return result
 
 
 def strict(model: str) -> dict[str, Any]:  # Any: spread into make_spec's keywords

@@ -22,7 +22,7 @@ from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.shared_state import InProcessSharedState, RedisSharedState
 from controlplane.service.providers import ForceBreakerInput, ProviderAdminService
 from tests.integration.scheduling.conftest import DispatcherFactory
-from tests.integration.scheduling.support import make_spec, strict
+from tests.integration.scheduling.support import dispatch_one, make_spec, strict
 from tests.integration.scheduling.test_dispatcher import new_task
 from vidroute_core.exceptions import InvalidSpec
 
@@ -51,7 +51,7 @@ async def test_force_breaker_is_recorded_and_blocks_routing(
     assert event.reason == "forced:incident 42"
     assert event.model == "gen4.5"
     task = await new_task(db, make_spec())
-    result = await dispatcher.dispatch(task)
+    result = await dispatch_one(dispatcher, task)
     assert result.decision is not None
     assert result.decision.verdict("runway/gen4.5/prod-us").reason == "CIRCUIT_OPEN"
     released = await admin.force_breaker(force(None, "fixed"))
@@ -324,7 +324,7 @@ async def test_two_replicas_sharing_redis_admit_the_configured_probes_together(
                 d.task for i in ids if (d := await TaskQueries(db).get_task(i)) and not d.attempts
             ]
             await asyncio.gather(
-                *(dispatchers[n % 2].dispatch(task) for n, task in enumerate(queued))
+                *(dispatch_one(dispatchers[n % 2], task) for n, task in enumerate(queued))
             )
             return await attempts_on(db, ids)
 
@@ -365,7 +365,7 @@ async def test_an_auth_failure_disables_the_account_from_the_next_task_on(
     assert monitor.registry.get(account).state is BreakerState.OPEN
     assert monitor.registry.get(GEN45).state is BreakerState.CLOSED  # AUTH says nothing of it
     task = await new_task(db, make_spec())
-    result = await dispatcher.dispatch(task)
+    result = await dispatch_one(dispatcher, task)
     assert result.decision is not None
     runway = [result.decision.verdict(c.id) for c in catalog.candidates if c.account == "prod-us"]
     assert not any(v.eligible for v in runway)

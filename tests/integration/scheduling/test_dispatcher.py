@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -19,6 +17,7 @@ from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import ScoreWeights, example_policy
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.leases.memory_store import MemoryLeaseStore
+from controlplane.persistence import batch
 from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.models import outbox
@@ -26,7 +25,13 @@ from controlplane.persistence.records import NewOutboxMessage, TaskRecord
 from controlplane.persistence.tasks import TaskQueries
 from controlplane.scheduling.dispatcher import DispatcherConfig, DispatchOutcome
 from tests.integration.scheduling.conftest import DispatcherFactory
-from tests.integration.scheduling.support import NOW, CompilingAdapter, make_spec, strict
+from tests.integration.scheduling.support import (
+    NOW,
+    CompilingAdapter,
+    dispatch_one,
+    make_spec,
+    strict,
+)
 from vidroute_core.hashing import normalized_spec_hash
 from vidroute_core.spec import GenerationSpec, Mode
 
@@ -109,7 +114,7 @@ async def test_no_eligible_candidate_fails_the_task_with_every_reason(
     """A spec no model supports fails with a message naming each candidate's rejection."""
     spec = dataclasses.replace(make_spec(), mode=Mode.VIDEO_TO_VIDEO)
     task = await new_task(db, spec)
-    result = await make_dispatcher().dispatch(task)
+    result = await dispatch_one(make_dispatcher(), task)
     assert result.outcome is DispatchOutcome.FAILED
     detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
@@ -148,7 +153,7 @@ async def test_requeue_exclusions_and_strict_model_are_honoured(
     model = "veo-3.1-fast-generate-preview"
     task = await new_task(db, make_spec(**strict(model)))
     dispatcher = make_dispatcher()
-    first = await dispatcher.dispatch(task)
+    first = await dispatch_one(dispatcher, task)
     assert first.outcome is DispatchOutcome.SELECTED
     assert first.decision is not None
     detail = await TaskQueries(db).get_task(task.id)
@@ -196,7 +201,7 @@ async def test_soft_exclusion_keeps_the_only_candidate_after_its_backoff(
     the same candidate; it never fails as NO_ELIGIBLE_CANDIDATE."""
     model = "gen4.5"
     task = await new_task(db, make_spec(**strict(model)))
-    first = await make_dispatcher().dispatch(task)
+    first = await dispatch_one(make_dispatcher(), task)
     assert first.outcome is DispatchOutcome.SELECTED
     assert first.decision is not None
     detail = await TaskQueries(db).get_task(task.id)
@@ -247,7 +252,7 @@ async def test_no_eligible_after_a_hard_exclusion_reports_the_failure_class(
     failure's class (here INTERNAL_PERMANENT), not UNSUPPORTED_CAPABILITY."""
     model = "gen4.5"
     task = await new_task(db, make_spec(**strict(model)))
-    assert (await make_dispatcher().dispatch(task)).outcome is DispatchOutcome.SELECTED
+    assert (await dispatch_one(make_dispatcher(), task)).outcome is DispatchOutcome.SELECTED
     detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     failed = detail.attempts[0]
@@ -271,30 +276,27 @@ async def test_no_eligible_after_a_hard_exclusion_reports_the_failure_class(
 
 
 async def test_lease_is_released_when_the_attempt_transaction_fails(
-    db: Database, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory
+    db: Database,
+    leases: MemoryLeaseStore,
+    make_dispatcher: DispatcherFactory,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """If persisting the attempt fails, the lease is returned and the task is queued again."""
 
-    class BrokenDatabase(Database):
-        @asynccontextmanager
-        async def unit(self, now: datetime, *, one_statement: bool = False) -> AsyncIterator[Any]:
-            async with super().unit(now, one_statement=one_statement) as u:
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("database went away")
 
-                async def broken(*args: Any, **kwargs: Any) -> Any:
-                    raise RuntimeError("database went away")
-
-                u.create_attempt = broken  # type: ignore[method-assign]
-                yield u
-
+    monkeypatch.setattr(batch, "write_selected", broken)
     task = await new_task(db, make_spec())
-    dispatcher = make_dispatcher(db=BrokenDatabase(db.engine))
-    with pytest.raises(RuntimeError):
-        await dispatcher.dispatch(task)
+    dispatcher = make_dispatcher()
+    with pytest.raises(RuntimeError, match="database went away"):
+        await dispatch_one(dispatcher, task)
     for c in (await dispatcher.catalog()).candidates:
         assert await leases.used(c.lease_account, "account") == 0
     detail = await TaskQueries(db).get_task(task.id)
     assert detail is not None
     assert detail.task.state is TaskState.QUEUED
+    assert detail.attempts == ()
 
 
 async def test_compile_failure_and_reject_disqualify_only_that_candidate(
@@ -303,7 +305,7 @@ async def test_compile_failure_and_reject_disqualify_only_that_candidate(
     """An unreachable adapter or a REJECT plan is COMPILE_REJECT; others still run."""
     adapter.fail_models.add("gen4.5")
     task = await new_task(db, make_spec())
-    result = await make_dispatcher().dispatch(task)
+    result = await dispatch_one(make_dispatcher(), task)
     assert result.outcome is DispatchOutcome.SELECTED
     assert result.decision is not None
     verdict = result.decision.verdict("runway/gen4.5/prod-us")

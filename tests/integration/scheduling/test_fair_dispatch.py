@@ -28,7 +28,7 @@ from controlplane.persistence.tasks import TaskQueries
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig, DispatchOutcome
 from controlplane.scheduling.gather import lease_dimensions
 from tests.integration.scheduling.conftest import DispatcherFactory
-from tests.integration.scheduling.support import NOW, make_spec
+from tests.integration.scheduling.support import NOW, dispatch_one, make_spec
 from vidroute_core.codec import spec_to_dict
 from vidroute_core.hashing import normalized_spec_hash
 
@@ -191,7 +191,7 @@ async def test_a_requeued_task_not_yet_due_does_not_block_its_group(
     waiting = await new_task(db, "A", "a-0")
     after = await new_task(db, "A", "a-1")
     dispatcher = make_dispatcher(config=DispatcherConfig(batch_size=1))
-    assert (await dispatcher.dispatch(waiting)).outcome is DispatchOutcome.SELECTED
+    assert (await dispatch_one(dispatcher, waiting)).outcome is DispatchOutcome.SELECTED
     detail = await TaskQueries(db).get_task(waiting.id)
     assert detail is not None
     retry = NOW + timedelta(minutes=1)

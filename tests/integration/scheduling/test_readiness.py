@@ -20,6 +20,7 @@ from tests.integration.scheduling.support import (
     CAPABILITY_DIRS,
     NOW,
     CompilingAdapter,
+    dispatch_one,
     make_spec,
 )
 from tests.integration.scheduling.test_dispatcher import new_task
@@ -82,7 +83,7 @@ async def test_the_catalog_must_hold_what_every_configured_adapter_described(
     await dispatcher.catalog()
     assert dispatcher.not_ready() == "waiting for the capabilities of adapter(s) runway, veo"
     task = await new_task(db, make_spec())
-    result = await dispatcher.dispatch(task)
+    result = await dispatch_one(dispatcher, task)
     assert result.outcome.value == "SKIPPED"
     dispatcher.readiness.described("runway", [("runway", "prod-us", "gen4.5")])
     dispatcher.readiness.described("veo", [("google", "veo-prod-us", "veo-9-unpublished")])
