@@ -42,6 +42,10 @@ JOB_QUEUE_S = 5.0
 JOB_RUN_S = 60.0
 DEV_METRICS_PORTS = {"runway": 9465, "veo": 9466, "selfhosted": 9467}  # sidecars' /metrics
 DEV_CALLBACK_PORT = 8180  # the control plane's provider callback ingress
+UP_PORTS_FIX = (
+    "another vidroute up? Stop it, or run this one on free ports: "
+    "make up ARGS=--ephemeral-ports (vidroute up --ephemeral-ports)"
+)
 # What the emulators sign webhooks with (`EmulatorConfig.callback_secret`, their default).
 EMULATOR_CALLBACK_SECRET = "vidroute-emulator-secret"
 # The sidecar extension option that goes with an emulator extension (same name).
@@ -172,6 +176,18 @@ def _with_options(name: str, extensions: tuple[str, ...], run_dir: Path) -> Path
     return path
 
 
+def _refuse_busy_ports(ports: Iterable[int]) -> None:
+    """A fixed dev port something listens on already (another `vidroute up`, most likely) is
+    one refusal line before any child starts, not a child's crash (or, for an emulator, the
+    other stack's emulator answering this one's readiness probe)."""
+    from controlplane.startup import refuse
+    from vidroute_core.wire.listen import PortInUse, address_in_use
+
+    for port in ports:
+        if port and address_in_use(f"127.0.0.1:{port}"):
+            refuse(str(PortInUse(f"127.0.0.1:{port}", UP_PORTS_FIX)))
+
+
 def start_stack(
     supervisor: Supervisor,
     provider_ports: Mapping[str, int],
@@ -186,6 +202,13 @@ def start_stack(
     ("task_listing",)}``), and switches on the matching sidecar option. Returns each sidecar's
     bound ``host:port`` by name (``runway``, ``veo``, ``selfhosted``).
     """
+    _refuse_busy_ports(
+        [
+            *provider_ports.values(),
+            *adapter_ports.values(),
+            *(DEV_METRICS_PORTS.get(name, 0) for name, port in adapter_ports.items() if port),
+        ]
+    )
     named = dict(extensions or {})
     urls = {
         name: supervisor.start(emulator_child(name, port, scale, named.get(name, ())))

@@ -137,7 +137,14 @@ from controlplane.service.cost_gauges import CostGaugeRefresher
 from controlplane.service.outputs import DEFAULT_URL_TTL_S, OutputService
 from controlplane.service.tasks import TaskService
 from controlplane.service.webhooks import WebhookSubscriptions
-from controlplane.startup import check_adapters, check_listen, lock_sqlite, migrate, refuse
+from controlplane.startup import (
+    CALLBACK_LISTEN_FIX,
+    check_adapters,
+    check_listen,
+    lock_sqlite,
+    migrate,
+    refuse,
+)
 from controlplane.storage import object_store_from_url
 from controlplane.storage.base import MAX_PRESIGN_S
 from controlplane.wakeups import LocalWakeBus, wake_bus_for
@@ -657,6 +664,8 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
     port), then migrate (if asked), wire the services and start serving."""
     check_adapters(settings.adapters, settings.api_only)
     check_listen(settings.listen)  # before any worker starts; the bind checks again
+    if settings.callback_listen and settings.adapters:  # the ingress runs with the engine
+        check_listen(settings.callback_listen, CALLBACK_LISTEN_FIX)
     lock = lock_sqlite(settings.database_url)
     try:
         return await _start(settings, [] if lock is None else [lock.release])

@@ -38,6 +38,10 @@ LISTEN_FIX = (
     "another vidroute up or serve? Stop it, or set VIDROUTE_LISTEN (or --listen) to a free "
     "address, e.g. 127.0.0.1:0"
 )
+CALLBACK_LISTEN_FIX = (
+    "another vidroute up? Stop it, or set VIDROUTE_CALLBACK_LISTEN to a free address, e.g. "
+    "127.0.0.1:0 (`vidroute up --ephemeral-ports` does)"
+)
 
 
 class StartupRefused(SystemExit):
@@ -68,10 +72,10 @@ def check_adapters(adapters: Mapping[str, str], api_only: bool) -> None:
     )
 
 
-def check_listen(listen: str) -> None:
+def check_listen(listen: str, fix: str = LISTEN_FIX) -> None:
     """Refuse when something listens on `listen` already (checked before anything starts)."""
     if address_in_use(listen):
-        refuse(str(PortInUse(listen, LISTEN_FIX)))
+        refuse(str(PortInUse(listen, fix)))
 
 
 async def migrate(database_url: str) -> None:

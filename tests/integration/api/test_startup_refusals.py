@@ -151,6 +151,26 @@ async def test_a_second_serve_on_a_busy_port_or_the_same_sqlite_file_refuses(
     assert f"{tmp_path / 'a.db'} is in use by another control plane (pid {os.getpid()}" in line
 
 
+async def test_a_busy_callback_port_refuses_before_anything_starts(tmp_path: Path) -> None:
+    """A scheduling control plane whose VIDROUTE_CALLBACK_LISTEN port is taken refuses in one
+    line naming that variable, before it migrates (no database file)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(StartupRefused, match="VIDROUTE_CALLBACK_LISTEN") as refused:
+            await start_control_plane(
+                Settings(
+                    database_url=_sqlite(tmp_path / "cp.db"),
+                    listen="127.0.0.1:0",
+                    adapters={"runway": "127.0.0.1:1"},
+                    callback_listen=f"127.0.0.1:{port}",
+                )
+            )
+    assert f"port {port} (127.0.0.1:{port}) is in use" in str(refused.value)
+    assert not (tmp_path / "cp.db").exists()
+
+
 async def test_the_sqlite_lock_is_released_at_stop(
     tmp_path: Path, api_only: Callable[..., object]
 ) -> None:
