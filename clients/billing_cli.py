@@ -22,6 +22,7 @@ from google.protobuf import duration_pb2, json_format
 from google.protobuf.message import Message
 
 from clients.cli_client import channel
+from clients.cli_common import connection, connection_options, json_option
 from vidroute.scheduler.v1 import billing_pb2, billing_service_pb2, billing_service_pb2_grpc
 
 COMMANDS = ("balance", "ledger", "credit", "costs")
@@ -204,7 +205,7 @@ def _command(name: str) -> Callable[..., int]:
 
     def run(target: str | None, tls: bool | None, debug: bool, **options: Any) -> int:
         args = SimpleNamespace(command=name, timeout=10.0, json=options.pop("as_json"), **options)
-        conn = _connection(target, tls, debug)
+        conn = connection(target, tls, debug)
         with channel(conn) as chan:
             print(_RUN[name](args, billing_service_pb2_grpc.BillingServiceStub(chan)))
         return 0
@@ -213,22 +214,8 @@ def _command(name: str) -> Callable[..., int]:
     return run
 
 
-def _connection(target: str | None, tls: bool | None, debug: bool) -> Any:
-    from clients.cli_common import state
-    from clients.cli_config import ConfigError, resolve
-
-    try:
-        conn = resolve(target, None, tls)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
-    state().target, state().debug = conn.target, state().debug or debug
-    return conn
-
-
 def commands() -> list[click.Command]:
     """The money commands, for the `vidroute` group."""
-    from clients.cli_common import connection_options, json_option
-
     tenant_help = "Tenant (default: the caller's own tenant)."
     options: dict[str, list[Callable[[Any], Any]]] = {
         "balance": [

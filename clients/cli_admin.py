@@ -9,7 +9,9 @@ from pathlib import Path
 import click
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from clients import cli_common
 from clients import cli_render as render
+from clients.cli_client import channel
 from clients.cli_common import api, connection_options, json_option
 from clients.cli_tasks import UINT32
 
@@ -81,12 +83,7 @@ def force_breaker(*, provider: str, account: str, region: str, model: str, opera
 @connection_options
 def health(*, target: str | None, tls: bool | None, debug: bool, as_json: bool) -> int:
     """The server's gRPC health: readiness ("" and SchedulerService) and liveness."""
-    from clients.cli_client import channel
-    from clients.cli_common import state
-    from clients.cli_config import resolve
-
-    conn = resolve(target, None, tls)
-    state().target, state().debug = conn.target, state().debug or debug
+    conn = cli_common.connection(target, tls, debug)
     answers: dict[str, str] = {}
     with channel(conn) as chan:
         stub = health_pb2_grpc.HealthStub(chan)

@@ -61,9 +61,8 @@ def json_option(func: F) -> F:
     )(func)
 
 
-@contextmanager
-def api(target: str | None, tls: bool | None, debug: bool = False) -> Iterator[Client]:
-    """An SDK client on the resolved connection; the target is remembered for error messages."""
+def connection(target: str | None, tls: bool | None, debug: bool) -> cli_config.Connection:
+    """The command's resolved connection; its target is remembered for error messages."""
     st = state()
     st.debug = st.debug or debug
     try:
@@ -71,5 +70,11 @@ def api(target: str | None, tls: bool | None, debug: bool = False) -> Iterator[C
     except cli_config.ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     st.target = conn.target
-    with connect(conn) as client:
+    return conn
+
+
+@contextmanager
+def api(target: str | None, tls: bool | None, debug: bool = False) -> Iterator[Client]:
+    """An SDK client on the command's connection, closed on exit."""
+    with connect(connection(target, tls, debug)) as client:
         yield client

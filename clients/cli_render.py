@@ -76,7 +76,7 @@ def _table(*columns: str, right: Iterable[str] = ()) -> Table:
 
 
 def failure_line(task: scheduler_pb2.Task) -> str:
-    """``failed: CODE (CLASS): message`` of a FAILED task."""
+    """``failed: CODE: message  [ERROR_CLASS]`` of a FAILED task (Task.failure)."""
     f = task.failure
     kind = short(error_pb2.ErrorClass, f.error_class, "ERROR_CLASS_")
     return f"failed: {f.code or kind}: {f.message or '(no message)'}" + (
