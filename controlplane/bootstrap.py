@@ -89,6 +89,7 @@ from redis.asyncio import Redis
 from controlplane.adapters.grpc_client import GrpcAdapterClient
 from controlplane.api.auth import Authenticator, parse_entries
 from controlplane.api.billing_servicer import BillingServicer
+from controlplane.api.routing_servicer import RoutingServicer
 from controlplane.api.servicer import SchedulerServicer
 from controlplane.capabilities.catalog import CapabilityCatalog, load_catalog
 from controlplane.capabilities.publish import (
@@ -830,4 +831,5 @@ async def _serve(
         auth=Authenticator(settings.auth_tokens),
         interceptors=[*tracing_edge.server_interceptors(), metrics.interceptor()],
         billing=BillingServicer(BillingService(db)),
+        routing=RoutingServicer(),
     )

@@ -31,6 +31,8 @@ from controlplane.startup import LISTEN_FIX
 from vidroute.scheduler.v1 import (
     billing_service_pb2,
     billing_service_pb2_grpc,
+    routing_service_pb2,
+    routing_service_pb2_grpc,
     scheduler_service_pb2,
     scheduler_service_pb2_grpc,
 )
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 
 SCHEDULER_SERVICE = scheduler_service_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 BILLING_SERVICE = billing_service_pb2.DESCRIPTOR.services_by_name["BillingService"].full_name
+ROUTING_SERVICE = routing_service_pb2.DESCRIPTOR.services_by_name["RoutingService"].full_name
 # Health service names: "", SCHEDULER_SERVICE and BILLING_SERVICE follow the database
 # (readiness); "liveness" only says the process serves, so a database outage never gets pods
 # restarted in a loop.
@@ -57,7 +60,7 @@ class ControlPlaneServer:
     probe: Callable[[], Awaitable[bool]]
     cleanup: Sequence[Callable[[], Awaitable[None]]] = ()
     probe_interval: float = 5.0
-    # Further API services whose health follows the same probe (BillingService).
+    # Further API services whose health follows the same probe (BillingService, RoutingService).
     services: Sequence[str] = ()
     _stopping: bool = field(default=False, init=False)
     _healthy: bool = field(default=False, init=False)
@@ -118,6 +121,7 @@ async def start_server(
     auth: Authenticator | None = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     billing: billing_service_pb2_grpc.BillingServiceServicer | None = None,
+    routing: routing_service_pb2_grpc.RoutingServiceServicer | None = None,
 ) -> ControlPlaneServer:
     """Bind, register services and start serving; returns once the port is open.
 
@@ -141,6 +145,9 @@ async def start_server(
     if billing is not None:  # the money API (controlplane.api.billing_servicer)
         billing_service_pb2_grpc.add_BillingServiceServicer_to_server(billing, server)
         served.append(BILLING_SERVICE)
+    if routing is not None:  # the decisions API (controlplane.api.routing_servicer)
+        routing_service_pb2_grpc.add_RoutingServiceServicer_to_server(routing, server)
+        served.append(ROUTING_SERVICE)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
