@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import glob
 import json
 import os
@@ -113,7 +114,9 @@ async def load(db: Database, n: int) -> None:
         await conn.execute(text("VACUUM (ANALYZE) generation_tasks"))
 
 
-async def dispatch_run(n: int, batch: int) -> tuple[dict[str, Any], dict[str, Any]]:
+async def dispatch_run(
+    n: int, batch: int, profile: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The real dispatcher over `n` queued tasks; its figures and samples for the replay."""
     pool = aioredis.ConnectionPool.from_url(REDIS_URL, connection_class=CountingConnection)
     client = aioredis.Redis(connection_pool=pool)
@@ -134,7 +137,10 @@ async def dispatch_run(n: int, batch: int) -> tuple[dict[str, Any], dict[str, An
             for name in ("statements", "transactions", "redis_commands", "redis_round_trips"):
                 setattr(Counts, name, 0)
             rounds, done = 0, 0
+            profiler = cProfile.Profile() if profile else None
             wall0, cpu0 = time.perf_counter(), time.process_time()
+            if profiler is not None:
+                profiler.enable()
             while done < n:
                 took = await dispatcher.tick()
                 rounds += 1
@@ -142,12 +148,16 @@ async def dispatch_run(n: int, batch: int) -> tuple[dict[str, Any], dict[str, An
                     break
                 done += took
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+            if profiler is not None and profile:
+                profiler.disable()
+                profiler.dump_stats(f"{profile}.{n}")
             counted = {k: getattr(Counts, k) for k in ("statements", "transactions")}
             counted.update(
                 redis_commands=Counts.redis_commands, redis_round_trips=Counts.redis_round_trips
             )
             async with db.reading() as conn:
-                attempts = int(await conn.scalar(select(func.count()).select_from(task_attempts)))
+                counted_rows = await conn.scalar(select(func.count()).select_from(task_attempts))
+                attempts = int(counted_rows or 0)
                 doubled = await conn.scalar(
                     text(
                         "SELECT count(*) FROM (SELECT task_id FROM task_attempts GROUP BY "
@@ -321,10 +331,10 @@ async def replay(n: int, batch: int, sample: dict[str, Any]) -> dict[str, Any]:
         }
 
 
-async def run(sizes: list[int], batch: int) -> list[dict[str, Any]]:
+async def run(sizes: list[int], batch: int, profile: str | None = None) -> list[dict[str, Any]]:
     out = []
     for n in sizes:
-        figures, sample = await dispatch_run(n, batch)
+        figures, sample = await dispatch_run(n, batch, profile)
         print("dispatch", json.dumps(figures), flush=True)
         ceiling = await replay(n, batch, sample)
         print("pgbench ", json.dumps(ceiling), flush=True)
@@ -343,10 +353,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="vidroute batched dispatch benchmark")
     parser.add_argument("--quick", action="store_true", help="500 and 5,000 tasks")
     parser.add_argument("--batch", type=int, default=256, help="tasks per round")
+    parser.add_argument("--sizes", help="comma-separated backlog sizes (default 500,50000)")
+    parser.add_argument(
+        "--profile", metavar="PATH", help="cProfile each dispatch run into PATH.<size>"
+    )
     args = parser.parse_args()
     sizes = [500, 5_000] if args.quick else [500, 50_000]
+    if args.sizes:
+        sizes = [int(x) for x in args.sizes.split(",")]
     print("load average:", os.getloadavg(), flush=True)
-    results = asyncio.run(run(sizes, args.batch))
+    results = asyncio.run(run(sizes, args.batch, args.profile))
     print("load average:", os.getloadavg(), flush=True)
     print(json.dumps(results, indent=2))
 

@@ -35,7 +35,9 @@ end
 #       then (dimension_key, capacity) pairs aligned with KEYS[7..].
 # Returns {code, record, reclaimed}: code 0 no capacity, 1 granted, 2 already held, 4 the account
 # is not live (fail-closed store whose data was lost and not restored yet); `reclaimed` counts the
-# expired leases of the account this call returned first.
+# expired leases of the account this call returned first. A grant's `record` is only
+# {fence, acquired_at, expires_at}: the caller sent everything else (a batch of 256 acquires
+# parsed 26 strings per lease back), an already-held lease's is the stored hash (HGETALL).
 #
 # Expired leases of the account are reclaimed here, so a dead worker's slots come back on the next
 # acquire instead of waiting for a sweeper. Their lease and capacity keys are built from the
@@ -87,7 +89,7 @@ redis.call('HSET', KEYS[1], 'attempt_id', ARGV[1], 'account', ARGV[8], 'token', 
   'acquired_at', now, 'expires_at', expires, 'unknown', 0)
 redis.call('PEXPIRE', KEYS[1], expires - now + tonumber(ARGV[6]))
 redis.call('ZADD', KEYS[2], expires, ARGV[1])
-return {1, redis.call('HGETALL', KEYS[1]), reclaimed}
+return {1, {fence, now, expires}, reclaimed}
 """
 )
 

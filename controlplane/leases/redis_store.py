@@ -204,7 +204,7 @@ class RedisLeaseStore:
         async with _translated("acquire"):
             await self._register(req.account)
             reply = await self._acquire(keys=keys, args=args)
-        return self._acquired(req, reply)
+        return self._acquired(req, str(args[1]), reply)
 
     async def acquire_many(self, requests: Sequence[LeaseRequest]) -> list[Lease | None]:
         """One pipeline (one round trip): the accounts' registrations, then one ACQUIRE script
@@ -225,7 +225,10 @@ class RedisLeaseStore:
                 calls,
                 prelude=[("SADD", f"{self._ns}accounts", *accounts)],
             )
-        return [self._acquired(req, reply) for req, reply in zip(requests, replies, strict=True)]
+        return [
+            self._acquired(req, str(call[1][1]), reply)
+            for req, call, reply in zip(requests, calls, replies, strict=True)
+        ]
 
     async def release_many(self, leases: Sequence[Lease]) -> list[bool]:
         """One pipeline of DROP script calls. See `LeaseStore.release_many`."""
@@ -316,7 +319,7 @@ class RedisLeaseStore:
             args += [dim.key, dim.capacity]
         return keys, args
 
-    def _acquired(self, req: LeaseRequest, reply: Any) -> Lease | None:
+    def _acquired(self, req: LeaseRequest, token: str, reply: Any) -> Lease | None:
         code = int(reply[0])
         self.metrics.reclaimed += int(reply[2])
         if int(reply[2]):
@@ -331,9 +334,21 @@ class RedisLeaseStore:
             return None
         if code == 2:
             self.metrics.reacquired += 1
-        else:
-            self.metrics.acquired += 1
-        return _lease_from(_record(reply[1]))
+            return _lease_from(_record(reply[1]))
+        self.metrics.acquired += 1
+        fence, acquired_at, expires_at = (int(v) for v in reply[1])
+        return Lease(
+            attempt_id=req.attempt_id,
+            account=req.account,
+            token=token,
+            fencing_token=fence,
+            dimensions=tuple(req.dimensions),
+            slots=req.slots,
+            acquired_at_ms=acquired_at,
+            expires_at_ms=expires_at,
+            ttl_ms=req.ttl_ms,
+            max_term_ms=req.max_term_ms,
+        )
 
     async def renew(self, lease: Lease) -> Lease | None:
         """Extend the expiry, capped at the max term. See `LeaseStore.renew`."""

@@ -14,7 +14,8 @@ work (`Database.unit`):
    decision_no) were read with `numbers` before the round leased: the claimed version proves no
    decision or attempt was added since (both are only ever written with a task CAS).
 
-Statements per batch do not grow with the batch: 2 reads + 5 writes, whatever its size.
+Statements per batch do not grow with the batch: 2 reads + 5 writes, whatever its size; on
+PostgreSQL each INSERT binds one array per column (`_bulk`), not one value per cell.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TaskState
+from controlplane.persistence import _bulk
 from controlplane.persistence.errors import ConcurrentModification
 from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.models import outbox as O
@@ -129,8 +131,9 @@ async def write_selected(
         seqs[int(task_id)] = int(seq)
     if len(seqs) != len(by_id):
         raise ConcurrentModification(f"tasks {sorted(set(by_id) - set(seqs))} left QUEUED")
-    decision_rows = await conn.execute(
-        insert(D).returning(D.c.id, D.c.task_id, sort_by_parameter_order=True),
+    decision_rows = await _bulk.insert_rows(
+        conn,
+        D,
         [
             {
                 "task_id": i.task_id,
@@ -143,11 +146,14 @@ async def write_selected(
             }
             for i in items
         ],
+        returning=("id", "task_id"),
     )
     decision_ids = {int(t): int(d) for d, t in decision_rows}
-    attempt_rows = await conn.execute(
-        insert(A).returning(A.c.id, A.c.task_id, sort_by_parameter_order=True),
+    attempt_rows = await _bulk.insert_rows(
+        conn,
+        A,
         [_attempt_row(i, decision_ids[i.task_id], now) for i in items],
+        returning=("id", "task_id"),
     )
     attempt_ids = {int(t): int(a) for a, t in attempt_rows}
     events: list[dict[str, Any]] = []
@@ -191,8 +197,8 @@ async def write_selected(
                 "attempts": 0,
             }
         )
-    await conn.execute(insert(E), events)
-    await conn.execute(insert(O), messages)
+    await _bulk.insert_rows(conn, E, events)
+    await _bulk.insert_rows(conn, O, messages)
     return {t: Written(a, decision_ids[t]) for t, a in attempt_ids.items()}
 
 

@@ -1,0 +1,83 @@
+"""Multi-row INSERTs of a dispatch batch, one array per column on PostgreSQL (issue 10).
+
+SQLAlchemy's multi-row INSERT (``insertmanyvalues``) renders one bind per value: a batch of 256
+decisions, attempts, 768 events and 256 outbox rows is ~15,000 binds, and building, binding and
+parsing them was most of the batch transaction's client time (bench/RESULTS.md). On PostgreSQL
+the rows go instead as one array per column into ``INSERT ... SELECT * FROM unnest(...)``: one
+statement per table, compiled and prepared once per (table, columns), ~20 binds whatever the
+batch. JSON columns travel as text arrays cast to JSONB in the statement. SQLite keeps the plain
+multi-row INSERT.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import JSON, Column, Table, Text, bindparam, cast, column, func, insert, select
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import Executable
+
+__all__ = ["insert_rows"]
+
+_STATEMENTS: dict[tuple[str, tuple[str, ...], tuple[str, ...]], Executable] = {}
+
+
+def _is_json(col: Column[Any]) -> bool:
+    return isinstance(col.type, JSON)
+
+
+def _unnest_statement(
+    table: Table, names: tuple[str, ...], returning: tuple[str, ...]
+) -> Executable:
+    kinds = [Text() if _is_json(table.c[n]) else table.c[n].type for n in names]
+    src = (
+        func.unnest(
+            *(bindparam(f"a_{n}", type_=ARRAY(k)) for n, k in zip(names, kinds, strict=True))
+        )
+        .table_valued(*(column(n, k) for n, k in zip(names, kinds, strict=True)))
+        .render_derived(name="src")
+    )
+    picked = [cast(src.c[n], postgresql.JSONB) if _is_json(table.c[n]) else src.c[n] for n in names]
+    stmt = insert(table).from_select(list(names), select(*picked))
+    return stmt.returning(*(table.c[n] for n in returning)) if returning else stmt
+
+
+async def insert_rows(
+    conn: AsyncConnection,
+    table: Table,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    returning: Sequence[str] = (),
+) -> list[tuple[Any, ...]]:
+    """Insert `rows` (dicts with the same keys) in one statement; the RETURNING rows (in no
+    particular order on PostgreSQL: key them by a returned column), empty without `returning`."""
+    if not rows:
+        return []
+    names = tuple(rows[0])
+    back = tuple(returning)
+    if conn.dialect.name != "postgresql":
+        plain = insert(table)
+        if back:
+            result = await conn.execute(
+                plain.returning(*(table.c[n] for n in back), sort_by_parameter_order=True),
+                list(rows),
+            )
+            return [tuple(r) for r in result]
+        await conn.execute(plain, list(rows))
+        return []
+    key = (table.name, names, back)
+    stmt = _STATEMENTS.get(key)
+    if stmt is None:
+        stmt = _STATEMENTS[key] = _unnest_statement(table, names, back)
+    params: dict[str, list[Any]] = {}
+    for n in names:
+        if _is_json(table.c[n]):
+            params[f"a_{n}"] = [json.dumps(r[n]) for r in rows]
+        else:
+            params[f"a_{n}"] = [r[n] for r in rows]
+    result = await conn.execute(stmt, params)
+    return [tuple(r) for r in result] if back else []
