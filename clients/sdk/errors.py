@@ -81,7 +81,9 @@ class VidrouteError(Exception):
 
     def _line(self) -> str:
         parts = [f"{self.code.name}: {self.message or self.code.value[1]}"]
-        if self.field_violations:
+        if self.field_violations and not all(
+            v.description in self.message for v in self.field_violations
+        ):  # the server's message usually names them already
             parts.append(
                 "[" + "; ".join(f"{v.field}: {v.description}" for v in self.field_violations) + "]"
             )

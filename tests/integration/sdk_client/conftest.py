@@ -155,7 +155,7 @@ def _until_serving(port: int, timeout_s: float = 60) -> None:
             time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")  # one farm for every SDK test module
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     workdir = tmp_path_factory.mktemp("sdk-stack")
     token = new_token()
