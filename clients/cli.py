@@ -6,6 +6,7 @@
     vidroute submit --tenant T --prompt P [--mode M --first-frame URI ...] [--spec FILE] [--wait]
     vidroute get | watch | explain | cancel TASK_ID       vidroute list [--tenant T --state S]
     vidroute download TASK_ID [-o FILE] [--sample N]      vidroute url TASK_ID (presigned)
+    vidroute webhooks TASK_ID                             caller webhook deliveries
     vidroute providers | breakers | health | force-breaker | capabilities publish FILE [--dry-run]
     vidroute balance | ledger | credit | costs            money (clients.billing_cli)
     vidroute reconcile [--date YYYY-MM-DD]                daily bill reconciliation
