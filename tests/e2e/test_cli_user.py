@@ -120,9 +120,25 @@ def user(redis_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield User(cp, home, env)
 
 
+# A spec file in the proto JSON shape (YAML), as a service would keep it; flags override it.
+SPEC_FILE = f"""\
+tenant_id: acme
+prompt: from the file
+mode: MODE_IMAGE_TO_VIDEO
+first_frame: {{object_uri: "{ASSETS}/kite.webp", mime_type: image/webp}}
+output: {{width: 1280, height: 720, duration_ms: 5000}}
+routing:
+  mode: ROUTING_MODE_STRICT_MODEL
+  required_provider: self_hosted
+  required_model: wan2.2-i2v
+priority: 7
+"""
+
+
 @pytest.fixture(scope="module")
 def submitted(user: User) -> dict[str, Submitted]:
-    """Every mode submitted at once with --wait, each followed to its end."""
+    """Every mode submitted at once with --wait, each followed to its end, and one more from a
+    YAML spec file with the prompt overridden by a flag."""
     procs = {
         mode: user.popen(
             "submit", "--tenant", "acme", "--prompt", f"a red kite, {mode}", "--mode", mode,
@@ -130,6 +146,11 @@ def submitted(user: User) -> dict[str, Submitted]:
         )
         for mode, flags in MODES.items()
     }  # fmt: skip
+    spec_file = user.workdir / "kite.yaml"
+    spec_file.write_text(SPEC_FILE, encoding="utf-8")
+    procs["spec-file"] = user.popen(
+        "submit", "--spec", str(spec_file), "--prompt", "from the flag", "--wait"
+    )
     results = {}
     for mode, proc in procs.items():
         done = user.finish(proc, timeout=120)
@@ -146,6 +167,8 @@ def test_every_mode_is_submitted_with_its_assets_and_waited_for(
     modes a model serves, with the asset flags stored in the spec (MIME type from the extension
     or the URI's #fragment); video-to-video, which no model serves, exits 1 and prints why."""
     for mode, run in submitted.items():
+        if mode not in MODES:
+            continue
         out = run.done.stdout
         assert "timeline:" in out, (mode, out)
         assert re.search(r"^\s+\+\d+\.\ds\s+QUEUED$", out, re.MULTILINE), (mode, out)
@@ -171,6 +194,23 @@ def test_every_mode_is_submitted_with_its_assets_and_waited_for(
     )
     assert spec["extend-video"].source_video.mime_type == "video/mp4"
     assert spec["video-to-video"].source_video.object_uri == f"{ASSETS}/clip.mp4"
+
+
+def test_a_spec_file_is_submitted_with_flags_over_it(submitted: dict[str, Submitted]) -> None:
+    """`submit --spec FILE --prompt P`: the file's fields (mode, asset, output, routing,
+    priority) reach the task, the flag's prompt replaces the file's, and it runs to SUCCEEDED."""
+    run = submitted["spec-file"]
+    assert run.done.returncode == 0, (run.done.stdout, run.done.stderr)
+    spec = run.task.spec
+    assert spec.prompt == "from the flag"
+    assert spec.mode == gen.MODE_IMAGE_TO_VIDEO
+    assert (spec.first_frame.object_uri, spec.first_frame.mime_type) == (
+        f"{ASSETS}/kite.webp",
+        "image/webp",
+    )
+    assert (spec.output.duration_ms, spec.priority) == (5000, 7)
+    assert run.task.attempts[-1].model == "wan2.2-i2v"
+    assert run.task.state == sp.TASK_STATE_SUCCEEDED
 
 
 def test_wait_prints_the_providers_progress(submitted: dict[str, Submitted]) -> None:
