@@ -18,7 +18,7 @@ admin token `vidroute up` leaves under ./var) as their bearer token. Tables by d
 on every read command. Errors are one line each on stderr (`clients.cli_errors`): a bad spec one
 line per field violation and exit code 2, an unreachable server the target tried and exit 1;
 tracebacks only with ``--debug`` (or ``VIDROUTE_DEBUG`` set). ``vidroute COMMAND --help``
-documents every option.
+documents every option; ``eval "$(_VIDROUTE_COMPLETE=bash_source vidroute)"`` completes them.
 """
 
 from __future__ import annotations
@@ -203,8 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     state = State(debug="--debug" in args or bool(os.environ.get("VIDROUTE_DEBUG")))
     try:
-        with app.make_context("vidroute", args, obj=state) as ctx:
-            result = app.invoke(ctx)
+        # standalone_mode=False: click returns (or raises) instead of exiting, so the failures
+        # below become our lines; it still answers shell completion (_VIDROUTE_COMPLETE).
+        result = app.main(args, prog_name="vidroute", standalone_mode=False, obj=state)
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.UsageError as exc:
