@@ -23,7 +23,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from adapter_sidecars.contract.driver import AdapterDriver
-from adapter_sidecars.contract.emulator_admin import EmulatorAdmin
+from adapter_sidecars.contract.emulator_admin import EmulatorAdmin, EmulatorAdminError
 from adapter_sidecars.contract.golden import GoldenBook, goldens_root
 from adapter_sidecars.contract.plugin import MARKER, option
 from adapter_sidecars.contract.profile import AdapterProfile, ProfileError, load_profile
@@ -184,8 +184,14 @@ def _adapter_status(address: str) -> str:
 def wait_ready(endpoints: Endpoints, deadline_s: float = READY_DEADLINE_S) -> None:
     """Block until the adapter's gRPC health is SERVING and the emulator's admin API answers,
     so the suite can follow ``python -m ... &`` directly; a clear error after `deadline_s`."""
-    with EmulatorAdmin(endpoints.emulator) as admin:
-        admin.wait_reachable(deadline_s)
+    try:
+        with EmulatorAdmin(endpoints.emulator) as admin:
+            admin.wait_reachable(deadline_s)
+    except EmulatorAdminError as exc:
+        pytest.exit(
+            f"emulator {endpoints.emulator} not reachable after {deadline_s:g} s: {exc}",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
     deadline = time.monotonic() + deadline_s
     last = _adapter_status(endpoints.adapter)
     while last != "SERVING" and time.monotonic() < deadline:
@@ -193,7 +199,7 @@ def wait_ready(endpoints: Endpoints, deadline_s: float = READY_DEADLINE_S) -> No
         last = _adapter_status(endpoints.adapter)
     if last != "SERVING":
         pytest.exit(
-            f"adapter {endpoints.adapter} not SERVING after {deadline_s:.0f} s (last: {last}); "
+            f"adapter {endpoints.adapter} not SERVING after {deadline_s:g} s (last: {last}); "
             "is the sidecar running and its provider (the emulator) reachable?",
             returncode=pytest.ExitCode.USAGE_ERROR,
         )
@@ -211,7 +217,7 @@ def contract_endpoints(
         emulator=str(option(config, "emulator")),
         unresolvable_adapter=option(config, "unresolvable_adapter"),
     )
-    wait_ready(endpoints)
+    wait_ready(endpoints, float(option(config, "ready_timeout") or READY_DEADLINE_S))
     return endpoints
 
 

@@ -67,6 +67,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     for name, metavar, help_text in _OPTIONS:
         group.addoption(f"--vidroute-{name}", default=None, metavar=metavar, help=help_text)
     group.addoption(
+        "--vidroute-ready-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="how long to wait for the emulator and the adapter's health SERVING (default 30)",
+    )
+    group.addoption(
         "--vidroute-update-goldens",
         action="store_true",
         default=False,
@@ -86,9 +93,13 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}(*flags, **flag_values): run only against adapters whose profile has these "
         "capability flags (or these exact flag values); deselected otherwise",
     )
-    if not option(config, "adapter") or not _runs_bound_suite(config):
+    if not option(config, "adapter"):
         return
     from adapter_sidecars.contract import fixtures
+
+    fixtures.targets_from_options(config)  # a usage error now, not one per collected class
+    if not _runs_bound_suite(config):
+        return
 
     if not config.pluginmanager.has_plugin(SUITE_PLUGIN):
         config.pluginmanager.register(fixtures, SUITE_PLUGIN)
