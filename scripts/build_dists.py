@@ -6,7 +6,8 @@ The repository root holds one source tree and the root pyproject is the develope
 packages, all entry points: ``make up``/``make test``). Each deployable ships only its part:
 
     core          vidroute-core              vidroute (protos) + vidroute_core
-    controlplane  vidroute-controlplane      controlplane + clients (the `vidroute` command)
+    client        vidroute-client            clients: the SDK and the `vidroute` command
+    controlplane  vidroute-controlplane      controlplane (depends on vidroute-client)
     adapters      vidroute-adapters          adapter_sidecars: common + runway, veo, selfhosted
     contract      vidroute-adapter-contract  adapter_sidecars: contract suite + emulators
 
@@ -30,7 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGING = ROOT / "packaging"
-NAMES = ("core", "controlplane", "adapters", "contract")
+NAMES = ("core", "client", "controlplane", "adapters", "contract")
 # Never shipped: bytecode and caches of a developer's tree.
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache")
 

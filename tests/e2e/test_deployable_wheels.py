@@ -50,10 +50,12 @@ def wheel_rooms(wheel: Path) -> set[str]:
 
 
 def test_each_wheel_holds_only_its_own_packages(wheels: dict[str, Path]) -> None:
-    """core: protos + kernel; control plane: controlplane + its `vidroute` command; adapters:
-    the sidecars without test tooling; contract: the contract suite and the emulators."""
+    """core: protos + kernel; client: the SDK and the `vidroute` command; control plane:
+    controlplane; adapters: the sidecars without test tooling; contract: the contract suite and
+    the emulators."""
     assert wheel_rooms(wheels["core"]) == {"vidroute", "vidroute_core"}
-    assert wheel_rooms(wheels["controlplane"]) == {"controlplane", "clients"}
+    assert wheel_rooms(wheels["client"]) == {"clients"}
+    assert wheel_rooms(wheels["controlplane"]) == {"controlplane"}
     assert wheel_rooms(wheels["adapters"]) == {
         "adapter_sidecars",
         "adapter_sidecars/common",
@@ -115,16 +117,18 @@ def test_contract_wheel_adds_its_command_beside_the_sidecars(
 def test_control_plane_wheel_migrates_and_serves_without_the_sidecars(
     wheels: dict[str, Path], tmp_path: Path
 ) -> None:
-    """`vidroute migrate` and `vidroute serve` of vidroute-controlplane run on SQLite; the
-    sidecars cannot be imported and were not."""
-    target = install([wheels["core"], wheels["controlplane"]], tmp_path / "controlplane-image")
+    """`vidroute migrate` and `vidroute serve` (vidroute-client's command) run the control plane
+    of vidroute-controlplane on SQLite; the sidecars cannot be imported and were not."""
+    target = install(
+        [wheels["core"], wheels["client"], wheels["controlplane"]], tmp_path / "controlplane-image"
+    )
     env = {
         "VIDROUTE_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'vidroute.db'}",
         "VIDROUTE_ADAPTERS": "",
         "VIDROUTE_API_ONLY": "1",  # serving without sidecars is an API-only replica
         "VIDROUTE_REDIS_URL": "",
     }
-    migrate = Isolated(target, tmp_path, "vidroute-controlplane", "vidroute", "migrate")
+    migrate = Isolated(target, tmp_path, "vidroute-client", "vidroute", "migrate")
     refused = migrate.code("import adapter_sidecars")
     assert "No module named 'adapter_sidecars'" in refused.stderr, refused.stderr
     done = migrate.run(env)
@@ -134,7 +138,7 @@ def test_control_plane_wheel_migrates_and_serves_without_the_sidecars(
     serve = Isolated(
         target,
         tmp_path,
-        "vidroute-controlplane",
+        "vidroute-client",
         "vidroute",
         *("serve", "--listen", "127.0.0.1:0", "--port-file", str(port_file)),
     )
@@ -151,3 +155,26 @@ def test_control_plane_wheel_migrates_and_serves_without_the_sidecars(
     modules = serve.loaded_modules()
     assert "controlplane.bootstrap" in modules
     assert not [m for m in modules if m.split(".")[0] in {"adapter_sidecars", "pytest"}]
+
+
+def test_client_wheel_alone_imports_the_sdk_and_runs_its_command(
+    wheels: dict[str, Path], tmp_path: Path
+) -> None:
+    """vidroute-client with vidroute-core only: `clients.sdk` imports on what the wheel
+    declares, `vidroute --help` runs, and neither the control plane nor the sidecars exist."""
+    target = install([wheels["core"], wheels["client"]], tmp_path / "client-only")
+    runner = Isolated(target, tmp_path, "vidroute-client", "vidroute", "--help")
+    sdk = runner.code(
+        "from clients.sdk import AsyncClient, Client, errors; "
+        "c = Client('127.0.0.1:1', token=''); c.close(); print(errors.NotFound.__name__)"
+    )
+    assert sdk.returncode == 0, sdk.stderr
+    assert sdk.stdout.strip() == "NotFound"
+    for absent in ("controlplane", "adapter_sidecars"):
+        refused = runner.code(f"import {absent}")
+        assert f"No module named '{absent}'" in refused.stderr, refused.stderr
+    done = runner.run()
+    assert done.returncode == 0, done.stderr
+    assert "submit" in done.stdout
+    modules = runner.loaded_modules()
+    assert not [m for m in modules if m.split(".")[0] in {"controlplane", "sqlalchemy"}]

@@ -24,7 +24,7 @@ K8S = ROOT / "k8s"
 # Image -> (its Dockerfile target, the distributions it installs). The contract suite and the
 # emulators (vidroute-adapter-contract) are test tooling and ship in no image.
 TARGETS = {
-    "vidroute-controlplane": ("controlplane", {"core", "controlplane"}),
+    "vidroute-controlplane": ("controlplane", {"core", "client", "controlplane"}),
     "vidroute-adapter": ("adapter", {"core", "adapters"}),
 }
 
