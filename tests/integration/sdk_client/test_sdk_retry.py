@@ -39,6 +39,7 @@ class Flaky(api_grpc.SchedulerServiceServicer):
         self.calls: Counter[str] = Counter()
         self.keys: list[str] = []
         self.tokens: list[str] = []
+        self.deadlines: list[float | None] = []  # the time each call had left on arrival
         self._lock = threading.Lock()
 
     def _enter(self, method: str, context: Any) -> None:
@@ -46,6 +47,7 @@ class Flaky(api_grpc.SchedulerServiceServicer):
             self.calls[method] += 1
             failing = self.calls[method] <= self.failures[method]
             self.tokens.extend(v for k, v in context.invocation_metadata() if k == "authorization")
+            self.deadlines.append(context.time_remaining())
         if failing:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"{method} is warming up")
 
@@ -120,6 +122,37 @@ async def test_async_get_is_retried_after_unavailable(flaky: tuple[Flaky, str]) 
     async with AsyncClient(target, token="t0k") as client:
         assert (await client.get("42")).task_id == "42"
     assert servicer.calls["GetTask"] == 3
+
+
+def test_every_unary_call_has_the_default_deadline_and_target_and_token_come_from_env(
+    flaky: tuple[Flaky, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Client() with no arguments dials VIDROUTE_TARGET, sends VIDROUTE_TOKEN, and each call
+    arrives with at most the default 30 s left; `timeout=` changes it."""
+    servicer, target = flaky
+    monkeypatch.setenv("VIDROUTE_TARGET", target)
+    monkeypatch.setenv("VIDROUTE_TOKEN", "from-env")
+    with Client() as client:
+        client.get("1")
+    with Client(timeout=5) as client:
+        client.get("2")
+    first, second = servicer.deadlines
+    assert first is not None
+    assert 25 < first <= 30
+    assert second is not None
+    assert 3 < second <= 5
+    assert servicer.tokens == ["Bearer from-env", "Bearer from-env"]
+
+
+def test_a_ready_made_channel_is_used_and_left_open(flaky: tuple[Flaky, str]) -> None:
+    """Client(channel=...) sends every call over the caller's channel and does not close it."""
+    servicer, target = flaky
+    with grpc.insecure_channel(target) as channel:
+        with Client(channel=channel, token="") as client:
+            assert client.get("3").task_id == "3"
+        stub = api_grpc.SchedulerServiceStub(channel)
+        assert stub.GetTask(api.GetTaskRequest(task_id="4"), timeout=10).task.task_id == "4"
+    assert servicer.calls["GetTask"] == 2
 
 
 def test_a_get_that_stays_unavailable_is_a_typed_error_after_bounded_retries(
