@@ -191,6 +191,9 @@ class RoutingPolicy:
     hysteresis_delta: float = 0.03
     min_dwell_s: float = 60.0
     canary: CanaryConfig = CanaryConfig()
+    # Candidates under a canary (9.13.5), each with its own stages and gates; the candidate's
+    # current stage comes from the leader through ``RoutingContext.canary_stages``.
+    canaries: Mapping[str, CanaryConfig] = field(default_factory=dict)
 
     def weights_for(self, scenario: str) -> ScoreWeights:
         """Weights for a service class or scenario, falling back to ``default``."""
