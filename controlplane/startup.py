@@ -23,10 +23,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, NoReturn
 
-from sqlalchemy.engine import make_url
-
 from controlplane.persistence.errors import is_outage
 from controlplane.persistence.migrate import upgrade
+from controlplane.persistence.urls import display_url, sqlite_file
 from vidroute_core.wire.listen import PortInUse, address_in_use
 
 log = logging.getLogger(__name__)
@@ -85,23 +84,13 @@ async def migrate(database_url: str) -> None:
     except Exception as exc:
         if not is_outage(exc):
             raise
-        where = make_url(database_url).render_as_string(hide_password=True)
+        where = display_url(database_url)
         cause = (str(exc).strip().splitlines() or [""])[0]
         refuse(
             f"the database {where} does not answer ({type(exc).__name__}: {cause}): start it, "
             "or point VIDROUTE_DATABASE_URL at one that runs",
             EXIT_UNAVAILABLE,
         )
-
-
-def sqlite_file(database_url: str) -> Path | None:
-    """The file of an SQLite URL; None for another backend or an in-memory database."""
-    url = make_url(database_url)
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
-        return None
-    if url.database.startswith("file:") or url.query.get("mode") == "memory":
-        return None
-    return Path(url.database).resolve()
 
 
 class SqliteLock:
