@@ -9,7 +9,8 @@ Ports are the fixed dev ports (emulators 8101-8103, sidecars 50061-50063) unless
 then the child binds a free port and reports it (an emulator prints its URL, a sidecar writes
 its port file), and `start_stack` wires the sidecars and the control plane to what was bound.
 That is what ``vidroute up --ephemeral-ports`` (and the e2e test of `make up`) uses, so two
-stacks on one machine never fight over a port.
+stacks on one machine never fight over a port; on the fixed ports a second stack is refused in
+one line (exit 78) before it starts any child.
 
 Production terms, faster: the sidecars run their shipped configs, the emulators answer like the
 real providers (an emulator-only route only when `start_stack` is asked for it by name), and the
