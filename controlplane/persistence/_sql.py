@@ -97,19 +97,19 @@ async def append_event(
     outputs: Sequence[Mapping[str, Any]] = (),
 ) -> None:
     """Store a task event and, in the same transaction, its caller-webhook message when the task
-    is subscribed to it (`webhooks.enqueue_statement`; `outputs` go into that message). On
+    is subscribed to it (`webhooks.ENQUEUE`; `outputs` go into that message). On
     PostgreSQL both are one statement, the event an unreferenced data-modifying CTE."""
     event = insert(task_events).values(
         task_id=task_id, seq=seq, kind=kind, payload=dict(payload), created_at=now
     )
-    message = webhooks.enqueue_statement(task_id, kind, payload, now, outputs)
+    message = webhooks.enqueue_params(task_id, seq, kind, payload, now, outputs)
     if message is None:
         await conn.execute(event)
     elif conn.dialect.name == "postgresql":
-        await conn.execute(message.add_cte(event.cte("ev")))
+        await conn.execute(webhooks.ENQUEUE.add_cte(event.cte("ev")), message)
     else:
         await conn.execute(event)
-        await conn.execute(message)
+        await conn.execute(webhooks.ENQUEUE, message)
 
 
 async def enqueue(conn: AsyncConnection, message: NewOutboxMessage, now: datetime) -> int:

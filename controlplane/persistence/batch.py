@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TaskState
-from controlplane.persistence import _bulk
+from controlplane.persistence import _bulk, webhooks
 from controlplane.persistence.errors import ConcurrentModification
 from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.models import outbox as O
@@ -198,6 +198,7 @@ async def write_selected(
             }
         )
     await _bulk.insert_rows(conn, E, events)
+    await webhooks.enqueue_many(conn, events, now)  # subscribed tasks' caller webhooks
     await _bulk.insert_rows(conn, O, messages)
     return {t: Written(a, decision_ids[t]) for t, a in attempt_ids.items()}
 

@@ -798,6 +798,7 @@ webhook_messages = Table(
     # ``msg_<uuid>``: the webhook-id header, the same on every retry.
     Column("id", Text, primary_key=True),
     Column("task_id", BigInteger, ForeignKey(generation_tasks.c.id), nullable=False),
+    Column("event_seq", BigInteger, nullable=False),  # the task event it announces (its order)
     Column("tenant_id", Text, nullable=False),
     Column("event_type", Text, nullable=False),
     Column("url", Text, nullable=False),

@@ -1,11 +1,13 @@
 """The caller-webhook outbox in the database: messages written with their task events, claimed
 by the delivery worker, settled with each attempt; and the per-task delivery history.
 
-`enqueue_statement` is what `_sql.append_event` adds to a task event's write: an ``INSERT ...
-SELECT`` from the task row that inserts a message only when the task is subscribed to the
-event (``webhook_url`` set and, for an optional type, its bit in ``webhook_events``), so a task
-without a webhook costs nothing but the WHERE. On PostgreSQL it rides in the event's own
-statement as a CTE (one round trip, as before).
+`ENQUEUE` is what a task event's write adds (`_sql.append_event`; `enqueue_many` for the
+dispatcher's bulk events): an ``INSERT ... SELECT`` from the task row that inserts a message
+only when the task is subscribed to the event (``webhook_url`` set and, for an optional type,
+its bit in ``webhook_events``), so a task without a webhook costs nothing but the WHERE. On
+PostgreSQL it rides in the event's own statement as a CTE (one round trip, as before). Messages
+carry their event's number: one task's are claimed and sent in event order, though a retried
+message can arrive after a later one (receivers order by ``status_version``).
 
 Claims (`WebhookStore.claim`) lock due PENDING rows with ``FOR UPDATE SKIP LOCKED`` on
 PostgreSQL (SQLite's single writer serializes them) and push ``next_attempt_at`` past a lease,
@@ -19,7 +21,23 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import and_, insert, literal, select, update
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    Text,
+    and_,
+    bindparam,
+    column,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY as PG_ARRAY
+from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.expression import ColumnElement, Insert
 
 from controlplane.domain import webhooks as domain
@@ -33,61 +51,152 @@ if TYPE_CHECKING:
     from controlplane.persistence.database import Database
 
 __all__ = [
+    "ENQUEUE",
     "AttemptResult",
     "ClaimedMessage",
     "DeliveryRecord",
     "WebhookAttemptRecord",
     "WebhookStore",
-    "enqueue_statement",
+    "enqueue_many",
+    "enqueue_params",
 ]
 
 
-def enqueue_statement(
-    task_id: int,
-    kind: str,
-    payload: Mapping[str, Any],
-    now: datetime,
-    outputs: Iterable[Mapping[str, Any]] = (),
-) -> Insert | None:
-    """The INSERT of the event's webhook message (module docstring); None when no webhook
-    announces an event of this kind."""
-    event_type = domain.event_type_for(kind, payload)
-    if event_type is None:
-        return None
-    subscribed: ColumnElement[bool] = T.c.webhook_url.is_not(None)
-    bit = domain.event_bit(event_type)
-    if bit:
-        subscribed = and_(subscribed, T.c.webhook_events.op("&")(bit) != 0)
-    body = domain.message_body(event_type, now, task_id, payload, outputs)
-    at = literal(now, UtcDateTime)
+_COLUMNS = [
+    "id",
+    "task_id",
+    "event_seq",
+    "tenant_id",
+    "event_type",
+    "url",
+    "body",
+    "state",
+    "attempts",
+    "next_attempt_at",
+    "created_at",
+    "updated_at",
+]
+
+
+def _enqueue() -> Insert:
+    """The message INSERT ... SELECT from the task row, built once; `enqueue_params` binds it."""
+    subscribed: ColumnElement[bool] = and_(
+        T.c.id == bindparam("w_task_id", type_=BigInteger),
+        T.c.webhook_url.is_not(None),
+        or_(
+            bindparam("w_bit", type_=Integer) == 0,
+            T.c.webhook_events.op("&")(bindparam("w_bit", type_=Integer)) != 0,
+        ),
+    )
+    at = bindparam("w_now", type_=UtcDateTime)
     return insert(WM).from_select(
-        [
-            "id",
-            "task_id",
-            "tenant_id",
-            "event_type",
-            "url",
-            "body",
-            "state",
-            "attempts",
-            "next_attempt_at",
-            "created_at",
-            "updated_at",
-        ],
+        _COLUMNS,
         select(
-            literal(domain.new_message_id()),
+            bindparam("w_id", type_=Text),
             T.c.id,
+            bindparam("w_seq", type_=BigInteger),
             T.c.tenant_id,
-            literal(event_type),
+            bindparam("w_type", type_=Text),
             T.c.webhook_url,
-            literal(body),
+            bindparam("w_body", type_=Text),
             literal(DeliveryState.PENDING.value),
             literal(0),
             at,
             at,
             at,
-        ).where(T.c.id == task_id, subscribed),
+        ).where(subscribed),
     )
+
+
+ENQUEUE = _enqueue()
+
+
+def enqueue_params(  # noqa: PLR0917 - a task event's columns, in append_event's order
+    task_id: int,
+    seq: int,
+    kind: str,
+    payload: Mapping[str, Any],
+    now: datetime,
+    outputs: Iterable[Mapping[str, Any]] = (),
+) -> dict[str, Any] | None:
+    """`ENQUEUE`'s parameters for task event `seq` (module docstring); None when no webhook
+    announces an event of this kind."""
+    event_type = domain.event_type_for(kind, payload)
+    if event_type is None:
+        return None
+    return {
+        "w_id": domain.new_message_id(),
+        "w_task_id": task_id,
+        "w_seq": seq,
+        "w_type": event_type,
+        "w_bit": domain.event_bit(event_type),
+        "w_body": domain.message_body(event_type, now, task_id, payload, outputs),
+        "w_now": now,
+    }
+
+
+_ARRAYS = (
+    ("w_id", Text),
+    ("w_task_id", BigInteger),
+    ("w_seq", BigInteger),
+    ("w_type", Text),
+    ("w_bit", Integer),
+    ("w_body", Text),
+)
+
+
+def _enqueue_unnest() -> Insert:
+    """`ENQUEUE` for many events in one statement on PostgreSQL: one array per parameter."""
+    src = (
+        func.unnest(*(bindparam(f"a{name}", type_=PG_ARRAY(kind)) for name, kind in _ARRAYS))
+        .table_valued(*(column(name, kind) for name, kind in _ARRAYS))
+        .render_derived(name="src")
+    )
+    at = bindparam("w_now", type_=UtcDateTime)
+    return insert(WM).from_select(
+        _COLUMNS,
+        select(
+            src.c.w_id,
+            T.c.id,
+            src.c.w_seq,
+            T.c.tenant_id,
+            src.c.w_type,
+            T.c.webhook_url,
+            src.c.w_body,
+            literal(DeliveryState.PENDING.value),
+            literal(0),
+            at,
+            at,
+            at,
+        )
+        .select_from(src.join(T, T.c.id == src.c.w_task_id))
+        .where(
+            T.c.webhook_url.is_not(None),
+            or_(src.c.w_bit == 0, T.c.webhook_events.op("&")(src.c.w_bit) != 0),
+        ),
+    )
+
+
+_ENQUEUE_MANY = _enqueue_unnest()
+
+
+async def enqueue_many(
+    conn: AsyncConnection, events: Iterable[Mapping[str, Any]], now: datetime
+) -> None:
+    """The messages of task events inserted in bulk (``task_events`` row dicts): one statement
+    on PostgreSQL (arrays), one executemany on SQLite; events no webhook announces are skipped."""
+    params = [
+        p
+        for e in events
+        if (p := enqueue_params(e["task_id"], e["seq"], e["kind"], e["payload"], now))
+    ]
+    if not params:
+        return
+    if conn.dialect.name != "postgresql":
+        await conn.execute(ENQUEUE, params)
+        return
+    arrays: dict[str, Any] = {f"a{name}": [p[name] for p in params] for name, _ in _ARRAYS}
+    await conn.execute(_ENQUEUE_MANY, {**arrays, "w_now": now})
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +205,7 @@ class ClaimedMessage:
 
     id: str
     task_id: int
+    event_seq: int
     tenant_id: str
     event_type: str
     url: str
@@ -155,7 +265,7 @@ class WebhookStore:
             due = (
                 select(WM)
                 .where(WM.c.state == DeliveryState.PENDING.value, WM.c.next_attempt_at <= now)
-                .order_by(WM.c.next_attempt_at, WM.c.id)
+                .order_by(WM.c.next_attempt_at, WM.c.task_id, WM.c.event_seq)
                 .limit(limit)
                 .with_for_update(skip_locked=True)
             )
@@ -170,6 +280,7 @@ class WebhookStore:
             ClaimedMessage(
                 id=r["id"],
                 task_id=int(r["task_id"]),
+                event_seq=int(r["event_seq"]),
                 tenant_id=r["tenant_id"],
                 event_type=r["event_type"],
                 url=r["url"],
@@ -196,8 +307,9 @@ class WebhookStore:
                 for r in results
                 if r.record_attempt
             ]
-            if attempts:
-                await u.conn.execute(insert(WA), attempts)
+            if attempts:  # a claim that expired mid-send may settle twice: the first one stands
+                dialect = postgresql if u.conn.dialect.name == "postgresql" else sqlite
+                await u.conn.execute(dialect.insert(WA).on_conflict_do_nothing(), attempts)
             for r in results:
                 await u.conn.execute(
                     update(WM)
@@ -217,7 +329,9 @@ class WebhookStore:
             messages = (
                 (
                     await conn.execute(
-                        select(WM).where(WM.c.task_id == task_id).order_by(WM.c.created_at, WM.c.id)
+                        select(WM)
+                        .where(WM.c.task_id == task_id)
+                        .order_by(WM.c.event_seq, WM.c.created_at)
                     )
                 )
                 .mappings()

@@ -76,6 +76,10 @@ async def _resolve(host: str, port: int) -> list[str]:
     return sorted({str(info[4][0]) for info in infos})
 
 
+def _in_event_order(message: ClaimedMessage) -> int:
+    return message.event_seq
+
+
 class WebhookDeliveryWorker:
     """Delivers due webhook messages; `run_once()` for one batch, `start()`/`stop()` to loop."""
 
@@ -110,13 +114,17 @@ class WebhookDeliveryWorker:
         )
         if not claimed:
             return 0
+        # One task's messages go one after another, in event order; tasks side by side.
+        lanes: dict[int, list[ClaimedMessage]] = {}
+        for message in claimed:
+            lanes.setdefault(message.task_id, []).append(message)
         gate = asyncio.Semaphore(max(1, cfg.concurrency))
 
-        async def one(message: ClaimedMessage) -> AttemptResult:
+        async def lane(messages: list[ClaimedMessage]) -> list[AttemptResult]:
             async with gate:
-                return await self._attempt(message)
+                return [await self._attempt(m) for m in sorted(messages, key=_in_event_order)]
 
-        results = await asyncio.gather(*(one(m) for m in claimed))
+        results = [r for done in await asyncio.gather(*map(lane, lanes.values())) for r in done]
         await self._store.settle(results, self._clock())
         return len(results)
 

@@ -14,6 +14,7 @@ from sqlalchemy import func, select
 
 from controlplane.domain.states import TaskState
 from controlplane.domain.webhooks import WebhookSubscription
+from controlplane.persistence import webhooks
 from controlplane.persistence.database import Database
 from controlplane.persistence.models import generation_tasks, webhook_messages
 from controlplane.service.tasks import CreateTaskInput, TaskService
@@ -51,7 +52,7 @@ async def messages(db: Database, task_id: int) -> list[dict[str, object]]:
         rows = await conn.execute(
             select(webhook_messages)
             .where(webhook_messages.c.task_id == task_id)
-            .order_by(webhook_messages.c.created_at)
+            .order_by(webhook_messages.c.event_seq)
         )
         return [dict(r) for r in rows.mappings()]
 
@@ -149,3 +150,30 @@ async def test_a_tenant_without_a_secret_cannot_subscribe(db: Database) -> None:
 async def task_count(db: Database) -> int:
     async with db.reading() as conn:
         return int(await conn.scalar(select(func.count()).select_from(generation_tasks)) or 0)
+
+
+async def test_bulk_events_write_messages_only_for_subscribers(db: Database) -> None:
+    """The dispatcher's bulk events (one statement on PostgreSQL) write a message for each event
+    a task is subscribed to, in its event's order, and nothing for the others."""
+    svc = service(db)
+    asked = await create(svc, WebhookSubscription(HOOK, ("task.state_changed",)))
+    terminal_only = await create(svc, WebhookSubscription(HOOK))
+    plain = await create(svc, None)
+    events = [
+        {"task_id": t, "seq": seq, "kind": kind, "payload": {"state": state}}
+        for t in (asked, terminal_only, plain)
+        for seq, kind, state in (
+            (2, "task.state_changed", "SCHEDULING"),
+            (3, "task.state_changed", "SUBMITTING"),
+            (4, "attempt.created", "READY_TO_SUBMIT"),
+        )
+    ]
+    async with db.unit(NOW) as u:
+        await webhooks.enqueue_many(u.conn, events, NOW)
+    found = await messages(db, asked)
+    assert [(m["event_seq"], json.loads(str(m["body"]))["data"]["state"]) for m in found] == [
+        (2, "SCHEDULING"),
+        (3, "SUBMITTING"),
+    ]
+    assert await messages(db, terminal_only) == []
+    assert await messages(db, plain) == []

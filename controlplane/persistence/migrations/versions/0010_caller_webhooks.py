@@ -37,6 +37,7 @@ def upgrade() -> None:
         "webhook_messages",
         sa.Column("id", sa.Text(), nullable=False),
         sa.Column("task_id", sa.BigInteger(), nullable=False),
+        sa.Column("event_seq", sa.BigInteger(), nullable=False),
         sa.Column("tenant_id", sa.Text(), nullable=False),
         sa.Column("event_type", sa.Text(), nullable=False),
         sa.Column("url", sa.Text(), nullable=False),
