@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
 import time
 from collections.abc import Coroutine, Iterator
@@ -31,9 +32,13 @@ from controlplane.persistence.database import Database
 from controlplane.persistence.migrate import upgrade
 from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.tasks import TaskService
+from controlplane.webhooks.config import parse_webhooks_document
 from tests.support.stack import ProviderFarm, free_port
 
 T = TypeVar("T")
+# Tenant `hooked` may name caller webhooks; the test's receiver is plain http on loopback.
+WEBHOOK_TENANT = "hooked"
+WEBHOOK_SECRET = "whsec_" + base64.b64encode(b"sdk-test-webhook-secret-32-bytes").decode()
 
 
 class LoopThread:
@@ -171,6 +176,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     worker_id="sdk-test",
                     time_scale=farm.time_scale,
                     auth_tokens=dict([parse_entry(hash_token(token), "admin")]),
+                    webhooks=parse_webhooks_document(
+                        f"tenants: {{{WEBHOOK_TENANT}: {{secret: {WEBHOOK_SECRET}}}}}",
+                        allow_http=True,
+                        allow_private=True,
+                    ),
                 )
             )
         )

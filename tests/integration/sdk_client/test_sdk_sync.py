@@ -4,15 +4,18 @@ that really run at the Runway emulator, and `watch` resuming after the server dr
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
 import pytest
 
 from clients.sdk import Client, errors
-from tests.integration.sdk_client.conftest import Plane, Stack
+from tests.integration.sdk_client.conftest import WEBHOOK_TENANT, Plane, Stack
 from tests.support.stack import spec_for
 from vidroute.scheduler.v1 import scheduler_pb2 as pb
 from vidroute.scheduler.v1 import scheduler_service_pb2 as api
@@ -30,9 +33,9 @@ def _spec_dict(prompt: str) -> dict[str, object]:
     }
 
 
-def _until(condition: object, timeout_s: float = 60, what: str = "") -> None:
+def _until(condition: Callable[[], object], timeout_s: float = 60, what: str = "") -> None:
     deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
+    while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
 
@@ -75,6 +78,65 @@ def test_create_wait_get_explain_and_download_a_task_that_succeeds(
         size = client.download_output(task.task_id, dest)
         assert size == got.output.size_bytes == dest.stat().st_size
         assert dest.read_bytes() == Path(got.output.uri.removeprefix("file://")).read_bytes()
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    """Answers every POST 204 and keeps its webhook-id header."""
+
+    ids: list[str]
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        self.ids.append(self.headers.get("webhook-id", ""))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[str, list[str]]]:
+    ids: list[str] = []
+    handler = type("Receiver", (_Receiver,), {"ids": ids})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/hook", ids
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_create_with_a_webhook_and_its_deliveries(
+    stack: Stack, receiver: tuple[str, list[str]]
+) -> None:
+    """create(webhook=URL) subscribes the task (Task.webhook); webhook_deliveries lists the
+    terminal message as DELIVERED once the test's receiver got it, under the same webhook-id."""
+    url, received = receiver
+    spec = spec_for("runway", prompt="a hooked kite")
+    spec.tenant_id = WEBHOOK_TENANT
+    with Client(stack.target, token=stack.token) as client:
+        made = client.create(spec, webhook={"url": url, "events": ["task.state_changed"]})
+        assert made.task.webhook.url == url
+        assert list(made.task.webhook.events) == ["task.state_changed"]
+        assert client.wait(made.task.task_id, timeout=120).state == pb.TASK_STATE_SUCCEEDED
+
+        def delivered() -> list[pb.WebhookDelivery]:
+            return [
+                d
+                for d in client.webhook_deliveries(made.task.task_id)
+                if d.event_type == "task.succeeded"
+                and d.state == pb.WEBHOOK_DELIVERY_STATE_DELIVERED
+            ]
+
+        _until(delivered, what="the task.succeeded webhook delivered")
+        [succeeded] = delivered()
+    assert succeeded.url == url
+    assert succeeded.attempts[-1].status_code == 204
+    assert succeeded.webhook_id in received
 
 
 def test_list_iterates_every_page(stack: Stack) -> None:
