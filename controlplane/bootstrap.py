@@ -127,6 +127,7 @@ from controlplane.persistence.records import AccountInfo, AttemptRecord
 from controlplane.persistence.webhooks import WebhookStore
 from controlplane.reconciliation import delta_by_provider
 from controlplane.scheduling.dispatcher import DispatcherConfig
+from controlplane.scheduling.quality_book import QualityBook
 from controlplane.scheduling.readiness import CatalogReadiness
 from controlplane.scheduling.runtime import SchedulingRuntime, build_scheduling
 from controlplane.scheduling.upkeep import UpkeepConfig
@@ -136,6 +137,7 @@ from controlplane.service.billing import BillingService
 from controlplane.service.capability_publish import CapabilityPublishService
 from controlplane.service.cost_gauges import CostGaugeRefresher
 from controlplane.service.outputs import DEFAULT_URL_TTL_S, OutputService
+from controlplane.service.quality import QualityService
 from controlplane.service.tasks import TaskService
 from controlplane.service.webhooks import WebhookSubscriptions
 from controlplane.startup import (
@@ -175,6 +177,7 @@ SERVICE_NAME = "vidroute-controlplane"  # the traces' service.name
 READINESS_REDIS_TIMEOUT_S = 2.0
 ROUTING_POLICY_VERSION = "router-v1"
 COST_GAUGE_INTERVAL_S = 60.0  # the cost gauges are recomputed from the ledgers this often
+QUALITY_REFRESH_S = 5.0  # routing re-reads the quality aggregates this often (9.14)
 DEFAULT_SAFETY_POLICY = Path(__file__).with_name("safety_policy.yaml")
 
 
@@ -723,6 +726,9 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             upkeep_config=scale_durations(
                 UpkeepConfig(default_concurrency=DispatcherConfig().default_concurrency), scale
             ),
+            quality=QualityBook(
+                db, refresh_s=QUALITY_REFRESH_S * scale, sink=metrics.quality_ratios
+            ),
         )
         admin = runtime.admin
         runtime.set_readiness(CatalogReadiness(frozenset(settings.adapters)))
@@ -786,6 +792,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     webhook_worker = _webhook_worker(settings, db, cleanup)
     if webhook_worker is not None:
         background.append(webhook_worker.stop)
+        wakeups.subscribe(Topic.WEBHOOK, webhook_worker.wake)
     safety = load_safety_policy(settings.safety_policy_path)
     log.info("safety policy %s loaded", safety.version)
     tasks = TaskService(
@@ -831,5 +838,5 @@ async def _serve(
         auth=Authenticator(settings.auth_tokens),
         interceptors=[*tracing_edge.server_interceptors(), metrics.interceptor()],
         billing=BillingServicer(BillingService(db)),
-        routing=RoutingServicer(),
+        routing=RoutingServicer(quality=QualityService(db)),
     )

@@ -156,6 +156,21 @@ class ControlPlaneMetrics:
             ["provider"],
             registry=r,
         )
+        # Caller verdicts of each model's whole mode (9.14), set by the dispatcher's quality book
+        # on each read of the aggregates (`quality_ratios`).
+        pmm = ["provider", "model", "mode"]
+        self.user_acceptance = Gauge(
+            "model_user_acceptance_ratio",
+            "Accepted / caller verdicts (accepted, rejected, regenerated) of a model's mode",
+            pmm,
+            registry=r,
+        )
+        self.regeneration = Gauge(
+            "model_regeneration_ratio",
+            "Regenerated / caller verdicts of a model's mode",
+            pmm,
+            registry=r,
+        )
         self.circuit_transitions = Counter(
             "provider_circuit_transitions",
             "Breaker state changes this replica made",
@@ -245,6 +260,13 @@ class ControlPlaneMetrics:
         for provider, delta in deltas.items():
             self.reconciliation_delta.labels(provider).set(delta)
         self._recon_providers |= set(deltas)
+
+    def quality_ratios(self, figures: Mapping[tuple[str, str, str], tuple[float, float]]) -> None:
+        """``(provider, model, mode) -> (user acceptance, regeneration)`` ratios; series that
+        left the figures keep their last value (verdicts are never deleted)."""
+        for key, (accepted, regenerated) in figures.items():
+            self.user_acceptance.labels(*key).set(accepted)
+            self.regeneration.labels(*key).set(regenerated)
 
     def circuit_transition(self, provider: str, model: str, operation: str, to: str) -> None:
         self.circuit_transitions.labels(provider, model, operation, to).inc()

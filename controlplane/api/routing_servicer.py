@@ -16,8 +16,36 @@ from typing import Any, NoReturn
 import grpc
 
 from controlplane.api.auth import require_caller
+from controlplane.domain.quality import Verdict
 from controlplane.service.access import Caller
-from vidroute.scheduler.v1 import routing_service_pb2, routing_service_pb2_grpc
+from controlplane.service.quality import BucketView, FeedbackInput, QualityService
+from vidroute.scheduler.v1 import routing_pb2, routing_service_pb2, routing_service_pb2_grpc
+
+_VERDICTS = {
+    routing_pb2.FEEDBACK_VERDICT_ACCEPTED: Verdict.ACCEPTED,
+    routing_pb2.FEEDBACK_VERDICT_REJECTED: Verdict.REJECTED,
+    routing_pb2.FEEDBACK_VERDICT_REGENERATED: Verdict.REGENERATED,
+}
+
+
+def bucket_view(row: BucketView) -> routing_pb2.QualityBucket:
+    c, e = row.counts, row.estimate
+    return routing_pb2.QualityBucket(
+        provider=row.provider,
+        model=row.model,
+        mode=row.mode,
+        bucket=row.bucket,
+        accepted=c.accepted,
+        rejected=c.rejected,
+        regenerated=c.regenerated,
+        technical_checks=c.technical_checks,
+        technical_defects=c.technical_defects,
+        score=e.score,
+        score_low=e.low,
+        score_high=e.high,
+        user_acceptance_ratio=c.user_acceptance_ratio,
+        regeneration_ratio=c.regeneration_ratio,
+    )
 
 
 async def _unimplemented(context: Any, method: str, what: str) -> NoReturn:
@@ -31,7 +59,10 @@ async def _unimplemented(context: Any, method: str, what: str) -> NoReturn:
 class RoutingServicer(routing_service_pb2_grpc.RoutingServiceServicer):
     """The decisions API: quality feedback and aggregates, canaries, policies, replay."""
 
-    def __init__(self, *, default_caller: Caller | None = None) -> None:
+    def __init__(
+        self, *, quality: QualityService | None = None, default_caller: Caller | None = None
+    ) -> None:
+        self._quality = quality
         self._default_caller = default_caller  # only for a servicer driven without the server
 
     def _caller(self) -> Caller:
@@ -40,12 +71,26 @@ class RoutingServicer(routing_service_pb2_grpc.RoutingServiceServicer):
     async def SubmitFeedback(
         self, request: routing_service_pb2.SubmitFeedbackRequest, context: Any
     ) -> routing_service_pb2.SubmitFeedbackResponse:
-        await _unimplemented(context, "SubmitFeedback", "quality signals")
+        if self._quality is None:
+            await _unimplemented(context, "SubmitFeedback", "quality signals")
+        recorded = await self._quality.submit_feedback(
+            FeedbackInput(
+                task_id=request.task_id,
+                verdict=_VERDICTS.get(request.verdict),
+                tags=tuple(request.tags),
+                comment=request.comment,
+            ),
+            self._caller(),
+        )
+        return routing_service_pb2.SubmitFeedbackResponse(recorded=recorded)
 
     async def GetQuality(
         self, request: routing_service_pb2.GetQualityRequest, context: Any
     ) -> routing_service_pb2.GetQualityResponse:
-        await _unimplemented(context, "GetQuality", "quality signals")
+        if self._quality is None:
+            await _unimplemented(context, "GetQuality", "quality signals")
+        rows = await self._quality.get_quality(request.model, self._caller())
+        return routing_service_pb2.GetQualityResponse(buckets=[bucket_view(r) for r in rows])
 
     async def ListCanaries(
         self, request: routing_service_pb2.ListCanariesRequest, context: Any

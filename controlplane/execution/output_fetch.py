@@ -66,6 +66,8 @@ from urllib.parse import urlsplit
 import av
 import httpx
 
+from controlplane.domain.quality import Defect
+from controlplane.execution.frame_checks import frame_defects
 from controlplane.execution.remux import size_and_sha256, strip_audio
 from controlplane.storage import ObjectStore, validate_key
 
@@ -203,6 +205,9 @@ class StoredAsset:
     has_audio: bool
     audio_stripped: bool = False  # the provider's file had audio; the stored one has none
     sample_index: int = 0
+    # Technical quality signals of the probe (`frame_checks`: Defect values); not stored in
+    # the output document, recorded as the sample's quality check.
+    defects: tuple[str, ...] = ()
 
 
 class InvalidReason(enum.Enum):
@@ -348,6 +353,7 @@ class _Probe:
     fps: float | None
     codec: str
     has_audio: bool
+    defects: tuple[str, ...] = ()
 
 
 async def fetch_output(
@@ -398,6 +404,7 @@ async def fetch_output(
         has_audio=probe.has_audio and not stripped,
         audio_stripped=stripped,
         sample_index=request.sample_index,
+        defects=probe.defects,
     )
 
 
@@ -491,16 +498,25 @@ def _probe(path: Path) -> _Probe | OutputInvalid:
             rate = video.average_rate or video.guessed_rate
             sar = ctx.sample_aspect_ratio or Fraction(1)
             # Decoding one frame proves the stream is playable, not merely well labelled.
-            if next(container.decode(video=0), None) is None:
+            decoded = container.decode(video=0)
+            first = next(decoded, None)
+            if first is None:
                 return OutputInvalid(InvalidReason.UNREADABLE_MEDIA, "no decodable frame")
+            fps = float(rate) if rate else None
+            count = video.frames or round(duration_ms / 1000 * (fps or 0))
+            try:  # signals for the quality score (frame_checks), never a refusal
+                defects = frame_defects(first, decoded, count, fps)
+            except av.FFmpegError:
+                defects = (Defect.DECODE_ERROR,)
             return _Probe(
                 duration_ms=duration_ms,
                 width=ctx.width,
                 height=ctx.height,
                 display_aspect=float(ctx.width * sar) / ctx.height,
-                fps=float(rate) if rate else None,
+                fps=fps,
                 codec=ctx.name,
                 has_audio=bool(container.streams.audio),
+                defects=tuple(d.value for d in defects),
             )
     except (av.FFmpegError, ZeroDivisionError) as exc:
         return OutputInvalid(InvalidReason.UNREADABLE_MEDIA, f"probe failed: {exc}")

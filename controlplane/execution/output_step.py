@@ -34,6 +34,7 @@ from controlplane.domain.breaker import Operation
 from controlplane.domain.failover import backoff_delay_s
 from controlplane.domain.outbox import Topic
 from controlplane.domain.outputs import output_document
+from controlplane.domain.quality import Defect, bucket_key
 from controlplane.domain.states import TaskState
 from controlplane.execution.batching import run_batch
 from controlplane.execution.breakers import TRANSPORT_FAILURE, GuardedCall
@@ -67,11 +68,14 @@ from controlplane.execution.output_fetch import (
     TransientFetchError,
     fetch_output,
 )
+from controlplane.persistence import quality as quality_store
+from controlplane.persistence.ports import UnitOfWork
 from controlplane.persistence.records import (
     AttemptRecord,
     Failure,
     OutboxRecord,
     ProviderJobRecord,
+    TaskRecord,
 )
 from controlplane.storage.base import ObjectStore, StorageError
 from vidroute_core.adapter import JobRef
@@ -222,12 +226,16 @@ class OutputStep:
                     return
                 result, stored = fetched
         if isinstance(result, StoredAsset):
-            document = output_document([asdict(a) for a in stored])
-            await self._deliver(message, attempt_id, document)
+            document = output_document([_asset_fields(a) for a in stored])
+            await self._deliver(message, attempt_id, document, _probed(stored))
         elif isinstance(result, OutputInvalid):
+            probed = _probed(stored)
+            if (defect := _DEFECT_OF.get(result.code)) is not None:
+                probed.append((len(stored), (defect,)))
             await self._fail(
-                message, attempt_id, f"OUTPUT_INVALID_{result.code.value}", result.reason
-            )
+                message, attempt_id, f"OUTPUT_INVALID_{result.code.value}", result.reason,
+                checks=probed,
+            )  # fmt: skip
         elif isinstance(result, OutputExpired):
             refreshes = runtime.output_refreshes if runtime else 0
             if refreshes >= cfg.max_output_refreshes:
@@ -357,13 +365,20 @@ class OutputStep:
             available_at=now + timedelta(seconds=delay),
         )
 
-    async def _deliver(self, message: OutboxRecord, attempt_id: int, asset: dict[str, Any]) -> None:
+    async def _deliver(
+        self,
+        message: OutboxRecord,
+        attempt_id: int,
+        asset: dict[str, Any],
+        checks: list[tuple[int, tuple[Defect, ...]]],
+    ) -> None:
         after = AfterCommit()
         async with self._deps.db.unit(self._deps.clock()) as u:
             attempt = await u.attempt(attempt_id)
             task = None if attempt is None else await u.task(attempt.task_id)
             if attempt is not None and task is not None:
                 await u.move_task(task, TaskState.SUCCEEDED, "output stored", output_asset=asset)
+                await _record_checks(u, task, attempt, checks)
                 after.release.append(attempt)
             await u.complete_message(message.id, self._deps.config.worker_id)
         await after.run(self._deps.leases)
@@ -375,6 +390,8 @@ class OutputStep:
         code: str,
         reason: str,
         failure_class: str = ErrorClass.INTERNAL_PERMANENT.value,
+        *,
+        checks: list[tuple[int, tuple[Defect, ...]]] | None = None,
     ) -> None:
         after = AfterCommit()
         async with self._deps.db.unit(self._deps.clock()) as u:
@@ -384,6 +401,48 @@ class OutputStep:
                 await u.move_task(
                     task, TaskState.FAILED, code, failure=Failure(failure_class, code, reason)
                 )
+                if checks:
+                    await _record_checks(u, task, attempt, checks)
                 after.release.append(attempt)
             await u.complete_message(message.id, self._deps.config.worker_id)
         await after.run(self._deps.leases)
+
+
+# ---- technical quality signals (design 9.14) ----------------------------------------------------
+
+# Refusals that say the model made a bad video (not a transport or storage problem).
+_DEFECT_OF = {
+    InvalidReason.UNREADABLE_MEDIA: Defect.DECODE_ERROR,
+    InvalidReason.NOT_MP4: Defect.DECODE_ERROR,
+    InvalidReason.MEDIA_MISMATCH: Defect.MEDIA_MISMATCH,
+}
+
+
+def _asset_fields(asset: StoredAsset) -> dict[str, Any]:
+    """The output document's fields of a stored sample (its quality signals are kept apart)."""
+    fields = asdict(asset)
+    del fields["defects"]
+    return fields
+
+
+def _probed(stored: list[StoredAsset]) -> list[tuple[int, tuple[Defect, ...]]]:
+    return [(a.sample_index, tuple(Defect(d) for d in a.defects)) for a in stored]
+
+
+async def _record_checks(
+    u: UnitOfWork,
+    task: TaskRecord,
+    attempt: AttemptRecord,
+    checks: list[tuple[int, tuple[Defect, ...]]],
+) -> None:
+    """Each probed sample's technical check, in the unit that stores (or refuses) the output."""
+    account = await u.account(attempt.provider_account_id)
+    subject = quality_store.Subject(
+        account.provider, attempt.provider_model, task.spec.mode.value, bucket_key(task.spec)
+    )
+    await u.record_quality_checks(
+        [
+            quality_store.NewCheck(task.id, attempt.id, index, subject, defects)
+            for index, defects in checks
+        ]
+    )

@@ -32,6 +32,7 @@ from controlplane.persistence import _sql
 from controlplane.persistence.errors import DuplicateRecord
 from controlplane.persistence.execution import POLLABLE_STATES
 from controlplane.persistence.ledger import NewUsage, UnitRate
+from controlplane.persistence.quality import NewCheck
 from controlplane.persistence.records import (
     AccountInfo,
     AttemptChanges,
@@ -79,6 +80,8 @@ class _State:
     # created without a reservation, so they settle nothing, as in `ledger.settle_task`).
     usage: dict[str, NewUsage] = field(default_factory=dict)
     unit_rates: dict[tuple[str, str], UnitRate] = field(default_factory=dict)  # (provider, version)
+    # Technical quality checks by (attempt, sample).
+    quality_checks: dict[tuple[int, int], NewCheck] = field(default_factory=dict)
 
     def next_id(self) -> int:
         self.ids += 1
@@ -303,6 +306,12 @@ class MemoryUnitOfWork:
     async def unit_rate(self, provider: str, rate_version: str) -> UnitRate | None:
         return self._s.unit_rates.get((provider, rate_version))
 
+    async def record_quality_checks(self, checks: Sequence[NewCheck]) -> int:
+        new = [c for c in checks if (c.attempt_id, c.sample_index) not in self._s.quality_checks]
+        for c in new:
+            self._s.quality_checks[(c.attempt_id, c.sample_index)] = c
+        return len(new)
+
     # ---- outbox and claims ------------------------------------------------------------------
 
     async def enqueue(self, message: NewOutboxMessage) -> int:
@@ -519,6 +528,11 @@ class MemoryDatabase:
     def usage(self) -> list[NewUsage]:
         """Provider usage entries written so far, in writing order."""
         return list(self._state.usage.values())
+
+    @property
+    def quality_checks(self) -> list[NewCheck]:
+        """Technical quality checks written so far, in writing order."""
+        return list(self._state.quality_checks.values())
 
     # ---- ports.TaskReads and ports.ExecutionReads -------------------------------------------
 

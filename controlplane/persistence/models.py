@@ -35,6 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from controlplane.domain.money import CreditKind, UsageKind
+from controlplane.domain.quality import Verdict
 from controlplane.domain.reconciliation import DiscrepancyKind
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.persistence.coltypes import BigIntPK, JsonDoc, JsonDocOrNull, UtcDateTime
@@ -831,4 +832,55 @@ webhook_attempts = Table(
     Column("error", Text, nullable=False),
     Column("duration_ms", Integer, nullable=False),
     UniqueConstraint("message_id", "attempt_no", name="uq_webhook_attempts_message_attempt"),
+)
+
+# Quality signals (revision 0012, design 9.14): the caller's verdict per task, the technical
+# check of every probed output, and their counters per (provider, model, mode, tag bucket),
+# kept in the transaction that records each signal (`controlplane.persistence.quality`).
+quality_feedback = Table(
+    "quality_feedback",
+    Base.metadata,
+    Column("task_id", BigInteger, ForeignKey(generation_tasks.c.id), primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("provider", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("mode", Text, nullable=False),
+    Column("bucket", Text, nullable=False),
+    Column("verdict", Text, nullable=False),
+    Column("tags", JsonDoc, nullable=False),
+    Column("comment", Text, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    one_of("verdict", Verdict, "verdict_enum"),
+)
+
+quality_checks = Table(
+    "quality_checks",
+    Base.metadata,
+    Column("id", BigIntPK, primary_key=True),
+    Column("task_id", BigInteger, ForeignKey(generation_tasks.c.id), nullable=False),
+    Column("attempt_id", BigInteger, ForeignKey(task_attempts.c.id), nullable=False),
+    Column("sample_index", Integer, nullable=False),
+    Column("provider", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("mode", Text, nullable=False),
+    Column("bucket", Text, nullable=False),
+    Column("defects", JsonDoc, nullable=False),  # Defect codes; [] for a clean output
+    Column("created_at", UtcDateTime, nullable=False),
+    UniqueConstraint("attempt_id", "sample_index", name="uq_quality_checks_attempt_sample"),
+)
+
+quality_aggregates = Table(
+    "quality_aggregates",
+    Base.metadata,
+    Column("provider", Text, primary_key=True),
+    Column("model", Text, primary_key=True),
+    Column("mode", Text, primary_key=True),
+    Column("bucket", Text, primary_key=True),  # "" is the model's whole mode
+    Column("accepted", BigInteger, nullable=False),
+    Column("rejected", BigInteger, nullable=False),
+    Column("regenerated", BigInteger, nullable=False),
+    Column("technical_checks", BigInteger, nullable=False),
+    Column("technical_defects", BigInteger, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
 )

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from controlplane.domain.requeue import RequeueRequest
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.persistence.ledger import NewUsage, UnitRate
+from controlplane.persistence.quality import NewCheck
 from controlplane.persistence.records import (
     AccountInfo,
     AttemptChanges,
@@ -108,6 +109,10 @@ class UnitOfWork(Protocol):
 
     async def record_usage(self, usage: NewUsage) -> bool:
         """A provider usage entry, written once per its idempotency key (9.23.1)."""
+        ...
+
+    async def record_quality_checks(self, checks: Sequence[NewCheck]) -> int:
+        """The probe's technical checks, once per (attempt, sample), counted (9.14)."""
         ...
 
     async def unit_rate(self, provider: str, rate_version: str) -> UnitRate | None: ...

@@ -39,7 +39,7 @@ from controlplane.domain.outbox import Topic
 from controlplane.domain.requeue import RequeueRequest
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
 from controlplane.domain.webhooks import WebhookSubscription, outputs_of
-from controlplane.persistence import _create, _reads, _rows, _sql, exclusions, ledger
+from controlplane.persistence import _create, _reads, _rows, _sql, exclusions, ledger, quality
 from controlplane.persistence._unit_catalog import CatalogWrites
 from controlplane.persistence._unit_execution import ExecutionWrites
 from controlplane.persistence.errors import ConcurrentModification, DuplicateRecord
@@ -269,7 +269,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         if decision is not None:
             stored = await _sql.insert_decision(self.conn, task_id, decision, self.now)
             payload["route_decision_no"] = stored.decision_no
-        await _sql.append_event(
+        announced = await _sql.append_event(
             self.conn,
             task_id,
             seq,
@@ -278,6 +278,8 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
             now=self.now,
             outputs=outputs_of(output_asset),
         )
+        if announced:  # a caller-webhook message was written: wake its delivery worker
+            self.topics.add(str(Topic.WEBHOOK))
         for message in outbox:
             await self.enqueue(message)
         if TASK_MACHINE.is_terminal(target):
@@ -396,6 +398,10 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
     async def put_unit_rates(self, rates: Sequence[ledger.UnitRate]) -> int:
         """Store conversion rate versions (an existing version is kept); how many were new."""
         return sum([await ledger.put_unit_rate(self.conn, rate) for rate in rates])
+
+    async def record_quality_checks(self, checks: Sequence[quality.NewCheck]) -> int:
+        """The probe's technical checks and their counters (`persistence.quality`)."""
+        return await quality.record_checks(self.conn, checks, self.now)
 
     async def record_requeue(self, request: RequeueRequest) -> None:
         """Store a requeue's failover history (its exclusions merged into the task's rows)."""

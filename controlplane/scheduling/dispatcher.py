@@ -52,6 +52,7 @@ from controlplane.capabilities.catalog import CapabilityCatalog, load_catalog
 from controlplane.domain import fairqueue as fq
 from controlplane.domain.breaker import BreakerKey, BreakerState, account_key
 from controlplane.domain.outbox import Topic
+from controlplane.domain.quality import QualityTable, bucket_key
 from controlplane.domain.requeue import RequeueFacts
 from controlplane.domain.routing.candidates import Incumbent, RoutingContext
 from controlplane.domain.routing.decision import Outcome, RouteDecisionSnapshot
@@ -78,6 +79,7 @@ from controlplane.scheduling.gather import (
 from controlplane.scheduling.health import HealthMonitor, submit_key
 from controlplane.scheduling.leader import LeaderLock
 from controlplane.scheduling.parking import Parking, Signature
+from controlplane.scheduling.quality_book import QualityBook
 from controlplane.scheduling.readiness import CatalogReadiness
 from vidroute_core import tracing
 from vidroute_core.logs import bind_ids
@@ -148,8 +150,11 @@ class Dispatcher:
         leader: LeaderLock,
         config: DispatcherConfig | None = None,
         clock: Callable[[], datetime] = utcnow,
+        quality: QualityBook | None = None,
     ) -> None:
         self._db, self._catalogs, self._leases = db, catalogs, leases
+        # The quality aggregates (9.14), read at most once per refresh, never per task.
+        self.quality = quality
         self._adapters, self.monitor, self.router = adapters, monitor, router
         self.leader, self.config, self._clock = leader, config or DispatcherConfig(), clock
         self._catalog: CapabilityCatalog | None = None
@@ -448,7 +453,8 @@ class Dispatcher:
                 return c is None or ((v := capacity.view(c)).available > 0 and v.accepting_new)
 
             self.parking.wake_changed(has_room, circuit_open, catalog.version)
-        return _RoundView(capacity, circuit_open)
+        table = None if self.quality is None else await self.quality.table()
+        return _RoundView(capacity, circuit_open, table)
 
     async def dispatch_batch(
         self,
@@ -545,7 +551,19 @@ class Dispatcher:
         spec = task.spec
         capacity = {c.id: view.capacity.view(c) for c in survivors}
         health = {c.id: h for c in survivors if (h := self.monitor.health_view(c.id)) is not None}
-        ctx = _with(ctx, capacity=capacity, health=health, circuit_open=view.circuit_open)
+        quality = (
+            {}
+            if view.quality is None
+            else view.quality.scores(
+                ((c.id, c.provider, c.model) for c in survivors),
+                spec.mode.value,
+                bucket_key(spec),
+                self.router.default_quality,
+            )
+        )
+        ctx = _with(
+            ctx, capacity=capacity, health=health, circuit_open=view.circuit_open, quality=quality
+        )
         decision = route(
             str(task.id),
             spec,
@@ -922,6 +940,7 @@ class _RoundView:
 
     capacity: RoundCapacity
     circuit_open: dict[str, str]
+    quality: QualityTable | None = None  # the aggregates of this round (QualityBook)
 
 
 @dataclass(slots=True)

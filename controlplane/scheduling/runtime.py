@@ -47,6 +47,7 @@ from controlplane.persistence.db import is_sqlite
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import LeaderLock, ShardLeadership, leader_lock_for
+from controlplane.scheduling.quality_book import QualityBook
 from controlplane.scheduling.readiness import CatalogReadiness
 from controlplane.scheduling.shared_state import InProcessSharedState, RedisSharedState
 from controlplane.scheduling.upkeep import QUEUE_TOPICS, Upkeep, UpkeepConfig
@@ -150,6 +151,7 @@ def build_scheduling(
     config: DispatcherConfig | None = None,
     worker_id: str = "scheduler",
     upkeep_config: UpkeepConfig | None = None,
+    quality: QualityBook | None = None,
 ) -> SchedulingRuntime:
     """Wire queries, breakers (shared through Redis when given), leader locks and dispatchers."""
     config = config or DispatcherConfig()
@@ -189,6 +191,7 @@ def build_scheduling(
             router=router,
             leader=lock,
             config=shard_config,
+            quality=quality,
         )
         for shard_config, lock in locks
     ]

@@ -1,0 +1,205 @@
+"""RoutingService.SubmitFeedback and GetQuality over a real gRPC server with bearer tokens, on
+SQLite and PostgreSQL: validation (every field violation at once, nothing written), tenant
+scoping (another tenant's task is NOT_FOUND), the SUCCEEDED precondition, idempotency per
+(task, verdict) with a changed verdict moving the counters, and GetQuality's admin role."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from controlplane.api.auth import Authenticator, hash_token, new_token, parse_entries
+from controlplane.api.routing_servicer import RoutingServicer
+from controlplane.api.servicer import SchedulerServicer
+from controlplane.domain.quality import bucket_key
+from controlplane.domain.states import TaskState
+from controlplane.persistence import quality as store
+from controlplane.persistence.database import Database
+from controlplane.server import ROUTING_SERVICE, ControlPlaneServer, start_server
+from controlplane.service.quality import QualityService
+from controlplane.service.tasks import TaskService
+from tests.support.quality_tasks import task_in
+from vidroute.scheduler.v1 import routing_pb2 as rpb
+from vidroute.scheduler.v1 import routing_service_pb2 as api
+from vidroute.scheduler.v1 import routing_service_pb2_grpc
+from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
+
+pytestmark = pytest.mark.timeout(120)
+CLOCK = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+ACCEPTED, REJECTED = rpb.FEEDBACK_VERDICT_ACCEPTED, rpb.FEEDBACK_VERDICT_REJECTED
+
+
+def spec(tenant: str) -> GenerationSpec:
+    return GenerationSpec(
+        tenant_id=tenant,
+        prompt="a fox",
+        mode=Mode.TEXT_TO_VIDEO,
+        output=OutputSpec(width=1280, height=720, duration_ms=4000),
+    )
+
+
+@dataclass
+class Api:
+    stub: Any
+    tokens: dict[str, str]
+    db: Database
+    account: int
+
+    def md(self, who: str) -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.tokens[who]}"),)
+
+    async def feedback(self, who: str, task_id: str, verdict: int, **kw: Any) -> bool:
+        answer = await self.stub.SubmitFeedback(
+            api.SubmitFeedbackRequest(task_id=task_id, verdict=verdict, **kw),  # type: ignore[arg-type]
+            metadata=self.md(who),
+        )
+        return bool(answer.recorded)
+
+    async def task(self, tenant: str, key: str, state: TaskState = TaskState.SUCCEEDED) -> str:
+        record = await task_in(
+            self.db, spec(tenant), key, CLOCK, account=self.account, model="gen4.5", state=state
+        )
+        return str(record.id)
+
+    async def counts(self) -> dict[str, tuple[int, int, int]]:
+        async with self.db.reading() as conn:
+            rows = await store.aggregates(conn)
+        return {k[3]: (c.accepted, c.rejected, c.regenerated) for k, c in rows.items()}
+
+
+@pytest.fixture
+async def routing(db: Database) -> AsyncIterator[Api]:
+    tokens = {"alpha": new_token(), "beta": new_token(), "admin": new_token()}
+    entries = parse_entries(
+        [
+            f"{hash_token(tokens['alpha'])}=tenant:alpha",
+            f"{hash_token(tokens['beta'])}=tenant:beta",
+            f"{hash_token(tokens['admin'])}=admin",
+        ]
+    )
+
+    async def probe() -> bool:
+        await db.ping()
+        return True
+
+    async with db.unit(CLOCK) as u:
+        account = await u.create_provider_account(
+            provider="runway", account_name="prod-us", region="us", credential_ref="kms://r"
+        )
+    running: ControlPlaneServer = await start_server(
+        SchedulerServicer(TaskService(db)),
+        listen="127.0.0.1:0",
+        probe=probe,
+        auth=Authenticator(entries),
+        routing=RoutingServicer(quality=QualityService(db, clock=lambda: CLOCK)),
+    )
+    assert ROUTING_SERVICE in running.services
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        yield Api(routing_service_pb2_grpc.RoutingServiceStub(channel), tokens, db, account)
+    await running.stop(grace=1)
+
+
+async def _error(call: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value
+
+
+def _details(exc: grpc.aio.AioRpcError) -> status_pb2.Status:
+    raw = dict(exc.trailing_metadata() or ())["grpc-status-details-bin"]
+    return status_pb2.Status.FromString(raw)
+
+
+def _violations(exc: grpc.aio.AioRpcError) -> dict[str, str]:
+    bad = error_details_pb2.BadRequest()
+    assert _details(exc).details[0].Unpack(bad)
+    return {v.field: v.description for v in bad.field_violations}
+
+
+async def test_bad_feedback_names_every_field_and_writes_nothing(routing: Api) -> None:
+    """A missing verdict, a bad task id, 17 tags, an empty and a 65-character tag and a long
+    comment are one INVALID_ARGUMENT listing each field; nothing is counted."""
+    request = api.SubmitFeedbackRequest(
+        task_id="12x", tags=["ok"] * 15 + ["", "t" * 65], comment="c" * 1001
+    )
+    exc = await _error(routing.stub.SubmitFeedback(request, metadata=routing.md("alpha")))
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert set(_violations(exc)) == {
+        "task_id",
+        "verdict",
+        "tags",
+        "tags[15]",
+        "tags[16]",
+        "comment",
+    }
+    assert await routing.counts() == {}
+
+
+async def test_feedback_is_scoped_to_the_callers_tenant(routing: Api) -> None:
+    """beta's verdict on alpha's task is NOT_FOUND, exactly as an id that does not exist;
+    alpha's own verdict is recorded against the model in the task's bucket and the whole mode."""
+    task = await routing.task("alpha", "a-1")
+    for task_id in (task, "999999"):
+        exc = await _error(routing.stub.SubmitFeedback(
+            api.SubmitFeedbackRequest(task_id=task_id, verdict=REJECTED),
+            metadata=routing.md("beta"),
+        ))  # fmt: skip
+        assert exc.code() == grpc.StatusCode.NOT_FOUND
+    assert await routing.counts() == {}
+    assert await routing.feedback("alpha", task, REJECTED, tags=["motion"]) is True
+    assert await routing.counts() == {bucket_key(spec("alpha")): (0, 1, 0), "": (0, 1, 0)}
+
+
+async def test_feedback_needs_a_succeeded_task(routing: Api) -> None:
+    """A task still running or queued is FAILED_PRECONDITION TASK_NOT_SUCCEEDED with its state."""
+    for key, state in (("r-1", TaskState.SUBMITTING), ("q-1", TaskState.QUEUED)):
+        task = await routing.task("alpha", key, state)
+        exc = await _error(routing.stub.SubmitFeedback(
+            api.SubmitFeedbackRequest(task_id=task, verdict=ACCEPTED),
+            metadata=routing.md("alpha"),
+        ))  # fmt: skip
+        assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+        info = error_details_pb2.ErrorInfo()
+        assert _details(exc).details[0].Unpack(info)
+        assert (info.reason, info.metadata["state"]) == ("TASK_NOT_SUCCEEDED", state.value)
+    assert await routing.counts() == {}
+
+
+async def test_feedback_is_idempotent_per_task_and_verdict(routing: Api) -> None:
+    """The same verdict twice counts once (recorded false the second time); a changed verdict
+    replaces the first, moving its count, and the admin reads it back with ratios."""
+    task = await routing.task("alpha", "i-1")
+    other = await routing.task("alpha", "i-2")
+    bucket = bucket_key(spec("alpha"))
+    assert await routing.feedback("alpha", task, REJECTED) is True
+    assert await routing.feedback("alpha", task, REJECTED, comment="again") is False
+    assert (await routing.counts())[bucket] == (0, 1, 0)
+    assert await routing.feedback("alpha", task, ACCEPTED) is True
+    assert await routing.feedback("alpha", other, rpb.FEEDBACK_VERDICT_REGENERATED) is True
+    assert (await routing.counts())[bucket] == (1, 0, 1)
+    exc = await _error(
+        routing.stub.GetQuality(api.GetQualityRequest(), metadata=routing.md("alpha"))
+    )
+    assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
+    answer = await routing.stub.GetQuality(
+        api.GetQualityRequest(model="gen4.5"), metadata=routing.md("admin")
+    )
+    rows = {b.bucket: b for b in answer.buckets}
+    assert set(rows) == {"", bucket}
+    row = rows[bucket]
+    assert (row.provider, row.model, row.mode) == ("runway", "gen4.5", "TEXT_TO_VIDEO")
+    assert (row.accepted, row.rejected, row.regenerated) == (1, 0, 1)
+    assert (row.user_acceptance_ratio, row.regeneration_ratio) == (0.5, 0.5)
+    # One acceptance of two verdicts against a 0.5 prior: the score stays the prior.
+    assert row.score == pytest.approx(0.5)
+    assert row.score_low < row.score < row.score_high
+    none = await routing.stub.GetQuality(
+        api.GetQualityRequest(model="other"), metadata=routing.md("admin")
+    )
+    assert list(none.buckets) == []
