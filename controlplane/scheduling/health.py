@@ -313,7 +313,12 @@ class HealthMonitor:
         stats = windows.stats(Window.FIFTEEN_MINUTES, now)
         if stats.effective_samples < 1:
             stats = windows.stats(Window.ONE_DAY, now)
-        return HealthView(stats.success_lower_bound, stats.effective_samples, stats.mean_latency_s)
+        return HealthView(
+            stats.success_lower_bound,
+            stats.effective_samples,
+            stats.mean_latency_s,
+            stats.success_rate,
+        )
 
     def statuses(self, provider: str | None = None) -> list[BreakerStatus]:
         out = []

@@ -105,6 +105,7 @@ class HealthView:
     success_lower_bound: float
     samples: float
     mean_latency_s: float | None = None
+    success_rate: float | None = None  # the point estimate; replay's expected success
 
 
 @dataclass(frozen=True, slots=True)

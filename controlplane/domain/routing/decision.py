@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from controlplane.domain.routing.candidates import Candidate, CompileResult
+from controlplane.domain.routing.candidates import Candidate, CompileResult, HealthView, Incumbent
 from controlplane.domain.routing.filters import Reason
 
 #: The score components of a verdict, in the order `scoring.ScoreComponents` declares them.
@@ -54,6 +55,11 @@ class Components(Mapping[str, float]):
 
     def __repr__(self) -> str:
         return f"Components({self._view()!r})"
+
+    @property
+    def raw(self) -> tuple[float, ...]:
+        """The unrounded components, in `COMPONENT_NAMES` order (what replay re-weights)."""
+        return self._raw
 
 
 class Outcome(StrEnum):
@@ -106,7 +112,55 @@ class Verdict:
             data["transformations"] = [[f, k.value, d] for f, k, d in self.compile.transformations]
         if self.canary:
             data["canary"] = True
+        if isinstance(self.components, Components):
+            data["raw_components"] = list(self.components.raw)  # floats round-trip JSON exactly
         return data
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionFacts:
+    """The decision-time facts step 8 read beyond the verdicts, kept so that route replay
+    (9.25.4, `replay`) re-runs scoring and selection exactly: held by reference when the
+    decision is made, rendered once when it is stored (``facts`` in the snapshot)."""
+
+    scenario: str  # the spec's service class: which weights of the policy applied
+    group_key: str  # the near-tie bucketing key: the tenant, else the task
+    mode: str  # the spec's routing mode
+    now: datetime
+    incumbent: Incumbent | None = None
+    pinned: frozenset[str] = frozenset()  # PREFERRED: the eligible candidates the pin names
+    health: Mapping[str, HealthView] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        inc = self.incumbent
+        return {
+            "scenario": self.scenario,
+            "group_key": self.group_key,
+            "mode": self.mode,
+            "now": self.now.isoformat(),
+            "incumbent": None if inc is None else [inc.candidate_id, inc.since_s],
+            "pinned": sorted(self.pinned),
+            "health": {
+                cid: [h.success_lower_bound, h.samples, h.mean_latency_s, h.success_rate]
+                for cid, h in self.health.items()
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DecisionFacts:
+        inc = data.get("incumbent")
+        return cls(
+            scenario=str(data["scenario"]),
+            group_key=str(data["group_key"]),
+            mode=str(data["mode"]),
+            now=datetime.fromisoformat(data["now"]),
+            incumbent=None if inc is None else Incumbent(str(inc[0]), float(inc[1])),
+            pinned=frozenset(data.get("pinned", ())),
+            health={
+                cid: HealthView(float(h[0]), float(h[1]), h[2], h[3])
+                for cid, h in dict(data.get("health", {})).items()
+            },
+        )
 
 
 @dataclass(frozen=True)
@@ -125,6 +179,7 @@ class RouteDecisionSnapshot:
     shadow_selected: str = ""
     shadow_scores: Mapping[str, float] = field(default_factory=dict)
     lease_refused: tuple[str, ...] = ()
+    facts: DecisionFacts | None = None  # None when nothing was scored
 
     @property
     def selected(self) -> str | None:
@@ -207,4 +262,6 @@ class RouteDecisionSnapshot:
                 "executed": False,
             }
             data["shadow_selected"] = self.shadow_selected
+        if self.facts is not None:
+            data["facts"] = self.facts.to_json()
         return data

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from math import fsum
-from operator import itemgetter
+from operator import itemgetter, mul
 from types import MappingProxyType
 
 from controlplane.domain import scoring
@@ -33,6 +33,7 @@ from controlplane.domain.routing.candidates import (
 )
 from controlplane.domain.routing.decision import (
     Components,
+    DecisionFacts,
     Outcome,
     RouteDecisionSnapshot,
     Verdict,
@@ -80,12 +81,26 @@ class _Row:
         self.penalty = 0.0
 
 
+def weight_vector(policy: scoring.RoutingPolicy, scenario: str) -> tuple[tuple[float, ...], float]:
+    """The policy's weights for a scenario in `decision.COMPONENT_NAMES` order, and their sum."""
+    w = policy.weights_for(scenario)
+    vector = (w.quality, w.success, w.latency, w.cost, w.capacity, w.region, w.preference)
+    return vector, fsum(vector)
+
+
 def _weights(
     policy: scoring.RoutingPolicy, spec: GenerationSpec
 ) -> tuple[tuple[float, ...], float]:
-    w = policy.weights_for(spec.service_class.value)
-    vector = (w.quality, w.success, w.latency, w.cost, w.capacity, w.region, w.preference)
-    return vector, fsum(vector)
+    return weight_vector(policy, spec.service_class.value)
+
+
+def weighted_total(
+    parts: tuple[float, ...], weights: tuple[float, ...], cap: float, cut: float
+) -> float:
+    """A candidate's score: min(sum of weighted components, sum of weights) - penalty.
+    (fsum is correctly rounded, so the order of the terms does not change the result.)"""
+    gross = fsum(map(mul, parts, weights))
+    return (gross if gross < cap else cap) - cut
 
 
 def _score(  # noqa: PLR0915 - one loop per decision on purpose: the hot path
@@ -110,9 +125,9 @@ def _score(  # noqa: PLR0915 - one loop per decision on purpose: the hot path
     penalty = cfg.deprecated_penalty
     if penalty < 0 and any(r.entry.deprecated for r in eligible):
         raise ValueError("penalties are non-negative amounts")
-    (wq, ws, wl, wc, wk, wr, wp), cap_w = _weights(cfg.policy, spec)
+    w_main, cap_w = _weights(cfg.policy, spec)
     shadow = cfg.shadow_policy
-    (sq, ss, sl, sc, sk, sr, sp), cap_s = _weights(shadow or cfg.policy, spec)
+    w_shadow, cap_s = _weights(shadow or cfg.policy, spec)
     totals: dict[str, float] = {}
     shadow_totals: dict[str, float] = {}
     latency_span = bad - good
@@ -160,14 +175,12 @@ def _score(  # noqa: PLR0915 - one loop per decision on purpose: the hot path
         pref = 0.5
         if preferred and e.provider in preferred:
             pref = 1.0
-        row.parts = (q, ok, lat, cost, free, region, pref)
+        row.parts = parts = (q, ok, lat, cost, free, region, pref)
         cut = penalty if e.deprecated else 0.0
         row.penalty = cut
-        gross = fsum((q * wq, ok * ws, lat * wl, cost * wc, free * wk, region * wr, pref * wp))
-        totals[cid] = (gross if gross < cap_w else cap_w) - cut
+        totals[cid] = weighted_total(parts, w_main, cap_w, cut)
         if shadow is not None:
-            gross = fsum((q * sq, ok * ss, lat * sl, cost * sc, free * sk, region * sr, pref * sp))
-            shadow_totals[cid] = (gross if gross < cap_s else cap_s) - cut
+            shadow_totals[cid] = weighted_total(parts, w_shadow, cap_s, cut)
     return totals, shadow_totals if shadow is not None else None
 
 
@@ -182,29 +195,25 @@ def _group_key(task_id: str, spec: GenerationSpec) -> str:
 
 
 def _select(
-    task_id: str,
-    spec: GenerationSpec,
-    ranked: list[tuple[str, float]],
-    cfg: RouterConfig,
-    ctx: RoutingContext,
+    facts: DecisionFacts, ranked: list[tuple[str, float]], policy: scoring.RoutingPolicy
 ) -> tuple[str, str, int | None]:
     """(chosen id, why, bucket) among non-canary eligible candidates ranked by score."""
-    inc = ctx.incumbent
+    inc = facts.incumbent
     if inc is not None and any(cid == inc.candidate_id for cid, _ in ranked):
         decision = scoring.choose_with_hysteresis(
             ranked,
             inc.candidate_id,
-            delta=cfg.policy.hysteresis_delta,
-            dwell_s=cfg.policy.min_dwell_s,
-            now=ctx.now.timestamp(),
+            delta=policy.hysteresis_delta,
+            dwell_s=policy.min_dwell_s,
+            now=facts.now.timestamp(),
             incumbent_since=inc.since_s,
         )
         return decision.chosen, decision.reason, None
     best = ranked[0][1]
-    band = [cid for cid, s in ranked if s >= best - cfg.policy.hysteresis_delta]
+    band = [cid for cid, s in ranked if s >= best - policy.hysteresis_delta]
     if len(band) == 1:
         return band[0], "best_score", None
-    slot = scoring.bucket(_group_key(task_id, spec), len(band))
+    slot = scoring.bucket(facts.group_key, len(band))
     return band[slot], "bucketed_near_tie", slot
 
 
@@ -364,10 +373,12 @@ def _route_once(
             verdicts.append(r)
     ranked: tuple[str, ...] = ()
     outcome, why, slot = Outcome.NO_ELIGIBLE_CANDIDATE, "", None
+    facts = None
     if eligible:
         outcome = Outcome.SELECTED
-        ranked, why, slot = _choose(
-            task_id, spec, eligible=eligible, scores=scores, cfg=cfg, ctx=ctx
+        facts = _facts(task_id, spec, eligible, ctx)
+        ranked, why, slot = choose(
+            facts, [(r.entry.id, r.canary) for r in eligible], scores, cfg.policy
         )
     elif any(v.reason in TRANSIENT_REASONS for v in verdicts):
         outcome = Outcome.NO_CAPACITY
@@ -385,25 +396,42 @@ def _route_once(
         shadow_policy_version=shadow_version,
         shadow_selected=shadow_selected,
         shadow_scores=shadow_scores,
+        facts=facts,
     )
 
 
-def _choose(
-    task_id: str,
-    spec: GenerationSpec,
-    *,
-    eligible: Sequence[_Row],
+def _facts(
+    task_id: str, spec: GenerationSpec, eligible: Sequence[_Row], ctx: RoutingContext
+) -> DecisionFacts:
+    mode = spec.routing.mode
+    pinned_ids: frozenset[str] = frozenset()
+    if mode is RoutingMode.PREFERRED:
+        pinned_ids = frozenset(r.entry.id for r in eligible if pinned(spec, r.entry.candidate))
+    return DecisionFacts(
+        spec.service_class.value,
+        _group_key(task_id, spec),
+        mode.value,
+        ctx.now,
+        ctx.incumbent,
+        pinned_ids,
+        ctx.health,
+    )
+
+
+def choose(
+    facts: DecisionFacts,
+    eligible: Sequence[tuple[str, bool]],
     scores: Mapping[str, float],
-    cfg: RouterConfig,
-    ctx: RoutingContext,
+    policy: scoring.RoutingPolicy,
 ) -> tuple[tuple[str, ...], str, int | None]:
-    """(lease fall-through order, why, bucket) among the eligible rows."""
-    canaries = [r.entry.id for r in eligible if r.canary]
-    normal = _ranked(scores, [r.entry.id for r in eligible if not r.canary])
-    pinned_ids: set[str] = set()
-    if spec.routing.mode is RoutingMode.PREFERRED:
+    """(lease fall-through order, why, bucket) among the eligible (id, is canary) pairs in id
+    order, given their scores; route replay calls this with recorded facts and a new policy."""
+    canaries = [cid for cid, canary in eligible if canary]
+    normal = _ranked(scores, [cid for cid, canary in eligible if not canary])
+    preferred = facts.mode == RoutingMode.PREFERRED.value
+    pinned_ids = facts.pinned
+    if preferred:
         # The pinned model wins whenever it is eligible; others only as an equivalent fallback.
-        pinned_ids = {r.entry.id for r in eligible if pinned(spec, r.entry.candidate)}
         normal = [p for p in normal if p[0] in pinned_ids] + [
             p for p in normal if p[0] not in pinned_ids
         ]
@@ -411,9 +439,9 @@ def _choose(
         head_canary = _ranked(scores, canaries)[0][0]
         return (head_canary, *(cid for cid, _ in normal)), "canary_admitted", None
     head = normal
-    if spec.routing.mode is RoutingMode.PREFERRED:
+    if preferred:
         head = [p for p in normal if p[0] in pinned_ids] or normal
-    chosen, why, slot = _select(task_id, spec, head, cfg, ctx)
+    chosen, why, slot = _select(facts, head, policy)
     return (chosen, *(cid for cid, _ in normal if cid != chosen)), why, slot
 
 

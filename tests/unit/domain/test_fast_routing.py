@@ -91,6 +91,9 @@ def decisions(draw: st.DrawFn) -> tuple[GenerationSpec, RoutingContext, dict[str
 
 def _explain(decision: RouteDecisionSnapshot) -> dict[str, Any]:
     data = decision.to_json()
+    data.pop("facts", None)  # route replay's record, which the reference pipeline predates
+    for c in data["candidates"]:
+        c.pop("raw_components", None)
     data["scores"] = [(v.candidate.id, v.score) for v in decision.verdicts]  # unrounded
     data["components"] = [dict(v.components) for v in decision.verdicts]
     data["penalties"] = [dict(v.penalties) for v in decision.verdicts]
