@@ -5,7 +5,6 @@ Nothing here does I/O except reading the token file (`clients.auth.token_from_en
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -246,45 +245,3 @@ def capabilities_request(
     elif isinstance(document, bytes):
         document = document.decode("utf-8")
     return api.PublishCapabilitiesRequest(document=document, source=source, dry_run=dry_run)
-
-
-class OutputCheck:
-    """Running size and SHA-256 of a download, checked against its StoredOutput at the end."""
-
-    def __init__(self, task_id: str) -> None:
-        self.task_id = task_id
-        self.expected: pb.StoredOutput | None = None
-        self.offset = 0
-        self._sha = hashlib.sha256()
-
-    def chunk(self, reply: api.GetOutputResponse) -> bytes:
-        """Check one chunk's place (and the output's identity on a resumed stream)."""
-        if reply.HasField("output"):
-            if self.expected is not None and (
-                reply.output.checksum_sha256 != self.expected.checksum_sha256
-            ):
-                raise self._error("the stored output changed while it was being downloaded")
-            self.expected = reply.output
-        if reply.offset != self.offset:
-            raise self._error(f"chunk at offset {reply.offset}, expected {self.offset}")
-        self.offset += len(reply.data)
-        self._sha.update(reply.data)
-        return reply.data
-
-    def finish(self) -> int:
-        """The size downloaded, once it matches the output's size and checksum."""
-        if self.expected is None:
-            raise self._error("the stream carried no output metadata")
-        if self.offset != self.expected.size_bytes:
-            raise self._error(f"{self.offset} bytes downloaded, {self.expected.size_bytes} stored")
-        digest = self._sha.hexdigest()
-        if self.expected.checksum_sha256 and digest != self.expected.checksum_sha256.lower():
-            raise self._error(f"sha256 {digest} downloaded, {self.expected.checksum_sha256} stored")
-        return self.offset
-
-    def _error(self, what: str) -> errors.DataLoss:
-        return errors.DataLoss(grpc.StatusCode.DATA_LOSS, f"output of task {self.task_id}: {what}")
-
-
-def output_request(task_id: str, sample_index: int, offset: int) -> api.GetOutputRequest:
-    return api.GetOutputRequest(task_id=task_id, sample_index=sample_index, offset=offset)

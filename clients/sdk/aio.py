@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import contextlib
 import inspect
 import os
-import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -39,7 +37,7 @@ from typing import IO, Any, Self
 import grpc
 
 from clients.sdk import _common as c
-from clients.sdk import errors
+from clients.sdk import _outputs, errors
 from clients.sdk._common import Cancelled, Created
 from vidroute.common.v1 import generation_pb2
 from vidroute.scheduler.v1 import scheduler_pb2 as pb
@@ -212,22 +210,15 @@ class AsyncClient:
         stream at its offset, checked against the stored size and SHA-256; returns the size."""
         if not isinstance(dest, (str, os.PathLike)):
             return await self._download(task_id, sample_index, dest)
-        path = Path(dest)
-        fd, part = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                size = await self._download(task_id, sample_index, fh)
-            os.replace(part, path)
-            return size
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(part)
+        with _outputs.verified_file(dest) as fh:
+            return await self._download(task_id, sample_index, fh)
 
     async def _download(self, task_id: str, sample_index: int, out: IO[bytes]) -> int:
-        check, failures = c.OutputCheck(task_id), 0
+        check, failures = _outputs.OutputCheck(task_id), 0
         while True:
             call = self._stub.GetOutput(
-                c.output_request(task_id, sample_index, check.offset), metadata=self._metadata
+                _outputs.output_request(task_id, sample_index, check.offset),
+                metadata=self._metadata,
             )
             try:
                 async for reply in call:

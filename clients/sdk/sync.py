@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import builtins
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -47,7 +46,7 @@ from typing import IO, Any, Self
 import grpc
 
 from clients.sdk import _common as c
-from clients.sdk import errors
+from clients.sdk import _outputs, errors
 from clients.sdk._common import Cancelled, Created
 from vidroute.common.v1 import generation_pb2
 from vidroute.scheduler.v1 import scheduler_pb2 as pb
@@ -222,21 +221,15 @@ class Client:
         against the stored output (DataLoss). A path is only written once verified."""
         if not isinstance(dest, (str, os.PathLike)):
             return self._download(task_id, sample_index, dest)
-        path = Path(dest)
-        fd, part = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                size = self._download(task_id, sample_index, fh)
-            os.replace(part, path)
-            return size
-        finally:
-            Path(part).unlink(missing_ok=True)
+        with _outputs.verified_file(dest) as fh:
+            return self._download(task_id, sample_index, fh)
 
     def _download(self, task_id: str, sample_index: int, out: IO[bytes]) -> int:
-        check, failures = c.OutputCheck(task_id), 0
+        check, failures = _outputs.OutputCheck(task_id), 0
         while True:
             call = self._stub.GetOutput(
-                c.output_request(task_id, sample_index, check.offset), metadata=self._metadata
+                _outputs.output_request(task_id, sample_index, check.offset),
+                metadata=self._metadata,
             )
             try:
                 for reply in call:
