@@ -19,8 +19,10 @@ from controlplane.api.routing_servicer import RoutingServicer
 from controlplane.api.servicer import SchedulerServicer
 from controlplane.domain.quality import bucket_key
 from controlplane.domain.states import TaskState
+from controlplane.metrics import ControlPlaneMetrics
 from controlplane.persistence import quality as store
 from controlplane.persistence.database import Database
+from controlplane.scheduling.quality_book import QualityBook
 from controlplane.server import ROUTING_SERVICE, ControlPlaneServer, start_server
 from controlplane.service.quality import QualityService
 from controlplane.service.tasks import TaskService
@@ -203,3 +205,19 @@ async def test_feedback_is_idempotent_per_task_and_verdict(routing: Api) -> None
         api.GetQualityRequest(model="other"), metadata=routing.md("admin")
     )
     assert list(none.buckets) == []
+
+
+async def test_quality_book_sets_the_ratio_gauges_from_the_aggregates(routing: Api) -> None:
+    """One read of the aggregates sets model_user_acceptance_ratio and model_regeneration_ratio
+    per provider/model/mode from the whole-mode verdicts; reads within the interval are cached."""
+    for n, verdict in enumerate((ACCEPTED, ACCEPTED, REJECTED, rpb.FEEDBACK_VERDICT_REGENERATED)):
+        assert await routing.feedback("alpha", await routing.task("alpha", f"g-{n}"), verdict)
+    metrics = ControlPlaneMetrics()
+    book = QualityBook(routing.db, refresh_s=60.0, sink=metrics.quality_ratios)
+    table = await book.table()
+    assert await book.table() is table
+    assert book.reads == 1
+    labels = {"provider": "runway", "model": "gen4.5", "mode": "TEXT_TO_VIDEO"}
+    sample = metrics.registry.get_sample_value
+    assert sample("model_user_acceptance_ratio", labels) == 0.5
+    assert sample("model_regeneration_ratio", labels) == 0.25
