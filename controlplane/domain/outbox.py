@@ -17,6 +17,9 @@ string appears anywhere else in the control plane or the tests.
                     worker.
 ``output.fetch``    {task_id, attempt_id, provider_job_id}: written by the event normalizer when a
                     job succeeded, consumed by the output fetcher.
+``webhook.deliver`` never a row of ``outbox``: a wake-up only, for a caller-webhook message
+                    committed in ``webhook_messages`` (its own outbox); the delivery worker
+                    (`controlplane.webhooks`) takes it.
 """
 
 from __future__ import annotations
@@ -34,3 +37,4 @@ class Topic(enum.StrEnum):
     SUBMIT = "attempt.submit"
     CANCEL = "attempt.cancel"
     OUTPUT_FETCH = "output.fetch"
+    WEBHOOK = "webhook.deliver"

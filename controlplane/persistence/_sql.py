@@ -18,7 +18,12 @@ from controlplane.persistence import _rows, webhooks
 from controlplane.persistence.errors import InvalidPageToken
 from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.models import outbox as O
-from controlplane.persistence.models import route_decisions, task_attempts, task_events
+from controlplane.persistence.models import (
+    route_decisions,
+    task_attempts,
+    task_events,
+    webhook_messages,
+)
 from controlplane.persistence.records import (
     AttemptChanges,
     AttemptRecord,
@@ -95,21 +100,25 @@ async def append_event(
     *,
     now: datetime,
     outputs: Sequence[Mapping[str, Any]] = (),
-) -> None:
+) -> bool:
     """Store a task event and, in the same transaction, its caller-webhook message when the task
     is subscribed to it (`webhooks.ENQUEUE`; `outputs` go into that message). On
-    PostgreSQL both are one statement, the event an unreferenced data-modifying CTE."""
+    PostgreSQL both are one statement, the event an unreferenced data-modifying CTE. True when a
+    message was written."""
     event = insert(task_events).values(
         task_id=task_id, seq=seq, kind=kind, payload=dict(payload), created_at=now
     )
     message = webhooks.enqueue_params(task_id, seq, kind, payload, now, outputs)
     if message is None:
         await conn.execute(event)
-    elif conn.dialect.name == "postgresql":
-        await conn.execute(webhooks.ENQUEUE.add_cte(event.cte("ev")), message)
+        return False
+    enqueue = webhooks.ENQUEUE.returning(webhook_messages.c.id)
+    if conn.dialect.name == "postgresql":
+        written = await conn.execute(enqueue.add_cte(event.cte("ev")), message)
     else:
         await conn.execute(event)
-        await conn.execute(webhooks.ENQUEUE, message)
+        written = await conn.execute(enqueue, message)
+    return written.first() is not None
 
 
 async def enqueue(conn: AsyncConnection, message: NewOutboxMessage, now: datetime) -> int:

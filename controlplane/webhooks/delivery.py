@@ -105,6 +105,7 @@ class WebhookDeliveryWorker:
         self._stopping = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self.errors = 0
+        self.rounds = 0  # claims made (a test waits for the first before it writes)
 
     async def run_once(self) -> int:
         """Claim one batch of due messages, attempt each (side by side), record the results."""
@@ -112,6 +113,7 @@ class WebhookDeliveryWorker:
         claimed = await self._store.claim(
             self._clock(), limit=cfg.batch_size, lease_s=cfg.claim_lease_s
         )
+        self.rounds += 1
         if not claimed:
             return 0
         # One task's messages go one after another, in event order; tasks side by side.
