@@ -101,6 +101,7 @@ from controlplane.domain.breaker import BreakerConfig, BreakerKey, Operation
 from controlplane.domain.deadlines import DeadlinePolicy
 from controlplane.domain.money import BillingPolicies, BillingPolicy
 from controlplane.domain.outbox import Topic
+from controlplane.domain.routing.policy_document import PolicyDocument, parse_policy_document
 from controlplane.domain.safety import SafetyPolicy
 from controlplane.domain.scoring import example_policy
 from controlplane.execution.callback_server import CallbackLimits, CallbackServer
@@ -126,7 +127,9 @@ from controlplane.persistence.database import Database
 from controlplane.persistence.records import AccountInfo, AttemptRecord
 from controlplane.persistence.webhooks import WebhookStore
 from controlplane.reconciliation import delta_by_provider
+from controlplane.scheduling.canary_gates import CanaryGateConfig
 from controlplane.scheduling.dispatcher import DispatcherConfig
+from controlplane.scheduling.policy_book import SampleCheck
 from controlplane.scheduling.quality_book import QualityBook
 from controlplane.scheduling.readiness import CatalogReadiness
 from controlplane.scheduling.runtime import SchedulingRuntime, build_scheduling
@@ -138,6 +141,7 @@ from controlplane.service.capability_publish import CapabilityPublishService
 from controlplane.service.cost_gauges import CostGaugeRefresher
 from controlplane.service.outputs import DEFAULT_URL_TTL_S, OutputService
 from controlplane.service.quality import QualityService
+from controlplane.service.routing_policies import RoutingPolicyService
 from controlplane.service.tasks import TaskService
 from controlplane.service.webhooks import WebhookSubscriptions
 from controlplane.startup import (
@@ -156,6 +160,7 @@ from controlplane.webhooks.delivery import DeliveryConfig, WebhookDeliveryWorker
 from vidroute_core import logs as vidroute_logs
 from vidroute_core import tracing
 from vidroute_core.adapter import JobSnapshot, JobState, SubmitKind, SubmitOutcome
+from vidroute_core.exceptions import InvalidSpec
 from vidroute_core.metrics_http import serve_metrics
 from vidroute_core.timescale import (
     check_factor,
@@ -247,6 +252,9 @@ class Settings:
         default_factory=lambda: BillingPolicies(BillingPolicy.parse("postpaid"))
     )
     webhooks: WebhookPolicy = field(default_factory=WebhookPolicy)  # VIDROUTE_WEBHOOK*
+    # VIDROUTE_ROUTING_POLICY_FILE: the routing policy used until one is published (else the
+    # built-in example); validated at start like a publication (its schema and ranges).
+    routing_policy: PolicyDocument | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -279,6 +287,7 @@ class Settings:
             "otel_env": {k: v for k, v in env.items() if k.startswith("OTEL_")},
             "billing": _billing(env),
             "webhooks": _webhooks(env),
+            "routing_policy": _routing_policy(env),
             "adapter_submit_margin_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_MARGIN_S") or 5.0),
             "adapter_submit_timeout_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_TIMEOUT_S") or 0),
         }
@@ -333,6 +342,17 @@ def _billing(env: Mapping[str, str]) -> BillingPolicies:
     if env.get("VIDROUTE_BILLING_FILE"):
         lines.extend(Path(env["VIDROUTE_BILLING_FILE"]).read_text(encoding="utf-8").splitlines())
     return BillingPolicies.parse(env.get("VIDROUTE_BILLING_POLICY") or "postpaid", lines)
+
+
+def _routing_policy(env: Mapping[str, str]) -> PolicyDocument | None:
+    path = env.get("VIDROUTE_ROUTING_POLICY_FILE", "")
+    if not path:
+        return None
+    try:
+        return parse_policy_document(Path(path).read_text(encoding="utf-8"))
+    except InvalidSpec as exc:
+        problems = "; ".join(f"{v.field}: {v.description}" for v in exc.violations)
+        raise ValueError(f"VIDROUTE_ROUTING_POLICY_FILE {path}: {problems}") from exc
 
 
 def _webhooks(env: Mapping[str, str]) -> WebhookPolicy:
@@ -698,6 +718,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     )
     canceller = None
     admin = None
+    routing_policies = RoutingPolicyService(db)  # API only: no catalog here to compile against
     catalog: Callable[[], Awaitable[CapabilityCatalog]] | None = None
     published: Callable[[], Awaitable[None]] | None = None  # PublishCapabilities' hook
     scale = settings.time_scale
@@ -729,6 +750,12 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             quality=QualityBook(
                 db, refresh_s=QUALITY_REFRESH_S * scale, sink=metrics.quality_ratios
             ),
+            policy_file=settings.routing_policy,
+            policy_transform=lambda p: scale_durations(p, scale),
+            canary_config=scale_durations(CanaryGateConfig(), scale),
+        )
+        routing_policies = RoutingPolicyService(
+            db, sample_check=SampleCheck(runtime.dispatcher), on_published=runtime.wake_canaries
         )
         admin = runtime.admin
         runtime.set_readiness(CatalogReadiness(frozenset(settings.adapters)))
@@ -810,7 +837,13 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     stops = [*background, *cleanup, db.dispose, *release]
     try:
         return await _serve(
-            settings, servicer, readiness=readiness, stops=stops, metrics=metrics, db=db
+            settings,
+            servicer,
+            readiness=readiness,
+            stops=stops,
+            metrics=metrics,
+            db=db,
+            routing_policies=routing_policies,
         )
     except PortInUse as exc:
         for close in stops:
@@ -827,6 +860,7 @@ async def _serve(
     stops: list[Callable[[], Awaitable[Any]]],
     metrics: ControlPlaneMetrics,
     db: Database,
+    routing_policies: RoutingPolicyService | None = None,
 ) -> ControlPlaneServer:
     scale = settings.time_scale
     return await start_server(
@@ -838,5 +872,7 @@ async def _serve(
         auth=Authenticator(settings.auth_tokens),
         interceptors=[*tracing_edge.server_interceptors(), metrics.interceptor()],
         billing=BillingServicer(BillingService(db)),
-        routing=RoutingServicer(quality=QualityService(db)),
+        routing=RoutingServicer(
+            quality=QualityService(db), policies=routing_policies or RoutingPolicyService(db)
+        ),
     )

@@ -1,7 +1,8 @@
 """`vidroute.scheduler.v1.RoutingService`: a translator between protobuf and the routing services.
 
 No SQL here: each method decodes the request, calls a service (`controlplane.service.quality`
-for feedback and quality aggregates), and encodes the result. Domain errors become statuses in
+for feedback and quality aggregates, `controlplane.service.routing_policies` for policies and
+canaries), and encodes the result. Domain errors become statuses in
 `vidroute_core.wire.status.DomainErrorInterceptor`; the caller comes from
 `controlplane.api.auth`, as for the scheduler API.
 
@@ -11,14 +12,19 @@ land) answer UNIMPLEMENTED with the reason, never a generic error.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, NoReturn
 
 import grpc
+from google.protobuf import timestamp_pb2
 
 from controlplane.api.auth import require_caller
 from controlplane.domain.quality import Verdict
+from controlplane.domain.routing.canary import CanaryStatus
+from controlplane.persistence.routing_policies import PolicyRow
 from controlplane.service.access import Caller
 from controlplane.service.quality import BucketView, FeedbackInput, QualityService
+from controlplane.service.routing_policies import CanaryView, RoutingPolicyService
 from vidroute.scheduler.v1 import routing_pb2, routing_service_pb2, routing_service_pb2_grpc
 
 _VERDICTS = {
@@ -48,6 +54,54 @@ def bucket_view(row: BucketView) -> routing_pb2.QualityBucket:
     )
 
 
+_CANARY_STATUS = {
+    CanaryStatus.ACTIVE: routing_pb2.CANARY_STATUS_ACTIVE,
+    CanaryStatus.PROMOTED: routing_pb2.CANARY_STATUS_PROMOTED,
+    CanaryStatus.ROLLED_BACK: routing_pb2.CANARY_STATUS_ROLLED_BACK,
+}
+
+
+def _ts(at: datetime | None) -> timestamp_pb2.Timestamp | None:
+    if at is None:
+        return None
+    out = timestamp_pb2.Timestamp()
+    out.FromDatetime(at)
+    return out
+
+
+def policy_view(row: PolicyRow) -> routing_pb2.RoutingPolicyVersion:
+    return routing_pb2.RoutingPolicyVersion(
+        version=row.version,
+        document=row.document,
+        active=row.active,
+        published_at=_ts(row.published_at),
+        source=row.source,
+    )
+
+
+def canary_view(view: CanaryView) -> routing_pb2.CanaryState:
+    s = view.state
+    return routing_pb2.CanaryState(
+        candidate_id=s.candidate_id,
+        stages=list(s.stages),
+        traffic_percent=view.traffic_percent,
+        status=_CANARY_STATUS[s.status],
+        gates=s.gates,
+        history=[
+            routing_pb2.CanaryTransition(
+                from_percent=t.from_percent,
+                to_percent=t.to_percent,
+                action=t.action,
+                reason=t.reason,
+                observed=t.observed,
+                at=_ts(t.at),
+            )
+            for t in view.history
+        ],
+        updated_at=_ts(s.updated_at),
+    )
+
+
 async def _unimplemented(context: Any, method: str, what: str) -> NoReturn:
     await context.abort(
         grpc.StatusCode.UNIMPLEMENTED,
@@ -60,9 +114,14 @@ class RoutingServicer(routing_service_pb2_grpc.RoutingServiceServicer):
     """The decisions API: quality feedback and aggregates, canaries, policies, replay."""
 
     def __init__(
-        self, *, quality: QualityService | None = None, default_caller: Caller | None = None
+        self,
+        *,
+        quality: QualityService | None = None,
+        policies: RoutingPolicyService | None = None,
+        default_caller: Caller | None = None,
     ) -> None:
         self._quality = quality
+        self._policies = policies
         self._default_caller = default_caller  # only for a servicer driven without the server
 
     def _caller(self) -> Caller:
@@ -95,22 +154,38 @@ class RoutingServicer(routing_service_pb2_grpc.RoutingServiceServicer):
     async def ListCanaries(
         self, request: routing_service_pb2.ListCanariesRequest, context: Any
     ) -> routing_service_pb2.ListCanariesResponse:
-        await _unimplemented(context, "ListCanaries", "canary gates")
+        if self._policies is None:
+            await _unimplemented(context, "ListCanaries", "canary gates")
+        views = await self._policies.list_canaries(self._caller())
+        return routing_service_pb2.ListCanariesResponse(canaries=[canary_view(v) for v in views])
 
     async def PublishRoutingPolicy(
         self, request: routing_service_pb2.PublishRoutingPolicyRequest, context: Any
     ) -> routing_service_pb2.PublishRoutingPolicyResponse:
-        await _unimplemented(context, "PublishRoutingPolicy", "routing policy publication")
+        if self._policies is None:
+            await _unimplemented(context, "PublishRoutingPolicy", "routing policy publication")
+        row = await self._policies.publish(
+            request.document, request.source, request.dry_run, self._caller()
+        )
+        return routing_service_pb2.PublishRoutingPolicyResponse(policy=policy_view(row))
 
     async def RollbackRoutingPolicy(
         self, request: routing_service_pb2.RollbackRoutingPolicyRequest, context: Any
     ) -> routing_service_pb2.RollbackRoutingPolicyResponse:
-        await _unimplemented(context, "RollbackRoutingPolicy", "routing policy publication")
+        if self._policies is None:
+            await _unimplemented(context, "RollbackRoutingPolicy", "routing policy publication")
+        row = await self._policies.rollback(request.version, self._caller())
+        return routing_service_pb2.RollbackRoutingPolicyResponse(policy=policy_view(row))
 
     async def ListRoutingPolicies(
         self, request: routing_service_pb2.ListRoutingPoliciesRequest, context: Any
     ) -> routing_service_pb2.ListRoutingPoliciesResponse:
-        await _unimplemented(context, "ListRoutingPolicies", "routing policy publication")
+        if self._policies is None:
+            await _unimplemented(context, "ListRoutingPolicies", "routing policy publication")
+        rows = await self._policies.list_policies(self._caller())
+        return routing_service_pb2.ListRoutingPoliciesResponse(
+            policies=[policy_view(r) for r in rows]
+        )
 
     async def ReplayRoutes(
         self, request: routing_service_pb2.ReplayRoutesRequest, context: Any

@@ -37,6 +37,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from controlplane.domain.money import CreditKind, UsageKind
 from controlplane.domain.quality import Verdict
 from controlplane.domain.reconciliation import DiscrepancyKind
+from controlplane.domain.routing.canary import CanaryStatus
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.persistence.coltypes import BigIntPK, JsonDoc, JsonDocOrNull, UtcDateTime
 from vidroute_core.spec import ServiceClass
@@ -606,6 +607,56 @@ fair_queue_state = Table(
     Column("shard", Integer, primary_key=True, autoincrement=False),
     Column("state", JsonDoc, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
+)
+
+# Routing policies (revision 0013, design 9.25.5): every published version, one of them active;
+# the canary of each candidate a policy names (9.13.5) and every transition of it.
+_WHERE_ACTIVE = text("active")
+routing_policy_versions = Table(
+    "routing_policy_versions",
+    Base.metadata,
+    Column("id", BigIntPK, primary_key=True),
+    Column("version", Text, nullable=False, unique=True),
+    Column("document", Text, nullable=False),  # the file as published, byte for byte
+    Column("source", Text, nullable=False),
+    Column("active", Boolean, nullable=False),
+    Column("published_at", UtcDateTime, nullable=False),
+    Column("activated_at", UtcDateTime, nullable=True),
+    Index(
+        "uq_routing_policy_versions_one_active",
+        "active",
+        unique=True,
+        postgresql_where=_WHERE_ACTIVE,
+        sqlite_where=_WHERE_ACTIVE,
+    ),
+)
+
+canary_states = Table(
+    "canary_states",
+    Base.metadata,
+    Column("candidate_id", Text, primary_key=True),
+    Column("policy_version", Text, nullable=False),  # the version that (re)started it
+    Column("config_key", Text, nullable=False),  # sha256 of its stages and gates
+    Column("stages", JsonDoc, nullable=False),  # percents
+    Column("stage", Integer, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("gates", JsonDoc, nullable=False),  # the last evaluation: gate -> passed
+    Column("stage_started_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    one_of("status", CanaryStatus, "status_enum"),
+)
+
+canary_transitions = Table(
+    "canary_transitions",
+    Base.metadata,
+    Column("id", BigIntPK, primary_key=True),
+    Column("candidate_id", Text, nullable=False),
+    Column("policy_version", Text, nullable=False),
+    Column("action", Text, nullable=False),  # STARTED, ADVANCE, PROMOTE, ROLLBACK
+    Column("reason", Text, nullable=False),
+    Column("detail", JsonDoc, nullable=False),  # from_percent, to_percent, observed
+    Column("at", UtcDateTime, nullable=False),
+    Index("ix_canary_transitions_candidate_id_id", "candidate_id", "id"),
 )
 credit_ledger = _table(CreditEntryRow)
 credit_balances = _table(CreditBalance)

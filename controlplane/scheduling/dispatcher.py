@@ -79,6 +79,7 @@ from controlplane.scheduling.gather import (
 from controlplane.scheduling.health import HealthMonitor, submit_key
 from controlplane.scheduling.leader import LeaderLock
 from controlplane.scheduling.parking import Parking, Signature
+from controlplane.scheduling.policy_book import PolicyBook
 from controlplane.scheduling.quality_book import QualityBook
 from controlplane.scheduling.readiness import CatalogReadiness
 from vidroute_core import tracing
@@ -157,6 +158,10 @@ class Dispatcher:
         self.quality = quality
         self._adapters, self.monitor, self.router = adapters, monitor, router
         self.leader, self.config, self._clock = leader, config or DispatcherConfig(), clock
+        # The published routing policy and canary stages, re-read once per round (PolicyBook);
+        # None: `router` and ``config.canary_stages`` as given.
+        self.policies: PolicyBook | None = None
+        self.canary_stages: Mapping[str, int] = self.config.canary_stages
         self._catalog: CapabilityCatalog | None = None
         self._catalog_at = 0.0
         self._fq_snapshot: fq.FairQueueSnapshot | None = None
@@ -438,6 +443,8 @@ class Dispatcher:
     async def _round_view(self, catalog: CapabilityCatalog) -> _RoundView:
         """The round's one read of breaker refusals and lease counters; parked tasks whose waits
         read differently now are woken (the safety net under the in-process wakes)."""
+        if self.policies is not None:  # a publish or rollback counts from this round on
+            self.router, self.canary_stages = await self.policies.refresh()
         circuit_open: dict[str, str] = {}
         for c in catalog.candidates:
             if (reason := await self.monitor.refusal(submit_key(c))) is not None:
@@ -494,7 +501,7 @@ class Dispatcher:
                 same_model_only=f.same_model_only,
                 allowed_regions=self.config.allowed_regions.get(task.tenant_id),
                 incumbent=self._incumbents.get(group),
-                canary_stages=self.config.canary_stages,
+                canary_stages=self.canary_stages,
             )
             screened = screen(spec, catalog.candidates, ctx, catalog.version)
             survivors = screened.survivors()

@@ -38,15 +38,18 @@ from controlplane.capabilities.publish import (
     publish_documents,
 )
 from controlplane.domain.breaker import BreakerConfig, BreakerRegistry
+from controlplane.domain.routing.policy_document import PolicyDocument
 from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import RoutingPolicy
 from controlplane.leases.base import LeaseStore
 from controlplane.persistence.catalog import CatalogQueries, PublishCounts
 from controlplane.persistence.database import Database
 from controlplane.persistence.db import is_sqlite
+from controlplane.scheduling.canary_gates import CanaryGateConfig, CanaryGatekeeper
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import LeaderLock, ShardLeadership, leader_lock_for
+from controlplane.scheduling.policy_book import PolicyBook
 from controlplane.scheduling.quality_book import QualityBook
 from controlplane.scheduling.readiness import CatalogReadiness
 from controlplane.scheduling.shared_state import InProcessSharedState, RedisSharedState
@@ -66,6 +69,8 @@ class SchedulingRuntime:
     upkeep: Upkeep
     dispatchers: list[Dispatcher] = field(default_factory=list)  # one per shard
     leadership: ShardLeadership | None = None
+    policies: PolicyBook | None = None  # the published routing policy, per round
+    canaries: CanaryGatekeeper | None = None  # the leader's live canary gates
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -86,6 +91,11 @@ class SchedulingRuntime:
         """A dispatch round now on every shard this replica leads (new or requeued work)."""
         for d in self.dispatchers:
             d.wake()
+
+    def wake_canaries(self) -> None:
+        """Evaluate the canaries now (a publish or rollback changed them)."""
+        if self.canaries is not None:
+            self.canaries.kick()
 
     def subscribe(self, bus: WakeBus) -> None:
         """Wake the dispatchers on the bus's queue wake-ups (``task.queued``/``task.requeue``)."""
@@ -111,6 +121,10 @@ class SchedulingRuntime:
             self._tasks.append(
                 asyncio.create_task(self.upkeep.run(self._stop), name="scheduler-upkeep")
             )
+            if self.canaries is not None:
+                self._tasks.append(
+                    asyncio.create_task(self.canaries.run(self._stop), name="canary-gates")
+                )
 
     async def stop(self) -> None:
         """Stop dispatching and upkeep and release leadership; idempotent."""
@@ -152,6 +166,9 @@ def build_scheduling(
     worker_id: str = "scheduler",
     upkeep_config: UpkeepConfig | None = None,
     quality: QualityBook | None = None,
+    policy_file: PolicyDocument | None = None,
+    policy_transform: Callable[[RoutingPolicy], RoutingPolicy] | None = None,
+    canary_config: CanaryGateConfig | None = None,
 ) -> SchedulingRuntime:
     """Wire queries, breakers (shared through Redis when given), leader locks and dispatchers."""
     config = config or DispatcherConfig()
@@ -222,8 +239,15 @@ def build_scheduling(
     # tasks parked on them, in process; each round's own reads are the safety net.
     leases.on_freed = lambda account: _each(dispatchers, lambda d: d.capacity_freed(account))
     monitor.on_recovered = lambda key: _each(dispatchers, lambda d: d.breaker_recovered(key))
+    # The published policy (else `policy_file`, else `policy`) and canary stages, per round;
+    # shard 0's leader evaluates the canaries' gates.
+    policies = PolicyBook(
+        db, router, fallback=policy_file, transform=policy_transform or (lambda p: p)
+    )
     for d in dispatchers:
         d.before_admit = upkeep.ensure_leases_live
+        d.policies = policies
+    canaries = CanaryGatekeeper(db, is_leader=lambda: dispatchers[0].leading, config=canary_config)
     return SchedulingRuntime(
         dispatcher,
         monitor,
@@ -232,6 +256,8 @@ def build_scheduling(
         upkeep,
         dispatchers=dispatchers,
         leadership=leadership,
+        policies=policies,
+        canaries=canaries,
     )
 
 

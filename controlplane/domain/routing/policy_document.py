@@ -14,7 +14,7 @@ The document is YAML or JSON, one mapping::
       gates: {min_samples: 50, min_success_rate: 0.95, max_p95_latency_s: 300, ...}
       value_threshold_micros: 5000000
     canaries:                        # candidate id -> its stages and gates (over the defaults)
-      runway:gen4_turbo:default:us-east-1: {stages: [0.5, 2, 5, 10], gates: {...}}
+      runway/gen4_turbo/default: {stages: [0.5, 2, 5, 10], gates: {...}}
     shadow: router-v1                # a published version, or an inline policy (no shadow,
                                      # canaries or samples of its own): recorded, never run
     samples:                         # specs the publication compiles against the catalog
@@ -335,7 +335,7 @@ def _canaries(
     for cid, body in entries.items():
         path = _join("canaries", cid)
         if not cid or len(cid) > 256 or any(ch.isspace() for ch in cid):
-            check.bad(path, "a candidate id (provider:model:account:region), no whitespace")
+            check.bad(path, "a candidate id (provider/model/account), no whitespace")
         given = body if body is not None else {}
         config, vs = _canary_config(check, given, path, defaults, default_vs)
         out[cid] = CanarySpec(cid, config, vs)

@@ -341,7 +341,7 @@ def _route_once(
 ) -> RouteDecisionSnapshot:
     rows = _rows(spec, screened, compiled, ctx, lifted)
     if ctx.canary_stages:
-        _apply_canary(task_id, spec, rows, ctx)
+        _apply_canary(task_id, spec, rows, ctx, cfg.policy)
     eligible = [r for r in rows if isinstance(r, _Row)]
     scores, shadow_totals = _score(eligible, spec, cfg, ctx)
     shadow_version, shadow_selected = "", ""
@@ -446,10 +446,15 @@ def choose(
 
 
 def _apply_canary(
-    task_id: str, spec: GenerationSpec, rows: list[_Row | Verdict], ctx: RoutingContext
+    task_id: str,
+    spec: GenerationSpec,
+    rows: list[_Row | Verdict],
+    ctx: RoutingContext,
+    policy: scoring.RoutingPolicy,
 ) -> None:
-    """Canary candidates take only admitted traffic: a bucketed share, never STRICT/high-value."""
-    plan = scoring.CanaryPlan()
+    """Canary candidates take only admitted traffic: a bucketed share of their stage (the
+    policy's stages for that candidate), never STRICT/high-value; a negative stage is a rolled
+    back canary, which takes none."""
     strict = spec.routing.mode is RoutingMode.STRICT_MODEL
     for i, row in enumerate(rows):
         if not isinstance(row, _Row):
@@ -458,9 +463,14 @@ def _apply_canary(
         if stage is None:
             continue
         row.canary = True
+        plan = scoring.CanaryPlan(policy.canaries.get(row.entry.id, policy.canary))
         value = max(row.cost or 0, spec.routing.max_estimated_cost_micros)
-        if not plan.admits(task_id, stage, strict, value):
+        if stage < 0 or stage >= len(plan.config.shares):
+            admitted, why = False, "canary rolled back"
+        else:
+            admitted = plan.admits(task_id, stage, strict, value)
             why = "STRICT task" if strict else f"not in the stage-{stage} share or high value"
+        if not admitted:
             rows[i] = Verdict(
                 row.entry.candidate,
                 False,

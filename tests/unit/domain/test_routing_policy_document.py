@@ -26,7 +26,7 @@ DEFAULT = {
     "region": 0.04,
     "preference": 0.04,
 }
-CANDIDATE = "runway:gen4_turbo:default:us-east-1"
+CANDIDATE = "runway/gen4_turbo/default"
 FULL = f"""
 version: router-v2
 description: cheaper batch

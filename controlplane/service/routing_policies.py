@@ -1,0 +1,204 @@
+"""Routing policy publication, rollback and canaries, transport-neutral (design 9.13.5, 9.25.5).
+
+PublishRoutingPolicy validates a policy file like a capability publication: its schema and
+ranges (`controlplane.domain.routing.policy_document`), its shadow (a version it names must be
+published), then the compile check of its samples against the current catalog (`SampleCheck`,
+when a scheduler runs here). Every problem is an `InvalidSpec` field violation and nothing is
+written. A version is immutable: publishing it again with the same text changes nothing (a
+retried publish), with another text is refused. Publishing makes the version active in one unit
+with the canaries it starts: a candidate whose canary is new, or whose stages or gates changed,
+starts at its first stage; an unchanged one keeps its state (a republish never resets a canary).
+A dry run checks everything and writes nothing.
+
+RollbackRoutingPolicy makes a published version active again (empty: the one published before
+the active version); the dispatchers of every replica use it on their next round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+
+from controlplane.domain.routing.canary import CanaryStatus
+from controlplane.domain.routing.policy_document import (
+    CanarySpec,
+    PolicyDocument,
+    parse_policy_document,
+)
+from controlplane.domain.scoring import RoutingPolicy
+from controlplane.persistence import routing_policies as store
+from controlplane.persistence.database import Database
+from controlplane.service.access import SYSTEM, Caller, ensure_admin
+from vidroute_core.exceptions import InvalidSpec, NotFound, PreconditionFailed
+from vidroute_core.validation import FieldViolation
+
+log = logging.getLogger(__name__)
+
+MAX_SOURCE_CHARS = 200
+DEFAULT_SOURCE = "PublishRoutingPolicy"
+
+SampleChecker = Callable[[PolicyDocument, RoutingPolicy | None], Awaitable[list[FieldViolation]]]
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryView:
+    state: store.CanaryRow
+    history: tuple[store.TransitionRow, ...]
+
+    @property
+    def traffic_percent(self) -> float:
+        s = self.state
+        if s.status is CanaryStatus.ROLLED_BACK:
+            return 0.0
+        if s.status is CanaryStatus.PROMOTED:
+            return 100.0
+        return s.stages[s.stage] if 0 <= s.stage < len(s.stages) else 0.0
+
+
+def config_key(spec: CanarySpec) -> str:
+    """The identity of a canary's configuration: a change restarts it."""
+    body: dict[str, object] = {
+        "shares": spec.config.shares,
+        "gates": asdict(spec.config.gates),
+        "vs": asdict(spec.vs_incumbent),
+        "threshold": spec.config.value_threshold_micros,
+    }
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class RoutingPolicyService:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        sample_check: SampleChecker | None = None,
+        on_published: Callable[[], None] | None = None,
+        clock: Callable[[], datetime] = _utcnow,
+    ) -> None:
+        self._db, self._check, self._clock = db, sample_check, clock
+        self._on_published = on_published
+
+    async def validate(self, text: str) -> tuple[PolicyDocument, RoutingPolicy | None]:
+        """The document and its resolved shadow, or `InvalidSpec` naming every problem."""
+        doc = parse_policy_document(text)
+        shadow = doc.shadow
+        found: list[FieldViolation] = []
+        if doc.shadow_version:
+            async with self._db.reading() as conn:
+                row = await store.version(conn, doc.shadow_version)
+            if row is None:
+                found.append(
+                    FieldViolation("shadow", f"version {doc.shadow_version!r} not published")
+                )
+            else:
+                shadow = parse_policy_document(row.document).policy
+        if self._check is not None and not found:
+            found.extend(await self._check(doc, shadow))
+        if found:
+            raise InvalidSpec(found)
+        return doc, shadow
+
+    async def publish(
+        self, text: str, source: str = "", dry_run: bool = False, caller: Caller = SYSTEM
+    ) -> store.PolicyRow:
+        ensure_admin(caller, "PublishRoutingPolicy")
+        source = source.strip() or DEFAULT_SOURCE
+        if len(source) > MAX_SOURCE_CHARS or "\x00" in source:
+            raise InvalidSpec(
+                [FieldViolation("source", f"at most {MAX_SOURCE_CHARS} characters, no NUL")]
+            )
+        doc, _ = await self.validate(text)
+        name, now = doc.policy.version, self._clock()
+        async with self._db.reading() as conn:
+            existing = await store.version(conn, name)
+        if existing is not None:
+            if existing.document != text:
+                raise InvalidSpec(
+                    [
+                        FieldViolation(
+                            "version",
+                            f"{name!r} is published with another document; a version is immutable",
+                        )
+                    ]
+                )
+            return existing  # a retried publish: nothing changes
+        if dry_run:
+            return store.PolicyRow(name, text, source, False, now, None)
+        async with self._db.unit(now) as u:
+            row = await store.insert_active(u.conn, name, text, source, now)
+            states = {c.candidate_id: c for c in await store.canaries(u.conn)}
+            for cid, spec in doc.canaries.items():
+                key = config_key(spec)
+                if (have := states.get(cid)) is None or have.config_key != key:
+                    await store.start_canary(
+                        u.conn,
+                        cid,
+                        policy_version=name,
+                        config_key=key,
+                        stages=spec.percents,
+                        now=now,
+                    )
+        log.info("routing policy %s published by %s from %s", name, caller.name, source)
+        if self._on_published is not None:
+            self._on_published()
+        return row
+
+    async def rollback(self, version: str = "", caller: Caller = SYSTEM) -> store.PolicyRow:
+        ensure_admin(caller, "RollbackRoutingPolicy")
+        now = self._clock()
+        async with self._db.unit(now) as u:
+            current = await store.active(u.conn, lock=True)
+            if version:
+                target = await store.version(u.conn, version)
+                if target is None:
+                    raise NotFound("routing policy version", version)
+            else:
+                if current is None:
+                    raise PreconditionFailed(
+                        "no routing policy is published; nothing to roll back",
+                        {"published_versions": 0},
+                        reason="NO_ACTIVE_ROUTING_POLICY",
+                    )
+                target = await store.before(u.conn, current.version)
+                if target is None:
+                    raise PreconditionFailed(
+                        f"{current.version} is the first published version; nothing before it",
+                        {"published_versions": 1},
+                        reason="NO_EARLIER_ROUTING_POLICY",
+                    )
+            if current is None or current.version != target.version:
+                await store.activate(u.conn, target.version, now)
+        log.warning(
+            "routing policy rolled back by %s: %s -> %s",
+            caller.name,
+            current and current.version,
+            target.version,
+        )
+        if self._on_published is not None:
+            self._on_published()
+        return store.PolicyRow(
+            target.version, target.document, target.source, True, target.published_at, now
+        )
+
+    async def list_policies(self, caller: Caller = SYSTEM) -> list[store.PolicyRow]:
+        ensure_admin(caller, "ListRoutingPolicies")
+        async with self._db.reading() as conn:
+            return await store.versions(conn)
+
+    async def list_canaries(self, caller: Caller = SYSTEM) -> list[CanaryView]:
+        ensure_admin(caller, "ListCanaries")
+        async with self._db.reading() as conn:
+            states = await store.canaries(conn)
+            history = await store.transitions(conn)
+        by: dict[str, list[store.TransitionRow]] = {}
+        for t in history:
+            by.setdefault(t.candidate_id, []).append(t)
+        return [CanaryView(s, tuple(by.get(s.candidate_id, ()))) for s in states]

@@ -1,0 +1,221 @@
+"""RoutingService.PublishRoutingPolicy / RollbackRoutingPolicy / ListRoutingPolicies /
+ListCanaries over a real gRPC server with bearer tokens, on SQLite and PostgreSQL; and the
+dispatcher's per-round view of them (`PolicyBook`): the active version, its shadow, its canaries."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+
+from controlplane.api.auth import Authenticator, hash_token, new_token, parse_entries
+from controlplane.api.routing_servicer import RoutingServicer
+from controlplane.api.servicer import SchedulerServicer
+from controlplane.domain import scoring
+from controlplane.domain.routing.canary import ROLLED_BACK_STAGE, CanaryStatus
+from controlplane.domain.routing.selection import RouterConfig
+from controlplane.persistence import routing_policies as store
+from controlplane.persistence.database import Database
+from controlplane.scheduling.policy_book import PolicyBook
+from controlplane.server import ControlPlaneServer, start_server
+from controlplane.service.routing_policies import RoutingPolicyService
+from controlplane.service.tasks import TaskService
+from vidroute.scheduler.v1 import routing_pb2 as rpb
+from vidroute.scheduler.v1 import routing_service_pb2 as api
+from vidroute.scheduler.v1 import routing_service_pb2_grpc
+
+pytestmark = pytest.mark.timeout(120)
+CLOCK = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+DEFAULT = {
+    "quality": 0.28,
+    "success": 0.22,
+    "latency": 0.18,
+    "cost": 0.14,
+    "capacity": 0.10,
+    "region": 0.04,
+    "preference": 0.04,
+}
+CHEAP = {**DEFAULT, "quality": 0.12, "cost": 0.30}
+CANARY = "runway/gen4_turbo/default"
+
+
+def document(version: str, **extra: Any) -> str:
+    return json.dumps({"version": version, "weights": {"default": DEFAULT}, **extra}, indent=1)
+
+
+@dataclass
+class Api:
+    stub: Any
+    tokens: dict[str, str]
+    db: Database
+
+    def md(self, who: str = "admin") -> tuple[tuple[str, str], ...]:
+        return (("authorization", f"Bearer {self.tokens[who]}"),)
+
+    async def publish(self, text: str, dry_run: bool = False, who: str = "admin") -> Any:
+        request = api.PublishRoutingPolicyRequest(document=text, source="test", dry_run=dry_run)
+        answer = await self.stub.PublishRoutingPolicy(request, metadata=self.md(who))
+        return answer.policy
+
+    async def rollback(self, version: str = "") -> Any:
+        request = api.RollbackRoutingPolicyRequest(version=version)
+        return (await self.stub.RollbackRoutingPolicy(request, metadata=self.md())).policy
+
+    async def active(self) -> list[tuple[str, bool]]:
+        answer = await self.stub.ListRoutingPolicies(
+            api.ListRoutingPoliciesRequest(), metadata=self.md()
+        )
+        return [(p.version, p.active) for p in answer.policies]
+
+    async def canaries(self) -> dict[str, Any]:
+        answer = await self.stub.ListCanaries(api.ListCanariesRequest(), metadata=self.md())
+        return {c.candidate_id: c for c in answer.canaries}
+
+
+@pytest.fixture
+async def routing(db: Database) -> AsyncIterator[Api]:
+    tokens = {"alpha": new_token(), "admin": new_token()}
+    entries = parse_entries(
+        [f"{hash_token(tokens['alpha'])}=tenant:alpha", f"{hash_token(tokens['admin'])}=admin"]
+    )
+
+    async def probe() -> bool:
+        await db.ping()
+        return True
+
+    service = RoutingPolicyService(db, clock=lambda: CLOCK)
+    running: ControlPlaneServer = await start_server(
+        SchedulerServicer(TaskService(db)),
+        listen="127.0.0.1:0",
+        probe=probe,
+        auth=Authenticator(entries),
+        routing=RoutingServicer(policies=service),
+    )
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+        yield Api(routing_service_pb2_grpc.RoutingServiceStub(channel), tokens, db)
+    await running.stop(grace=1)
+
+
+async def _error(call: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value
+
+
+def _violations(exc: grpc.aio.AioRpcError) -> dict[str, str]:
+    raw = dict(exc.trailing_metadata() or ())["grpc-status-details-bin"]
+    bad = error_details_pb2.BadRequest()
+    assert status_pb2.Status.FromString(raw).details[0].Unpack(bad)
+    return {v.field: v.description for v in bad.field_violations}
+
+
+async def test_publish_versions_one_active_and_rollback_is_one_call(routing: Api) -> None:
+    """Each publish is a new active version (the old kept); rollback with no version goes to
+    the one published before the active one, with a version to that one."""
+    first = await routing.publish(document("v1"))
+    assert (first.version, first.active, first.source) == ("v1", True, "test")
+    assert first.document == document("v1")
+    await routing.publish(document("v2"))
+    await routing.publish(document("v3"))
+    assert await routing.active() == [("v3", True), ("v2", False), ("v1", False)]
+    assert (await routing.rollback()).version == "v2"
+    assert await routing.active() == [("v3", False), ("v2", True), ("v1", False)]
+    assert (await routing.rollback()).version == "v1"
+    exc = await _error(routing.rollback())
+    assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert (await routing.rollback("v3")).version == "v3"
+    assert await routing.active() == [("v3", True), ("v2", False), ("v1", False)]
+    exc = await _error(routing.rollback("v9"))
+    assert exc.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_bad_documents_are_refused_and_change_nothing(routing: Api) -> None:
+    """A bad document, a reused version with other text, a shadow naming an unknown version
+    and a tenant caller are refused; a dry run and a retried publish write nothing."""
+    await routing.publish(document("v1"))
+    bad = document("v2", hysteresis_delta=3, canaries={CANARY: {"stages": [5, 2]}})
+    exc = await _error(routing.publish(bad))
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert set(_violations(exc)) == {"hysteresis_delta", f'canaries["{CANARY}"].stages[1]'}
+    exc = await _error(routing.publish(document("v1", min_dwell_s=5)))
+    assert "immutable" in _violations(exc)["version"]
+    exc = await _error(routing.publish(document("v2", shadow="nope")))
+    assert "not published" in _violations(exc)["shadow"]
+    exc = await _error(routing.publish(document("v2"), who="alpha"))
+    assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
+    dry = await routing.publish(document("v2"), dry_run=True)
+    assert (dry.version, dry.active) == ("v2", False)
+    again = await routing.publish(document("v1"))
+    assert again.version == "v1"
+    assert await routing.active() == [("v1", True)]
+
+
+async def test_canaries_start_keep_and_restart_with_their_config(routing: Api) -> None:
+    """A published canary starts ACTIVE at its first stage; a republish with the same config
+    keeps its state, a changed config restarts it; every start is in its history."""
+    canaries = {CANARY: {"stages": [0.5, 2, 5, 10], "gates": {"min_samples": 5}}}
+    await routing.publish(document("v1", canaries=canaries))
+    state = (await routing.canaries())[CANARY]
+    assert state.status == rpb.CANARY_STATUS_ACTIVE
+    assert list(state.stages) == [0.5, 2, 5, 10]
+    assert state.traffic_percent == 0.5
+    assert [(t.action, t.to_percent) for t in state.history] == [("STARTED", 0.5)]
+    async with routing.db.unit(CLOCK) as u:  # as the leader's gatekeeper would
+        row = (await store.canaries(u.conn))[0]
+        moved = await store.move_canary(
+            u.conn, row, stage=1, status=CanaryStatus.ACTIVE, gates={"success_rate": True}, now=CLOCK
+        )
+    assert moved
+    await routing.publish(document("v2", canaries=canaries))
+    state = (await routing.canaries())[CANARY]
+    assert (state.traffic_percent, dict(state.gates)) == (2.0, {"success_rate": True})
+    canaries[CANARY]["stages"] = [1, 50]
+    await routing.publish(document("v3", canaries=canaries))
+    state = (await routing.canaries())[CANARY]
+    assert (list(state.stages), state.traffic_percent) == ([1.0, 50.0], 1.0)
+    assert [t.action for t in state.history] == ["STARTED", "STARTED"]
+
+
+async def test_policy_book_follows_publish_rollback_and_canaries(db: Database) -> None:
+    """The dispatcher's round view: the fallback before any publish, the published policy with
+    its shadow (by version) after, the rolled-back-to one after a rollback; canary stages of the
+    active document (a rolled back canary is -1, a promoted one is a normal candidate)."""
+    service = RoutingPolicyService(db, clock=lambda: CLOCK)
+    base = RouterConfig(policy=scoring.example_policy("builtin"))
+    book = PolicyBook(db, base)
+    router, stages = await book.refresh()
+    assert (router.policy.version, router.shadow_policy, dict(stages)) == ("builtin", None, {})
+    await service.publish(json.dumps({"version": "cheap", "weights": {"default": CHEAP}}))
+    other = {"canaries": {CANARY: {}, "veo/veo-3/default": {}}}
+    await service.publish(document("main", shadow="cheap", **other))
+    router, stages = await book.refresh()
+    assert router.policy.version == "main"
+    assert router.shadow_policy is not None
+    assert router.shadow_policy.weights_for("default").cost == 0.30
+    assert dict(stages) == {CANARY: 0, "veo/veo-3/default": 0}
+    assert set(router.policy.canaries) == {CANARY, "veo/veo-3/default"}
+    async with db.unit(CLOCK) as u:
+        rows = {r.candidate_id: r for r in await store.canaries(u.conn)}
+        later = CLOCK + timedelta(minutes=1)
+        await store.move_canary(
+            u.conn, rows[CANARY], stage=0, status=CanaryStatus.ROLLED_BACK, gates={}, now=later
+        )
+        await store.move_canary(
+            u.conn,
+            rows["veo/veo-3/default"],
+            stage=0,
+            status=CanaryStatus.PROMOTED,
+            gates={},
+            now=later,
+        )
+    router, stages = await book.refresh()
+    assert dict(stages) == {CANARY: ROLLED_BACK_STAGE}
+    await service.rollback()
+    router, stages = await book.refresh()
+    assert (router.policy.version, router.shadow_policy, dict(stages)) == ("cheap", None, {})
