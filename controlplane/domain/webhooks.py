@@ -170,18 +170,21 @@ def message_body(
     """The JSON body POSTed (stored as sent, since the signature covers its exact bytes).
 
     ``{"type", "timestamp", "data": {task_id, state, status_version, reason, failure,
-    outputs, progress}}``; absent parts are left out."""
+    outputs}}``, for task.progress ``data: {task_id, attempt_id, progress: {fraction,
+    queue_position}}``; absent parts are left out."""
     data: dict[str, Any] = {"task_id": str(task_id)}
-    for key in ("state", "status_version", "reason", "failure"):
-        if key in payload:
-            data[key] = payload[key]
-    listed = [dict(o) for o in outputs]
-    if listed:
-        data["outputs"] = listed
-    if event_type == "task.progress":
+    if event_type == "task.progress":  # the payload's state is its attempt's, not the task's
+        data["attempt_id"] = str(payload.get("attempt_id", ""))
         data["progress"] = {
             k: payload[k] for k in ("fraction", "queue_position") if payload.get(k) is not None
         }
+    else:
+        for key in ("state", "status_version", "reason", "failure"):
+            if key in payload:
+                data[key] = payload[key]
+    listed = [dict(o) for o in outputs]
+    if listed:
+        data["outputs"] = listed
     body = {"type": event_type, "timestamp": at.isoformat(), "data": data}
     return json.dumps(body, separators=(",", ":"), sort_keys=True, default=str)
 

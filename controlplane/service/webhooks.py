@@ -44,4 +44,5 @@ class WebhookSubscriptions:
                 reason="WEBHOOK_SECRET_MISSING",
                 labels={"tenant_id": tenant_id},
             )
-        return WebhookSubscription(chosen.url, tuple(dict.fromkeys(chosen.events)))
+        # As stored: the optional types in their canonical order (terminal ones are implied).
+        return WebhookSubscription.stored(chosen.url, chosen.mask)

@@ -72,7 +72,8 @@ def _details(error: grpc.aio.AioRpcError) -> status_pb2.Status:
 async def test_a_task_s_events_reach_the_callers_receiver_signed(
     control_plane: ControlPlaneServer,
 ) -> None:
-    """State changes and the terminal task.succeeded arrive signed, in order, once each."""
+    """State changes, the provider's rising progress and the terminal task.succeeded arrive
+    signed, in order, once each."""
     async with (
         WebhookReceiver([Answer(200)]) as receiver,
         grpc.aio.insecure_channel(f"127.0.0.1:{control_plane.port}") as channel,
@@ -83,13 +84,15 @@ async def test_a_task_s_events_reach_the_callers_receiver_signed(
             api.CreateTaskRequest(
                 spec=spec_for("runway"),
                 idempotency_key=uuid.uuid4().hex,
-                webhook=scheduler_pb2.WebhookSubscription(url=url, events=["task.state_changed"]),
+                webhook=scheduler_pb2.WebhookSubscription(
+                    url=url, events=["task.state_changed", "task.progress"]
+                ),
             ),
             timeout=10,
         )
         task_id = created.task.task_id
         assert created.task.webhook.url == url
-        assert list(created.task.webhook.events) == ["task.state_changed"]
+        assert list(created.task.webhook.events) == ["task.progress", "task.state_changed"]
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 90
@@ -113,13 +116,20 @@ async def test_a_task_s_events_reach_the_callers_receiver_signed(
     payloads = [Webhook(SECRET).verify(r.body, r.headers) for r in received]
     types = [p["type"] for p in payloads]
     assert types[-1] == "task.succeeded"
-    assert set(types[:-1]) == {"task.state_changed"}
-    states = [p["data"]["state"] for p in payloads]
+    assert set(types[:-1]) == {"task.state_changed", "task.progress"}
+    changes = [p for p in payloads if p["type"] != "task.progress"]
+    states = [p["data"]["state"] for p in changes]
     assert states[0] == "SCHEDULING"
     assert states[-1] == "SUCCEEDED"
-    versions = [p["data"]["status_version"] for p in payloads]
+    versions = [p["data"]["status_version"] for p in changes]
     assert versions == sorted(versions)
     assert len(set(versions)) == len(versions)  # each change once
+    fractions = [
+        p["data"]["progress"]["fraction"] for p in payloads if p["type"] == "task.progress"
+    ]
+    assert fractions, "the emulator reports progress while RUNNING: some must travel"
+    assert fractions == sorted(fractions)
+    assert all(0 <= f <= 1 for f in fractions)
     outputs = payloads[-1]["data"]["outputs"]
     assert outputs
     assert outputs[0]["uri"].startswith("file://")

@@ -115,8 +115,9 @@ def test_the_body_carries_type_time_and_the_task_data() -> None:
             "outputs": [{"uri": "s3://b/k"}],
         },
     }
-    progress = json.loads(message_body("task.progress", at, 7, {"fraction": 0.5}))
-    assert progress["data"]["progress"] == {"fraction": 0.5}
+    reading = {"attempt_id": 3, "state": "RUNNING", "fraction": 0.5}
+    progress = json.loads(message_body("task.progress", at, 7, reading))
+    assert progress["data"] == {"task_id": "7", "attempt_id": "3", "progress": {"fraction": 0.5}}
 
 
 def test_outputs_of_lists_every_sample() -> None:
