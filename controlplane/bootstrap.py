@@ -55,6 +55,8 @@ The only module that reads environment variables:
   (`vidroute_core.tracing`).
 - ``VIDROUTE_METRICS_LISTEN``: ``host:port`` of the Prometheus ``/metrics`` endpoint (9.24).
   Default: off (tests); ``make up`` and the Kubernetes manifests set it.
+- ``VIDROUTE_CONSOLE_LISTEN``: ``host:port`` of the read-only web console (`controlplane.console`),
+  behind the API's tokens. Default: off; ``vidroute up`` serves it on 127.0.0.1:8088.
 - ``VIDROUTE_TLS_CERT_FILE`` / ``VIDROUTE_TLS_KEY_FILE`` / ``VIDROUTE_TLS_CA_FILE`` (and
   ``VIDROUTE_TLS``, ``VIDROUTE_TLS_SERVER_NAME``): mTLS to every adapter sidecar, our client
   certificate and the sidecars' CA (`vidroute_core.tls`). Without them the channels are plaintext,
@@ -91,6 +93,8 @@ from controlplane.api.auth import Authenticator, parse_entries
 from controlplane.api.billing_servicer import BillingServicer
 from controlplane.api.routing_servicer import RoutingServicer
 from controlplane.api.servicer import SchedulerServicer
+from controlplane.console.app import Console
+from controlplane.console.server import CONSOLE_LISTEN_FIX, ConsoleServer
 from controlplane.capabilities.catalog import CapabilityCatalog, load_catalog
 from controlplane.capabilities.publish import (
     AccountConfig,
@@ -125,10 +129,12 @@ from controlplane.metrics import (
 from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.records import AccountInfo, AttemptRecord
+from controlplane.persistence.tasks import TaskQueries
 from controlplane.persistence.webhooks import WebhookStore
 from controlplane.reconciliation import delta_by_provider
 from controlplane.scheduling.canary_gates import CanaryGateConfig
 from controlplane.scheduling.dispatcher import DispatcherConfig
+from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.policy_book import SampleCheck
 from controlplane.scheduling.quality_book import QualityBook
 from controlplane.scheduling.readiness import CatalogReadiness
@@ -138,6 +144,7 @@ from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.access import Caller
 from controlplane.service.billing import BillingService
 from controlplane.service.capability_publish import CapabilityPublishService
+from controlplane.service.console_reads import ConsoleReads
 from controlplane.service.cost_gauges import CostGaugeRefresher
 from controlplane.service.outputs import DEFAULT_URL_TTL_S, OutputService
 from controlplane.service.quality import QualityService
@@ -239,6 +246,7 @@ class Settings:
     log_level: str = "INFO"
     log_format: str = "json"  # VIDROUTE_LOG_FORMAT: json | text
     metrics_listen: str = ""  # off unless set
+    console_listen: str = ""  # VIDROUTE_CONSOLE_LISTEN: the web console, off unless set
     migrate_on_start: bool = True
     health_probe_interval_s: float = 5.0
     adapter_submit_margin_s: float = 5.0
@@ -280,6 +288,7 @@ class Settings:
             "log_level": env.get("VIDROUTE_LOG_LEVEL") or "INFO",
             "log_format": env.get("VIDROUTE_LOG_FORMAT") or "json",
             "metrics_listen": env.get("VIDROUTE_METRICS_LISTEN", ""),
+            "console_listen": env.get("VIDROUTE_CONSOLE_LISTEN", ""),
             "safety_policy_path": env.get("VIDROUTE_SAFETY_POLICY", ""),
             "deadlines": _deadlines(env),
             **_auth(env),
@@ -649,6 +658,15 @@ def _bind_callback_ingress(settings: Settings, scale: float) -> CallbackServer |
     return ingress
 
 
+async def _start_console(
+    listen: str, console: Console, scale: float
+) -> Callable[[], Awaitable[None]]:
+    """The web console on `listen` (checked free at start); returns its stop."""
+    server = ConsoleServer(listen, shutdown_grace_s=5.0 * scale)
+    await server.start(console.app)
+    return server.stop
+
+
 def _catalog_refresher(runtime: SchedulingRuntime) -> Callable[[], Awaitable[None]]:
     """After PublishCapabilities: this replica routes on the new catalog now (others within
     their refresh period), and queued tasks get a dispatch round."""
@@ -690,6 +708,8 @@ async def start_control_plane(settings: Settings) -> ControlPlaneServer:
     check_listen(settings.listen)  # before any worker starts; the bind checks again
     if settings.callback_listen and settings.adapters:  # the ingress runs with the engine
         check_listen(settings.callback_listen, CALLBACK_LISTEN_FIX)
+    if settings.console_listen:
+        check_listen(settings.console_listen, CONSOLE_LISTEN_FIX)
     lock = lock_sqlite(settings.database_url)
     try:
         return await _start(settings, [] if lock is None else [lock.release])
@@ -718,6 +738,8 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     )
     canceller = None
     admin = None
+    monitor: HealthMonitor | None = None  # the console's health and breaker views
+    lease_store: LeaseStore | None = None
     routing_policies = RoutingPolicyService(db)  # API only: no catalog here to compile against
     catalog: Callable[[], Awaitable[CapabilityCatalog]] | None = None
     published: Callable[[], Awaitable[None]] | None = None  # PublishCapabilities' hook
@@ -758,6 +780,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             db, sample_check=SampleCheck(runtime.dispatcher), on_published=runtime.wake_canaries
         )
         admin = runtime.admin
+        monitor, lease_store = runtime.monitor, leases
         runtime.set_readiness(CatalogReadiness(frozenset(settings.adapters)))
         _wire_metrics(metrics, runtime, leases)
         readiness.not_ready = runtime.dispatcher.not_ready
@@ -834,6 +857,21 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     outputs = OutputService(tasks, object_store, url_ttl_s=settings.output_url_ttl_s)
     capability_admin = CapabilityPublishService(db, on_published=published)
     servicer = SchedulerServicer(tasks, admin, capabilities=capability_admin, outputs=outputs)
+    if settings.console_listen:
+        console = Console(
+            Authenticator(settings.auth_tokens),
+            ConsoleReads(
+                tasks,
+                TaskQueries(db),
+                CatalogQueries(db),
+                providers=admin,
+                monitor=monitor,
+                leases=lease_store,
+            ),
+            outputs=outputs,
+            billing=BillingService(db),
+        )
+        background.append(await _start_console(settings.console_listen, console, scale))
     stops = [*background, *cleanup, db.dispose, *release]
     try:
         return await _serve(

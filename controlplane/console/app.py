@@ -1,0 +1,290 @@
+"""The read-only web console: server-rendered pages (Starlette + Jinja2) with htmx for live parts.
+
+Pages: ``/tasks`` (filters: tenant, state, provider, created since/until; the rows re-read every
+2 s), ``/tasks/{id}`` (the timeline, re-read every 2 s until the task is terminal; the stored
+output in a ``<video>``), ``/tasks/{id}/decisions`` (the explain table of every route decision),
+``/providers`` (capability versions, prices, health windows, leases), ``/breakers`` (states and
+their history), ``/reconciliation`` (the stored report of a day). Every read goes through
+`ConsoleReads` and the other services with the signed-in caller, so the API's scoping holds: a
+tenant gets 404 for another tenant's task and 403 on the admin pages. htmx is vendored in
+``static/`` (no CDN: the console works offline).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from controlplane.api.auth import Authenticator
+from controlplane.console import auth as session
+from controlplane.console import shaping
+from controlplane.domain.states import TASK_MACHINE, TaskState
+from controlplane.service.access import Caller
+from controlplane.service.billing import BillingService
+from controlplane.service.console_reads import ConsoleReads, TaskFilter
+from controlplane.service.outputs import OutputService
+from controlplane.service.tasks import parse_task_id
+from vidroute_core.exceptions import (
+    InvalidSpec,
+    NotFound,
+    PermissionDenied,
+    PreconditionFailed,
+    Unavailable,
+)
+from vidroute_core.validation import FieldViolation
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).parent
+POLL = "every 2s"
+_RANGE = re.compile(r"bytes=(\d{0,19})-(\d{0,19})")
+Handler = Callable[[Request, Caller], Awaitable[Response]]
+
+
+class Console:
+    """The console's routes over the services; `app` is the ASGI application."""
+
+    def __init__(
+        self,
+        auth: Authenticator,
+        reads: ConsoleReads,
+        *,
+        outputs: OutputService | None = None,
+        billing: BillingService | None = None,
+    ) -> None:
+        self._auth, self._reads, self._outputs, self._billing = auth, reads, outputs, billing
+        env = Environment(
+            loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape()
+        )
+        env.filters.update(money=shaping.money, compact=shaping.compact, ts=_ts)
+        self._templates = Jinja2Templates(env=env)
+        guarded = [
+            ("/tasks", self.tasks),
+            ("/tasks/rows", self.task_rows),
+            ("/tasks/{task_id}", self.task),
+            ("/tasks/{task_id}/timeline", self.task_timeline),
+            ("/tasks/{task_id}/decisions", self.decisions),
+            ("/tasks/{task_id}/output/{sample}", self.output),
+            ("/providers", self.providers),
+            ("/breakers", self.breakers),
+            ("/reconciliation", self.reconciliation),
+        ]
+        routes: list[BaseRoute] = [Route(path, self._guard(fn)) for path, fn in guarded]
+        routes += [
+            Route("/", lambda r: RedirectResponse("/tasks", 303)),
+            Route("/login", self.login, methods=["GET", "POST"]),
+            Route("/logout", self.logout, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        ]
+        self.app = Starlette(routes=routes)
+
+    # ---- plumbing ---------------------------------------------------------------------------
+    def _page(self, request: Request, name: str, code: int = 200, **context: Any) -> Response:
+        context.setdefault("caller", None)
+        context["auth_enabled"] = self._auth.enabled
+        return self._templates.TemplateResponse(request, name, context, status_code=code)
+
+    def _guard(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            caller = session.caller_of(self._auth, request)
+            if caller is None:
+                if request.headers.get("authorization") is not None:
+                    return Response("invalid bearer token\n", 401, {"www-authenticate": "Bearer"})
+                return RedirectResponse(f"/login?{urlencode({'next': request.url.path})}", 303)
+            try:
+                return await handler(request, caller)
+            except NotFound as exc:
+                return self._error(request, caller, 404, str(exc))
+            except PermissionDenied as exc:
+                return self._error(request, caller, 403, str(exc))
+            except (InvalidSpec, PreconditionFailed) as exc:
+                return self._error(request, caller, 400, str(exc))
+            except Unavailable as exc:
+                return self._error(request, caller, 503, str(exc))
+
+        return endpoint
+
+    def _error(self, request: Request, caller: Caller, status: int, message: str) -> Response:
+        return self._page(
+            request, "error.html", status, caller=caller, status=status, message=message
+        )
+
+    def _secure(self, request: Request) -> bool:
+        return request.url.scheme == "https"
+
+    # ---- sign in ------------------------------------------------------------------------------
+    async def login(self, request: Request) -> Response:
+        target = request.query_params.get("next", "/tasks")
+        if not target.startswith("/") or target.startswith("//"):
+            target = "/tasks"  # only our own paths: no open redirect
+        if request.method == "GET":
+            return self._page(request, "login.html", next=target)
+        body = await request.body()
+        form = dict(parse_qsl(body[:4096].decode("utf-8", "replace")))
+        token = form.get("token", "")
+        if session.sign_in(self._auth, token) is None:
+            return self._page(request, "login.html", 401, next=target, failed=True)
+        response = RedirectResponse(target, 303)
+        session.set_session(response, token, secure=self._secure(request))
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        response = RedirectResponse("/login", 303)
+        session.end_session(response, secure=self._secure(request))
+        return response
+
+    # ---- tasks --------------------------------------------------------------------------------
+    def _filter(self, request: Request) -> tuple[TaskFilter, dict[str, str]]:
+        q = {k: v.strip() for k, v in request.query_params.items() if v.strip()}
+        state = q.get("state")
+        if state is not None and state not in TaskState.__members__:
+            raise _invalid("state", f"must be one of {', '.join(TaskState.__members__)}")
+        return (
+            TaskFilter(
+                tenant_id=q.get("tenant"),
+                state=TaskState[state] if state else None,
+                provider=q.get("provider"),
+                since=_when(q.get("since"), "since"),
+                until=_when(q.get("until"), "until"),
+                page_token=q.get("page"),
+            ),
+            q,
+        )
+
+    async def tasks(self, request: Request, caller: Caller) -> Response:
+        query, raw = self._filter(request)
+        rows, token = await self._reads.list_tasks(query, caller)
+        return self._page(
+            request,
+            "tasks.html",
+            caller=caller,
+            rows=rows,
+            next_page=token,
+            q=raw,
+            qs=urlencode(raw),
+            states=list(TaskState.__members__),
+            poll=POLL,
+        )
+
+    async def task_rows(self, request: Request, caller: Caller) -> Response:
+        query, raw = self._filter(request)
+        rows, _ = await self._reads.list_tasks(query, caller)
+        return self._page(request, "_task_rows.html", rows=rows, qs=urlencode(raw), poll=POLL)
+
+    async def _timeline_context(self, request: Request, caller: Caller) -> dict[str, Any]:
+        found = await self._reads.timeline(parse_task_id(request.path_params["task_id"]), caller)
+        detail = found.detail
+        terminal = TASK_MACHINE.is_terminal(detail.task.state)
+        return {
+            "caller": caller,
+            "task": detail.task,
+            "detail": detail,
+            "accounts": found.account_names,
+            "entries": shaping.timeline(detail, found.events, found.account_names),
+            "samples": shaping.samples(detail) if detail.task.state is TaskState.SUCCEEDED else [],
+            "poll": None if terminal else POLL,
+        }
+
+    async def task(self, request: Request, caller: Caller) -> Response:
+        return self._page(request, "task.html", **await self._timeline_context(request, caller))
+
+    async def task_timeline(self, request: Request, caller: Caller) -> Response:
+        context = await self._timeline_context(request, caller)
+        return self._page(request, "_timeline.html", **context)
+
+    async def decisions(self, request: Request, caller: Caller) -> Response:
+        found = await self._reads.timeline(parse_task_id(request.path_params["task_id"]), caller)
+        tables = [shaping.explain(d) for d in found.detail.route_decisions]
+        return self._page(
+            request, "decisions.html", caller=caller, task=found.detail.task, tables=tables
+        )
+
+    async def output(self, request: Request, caller: Caller) -> Response:
+        """The stored sample's bytes from the object store, with HTTP ranges (video seeking)."""
+        if self._outputs is None:
+            raise Unavailable("object store")
+        task_id = parse_task_id(request.path_params["task_id"])
+        index = _index(request.path_params["sample"])
+        sample = await self._outputs.sample(task_id, index, caller)
+        size = int(sample.get("size_bytes", 0))
+        start, end, status = 0, size - 1, 200
+        wanted = _RANGE.fullmatch(request.headers.get("range", "").strip())
+        if wanted is not None and size > 0:
+            first, last = wanted.groups()
+            if first:
+                start, end = int(first), min(int(last), size - 1) if last else size - 1
+            elif last:  # a suffix: the last N bytes
+                start = max(0, size - int(last))
+            if start > end or start >= size:
+                return Response(status_code=416, headers={"content-range": f"bytes */{size}"})
+            status = 206
+        length = max(0, end - start + 1)
+        _, chunks = await self._outputs.read(task_id, index, start, length, caller)
+        headers = {"accept-ranges": "bytes", "content-length": str(length)}
+        if status == 206:
+            headers["content-range"] = f"bytes {start}-{end}/{size}"
+        media = str(sample.get("mime_type") or "application/octet-stream")
+        return StreamingResponse(_bytes(chunks), status, headers, media_type=media)
+
+    # ---- providers ----------------------------------------------------------------------------
+    async def providers(self, request: Request, caller: Caller) -> Response:
+        page = await self._reads.providers(caller)
+        return self._page(request, "providers.html", caller=caller, page=page)
+
+    async def breakers(self, request: Request, caller: Caller) -> Response:
+        page = await self._reads.breakers(caller)
+        return self._page(request, "breakers.html", caller=caller, page=page)
+
+    async def reconciliation(self, request: Request, caller: Caller) -> Response:
+        if self._billing is None:
+            raise Unavailable("billing")
+        day = request.query_params.get("date", "").strip()
+        report = await self._billing.reconciliation_report(day, caller)
+        return self._page(request, "reconciliation.html", caller=caller, report=report, day=day)
+
+
+async def _bytes(chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in chunks:
+            yield chunk.data
+    except (PreconditionFailed, Unavailable) as exc:  # the headers are sent: cut the body short
+        log.warning("console output stream ended early: %s", exc)
+
+
+def _invalid(field: str, description: str) -> InvalidSpec:
+    return InvalidSpec([FieldViolation(field, description)])
+
+
+def _index(raw: str) -> int:
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 6:
+        raise _invalid("sample_index", "must be a small decimal number")
+    return int(raw)
+
+
+def _when(raw: str | None, field: str) -> datetime | None:
+    """A ``datetime-local`` value (or any ISO 8601); without a zone it is UTC."""
+    if not raw:
+        return None
+    try:
+        value = datetime.fromisoformat(raw)
+    except ValueError as exc:
+        raise _invalid(field, "must be a date and time, e.g. 2026-01-31T12:00") from exc
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _ts(value: datetime | None) -> str:
+    if value is None:
+        return ""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"

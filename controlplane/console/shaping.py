@@ -1,0 +1,196 @@
+"""Records -> what the console's templates show: one task's timeline and its explain tables.
+
+Pure functions over the service layer's records (no I/O), so the pages stay logic-free.
+
+The timeline merges, in time order, every task event (state changes, requeues and their
+failover reasons, progress), every attempt (created, its last state and failure), and every
+provider job (submitted, last polled with its raw provider status, completed, the raw failure).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from controlplane.domain.outputs import stored_samples
+from controlplane.persistence.records import RouteDecisionRecord, TaskDetail, TaskEventRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    at: datetime
+    source: str  # event | attempt | job
+    title: str
+    detail: str
+    attempt_no: int | None = None
+    css: str = ""  # ok | bad | warn | ""
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateRow:
+    candidate_id: str
+    eligible: bool
+    reason: str
+    detail: str
+    score: float | None
+    components: dict[str, float]
+    cost: str
+    selected: bool
+    shadow: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainTable:
+    decision_no: int
+    policy_version: str
+    capability_version: str
+    reason_code: str
+    selected: str
+    shadow_selected: str
+    created_at: datetime
+    component_names: tuple[str, ...]
+    rows: tuple[CandidateRow, ...]
+
+
+def compact(value: Any) -> str:
+    if value in (None, "", {}, []):
+        return ""
+    return json.dumps(value, sort_keys=True, separators=(", ", ": "), default=str)
+
+
+def money(micros: int | None, currency: str = "USD") -> str:
+    """Integer micros as a decimal amount, without float."""
+    if micros is None:
+        return ""
+    sign, micros = ("-", -micros) if micros < 0 else ("", micros)
+    return f"{sign}{micros // 1_000_000}.{micros % 1_000_000:06d} {currency}"
+
+
+def _css_for(state: str) -> str:
+    if state in ("SUCCEEDED", "ACCEPTED"):
+        return "ok"
+    if state in ("FAILED", "ABANDONED", "CANCELLED", "SUBMIT_UNKNOWN"):
+        return "bad"
+    return ""
+
+
+def _event_entry(event: TaskEventRecord) -> Entry:
+    payload = dict(event.payload)
+    state = str(payload.get("to_state") or payload.get("state") or "")
+    reason = payload.get("reason") or payload.get("failover_reason") or ""
+    title = event.kind + (f" -> {state}" if state else "")
+    css = _css_for(state) or ("warn" if "requeue" in event.kind else "")
+    detail = compact(payload) if not reason else f"reason: {reason}  {compact(payload)}"
+    return Entry(event.created_at, "event", title, detail, payload.get("attempt_no"), css)
+
+
+def timeline(
+    detail: TaskDetail, events: tuple[TaskEventRecord, ...], accounts: Mapping[int, str]
+) -> list[Entry]:
+    entries = [_event_entry(e) for e in events]
+    numbers = {a.id: a.attempt_no for a in detail.attempts}
+    for a in detail.attempts:
+        where = f"{accounts.get(a.provider_account_id, a.provider_account_id)} {a.provider_model}"
+        entries.append(
+            Entry(
+                a.created_at,
+                "attempt",
+                f"attempt {a.attempt_no} created on {where}",
+                f"capability {a.capability_version}, price {a.price_version}, "
+                f"estimate {money(a.estimated_cost_micros, a.currency)}",
+                a.attempt_no,
+            )
+        )
+        failure = a.failure
+        why = f"{failure.failure_class} {failure.code}: {failure.message}" if failure else ""
+        cost = f" cost {money(a.actual_cost_micros, a.currency)}" if a.actual_cost_micros else ""
+        if a.transport_error_stage:
+            why += f" (transport error while {a.transport_error_stage})"
+        entries.append(
+            Entry(
+                a.updated_at,
+                "attempt",
+                f"attempt {a.attempt_no} {a.state.value}",
+                (why + cost).strip(),
+                a.attempt_no,
+                _css_for(a.state.value),
+            )
+        )
+    for j in detail.provider_jobs:
+        no = numbers.get(j.attempt_id)
+        entries.append(
+            Entry(
+                j.submitted_at,
+                "job",
+                f"provider job {j.provider_job_id} submitted",
+                f"request id {j.provider_request_id}" if j.provider_request_id else "",
+                no,
+            )
+        )
+        if j.last_polled_at is not None:
+            entries.append(
+                Entry(
+                    j.last_polled_at,
+                    "job",
+                    f"provider job {j.provider_job_id} last observed",
+                    f"raw status {j.raw_status!r} -> {j.normalized_status.value}",
+                    no,
+                )
+            )
+        if j.completed_at is not None:
+            entries.append(
+                Entry(
+                    j.completed_at,
+                    "job",
+                    f"provider job {j.provider_job_id} {j.normalized_status.value}",
+                    f"raw status {j.raw_status!r} {compact(j.raw_failure)}".strip(),
+                    no,
+                    _css_for(j.normalized_status.value),
+                )
+            )
+    origin = datetime.min.replace(tzinfo=UTC)
+    return sorted(entries, key=lambda e: (e.at.astimezone(UTC) if e.at.tzinfo else origin,))
+
+
+def explain(decision: RouteDecisionRecord) -> ExplainTable:
+    snapshot = decision.candidate_snapshot
+    shadow = str(snapshot.get("shadow_selected", "") or "")
+    rows = []
+    names: dict[str, None] = {}
+    for c in snapshot.get("candidates", []):
+        components = {str(k): float(v) for k, v in (c.get("components") or {}).items()}
+        names.update(dict.fromkeys(components))
+        cid = str(c.get("id", ""))
+        cost = c.get("estimated_cost_micros")
+        score = c.get("score")
+        rows.append(
+            CandidateRow(
+                cid,
+                bool(c.get("eligible", False)),
+                str(c.get("reason", "") or ""),
+                str(c.get("detail", "") or ""),
+                float(score) if score is not None else None,
+                components,
+                money(int(cost), str(c.get("currency", "USD"))) if cost is not None else "",
+                cid == decision.selected_candidate,
+                bool(shadow) and cid == shadow,
+            )
+        )
+    return ExplainTable(
+        decision.decision_no,
+        decision.policy_version,
+        str(snapshot.get("capability_version", "")),
+        decision.reason_code,
+        decision.selected_candidate or "",
+        shadow,
+        decision.created_at,
+        tuple(names),
+        tuple(rows),
+    )
+
+
+def samples(detail: TaskDetail) -> list[dict[str, Any]]:
+    return stored_samples(detail.task.output_asset)

@@ -1,0 +1,170 @@
+"""What the web console reads (`controlplane.console`), transport-neutral and scoped by caller.
+
+Every read goes through the same scoping rules as the API (`controlplane.service.access`):
+a tenant lists and opens only its own tasks (another tenant's is `NotFound`, exactly like a
+missing id); the provider, lease and breaker views need the admin role. The console holds no
+SQL: tasks come from `TaskService`, providers and breakers from `ProviderAdminService`, the
+capacity picture from the lease store's snapshots, reconciliation from `BillingService`.
+
+The task list filters by tenant and state in the database (`TaskService.list_tasks`); the
+provider and time filters apply to the page read, whose tasks' attempts are read anyway to name
+their providers (a page is at most `MAX_PAGE` tasks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from controlplane.domain.scoring import HealthWindows, Window, WindowStats
+from controlplane.domain.states import TaskState
+from controlplane.leases.base import AccountSnapshot, LeaseStore
+from controlplane.persistence.catalog import CatalogQueries, HealthEvent
+from controlplane.persistence.records import TaskDetail, TaskEventRecord
+from controlplane.persistence.tasks import TaskQueries
+from controlplane.scheduling.health import BreakerStatus, HealthMonitor
+from controlplane.service.access import SYSTEM, Caller, ensure_admin
+from controlplane.service.providers import ProviderAccountView, ProviderAdminService
+from controlplane.service.tasks import ListTasksInput, TaskService
+
+MAX_PAGE = 50
+MAX_EVENTS = 2000  # one timeline; a task has a few dozen
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFilter:
+    tenant_id: str | None = None
+    state: TaskState | None = None
+    provider: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    page_token: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    detail: TaskDetail
+    providers: tuple[str, ...]  # of its attempts, in attempt order
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    detail: TaskDetail
+    events: tuple[TaskEventRecord, ...]
+    account_names: dict[int, str]  # provider_account_id -> "provider/account/region"
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateHealth:
+    candidate_id: str
+    windows: tuple[tuple[Window, WindowStats], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ProvidersPage:
+    accounts: tuple[ProviderAccountView, ...]
+    prices: dict[tuple[str, str, str], tuple[str, int | None, str]]  # (prov, acct, model)
+    health: tuple[CandidateHealth, ...]
+    leases: tuple[AccountSnapshot, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BreakersPage:
+    breakers: tuple[BreakerStatus, ...]
+    history: tuple[tuple[str, HealthEvent], ...]  # (account name, event), newest first
+
+
+class ConsoleReads:
+    """The console's reads; `providers`, `monitor` and `leases` are None on an API-only replica."""
+
+    def __init__(
+        self,
+        tasks: TaskService,
+        queries: TaskQueries,
+        catalog: CatalogQueries,
+        *,
+        providers: ProviderAdminService | None = None,
+        monitor: HealthMonitor | None = None,
+        leases: LeaseStore | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._tasks, self._queries, self._catalog = tasks, queries, catalog
+        self._providers, self._monitor, self._leases = providers, monitor, leases
+        self._clock = clock
+
+    async def account_names(self) -> dict[int, str]:
+        return {
+            a.id: "/".join(p for p in (a.provider, a.account_name, a.region) if p)
+            for a in await self._catalog.accounts()
+        }
+
+    async def list_tasks(
+        self, query: TaskFilter, caller: Caller = SYSTEM
+    ) -> tuple[list[TaskRow], str | None]:
+        records, token = await self._tasks.list_tasks(
+            ListTasksInput(query.tenant_id, query.state, MAX_PAGE, query.page_token), caller
+        )
+        records = [
+            r
+            for r in records
+            if (query.since is None or r.created_at >= query.since)
+            and (query.until is None or r.created_at < query.until)
+        ]
+        details = await asyncio.gather(*(self._tasks.get_task(r.id, caller) for r in records))
+        accounts = await self._catalog.accounts()
+        provider_of = {a.id: a.provider for a in accounts}
+        rows = [
+            TaskRow(d, tuple(provider_of.get(a.provider_account_id, "?") for a in d.attempts))
+            for d in details
+        ]
+        if query.provider:
+            rows = [r for r in rows if query.provider in r.providers]
+        return rows, token
+
+    async def timeline(self, task_id: int, caller: Caller = SYSTEM) -> Timeline:
+        detail = await self._tasks.get_task(task_id, caller)  # NotFound for another tenant's
+        events = await self._queries.task_events(task_id, limit=MAX_EVENTS)
+        return Timeline(detail, tuple(events), await self.account_names())
+
+    async def providers(self, caller: Caller = SYSTEM) -> ProvidersPage:
+        ensure_admin(caller, "console providers")
+        accounts = await self._providers.list_providers(caller) if self._providers else []
+        prices: dict[tuple[str, str, str], tuple[str, int | None, str]] = {}
+        for rec in await self._catalog.effective_capabilities(self._clock()):
+            key = (rec.account.provider, rec.account.account_name, rec.model)
+            prices[key] = (rec.price_version or "", rec.price_micros_per_unit, rec.currency or "")
+        snapshots: list[AccountSnapshot] = []
+        if self._leases is not None:
+            for account in sorted(await self._leases.accounts()):
+                snapshots.append(await self._leases.snapshot(account))
+        return ProvidersPage(tuple(accounts), prices, self._health(), tuple(snapshots))
+
+    def _health(self) -> tuple[CandidateHealth, ...]:
+        if self._monitor is None:
+            return ()
+        now = self._clock().timestamp()
+        out = []
+        # The monitor's EWMA windows per candidate (its own state, read-only here; HealthMonitor
+        # has no public accessor for all four windows yet).
+        held: dict[str, HealthWindows] = getattr(self._monitor, "_windows", {})
+        for candidate_id, windows in sorted(held.items()):
+            out.append(
+                CandidateHealth(candidate_id, tuple((w, windows.stats(w, now)) for w in Window))
+            )
+        return tuple(out)
+
+    async def breakers(self, caller: Caller = SYSTEM, history: int = 200) -> BreakersPage:
+        ensure_admin(caller, "console breakers")
+        statuses: Sequence[BreakerStatus] = ()
+        if self._providers is not None:
+            statuses = await self._providers.provider_health("", caller)
+        names = await self.account_names()
+        events = await self._catalog.health_events(limit=history)
+        return BreakersPage(
+            tuple(statuses),
+            tuple(
+                (names.get(e.provider_account_id, str(e.provider_account_id)), e) for e in events
+            ),
+        )

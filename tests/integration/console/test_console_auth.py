@@ -1,0 +1,170 @@
+"""The web console's authentication and tenant scoping, over HTTP against the ASGI app (no
+browser) on a real database: the same tokens and rules as the gRPC API."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controlplane.api.auth import Authenticator, hash_token, new_token, parse_entries
+from controlplane.console.app import Console
+from controlplane.console.auth import COOKIE
+from controlplane.persistence.catalog import CatalogQueries
+from controlplane.persistence.database import Database
+from controlplane.persistence.tasks import TaskQueries
+from controlplane.service.console_reads import ConsoleReads
+from controlplane.service.outputs import OutputService
+from controlplane.service.tasks import CreateTaskInput, TaskService
+from controlplane.storage import FilesystemObjectStore
+from tests.integration.persistence.builders import make_spec
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@dataclass
+class Site:
+    app: Console
+    tokens: dict[str, str]
+    tasks: dict[str, int]  # tenant -> one of its task ids
+
+    def client(self, who: str | None = None) -> httpx.AsyncClient:
+        headers = {"authorization": f"Bearer {self.tokens[who]}"} if who else {}
+        return httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=self.app.app),
+            base_url="http://console.test",
+            headers=headers,
+        )
+
+
+def console_for(db: Database, auth: Authenticator, objects: Path) -> Console:
+    tasks = TaskService(db)
+    outputs = OutputService(tasks, FilesystemObjectStore(objects))
+    return Console(auth, ConsoleReads(tasks, TaskQueries(db), CatalogQueries(db)), outputs=outputs)
+
+
+async def create(db: Database, tenant: str) -> int:
+    prompt = f"{tenant} prompt {secrets.token_hex(3)}"
+    record, _ = await TaskService(db).create_task(
+        CreateTaskInput(make_spec(tenant, prompt), f"k-{secrets.token_hex(6)}")
+    )
+    return record.id
+
+
+@pytest.fixture
+async def site(db: Database, tmp_path: Path) -> AsyncIterator[Site]:
+    tokens = {"alpha": new_token(), "beta": new_token(), "admin": new_token()}
+    entries = parse_entries(
+        [
+            f"{hash_token(tokens['alpha'])}=tenant:alpha",
+            f"{hash_token(tokens['beta'])}=tenant:beta",
+            f"{hash_token(tokens['admin'])}=admin",
+        ]
+    )
+    ids = {tenant: await create(db, tenant) for tenant in ("alpha", "beta")}
+    yield Site(console_for(db, Authenticator(entries), tmp_path), tokens, ids)
+
+
+def listed_ids(html: str) -> set[int]:
+    return {int(m) for m in re.findall(r'href="/tasks/(\d+)"', html)}
+
+
+async def test_a_tenant_gets_404_for_another_tenants_task_on_every_task_page(site: Site) -> None:
+    """Another tenant's task is 404 on the task, its live timeline, its decisions and its output,
+    while the tenant's own task page answers 200."""
+    async with site.client("alpha") as alpha:
+        own = await alpha.get(f"/tasks/{site.tasks['alpha']}")
+        assert own.status_code == 200
+        assert "alpha prompt" in own.text
+        other = site.tasks["beta"]
+        for path in ("", "/timeline", "/decisions", "/output/0"):
+            response = await alpha.get(f"/tasks/{other}{path}")
+            assert response.status_code == 404, (path, response.text[:200])
+            assert "beta prompt" not in response.text
+        missing = await alpha.get("/tasks/99999999")
+        assert missing.status_code == 404  # worded like a task that never existed
+        assert re.sub(r"\d+", "N", missing.text) == re.sub(r"\d+", "N", response.text)
+
+
+async def test_a_tenant_lists_only_its_own_tasks_and_the_admin_lists_all(site: Site) -> None:
+    """The task list (page and live rows) holds only the caller's tenant's tasks; asking for
+    another tenant is 403; the admin sees both tenants and may filter by one."""
+    async with site.client("alpha") as alpha, site.client("admin") as admin:
+        for path in ("/tasks", "/tasks/rows"):
+            page = await alpha.get(path)
+            assert page.status_code == 200
+            assert listed_ids(page.text) == {site.tasks["alpha"]}
+        assert (await alpha.get("/tasks", params={"tenant": "beta"})).status_code == 403
+        everything = await admin.get("/tasks")
+        assert set(site.tasks.values()) <= listed_ids(everything.text)
+        only_beta = await admin.get("/tasks", params={"tenant": "beta"})
+        assert listed_ids(only_beta.text) == {site.tasks["beta"]}
+        queued = await admin.get("/tasks/rows", params={"state": "QUEUED", "provider": "veo"})
+        assert listed_ids(queued.text) == set()  # no attempt yet: on no provider
+        bad = await admin.get("/tasks", params={"state": "NOPE"})
+        assert bad.status_code == 400
+
+
+async def test_provider_pages_need_the_admin_role(site: Site) -> None:
+    """Providers, breakers and reconciliation are 403 for a tenant and 200 for the admin."""
+    async with site.client("alpha") as alpha, site.client("admin") as admin:
+        for path in ("/providers", "/breakers"):
+            assert (await alpha.get(path)).status_code == 403, path
+            assert (await admin.get(path)).status_code == 200, path
+
+
+async def test_sign_in_sets_a_strict_httponly_cookie_and_bad_tokens_get_nothing(
+    site: Site,
+) -> None:
+    """Without credentials a page redirects to /login; a wrong token is 401 and sets no cookie;
+    the right one sets an HttpOnly SameSite=Strict cookie that then authenticates the pages;
+    signing out deletes it. A wrong bearer header is 401, not a redirect."""
+    async with site.client() as browser:
+        first = await browser.get("/tasks/1")
+        assert first.status_code == 303
+        assert first.headers["location"] == "/login?next=%2Ftasks%2F1"
+        wrong = await browser.post("/login", data={"token": "vr_not-a-token"})
+        assert wrong.status_code == 401
+        assert "set-cookie" not in wrong.headers
+        signed = await browser.post(
+            "/login?next=/tasks", data={"token": site.tokens["beta"]}, follow_redirects=False
+        )
+        assert signed.status_code == 303
+        cookie = signed.headers["set-cookie"]
+        assert cookie.startswith(f"{COOKIE}=")
+        assert "HttpOnly" in cookie
+        assert "SameSite=strict" in cookie or "SameSite=Strict" in cookie
+        page = await browser.get("/tasks")
+        assert page.status_code == 200
+        assert listed_ids(page.text) == {site.tasks["beta"]}
+        out = await browser.post("/logout")
+        assert out.status_code == 303
+        assert (await browser.get("/tasks")).status_code == 303
+        evil = await browser.post("/login?next=//evil.example/x", data={"token": site.tokens["beta"]})
+        assert evil.headers["location"] == "/tasks"  # never an open redirect
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=site.app.app),
+        base_url="http://console.test",
+        headers={"authorization": "Bearer vr_wrong"},
+    ) as tool:
+        assert (await tool.get("/tasks")).status_code == 401
+
+
+async def test_without_tokens_every_visitor_is_an_admin_like_the_api(
+    db: Database, tmp_path: Path
+) -> None:
+    """Authentication off (no tokens): no sign-in, and the admin pages answer."""
+    ids = {await create(db, "alpha"), await create(db, "beta")}
+    console = console_for(db, Authenticator({}), tmp_path)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=console.app), base_url="http://console.test"
+    ) as anyone:
+        page = await anyone.get("/tasks")
+        assert page.status_code == 200
+        assert ids <= listed_ids(page.text)
+        assert (await anyone.get("/providers")).status_code == 200
