@@ -10,6 +10,7 @@
     vidroute providers | breakers | health | force-breaker | capabilities publish FILE [--dry-run]
     vidroute balance | ledger | credit | costs            money (clients.billing_cli)
     vidroute reconcile [--date YYYY-MM-DD]                daily bill reconciliation
+    vidroute replay --policy FILE [--since --until --tenant]   route replay (clients.cli_replay)
 
 Client commands connect to ``--target``, else ``VIDROUTE_TARGET``, else the config file
 (`clients.cli_config`: ``$VIDROUTE_CONFIG`` or ``~/.config/vidroute/config.toml`` with target,
@@ -36,7 +37,7 @@ import click
 import grpc
 
 from clients import auth as client_auth
-from clients import billing_cli, cli_admin, cli_errors, cli_tasks, reconcile_cli
+from clients import billing_cli, cli_admin, cli_errors, cli_replay, cli_tasks, reconcile_cli
 from clients.cli_common import State
 from clients.cli_config import DEFAULT_TARGET, ConfigError
 from clients.cli_spec import SpecError
@@ -189,6 +190,7 @@ for _command in (
     *cli_admin.COMMANDS,
     *billing_cli.commands(),
     reconcile_cli.command,
+    cli_replay.command,
 ):
     app.add_command(_command)
 

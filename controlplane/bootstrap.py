@@ -148,6 +148,7 @@ from controlplane.service.console_reads import ConsoleReads
 from controlplane.service.cost_gauges import CostGaugeRefresher
 from controlplane.service.outputs import DEFAULT_URL_TTL_S, OutputService
 from controlplane.service.quality import QualityService
+from controlplane.service.replay import ReplayService
 from controlplane.service.routing_policies import RoutingPolicyService
 from controlplane.service.tasks import TaskService
 from controlplane.service.webhooks import WebhookSubscriptions
@@ -911,6 +912,8 @@ async def _serve(
         interceptors=[*tracing_edge.server_interceptors(), metrics.interceptor()],
         billing=BillingServicer(BillingService(db)),
         routing=RoutingServicer(
-            quality=QualityService(db), policies=routing_policies or RoutingPolicyService(db)
+            quality=QualityService(db),
+            policies=routing_policies or RoutingPolicyService(db),
+            replay=ReplayService(db),
         ),
     )

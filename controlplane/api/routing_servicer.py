@@ -19,11 +19,13 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from controlplane.api.auth import require_caller
+from controlplane.api.replay_views import replay_input, replay_report
 from controlplane.domain.quality import Verdict
 from controlplane.domain.routing.canary import CanaryStatus
 from controlplane.persistence.routing_policies import PolicyRow
 from controlplane.service.access import Caller
 from controlplane.service.quality import BucketView, FeedbackInput, QualityService
+from controlplane.service.replay import ReplayService
 from controlplane.service.routing_policies import CanaryView, RoutingPolicyService
 from vidroute.scheduler.v1 import routing_pb2, routing_service_pb2, routing_service_pb2_grpc
 
@@ -118,10 +120,12 @@ class RoutingServicer(routing_service_pb2_grpc.RoutingServiceServicer):
         *,
         quality: QualityService | None = None,
         policies: RoutingPolicyService | None = None,
+        replay: ReplayService | None = None,
         default_caller: Caller | None = None,
     ) -> None:
         self._quality = quality
         self._policies = policies
+        self._replay = replay
         self._default_caller = default_caller  # only for a servicer driven without the server
 
     def _caller(self) -> Caller:
@@ -190,4 +194,7 @@ class RoutingServicer(routing_service_pb2_grpc.RoutingServiceServicer):
     async def ReplayRoutes(
         self, request: routing_service_pb2.ReplayRoutesRequest, context: Any
     ) -> routing_service_pb2.ReplayRoutesResponse:
-        await _unimplemented(context, "ReplayRoutes", "route replay")
+        if self._replay is None:
+            await _unimplemented(context, "ReplayRoutes", "route replay")
+        report = await self._replay.replay(replay_input(request), self._caller())
+        return routing_service_pb2.ReplayRoutesResponse(report=replay_report(report))

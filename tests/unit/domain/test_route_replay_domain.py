@@ -104,7 +104,7 @@ policies = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     case=decisions() | selected_cases() | selected_cases(),
     cfg=st.sampled_from([CFG, SHADOW]),
@@ -124,7 +124,7 @@ def test_replay_with_the_recorded_policy_reproduces_every_decision(
         assert got.selection_reason == snap["selection_reason"]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     case=decisions() | selected_cases(), policy=policies, refuse=st.sampled_from([0, 0, 0, 1, 2])
 )

@@ -1,0 +1,82 @@
+"""Route replay (design 9.25.4): a candidate routing policy over recorded decisions.
+
+Admin only. The policy document is validated as a publication's is
+(`policy_document.parse_policy_document`: every problem one field violation, INVALID_ARGUMENT)
+before anything is read; then the decisions of ``[since, until)`` (optionally one tenant's)
+are read page by page (`persistence.replay_reads`) and folded by `domain.routing.replay`,
+which calls no provider and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from controlplane.domain import scoring
+from controlplane.domain.routing.policy_document import PolicyDocumentError, parse_policy_document
+from controlplane.domain.routing.replay import Recorded, ReplayReport, ReplayTally
+from controlplane.persistence.database import Database
+from controlplane.persistence.replay_reads import decision_page
+from controlplane.service.access import SYSTEM, Caller, ensure_admin
+from vidroute_core.exceptions import InvalidSpec
+from vidroute_core.validation import IDENTIFIER_RE, FieldViolation
+
+PAGE_SIZE = 500
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayInput:
+    policy_document: str
+    since: datetime | None = None
+    until: datetime | None = None  # None: now
+    tenant_id: str = ""
+
+
+class ReplayService:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        page_size: int = PAGE_SIZE,
+    ) -> None:
+        self._db, self._clock, self._page_size = db, clock, page_size
+
+    async def replay(self, query: ReplayInput, caller: Caller = SYSTEM) -> ReplayReport:
+        ensure_admin(caller, "ReplayRoutes")
+        violations: list[FieldViolation] = []
+        if query.tenant_id and not IDENTIFIER_RE.fullmatch(query.tenant_id):
+            violations.append(FieldViolation("tenant_id", f"must match {IDENTIFIER_RE.pattern}"))
+        until = query.until or self._clock()
+        if query.since is not None and query.since >= until:
+            violations.append(FieldViolation("since", "must be before until"))
+        policy: scoring.RoutingPolicy | None = None
+        if not query.policy_document.strip():
+            violations.append(FieldViolation("policy_document", "is required"))
+        else:
+            try:
+                policy = parse_policy_document(query.policy_document).policy
+            except PolicyDocumentError as exc:  # its paths are inside the document
+                violations.extend(
+                    FieldViolation(f"policy_document.{v.field}", v.description)
+                    for v in exc.violations
+                )
+        if violations or policy is None:
+            raise InvalidSpec(violations)
+        tally = ReplayTally(policy)
+        after = 0
+        while True:
+            async with self._db.reading() as conn:
+                page = await decision_page(
+                    conn,
+                    since=query.since,
+                    until=until,
+                    tenant_id=query.tenant_id,
+                    after_id=after,
+                    limit=self._page_size,
+                )
+            tally.add_page(Recorded(str(r.task_id), r.decision_no, r.snapshot) for r in page)
+            if len(page) < self._page_size:
+                return tally.report()
+            after = page[-1].id
