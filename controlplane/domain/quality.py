@@ -211,16 +211,23 @@ class QualityTable:
         self.counts = dict(counts)
         self.cfg = cfg
         self.version = version
-        self._memo: dict[tuple[BucketId, float], float] = {}
+        self._index: dict[tuple[str, str], dict[tuple[str, str], QualityCounts]] = {}
+        for (provider, model, mode, bucket), c in self.counts.items():
+            self._index.setdefault((mode, bucket), {})[(provider, model)] = c
+        self._memo: dict[tuple[str, str, float], dict[tuple[str, str], float]] = {}
 
-    def score(self, provider: str, model: str, mode: str, bucket: str, prior: float) -> float:
-        key = ((provider, model, mode, bucket), prior)
+    def _bucket(self, mode: str, bucket: str, prior: float) -> dict[tuple[str, str], float]:
+        """``(provider, model) -> score`` of one bucket, computed once per table and prior."""
+        key = (mode, bucket, prior)
         hit = self._memo.get(key)
         if hit is None:
-            counts = self.counts.get(key[0])
-            hit = prior if counts is None else estimate(counts, prior, self.cfg).score
+            rows = self._index.get((mode, bucket), {})
+            hit = {pm: estimate(c, prior, self.cfg).score for pm, c in rows.items()}
             self._memo[key] = hit
         return hit
+
+    def score(self, provider: str, model: str, mode: str, bucket: str, prior: float) -> float:
+        return self._bucket(mode, bucket, prior).get((provider, model), prior)
 
     def scores(
         self,
@@ -231,8 +238,7 @@ class QualityTable:
     ) -> dict[str, float]:
         """``candidate id -> quality`` for (id, provider, model) triples in one bucket; ids
         without any signal are left out (routing then uses its default, the same prior)."""
-        out: dict[str, float] = {}
-        for cid, provider, model in candidates:
-            if (provider, model, mode, bucket) in self.counts:
-                out[cid] = self.score(provider, model, mode, bucket, prior)
-        return out
+        by_model = self._bucket(mode, bucket, prior)
+        if not by_model:
+            return {}
+        return {cid: q for cid, p, m in candidates if (q := by_model.get((p, m))) is not None}

@@ -560,7 +560,7 @@ class Dispatcher:
         health = {c.id: h for c in survivors if (h := self.monitor.health_view(c.id)) is not None}
         quality = (
             {}
-            if view.quality is None
+            if view.quality is None or not view.quality.counts
             else view.quality.scores(
                 ((c.id, c.provider, c.model) for c in survivors),
                 spec.mode.value,
