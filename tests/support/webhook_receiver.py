@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -37,13 +38,14 @@ class Received:
 @dataclass
 class WebhookReceiver:
     script: list[Answer] = field(default_factory=lambda: [Answer(200)])
+    tls: ssl.SSLContext | None = None  # serve https with this context
     connections: int = 0
     requests: list[Received] = field(default_factory=list)
     _server: asyncio.Server | None = None
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     async def __aenter__(self) -> WebhookReceiver:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
         return self
 
     async def __aexit__(
@@ -93,7 +95,7 @@ class WebhookReceiver:
             reply = f"HTTP/1.1 {answer.status} X\r\ncontent-length: 2\r\nconnection: close\r\n"
             writer.write(f"{reply}\r\nok".encode())
             await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
             pass
         finally:
             writer.close()

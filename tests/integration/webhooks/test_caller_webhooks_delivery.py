@@ -16,8 +16,10 @@ import itertools
 import json
 import random
 import secrets
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -33,6 +35,7 @@ from controlplane.wakeups import LocalWakeBus
 from controlplane.webhooks.config import TenantWebhooks, WebhookPolicy
 from controlplane.webhooks.delivery import DeliveryConfig, WebhookDeliveryWorker
 from tests.integration.persistence.builders import make_spec
+from tests.support.pki import make_pki
 from tests.support.webhook_receiver import Answer, WebhookReceiver
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -250,3 +253,42 @@ async def test_a_committed_message_wakes_the_idle_worker(db: Database) -> None:
             assert time.monotonic() - started < 10
     finally:
         await bus.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_https_goes_to_the_checked_address_and_verifies_the_name(
+    db: Database, tmp_path: Path
+) -> None:
+    """Over https the worker connects to the address it checked and verifies the certificate
+    against the URL's name (SNI), not the address: a name the certificate lacks fails, though
+    the certificate also lists 127.0.0.1."""
+    pki = make_pki(tmp_path / "pki")
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(pki.server.cert_file, pki.server.key_file)
+    trusted = ssl.create_default_context(cafile=str(pki.ca.cert_file))
+    pol = policy(allow_private=True)
+    looked_up: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        looked_up.append(host)
+        return ["127.0.0.1"]  # neither name is in DNS: only this resolver knows them
+
+    async with WebhookReceiver([Answer(200)], tls=served) as receiver:
+        port = receiver.port
+        good = await cancelled_task(db, f"https://adapter-veo:{port}/hook", pol)
+        wrong = await cancelled_task(db, f"https://hooks.invalid:{port}/hook", pol)
+        async with httpx.AsyncClient(verify=trusted) as http:
+            worker = WebhookDeliveryWorker(
+                WebhookStore(db), pol, http, config=FAST, rng=random.Random(1), resolve=resolve
+            )
+            assert await worker.run_once() == 2
+        (got,) = receiver.requests
+    assert got.headers["host"] == f"adapter-veo:{port}"
+    Webhook(SECRET).verify(got.body, got.headers)
+    store = WebhookStore(db)
+    (delivered,) = await store.deliveries(good)
+    assert delivered.state is DeliveryState.DELIVERED
+    (failed,) = await store.deliveries(wrong)
+    assert failed.state is DeliveryState.PENDING  # retried later: a certificate can be fixed
+    assert "CERTIFICATE_VERIFY_FAILED" in failed.attempts[0].error
+    assert sorted(looked_up) == ["adapter-veo", "hooks.invalid"]
