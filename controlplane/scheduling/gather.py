@@ -105,9 +105,11 @@ async def compile_many(
     *,
     timeout_s: float,
 ) -> list[tuple[dict[str, CompileResult], dict[str, CompiledPlan]]]:
-    """Compile a whole batch: cached verdicts first, every other call concurrently (one gather
-    for the batch, each call under `timeout_s`); failures become error results, never cached;
-    answers aligned with `jobs`."""
+    """Compile a whole batch: cached verdicts first, every other call concurrently, all started
+    together under ONE deadline `timeout_s` from now (a call still running then is cancelled
+    and is that candidate's ``TimeoutError``: what a timeout per call would give, without a
+    timer per call); failures become error results, never cached; answers aligned with
+    `jobs`."""
     out: list[tuple[dict[str, CompileResult], dict[str, CompiledPlan]]] = []
     missing: dict[tuple[str, str, str, str], tuple[GenerationSpec, Candidate]] = {}
     for spec, spec_hash, candidates in jobs:
@@ -129,16 +131,24 @@ async def compile_many(
         if adapter is None:
             return CompileResult(False, error=f"no adapter for provider {c.provider}"), None
         try:
-            async with asyncio.timeout(timeout_s):
-                plan = await adapter.compile(
-                    spec, account=c.account, model=c.model, model_version=c.model_version
-                )
+            plan = await adapter.compile(
+                spec, account=c.account, model=c.model, model_version=c.model_version
+            )
         except Exception as exc:  # any adapter failure only disqualifies this candidate
             return CompileResult(False, error=f"{type(exc).__name__}: {exc}"), None
         return compile_result(plan), plan
 
     keys = list(missing)
-    answers = await asyncio.gather(*(one(*missing[k]) for k in keys))
+    calls = [asyncio.ensure_future(one(*missing[k])) for k in keys]
+    try:
+        _, late = await asyncio.wait(calls, timeout=timeout_s)
+    finally:
+        for call in calls:
+            call.cancel()  # no-op for the finished ones
+    if late:
+        await asyncio.gather(*late, return_exceptions=True)
+    timed_out = CompileResult(False, error="TimeoutError: ")
+    answers = [(timed_out, None) if call in late else call.result() for call in calls]
     fresh: dict[tuple[str, str, str, str], tuple[CompileResult, CompiledPlan | None]] = {}
     for key, (result, plan) in zip(keys, answers, strict=True):
         fresh[key] = (result, plan)
@@ -168,6 +178,11 @@ class RoundCapacity:
         default_concurrency: int,
     ) -> None:
         self._used, self._accepting, self._default = used, accepting, default_concurrency
+        # A round asks ~10 views per task: each candidate's dimensions and view are kept, the
+        # view until a take/give/full in its account (`_moved`) changes what it reads.
+        self._dims: dict[str, tuple[Dimension, ...]] = {}
+        self._views: dict[str, tuple[int, CapacityView]] = {}
+        self._moved: dict[str, int] = {}
 
     @classmethod
     async def read(
@@ -210,13 +225,30 @@ class RoundCapacity:
             default_concurrency,
         )
 
+    def _dimensions(self, c: Candidate) -> tuple[Dimension, ...]:
+        dims = self._dims.get(c.id)
+        if dims is None:
+            dims = self._dims[c.id] = lease_dimensions(c, self._default)
+        return dims
+
     def view(self, c: Candidate) -> CapacityView:
-        dims = lease_dimensions(c, self._default)
-        open_ = self._accepting.get(c.lease_account)
+        account = c.lease_account
+        moved = self._moved.get(account, 0)
+        cached = self._views.get(c.id)
+        if cached is not None and cached[0] == moved:
+            return cached[1]
+        dims = self._dimensions(c)
+        open_ = self._accepting.get(account)
         if open_ is None:
-            return CapacityView(0, dims[-1].capacity)
-        free = min(d.capacity - self._used.get((c.lease_account, d.key), 0) for d in dims)
-        return CapacityView(max(0, free), dims[-1].capacity, open_)
+            view = CapacityView(0, dims[-1].capacity)
+        else:
+            used = self._used
+            free = dims[0].capacity - used.get((account, dims[0].key), 0)
+            for d in dims[1:]:
+                free = min(free, d.capacity - used.get((account, d.key), 0))
+            view = CapacityView(max(0, free), dims[-1].capacity, open_)
+        self._views[c.id] = (moved, view)
+        return view
 
     def free_accounts(self, candidates: Sequence[Candidate]) -> set[str]:
         """Accounts where some candidate has a free slot and takes new work."""
@@ -227,16 +259,18 @@ class RoundCapacity:
         }
 
     def take(self, c: Candidate, slots: int = 1) -> None:
-        for d in lease_dimensions(c, self._default):
+        for d in self._dimensions(c):
             ref = (c.lease_account, d.key)
             self._used[ref] = self._used.get(ref, 0) + slots
+        self._moved[c.lease_account] = self._moved.get(c.lease_account, 0) + 1
 
     def give(self, c: Candidate, slots: int = 1) -> None:
         self.take(c, -slots)
 
     def full(self, c: Candidate) -> None:
         """The store refused this candidate: another process took the slot; stop offering it."""
-        for d in lease_dimensions(c, self._default):
+        for d in self._dimensions(c):
             self._used[(c.lease_account, d.key)] = max(
                 d.capacity, self._used.get((c.lease_account, d.key), 0)
             )
+        self._moved[c.lease_account] = self._moved.get(c.lease_account, 0) + 1
