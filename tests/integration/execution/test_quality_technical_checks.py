@@ -133,3 +133,19 @@ async def test_a_refused_output_records_its_defect_with_the_failure(lite: Harnes
     other = await _deliver(lite, "job-q3")
     assert (await lite.detail(other)).task.state is TaskState.FAILED
     assert [t for t, _, _ in await _checks(lite)] == [failed]
+
+
+async def test_a_redelivered_check_counts_once(lite: Harness) -> None:
+    """The same (attempt, sample) check written twice, as a redelivered step would, is stored
+    and counted once."""
+    attempt = await lite.task_with_attempt()
+    subject = store.Subject("runway", "gen4.5", "TEXT_TO_VIDEO", "b")
+    check = store.NewCheck(attempt.task_id, attempt.id, 0, subject)
+    written = []
+    for _ in range(2):
+        async with lite.db.unit(lite.clock()) as u:
+            written.append(await u.record_quality_checks([check]))
+    assert written == [1, 0]
+    async with lite.db.reading() as conn:
+        counts = await store.aggregates(conn)
+    assert counts[("runway", "gen4.5", "TEXT_TO_VIDEO", "b")].technical_checks == 1
