@@ -1,0 +1,80 @@
+// Drives the web console in Debian's chromium with playwright-core (tests/e2e/test_console_browser.py
+// runs it): signs in, reads the task list, a failed-over task's timeline, its decisions and the
+// breakers page, screenshots each into ARTIFACTS, and prints what it saw as one JSON line.
+import { chromium } from "playwright-core";
+
+const { CONSOLE_URL, CONSOLE_TOKEN, TASK_ID, ARTIFACTS, CHROMIUM } = process.env;
+const browser = await chromium.launch({
+  executablePath: CHROMIUM || "/usr/bin/chromium",
+  headless: true,
+  args: ["--headless", "--no-sandbox"],
+});
+const seen = {};
+try {
+  const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
+  await page.goto(`${CONSOLE_URL}/tasks`);
+  seen.loginUrl = new URL(page.url()).pathname; // redirected to the sign-in form
+  await page.fill("input[name=token]", CONSOLE_TOKEN);
+  await Promise.all([page.waitForURL(/\/tasks/), page.click("button[type=submit]")]);
+  const row = page.locator(`#task-rows a[href="/tasks/${TASK_ID}"]`);
+  await row.waitFor();
+  seen.listedStates = await page.locator("#task-rows td.state").allInnerTexts();
+  // The live rows are re-read by htmx: wait for one poll to land and still show the task.
+  await page.waitForResponse((r) => r.url().includes("/tasks/rows"), { timeout: 10000 });
+  await row.waitFor();
+  await page.screenshot({ path: `${ARTIFACTS}/01-task-list.png`, fullPage: true });
+
+  await row.click();
+  await page.waitForURL(new RegExp(`/tasks/${TASK_ID}$`));
+  seen.taskState = await page.locator("#task-state").innerText();
+  seen.attempts = await page.locator("#attempts tbody tr").evaluateAll((rows) =>
+    rows.map((r) => Array.from(r.querySelectorAll("td")).map((td) => td.innerText.trim())),
+  );
+  seen.timeline = await page.locator("#events tbody tr").evaluateAll((rows) =>
+    rows.map((r) => Array.from(r.querySelectorAll("td")).map((td) => td.innerText.trim())),
+  );
+  const video = page.locator("video");
+  seen.videos = await video.count();
+  if (seen.videos > 0) {
+    const src = await video.first().getAttribute("src");
+    const ranged = await page.request.get(`${CONSOLE_URL}${src}`, { headers: { Range: "bytes=0-99" } });
+    seen.rangeStatus = ranged.status();
+    seen.rangeLength = (await ranged.body()).length;
+    seen.contentRange = ranged.headers()["content-range"] || "";
+    // The browser loads the clip itself: its metadata (duration) proves it is playable.
+    seen.videoDuration = await video.first().evaluate(
+      (v) =>
+        new Promise((resolve) => {
+          if (v.readyState >= 1) return resolve(v.duration);
+          v.addEventListener("loadedmetadata", () => resolve(v.duration), { once: true });
+          v.addEventListener("error", () => resolve(-1), { once: true });
+          v.load();
+        }),
+    );
+  }
+  await page.screenshot({ path: `${ARTIFACTS}/02-timeline-failover.png`, fullPage: true });
+
+  await page.click(`a[href="/tasks/${TASK_ID}/decisions"]`);
+  await page.waitForURL(/\/decisions$/);
+  seen.decisions = await page.locator("section.decision").count();
+  seen.explainRows = await page.locator("table.explain tbody tr").evaluateAll((rows) =>
+    rows.map((r) => Array.from(r.querySelectorAll("td")).map((td) => td.innerText.trim())),
+  );
+  seen.explainHeaders = await page.locator("table.explain").first().locator("th").allInnerTexts();
+  await page.screenshot({ path: `${ARTIFACTS}/03-decisions.png`, fullPage: true });
+
+  await page.click('a[href="/breakers"]');
+  await page.waitForURL(/\/breakers$/);
+  seen.breakers = await page.locator("#breakers tbody tr").evaluateAll((rows) =>
+    rows.map((r) => Array.from(r.querySelectorAll("td")).map((td) => td.innerText.trim())),
+  );
+  await page.screenshot({ path: `${ARTIFACTS}/04-breakers.png`, fullPage: true });
+
+  await page.click('a[href="/providers"]');
+  await page.waitForURL(/\/providers$/);
+  seen.healthRows = await page.locator("#health tbody tr").count();
+  await page.screenshot({ path: `${ARTIFACTS}/05-providers.png`, fullPage: true });
+} finally {
+  await browser.close();
+}
+console.log(JSON.stringify(seen));
