@@ -30,6 +30,7 @@ from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.leases.redis_store import RedisLeaseStore
 from controlplane.scheduling.dispatcher import DispatcherConfig
 from controlplane.scheduling.upkeep import UpkeepConfig
+from controlplane.webhooks.delivery import DeliveryConfig
 from vidroute_core.timescale import (
     TimeScaleError,
     check_factor,
@@ -45,6 +46,8 @@ FACTORS = (0.5, 0.1, 0.05, 0.02, 0.01)
 # here is a reviewed decision; anything numeric not named like a duration must be listed.
 NOT_DURATIONS = frozenset(
     {
+        "max_attempts",  # DeliveryConfig: caller-webhook attempts (a count)
+        "multiplier",  # DeliveryConfig: the backoff's growth per attempt (a ratio)
         "accepted",  # CallbackVerifier's counters (metrics, not settings)
         "bad_signature",
         "stale",
@@ -148,6 +151,7 @@ def _control_plane(factor: float) -> list[Any]:
             DispatcherConfig(),
             UpkeepConfig(),
             BreakerConfig(),
+            DeliveryConfig(),
             Settings(),
             example_policy("timescale-test"),
         )
