@@ -139,8 +139,8 @@ class QualityService:
     async def get_quality(self, model: str, caller: Caller) -> list[BucketView]:
         """Admin: every aggregate (only `model`'s when given), ordered by its key."""
         ensure_admin(caller, "GetQuality")
-        if len(model) > 256:
-            raise InvalidSpec([FieldViolation("model", "at most 256 characters")])
+        if problems := text_violations("model", model, 256):
+            raise InvalidSpec(problems)
         async with self._db.reading() as conn:
             rows = await store.aggregates(conn, model)
         return [

@@ -221,3 +221,21 @@ async def test_quality_book_sets_the_ratio_gauges_from_the_aggregates(routing: A
     sample = metrics.registry.get_sample_value
     assert sample("model_user_acceptance_ratio", labels) == 0.5
     assert sample("model_regeneration_ratio", labels) == 0.25
+
+
+async def test_text_the_database_cannot_store_is_invalid_argument(routing: Api) -> None:
+    """A NUL in a tag, the comment or GetQuality's model is INVALID_ARGUMENT naming the field,
+    never an error of the database."""
+    task = await routing.task("alpha", "n-1")
+    request = api.SubmitFeedbackRequest(
+        task_id=task, verdict=ACCEPTED, tags=["a\x00b"], comment="\x00"
+    )
+    exc = await _error(routing.stub.SubmitFeedback(request, metadata=routing.md("alpha")))
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert set(_violations(exc)) == {"tags[0]", "comment"}
+    exc = await _error(
+        routing.stub.GetQuality(api.GetQualityRequest(model="m\x00"), metadata=routing.md("admin"))
+    )
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert set(_violations(exc)) == {"model"}
+    assert await routing.counts() == {}
