@@ -16,12 +16,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import grpc
 import pytest
 from google.protobuf import json_format
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from controlplane.domain.scoring import example_policy
+from controlplane.persistence.models import route_decisions as D
 from tests.support.stack import ControlPlane, ProviderFarm, RedisDb, describe
 from vidroute.common.v1 import generation_pb2 as gen
 from vidroute.scheduler.v1 import routing_service_pb2 as rs
@@ -83,15 +85,15 @@ def _create(cp: ControlPlane, i: int) -> str:
 
 
 async def _snapshots(url: str) -> list[tuple[int, int, dict[str, Any]]]:
-    conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
+    engine = create_async_engine(url)
     try:
-        rows = await conn.fetch(
-            "SELECT task_id, decision_no, candidate_snapshot::text AS s"
-            " FROM route_decisions ORDER BY id"
-        )
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                select(D.c.task_id, D.c.decision_no, D.c.candidate_snapshot).order_by(D.c.id)
+            )
+            return [(r.task_id, r.decision_no, dict(r.candidate_snapshot)) for r in rows]
     finally:
-        await conn.close()
-    return [(r["task_id"], r["decision_no"], json.loads(r["s"])) for r in rows]
+        await engine.dispose()
 
 
 def _by_hand(snap: dict[str, Any]) -> str | None:
