@@ -312,3 +312,29 @@ class AdapterDescription:
     submit_journal_retention_s: float = 0.0
     #: Whether the journal survives a sidecar restart (a file) or not (memory only).
     submit_journal_durable: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLoad:
+    """One model's live load on a provider that reports it (GetLoad; design 9.21): a
+    self-hosted model server's queue, warm/cold state, GPU utilisation and VRAM. Seconds are
+    the server's own; fractions are 0..1."""
+
+    model: str
+    queue_length: int = 0
+    warm: bool = False
+    cold_start_s: float = 0.0
+    gpu_utilization: float = 0.0
+    vram_free_mb: int = 0
+    vram_total_mb: int = 0
+    available_slots: int = 0
+    ready_replicas: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """GetLoad's answer: one `ModelLoad` per model the provider reports on (empty: it reports
+    nothing, e.g. a SaaS API), and when it was measured (None: not said)."""
+
+    models: tuple[ModelLoad, ...] = ()
+    observed_at: datetime | None = None

@@ -46,6 +46,7 @@ from vidroute_core.adapter import (
     CompiledPlan,
     JobRef,
     JobSnapshot,
+    LoadReport,
     OutputChunk,
     PollResult,
     SubmitKind,
@@ -367,6 +368,10 @@ class HttpAdapter:
             )
 
     # -- health --------------------------------------------------------------------------------
+    async def get_load(self) -> LoadReport:
+        """GetLoad: nothing by default (a SaaS API exposes no load); never an error."""
+        return LoadReport()
+
     def probe_path(self) -> str:
         """Provider hook: a cheap GET that proves the endpoint and credentials work."""
         raise NotImplementedError

@@ -225,6 +225,14 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
             arrival_s=self.info.submit_budget_s + settle,
         )
 
+    async def GetLoad(self, request: svc.GetLoadRequest, context: Ctx) -> svc.GetLoadResponse:
+        """The provider's per-model load; an adapter without it (or a failed read) answers an
+        empty list: load is a routing hint, never a reason to fail the caller."""
+        get_load = getattr(self.adapter, "get_load", None)
+        if get_load is None:
+            return svc.GetLoadResponse()
+        return wire.load_to_proto(await get_load())
+
     @_adapter_errors
     async def ListUsage(self, request: svc.ListUsageRequest, context: Ctx) -> svc.ListUsageResponse:
         if not (request.HasField("start_time") and request.HasField("end_time")):

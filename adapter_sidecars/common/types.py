@@ -26,6 +26,7 @@ from vidroute_core.adapter import (
     CancelResult,
     CompiledPlan,
     JobRef,
+    LoadReport,
     OutputChunk,
     PollResult,
     RecoverQuery,
@@ -128,6 +129,10 @@ class ProviderAdapter(Protocol):
         """Stream an output that needs the provider's credentials (an async generator).
 
         Raises `InvalidRequest` (before the first part) for a URI that is not the provider's."""
+        ...
+
+    async def get_load(self) -> LoadReport:
+        """The provider's live per-model load (GetLoad); empty when it reports none."""
         ...
 
     async def probe(self) -> bool:

@@ -3,6 +3,8 @@
 A simulated worker pool runs jobs: in ``advance="time"`` each of ``workers`` tasks takes the
 oldest queued job, holds it for ``gpu_seconds * speed`` wall seconds and really renders the MP4;
 in ``advance="polls"`` jobs step on each GET but never more than ``workers`` run at once.
+``GET /v1/load`` reports each model's queue, warm/cold state, GPU utilisation and VRAM; a job
+of a cold model waits for the model to load first (`selfhosted_load`).
 Standalone: ``python -m adapter_sidecars.emulators.selfhosted --port 8103``.
 """
 
@@ -22,6 +24,7 @@ from adapter_sidecars.emulators.http import Request, Response
 from adapter_sidecars.emulators.jobs import Job, Phase, iso
 from adapter_sidecars.emulators.media import MediaSpec, fit_size, render_mp4
 from adapter_sidecars.emulators.runner import main as run
+from adapter_sidecars.emulators.selfhosted_load import ModelServer
 
 RESOLUTIONS = {"480p": 480, "720p": 720, "1080p": 1080}
 ASPECTS = {"16:9": (16, 9), "9:16": (9, 16), "1:1": (1, 1)}
@@ -65,7 +68,10 @@ class SelfHostedConfig(EmulatorConfig):
     gpu_base_s + gpu_s_per_output_s * duration_s = simulated gpu_seconds of a job; speed: wall
     seconds per simulated GPU second (time mode). models: accepted model names (JSON list).
     retry_after_s: Retry-After sent with 503 queue-full. micros_per_gpu_second: the cluster's
-    chargeback rate in the usage export's ``cost_micros``.
+    chargeback rate in the usage export's ``cost_micros``. cold_start_s: simulated seconds to
+    load a cold model; idle_unload_s: simulated idle seconds before a model is unloaded (0:
+    never); preload: every model resident at start; gpu_vram_mb per worker, model_vram_mb per
+    resident model, job_vram_mb per running job (`selfhosted_load`).
     """
 
     api_key: str = ""
@@ -78,6 +84,12 @@ class SelfHostedConfig(EmulatorConfig):
     max_duration_s: float = 10.0
     retry_after_s: int = 5
     micros_per_gpu_second: int = 350
+    cold_start_s: float = 60.0
+    idle_unload_s: float = 0.0
+    preload: bool = True
+    gpu_vram_mb: int = 81920
+    model_vram_mb: int = 30720
+    job_vram_mb: int = 16384
 
 
 def _error(
@@ -103,6 +115,7 @@ class SelfHostedEmulator(Emulator):
     def __init__(self, config: SelfHostedConfig | None = None) -> None:
         super().__init__(config or SelfHostedConfig())
         self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self.model_server = ModelServer(self.config)
 
     def install_routes(self) -> None:
         r = self.router
@@ -112,6 +125,7 @@ class SelfHostedEmulator(Emulator):
         r.add("DELETE", "/v1/jobs/{id}", self._delete)
         r.add("GET", "/v1/health", self._health)
         r.add("GET", "/v1/usage", self._usage)
+        r.add("GET", "/v1/load", self._load)
 
     # -- hooks -----------------------------------------------------------------------------
     def error_response(
@@ -124,6 +138,12 @@ class SelfHostedEmulator(Emulator):
 
     def can_start(self, job: Job) -> bool:
         return self._running() < self.config.workers
+
+    def on_job_changed(self, job: Job) -> None:
+        self.model_server.touch(job)
+
+    def on_reset(self) -> None:
+        self.model_server.reset()
 
     def callback_payload(self, job: Job) -> Any:
         return self.job_json(job)
@@ -317,6 +337,14 @@ class SelfHostedEmulator(Emulator):
             }
         )
 
+    async def _load(self, request: Request) -> Response:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        return Response.json(self.model_server.document(self.jobs.values()))
+
+    def _running_models(self) -> list[str]:
+        return [j.data["model"] for j in self.jobs.values() if j.phase is Phase.RUNNING]
+
     async def _usage(self, request: Request) -> Response:
         if (denied := self._auth(request)) is not None:
             return denied
@@ -371,6 +399,9 @@ class SelfHostedEmulator(Emulator):
             if job is None or job.phase is not Phase.QUEUED:
                 continue
             await asyncio.sleep(self.config.queue_s)
+            if job.phase is not Phase.QUEUED:
+                continue
+            await self.model_server.ensure_loaded(job.data["model"], self._running_models())
             if job.phase is not Phase.QUEUED:
                 continue
             job.data["worker"] = index

@@ -9,11 +9,18 @@ things safe that are unsafe elsewhere:
 
 A callback URL, when given, is added to the body as ``webhook_url`` at submit time; it is
 delivery metadata, not part of the compiled request (nor of its hash).
+
+GetLoad reads ``GET /v1/load`` (the job API's load document: per served model its queue
+length, warm/loading/cold state, cold-start seconds, GPU utilisation, VRAM, free slots and
+ready replicas; see ``adapter_sidecars.emulators.selfhosted_load``) with the first account's
+key and reports it under the capability model ids that serve each native model. A server
+that cannot be read answers an empty report: load is a routing hint, never an error.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,8 @@ from vidroute_core.adapter import (
     CancelResult,
     CompiledPlan,
     JobRef,
+    LoadReport,
+    ModelLoad,
     PollResult,
     RecoverQuery,
     RecoverResult,
@@ -46,6 +55,7 @@ from vidroute_core.hashing import canonical_json
 from vidroute_core.spec import GenerationSpec
 
 PACKAGE_DIR = Path(__file__).parent
+log = logging.getLogger(__name__)
 _NOT_SENT = frozenset({TransportStage.DNS, TransportStage.CONNECT, TransportStage.TLS})
 
 
@@ -163,6 +173,27 @@ class SelfHostedAdapter(HttpAdapter):
                 RecoveryVerdict.INCONCLUSIVE, method=f"{method}: window not settled"
             )
         return RecoverResult(RecoveryVerdict.NOT_FOUND, method=method)
+
+    # -- load ----------------------------------------------------------------------------------
+    async def get_load(self) -> LoadReport:
+        """The model server's ``GET /v1/load``, per capability model; empty when unreadable."""
+        account = self.config.accounts[0]
+        reply = await self.call("GET", "/v1/load", account)
+        body = None if isinstance(reply, ProviderError) or not reply.ok else payload_of(reply)
+        if body is None:
+            why = reply.message if isinstance(reply, ProviderError) else f"HTTP {reply.status}"
+            log.info("model server load not readable: %s", why)
+            return LoadReport()
+        served: dict[str, list[str]] = {}
+        for cap in self.capabilities:
+            served.setdefault(str(cap.native.get("model", cap.model)), []).append(cap.model)
+        models: list[ModelLoad] = []
+        for row in body.get("models") or []:
+            if not isinstance(row, dict):
+                continue
+            for model in dict.fromkeys(served.get(str(row.get("model")), [])):
+                models.append(mapping.model_load(model, row))
+        return LoadReport(tuple(models), parse_timestamp(body.get("observed_at")))
 
     # -- usage ---------------------------------------------------------------------------------
     async def list_usage(self, request: UsageInput) -> UsageResult:

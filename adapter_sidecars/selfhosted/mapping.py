@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
+from math import isfinite
 from typing import Any
 
 from adapter_sidecars.common.jobs import (
@@ -21,7 +22,7 @@ from adapter_sidecars.common.jobs import (
     url_expiry,
 )
 from adapter_sidecars.common.transport import HttpReply, create_error_outcome, retry_after_ms
-from vidroute_core.adapter import JobOutput, JobSnapshot, JobState, SubmitOutcome
+from vidroute_core.adapter import JobOutput, JobSnapshot, JobState, ModelLoad, SubmitOutcome
 from vidroute_core.errors import ErrorClass, ProviderError, classify_http_status, make_error
 
 STATUS: Mapping[str, JobState] = {
@@ -126,4 +127,37 @@ def submit_error(reply: HttpReply) -> SubmitOutcome:
     """A non-2xx create reply."""
     return create_error_outcome(
         reply, lambda r: http_error(r, creating=True), not_created_5xx=NOT_CREATED_5XX
+    )
+
+
+def _number(value: Any) -> float:
+    """A finite non-negative JSON number, else 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not isfinite(value):
+        return 0.0
+    return max(0.0, float(value))
+
+
+def _count(value: Any) -> int:
+    return int(_number(value))
+
+
+def _fraction(value: Any) -> float:
+    return min(1.0, _number(value))
+
+
+def model_load(model: str, row: Mapping[str, Any]) -> ModelLoad:
+    """One model of the server's ``GET /v1/load`` document, reported as capability `model`.
+
+    Only ``state: "warm"`` is warm (``loading`` still costs the rest of a cold start); a missing
+    or malformed number reads as 0."""
+    return ModelLoad(
+        model=model,
+        queue_length=_count(row.get("queue_length")),
+        warm=row.get("state") == "warm",
+        cold_start_s=_number(row.get("cold_start_s")),
+        gpu_utilization=_fraction(row.get("gpu_utilization")),
+        vram_free_mb=_count(row.get("vram_free_mb")),
+        vram_total_mb=_count(row.get("vram_total_mb")),
+        available_slots=_count(row.get("available_slots")),
+        ready_replicas=_count(row.get("ready_replicas")),
     )

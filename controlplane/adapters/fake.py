@@ -12,9 +12,10 @@ A scripted item may be a value, an exception instance (raised), or a callable ta
 arguments and returning the value (sync or async), which lets a test act at the exact moment of
 the call (e.g. deliver a callback before the submit response). An empty submit script accepts
 with a fresh job id; an empty recover script is INCONCLUSIVE; `get_job` of an unscripted job is
-QUEUED. A job's last scripted snapshot repeats. `set_output(uri, ...)` scripts what
-`fetch_output` streams for a URI (bytes, split into chunks, or `OutputChunk`s); an unscripted URI
-ends with an OUTPUT_EXPIRED error.
+QUEUED. A job's last scripted snapshot repeats. `load` is what `get_load` answers (empty by
+default; set it to a `LoadReport`, an exception or a callable like any script item).
+`set_output(uri, ...)` scripts what `fetch_output` streams for a URI (bytes, split into
+chunks, or `OutputChunk`s); an unscripted URI ends with an OUTPUT_EXPIRED error.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from vidroute_core.adapter import (
     JobRef,
     JobSnapshot,
     JobState,
+    LoadReport,
     OutputChunk,
     PollResult,
     RecoverQuery,
@@ -72,6 +74,8 @@ class FakeAdapterClient:
     usage_calls: list[tuple[str, datetime, datetime]] = field(default_factory=list)
     usage: list[UsageRecord] = field(default_factory=list)
     fetch_output_calls: list[tuple[JobRef, str, int]] = field(default_factory=list)
+    load: Any = field(default_factory=LoadReport)
+    load_calls: int = 0
     _outputs: dict[str, list[OutputChunk]] = field(default_factory=dict)
     _submits: deque[Any] = field(default_factory=deque)
     _recovers: deque[Any] = field(default_factory=deque)
@@ -164,6 +168,11 @@ class FakeAdapterClient:
     async def list_usage(self, account: str, start: datetime, end: datetime) -> list[UsageRecord]:
         self.usage_calls.append((account, start, end))
         return [u for u in self.usage if u.usage_time is None or start <= u.usage_time <= end]
+
+    async def get_load(self) -> LoadReport:
+        self.load_calls += 1
+        report: LoadReport = await _resolve(self.load)
+        return report
 
     async def fetch_output(
         self, job: JobRef, uri: str, max_bytes: int

@@ -33,6 +33,7 @@ from vidroute_core.adapter import (
     CancelResult,
     CompiledPlan,
     JobRef,
+    LoadReport,
     OutputChunk,
     PollResult,
     RecoverQuery,
@@ -92,6 +93,10 @@ class AdapterClient(Protocol):
     async def list_usage(
         self, account: str, start: datetime, end: datetime
     ) -> list[UsageRecord]: ...
+    async def get_load(self) -> LoadReport:
+        """The provider's live per-model load (design 9.21); empty when it reports none."""
+        ...
+
     def fetch_output(self, job: JobRef, uri: str, max_bytes: int) -> AsyncIterator[OutputChunk]:
         """Download an output flagged `fetch_through_adapter` through the sidecar (which holds
         the credentials). Never raises for a failed download: the last chunk carries the error."""
@@ -278,6 +283,13 @@ class GrpcAdapterClient:
             for r in result.records
         )
         return UsageResult(records, result.error)
+
+    async def get_load(self) -> LoadReport:
+        """GetLoad; raises the RPC's error (the caller keeps its last report)."""
+        reply = await self._stub.GetLoad(
+            adapter_service_pb2.GetLoadRequest(), timeout=self._timeout
+        )
+        return wire.load_from_proto(reply)
 
     async def fetch_output(
         self, job: JobRef, uri: str, max_bytes: int

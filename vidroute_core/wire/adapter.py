@@ -32,6 +32,8 @@ from vidroute_core.adapter import (
     JobRef,
     JobSnapshot,
     JobState,
+    LoadReport,
+    ModelLoad,
     OutputChunk,
     PollResult,
     RecoverQuery,
@@ -481,4 +483,46 @@ def describe_from_proto(msg: svc.DescribeResponse) -> AdapterDescription:
         submit_budget_s=msg.submit_budget_seconds,
         submit_journal_retention_s=msg.submit_journal_retention_seconds,
         submit_journal_durable=msg.submit_journal_durable,
+    )
+
+
+def load_to_proto(report: LoadReport) -> svc.GetLoadResponse:
+    """A `LoadReport` as ``GetLoadResponse``."""
+    return svc.GetLoadResponse(
+        models=[
+            pb.ModelLoad(
+                model=m.model,
+                queue_length=max(0, m.queue_length),
+                warm=m.warm,
+                cold_start_seconds=m.cold_start_s,
+                gpu_utilization=m.gpu_utilization,
+                vram_free_mb=max(0, m.vram_free_mb),
+                vram_total_mb=max(0, m.vram_total_mb),
+                available_slots=max(0, m.available_slots),
+                ready_replicas=max(0, m.ready_replicas),
+            )
+            for m in report.models
+        ],
+        observed_at=timestamp(report.observed_at),
+    )
+
+
+def load_from_proto(msg: svc.GetLoadResponse) -> LoadReport:
+    """A ``GetLoadResponse`` as a `LoadReport`."""
+    return LoadReport(
+        models=tuple(
+            ModelLoad(
+                model=m.model,
+                queue_length=m.queue_length,
+                warm=m.warm,
+                cold_start_s=m.cold_start_seconds,
+                gpu_utilization=m.gpu_utilization,
+                vram_free_mb=m.vram_free_mb,
+                vram_total_mb=m.vram_total_mb,
+                available_slots=m.available_slots,
+                ready_replicas=m.ready_replicas,
+            )
+            for m in msg.models
+        ),
+        observed_at=from_timestamp(msg.observed_at, msg.HasField("observed_at")),
     )
