@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from vidroute_core.spec import GenerationSpec
 
 if TYPE_CHECKING:  # the loader pulls in YAML/JSON Schema; the domain only reads the fields
+    from controlplane.domain.routing.load import LoadView
     from vidroute_core.capabilities.loader import Capability
 
 
@@ -134,6 +135,7 @@ class RoutingContext:
     preferred_regions: tuple[str, ...] = ()
     incumbent: Incumbent | None = None
     canary_stages: Mapping[str, int] = field(default_factory=dict)
+    load: Mapping[str, LoadView] = field(default_factory=dict)  # model-server load (9.21)
 
 
 def catalog_version(candidates: Sequence[Candidate]) -> str:

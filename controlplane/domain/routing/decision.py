@@ -20,6 +20,7 @@ from typing import Any
 
 from controlplane.domain.routing.candidates import Candidate, CompileResult, HealthView, Incumbent
 from controlplane.domain.routing.filters import Reason
+from controlplane.domain.routing.load import LoadView
 
 #: The score components of a verdict, in the order `scoring.ScoreComponents` declares them.
 COMPONENT_NAMES = ("quality", "success", "latency", "cost", "capacity", "region", "preference")
@@ -130,10 +131,13 @@ class DecisionFacts:
     incumbent: Incumbent | None = None
     pinned: frozenset[str] = frozenset()  # PREFERRED: the eligible candidates the pin names
     health: Mapping[str, HealthView] = field(default_factory=dict)
+    #: Model-server load the scores read (9.21), explain only: its effect is in the components
+    #: and the GPU_UTILIZATION penalty, which replay re-weights as recorded.
+    load: Mapping[str, LoadView] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         inc = self.incumbent
-        return {
+        data: dict[str, Any] = {
             "scenario": self.scenario,
             "group_key": self.group_key,
             "mode": self.mode,
@@ -145,6 +149,9 @@ class DecisionFacts:
                 for cid, h in self.health.items()
             },
         }
+        if self.load:
+            data["load"] = {cid: view.to_json() for cid, view in self.load.items()}
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DecisionFacts:

@@ -49,6 +49,8 @@ from controlplane.domain.routing.filters import (
     pinned,
     screen,
 )
+from controlplane.domain.routing.load import PENALTY as LOAD_PENALTY
+from controlplane.domain.routing.load import LoadView
 from controlplane.domain.routing.plan import CandidatePlan
 from vidroute_core.spec import GenerationSpec, RoutingMode
 
@@ -72,13 +74,41 @@ class RouterConfig:
 class _Row:
     """An eligible candidate while its decision is made; becomes its `Verdict` at the end."""
 
-    __slots__ = ("canary", "cost", "entry", "parts", "penalty", "result")
+    __slots__ = ("canary", "cost", "entry", "load_cut", "parts", "penalty", "result")
 
     def __init__(self, entry: CandidatePlan, cost: int, result: CompileResult | None) -> None:
         self.entry, self.cost, self.result = entry, cost, result
         self.canary = False
         self.parts: tuple[float, ...] = ()
         self.penalty = 0.0
+        self.load_cut = 0.0  # the part of `penalty` that is the GPU utilisation's
+
+    def penalties(self) -> Mapping[str, float]:
+        """The named parts of `penalty` (the explain view; replay sums them)."""
+        if not self.load_cut:
+            return {"DEPRECATED": self.penalty} if self.entry.deprecated else _NONE
+        out = {}
+        if self.entry.deprecated:
+            out["DEPRECATED"] = self.penalty - self.load_cut
+        if self.load_cut:
+            out[LOAD_PENALTY] = self.load_cut
+        return out
+
+
+def _with_load(
+    view: LoadView, mean_latency_s: float | None, free: float, bad: float, span: float
+) -> tuple[float, float]:
+    """(latency, capacity) components with a model server's load (`load`): the predicted
+    latency adds its cold start and queue wait; capacity is the smaller of lease and server."""
+    if span <= 0:
+        raise ValueError("latency bad must exceed good")
+    if mean_latency_s is not None:
+        lat = (bad - (mean_latency_s + view.extra_s)) / span
+    else:
+        lat = 0.5 - view.extra_s / span
+    if not 0.0 <= lat <= 1.0:
+        lat = 1.0 if lat > 1.0 else 0.0
+    return lat, free if free <= view.free else view.free
 
 
 def weight_vector(policy: scoring.RoutingPolicy, scenario: str) -> tuple[tuple[float, ...], float]:
@@ -118,7 +148,7 @@ def _score(  # noqa: PLR0915 - one loop per decision on purpose: the hot path
     hi = float(budget) if budget > 0 else max(costs) * 1.5 + 1.0
     span = hi - lo
     good, bad = cfg.latency_good_s, cfg.latency_bad_s
-    health, capacity, quality = ctx.health, ctx.capacity, ctx.quality
+    health, capacity, quality, load = ctx.health, ctx.capacity, ctx.quality, ctx.load
     default_quality = cfg.default_quality
     preferred = spec.routing.preferred_providers
     regions: dict[str, float] = {}
@@ -175,8 +205,13 @@ def _score(  # noqa: PLR0915 - one loop per decision on purpose: the hot path
         pref = 0.5
         if preferred and e.provider in preferred:
             pref = 1.0
-        row.parts = parts = (q, ok, lat, cost, free, region, pref)
         cut = penalty if e.deprecated else 0.0
+        if load and (view_load := load.get(cid)) is not None:
+            mean = h.mean_latency_s if h is not None else None
+            lat, free = _with_load(view_load, mean, free, bad, latency_span)
+            row.load_cut = view_load.penalty
+            cut += view_load.penalty
+        row.parts = parts = (q, ok, lat, cost, free, region, pref)
         row.penalty = cut
         totals[cid] = weighted_total(parts, w_main, cap_w, cut)
         if shadow is not None:
@@ -363,7 +398,7 @@ def _route_once(
                     "",
                     scores[e.id],
                     Components(r.parts),
-                    {"DEPRECATED": r.penalty} if e.deprecated else _NONE,
+                    r.penalties(),
                     r.cost,
                     r.result,
                     r.canary,
@@ -415,6 +450,7 @@ def _facts(
         ctx.incumbent,
         pinned_ids,
         ctx.health,
+        load=ctx.load,
     )
 
 
