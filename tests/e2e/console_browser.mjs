@@ -68,6 +68,9 @@ try {
   seen.breakers = await page.locator("#breakers tbody tr").evaluateAll((rows) =>
     rows.map((r) => Array.from(r.querySelectorAll("td")).map((td) => td.innerText.trim())),
   );
+  seen.breakerHistory = await page.locator("#breaker-history tbody tr").evaluateAll((rows) =>
+    rows.map((r) => Array.from(r.querySelectorAll("td")).map((td) => td.innerText.trim())),
+  );
   await page.screenshot({ path: `${ARTIFACTS}/04-breakers.png`, fullPage: true });
 
   await page.click('a[href="/providers"]');

@@ -31,7 +31,7 @@ from vidroute.common.v1 import generation_pb2 as gen
 from vidroute.scheduler.v1 import scheduler_pb2 as sp
 from vidroute.scheduler.v1 import scheduler_service_pb2 as api
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(180)]
 
 TIME_SCALE = 0.02
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,9 +119,21 @@ def test_console_shows_a_failed_over_task_in_a_real_browser(
     stack: tuple[ProviderFarm, ControlPlane, int], artifacts: Path
 ) -> None:
     """The browser sees the task in the list, its timeline with both attempts and the failover
-    reason, the decision table with every candidate, the breakers page, and a playable clip."""
+    reason, the decision table with every candidate, the breakers page with a forced breaker and
+    its history, and a playable clip."""
     farm, cp, port = stack
     task = _failover_task(farm, cp)
+    # An operator's override after the task: an OPEN breaker with its recorded transition.
+    forced = api.ForceBreakerRequest(
+        provider=FALLBACK,
+        account="prod-us",
+        region="us",
+        model="veo3.1",
+        operation="SUBMIT",
+        state=sp.BREAKER_STATE_OPEN,
+        reason="console e2e: maintenance window",
+    )
+    cp._call(lambda s: s.ForceBreaker(forced, timeout=10))
     env = {
         **os.environ,
         "CONSOLE_URL": f"http://127.0.0.1:{port}",
@@ -174,6 +186,10 @@ def test_console_shows_a_failed_over_task_in_a_real_browser(
     assert "Hard-filter reason" in seen["explainHeaders"]
     breakers = {(row[0], row[4]) for row in seen["breakers"]}
     assert (REFUSED, "SUBMIT") in breakers, seen["breakers"]
+    opened = [row for row in seen["breakers"] if row[3] == "veo3.1"]
+    assert [(row[5], row[6]) for row in opened] == [("OPEN", "yes")], seen["breakers"]
+    history = [row for row in seen["breakerHistory"] if "maintenance window" in row[6]]
+    assert [(row[2], row[5]) for row in history] == [("veo3.1", "OPEN")], seen["breakerHistory"]
     assert seen["healthRows"] >= 4
     for name in ("01-task-list", "02-timeline-failover", "03-decisions", "04-breakers"):
         shot = artifacts / f"{name}.png"
