@@ -5,6 +5,7 @@ scoping (another tenant's task is NOT_FOUND), the SUCCEEDED precondition, idempo
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -239,3 +240,54 @@ async def test_text_the_database_cannot_store_is_invalid_argument(routing: Api) 
     assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert set(_violations(exc)) == {"model"}
     assert await routing.counts() == {}
+
+
+NASTY = [
+    "", "1", "0", "-1", "9" * 30, "a" * 64, "a" * 65, "x\x00y", "é", " ", "\u202e",
+    "ﷺ" * 50, "motion", "x" * 1001,
+]  # fmt: skip
+FORBIDDEN = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+async def test_random_feedback_never_fails_internally(routing: Api) -> None:
+    """300 seeded random SubmitFeedback / GetQuality calls (real and forged task ids, unknown
+    verdict numbers, nasty tags and comments, tenants and the admin) answer OK or a deliberate
+    code, never INTERNAL or UNKNOWN; the counters hold exactly one verdict per task answered OK."""
+    rng = random.Random(14)
+    tasks = [await routing.task("alpha", f"f-{n}") for n in range(4)]
+    last: dict[str, int] = {}
+    codes: set[grpc.StatusCode] = set()
+    for _ in range(300):
+        who = rng.choice(["alpha", "beta", "admin"])
+        feedback = rng.random() >= 0.15
+        if not feedback:
+            call = routing.stub.GetQuality(
+                api.GetQualityRequest(model=rng.choice(NASTY)), metadata=routing.md(who)
+            )
+        else:
+            task_id = rng.choice([*tasks, *NASTY])
+            verdict = rng.choice([0, 1, 2, 3, 4, 99, -5])
+            tags = [rng.choice(NASTY) for _ in range(rng.choice([0, 1, 3, 17]))]
+            call = routing.stub.SubmitFeedback(
+                api.SubmitFeedbackRequest(
+                    task_id=task_id,
+                    verdict=verdict,  # type: ignore[arg-type]  # unknown numbers on purpose
+                    tags=tags,
+                    comment=rng.choice(NASTY),
+                ),
+                metadata=routing.md(who),
+            )
+        try:
+            await call
+        except grpc.aio.AioRpcError as exc:
+            codes.add(exc.code())
+            continue
+        if feedback and task_id in tasks and verdict in {1, 2, 3}:
+            last[task_id] = verdict
+    assert not codes & FORBIDDEN
+    assert last  # some calls were answered OK and counted
+    assert grpc.StatusCode.INVALID_ARGUMENT in codes
+    assert grpc.StatusCode.NOT_FOUND in codes
+    whole = (await routing.counts()).get("", (0, 0, 0))
+    assert sum(whole) == len(last)
+    assert whole == tuple(sum(1 for v in last.values() if v == n) for n in (1, 2, 3))
