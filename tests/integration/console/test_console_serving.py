@@ -1,0 +1,84 @@
+"""The composition root serves the console on VIDROUTE_CONSOLE_LISTEN: a busy port refuses the
+start in one line naming the variable; a started control plane answers the console's pages and
+its vendored htmx over HTTP, and stops listening at stop."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controlplane.bootstrap import Settings, start_control_plane
+from controlplane.startup import EXIT_CONFIG, StartupRefused
+from tests.support.stack import free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _sqlite(path: Path) -> str:
+    return f"sqlite+aiosqlite:///{path}"
+
+
+def test_the_console_listen_address_comes_from_the_environment() -> None:
+    """VIDROUTE_CONSOLE_LISTEN sets it; unset, there is no console."""
+    assert Settings.from_env({}).console_listen == ""
+    env = {"VIDROUTE_CONSOLE_LISTEN": "127.0.0.1:8088"}
+    assert Settings.from_env(env).console_listen == "127.0.0.1:8088"
+
+
+async def test_a_busy_console_port_refuses_before_anything_starts(tmp_path: Path) -> None:
+    """A taken console port is one refusal line naming VIDROUTE_CONSOLE_LISTEN (exit status 78),
+    before the database is migrated."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(StartupRefused, match="VIDROUTE_CONSOLE_LISTEN") as refused:
+            await start_control_plane(
+                Settings(
+                    database_url=_sqlite(tmp_path / "cp.db"),
+                    listen="127.0.0.1:0",
+                    api_only=True,
+                    console_listen=f"127.0.0.1:{port}",
+                )
+            )
+    assert refused.value.code == EXIT_CONFIG
+    assert f"127.0.0.1:{port}" in str(refused.value)
+    assert not (tmp_path / "cp.db").exists()
+
+
+async def test_a_started_control_plane_serves_the_console_until_it_stops(tmp_path: Path) -> None:
+    """The sign-in page and the vendored htmx answer on the console port (authentication on, so
+    a page without a token redirects to the sign-in); after stop the port is closed."""
+    port = free_port()
+    digest = "0" * 64  # any configured token switches authentication on
+    running = await start_control_plane(
+        Settings.from_env(
+            {
+                "VIDROUTE_DATABASE_URL": _sqlite(tmp_path / "cp.db"),
+                "VIDROUTE_API_ONLY": "1",
+                "VIDROUTE_LISTEN": "127.0.0.1:0",
+                "VIDROUTE_CONSOLE_LISTEN": f"127.0.0.1:{port}",
+                "VIDROUTE_AUTH_TOKENS": f"{digest}=admin",
+            }
+        )
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=base, timeout=5) as http:
+            tasks = await http.get("/tasks")
+            assert tasks.status_code == 303
+            assert tasks.headers["location"].startswith("/login")
+            login = await http.get("/login")
+            assert login.status_code == 200
+            assert 'name="token"' in login.text
+            script = await http.get("/static/htmx.min.js")
+            assert script.status_code == 200
+            assert script.text.startswith("/*! htmx.org ")
+    finally:
+        await running.stop(grace=1)
+    async with httpx.AsyncClient(base_url=base, timeout=2) as http:
+        with pytest.raises(httpx.ConnectError):
+            await http.get("/login")
