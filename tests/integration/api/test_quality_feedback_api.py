@@ -127,7 +127,8 @@ def _violations(exc: grpc.aio.AioRpcError) -> dict[str, str]:
 
 async def test_bad_feedback_names_every_field_and_writes_nothing(routing: Api) -> None:
     """A missing verdict, a bad task id, 17 tags, an empty and a 65-character tag and a long
-    comment are one INVALID_ARGUMENT listing each field; nothing is counted."""
+    comment are one INVALID_ARGUMENT listing each field; so is a NUL in a tag, the comment or
+    GetQuality's model (never a database error); nothing is counted."""
     request = api.SubmitFeedbackRequest(
         task_id="12x", tags=["ok"] * 15 + ["", "t" * 65], comment="c" * 1001
     )
@@ -141,6 +142,19 @@ async def test_bad_feedback_names_every_field_and_writes_nothing(routing: Api) -
         "tags[16]",
         "comment",
     }
+    # Text the database cannot store (NUL) names its field too, never a database error.
+    task = await routing.task("alpha", "n-1")
+    request = api.SubmitFeedbackRequest(
+        task_id=task, verdict=ACCEPTED, tags=["a\x00b"], comment="\x00"
+    )
+    exc = await _error(routing.stub.SubmitFeedback(request, metadata=routing.md("alpha")))
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert set(_violations(exc)) == {"tags[0]", "comment"}
+    exc = await _error(
+        routing.stub.GetQuality(api.GetQualityRequest(model="m\x00"), metadata=routing.md("admin"))
+    )
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert set(_violations(exc)) == {"model"}
     assert await routing.counts() == {}
 
 
@@ -222,24 +236,6 @@ async def test_quality_book_sets_the_ratio_gauges_from_the_aggregates(routing: A
     sample = metrics.registry.get_sample_value
     assert sample("model_user_acceptance_ratio", labels) == 0.5
     assert sample("model_regeneration_ratio", labels) == 0.25
-
-
-async def test_text_the_database_cannot_store_is_invalid_argument(routing: Api) -> None:
-    """A NUL in a tag, the comment or GetQuality's model is INVALID_ARGUMENT naming the field,
-    never an error of the database."""
-    task = await routing.task("alpha", "n-1")
-    request = api.SubmitFeedbackRequest(
-        task_id=task, verdict=ACCEPTED, tags=["a\x00b"], comment="\x00"
-    )
-    exc = await _error(routing.stub.SubmitFeedback(request, metadata=routing.md("alpha")))
-    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert set(_violations(exc)) == {"tags[0]", "comment"}
-    exc = await _error(
-        routing.stub.GetQuality(api.GetQualityRequest(model="m\x00"), metadata=routing.md("admin"))
-    )
-    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert set(_violations(exc)) == {"model"}
-    assert await routing.counts() == {}
 
 
 NASTY = [
