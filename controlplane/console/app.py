@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
-from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
@@ -66,7 +66,9 @@ class Console:
     ) -> None:
         self._auth, self._reads, self._outputs, self._billing = auth, reads, outputs, billing
         env = Environment(
-            loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape()
+            loader=FileSystemLoader(HERE / "templates"),
+            autoescape=select_autoescape(),
+            undefined=StrictUndefined,  # a misspelt field is an error in the tests, not blank
         )
         env.filters.update(money=shaping.money, compact=shaping.compact, ts=_ts)
         self._templates = Jinja2Templates(env=env)
@@ -130,7 +132,7 @@ class Console:
         if not target.startswith("/") or target.startswith("//"):
             target = "/tasks"  # only our own paths: no open redirect
         if request.method == "GET":
-            return self._page(request, "login.html", next=target)
+            return self._page(request, "login.html", next=target, failed=False)
         body = await request.body()
         form = dict(parse_qsl(body[:4096].decode("utf-8", "replace")))
         token = form.get("token", "")

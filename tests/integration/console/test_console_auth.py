@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from controlplane.console.auth import COOKIE
 from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.tasks import TaskQueries
+from controlplane.service.billing import BillingService
 from controlplane.service.console_reads import ConsoleReads
 from controlplane.service.outputs import OutputService
 from controlplane.service.tasks import CreateTaskInput, TaskService
@@ -45,7 +45,8 @@ class Site:
 def console_for(db: Database, auth: Authenticator, objects: Path) -> Console:
     tasks = TaskService(db)
     outputs = OutputService(tasks, FilesystemObjectStore(objects))
-    return Console(auth, ConsoleReads(tasks, TaskQueries(db), CatalogQueries(db)), outputs=outputs)
+    reads = ConsoleReads(tasks, TaskQueries(db), CatalogQueries(db))
+    return Console(auth, reads, outputs=outputs, billing=BillingService(db))
 
 
 async def create(db: Database, tenant: str) -> int:
@@ -57,7 +58,7 @@ async def create(db: Database, tenant: str) -> int:
 
 
 @pytest.fixture
-async def site(db: Database, tmp_path: Path) -> AsyncIterator[Site]:
+async def site(db: Database, tmp_path: Path) -> Site:
     tokens = {"alpha": new_token(), "beta": new_token(), "admin": new_token()}
     entries = parse_entries(
         [
@@ -67,7 +68,7 @@ async def site(db: Database, tmp_path: Path) -> AsyncIterator[Site]:
         ]
     )
     ids = {tenant: await create(db, tenant) for tenant in ("alpha", "beta")}
-    yield Site(console_for(db, Authenticator(entries), tmp_path), tokens, ids)
+    return Site(console_for(db, Authenticator(entries), tmp_path), tokens, ids)
 
 
 def listed_ids(html: str) -> set[int]:
@@ -113,7 +114,12 @@ async def test_a_tenant_lists_only_its_own_tasks_and_the_admin_lists_all(site: S
 async def test_provider_pages_need_the_admin_role(site: Site) -> None:
     """Providers, breakers and reconciliation are 403 for a tenant and 200 for the admin."""
     async with site.client("alpha") as alpha, site.client("admin") as admin:
-        for path in ("/providers", "/breakers"):
+        for path in (
+            "/providers",
+            "/breakers",
+            "/reconciliation",
+            "/reconciliation?date=2026-06-01",
+        ):
             assert (await alpha.get(path)).status_code == 403, path
             assert (await admin.get(path)).status_code == 200, path
 
@@ -145,7 +151,9 @@ async def test_sign_in_sets_a_strict_httponly_cookie_and_bad_tokens_get_nothing(
         out = await browser.post("/logout")
         assert out.status_code == 303
         assert (await browser.get("/tasks")).status_code == 303
-        evil = await browser.post("/login?next=//evil.example/x", data={"token": site.tokens["beta"]})
+        evil = await browser.post(
+            "/login?next=//evil.example/x", data={"token": site.tokens["beta"]}
+        )
         assert evil.headers["location"] == "/tasks"  # never an open redirect
     async with httpx.AsyncClient(
         transport=httpx.ASGITransport(app=site.app.app),
