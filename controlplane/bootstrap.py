@@ -135,6 +135,7 @@ from controlplane.reconciliation import delta_by_provider
 from controlplane.scheduling.canary_gates import CanaryGateConfig
 from controlplane.scheduling.dispatcher import DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
+from controlplane.scheduling.load_book import LoadConfig
 from controlplane.scheduling.policy_book import SampleCheck
 from controlplane.scheduling.quality_book import QualityBook
 from controlplane.scheduling.readiness import CatalogReadiness
@@ -770,6 +771,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             upkeep_config=scale_durations(
                 UpkeepConfig(default_concurrency=DispatcherConfig().default_concurrency), scale
             ),
+            load_config=scale_durations(LoadConfig(), scale),
             quality=QualityBook(
                 db, refresh_s=QUALITY_REFRESH_S * scale, sink=metrics.quality_ratios
             ),

@@ -57,6 +57,7 @@ from controlplane.domain.requeue import RequeueFacts
 from controlplane.domain.routing.candidates import Incumbent, RoutingContext
 from controlplane.domain.routing.decision import Outcome, RouteDecisionSnapshot
 from controlplane.domain.routing.filters import Reason, screen
+from controlplane.domain.routing.load import LoadView
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.states import TaskState
 from controlplane.leases.base import Lease, LeaseRequest, LeaseStore
@@ -78,6 +79,7 @@ from controlplane.scheduling.gather import (
 )
 from controlplane.scheduling.health import HealthMonitor, submit_key
 from controlplane.scheduling.leader import LeaderLock
+from controlplane.scheduling.load_book import LoadBook
 from controlplane.scheduling.parking import Parking, Signature
 from controlplane.scheduling.policy_book import PolicyBook
 from controlplane.scheduling.quality_book import QualityBook
@@ -156,6 +158,8 @@ class Dispatcher:
         self._db, self._catalogs, self._leases = db, catalogs, leases
         # The quality aggregates (9.14), read at most once per refresh, never per task.
         self.quality = quality
+        # Model-server load (9.21), refreshed by its own loop; read once per round.
+        self.loads: LoadBook | None = None
         self._adapters, self.monitor, self.router = adapters, monitor, router
         self.leader, self.config, self._clock = leader, config or DispatcherConfig(), clock
         # The published routing policy and canary stages, re-read once per round (PolicyBook);
@@ -461,7 +465,14 @@ class Dispatcher:
 
             self.parking.wake_changed(has_room, circuit_open, catalog.version)
         table = None if self.quality is None else await self.quality.table()
-        return _RoundView(capacity, circuit_open, table)
+        loads = (
+            {} if self.loads is None else self.loads.views(catalog.candidates, self._mean_latency)
+        )
+        return _RoundView(capacity, circuit_open, table, loads)
+
+    def _mean_latency(self, candidate_id: str) -> float | None:
+        h = self.monitor.health_view(candidate_id)
+        return None if h is None else h.mean_latency_s
 
     async def dispatch_batch(
         self,
@@ -571,6 +582,8 @@ class Dispatcher:
         ctx = _with(
             ctx, capacity=capacity, health=health, circuit_open=view.circuit_open, quality=quality
         )
+        if view.load:
+            ctx = _with(ctx, load=view.load)
         decision = route(
             str(task.id),
             spec,
@@ -948,6 +961,7 @@ class _RoundView:
     capacity: RoundCapacity
     circuit_open: dict[str, str]
     quality: QualityTable | None = None  # the aggregates of this round (QualityBook)
+    load: Mapping[str, LoadView] = field(default_factory=dict)  # model-server load (LoadBook)
 
 
 @dataclass(slots=True)

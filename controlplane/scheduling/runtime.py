@@ -49,6 +49,7 @@ from controlplane.scheduling.canary_gates import CanaryGateConfig, CanaryGatekee
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import LeaderLock, ShardLeadership, leader_lock_for
+from controlplane.scheduling.load_book import LoadBook, LoadConfig
 from controlplane.scheduling.policy_book import PolicyBook
 from controlplane.scheduling.quality_book import QualityBook
 from controlplane.scheduling.readiness import CatalogReadiness
@@ -69,6 +70,7 @@ class SchedulingRuntime:
     upkeep: Upkeep
     dispatchers: list[Dispatcher] = field(default_factory=list)  # one per shard
     leadership: ShardLeadership | None = None
+    loads: LoadBook | None = None  # model-server load (GetLoad per adapter per interval)
     policies: PolicyBook | None = None  # the published routing policy, per round
     canaries: CanaryGatekeeper | None = None  # the leader's live canary gates
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -121,6 +123,10 @@ class SchedulingRuntime:
             self._tasks.append(
                 asyncio.create_task(self.upkeep.run(self._stop), name="scheduler-upkeep")
             )
+            if self.loads is not None:
+                self._tasks.append(
+                    asyncio.create_task(self.loads.run(self._stop), name="model-load")
+                )
             if self.canaries is not None:
                 self._tasks.append(
                     asyncio.create_task(self.canaries.run(self._stop), name="canary-gates")
@@ -166,6 +172,7 @@ def build_scheduling(
     worker_id: str = "scheduler",
     upkeep_config: UpkeepConfig | None = None,
     quality: QualityBook | None = None,
+    load_config: LoadConfig | None = None,
     policy_file: PolicyDocument | None = None,
     policy_transform: Callable[[RoutingPolicy], RoutingPolicy] | None = None,
     canary_config: CanaryGateConfig | None = None,
@@ -213,6 +220,9 @@ def build_scheduling(
         for shard_config, lock in locks
     ]
     dispatcher = dispatchers[0]
+    # Model-server load (9.21): one GetLoad per adapter per interval on this replica; every
+    # shard's dispatcher reads the same book once per round.
+    loads = LoadBook(adapters, load_config)
     for d in dispatchers[1:]:
         d.readiness = dispatcher.readiness
     upkeep = Upkeep(
@@ -246,6 +256,7 @@ def build_scheduling(
     )
     for d in dispatchers:
         d.before_admit = upkeep.ensure_leases_live
+        d.loads = loads
         d.policies = policies
     canaries = CanaryGatekeeper(db, is_leader=lambda: dispatchers[0].leading, config=canary_config)
     return SchedulingRuntime(
@@ -256,6 +267,7 @@ def build_scheduling(
         upkeep,
         dispatchers=dispatchers,
         leadership=leadership,
+        loads=loads,
         policies=policies,
         canaries=canaries,
     )

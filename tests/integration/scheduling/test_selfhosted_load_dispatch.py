@@ -1,0 +1,226 @@
+"""Self-hosted load through the real dispatcher (design 9.21), on SQLite and PostgreSQL.
+
+One emulated model server serves two equal models ("wan-a", "wan-b": the shipped wan2.2-t2v
+entry twice, same price) behind a real self-hosted sidecar over gRPC. Nothing is loaded at
+first; a job of wan-b warms it. The dispatcher's `LoadBook` reads GetLoad through the sidecar
+and every task then goes to the warm wan-b: wan-a's predicted latency carries its cold start.
+Without the load the two are a near tie. The explain snapshot names both models' load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from adapter_sidecars.common.config import parse_config
+from adapter_sidecars.common.server import SidecarServer
+from adapter_sidecars.emulators import SelfHostedConfig, SelfHostedEmulator
+from adapter_sidecars.selfhosted.adapter import SelfHostedAdapter
+from controlplane.adapters.grpc_client import GrpcAdapterClient
+from controlplane.capabilities.publish import (
+    AccountConfig,
+    documents_from_directory,
+    publish_documents,
+)
+from controlplane.domain.routing.selection import RouterConfig
+from controlplane.domain.scoring import example_policy
+from controlplane.leases.memory_store import MemoryLeaseStore
+from controlplane.persistence.catalog import CatalogQueries
+from controlplane.persistence.database import Database
+from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig, DispatchOutcome
+from controlplane.scheduling.health import HealthMonitor
+from controlplane.scheduling.leader import LocalLock
+from controlplane.scheduling.load_book import LoadBook, LoadConfig
+from tests.integration.scheduling.support import NOW, ROOT, dispatch_one
+from vidroute_core.hashing import normalized_spec_hash
+from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
+
+pytestmark = pytest.mark.timeout(120)
+A, B = "self_hosted/wan-a/gpu-a", "self_hosted/wan-b/gpu-a"
+# Wall seconds at speed 0.01: a cold start 0.5 s, a job 0.1 s; latency bands at the same scale.
+SERVER = SelfHostedConfig(
+    advance="time",
+    api_key="key_test",
+    workers=2,
+    speed=0.01,
+    queue_s=0.0,
+    gpu_base_s=10.0,
+    gpu_s_per_output_s=0.0,
+    cold_start_s=50.0,
+    preload=False,
+    models=("wan-a", "wan-b"),
+)
+ROUTER = RouterConfig(policy=example_policy("router-load"), latency_good_s=0.0, latency_bad_s=2.0)
+
+
+def _documents() -> list[dict[str, Any]]:
+    shipped = documents_from_directory(ROOT / "adapter_sidecars/selfhosted/capabilities")
+    base = next(d for d in shipped if d["model"] == "wan2.2-t2v")
+    out = []
+    for name in ("wan-a", "wan-b"):
+        doc = copy.deepcopy(base)
+        doc["model"] = name
+        doc["capability_version"] = f"self_hosted/{name}/2026-06-01"
+        doc["commercial"]["price_version"] = f"gpu-{name}"
+        doc["max_concurrency"] = 1000  # lease capacity ~1 for both: only the load differs
+        doc["native"]["model"] = name
+        out.append(doc)
+    return out
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[SelfHostedEmulator]:
+    async with SelfHostedEmulator(SERVER) as emu:
+        yield emu
+
+
+@pytest.fixture
+async def client(server: SelfHostedEmulator, tmp_path: Path) -> AsyncIterator[GrpcAdapterClient]:
+    """A real self-hosted sidecar (capability files for wan-a/wan-b) and a gRPC client to it."""
+    for doc in _documents():
+        (tmp_path / f"{doc['model']}.yaml").write_text(yaml.safe_dump(doc))
+    config = parse_config(
+        {
+            "provider": {"base_url": server.url},
+            "capabilities_dir": str(tmp_path),
+            "accounts": [
+                {"name": "gpu-a", "region": "us", "credential_ref": "env:NO_SUCH_KEY:-key_test"}
+            ],
+        },
+        {},
+    )
+    adapter = SelfHostedAdapter.from_config(config)
+    sidecar = SidecarServer(
+        adapter, "127.0.0.1:0", probe_interval_seconds=0.2, shutdown_grace_seconds=1
+    )
+    port = await sidecar.start()
+    grpc_client = GrpcAdapterClient(f"127.0.0.1:{port}", timeout_s=10.0)
+    yield grpc_client
+    await grpc_client.close()
+    await sidecar.stop()
+
+
+async def _warm(server: SelfHostedEmulator, model: str) -> None:
+    """Run one job of `model` on the server to the end (it loads the model first)."""
+    async with httpx.AsyncClient() as http:
+        reply = await http.post(
+            f"{server.url}/v1/jobs",
+            json={"model": model, "prompt": "warm-up", "duration_s": 1},
+            headers={"authorization": "Bearer key_test"},
+        )
+        job = reply.json()["id"]
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            status = await http.get(
+                f"{server.url}/v1/jobs/{job}", headers={"authorization": "Bearer key_test"}
+            )
+            if status.json()["status"] == "succeeded":
+                return
+            assert asyncio.get_running_loop().time() < deadline, "warm-up job never finished"
+            await asyncio.sleep(0.05)
+
+
+async def _route(dispatcher: Dispatcher, db: Database, tenant: str) -> dict[str, Any]:
+    s = GenerationSpec(
+        tenant_id=tenant,
+        prompt="a red fox in snow",
+        mode=Mode.TEXT_TO_VIDEO,
+        output=OutputSpec(width=1280, height=720, duration_ms=4000),
+    )
+    async with db.unit(NOW) as u:
+        task, _ = await u.create_task(
+            s, idempotency_key=f"load-{tenant}", spec_hash=normalized_spec_hash(s)
+        )
+    result = await dispatch_one(dispatcher, task)
+    assert result.outcome is DispatchOutcome.SELECTED
+    assert result.decision is not None
+    return result.decision.to_json()
+
+
+async def test_dispatcher_routes_to_the_warm_model_from_getload(
+    db: Database,
+    catalogs: CatalogQueries,
+    monitor: HealthMonitor,
+    server: SelfHostedEmulator,
+    client: GrpcAdapterClient,
+) -> None:
+    """With wan-b warm and wan-a cold on the server, every task goes to wan-b on its score;
+    without load the same tasks are near ties; explain shows the load of both."""
+    await publish_documents(
+        db,
+        _documents(),
+        [AccountConfig("self_hosted", "gpu-a", "us", "kms://gpu/a", "127.0.0.1:7003")],
+        now=NOW,
+        source="test",
+    )
+    dispatcher = Dispatcher(
+        db=db,
+        catalogs=catalogs,
+        leases=MemoryLeaseStore(),
+        adapters={"self_hosted": client},
+        monitor=monitor,
+        router=ROUTER,
+        leader=LocalLock("selfhosted-load"),
+        config=DispatcherConfig(),
+        clock=lambda: NOW,
+    )
+    blind = [await _route(dispatcher, db, f"blind-{n}") for n in range(3)]
+    assert {d["selection_reason"] for d in blind} == {"bucketed_near_tie"}
+    assert "load" not in blind[0]["facts"]
+
+    await _warm(server, "wan-b")
+    book = LoadBook({"self_hosted": client}, LoadConfig(interval_s=60.0))
+    await book.refresh()
+    assert book.report("self_hosted")["wan-b"].warm
+    assert not book.report("self_hosted")["wan-a"].warm
+    dispatcher.loads = book
+    for n in range(4):
+        decision = await _route(dispatcher, db, f"seen-{n}")
+        assert decision["selected"] == B
+        assert decision["selection_reason"] == "best_score"
+    load = decision["facts"]["load"]
+    assert load[A]["warm"] is False
+    assert load[A]["predicted_extra_s"] == pytest.approx(0.5)
+    assert load[B]["warm"] is True
+    assert load[B]["predicted_extra_s"] == 0.0
+    scores = {c["id"]: c["components"]["latency"] for c in decision["candidates"]}
+    assert scores[B] - scores[A] == pytest.approx(0.5 / 2.0, abs=1e-5)
+
+
+async def test_load_book_refreshes_per_interval_and_drops_stale_reports(
+    client: GrpcAdapterClient,
+) -> None:
+    """The loop asks every adapter once per interval; a report older than its max age (the
+    sidecar gone) counts as none, and an adapter that fails keeps nothing new."""
+    book = LoadBook({"self_hosted": client}, LoadConfig(interval_s=0.1, timeout_s=2.0))
+    stop = asyncio.Event()
+    loop = asyncio.create_task(book.run(stop))
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while book.refreshes < 3:
+            assert asyncio.get_running_loop().time() < deadline, "the loop did not refresh"
+            await asyncio.sleep(0.02)
+        assert set(book.report("self_hosted")) == {"wan-a", "wan-b"}
+    finally:
+        stop.set()
+        await loop
+    ticks = [0.0]
+    dead = GrpcAdapterClient("127.0.0.1:1", timeout_s=0.5)
+    aged = LoadBook(
+        {"self_hosted": client, "gone": dead},
+        LoadConfig(interval_s=1.0, timeout_s=2.0),
+        clock=lambda: ticks[0],
+    )
+    await aged.refresh()
+    assert aged.report("self_hosted")
+    assert not aged.report("gone")
+    ticks[0] = 3.5  # past three intervals
+    assert aged.report("self_hosted") == {}
+    await dead.close()
