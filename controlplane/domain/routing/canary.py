@@ -16,6 +16,7 @@ rather than holding the canary for ever. ``observed`` is what the transition rec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -71,7 +72,8 @@ def _observed(m: CanaryMetrics, inc: CanaryMetrics | None) -> dict[str, float]:
         out["incumbent_success_rate"] = inc.success_rate
         out["incumbent_p95_latency_s"] = inc.p95_latency_s
         out["incumbent_cost_per_success_micros"] = float(inc.cost_per_success_micros)
-    return {k: round(v, 6) for k, v in out.items()}
+    # JSON has no infinity: a cost per success without a success is left out, not stored.
+    return {k: round(v, 6) for k, v in out.items() if math.isfinite(v)}
 
 
 def evaluate(

@@ -169,7 +169,12 @@ async def test_canaries_start_keep_and_restart_with_their_config(routing: Api) -
     async with routing.db.unit(CLOCK) as u:  # as the leader's gatekeeper would
         row = (await store.canaries(u.conn))[0]
         moved = await store.move_canary(
-            u.conn, row, stage=1, status=CanaryStatus.ACTIVE, gates={"success_rate": True}, now=CLOCK
+            u.conn,
+            row,
+            stage=1,
+            status=CanaryStatus.ACTIVE,
+            gates={"success_rate": True},
+            now=CLOCK,
         )
     assert moved
     await routing.publish(document("v2", canaries=canaries))
@@ -192,7 +197,7 @@ async def test_policy_book_follows_publish_rollback_and_canaries(db: Database) -
     router, stages = await book.refresh()
     assert (router.policy.version, router.shadow_policy, dict(stages)) == ("builtin", None, {})
     await service.publish(json.dumps({"version": "cheap", "weights": {"default": CHEAP}}))
-    other = {"canaries": {CANARY: {}, "veo/veo-3/default": {}}}
+    other: dict[str, Any] = {"canaries": {CANARY: {}, "veo/veo-3/default": {}}}
     await service.publish(document("main", shadow="cheap", **other))
     router, stages = await book.refresh()
     assert router.policy.version == "main"
