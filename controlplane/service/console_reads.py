@@ -7,8 +7,8 @@ SQL: tasks come from `TaskService`, providers and breakers from `ProviderAdminSe
 capacity picture from the lease store's snapshots, reconciliation from `BillingService`.
 
 The task list filters by tenant and state in the database (`TaskService.list_tasks`); the
-provider and time filters apply to the page read, whose tasks' attempts are read anyway to name
-their providers (a page is at most `MAX_PAGE` tasks).
+provider and time filters apply to the pages read, whose tasks' attempts are read anyway to name
+their providers (`list_tasks` says how far it reads).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from controlplane.service.providers import ProviderAccountView, ProviderAdminSer
 from controlplane.service.tasks import ListTasksInput, TaskService
 
 MAX_PAGE = 50
+MAX_SCAN_PAGES = 10  # pages read per list call when the time or provider filter drops rows
 MAX_EVENTS = 2000  # one timeline; a task has a few dozen
 
 
@@ -103,24 +104,32 @@ class ConsoleReads:
     async def list_tasks(
         self, query: TaskFilter, caller: Caller = SYSTEM
     ) -> tuple[list[TaskRow], str | None]:
-        records, token = await self._tasks.list_tasks(
-            ListTasksInput(query.tenant_id, query.state, MAX_PAGE, query.page_token), caller
-        )
-        records = [
-            r
-            for r in records
-            if (query.since is None or r.created_at >= query.since)
-            and (query.until is None or r.created_at < query.until)
-        ]
-        details = await asyncio.gather(*(self._tasks.get_task(r.id, caller) for r in records))
-        accounts = await self._catalog.accounts()
-        provider_of = {a.id: a.provider for a in accounts}
-        rows = [
-            TaskRow(d, tuple(provider_of.get(a.provider_account_id, "?") for a in d.attempts))
-            for d in details
-        ]
-        if query.provider:
-            rows = [r for r in rows if query.provider in r.providers]
+        """Up to `MAX_PAGE` matching tasks, newest first, and the token to continue after them.
+
+        Tenant and state filter in the database; time and provider on the pages read, at most
+        `MAX_SCAN_PAGES` of them per call (ids ascend with creation: a task created before
+        `since` ends the scan)."""
+        rows: list[TaskRow] = []
+        token = query.page_token
+        provider_of = {a.id: a.provider for a in await self._catalog.accounts()}
+        for _ in range(MAX_SCAN_PAGES):
+            records, token = await self._tasks.list_tasks(
+                ListTasksInput(query.tenant_id, query.state, MAX_PAGE, token), caller
+            )
+            older = query.since is not None and any(r.created_at < query.since for r in records)
+            records = [
+                r
+                for r in records
+                if (query.since is None or r.created_at >= query.since)
+                and (query.until is None or r.created_at < query.until)
+            ]
+            details = await asyncio.gather(*(self._tasks.get_task(r.id, caller) for r in records))
+            for d in details:
+                providers = tuple(provider_of.get(a.provider_account_id, "?") for a in d.attempts)
+                if not query.provider or query.provider in providers:
+                    rows.append(TaskRow(d, providers))
+            if token is None or older or len(rows) >= MAX_PAGE:
+                return rows, None if older else token
         return rows, token
 
     async def timeline(self, task_id: int, caller: Caller = SYSTEM) -> Timeline:

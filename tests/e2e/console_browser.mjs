@@ -23,6 +23,16 @@ try {
   await page.waitForResponse((r) => r.url().includes("/tasks/rows"), { timeout: 10000 });
   await row.waitFor();
   await page.screenshot({ path: `${ARTIFACTS}/01-task-list.png`, fullPage: true });
+  // The provider filter: any attempt's provider matches.
+  const listed = async (query) => {
+    const html = await (await page.request.get(`${CONSOLE_URL}/tasks/rows?${query}`)).text();
+    return [...html.matchAll(/href="\/tasks\/(\d+)"/g)].map((m) => m[1]);
+  };
+  seen.byProvider = {
+    first: await listed("provider=self_hosted"),
+    second: await listed("provider=runway"),
+    none: await listed("provider=google"),
+  };
 
   await row.click();
   await page.waitForURL(new RegExp(`/tasks/${TASK_ID}$`));

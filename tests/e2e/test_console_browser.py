@@ -156,6 +156,7 @@ def test_console_shows_a_failed_over_task_in_a_real_browser(
     (artifacts / "seen.json").write_text(json.dumps(seen, indent=1), encoding="utf-8")
 
     assert seen["loginUrl"] == "/login"
+    assert seen["byProvider"] == {"first": [task.task_id], "second": [task.task_id], "none": []}
     assert seen["taskState"] == "SUCCEEDED"
     attempts = seen["attempts"]
     assert [row[0] for row in attempts] == ["1", "2"]

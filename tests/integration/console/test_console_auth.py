@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -109,6 +110,18 @@ async def test_a_tenant_lists_only_its_own_tasks_and_the_admin_lists_all(site: S
         assert listed_ids(queued.text) == set()  # no attempt yet: on no provider
         bad = await admin.get("/tasks", params={"state": "NOPE"})
         assert bad.status_code == 400
+        assert (await admin.get("/tasks", params={"since": "yesterday"})).status_code == 400
+
+
+async def test_the_time_filter_keeps_the_tasks_created_in_the_window(site: Site) -> None:
+    """`since` and `until` (datetime-local, UTC) bound the creation time of the listed tasks."""
+    future = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
+    past = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
+    async with site.client("admin") as admin:
+        window = await admin.get("/tasks", params={"since": past, "until": future})
+        assert listed_ids(window.text) == set(site.tasks.values())
+        assert listed_ids((await admin.get("/tasks", params={"since": future})).text) == set()
+        assert listed_ids((await admin.get("/tasks/rows", params={"until": past})).text) == set()
 
 
 async def test_provider_pages_need_the_admin_role(site: Site) -> None:
