@@ -4,6 +4,7 @@ Not named ``test_*.py`` on purpose: it is collected only when passed explicitly,
 pytest over the source tree does not pick it up without an adapter to test.
 """
 
+from adapter_sidecars.contract.load_contract import LoadContract
 from adapter_sidecars.contract.suite import (
     CallbackContract,
     CancelContract,
@@ -56,3 +57,7 @@ class TestUsage(UsageContract):
 
 class TestFetchOutput(FetchOutputContract):
     """Outputs that need the provider's credentials."""
+
+
+class TestLoad(LoadContract):
+    """GetLoad answers (empty allowed)."""
