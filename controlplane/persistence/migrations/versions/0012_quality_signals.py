@@ -14,6 +14,7 @@ table instead of the signals.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -25,15 +26,15 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-def _ts(name: str) -> sa.Column:
+def _ts(name: str) -> sa.Column[Any]:
     return sa.Column(name, sa.DateTime(timezone=True), nullable=False)
 
 
-def _json() -> sa.types.TypeEngine:
+def _json() -> sa.types.TypeEngine[Any]:
     return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 
-def _where(*names: str) -> list[sa.Column]:
+def _where(*names: str) -> list[sa.Column[Any]]:
     return [sa.Column(n, sa.Text(), nullable=False) for n in names]
 
 
