@@ -83,9 +83,14 @@ def _accounts(records: Iterable[AccountRecord]) -> list[AccountConfig]:
     ]
 
 
+# libyaml's parser when present: linear, and it refuses nesting past 1000 levels (the Python one
+# takes seconds on a few thousand brackets, then the loader recurses out).
+_PARSER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _has_alias(text: str) -> bool:
     """Whether the YAML uses an alias (expanding them is how a small document gets huge)."""
-    return any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text))
+    return any(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=_PARSER))
 
 
 def _violation(error: PublishError, source: str, index: int | None = None) -> FieldViolation:
@@ -143,13 +148,11 @@ class CapabilityPublishService:
             raise InvalidSpec([FieldViolation("document", "holds no capability entry")])
         return docs
 
-    async def publish(self, inp: PublishInput, caller: Caller = SYSTEM) -> PublishResult:
-        ensure_admin(caller, "PublishCapabilities")
-        source = inp.source.strip() or DEFAULT_SOURCE
-        docs = self._documents(inp, source)
-        accounts = _accounts(await self._catalog.accounts())
-        now = self._clock()
-        # Each entry on its own first, so every bad one is named; then the whole (duplicates).
+    @staticmethod
+    def _check_each(
+        docs: list[dict[str, Any]], accounts: list[AccountConfig], now: datetime, source: str
+    ) -> None:
+        """Each entry on its own, so every bad one is named (the whole, for duplicates, next)."""
         violations = []
         for i, doc in enumerate(docs):
             try:
@@ -158,6 +161,17 @@ class CapabilityPublishService:
                 violations.append(_violation(exc, source, i))
         if violations:
             raise InvalidSpec(violations)
+
+    async def publish(self, inp: PublishInput, caller: Caller = SYSTEM) -> PublishResult:
+        ensure_admin(caller, "PublishCapabilities")
+        source = inp.source.strip() or DEFAULT_SOURCE
+        try:
+            docs = self._documents(inp, source)
+            accounts = _accounts(await self._catalog.accounts())
+            now = self._clock()
+            self._check_each(docs, accounts, now, source)
+        except RecursionError:  # the parser and the checks recurse: a bomb of brackets
+            raise InvalidSpec([FieldViolation("document", "nested too deeply")]) from None
         try:
             counts = await publish_documents(
                 self._db, docs, accounts, now=now, source=source, dry_run=inp.dry_run

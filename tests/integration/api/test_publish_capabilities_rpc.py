@@ -153,7 +153,8 @@ async def test_a_dry_run_counts_what_it_would_write_and_writes_nothing(admin: Ad
 
 async def test_bad_entries_reject_the_whole_document_with_field_violations(admin: Admin) -> None:
     """An unknown mode in entry 1 and no price in entry 2: INVALID_ARGUMENT naming both entries
-    (the good entry 0 is not written either); a document that is not YAML names `document`."""
+    (the good entry 0 is not written either); a document that is not YAML, or nested past the
+    parser's recursion, names `document`."""
     entries = _entries()
     broken = copy.deepcopy(entries)
     broken[1]["modes"] = ["TELEPATHY"]
@@ -171,6 +172,10 @@ async def test_bad_entries_reject_the_whole_document_with_field_violations(admin
         await admin.publish("provider: [runway\n")
     assert unparsable.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert set(_violations(unparsable.value)) == {"document"}
+    with pytest.raises(grpc.aio.AioRpcError) as nested:  # too deep to parse: never INTERNAL
+        await admin.publish("[" * 5000 + "]" * 5000)
+    assert nested.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert set(_violations(nested.value)) == {"document"}
     assert await admin.rows() == dict.fromkeys(TABLES, 0)
 
 
