@@ -4,9 +4,11 @@ the unit that stores (or refuses) the output, counted in the model's bucket."""
 
 from __future__ import annotations
 
+import io
 from dataclasses import replace
 from datetime import UTC, datetime
 
+import av
 import httpx
 import pytest
 from sqlalchemy import select
@@ -15,6 +17,7 @@ from adapter_sidecars.emulators.media import MediaSpec
 from adapter_sidecars.emulators.media import render_mp4 as emulator_mp4
 from controlplane.domain.quality import bucket_key
 from controlplane.domain.states import TaskState
+from controlplane.execution.frame_checks import frame_defects
 from controlplane.execution.output_fetch import (
     ExpectedMedia,
     FetchRequest,
@@ -149,3 +152,11 @@ async def test_a_redelivered_check_counts_once(lite: Harness) -> None:
     async with lite.db.reading() as conn:
         counts = await store.aggregates(conn)
     assert counts[("runway", "gen4.5", "TEXT_TO_VIDEO", "b")].technical_checks == 1
+
+
+def test_a_clip_too_short_to_sample_reports_nothing() -> None:
+    """Two frames of one colour are too few to call frozen: no defect, whatever the content."""
+    with av.open(io.BytesIO(render_mp4(2 / 24)), mode="r") as container:
+        frames = container.decode(video=0)
+        first = next(frames)
+        assert frame_defects(first, frames, 2, 24.0) == ()
