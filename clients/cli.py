@@ -11,6 +11,7 @@
     vidroute balance | ledger | credit | costs            money (clients.billing_cli)
     vidroute reconcile [--date YYYY-MM-DD]                daily bill reconciliation
     vidroute replay --policy FILE [--since --until --tenant]   route replay (clients.cli_replay)
+    vidroute routing publish FILE | rollback [VERSION] | policies | canaries   (clients.cli_routing)
 
 Client commands connect to ``--target``, else ``VIDROUTE_TARGET``, else the config file
 (`clients.cli_config`: ``$VIDROUTE_CONFIG`` or ``~/.config/vidroute/config.toml`` with target,
@@ -37,7 +38,15 @@ import click
 import grpc
 
 from clients import auth as client_auth
-from clients import billing_cli, cli_admin, cli_errors, cli_replay, cli_tasks, reconcile_cli
+from clients import (
+    billing_cli,
+    cli_admin,
+    cli_errors,
+    cli_replay,
+    cli_routing,
+    cli_tasks,
+    reconcile_cli,
+)
 from clients.cli_common import State
 from clients.cli_config import DEFAULT_TARGET, ConfigError
 from clients.cli_spec import SpecError
@@ -191,6 +200,7 @@ for _command in (
     *billing_cli.commands(),
     reconcile_cli.command,
     cli_replay.command,
+    cli_routing.command,
 ):
     app.add_command(_command)
 

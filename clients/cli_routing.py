@@ -1,0 +1,147 @@
+"""``vidroute routing``: routing policy publication, rollback, versions and canaries.
+
+vidroute routing publish FILE [--dry-run] [--source S]    # validate, then make it active
+vidroute routing rollback [VERSION]                      # empty: the version before the active
+vidroute routing policies [--json]                       # every version, the active one marked
+vidroute routing canaries [--json]                       # stage, traffic, gates, transitions
+
+Admin. A policy file is validated like a capability publication (schema, weights in range,
+shadow, the compile check of its samples): a bad file is one ``error: <path>: ...`` line per
+problem (exit 2) and nothing changes. A publish or rollback is used by every replica's next
+dispatch round.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+from google.protobuf import json_format
+
+from clients.cli_client import channel
+from clients.cli_common import connection, connection_options, json_option
+from clients.cli_render import when
+from vidroute.scheduler.v1 import routing_pb2, routing_service_pb2, routing_service_pb2_grpc
+
+TIMEOUT_S = 60.0
+_STATUS = {
+    routing_pb2.CANARY_STATUS_ACTIVE: "ACTIVE",
+    routing_pb2.CANARY_STATUS_PROMOTED: "PROMOTED",
+    routing_pb2.CANARY_STATUS_ROLLED_BACK: "ROLLED_BACK",
+}
+
+
+def _line(p: routing_pb2.RoutingPolicyVersion) -> str:
+    mark = "*" if p.active else " "
+    return f"{mark} {p.version}  {when(p.published_at)}  {p.source}"
+
+
+def _print(message: Any) -> None:
+    print(
+        json.dumps(json_format.MessageToDict(message, preserving_proto_field_name=True), indent=2)
+    )
+
+
+@click.group("routing")
+def routing() -> None:
+    """Admin: routing policies (publish, rollback, versions) and their canaries."""
+
+
+@routing.command("publish")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Validate everything and write nothing.")
+@click.option("--source", default=None, help="Recorded with the version (default: the file name).")
+@json_option
+@connection_options
+def publish(
+    *,
+    file: Path,
+    dry_run: bool,
+    source: str | None,
+    as_json: bool,
+    target: str | None,
+    tls: bool | None,
+    debug: bool,
+) -> int:
+    """Validate a routing policy file and make it the active version."""
+    request = routing_service_pb2.PublishRoutingPolicyRequest(
+        document=file.read_text(encoding="utf-8"), source=source or file.name, dry_run=dry_run
+    )
+    with channel(connection(target, tls, debug)) as chan:
+        stub: Any = routing_service_pb2_grpc.RoutingServiceStub(chan)
+        policy = stub.PublishRoutingPolicy(request, timeout=TIMEOUT_S).policy
+    if as_json:
+        _print(policy)
+        return 0
+    done = "valid, not published (dry run)" if dry_run else "published and active"
+    print(f"{policy.version}: {done}")
+    return 0
+
+
+@routing.command("rollback")
+@click.argument("version", required=False, default="")
+@json_option
+@connection_options
+def rollback(
+    *, version: str, as_json: bool, target: str | None, tls: bool | None, debug: bool
+) -> int:
+    """Make VERSION active again (default: the version published before the active one)."""
+    request = routing_service_pb2.RollbackRoutingPolicyRequest(version=version)
+    with channel(connection(target, tls, debug)) as chan:
+        stub: Any = routing_service_pb2_grpc.RoutingServiceStub(chan)
+        policy = stub.RollbackRoutingPolicy(request, timeout=TIMEOUT_S).policy
+    if as_json:
+        _print(policy)
+        return 0
+    print(f"{policy.version}: active")
+    return 0
+
+
+@routing.command("policies")
+@json_option
+@connection_options
+def policies(*, as_json: bool, target: str | None, tls: bool | None, debug: bool) -> int:
+    """Every published routing policy version, newest first; * marks the active one."""
+    with channel(connection(target, tls, debug)) as chan:
+        stub: Any = routing_service_pb2_grpc.RoutingServiceStub(chan)
+        reply = stub.ListRoutingPolicies(
+            routing_service_pb2.ListRoutingPoliciesRequest(), timeout=TIMEOUT_S
+        )
+    if as_json:
+        _print(reply)
+    elif not reply.policies:
+        print("no routing policy published (the configured or built-in one is in use)")
+    else:
+        print("\n".join(_line(p) for p in reply.policies))
+    return 0
+
+
+@routing.command("canaries")
+@json_option
+@connection_options
+def canaries(*, as_json: bool, target: str | None, tls: bool | None, debug: bool) -> int:
+    """Each canary: status, traffic share, stages, last gate evaluation and its transitions."""
+    with channel(connection(target, tls, debug)) as chan:
+        stub: Any = routing_service_pb2_grpc.RoutingServiceStub(chan)
+        reply = stub.ListCanaries(routing_service_pb2.ListCanariesRequest(), timeout=TIMEOUT_S)
+    if as_json:
+        _print(reply)
+        return 0
+    if not reply.canaries:
+        print("no canaries")
+    for c in reply.canaries:
+        stages = " -> ".join(f"{s:g}%" for s in c.stages)
+        print(f"{c.candidate_id}  {_STATUS.get(c.status, '?')}  {c.traffic_percent:g}%  ({stages})")
+        failed = sorted(g for g, ok in c.gates.items() if not ok)
+        if c.gates:
+            print(f"  gates: {'failed ' + ', '.join(failed) if failed else 'all passed'}")
+        for t in c.history:
+            print(
+                f"  {when(t.at)}  {t.action}  {t.from_percent:g}% -> {t.to_percent:g}%  {t.reason}"
+            )
+    return 0
+
+
+command = routing

@@ -1,0 +1,111 @@
+"""`vidroute routing publish | rollback | policies | canaries` against a running RoutingService
+(SQLite): what each prints, a bad file as one line per violation (exit 2, nothing published)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from clients import cli
+from controlplane.api.auth import Authenticator, hash_token, new_token, parse_entries
+from controlplane.api.routing_servicer import RoutingServicer
+from controlplane.api.servicer import SchedulerServicer
+from controlplane.persistence.database import Database
+from controlplane.server import start_server
+from controlplane.service.routing_policies import RoutingPolicyService
+from controlplane.service.tasks import TaskService
+
+pytestmark = pytest.mark.timeout(120)
+WEIGHTS = {
+    "quality": 0.28,
+    "success": 0.22,
+    "latency": 0.18,
+    "cost": 0.14,
+    "capacity": 0.10,
+    "region": 0.04,
+    "preference": 0.04,
+}
+CANARY = "runway/gen4.5/prod-us"
+
+
+@pytest.fixture
+def backend() -> str:
+    return "sqlite"
+
+
+@pytest.fixture
+async def target(db: Database, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
+    token = new_token()
+    monkeypatch.setenv("VIDROUTE_TOKEN", token)
+    monkeypatch.setenv("VIDROUTE_CONFIG", "/nonexistent/vidroute.toml")
+
+    async def probe() -> bool:
+        return True
+
+    running = await start_server(
+        SchedulerServicer(TaskService(db)),
+        listen="127.0.0.1:0",
+        probe=probe,
+        auth=Authenticator(parse_entries([f"{hash_token(token)}=admin"])),
+        routing=RoutingServicer(policies=RoutingPolicyService(db)),
+    )
+    yield f"127.0.0.1:{running.port}"
+    await running.stop(grace=1)
+
+
+async def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = await asyncio.to_thread(cli.main, list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def policy_file(tmp_path: Path, version: str, **extra: object) -> str:
+    path = tmp_path / f"{version}.yaml"
+    path.write_text(json.dumps({"version": version, "weights": {"default": WEIGHTS}, **extra}))
+    return str(path)
+
+
+async def test_publish_list_rollback_and_canaries(
+    target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Publish twice, list (active marked), roll back to the first, list the canary."""
+    t = ("--target", target)
+    first = policy_file(tmp_path, "v1", canaries={CANARY: {"stages": [1, 5]}})
+    assert await run(capsys, "routing", "publish", first, *t) == (
+        0,
+        "v1: published and active\n",
+        "",
+    )
+    dry = await run(capsys, "routing", "publish", policy_file(tmp_path, "v2"), "--dry-run", *t)
+    assert dry[:2] == (0, "v2: valid, not published (dry run)\n")
+    await run(capsys, "routing", "publish", policy_file(tmp_path, "v2"), *t)
+    code, out, _ = await run(capsys, "routing", "policies", *t)
+    assert code == 0
+    rows = [(line[0], line[2:].split()[0]) for line in out.splitlines()]
+    assert rows == [("*", "v2"), (" ", "v1")]
+    assert "v2.yaml" in out.splitlines()[0]
+    assert await run(capsys, "routing", "rollback", *t) == (0, "v1: active\n", "")
+    code, out, _ = await run(capsys, "routing", "policies", "--json", *t)
+    active = [p["version"] for p in json.loads(out)["policies"] if p.get("active")]
+    assert active == ["v1"]
+    code, out, _ = await run(capsys, "routing", "canaries", *t)
+    assert out.splitlines()[0] == f"{CANARY}  ACTIVE  1%  (1% -> 5%)"
+    assert "STARTED  0% -> 1%  published" in out
+
+
+async def test_a_bad_file_is_one_line_per_violation(
+    target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two problems are two error lines naming their paths, exit 2; nothing is published."""
+    bad = policy_file(tmp_path, "v1", hysteresis_delta=4, min_dwell_s=-1)
+    code, out, err = await run(capsys, "routing", "publish", bad, "--target", target)
+    assert (code, out) == (2, "")
+    lines = err.splitlines()
+    assert any(line.startswith("error: hysteresis_delta: ") for line in lines), err
+    assert any(line.startswith("error: min_dwell_s: ") for line in lines), err
+    code, out, _ = await run(capsys, "routing", "policies", "--target", target)
+    assert "no routing policy published" in out
