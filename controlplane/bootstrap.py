@@ -129,7 +129,6 @@ from controlplane.metrics import (
 from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.records import AccountInfo, AttemptRecord
-from controlplane.persistence.tasks import TaskQueries
 from controlplane.persistence.webhooks import WebhookStore
 from controlplane.reconciliation import delta_by_provider
 from controlplane.scheduling.canary_gates import CanaryGateConfig
@@ -863,14 +862,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     if settings.console_listen:
         console = Console(
             Authenticator(settings.auth_tokens),
-            ConsoleReads(
-                tasks,
-                TaskQueries(db),
-                CatalogQueries(db),
-                providers=admin,
-                monitor=monitor,
-                leases=lease_store,
-            ),
+            ConsoleReads(tasks, db, providers=admin, monitor=monitor, leases=lease_store),
             outputs=outputs,
             billing=BillingService(db),
         )

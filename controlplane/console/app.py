@@ -194,7 +194,9 @@ class Console:
             "task": detail.task,
             "detail": detail,
             "accounts": found.account_names,
-            "entries": shaping.timeline(detail, found.events, found.account_names),
+            "entries": shaping.timeline(
+                detail, found.events, found.account_names, found.observations
+            ),
             "samples": shaping.samples(detail) if detail.task.state is TaskState.SUCCEEDED else [],
             "poll": None if terminal else POLL,
         }

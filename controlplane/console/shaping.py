@@ -3,20 +3,24 @@
 Pure functions over the service layer's records (no I/O), so the pages stay logic-free.
 
 The timeline merges, in time order, every task event (state changes, requeues and their
-failover reasons, progress), every attempt (created, its last state and failure), and every
-provider job (submitted, last polled with its raw provider status, completed, the raw failure).
+failover reasons, progress), every attempt (created, its last state and failure), every
+provider job (submitted, last polled with its raw provider status, completed, the raw failure)
+and every stored observation of those jobs (each distinct poll answer and callback, raw).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from controlplane.domain.outputs import stored_samples
+from controlplane.persistence.provider_observations import ProviderObservation
 from controlplane.persistence.records import RouteDecisionRecord, TaskDetail, TaskEventRecord
+
+RAW_SHOWN = 400  # characters of a raw provider payload on the timeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +92,24 @@ def _event_entry(event: TaskEventRecord) -> Entry:
 
 
 def timeline(
-    detail: TaskDetail, events: tuple[TaskEventRecord, ...], accounts: Mapping[int, str]
+    detail: TaskDetail,
+    events: tuple[TaskEventRecord, ...],
+    accounts: Mapping[int, str],
+    observations: Sequence[ProviderObservation] = (),
 ) -> list[Entry]:
     entries = [_event_entry(e) for e in events]
     numbers = {a.id: a.attempt_no for a in detail.attempts}
+    for o in observations:
+        entries.append(
+            Entry(
+                o.received_at,
+                o.source,
+                f"{o.source}: job {o.provider_job_id} raw status {o.raw_status!r} -> {o.job_state}",
+                f"{o.outcome} {o.raw_payload[:RAW_SHOWN]}".strip(),
+                numbers.get(o.attempt_id) if o.attempt_id is not None else None,
+                _css_for(o.job_state),
+            )
+        )
     for a in detail.attempts:
         where = f"{accounts.get(a.provider_account_id, a.provider_account_id)} {a.provider_model}"
         entries.append(

@@ -22,6 +22,11 @@ from controlplane.domain.scoring import HealthWindows, Window, WindowStats
 from controlplane.domain.states import TaskState
 from controlplane.leases.base import AccountSnapshot, LeaseStore
 from controlplane.persistence.catalog import CatalogQueries, HealthEvent
+from controlplane.persistence.database import Database
+from controlplane.persistence.provider_observations import (
+    ProviderObservation,
+    ProviderObservations,
+)
 from controlplane.persistence.records import TaskDetail, TaskEventRecord
 from controlplane.persistence.tasks import TaskQueries
 from controlplane.scheduling.health import BreakerStatus, HealthMonitor
@@ -55,6 +60,7 @@ class Timeline:
     detail: TaskDetail
     events: tuple[TaskEventRecord, ...]
     account_names: dict[int, str]  # provider_account_id -> "provider/account/region"
+    observations: tuple[ProviderObservation, ...] = ()  # every poll and callback stored
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +89,17 @@ class ConsoleReads:
     def __init__(
         self,
         tasks: TaskService,
-        queries: TaskQueries,
-        catalog: CatalogQueries,
+        db: Database,
         *,
         providers: ProviderAdminService | None = None,
         monitor: HealthMonitor | None = None,
         leases: LeaseStore | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self._tasks, self._queries, self._catalog = tasks, queries, catalog
+        self._tasks = tasks
+        # Reads the API has no RPC for; the scoping check is always `tasks.get_task` first.
+        self._queries, self._catalog = TaskQueries(db), CatalogQueries(db)
+        self._observations = ProviderObservations(db)
         self._providers, self._monitor, self._leases = providers, monitor, leases
         self._clock = clock
 
@@ -135,7 +143,8 @@ class ConsoleReads:
     async def timeline(self, task_id: int, caller: Caller = SYSTEM) -> Timeline:
         detail = await self._tasks.get_task(task_id, caller)  # NotFound for another tenant's
         events = await self._queries.task_events(task_id, limit=MAX_EVENTS)
-        return Timeline(detail, tuple(events), await self.account_names())
+        seen = await self._observations.for_attempts([a.id for a in detail.attempts])
+        return Timeline(detail, tuple(events), await self.account_names(), tuple(seen))
 
     async def providers(self, caller: Caller = SYSTEM) -> ProvidersPage:
         ensure_admin(caller, "console providers")

@@ -171,6 +171,9 @@ def test_console_shows_a_failed_over_task_in_a_real_browser(
     assert "attempt 2 SUCCEEDED" in timeline
     requeues = [row for row in seen["timeline"] if row[3] == "task.state_changed -> QUEUED"]
     assert any("reason: FAIL_OVER" in row[4] for row in requeues), timeline  # why it moved
+    # Each stored poll answer or callback of the provider job, with its raw status.
+    observed = [row for row in seen["timeline"] if row[1] in ("poll", "callback")]
+    assert any("raw status 'SUCCEEDED'" in row[3] and row[2] == "2" for row in observed), timeline
     assert seen["videos"] == 1
     assert seen["rangeStatus"] == 206
     assert seen["rangeLength"] == 100

@@ -15,9 +15,7 @@ import pytest
 from controlplane.api.auth import Authenticator, hash_token, new_token, parse_entries
 from controlplane.console.app import Console
 from controlplane.console.auth import COOKIE
-from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
-from controlplane.persistence.tasks import TaskQueries
 from controlplane.service.billing import BillingService
 from controlplane.service.console_reads import ConsoleReads
 from controlplane.service.outputs import OutputService
@@ -46,7 +44,7 @@ class Site:
 def console_for(db: Database, auth: Authenticator, objects: Path) -> Console:
     tasks = TaskService(db)
     outputs = OutputService(tasks, FilesystemObjectStore(objects))
-    reads = ConsoleReads(tasks, TaskQueries(db), CatalogQueries(db))
+    reads = ConsoleReads(tasks, db)
     return Console(auth, reads, outputs=outputs, billing=BillingService(db))
 
 
