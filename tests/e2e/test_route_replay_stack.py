@@ -22,6 +22,8 @@ from google.protobuf import json_format
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from controlplane.domain.routing.policy_document import parse_policy_document
+from controlplane.domain.routing.replay import Recorded, replay_one
 from controlplane.domain.scoring import example_policy
 from controlplane.persistence.models import route_decisions as D
 from tests.support.stack import ControlPlane, ProviderFarm, RedisDb, describe
@@ -114,6 +116,34 @@ def _cost(snap: dict[str, Any], cid: str | None) -> int:
     return int(next(c for c in snap["candidates"] if c["id"] == cid)["estimated_cost_micros"])
 
 
+def _check_cli(cp: ControlPlane, tmp_path: Path, report: Any) -> None:
+    """`vidroute replay --json` prints `report`; a bad policy file is one line per violation,
+    exit 2."""
+    env = {**os.environ, "VIDROUTE_TOKEN": cp.token}
+    env.pop("VIDROUTE_CONFIG", None)
+    assert cp.proc is not None
+    policy_file = tmp_path / "prefers-google.yaml"
+    policy_file.write_text(PREFERS_GOOGLE)
+    cli = [sys.executable, "-m", "clients.cli", "replay", "--target", cp.proc.address]
+    done = subprocess.run(
+        [*cli, "--policy", str(policy_file), "--json"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    printed = json.loads(done.stdout)
+    assert printed == json_format.MessageToDict(report, preserving_proto_field_name=True)
+
+    policy_file.write_text(PREFERS_GOOGLE.replace("cost: 0.1", "cost: 1.5"))
+    bad = subprocess.run(
+        [*cli, "--policy", str(policy_file)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2, bad.stderr
+    lines = bad.stderr.strip().splitlines()
+    assert lines
+    assert all(line.startswith("error: policy_document.weights.default") for line in lines)
+
+
 def test_replay_reproduces_a_faulty_run_and_prices_a_changed_policy(
     tmp_path: Path,
     farm: ProviderFarm,
@@ -150,6 +180,16 @@ def test_replay_reproduces_a_faulty_run_and_prices_a_changed_policy(
     assert same.replayed.estimated_cost_micros == same.recorded.estimated_cost_micros
     assert same.replayed.expected_success == same.recorded.expected_success
     assert dict(same.hard_filter_differences) == {}
+    # Exactly: the fall-through order and the selection reason too, decision by decision.
+    recorded = parse_policy_document(_recorded_policy_document(farm.time_scale)).policy
+    for task, no, snap in rows:
+        again = replay_one(Recorded(str(task), no, snap), recorded)
+        assert again is not None
+        assert (again.selected, list(again.ranked), again.selection_reason) == (
+            snap["selected"],
+            snap["ranked"],
+            snap["selection_reason"],
+        ), snap
 
     other = stub.ReplayRoutes(rs.ReplayRoutesRequest(policy_document=PREFERS_GOOGLE), timeout=60)
     report = other.report
@@ -175,29 +215,7 @@ def test_replay_reproduces_a_faulty_run_and_prices_a_changed_policy(
     assert report.replayed.estimated_cost_micros == sum(_cost(s, _by_hand(s)) for *_, s in rows)
     assert dict(report.hard_filter_differences) == {}
 
-    env = {**os.environ, "VIDROUTE_TOKEN": cp.token}
-    env.pop("VIDROUTE_CONFIG", None)
-    assert cp.proc is not None
-    policy_file = tmp_path / "prefers-google.yaml"
-    policy_file.write_text(PREFERS_GOOGLE)
-    cli = [sys.executable, "-m", "clients.cli", "replay", "--target", cp.proc.address]
-    done = subprocess.run(
-        [*cli, "--policy", str(policy_file), "--json"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    printed = json.loads(done.stdout)
-    assert printed == json_format.MessageToDict(report, preserving_proto_field_name=True)
-
-    policy_file.write_text(PREFERS_GOOGLE.replace("cost: 0.1", "cost: 1.5"))
-    bad = subprocess.run(
-        [*cli, "--policy", str(policy_file)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert bad.returncode == 2, bad.stderr
-    lines = bad.stderr.strip().splitlines()
-    assert lines
-    assert all(line.startswith("error: policy_document.weights.default") for line in lines)
+    _check_cli(cp, tmp_path, report)
     with pytest.raises(grpc.RpcError) as refused:
         stub.ReplayRoutes(rs.ReplayRoutesRequest(policy_document="version: [x"), timeout=10)
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
