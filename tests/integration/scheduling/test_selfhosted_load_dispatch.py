@@ -23,6 +23,7 @@ from adapter_sidecars.common.config import parse_config
 from adapter_sidecars.common.server import SidecarServer
 from adapter_sidecars.emulators import SelfHostedConfig, SelfHostedEmulator
 from adapter_sidecars.selfhosted.adapter import SelfHostedAdapter
+from controlplane.adapters.fake import FakeAdapterClient
 from controlplane.adapters.grpc_client import GrpcAdapterClient
 from controlplane.capabilities.publish import (
     AccountConfig,
@@ -38,7 +39,9 @@ from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig, Dis
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import LocalLock
 from controlplane.scheduling.load_book import LoadBook, LoadConfig
+from controlplane.scheduling.runtime import build_scheduling
 from tests.integration.scheduling.support import NOW, ROOT, dispatch_one
+from vidroute_core.adapter import LoadReport, ModelLoad
 from vidroute_core.hashing import normalized_spec_hash
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
@@ -224,3 +227,35 @@ async def test_load_book_refreshes_per_interval_and_drops_stale_reports(
     ticks[0] = 3.5  # past three intervals
     assert aged.report("self_hosted") == {}
     await dead.close()
+
+
+async def test_runtime_runs_the_load_refresh_for_every_dispatcher(
+    database_url: str, db: Database
+) -> None:
+    """As bootstrap wires it: every dispatcher reads the runtime's one LoadBook, and the
+    started runtime calls GetLoad on each adapter once per interval until stopped."""
+    fakes = {"self_hosted": FakeAdapterClient(), "runway": FakeAdapterClient()}
+    fakes["self_hosted"].load = LoadReport((ModelLoad("wan-a", warm=True),))
+    runtime = build_scheduling(
+        db=db,
+        database_url=database_url,
+        leases=MemoryLeaseStore(),
+        adapters=fakes,
+        policy=example_policy("router-load"),
+        load_config=LoadConfig(interval_s=0.05),
+    )
+    assert runtime.loads is not None
+    assert all(d.loads is runtime.loads for d in runtime.dispatchers)
+    runtime.start()
+    try:
+        deadline = asyncio.get_running_loop().time() + 10
+        while min(f.load_calls for f in fakes.values()) < 3:
+            assert asyncio.get_running_loop().time() < deadline, "no periodic GetLoad"
+            await asyncio.sleep(0.02)
+    finally:
+        await runtime.stop()
+    assert runtime.loads.report("self_hosted")["wan-a"].warm
+    assert runtime.loads.report("runway") == {}
+    calls = fakes["runway"].load_calls
+    await asyncio.sleep(0.2)
+    assert fakes["runway"].load_calls == calls  # stopped with the runtime
