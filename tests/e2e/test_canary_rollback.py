@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from tests.support.stack import ControlPlane, ProviderFarm, RedisDb, wait_for
@@ -88,6 +89,23 @@ def attempt_providers(task: scheduler_pb2.Task) -> list[str]:
     return [a.provider for a in task.attempts]
 
 
+def refuses_a_failing_compile_check(routing: Any, document: dict[str, Any]) -> None:
+    """A sample no candidate serves and a canary the catalog lacks are refused; nothing kept."""
+    impossible = {
+        **document["samples"][0],
+        "output": {"width": 1280, "height": 720, "duration_ms": 590_000},
+    }
+    refused = {**document, "samples": [impossible], "canaries": {"nope/x/y": {}}}
+    with pytest.raises(grpc.RpcError) as info:
+        routing.PublishRoutingPolicy(
+            rapi.PublishRoutingPolicyRequest(document=json.dumps(refused)), timeout=30
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "samples[0]" in str(info.value.details())
+    assert 'canaries["nope/x/y"]' in str(info.value.details())
+    assert not routing.ListRoutingPolicies(rapi.ListRoutingPoliciesRequest(), timeout=10).policies
+
+
 def test_failing_canary_is_rolled_back_by_the_leader(stack: ControlPlane) -> None:
     """Published canary and shadow: decisions carry the shadow pick; once the canary's jobs
     fail, the leader rolls it back (ListCanaries: ROLLED_BACK, the failed gate, the figures),
@@ -123,6 +141,8 @@ def test_failing_canary_is_rolled_back_by_the_leader(stack: ControlPlane) -> Non
             }
         ],
     }
+    refuses_a_failing_compile_check(routing, document)
+
     published = routing.PublishRoutingPolicy(
         rapi.PublishRoutingPolicyRequest(document=json.dumps(document), source="e2e"), timeout=30
     ).policy

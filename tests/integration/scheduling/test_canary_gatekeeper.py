@@ -1,0 +1,178 @@
+"""The leader's canary gatekeeper on SQLite and PostgreSQL: live attempts since a stage began hold,
+advance, promote or roll a published canary back, each step recorded once, and the dispatchers'
+`PolicyBook` sees the stage it moved to."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import update
+
+from controlplane.domain import scoring
+from controlplane.domain.routing.canary import ROLLED_BACK_STAGE, CanaryStatus
+from controlplane.domain.routing.selection import RouterConfig
+from controlplane.domain.scoring import CanaryAction
+from controlplane.persistence import routing_policies as store
+from controlplane.persistence.database import Database
+from controlplane.persistence.models import task_attempts
+from controlplane.scheduling.canary_gates import CanaryGatekeeper
+from controlplane.scheduling.policy_book import PolicyBook
+from controlplane.service.routing_policies import RoutingPolicyService
+from tests.support.quality_tasks import task_in
+from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+WEIGHTS = {
+    "quality": 0.28,
+    "success": 0.22,
+    "latency": 0.18,
+    "cost": 0.14,
+    "capacity": 0.10,
+    "region": 0.04,
+    "preference": 0.04,
+}
+CANARY, INCUMBENT = "runway/gen4.5/prod-us", "google/veo-3/prod-eu"
+
+
+class Stack:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.accounts: dict[str, int] = {}
+        self.n = 0
+
+    async def setup(self) -> None:
+        async with self.db.unit(T0) as u:
+            for cid in (CANARY, INCUMBENT):
+                provider, _, account = cid.split("/")
+                self.accounts[cid] = await u.create_provider_account(
+                    provider=provider, account_name=account, region="us", credential_ref="kms://x"
+                )
+
+    async def attempts(
+        self, cid: str, at: datetime, ok: int, failed: int = 0, cost: int = 1000
+    ) -> None:
+        """`ok` SUCCEEDED and `failed` FAILED attempts of `cid` created at `at`, 30 s long."""
+        for i in range(ok + failed):
+            self.n += 1
+            spec = GenerationSpec(
+                tenant_id="acme",
+                prompt=f"p{self.n}",
+                mode=Mode.TEXT_TO_VIDEO,
+                output=OutputSpec(width=1280, height=720, duration_ms=4000),
+            )
+            task = await task_in(
+                self.db, spec, f"k{self.n}", at, account=self.accounts[cid], model=cid.split("/")[1]
+            )
+            async with self.db.unit(at) as u:
+                await u.conn.execute(
+                    update(task_attempts)
+                    .where(task_attempts.c.task_id == task.id)
+                    .values(
+                        status="SUCCEEDED" if i < ok else "FAILED",
+                        updated_at=at + timedelta(seconds=30),
+                        actual_cost_micros=cost,
+                    )
+                )
+
+
+def document(version: str, **gates: object) -> str:
+    canary = {"stages": [1, 5], "gates": {"min_samples": 3, **gates}}
+    return json.dumps(
+        {"version": version, "weights": {"default": WEIGHTS}, "canaries": {CANARY: canary}}
+    )
+
+
+def keeper(db: Database, at: datetime) -> CanaryGatekeeper:
+    return CanaryGatekeeper(db, is_leader=lambda: True, clock=lambda: at)
+
+
+async def state(db: Database) -> store.CanaryRow:
+    async with db.reading() as conn:
+        (row,) = await store.canaries(conn)
+    return row
+
+
+async def history(db: Database) -> list[tuple[str, float, float]]:
+    async with db.reading() as conn:
+        return [(t.action, t.from_percent, t.to_percent) for t in await store.transitions(conn)]
+
+
+async def test_a_healthy_canary_holds_then_advances_then_is_promoted(db: Database) -> None:
+    """Below min_samples it holds (gates noted); with enough good attempts it advances a stage,
+    counting only attempts since that stage began, then it is promoted after the last stage."""
+    s = Stack(db)
+    await s.setup()
+    await RoutingPolicyService(db, clock=lambda: T0).publish(document("v1"))
+    book = PolicyBook(db, RouterConfig(policy=scoring.example_policy("builtin")))
+    await s.attempts(CANARY, T0 + timedelta(seconds=1), ok=2)
+    ((_, verdict),) = await keeper(db, T0 + timedelta(seconds=5)).evaluate_once()
+    assert verdict.action is CanaryAction.HOLD
+    assert (await state(db)).gates["success_rate"] is True
+    await s.attempts(CANARY, T0 + timedelta(seconds=6), ok=1)
+    ((_, verdict),) = await keeper(db, T0 + timedelta(seconds=10)).evaluate_once()
+    assert verdict.action is CanaryAction.ADVANCE
+    row = await state(db)
+    assert (row.stage, row.status, row.stage_started_at) == (
+        1,
+        CanaryStatus.ACTIVE,
+        T0 + timedelta(seconds=10),
+    )
+    assert dict((await book.refresh())[1]) == {CANARY: 1}
+    ((_, verdict),) = await keeper(db, T0 + timedelta(seconds=11)).evaluate_once()
+    assert verdict.action is CanaryAction.HOLD  # the first stage's attempts no longer count
+    await s.attempts(CANARY, T0 + timedelta(seconds=12), ok=3)
+    ((_, verdict),) = await keeper(db, T0 + timedelta(seconds=20)).evaluate_once()
+    assert verdict.action is CanaryAction.PROMOTE
+    assert (await state(db)).status is CanaryStatus.PROMOTED
+    assert await keeper(db, T0 + timedelta(seconds=21)).evaluate_once() == []
+    assert dict((await book.refresh())[1]) == {}
+    assert await history(db) == [
+        ("STARTED", 0.0, 1.0),
+        ("ADVANCE", 1.0, 5.0),
+        ("PROMOTE", 5.0, 100.0),
+    ]
+
+
+async def test_a_canary_worse_than_the_incumbent_is_rolled_back(db: Database) -> None:
+    """Every absolute gate passes, but its cost per success is 10x the incumbent's (limit
+    1.5x): rolled back, the gate and both sides' figures recorded, -1 in the round view."""
+    s = Stack(db)
+    await s.setup()
+    await RoutingPolicyService(db, clock=lambda: T0).publish(document("v1"))
+    at = T0 + timedelta(seconds=1)
+    await s.attempts(CANARY, at, ok=3, cost=1000)
+    await s.attempts(INCUMBENT, at, ok=4, cost=100)
+    await s.attempts(INCUMBENT, T0 - timedelta(seconds=1), ok=0, failed=5)  # before the stage
+    ((_, verdict),) = await keeper(db, T0 + timedelta(seconds=5)).evaluate_once()
+    assert verdict.action is CanaryAction.ROLLBACK
+    assert verdict.reason == "gate failed: cost_per_success_vs_incumbent"
+    assert verdict.observed["incumbent_samples"] == 4
+    assert verdict.observed["incumbent_cost_per_success_micros"] == 100
+    assert verdict.observed["cost_per_success_micros"] == 1000
+    assert (await state(db)).status is CanaryStatus.ROLLED_BACK
+    book = PolicyBook(db, RouterConfig(policy=scoring.example_policy("builtin")))
+    assert dict((await book.refresh())[1]) == {CANARY: ROLLED_BACK_STAGE}
+    assert await history(db) == [("STARTED", 0.0, 1.0), ("ROLLBACK", 1.0, 0.0)]
+
+
+async def test_a_failing_canary_is_rolled_back_once(db: Database) -> None:
+    """Success below its gate rolls it back; two evaluations of the same state (two replicas
+    that both believed they led) record one rollback."""
+    s = Stack(db)
+    await s.setup()
+    await RoutingPolicyService(db, clock=lambda: T0).publish(document("v1", min_success_rate=0.9))
+    await s.attempts(CANARY, T0 + timedelta(seconds=1), ok=1, failed=2)
+    first, second = keeper(db, T0 + timedelta(seconds=5)), keeper(db, T0 + timedelta(seconds=5))
+    async with db.reading() as conn:
+        row = (await store.canaries(conn))[0]
+    ((_, verdict),) = await first.evaluate_once()
+    assert verdict.action is CanaryAction.ROLLBACK
+    assert "success_rate" in verdict.reason
+    async with db.unit(T0) as u:  # the second replica applies the same step on the stale row
+        moved = await store.move_canary(
+            u.conn, row, stage=0, status=CanaryStatus.ROLLED_BACK, gates={}, now=T0
+        )
+    assert not moved
+    assert await second.evaluate_once() == []
+    assert [a for a, _, _ in await history(db)] == ["STARTED", "ROLLBACK"]
