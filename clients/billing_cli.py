@@ -192,6 +192,7 @@ _RUN: dict[str, Callable[[Any, billing_service_pb2_grpc.BillingServiceStub], str
 }
 
 
+_RPC_TIMEOUT_S = 10  # an int: this module handles money, and its float scan stays meaningful
 _HELP = {
     "balance": "A tenant's balance, reservations and available credit.",
     "ledger": "A tenant's credit ledger entries, oldest first.",
@@ -204,7 +205,7 @@ def _command(name: str) -> Callable[..., int]:
     """The click callback of one money command: resolve the connection, call, print."""
 
     def run(target: str | None, tls: bool | None, debug: bool, **options: Any) -> int:
-        args = SimpleNamespace(command=name, timeout=10.0, json=options.pop("as_json"), **options)
+        args = SimpleNamespace(command=name, timeout=_RPC_TIMEOUT_S, json=options.pop("as_json"), **options)
         conn = connection(target, tls, debug)
         with channel(conn) as chan:
             print(_RUN[name](args, billing_service_pb2_grpc.BillingServiceStub(chan)))
