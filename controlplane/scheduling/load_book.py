@@ -7,20 +7,25 @@ until it is older than ``max_age_s`` and then counts as reporting nothing: stale
 evidence. The dispatcher turns the reports into `LoadView`s once per round (`views`, no I/O),
 so deciding a task only looks them up.
 
-Per replica: every control-plane replica that dispatches reads the load itself (one GetLoad per
-adapter per interval each) rather than sharing it through Redis like the health windows: the
-report is a cheap, idempotent read of the server's current state, and a replica's own read is
-never older than the interval, where a shared copy would add Redis's round trip and its loss.
+Shared like the health windows (scale-out): with Redis (`RedisLoadShare`, one hash
+``{prefix}:model-load``, a field per adapter) only the replica that `is_leader` (shard 0's leader,
+as for lease upkeep) calls GetLoad and publishes each report with its wall-clock time; the other
+replicas read the hash once per interval instead, so a fleet makes one GetLoad per adapter per
+interval. A follower that cannot read Redis, or finds no fresh report (a leader gone), asks the
+adapters itself: losing Redis loses only the sharing. Without Redis every replica asks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.domain.routing.candidates import Candidate
@@ -28,6 +33,7 @@ from controlplane.domain.routing.load import LoadScoring, LoadView, load_view
 from vidroute_core.adapter import ModelLoad
 
 log = logging.getLogger(__name__)
+Reports = dict[str, tuple[float, dict[str, ModelLoad]]]  # adapter -> (measured at, per model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +47,31 @@ class LoadConfig:
     scoring: LoadScoring = field(default_factory=LoadScoring)
 
 
+class RedisLoadShare:
+    """The leader's load reports in one Redis hash; values are JSON ``{"at", "models"}``."""
+
+    def __init__(self, client: Any, prefix: str = "vidroute") -> None:
+        self._redis = client  # redis.asyncio.Redis, typed loosely like the shared state's
+        self.key = f"{prefix}:model-load"
+
+    async def publish(self, reports: Reports) -> None:
+        mapping = {
+            name: json.dumps({"at": at, "models": [dataclasses.asdict(m) for m in models.values()]})
+            for name, (at, models) in reports.items()
+        }
+        if mapping:
+            await self._redis.hset(self.key, mapping=mapping)
+
+    async def read(self) -> Reports:
+        out: Reports = {}
+        for name, raw in (await self._redis.hgetall(self.key)).items():
+            doc = json.loads(raw)
+            models = (ModelLoad(**m) for m in doc["models"])
+            key = name.decode() if isinstance(name, bytes) else str(name)
+            out[key] = (float(doc["at"]), {m.model: m for m in models})
+        return out
+
+
 class LoadBook:
     """The last load report of every adapter, keyed by provider and model."""
 
@@ -48,12 +79,17 @@ class LoadBook:
         self,
         adapters: Mapping[str, AdapterClient],
         config: LoadConfig | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
+        *,
+        share: RedisLoadShare | None = None,
+        is_leader: Callable[[], bool] = lambda: True,
     ) -> None:
         self._adapters = adapters
         self.config = config or LoadConfig()
-        self._clock = clock
-        self._reports: dict[str, tuple[float, dict[str, ModelLoad]]] = {}
+        self._clock = clock  # wall clock: shared reports carry their time to other replicas
+        self._share = share
+        self._is_leader = is_leader
+        self._reports: Reports = {}
         self.refreshes = 0
 
     @property
@@ -78,6 +114,32 @@ class LoadBook:
             if models is not None:
                 self._reports[name] = (now, models)
         self.refreshes += 1
+
+    async def tick(self) -> None:
+        """One interval's work: a follower reads the leader's reports, else (the leader, no
+        Redis, or nothing fresh shared) GetLoad, published when shared."""
+        leader = self._share is None or self._is_leader()
+        if not leader and self._share is not None:
+            try:
+                shared = await self._share.read()
+            except Exception as exc:  # Redis lost: ask the adapters ourselves
+                log.info("shared model load not readable: %s", type(exc).__name__)
+            else:
+                for name, held in shared.items():  # never older than our own read
+                    if name not in self._reports or held[0] >= self._reports[name][0]:
+                        self._reports[name] = held
+                now = self._clock()
+                if all(
+                    name in shared and now - shared[name][0] <= self.max_age_s
+                    for name in self._adapters
+                ):
+                    return
+        await self.refresh()
+        if leader and self._share is not None:
+            try:
+                await self._share.publish(self._reports)
+            except Exception as exc:
+                log.info("model load not shared: %s", type(exc).__name__)
 
     async def _ask(self, name: str) -> dict[str, ModelLoad] | None:
         try:
@@ -107,6 +169,6 @@ class LoadBook:
     async def run(self, stop: asyncio.Event) -> None:
         """Refresh every interval until `stop`."""
         while not stop.is_set():
-            await self.refresh()
+            await self.tick()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.config.interval_s)

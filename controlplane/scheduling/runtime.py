@@ -49,7 +49,7 @@ from controlplane.scheduling.canary_gates import CanaryGateConfig, CanaryGatekee
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import LeaderLock, ShardLeadership, leader_lock_for
-from controlplane.scheduling.load_book import LoadBook, LoadConfig
+from controlplane.scheduling.load_book import LoadBook, LoadConfig, RedisLoadShare
 from controlplane.scheduling.policy_book import PolicyBook
 from controlplane.scheduling.quality_book import QualityBook
 from controlplane.scheduling.readiness import CatalogReadiness
@@ -220,9 +220,15 @@ def build_scheduling(
         for shard_config, lock in locks
     ]
     dispatcher = dispatchers[0]
-    # Model-server load (9.21): one GetLoad per adapter per interval on this replica; every
-    # shard's dispatcher reads the same book once per round.
-    loads = LoadBook(adapters, load_config)
+    # Model-server load (9.21): one GetLoad per adapter per interval, by shard 0's leader when
+    # Redis shares the reports (the others read them), else by each replica; every shard's
+    # dispatcher reads the same book once per round.
+    loads = LoadBook(
+        adapters,
+        load_config,
+        share=RedisLoadShare(redis_client) if redis_client is not None else None,
+        is_leader=lambda: dispatchers[0].leading,
+    )
     for d in dispatchers[1:]:
         d.readiness = dispatcher.readiness
     upkeep = Upkeep(

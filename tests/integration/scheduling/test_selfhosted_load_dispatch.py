@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 import yaml
 
 from adapter_sidecars.common.config import parse_config
@@ -38,7 +40,7 @@ from controlplane.persistence.database import Database
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig, DispatchOutcome
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import LocalLock
-from controlplane.scheduling.load_book import LoadBook, LoadConfig
+from controlplane.scheduling.load_book import LoadBook, LoadConfig, RedisLoadShare
 from controlplane.scheduling.runtime import build_scheduling
 from tests.integration.scheduling.support import NOW, ROOT, dispatch_one
 from vidroute_core.adapter import LoadReport, ModelLoad
@@ -259,3 +261,45 @@ async def test_runtime_runs_the_load_refresh_for_every_dispatcher(
     calls = fakes["runway"].load_calls
     await asyncio.sleep(0.2)
     assert fakes["runway"].load_calls == calls  # stopped with the runtime
+
+
+@pytest.mark.redis
+async def test_followers_read_the_leaders_load_through_redis(redis_server_url: str) -> None:
+    """With Redis only the leader calls GetLoad; a follower reads the leader's reports (its own
+    adapters untouched) until Redis is gone, then asks its adapters itself."""
+    client = aioredis.Redis.from_url(redis_server_url)
+    prefix = f"test-{secrets.token_hex(4)}"
+    on_leader = {"self_hosted": FakeAdapterClient(), "runway": FakeAdapterClient()}
+    on_leader["self_hosted"].load = LoadReport((ModelLoad("wan-a", queue_length=4, warm=True),))
+    on_follower = {"self_hosted": FakeAdapterClient(), "runway": FakeAdapterClient()}
+    on_follower["self_hosted"].load = LoadReport((ModelLoad("wan-a", queue_length=9),))
+    config = LoadConfig(interval_s=1.0)
+    try:
+        leader = LoadBook(
+            on_leader, config, share=RedisLoadShare(client, prefix), is_leader=lambda: True
+        )
+        follower = LoadBook(
+            on_follower, config, share=RedisLoadShare(client, prefix), is_leader=lambda: False
+        )
+        await leader.tick()
+        await follower.tick()
+        assert [f.load_calls for f in on_leader.values()] == [1, 1]
+        assert [f.load_calls for f in on_follower.values()] == [0, 0]
+        assert follower.report("self_hosted")["wan-a"] == ModelLoad(
+            "wan-a", queue_length=4, warm=True
+        )
+        assert follower.report("runway") == {}
+        await client.delete(f"{prefix}:model-load")  # no fresh shared report: ask ourselves
+        await follower.tick()
+        assert [f.load_calls for f in on_follower.values()] == [1, 1]
+        assert follower.report("self_hosted")["wan-a"].queue_length == 9
+    finally:
+        await client.delete(f"{prefix}:model-load")
+        await client.aclose()
+    unreachable = aioredis.Redis.from_url("redis://127.0.0.1:1/0")
+    gone = LoadBook(
+        on_follower, config, share=RedisLoadShare(unreachable, prefix), is_leader=lambda: False
+    )
+    await gone.tick()  # Redis unreachable: the follower's own read
+    assert gone.report("self_hosted")["wan-a"].queue_length == 9
+    await unreachable.aclose()
