@@ -63,6 +63,7 @@ class Replayed:
     selected: str | None
     ranked: tuple[str, ...]  # after the recorded lease refusals, as the dispatcher stores it
     selection_reason: str
+    scores: Mapping[str, float] = field(default_factory=dict)  # unrounded, of the scored
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +131,7 @@ def replay_one(record: Recorded, policy: scoring.RoutingPolicy) -> Replayed | No
     leased = next((cid for cid in ranked if cid not in refused), None)
     if leased is None:
         return Replayed(
-            record.task_id, record.decision_no, recorded, None, (), "all_leases_refused"
+            record.task_id, record.decision_no, recorded, None, (), "all_leases_refused", scores
         )
     rest = tuple(c for c in ranked if c != leased and c not in refused)
     if refused:
@@ -138,7 +139,9 @@ def replay_one(record: Recorded, policy: scoring.RoutingPolicy) -> Replayed | No
     prefix = str(snap.get("selection_reason", "")).partition(":")
     if prefix[1] and prefix[0] == "soft_exclusion_lifted":
         why = f"{prefix[0]}:{why}"
-    return Replayed(record.task_id, record.decision_no, recorded, leased, (leased, *rest), why)
+    return Replayed(
+        record.task_id, record.decision_no, recorded, leased, (leased, *rest), why, scores
+    )
 
 
 def wilson_interval(rate: float, samples: float) -> tuple[float, float]:

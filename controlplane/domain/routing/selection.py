@@ -74,7 +74,7 @@ class RouterConfig:
 class _Row:
     """An eligible candidate while its decision is made; becomes its `Verdict` at the end."""
 
-    __slots__ = ("canary", "cost", "entry", "load_cut", "parts", "penalty", "result")
+    __slots__ = ("canary", "cost", "dep_cut", "entry", "load_cut", "parts", "penalty", "result")
 
     def __init__(self, entry: CandidatePlan, cost: int, result: CompileResult | None) -> None:
         self.entry, self.cost, self.result = entry, cost, result
@@ -82,6 +82,7 @@ class _Row:
         self.parts: tuple[float, ...] = ()
         self.penalty = 0.0
         self.load_cut = 0.0  # the part of `penalty` that is the GPU utilisation's
+        self.dep_cut = 0.0  # with a load cut: the deprecation's, as added (replay sums both)
 
     def penalties(self) -> Mapping[str, float]:
         """The named parts of `penalty` (the explain view; replay sums them)."""
@@ -89,7 +90,7 @@ class _Row:
             return {"DEPRECATED": self.penalty} if self.entry.deprecated else _NONE
         out = {}
         if self.entry.deprecated:
-            out["DEPRECATED"] = self.penalty - self.load_cut
+            out["DEPRECATED"] = self.dep_cut  # the configured amount, not penalty - load_cut
         if self.load_cut:
             out[LOAD_PENALTY] = self.load_cut
         return out
@@ -209,7 +210,7 @@ def _score(  # noqa: PLR0915 - one loop per decision on purpose: the hot path
         if load and (view_load := load.get(cid)) is not None:
             mean = h.mean_latency_s if h is not None else None
             lat, free = _with_load(view_load, mean, free, bad, latency_span)
-            row.load_cut = view_load.penalty
+            row.load_cut, row.dep_cut = view_load.penalty, cut
             cut += view_load.penalty
         row.parts = parts = (q, ok, lat, cost, free, region, pref)
         row.penalty = cut

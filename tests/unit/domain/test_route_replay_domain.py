@@ -21,6 +21,7 @@ from controlplane.domain.routing.candidates import (
 )
 from controlplane.domain.routing.decision import Outcome, RouteDecisionSnapshot
 from controlplane.domain.routing.filters import screen
+from controlplane.domain.routing.load import LoadView
 from controlplane.domain.routing.replay import (
     Recorded,
     ReplayTally,
@@ -36,6 +37,22 @@ Case = tuple[GenerationSpec, RoutingContext, dict[str, CompileResult]]
 
 
 IDS = sorted(c.id for c in CATALOG)
+
+
+loads = st.builds(
+    LoadView,
+    queue_length=st.integers(0, 9),
+    warm=st.booleans(),
+    cold_start_s=st.just(30.0),
+    gpu_utilization=st.floats(0, 1),
+    available_slots=st.integers(0, 4),
+    ready_replicas=st.integers(1, 3),
+    vram_free_mb=st.just(1000),
+    vram_total_mb=st.just(8000),
+    extra_s=st.floats(0, 600),
+    free=st.floats(0, 1),
+    penalty=st.floats(0, 0.1),
+)
 
 
 @st.composite
@@ -71,6 +88,8 @@ def selected_cases(draw: st.DrawFn) -> Case:
             | st.builds(Incumbent, st.sampled_from(IDS), st.just(NOW.timestamp() - 7200.0))
         ),
         canary_stages=draw(st.dictionaries(st.sampled_from(IDS), st.integers(0, 3), max_size=1)),
+        # Model-server load: latency, capacity and a GPU penalty that adds to a deprecation's.
+        load=draw(st.dictionaries(st.sampled_from(IDS), loads, max_size=3)),
     )
     survivors = screen(spec, CATALOG, ctx).survivors()
     return spec, ctx, {c.id: compile_for(spec, c) for c in survivors}
@@ -113,11 +132,15 @@ policies = st.builds(
 def test_replay_with_the_recorded_policy_reproduces_every_decision(
     case: Case, cfg: RouterConfig, refuse: int
 ) -> None:
-    """Replaying a stored decision with the policy that made it gives the same pick, the same
-    lease fall-through order and the same selection reason."""
-    snap = _decide(case, cfg, refuse)
+    """Replaying a stored decision with the policy that made it gives every scored candidate
+    its unrounded score to the last bit, the same pick, lease fall-through order and reason."""
+    spec, ctx, compiled = case
+    decision = route("42", spec, CATALOG, compiled, cfg=cfg, ctx=ctx, catalog_version="cat-x")
+    snap = _stored(decision, list(decision.ranked[:refuse]))
     got = replay_one(Recorded("42", 1, snap), cfg.policy)
     assert got is not None
+    made = {v.candidate.id: v.score for v in decision.verdicts if v.score is not None}
+    assert dict(got.scores) == made
     assert got.selected == snap["selected"]
     if snap["outcome"] == Outcome.SELECTED.value or snap.get("lease_refused"):
         assert got.ranked == tuple(snap["ranked"])
