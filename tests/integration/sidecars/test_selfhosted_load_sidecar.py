@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
+from typing import Any
 
 import httpx
 import pytest
 from adapter_support import eventually, sidecar_config
-from conftest import Sidecar
 
 from adapter_sidecars.common.types import ProviderAdapter
 from adapter_sidecars.emulators import SelfHostedConfig, SelfHostedEmulator
@@ -35,7 +35,7 @@ CONFIG = SelfHostedConfig(
     idle_unload_s=50.0,
     preload=False,
 )
-Start = Callable[[ProviderAdapter], Awaitable[Sidecar]]
+Start = Callable[[ProviderAdapter], Awaitable[Any]]  # conftest's Sidecar
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ async def cold_server() -> AsyncIterator[SelfHostedEmulator]:
         yield emu
 
 
-async def _load(sidecar: Sidecar) -> tuple[LoadReport, ModelLoad]:
+async def _load(sidecar: Any) -> tuple[LoadReport, ModelLoad]:
     report = load_from_proto(await sidecar.stub.GetLoad(svc.GetLoadRequest()))
     return report, next(m for m in report.models if m.model == MODEL)
 
@@ -110,7 +110,9 @@ async def test_load_follows_queued_and_running_jobs_and_warm_cold(
             CONFIG.gpu_vram_mb - CONFIG.model_vram_mb - CONFIG.job_vram_mb
         )
         await eventually(
-            lambda: phase("done", lambda m: m.warm and m.queue_length == 0 and m.available_slots),
+            lambda: phase(
+                "done", lambda m: m.warm and m.queue_length == 0 and m.available_slots > 0
+            ),
             deadline_s=10,
             interval=0.02,
         )
