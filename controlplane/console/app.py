@@ -1,8 +1,9 @@
 """The read-only web console: server-rendered pages (Starlette + Jinja2) with htmx for live parts.
 
 Pages: ``/tasks`` (filters: tenant, state, provider, created since/until; the rows re-read every
-2 s), ``/tasks/{id}`` (the timeline, re-read every 2 s until the task is terminal; the stored
-output in a ``<video>``), ``/tasks/{id}/decisions`` (the explain table of every route decision),
+2 s), ``/tasks/{id}`` (the timeline, re-read on each of the task's events, streamed as server-sent
+events from ``TaskService.watch``, until the task is terminal; the stored output in a
+``<video>``), ``/tasks/{id}/decisions`` (the explain table of every route decision),
 ``/providers`` (capability versions, prices, health windows, leases), ``/breakers`` (states and
 their history), ``/reconciliation`` (the stored report of a day). Every read goes through
 `ConsoleReads` and the other services with the signed-in caller, so the API's scoping holds: a
@@ -12,6 +13,7 @@ tenant gets 404 for another tenant's task and 403 on the admin pages. htmx is ve
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,11 +34,12 @@ from controlplane.api.auth import Authenticator
 from controlplane.console import auth as session
 from controlplane.console import shaping
 from controlplane.domain.states import TASK_MACHINE, TaskState
+from controlplane.persistence.records import TaskEventRecord
 from controlplane.service.access import Caller
 from controlplane.service.billing import BillingService
 from controlplane.service.console_reads import ConsoleReads, TaskFilter
 from controlplane.service.outputs import OutputService
-from controlplane.service.tasks import parse_task_id
+from controlplane.service.tasks import parse_cursor, parse_task_id
 from vidroute_core.exceptions import (
     InvalidSpec,
     NotFound,
@@ -48,7 +51,8 @@ from vidroute_core.validation import FieldViolation
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
-POLL = "every 2s"
+POLL = "every 2s"  # the task list's rows
+TIMELINE_POLL = "every 10s"  # a timeline's fallback; its task's events refresh it at once
 _RANGE = re.compile(r"bytes=(\d{0,19})-(\d{0,19})")
 Handler = Callable[[Request, Caller], Awaitable[Response]]
 
@@ -77,6 +81,7 @@ class Console:
             ("/tasks/rows", self.task_rows),
             ("/tasks/{task_id}", self.task),
             ("/tasks/{task_id}/timeline", self.task_timeline),
+            ("/tasks/{task_id}/events", self.task_events),
             ("/tasks/{task_id}/decisions", self.decisions),
             ("/tasks/{task_id}/output/{sample}", self.output),
             ("/providers", self.providers),
@@ -198,7 +203,7 @@ class Console:
                 detail, found.events, found.account_names, found.observations
             ),
             "samples": shaping.samples(detail) if detail.task.state is TaskState.SUCCEEDED else [],
-            "poll": None if terminal else POLL,
+            "poll": None if terminal else TIMELINE_POLL,
         }
 
     async def task(self, request: Request, caller: Caller) -> Response:
@@ -207,6 +212,20 @@ class Console:
     async def task_timeline(self, request: Request, caller: Caller) -> Response:
         context = await self._timeline_context(request, caller)
         return self._page(request, "_timeline.html", **context)
+
+    async def task_events(self, request: Request, caller: Caller) -> Response:
+        """The task's events as server-sent events, from `TaskService.watch` (what WatchTask
+        streams): ``task`` per event (its cursor is the SSE id, so a reconnecting browser
+        resumes after the last one it saw), then ``end`` once the task is terminal."""
+        task_id = parse_task_id(request.path_params["task_id"])
+        raw = request.headers.get("last-event-id") or request.query_params.get("after", "")
+        after = parse_cursor(raw.strip())
+        await self._reads.visible(task_id, caller)  # NotFound before the stream starts
+        return StreamingResponse(
+            _sse(self._reads.watch(task_id, after, caller)),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-store", "x-accel-buffering": "no"},
+        )
 
     async def decisions(self, request: Request, caller: Caller) -> Response:
         found = await self._reads.timeline(parse_task_id(request.path_params["task_id"]), caller)
@@ -257,6 +276,13 @@ class Console:
         day = request.query_params.get("date", "").strip()
         report = await self._billing.reconciliation_report(day, caller)
         return self._page(request, "reconciliation.html", caller=caller, report=report, day=day)
+
+
+async def _sse(events: AsyncIterator[TaskEventRecord]) -> AsyncIterator[bytes]:
+    async for event in events:
+        data = json.dumps({"kind": event.kind, "state": event.payload.get("state", "")})
+        yield f"id: {event.seq}\nevent: task\ndata: {data}\n\n".encode()
+    yield b"event: end\ndata: {}\n\n"
 
 
 async def _bytes(chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:

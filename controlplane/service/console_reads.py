@@ -14,7 +14,7 @@ their providers (`list_tasks` says how far it reads).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -145,6 +145,16 @@ class ConsoleReads:
         events = await self._queries.task_events(task_id, limit=MAX_EVENTS)
         seen = await self._observations.for_attempts([a.id for a in detail.attempts])
         return Timeline(detail, tuple(events), await self.account_names(), tuple(seen))
+
+    async def visible(self, task_id: int, caller: Caller = SYSTEM) -> None:
+        """NotFound unless the task exists in the caller's scope."""
+        await self._tasks.get_task(task_id, caller)
+
+    def watch(
+        self, task_id: int, after_seq: int, caller: Caller = SYSTEM
+    ) -> AsyncIterator[TaskEventRecord]:
+        """The task's events after `after_seq`, live, until it is terminal (WatchTask's)."""
+        return self._tasks.watch(task_id, after_seq, caller)
 
     async def providers(self, caller: Caller = SYSTEM) -> ProvidersPage:
         ensure_admin(caller, "console providers")

@@ -1,9 +1,14 @@
 // Drives the web console in Debian's chromium with playwright-core (tests/e2e/test_console_browser.py
-// runs it): signs in, reads the task list, a failed-over task's timeline, its decisions and the
-// breakers page, screenshots each into ARTIFACTS, and prints what it saw as one JSON line.
+// runs it): signs in, prints READY and reads the id of the task the test then creates, watches it
+// appear in the live list and its open timeline follow it to the end, reads the failed-over
+// timeline, its decisions, the breakers and providers pages, screenshots each into ARTIFACTS, and
+// prints what it saw as one JSON line.
+import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
 
-const { CONSOLE_URL, CONSOLE_TOKEN, TASK_ID, ARTIFACTS, CHROMIUM } = process.env;
+const { CONSOLE_URL, CONSOLE_TOKEN, ARTIFACTS, CHROMIUM } = process.env;
+const stdin = createInterface({ input: process.stdin });
+const nextLine = () => new Promise((resolve) => stdin.once("line", resolve));
 const browser = await chromium.launch({
   executablePath: CHROMIUM || "/usr/bin/chromium",
   headless: true,
@@ -16,13 +21,40 @@ try {
   seen.loginUrl = new URL(page.url()).pathname; // redirected to the sign-in form
   await page.fill("input[name=token]", CONSOLE_TOKEN);
   await Promise.all([page.waitForURL(/\/tasks/), page.click("button[type=submit]")]);
+  // A mark in the page's window: gone if the page is ever reloaded.
+  const mark = (name) => page.evaluate((n) => (window.__vidrouteMark = n), name);
+  const marked = () => page.evaluate(() => window.__vidrouteMark || "");
+  await mark("list");
+  let eventStreams = 0;
+  page.on("request", (r) => {
+    if (/\/tasks\/\d+\/events/.test(r.url())) eventStreams += 1;
+  });
+  console.log("READY"); // the test creates the task now, and answers its id
+  const TASK_ID = (await nextLine()).trim();
+  seen.taskId = TASK_ID;
+  // The task appears in the open list without a reload: htmx re-reads the rows.
   const row = page.locator(`#task-rows a[href="/tasks/${TASK_ID}"]`);
+  await row.waitFor({ timeout: 20000 });
+  seen.listKept = await marked();
+  await page.screenshot({ path: `${ARTIFACTS}/01-task-list.png`, fullPage: true });
+
+  await row.click();
+  await page.waitForURL(new RegExp(`/tasks/${TASK_ID}$`));
+  // The open timeline follows the task's events (SSE) to the end, with no reload.
+  await mark("timeline");
+  seen.liveStates = [];
+  const deadline = Date.now() + 60000;
+  while (Date.now() < deadline) {
+    const state = (await page.locator("#task-state").innerText()).trim();
+    if (seen.liveStates.at(-1) !== state) seen.liveStates.push(state);
+    if (["SUCCEEDED", "FAILED", "CANCELLED"].includes(state)) break;
+    await page.waitForTimeout(100);
+  }
+  seen.timelineKept = await marked();
+  seen.eventStreams = eventStreams;
+  await page.goto(`${CONSOLE_URL}/tasks`);
   await row.waitFor();
   seen.listedStates = await page.locator("#task-rows td.state").allInnerTexts();
-  // The live rows are re-read by htmx: wait for one poll to land and still show the task.
-  await page.waitForResponse((r) => r.url().includes("/tasks/rows"), { timeout: 10000 });
-  await row.waitFor();
-  await page.screenshot({ path: `${ARTIFACTS}/01-task-list.png`, fullPage: true });
   // The provider filter: any attempt's provider matches.
   const listed = async (query) => {
     const html = await (await page.request.get(`${CONSOLE_URL}/tasks/rows?${query}`)).text();
@@ -88,6 +120,7 @@ try {
   seen.healthRows = await page.locator("#health tbody tr").count();
   await page.screenshot({ path: `${ARTIFACTS}/05-providers.png`, fullPage: true });
 } finally {
+  stdin.close();
   await browser.close();
 }
 console.log(JSON.stringify(seen));

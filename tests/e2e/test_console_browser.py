@@ -3,10 +3,12 @@ sandbox) against a running stack (emulators, sidecars, `vidroute serve` with the
 
 A task whose first provider refuses every send fails over: the first attempt FAILED with the
 refusal, the task requeued with its reason, a second attempt SUCCEEDED elsewhere. The browser
-signs in with the admin token, finds the task in the live list, opens its timeline (both attempts
-and the reason, the stored clip playable, ranged reads 206), the decision table, the breakers and
-the providers pages, and keeps a screenshot of each in the artifacts directory it prints
-(``$VIDROUTE_TEST_ARTIFACTS/console_browser`` when set, else under the test's tmp_path).
+signs in with the admin token before the task exists, sees it appear in the open list, opens its
+timeline while it runs and watches it reach SUCCEEDED without a reload (server-sent task events),
+then reads both attempts and the reason, the stored clip (playable, ranged reads 206), the
+decision table, the breakers and the providers pages, and keeps a screenshot of each in the
+artifacts directory it prints (``$VIDROUTE_TEST_ARTIFACTS/console_browser`` when set, else under
+the test's tmp_path).
 
 Without chromium or playwright-core the test is skipped, except under CI=true where it fails:
 scripts/ensure_services.sh installs chromium, `make test` runs `npm ci`.
@@ -22,6 +24,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -95,10 +98,14 @@ def stack(
             cp.kill()
 
 
-def _failover_task(farm: ProviderFarm, cp: ControlPlane) -> sp.Task:
-    """A task that prefers the refusing provider and may go elsewhere: it fails over."""
+def _create_failover_task(farm: ProviderFarm, cp: ControlPlane) -> str:
+    """A task that prefers the refusing provider and may go elsewhere: it fails over (and the
+    fallback's job answers throttled a few polls, so a browser sees it running)."""
     farm.emulator(REFUSED).add_faults(
         [{"route": SUBMIT_ROUTE[REFUSED], "action": "status", "code": 503, "times": 4}]
+    )
+    farm.emulator(FALLBACK).add_faults(
+        [{"route": SUBMIT_ROUTE[FALLBACK], "action": "throttle_polls", "n": 3, "times": 1}]
     )
     spec = gen.GenerationSpec(
         tenant_id="acme",
@@ -108,22 +115,45 @@ def _failover_task(farm: ProviderFarm, cp: ControlPlane) -> sp.Task:
         routing=gen.RoutingPolicy(preferred_providers=[REFUSED]),
     )
     request = api.CreateTaskRequest(spec=spec, idempotency_key=uuid.uuid4().hex)
-    task_id = cp._call(lambda s: s.CreateTask(request, timeout=10)).task.task_id
-    task = cp.wait_terminal(task_id, 90)
-    assert task.state == sp.TASK_STATE_SUCCEEDED, describe(task)
-    assert len(task.attempts) == 2, describe(task)
-    return task
+    return str(cp._call(lambda s: s.CreateTask(request, timeout=10)).task.task_id)
+
+
+def _browse(env: dict[str, str], farm: ProviderFarm, cp: ControlPlane) -> tuple[str, str]:
+    """Run the browser script; once it is signed in with the list open, create the task and
+    hand it the id. Its stdout and stderr."""
+    browser = subprocess.Popen(
+        ["node", str(SCRIPT)],
+        env=env,
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert browser.stdin is not None
+    assert browser.stdout is not None
+    try:
+        ready = browser.stdout.readline()  # the script exits (EOF) if it cannot sign in
+        assert ready.strip() == "READY", ready + browser.communicate(timeout=30)[1][-3000:]
+        browser.stdin.write(_create_failover_task(farm, cp) + "\n")
+        browser.stdin.flush()
+        out, err = browser.communicate(timeout=120)
+    finally:
+        if browser.poll() is None:
+            browser.kill()
+            browser.wait()
+    assert browser.returncode == 0, err[-3000:]
+    return out, err
 
 
 def test_console_shows_a_failed_over_task_in_a_real_browser(
     stack: tuple[ProviderFarm, ControlPlane, int], artifacts: Path
 ) -> None:
-    """The browser sees the task in the list, its timeline with both attempts and the failover
-    reason, the decision table with every candidate, the breakers page with a forced breaker and
-    its history, and a playable clip."""
+    """The browser sees the new task appear in the open list and its open timeline follow it live
+    to SUCCEEDED; then both attempts and the failover reason, the decision table with every
+    candidate, the breakers page with a forced breaker and its history, and a playable clip."""
     farm, cp, port = stack
-    task = _failover_task(farm, cp)
-    # An operator's override after the task: an OPEN breaker with its recorded transition.
+    # An operator's override first: an OPEN breaker, its recorded transition (routing skips it).
     forced = api.ForceBreakerRequest(
         provider=FALLBACK,
         account="prod-us",
@@ -138,25 +168,34 @@ def test_console_shows_a_failed_over_task_in_a_real_browser(
         **os.environ,
         "CONSOLE_URL": f"http://127.0.0.1:{port}",
         "CONSOLE_TOKEN": cp.token,
-        "TASK_ID": task.task_id,
         "ARTIFACTS": str(artifacts),
         "CHROMIUM": CHROMIUM,
     }
-    done = subprocess.run(
-        ["node", str(SCRIPT)],
-        check=False,
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    out, _ = _browse(env, farm, cp)
+    seen = json.loads(out.strip().splitlines()[-1])
     (artifacts / "seen.json").write_text(json.dumps(seen, indent=1), encoding="utf-8")
+    task = cp.wait_terminal(seen["taskId"], 30)
+    assert task.state == sp.TASK_STATE_SUCCEEDED, describe(task)
+    assert len(task.attempts) == 2, describe(task)
 
+    # Live: the task appeared in the open list, and the open timeline followed it from a
+    # running state to SUCCEEDED, neither page reloaded.
+    assert (seen["listKept"], seen["timelineKept"]) == ("list", "timeline")
+    assert len(seen["liveStates"]) >= 2, seen["liveStates"]
+    assert seen["liveStates"][-1] == "SUCCEEDED"
+    assert seen["eventStreams"] >= 1  # the timeline listened to the task's events (SSE)
     assert seen["loginUrl"] == "/login"
     assert seen["byProvider"] == {"first": [task.task_id], "second": [task.task_id], "none": []}
+    _check_timeline(seen, task)
+    _check_decisions_and_breakers(seen)
+    assert seen["healthRows"] >= 4
+    for name in ("01-task-list", "02-timeline-failover", "03-decisions", "04-breakers"):
+        shot = artifacts / f"{name}.png"
+        assert shot.stat().st_size > 5_000, shot
+
+
+def _check_timeline(seen: dict[str, Any], task: sp.Task) -> None:
+    """Both attempts, the refusal, the failover's reason, the raw observations, the clip."""
     assert seen["taskState"] == "SUCCEEDED"
     attempts = seen["attempts"]
     assert [row[0] for row in attempts] == ["1", "2"]
@@ -180,6 +219,9 @@ def test_console_shows_a_failed_over_task_in_a_real_browser(
     assert seen["contentRange"].startswith("bytes 0-99/")
     assert seen["videoDuration"] > 3.5  # the 4 s clip, loaded by the browser
 
+
+def _check_decisions_and_breakers(seen: dict[str, Any]) -> None:
+    """Every candidate of both decisions with the failover's exclusion; the forced breaker."""
     assert seen["decisions"] >= 2  # the first route and the failover's
     ids = {row[0].split()[0] for row in seen["explainRows"]}
     assert any(REFUSED in i for i in ids), ids
@@ -194,7 +236,3 @@ def test_console_shows_a_failed_over_task_in_a_real_browser(
     assert [(row[5], row[6]) for row in opened] == [("OPEN", "yes")], seen["breakers"]
     history = [row for row in seen["breakerHistory"] if "maintenance window" in row[6]]
     assert [(row[2], row[5]) for row in history] == [("veo3.1", "OPEN")], seen["breakerHistory"]
-    assert seen["healthRows"] >= 4
-    for name in ("01-task-list", "02-timeline-failover", "03-decisions", "04-breakers"):
-        shot = artifacts / f"{name}.png"
-        assert shot.stat().st_size > 5_000, shot

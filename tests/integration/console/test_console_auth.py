@@ -82,7 +82,7 @@ async def test_a_tenant_gets_404_for_another_tenants_task_on_every_task_page(sit
         assert own.status_code == 200
         assert "alpha prompt" in own.text
         other = site.tasks["beta"]
-        for path in ("", "/timeline", "/decisions", "/output/0"):
+        for path in ("", "/timeline", "/events", "/decisions", "/output/0"):
             response = await alpha.get(f"/tasks/{other}{path}")
             assert response.status_code == 404, (path, response.text[:200])
             assert "beta prompt" not in response.text
@@ -187,3 +187,27 @@ async def test_without_tokens_every_visitor_is_an_admin_like_the_api(
         assert page.status_code == 200
         assert ids <= listed_ids(page.text)
         assert (await anyone.get("/providers")).status_code == 200
+
+
+async def test_task_events_stream_as_server_sent_events_and_resume_after_a_cursor(
+    site: Site, db: Database
+) -> None:
+    """A finished task's events stream in order with their cursors as SSE ids, then ``end``;
+    from a Last-Event-ID only the later ones come."""
+    task_id = site.tasks["alpha"]
+    await TaskService(db).cancel_task(task_id, "not needed")
+    async with site.client("alpha") as alpha:
+        whole = await alpha.get(f"/tasks/{task_id}/events")
+        assert whole.status_code == 200
+        assert whole.headers["content-type"].startswith("text/event-stream")
+        ids = [int(i) for i in re.findall(r"^id: (\d+)$", whole.text, re.M)]
+        assert len(ids) >= 2
+        assert ids == sorted(ids)
+        assert '"state": "CANCELLED"' in whole.text
+        assert whole.text.endswith("event: end\ndata: {}\n\n")
+        resumed = await alpha.get(
+            f"/tasks/{task_id}/events", headers={"last-event-id": str(ids[0])}
+        )
+        assert [int(i) for i in re.findall(r"^id: (\d+)$", resumed.text, re.M)] == ids[1:]
+        bad = await alpha.get(f"/tasks/{task_id}/events", params={"after": "x"})
+        assert bad.status_code == 400
