@@ -4,15 +4,22 @@ its vendored htmx over HTTP, and stops listening at stop."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import socket
+import time
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 
+from controlplane.api.auth import hash_token, new_token
 from controlplane.bootstrap import Settings, start_control_plane
 from controlplane.startup import EXIT_CONFIG, StartupRefused
-from tests.support.stack import free_port
+from tests.support.stack import free_port, spec_for
+from vidroute.scheduler.v1 import scheduler_service_pb2 as api
+from vidroute.scheduler.v1 import scheduler_service_pb2_grpc
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,3 +89,56 @@ async def test_a_started_control_plane_serves_the_console_until_it_stops(tmp_pat
     async with httpx.AsyncClient(base_url=base, timeout=2) as http:
         with pytest.raises(httpx.ConnectError):
             await http.get("/login")
+
+
+async def test_stop_ends_an_open_task_event_stream(tmp_path: Path) -> None:
+    """A browser following a queued task's events (a stream that would never end) does not hold
+    the control plane's stop past the console's grace period."""
+    port, token = free_port(), new_token()
+    running = await start_control_plane(
+        Settings.from_env(
+            {
+                "VIDROUTE_DATABASE_URL": _sqlite(tmp_path / "cp.db"),
+                "VIDROUTE_API_ONLY": "1",
+                "VIDROUTE_LISTEN": "127.0.0.1:0",
+                "VIDROUTE_CONSOLE_LISTEN": f"127.0.0.1:{port}",
+                "VIDROUTE_AUTH_TOKENS": f"{hash_token(token)}=admin",
+                "VIDROUTE_TIME_SCALE": "0.2",
+            }
+        )
+    )
+    stream: asyncio.Task[list[str]] | None = None
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+            stub = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
+            created = await stub.CreateTask(
+                api.CreateTaskRequest(spec=spec_for("runway"), idempotency_key="k-sse"),
+                metadata=(("authorization", f"Bearer {token}"),),
+            )
+        url = f"http://127.0.0.1:{port}/tasks/{created.task.task_id}/events"
+        opened = asyncio.Event()
+
+        async def follow() -> list[str]:
+            lines: list[str] = []
+            headers = {"authorization": f"Bearer {token}"}
+            async with (
+                httpx.AsyncClient(timeout=30) as http,
+                http.stream("GET", url, headers=headers) as response,
+            ):
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    lines.append(line)
+                    opened.set()
+            return lines
+
+        stream = asyncio.create_task(follow())
+        await asyncio.wait_for(opened.wait(), 10)  # the queued event arrived: it is streaming
+    finally:
+        started = time.monotonic()
+        await running.stop(grace=1)
+        took = time.monotonic() - started
+    assert stream is not None
+    with contextlib.suppress(httpx.HTTPError):
+        await asyncio.wait_for(stream, 5)  # the server closed it (or cut it off)
+    assert stream.done()
+    assert took < 8, took
