@@ -1,9 +1,8 @@
-"""Routing policy versions and canaries in the database (design 9.13.5, 9.25.5).
+"""Routing policy versions in the database (design 9.25.5); their canaries: `canaries`.
 
 Writes take the connection of a transaction their caller opened (`Database.unit`'s ``u.conn``):
 a publication deactivates the active version and inserts the new one active in one unit, with
-the canaries it starts; a canary transition updates its state only if the state is still the one
-evaluated (status ACTIVE at that stage), so two leaders never apply one step twice.
+the canaries it starts.
 
 `active_snapshot` is the dispatcher's per-round read: ONE statement, the active version and
 every canary's stage (a handful of rows), whatever the traffic.
@@ -11,24 +10,16 @@ every canary's stage (a handful of rows), whatever the traffic.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, select, true, update
+from sqlalchemy import select, true, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.routing.canary import CanaryStatus
 from controlplane.persistence.models import canary_states as C
-from controlplane.persistence.models import canary_transitions as T
-from controlplane.persistence.models import provider_accounts as A
 from controlplane.persistence.models import routing_policy_versions as V
-from controlplane.persistence.models import task_attempts as TA
-
-# Attempts of a canary window read at most (newest first); gates need tens, not thousands.
-MAX_WINDOW_ATTEMPTS = 5_000
-FINISHED = ("SUCCEEDED", "FAILED")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,30 +33,6 @@ class PolicyRow:
 
 
 @dataclass(frozen=True, slots=True)
-class CanaryRow:
-    candidate_id: str
-    policy_version: str
-    config_key: str
-    stages: tuple[float, ...]  # percents
-    stage: int
-    status: CanaryStatus
-    gates: dict[str, bool]
-    stage_started_at: datetime
-    updated_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class TransitionRow:
-    candidate_id: str
-    action: str
-    reason: str
-    from_percent: float
-    to_percent: float
-    observed: dict[str, float]
-    at: datetime
-
-
-@dataclass(frozen=True, slots=True)
 class ActiveSnapshot:
     """What a dispatch round needs: the active version and each canary's (stage, status)."""
 
@@ -73,32 +40,9 @@ class ActiveSnapshot:
     canaries: tuple[tuple[str, int, CanaryStatus], ...]
 
 
-@dataclass(frozen=True, slots=True)
-class WindowAttempt:
-    status: str
-    failure_class: str | None
-    created_at: datetime
-    updated_at: datetime
-    cost_micros: int
-
-
 def _policy(r: Any) -> PolicyRow:
     return PolicyRow(
         r.version, r.document, r.source, bool(r.active), r.published_at, r.activated_at
-    )
-
-
-def _canary(r: Any) -> CanaryRow:
-    return CanaryRow(
-        r.candidate_id,
-        r.policy_version,
-        r.config_key,
-        tuple(float(p) for p in r.stages),
-        r.stage,
-        CanaryStatus(r.status),
-        dict(r.gates),
-        r.stage_started_at,
-        r.updated_at,
     )
 
 
@@ -171,154 +115,3 @@ async def insert_active(
 async def activate(conn: AsyncConnection, name: str, now: datetime) -> None:
     await _deactivate(conn)
     await conn.execute(update(V).where(V.c.version == name).values(active=True, activated_at=now))
-
-
-async def canaries(conn: AsyncConnection) -> list[CanaryRow]:
-    return [_canary(r) for r in await conn.execute(select(C).order_by(C.c.candidate_id))]
-
-
-async def start_canary(
-    conn: AsyncConnection,
-    candidate_id: str,
-    *,
-    policy_version: str,
-    config_key: str,
-    stages: Sequence[float],
-    now: datetime,
-) -> None:
-    """(Re)start `candidate_id`'s canary at stage 0 and record it."""
-    await conn.execute(C.delete().where(C.c.candidate_id == candidate_id))
-    await conn.execute(
-        C.insert().values(
-            candidate_id=candidate_id,
-            policy_version=policy_version,
-            config_key=config_key,
-            stages=list(stages),
-            stage=0,
-            status=CanaryStatus.ACTIVE.value,
-            gates={},
-            stage_started_at=now,
-            updated_at=now,
-        )
-    )
-    await record_transition(
-        conn,
-        candidate_id,
-        policy_version=policy_version,
-        action="STARTED",
-        reason="published",
-        from_percent=0.0,
-        to_percent=stages[0],
-        observed={},
-        now=now,
-    )
-
-
-async def record_transition(
-    conn: AsyncConnection,
-    candidate_id: str,
-    *,
-    policy_version: str,
-    action: str,
-    reason: str,
-    from_percent: float,
-    to_percent: float,
-    observed: dict[str, float],
-    now: datetime,
-) -> None:
-    detail = {"from_percent": from_percent, "to_percent": to_percent, "observed": observed}
-    await conn.execute(
-        T.insert().values(
-            candidate_id=candidate_id,
-            policy_version=policy_version,
-            action=action,
-            reason=reason,
-            detail=detail,
-            at=now,
-        )
-    )
-
-
-async def move_canary(
-    conn: AsyncConnection,
-    row: CanaryRow,
-    *,
-    stage: int,
-    status: CanaryStatus,
-    gates: dict[str, bool],
-    now: datetime,
-) -> bool:
-    """Move `row` on if it is still ACTIVE at ``row.stage``; False if someone moved it first."""
-    values: dict[str, Any] = {"stage": stage, "status": status.value, "gates": gates}
-    values["updated_at"] = now
-    if stage != row.stage:
-        values["stage_started_at"] = now
-    done = await conn.execute(
-        update(C)
-        .where(
-            and_(
-                C.c.candidate_id == row.candidate_id,
-                C.c.status == CanaryStatus.ACTIVE.value,
-                C.c.stage == row.stage,
-            )
-        )
-        .values(**values)
-    )
-    return bool(done.rowcount)
-
-
-async def note_gates(
-    conn: AsyncConnection, candidate_id: str, gates: dict[str, bool], now: datetime
-) -> None:
-    """Keep the last evaluation of a canary that holds (no transition)."""
-    await conn.execute(
-        update(C).where(C.c.candidate_id == candidate_id).values(gates=gates, updated_at=now)
-    )
-
-
-async def transitions(conn: AsyncConnection) -> list[TransitionRow]:
-    rows = await conn.execute(select(T).order_by(T.c.candidate_id, T.c.id))
-    return [
-        TransitionRow(
-            r.candidate_id,
-            r.action,
-            r.reason,
-            float(r.detail.get("from_percent", 0.0)),
-            float(r.detail.get("to_percent", 0.0)),
-            {k: float(v) for k, v in (r.detail.get("observed") or {}).items()},
-            r.at,
-        )
-        for r in rows
-    ]
-
-
-async def window_by_candidate(
-    conn: AsyncConnection, since: datetime, exclude: Sequence[str] = ()
-) -> dict[str, list[WindowAttempt]]:
-    """Finished attempts since `since` of every candidate (``provider/model/account``) but the
-    excluded ones: the incumbents a canary is compared with."""
-    query = (
-        select(
-            A.c.provider,
-            A.c.account_name,
-            TA.c.provider_model,
-            TA.c.status,
-            TA.c.failure_class,
-            TA.c.created_at,
-            TA.c.updated_at,
-            func.coalesce(TA.c.actual_cost_micros, TA.c.estimated_cost_micros).label("cost"),
-        )
-        .select_from(TA.join(A, A.c.id == TA.c.provider_account_id))
-        .where(and_(TA.c.created_at >= since, TA.c.status.in_(FINISHED)))
-        .order_by(TA.c.id.desc())
-        .limit(MAX_WINDOW_ATTEMPTS)
-    )
-    out: dict[str, list[WindowAttempt]] = {}
-    for r in await conn.execute(query):
-        cid = f"{r.provider}/{r.provider_model}/{r.account_name}"
-        if cid in exclude:
-            continue
-        out.setdefault(cid, []).append(
-            WindowAttempt(r.status, r.failure_class, r.created_at, r.updated_at, int(r.cost))
-        )
-    return out

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from controlplane.domain.routing.canary import CanaryStatus, GateVerdict, evaluate
 from controlplane.domain.routing.policy_document import PolicyDocument, parse_policy_document
 from controlplane.domain.scoring import CanaryAction, CanaryMetrics
+from controlplane.persistence import canaries as canary_store
 from controlplane.persistence import routing_policies as store
 from controlplane.persistence.database import Database
 from vidroute_core.exceptions import InvalidSpec
@@ -53,7 +54,7 @@ def _p95(values: Sequence[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
-def metrics_of(attempts: Sequence[store.WindowAttempt]) -> CanaryMetrics:
+def metrics_of(attempts: Sequence[canary_store.WindowAttempt]) -> CanaryMetrics:
     """Gate figures of finished attempts: success rate, p95 of their durations, safety
     failures, spend per success (inf with no success)."""
     n = len(attempts)
@@ -110,13 +111,13 @@ class CanaryGatekeeper:
                 return []
             rows = [
                 r
-                for r in await store.canaries(conn)
+                for r in await canary_store.canaries(conn)
                 if r.status is CanaryStatus.ACTIVE and r.candidate_id in doc.canaries
             ]
             if not rows:
                 return []
             since = min(r.stage_started_at for r in rows)
-            window = await store.window_by_candidate(conn, since)
+            window = await canary_store.window_by_candidate(conn, since)
         now = self._clock()
         out = []
         for row in rows:
@@ -137,7 +138,7 @@ class CanaryGatekeeper:
 
     async def _apply(
         self,
-        row: store.CanaryRow,
+        row: canary_store.CanaryRow,
         percents: tuple[float, ...],
         verdict: GateVerdict,
         now: datetime,
@@ -145,11 +146,11 @@ class CanaryGatekeeper:
         gates = dict(verdict.gates)
         async with self._db.unit(now) as u:
             if verdict.action is CanaryAction.HOLD:
-                await store.note_gates(u.conn, row.candidate_id, gates, now)
+                await canary_store.note_gates(u.conn, row.candidate_id, gates, now)
                 return
             status = _NEXT_STATUS[verdict.action]
             stage = row.stage if verdict.next_stage is None else verdict.next_stage
-            if not await store.move_canary(
+            if not await canary_store.move_canary(
                 u.conn, row, stage=stage, status=status, gates=gates, now=now
             ):
                 return  # another evaluation moved it first
@@ -159,7 +160,7 @@ class CanaryGatekeeper:
                 CanaryAction.PROMOTE: 100.0,
                 CanaryAction.ROLLBACK: 0.0,
             }[verdict.action]
-            await store.record_transition(
+            await canary_store.record_transition(
                 u.conn,
                 row.candidate_id,
                 policy_version=row.policy_version,

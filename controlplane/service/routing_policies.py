@@ -30,6 +30,7 @@ from controlplane.domain.routing.policy_document import (
     parse_policy_document,
 )
 from controlplane.domain.scoring import RoutingPolicy
+from controlplane.persistence import canaries as canary_store
 from controlplane.persistence import routing_policies as store
 from controlplane.persistence.database import Database
 from controlplane.service.access import SYSTEM, Caller, ensure_admin
@@ -46,8 +47,8 @@ SampleChecker = Callable[[PolicyDocument, RoutingPolicy | None], Awaitable[list[
 
 @dataclass(frozen=True, slots=True)
 class CanaryView:
-    state: store.CanaryRow
-    history: tuple[store.TransitionRow, ...]
+    state: canary_store.CanaryRow
+    history: tuple[canary_store.TransitionRow, ...]
 
     @property
     def traffic_percent(self) -> float:
@@ -134,11 +135,11 @@ class RoutingPolicyService:
             return store.PolicyRow(name, text, source, False, now, None)
         async with self._db.unit(now) as u:
             row = await store.insert_active(u.conn, name, text, source, now)
-            states = {c.candidate_id: c for c in await store.canaries(u.conn)}
+            states = {c.candidate_id: c for c in await canary_store.canaries(u.conn)}
             for cid, spec in doc.canaries.items():
                 key = config_key(spec)
                 if (have := states.get(cid)) is None or have.config_key != key:
-                    await store.start_canary(
+                    await canary_store.start_canary(
                         u.conn,
                         cid,
                         policy_version=name,
@@ -196,9 +197,9 @@ class RoutingPolicyService:
     async def list_canaries(self, caller: Caller = SYSTEM) -> list[CanaryView]:
         ensure_admin(caller, "ListCanaries")
         async with self._db.reading() as conn:
-            states = await store.canaries(conn)
-            history = await store.transitions(conn)
-        by: dict[str, list[store.TransitionRow]] = {}
+            states = await canary_store.canaries(conn)
+            history = await canary_store.transitions(conn)
+        by: dict[str, list[canary_store.TransitionRow]] = {}
         for t in history:
             by.setdefault(t.candidate_id, []).append(t)
         return [CanaryView(s, tuple(by.get(s.candidate_id, ()))) for s in states]

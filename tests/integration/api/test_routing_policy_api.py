@@ -20,7 +20,7 @@ from controlplane.api.servicer import SchedulerServicer
 from controlplane.domain import scoring
 from controlplane.domain.routing.canary import ROLLED_BACK_STAGE, CanaryStatus
 from controlplane.domain.routing.selection import RouterConfig
-from controlplane.persistence import routing_policies as store
+from controlplane.persistence import canaries as canary_store
 from controlplane.persistence.database import Database
 from controlplane.scheduling.policy_book import PolicyBook
 from controlplane.server import ControlPlaneServer, start_server
@@ -167,8 +167,8 @@ async def test_canaries_start_keep_and_restart_with_their_config(routing: Api) -
     assert state.traffic_percent == 0.5
     assert [(t.action, t.to_percent) for t in state.history] == [("STARTED", 0.5)]
     async with routing.db.unit(CLOCK) as u:  # as the leader's gatekeeper would
-        row = (await store.canaries(u.conn))[0]
-        moved = await store.move_canary(
+        row = (await canary_store.canaries(u.conn))[0]
+        moved = await canary_store.move_canary(
             u.conn,
             row,
             stage=1,
@@ -206,12 +206,12 @@ async def test_policy_book_follows_publish_rollback_and_canaries(db: Database) -
     assert dict(stages) == {CANARY: 0, "veo/veo-3/default": 0}
     assert set(router.policy.canaries) == {CANARY, "veo/veo-3/default"}
     async with db.unit(CLOCK) as u:
-        rows = {r.candidate_id: r for r in await store.canaries(u.conn)}
+        rows = {r.candidate_id: r for r in await canary_store.canaries(u.conn)}
         later = CLOCK + timedelta(minutes=1)
-        await store.move_canary(
+        await canary_store.move_canary(
             u.conn, rows[CANARY], stage=0, status=CanaryStatus.ROLLED_BACK, gates={}, now=later
         )
-        await store.move_canary(
+        await canary_store.move_canary(
             u.conn,
             rows["veo/veo-3/default"],
             stage=0,

@@ -13,7 +13,7 @@ from controlplane.domain import scoring
 from controlplane.domain.routing.canary import ROLLED_BACK_STAGE, CanaryStatus
 from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import CanaryAction
-from controlplane.persistence import routing_policies as store
+from controlplane.persistence import canaries as canary_store
 from controlplane.persistence.database import Database
 from controlplane.persistence.models import task_attempts
 from controlplane.scheduling.canary_gates import CanaryGatekeeper
@@ -87,15 +87,17 @@ def keeper(db: Database, at: datetime) -> CanaryGatekeeper:
     return CanaryGatekeeper(db, is_leader=lambda: True, clock=lambda: at)
 
 
-async def state(db: Database) -> store.CanaryRow:
+async def state(db: Database) -> canary_store.CanaryRow:
     async with db.reading() as conn:
-        (row,) = await store.canaries(conn)
+        (row,) = await canary_store.canaries(conn)
     return row
 
 
 async def history(db: Database) -> list[tuple[str, float, float]]:
     async with db.reading() as conn:
-        return [(t.action, t.from_percent, t.to_percent) for t in await store.transitions(conn)]
+        return [
+            (t.action, t.from_percent, t.to_percent) for t in await canary_store.transitions(conn)
+        ]
 
 
 async def test_a_healthy_canary_holds_then_advances_then_is_promoted(db: Database) -> None:
@@ -165,12 +167,12 @@ async def test_a_failing_canary_is_rolled_back_once(db: Database) -> None:
     await s.attempts(CANARY, T0 + timedelta(seconds=1), ok=1, failed=2)
     first, second = keeper(db, T0 + timedelta(seconds=5)), keeper(db, T0 + timedelta(seconds=5))
     async with db.reading() as conn:
-        row = (await store.canaries(conn))[0]
+        row = (await canary_store.canaries(conn))[0]
     ((_, verdict),) = await first.evaluate_once()
     assert verdict.action is CanaryAction.ROLLBACK
     assert "success_rate" in verdict.reason
     async with db.unit(T0) as u:  # the second replica applies the same step on the stale row
-        moved = await store.move_canary(
+        moved = await canary_store.move_canary(
             u.conn, row, stage=0, status=CanaryStatus.ROLLED_BACK, gates={}, now=T0
         )
     assert not moved
