@@ -33,6 +33,7 @@ from starlette.templating import Jinja2Templates
 from controlplane.api.auth import Authenticator
 from controlplane.console import auth as session
 from controlplane.console import shaping
+from controlplane.console.headers import SecurityHeaders
 from controlplane.domain.states import TASK_MACHINE, TaskState
 from controlplane.persistence.records import TaskEventRecord
 from controlplane.service.access import Caller
@@ -95,7 +96,7 @@ class Console:
             Route("/logout", self.logout, methods=["POST"]),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
-        self.app = Starlette(routes=routes)
+        self.app = SecurityHeaders(Starlette(routes=routes))
 
     # ---- plumbing ---------------------------------------------------------------------------
     def _page(self, request: Request, name: str, code: int = 200, **context: Any) -> Response:

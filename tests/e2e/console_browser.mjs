@@ -17,6 +17,9 @@ const browser = await chromium.launch({
 const seen = {};
 try {
   const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
+  seen.consoleErrors = []; // script errors and Content-Security-Policy refusals
+  page.on("console", (m) => m.type() === "error" && seen.consoleErrors.push(m.text()));
+  page.on("pageerror", (e) => seen.consoleErrors.push(String(e)));
   await page.goto(`${CONSOLE_URL}/tasks`);
   seen.loginUrl = new URL(page.url()).pathname; // redirected to the sign-in form
   await page.fill("input[name=token]", CONSOLE_TOKEN);

@@ -185,6 +185,7 @@ def test_console_shows_a_failed_over_task_in_a_real_browser(
     assert seen["liveStates"][-1] == "SUCCEEDED"
     assert seen["eventStreams"] >= 1  # the timeline listened to the task's events (SSE)
     assert seen["loginUrl"] == "/login"
+    assert seen["consoleErrors"] == []  # no script error, nothing the CSP had to refuse
     assert seen["byProvider"] == {"first": [task.task_id], "second": [task.task_id], "none": []}
     _check_timeline(seen, task)
     _check_decisions_and_breakers(seen)

@@ -84,6 +84,11 @@ async def test_a_started_control_plane_serves_the_console_until_it_stops(tmp_pat
             script = await http.get("/static/htmx.min.js")
             assert script.status_code == 200
             assert script.text.startswith("/*! htmx.org ")
+            # Pages: a strict CSP, no framing, never cached; static files may be cached.
+            assert "script-src 'self'" in login.headers["content-security-policy"]
+            assert login.headers["x-frame-options"] == "DENY"
+            assert login.headers["cache-control"] == "no-store"
+            assert "no-store" not in script.headers.get("cache-control", "")
     finally:
         await running.stop(grace=1)
     async with httpx.AsyncClient(base_url=base, timeout=2) as http:
