@@ -42,6 +42,16 @@ RETRIED_METHODS = (
     "ListWebhookDeliveries",
     "CreateTask",
 )
+# RoutingService (`clients.sdk.routing`): its reads, and SubmitFeedback, idempotent per (task,
+# verdict); publication and rollback are sent once.
+ROUTING_SERVICE = "vidroute.scheduler.v1.RoutingService"
+ROUTING_RETRIED_METHODS = (
+    "GetQuality",
+    "ListCanaries",
+    "ListRoutingPolicies",
+    "ReplayRoutes",
+    "SubmitFeedback",
+)
 RETRY_POLICY = {
     "maxAttempts": 4,
     "initialBackoff": "0.1s",
@@ -52,7 +62,8 @@ RETRY_POLICY = {
 SERVICE_CONFIG: dict[str, Any] = {
     "methodConfig": [
         {
-            "name": [{"service": SERVICE, "method": m} for m in RETRIED_METHODS],
+            "name": [{"service": SERVICE, "method": m} for m in RETRIED_METHODS]
+            + [{"service": ROUTING_SERVICE, "method": m} for m in ROUTING_RETRIED_METHODS],
             "retryPolicy": RETRY_POLICY,
         }
     ],

@@ -19,6 +19,8 @@
         await client.providers(); await client.health("runway")
         await client.force_breaker("runway", "default", "us", "gen4.5", state=None, reason="ok")
         await client.publish_capabilities(Path("capabilities.yaml"), dry_run=True)
+        await client.feedback(task.task_id, "rejected", comment="warped hands")  # routing
+        await client.quality(); await client.canaries()   # clients.sdk.routing: every method
 
 `wait`'s callbacks may be plain functions or coroutine functions.
 """
@@ -39,6 +41,7 @@ import grpc
 from clients.sdk import _common as c
 from clients.sdk import _outputs, errors
 from clients.sdk._common import Cancelled, Created
+from clients.sdk.routing import AsyncRoutingCalls
 from vidroute.common.v1 import generation_pb2
 from vidroute.scheduler.v1 import scheduler_pb2 as pb
 from vidroute.scheduler.v1 import scheduler_service_pb2 as api
@@ -47,7 +50,7 @@ from vidroute.scheduler.v1 import scheduler_service_pb2_grpc as api_grpc
 __all__ = ["AsyncClient"]
 
 
-class AsyncClient:
+class AsyncClient(AsyncRoutingCalls):
     """An asyncio client of the vidroute SchedulerService (see `Client` for the arguments)."""
 
     def __init__(

@@ -25,6 +25,9 @@ asyncio twin, method for method). Every method, with one example each::
         client.health("runway")                                     # BreakerStatus messages
         client.force_breaker("runway", "default", "us", "gen4.5", state="OPEN", reason="drill")
         client.publish_capabilities(Path("capabilities.yaml"), dry_run=True).counts
+        # RoutingService (clients.sdk.routing): feedback, quality, canaries, routing policies
+        client.feedback(task.task_id, "accepted", tags=["motion"])  # True: recorded now
+        client.quality(model="gen4.5")                              # QualityBucket messages
 
 Unary calls carry a deadline (`timeout`, 30 s by default). Read-only calls, and CreateTask with
 its idempotency key, are retried on UNAVAILABLE by the channel's service config
@@ -48,6 +51,7 @@ import grpc
 from clients.sdk import _common as c
 from clients.sdk import _outputs, errors
 from clients.sdk._common import Cancelled, Created
+from clients.sdk.routing import RoutingCalls
 from vidroute.common.v1 import generation_pb2
 from vidroute.scheduler.v1 import scheduler_pb2 as pb
 from vidroute.scheduler.v1 import scheduler_service_pb2 as api
@@ -56,7 +60,7 @@ from vidroute.scheduler.v1 import scheduler_service_pb2_grpc as api_grpc
 __all__ = ["Client"]
 
 
-class Client:
+class Client(RoutingCalls):
     """A blocking client of the vidroute SchedulerService."""
 
     def __init__(
