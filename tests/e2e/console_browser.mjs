@@ -86,6 +86,16 @@ try {
     seen.rangeStatus = ranged.status();
     seen.rangeLength = (await ranged.body()).length;
     seen.contentRange = ranged.headers()["content-range"] || "";
+    const get = (range) =>
+      page.request.get(`${CONSOLE_URL}${src}`, range ? { headers: { Range: range } } : {});
+    const whole = await get(null);
+    const suffix = await get("bytes=-10");
+    const beyond = await get("bytes=999999999-");
+    seen.ranges = {
+      whole: [whole.status(), (await whole.body()).length, whole.headers()["accept-ranges"]],
+      suffix: [suffix.status(), (await suffix.body()).length, suffix.headers()["content-range"]],
+      beyond: [beyond.status(), beyond.headers()["content-range"]],
+    };
     // The browser loads the clip itself: its metadata (duration) proves it is playable.
     seen.videoDuration = await video.first().evaluate(
       (v) =>

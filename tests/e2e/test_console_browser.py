@@ -218,6 +218,12 @@ def _check_timeline(seen: dict[str, Any], task: sp.Task) -> None:
     assert seen["rangeStatus"] == 206
     assert seen["rangeLength"] == 100
     assert seen["contentRange"].startswith("bytes 0-99/")
+    size = int(seen["contentRange"].rsplit("/", 1)[1])
+    assert seen["ranges"] == {
+        "whole": [200, size, "bytes"],
+        "suffix": [206, 10, f"bytes {size - 10}-{size - 1}/{size}"],
+        "beyond": [416, f"bytes */{size}"],
+    }
     assert seen["videoDuration"] > 3.5  # the 4 s clip, loaded by the browser
 
 
