@@ -17,11 +17,15 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from controlplane.domain.routing.canary import CanaryStatus, GateVerdict, evaluate
-from controlplane.domain.routing.policy_document import PolicyDocument, parse_policy_document
+from controlplane.domain.routing.policy_document import (
+    CanarySpec,
+    PolicyDocument,
+    parse_policy_document,
+)
 from controlplane.domain.scoring import CanaryAction, CanaryMetrics
 from controlplane.persistence import canaries as canary_store
 from controlplane.persistence import routing_policies as store
@@ -41,6 +45,9 @@ _NEXT_STATUS = {
 @dataclass(frozen=True, slots=True)
 class CanaryGateConfig:
     interval_s: float = 10.0  # between evaluations (scaled by the time scale)
+    # VIDROUTE_TIME_SCALE: a document's p95 gate is production seconds while attempts last
+    # scaled ones, so the gate is scaled as well before it is compared.
+    time_scale: float = 1.0
 
 
 def _utcnow() -> datetime:
@@ -102,6 +109,14 @@ class CanaryGatekeeper:
                 return None
         return self._parsed[1]
 
+    def _scaled(self, spec: CanarySpec) -> CanarySpec:
+        scale = self.config.time_scale
+        if scale == 1.0:
+            return spec
+        gates = spec.config.gates
+        gates = replace(gates, max_p95_latency_s=gates.max_p95_latency_s * scale)
+        return replace(spec, config=replace(spec.config, gates=gates))
+
     async def evaluate_once(self) -> list[tuple[str, GateVerdict]]:
         """One evaluation of every ACTIVE canary; returns what was decided for each."""
         async with self._db.reading() as conn:
@@ -121,7 +136,7 @@ class CanaryGatekeeper:
         now = self._clock()
         out = []
         for row in rows:
-            spec = doc.canaries[row.candidate_id]
+            spec = self._scaled(doc.canaries[row.candidate_id])
             start = row.stage_started_at
             mine = [a for a in window.get(row.candidate_id, ()) if a.created_at >= start]
             others = [

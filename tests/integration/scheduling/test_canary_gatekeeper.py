@@ -16,7 +16,7 @@ from controlplane.domain.scoring import CanaryAction
 from controlplane.persistence import canaries as canary_store
 from controlplane.persistence.database import Database
 from controlplane.persistence.models import task_attempts
-from controlplane.scheduling.canary_gates import CanaryGatekeeper
+from controlplane.scheduling.canary_gates import CanaryGateConfig, CanaryGatekeeper
 from controlplane.scheduling.policy_book import PolicyBook
 from controlplane.service.routing_policies import RoutingPolicyService
 from tests.support.quality_tasks import task_in
@@ -178,3 +178,20 @@ async def test_a_failing_canary_is_rolled_back_once(db: Database) -> None:
     assert not moved
     assert await second.evaluate_once() == []
     assert [a for a, _, _ in await history(db)] == ["STARTED", "ROLLBACK"]
+
+
+async def test_the_p95_gate_is_scaled_with_the_deployment(db: Database) -> None:
+    """A 100 s p95 gate (production seconds) is 10 s at scale 0.1, where every duration is a
+    tenth of production's: 30 s attempts fail it (at scale 1 they pass: the first test)."""
+    s = Stack(db)
+    await s.setup()
+    await RoutingPolicyService(db, clock=lambda: T0).publish(document("v1", max_p95_latency_s=100))
+    await s.attempts(CANARY, T0 + timedelta(seconds=1), ok=3)
+    at = T0 + timedelta(seconds=5)
+    scaled = CanaryGatekeeper(
+        db, is_leader=lambda: True, config=CanaryGateConfig(time_scale=0.1), clock=lambda: at
+    )
+    ((_, verdict),) = await scaled.evaluate_once()
+    assert verdict.action is CanaryAction.ROLLBACK
+    assert verdict.reason == "gate failed: p95_latency"
+    assert verdict.observed["p95_latency_s"] == 30.0
