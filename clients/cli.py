@@ -8,6 +8,8 @@
     vidroute download TASK_ID [-o FILE] [--sample N]      vidroute url TASK_ID (presigned)
     vidroute webhooks TASK_ID                             caller webhook deliveries
     vidroute providers | breakers | health | force-breaker | capabilities publish FILE [--dry-run]
+    vidroute feedback TASK_ID accepted|rejected|regenerated [--tag T --comment C]
+    vidroute quality [--model M] | canaries                quality signals (clients.cli_quality)
     vidroute balance | ledger | credit | costs            money (clients.billing_cli)
     vidroute reconcile [--date YYYY-MM-DD]                daily bill reconciliation
     vidroute replay --policy FILE [--since --until --tenant]   route replay (clients.cli_replay)
@@ -42,6 +44,7 @@ from clients import (
     billing_cli,
     cli_admin,
     cli_errors,
+    cli_quality,
     cli_replay,
     cli_routing,
     cli_tasks,
@@ -197,6 +200,7 @@ def migrate(down: bool) -> int:
 for _command in (
     *cli_tasks.COMMANDS,
     *cli_admin.COMMANDS,
+    *cli_quality.COMMANDS,
     *billing_cli.commands(),
     reconcile_cli.command,
     cli_replay.command,
