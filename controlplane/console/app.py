@@ -121,6 +121,9 @@ class Console:
                 return self._error(request, caller, 400, str(exc))
             except Unavailable as exc:
                 return self._error(request, caller, 503, str(exc))
+            except (OSError, TimeoutError) as exc:  # the database does not answer
+                log.warning("console %s: a dependency is unavailable: %r", request.url.path, exc)
+                return self._error(request, caller, 503, "a dependency is unavailable; retry")
 
         return endpoint
 
@@ -280,9 +283,14 @@ class Console:
 
 
 async def _sse(events: AsyncIterator[TaskEventRecord]) -> AsyncIterator[bytes]:
-    async for event in events:
-        data = json.dumps({"kind": event.kind, "state": event.payload.get("state", "")})
-        yield f"id: {event.seq}\nevent: task\ndata: {data}\n\n".encode()
+    try:
+        async for event in events:
+            data = json.dumps({"kind": event.kind, "state": event.payload.get("state", "")})
+            yield f"id: {event.seq}\nevent: task\ndata: {data}\n\n".encode()
+    except (OSError, TimeoutError, Unavailable) as exc:
+        # Cut short without "end": the browser reconnects after the last id it saw.
+        log.warning("console event stream ended early: %r", exc)
+        return
     yield b"event: end\ndata: {}\n\n"
 
 

@@ -22,6 +22,7 @@ from controlplane.service.outputs import OutputService
 from controlplane.service.tasks import CreateTaskInput, TaskService
 from controlplane.storage import FilesystemObjectStore
 from tests.integration.persistence.builders import make_spec
+from tests.support.stack import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -211,3 +212,18 @@ async def test_task_events_stream_as_server_sent_events_and_resume_after_a_curso
         assert [int(i) for i in re.findall(r"^id: (\d+)$", resumed.text, re.M)] == ids[1:]
         bad = await alpha.get(f"/tasks/{task_id}/events", params={"after": "x"})
         assert bad.status_code == 400
+
+
+async def test_a_database_that_does_not_answer_is_503_not_a_crash(tmp_path: Path) -> None:
+    """With the database down the pages answer 503 with a retry hint, never 500."""
+    down = Database.from_url(f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/none")
+    try:
+        console = console_for(down, Authenticator({}), tmp_path)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=console.app), base_url="http://console.test"
+        ) as anyone:
+            for path in ("/tasks", "/tasks/1", "/tasks/1/decisions", "/breakers"):
+                response = await anyone.get(path)
+                assert response.status_code == 503, (path, response.text[:300])
+    finally:
+        await down.dispose()
