@@ -75,7 +75,12 @@ def publish(
     if as_json:
         _print(policy)
         return 0
-    done = "valid, not published (dry run)" if dry_run else "published and active"
+    if dry_run:
+        done = "valid, not published (dry run)"
+    elif policy.active:
+        done = "published and active"
+    else:  # the same text was published before: nothing changed
+        done = f"already published, not active (vidroute routing rollback {policy.version})"
     print(f"{policy.version}: {done}")
     return 0
 

@@ -89,6 +89,8 @@ async def test_publish_list_rollback_and_canaries(
     assert rows == [("*", "v2"), (" ", "v1")]
     assert "v2.yaml" in out.splitlines()[0]
     assert await run(capsys, "routing", "rollback", *t) == (0, "v1: active\n", "")
+    again = await run(capsys, "routing", "publish", policy_file(tmp_path, "v2"), *t)
+    assert again[1] == "v2: already published, not active (vidroute routing rollback v2)\n"
     code, out, _ = await run(capsys, "routing", "policies", "--json", *t)
     active = [p["version"] for p in json.loads(out)["policies"] if p.get("active")]
     assert active == ["v1"]
