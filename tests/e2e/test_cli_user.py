@@ -6,8 +6,8 @@ a control plane on SQLite), configured the way the README says: ``VIDROUTE_TARGE
 One stack for the module. The five modes are submitted at once with ``--wait`` (each prints its
 progress lines, the state timeline and the task); then explain, get, list, cancel and watch (a
 task held by an operator's open breaker), download (bytes equal to the stored object), the
-operator commands, a bad spec (one line per field violation, exit 2) and an unreachable server
-(one line naming the target, exit 1).
+operator commands, feedback then quality, a bad spec (one line per field violation, exit 2)
+and an unreachable server (one line naming the target, exit 1).
 """
 
 from __future__ import annotations
@@ -350,3 +350,35 @@ def test_operator_commands_show_the_platform(user: User) -> None:
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert refused.stderr.startswith("error: document"), refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_feedback_then_quality_shows_it(user: User, submitted: dict[str, Submitted]) -> None:
+    """feedback on a SUCCEEDED task records the verdict once (again: already recorded, exit 0),
+    quality --model counts it in the model's whole-mode bucket (table and --json), a task that
+    did not succeed is refused with the state (exit 1), and canaries answers."""
+    task = submitted["text-to-video"].task
+    model = task.attempts[-1].model
+    done = user.run("feedback", task.task_id, "accepted", "--tag", "motion", "--comment", "ok")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"task {task.task_id}: accepted recorded"
+    again = user.json("feedback", task.task_id, "ACCEPTED")
+    assert again == {"task_id": task.task_id, "verdict": "ACCEPTED", "recorded": False}
+
+    table = user.run("quality", "--model", model)
+    assert table.returncode == 0, table.stderr
+    rows = [line.split() for line in table.stdout.splitlines() if "(whole mode)" in line]
+    row = next(r for r in rows if r[2] == "TEXT_TO_VIDEO")
+    assert row[:2] == [task.attempts[-1].provider, model]
+    assert row[5] == "1/0/0", table.stdout
+    buckets = user.json("quality", "--model", model)["buckets"]
+    whole = {b["mode"]: b.get("accepted", "0") for b in buckets if not b.get("bucket")}
+    assert whole["TEXT_TO_VIDEO"] == "1", buckets
+    assert {b["model"] for b in buckets} == {model}
+
+    failed = submitted["video-to-video"].task
+    refused = user.run("feedback", failed.task_id, "rejected")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert refused.stderr.startswith("error: FAILED_PRECONDITION: "), refused.stderr
+    assert len(refused.stderr.splitlines()) == 1, refused.stderr
+    canaries = user.run("canaries")
+    assert canaries.returncode == 0, canaries.stderr
