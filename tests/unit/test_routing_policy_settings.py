@@ -57,3 +57,13 @@ def test_a_bad_policy_file_refuses_the_start(tmp_path: Path) -> None:
         Settings.from_env({"VIDROUTE_ROUTING_POLICY_FILE": str(path)})
     assert "weights.default: missing weights" in str(info.value)
     assert "hysteresis_delta: must be in [0, 1]" in str(info.value)
+
+
+def test_the_shipped_example_file_is_the_built_in_policy() -> None:
+    """controlplane/routing_policy.example.yaml parses, with the built-in example's weights."""
+    path = Path(__file__).resolve().parents[2] / "controlplane" / "routing_policy.example.yaml"
+    doc = Settings.from_env({"VIDROUTE_ROUTING_POLICY_FILE": str(path)}).routing_policy
+    assert doc is not None
+    assert dict(doc.policy.weights) == dict(scoring.example_policy().weights)
+    assert doc.shadow is not None
+    assert len(doc.samples) == 1
