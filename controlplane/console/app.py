@@ -271,8 +271,9 @@ class Console:
         return self._page(request, "providers.html", caller=caller, page=page)
 
     async def breakers(self, request: Request, caller: Caller) -> Response:
-        page = await self._reads.breakers(caller)
-        return self._page(request, "breakers.html", caller=caller, page=page)
+        provider = request.query_params.get("provider", "").strip()
+        page = await self._reads.breakers(caller, provider)
+        return self._page(request, "breakers.html", caller=caller, page=page, provider=provider)
 
     async def reconciliation(self, request: Request, caller: Caller) -> Response:
         if self._billing is None:

@@ -183,13 +183,29 @@ class ConsoleReads:
             )
         return tuple(out)
 
-    async def breakers(self, caller: Caller = SYSTEM, history: int = 200) -> BreakersPage:
+    async def breakers(
+        self, caller: Caller = SYSTEM, provider: str = "", history: int = 200
+    ) -> BreakersPage:
+        """Every breaker this replica knows (of `provider` when given) and the recorded
+        transitions, newest first (of that provider's accounts)."""
         ensure_admin(caller, "console breakers")
         statuses: Sequence[BreakerStatus] = ()
         if self._providers is not None:
-            statuses = await self._providers.provider_health("", caller)
-        names = await self.account_names()
-        events = await self._catalog.health_events(limit=history)
+            statuses = await self._providers.provider_health(provider, caller)
+        accounts = await self._catalog.accounts()
+        names = {
+            a.id: "/".join(p for p in (a.provider, a.account_name, a.region) if p) for a in accounts
+        }
+        if provider:
+            ids = [a.id for a in accounts if a.provider == provider]
+            events = [
+                e
+                for i in ids
+                for e in await self._catalog.health_events(provider_account_id=i, limit=history)
+            ]
+            events.sort(key=lambda e: e.occurred_at, reverse=True)
+        else:
+            events = await self._catalog.health_events(limit=history)
         return BreakersPage(
             tuple(statuses),
             tuple(

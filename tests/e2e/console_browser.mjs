@@ -127,6 +127,9 @@ try {
     rows.map((r) => Array.from(r.querySelectorAll("td")).map((td) => td.innerText.trim())),
   );
   await page.screenshot({ path: `${ARTIFACTS}/04-breakers.png`, fullPage: true });
+  await page.goto(`${CONSOLE_URL}/breakers?provider=runway`);
+  seen.runwayBreakers = await page.locator("#breakers tbody tr td:first-child").allInnerTexts();
+  seen.runwayHistory = await page.locator("#breaker-history tbody tr td:nth-child(2)").allInnerTexts();
 
   await page.click('a[href="/providers"]');
   await page.waitForURL(/\/providers$/);

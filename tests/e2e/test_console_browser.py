@@ -243,3 +243,7 @@ def _check_decisions_and_breakers(seen: dict[str, Any]) -> None:
     assert [(row[5], row[6]) for row in opened] == [("OPEN", "yes")], seen["breakers"]
     history = [row for row in seen["breakerHistory"] if "maintenance window" in row[6]]
     assert [(row[2], row[5]) for row in history] == [("veo3.1", "OPEN")], seen["breakerHistory"]
+    # One provider's breakers and history: only its own.
+    assert set(seen["runwayBreakers"]) == {FALLBACK}, seen["runwayBreakers"]
+    assert seen["runwayHistory"]
+    assert all(a.startswith(f"{FALLBACK}/") for a in seen["runwayHistory"]), seen["runwayHistory"]
