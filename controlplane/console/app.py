@@ -128,9 +128,12 @@ class Console:
         return endpoint
 
     def _error(self, request: Request, caller: Caller, status: int, message: str) -> Response:
-        return self._page(
+        page = self._page(
             request, "error.html", status, caller=caller, status=status, message=message
         )
+        if status == 503:
+            page.headers["retry-after"] = "1"
+        return page
 
     def _secure(self, request: Request) -> bool:
         return request.url.scheme == "https"

@@ -225,5 +225,6 @@ async def test_a_database_that_does_not_answer_is_503_not_a_crash(tmp_path: Path
             for path in ("/tasks", "/tasks/1", "/tasks/1/decisions", "/breakers"):
                 response = await anyone.get(path)
                 assert response.status_code == 503, (path, response.text[:300])
+                assert response.headers["retry-after"] == "1"
     finally:
         await down.dispose()
