@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from clients.sdk import SERVICE_CONFIG, AsyncClient, Client, errors
 from tests.integration.sdk_client.conftest import Stack
-from tests.support.stack import spec_for
+from tests.support.stack import ROOT, spec_for
 from vidroute.scheduler.v1 import routing_pb2 as rpb
 from vidroute.scheduler.v1 import scheduler_pb2 as pb
 
 pytestmark = [pytest.mark.timeout(180)]
+EXAMPLE_POLICY = ROOT / "controlplane" / "routing_policy.example.yaml"
 
 
 def _accepted(buckets: list[rpb.QualityBucket], model: str) -> tuple[int, int]:
@@ -96,7 +98,7 @@ def test_routing_reads_and_feedback_are_retried_publication_is_not() -> None:
 
 async def test_async_client_feedback_quality_and_reads(stack: Stack) -> None:
     """AsyncClient: a REJECTED verdict on a succeeded task counts in quality; a bad verdict is
-    InvalidArgument on verdict; canaries and routing_policies answer."""
+    InvalidArgument on verdict; canaries answer, a policy given as bytes passes a dry run."""
     async with AsyncClient(stack.target, token=stack.token) as client:
         made = await client.create(
             spec_for("runway", prompt=f"an async feedback kite {uuid.uuid4().hex[:6]}")
@@ -114,4 +116,32 @@ async def test_async_client_feedback_quality_and_reads(stack: Stack) -> None:
             await client.feedback(task.task_id, 0)
         assert [v.field for v in bad.value.field_violations] == ["verdict"]
         assert await client.canaries() == []
-        assert isinstance(await client.routing_policies(), list)
+        published = await client.routing_policies()
+        checked = await client.publish_routing_policy(EXAMPLE_POLICY.read_bytes(), dry_run=True)
+        assert checked.version == "router-v1-file"
+        assert await client.routing_policies() == published
+
+
+def test_a_policy_dry_run_and_a_replay_of_the_tenants_decisions(stack: Stack) -> None:
+    """The example policy file passes a dry run (its version answered, nothing published);
+    replay_routes under it, limited to one tenant, replays exactly that tenant's decisions; a
+    naive datetime is InvalidArgument on its field before anything is sent."""
+    tenant = f"replay{uuid.uuid4().hex[:6]}"
+    with Client(stack.target, token=stack.token) as client:
+        before = client.routing_policies()
+        checked = client.publish_routing_policy(EXAMPLE_POLICY, dry_run=True)
+        assert (checked.version, checked.active) == ("router-v1-file", False)
+        assert client.routing_policies() == before
+
+        spec = spec_for("runway", prompt="a replayed kite")
+        spec.tenant_id = tenant
+        task = client.wait(client.create(spec).task.task_id, timeout=120)
+        assert task.state == pb.TASK_STATE_SUCCEEDED, task
+        report = client.replay_routes(
+            EXAMPLE_POLICY, since=datetime.now(UTC) - timedelta(hours=1), tenant_id=tenant
+        )
+        assert report.decisions == len(client.explain(task.task_id)) >= 1
+        assert report.replayed.policy_version == "router-v1-file"
+        with pytest.raises(errors.InvalidArgument) as naive:
+            client.replay_routes(EXAMPLE_POLICY, until=datetime(2026, 1, 1))
+        assert [v.field for v in naive.value.field_violations] == ["until"]
