@@ -205,7 +205,9 @@ def _command(name: str) -> Callable[..., int]:
     """The click callback of one money command: resolve the connection, call, print."""
 
     def run(target: str | None, tls: bool | None, debug: bool, **options: Any) -> int:
-        args = SimpleNamespace(command=name, timeout=_RPC_TIMEOUT_S, json=options.pop("as_json"), **options)
+        args = SimpleNamespace(
+            command=name, timeout=_RPC_TIMEOUT_S, json=options.pop("as_json"), **options
+        )
         conn = connection(target, tls, debug)
         with channel(conn) as chan:
             print(_RUN[name](args, billing_service_pb2_grpc.BillingServiceStub(chan)))

@@ -93,14 +93,14 @@ from controlplane.api.auth import Authenticator, parse_entries
 from controlplane.api.billing_servicer import BillingServicer
 from controlplane.api.routing_servicer import RoutingServicer
 from controlplane.api.servicer import SchedulerServicer
-from controlplane.console.app import Console
-from controlplane.console.server import CONSOLE_LISTEN_FIX, ConsoleServer
 from controlplane.capabilities.catalog import CapabilityCatalog, load_catalog
 from controlplane.capabilities.publish import (
     AccountConfig,
     PublishError,
     publish_documents,
 )
+from controlplane.console.app import Console
+from controlplane.console.server import CONSOLE_LISTEN_FIX, ConsoleServer
 from controlplane.domain.breaker import BreakerConfig, BreakerKey, Operation
 from controlplane.domain.deadlines import DeadlinePolicy
 from controlplane.domain.money import BillingPolicies, BillingPolicy

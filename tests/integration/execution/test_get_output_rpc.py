@@ -211,8 +211,8 @@ async def _ranges_and_resume_give_the_stored_bytes(on_disk: Stack) -> None:
     for offset in range(0, len(clip) + 1, 331):  # a sweep across chunk boundaries
         for limit in (0, 1, CHUNK - 1, CHUNK, CHUNK + 1):
             messages = await on_disk.read(sample=1, offset=offset, limit=limit)
-            end = offset + limit if limit else None
-            assert b"".join(m.data for m in messages) == clip[offset:end], (offset, limit)
+            stop = offset + limit if limit else None
+            assert b"".join(m.data for m in messages) == clip[offset:stop], (offset, limit)
             assert messages[0].offset == offset
 
 

@@ -22,7 +22,7 @@ from vidroute_core.spec import AssetRef, GenerationSpec, Mode, OutputSpec
 REF = AssetRef(object_uri="s3://bucket/ref.png", mime_type="image/png")
 
 
-def spec(
+def spec(  # noqa: PLR0917 - a test builder: positional defaults read best at the call sites
     width: int = 1280,
     height: int = 720,
     ms: int = 5000,
@@ -81,7 +81,7 @@ def test_bucket_key_is_deterministic_and_parses_back(s: GenerationSpec) -> None:
 def test_parse_bucket_refuses_foreign_keys() -> None:
     """A bucket string the key function cannot produce is a ValueError."""
     for bad in ("resolution=720p", "audio=maybe,duration=short,refs=0,resolution=720p", "x"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="not a quality bucket"):
             parse_bucket(bad)
 
 
@@ -90,7 +90,8 @@ def test_estimate_is_bounded_and_ordered(c: QualityCounts, prior: float) -> None
     """Score, technical and user components stay in [0, 1] with low <= score <= high."""
     e = estimate(c, prior)
     assert 0.0 <= e.low <= e.score <= e.high <= 1.0
-    assert 0.0 <= e.technical <= 1.0 and 0.0 <= e.user <= 1.0
+    assert 0.0 <= e.technical <= 1.0
+    assert 0.0 <= e.user <= 1.0
 
 
 @given(priors)
@@ -140,9 +141,9 @@ def test_ratios_are_zero_without_verdicts() -> None:
 
 def test_counts_refuse_more_defects_than_checks() -> None:
     """Defects above checks (or negative counts) cannot be constructed."""
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="technical_defects must be between"):
         QualityCounts(technical_checks=1, technical_defects=2)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="counts are non-negative"):
         QualityCounts(accepted=-1)
 
 
@@ -155,6 +156,7 @@ def test_table_scores_only_the_asked_bucket() -> None:
     table = QualityTable({("p", "a", "TEXT_TO_VIDEO", x): QualityCounts(rejected=30)})
     cands = [("p/a/acct", "p", "a"), ("p/b/acct", "p", "b")]
     in_x = table.scores(cands, "TEXT_TO_VIDEO", x, 0.5)
-    assert set(in_x) == {"p/a/acct"} and in_x["p/a/acct"] < 0.5
+    assert set(in_x) == {"p/a/acct"}
+    assert in_x["p/a/acct"] < 0.5
     assert table.scores(cands, "TEXT_TO_VIDEO", y, 0.5) == {}
     assert table.scores(cands, "IMAGE_TO_VIDEO", x, 0.5) == {}
