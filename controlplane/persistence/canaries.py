@@ -21,6 +21,7 @@ from controlplane.domain.routing.canary import CanaryStatus
 from controlplane.persistence.models import canary_states as C
 from controlplane.persistence.models import canary_transitions as T
 from controlplane.persistence.models import provider_accounts as A
+from controlplane.persistence.models import quality_checks as Q
 from controlplane.persistence.models import task_attempts as TA
 
 # Attempts of a canary window read at most (newest first); gates need tens, not thousands.
@@ -223,4 +224,25 @@ async def window_by_candidate(
         out.setdefault(cid, []).append(
             WindowAttempt(r.status, r.failure_class, r.created_at, r.updated_at, int(r.cost))
         )
+    return out
+
+
+async def quality_by_candidate(
+    conn: AsyncConnection, since: datetime
+) -> dict[str, list[tuple[datetime, bool]]]:
+    """The output probe's technical checks since `since` per candidate: (checked at, clean),
+    newest first; the canary's quality evidence (9.14, 9.13.5)."""
+    query = (
+        select(A.c.provider, A.c.account_name, TA.c.provider_model, Q.c.created_at, Q.c.defects)
+        .select_from(
+            Q.join(TA, TA.c.id == Q.c.attempt_id).join(A, A.c.id == TA.c.provider_account_id)
+        )
+        .where(Q.c.created_at >= since)
+        .order_by(Q.c.id.desc())
+        .limit(MAX_WINDOW_ATTEMPTS)
+    )
+    out: dict[str, list[tuple[datetime, bool]]] = {}
+    for r in await conn.execute(query):
+        cid = f"{r.provider}/{r.provider_model}/{r.account_name}"
+        out.setdefault(cid, []).append((r.created_at, not r.defects))
     return out

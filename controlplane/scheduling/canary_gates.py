@@ -7,7 +7,9 @@ window (the busiest non-canary candidate: the one carrying the traffic the canar
 `controlplane.domain.routing.canary.evaluate` decides; an advance, promotion or rollback moves
 the state and records the transition with the observed figures in one unit, guarded so a step
 is applied once even if two replicas believed they led. Dispatchers see the new stage on their
-next round (`PolicyBook`). One read per evaluation, whatever the number of canaries.
+next round (`PolicyBook`). Quality is the share of the output probe's technical checks of the
+canary's outputs since its stage began that found no defect (absent until one exists). Two
+reads per evaluation, whatever the number of canaries.
 """
 
 from __future__ import annotations
@@ -61,9 +63,12 @@ def _p95(values: Sequence[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
-def metrics_of(attempts: Sequence[canary_store.WindowAttempt]) -> CanaryMetrics:
+def metrics_of(
+    attempts: Sequence[canary_store.WindowAttempt], checks: Sequence[bool] = ()
+) -> CanaryMetrics:
     """Gate figures of finished attempts: success rate, p95 of their durations, safety
-    failures, spend per success (inf with no success)."""
+    failures, spend per success (inf with no success), and the share of the output probe's
+    technical checks that found nothing wrong (None without a check)."""
     n = len(attempts)
     ok = sum(1 for a in attempts if a.status == "SUCCEEDED")
     spend = sum(a.cost_micros for a in attempts)
@@ -76,7 +81,7 @@ def metrics_of(attempts: Sequence[canary_store.WindowAttempt]) -> CanaryMetrics:
         if n
         else 0.0,
         cost_per_success_micros=spend / ok if ok else math.inf,
-        quality_pass_rate=None,
+        quality_pass_rate=sum(checks) / len(checks) if checks else None,
     )
 
 
@@ -133,6 +138,7 @@ class CanaryGatekeeper:
                 return []
             since = min(r.stage_started_at for r in rows)
             window = await canary_store.window_by_candidate(conn, since)
+            quality = await canary_store.quality_by_candidate(conn, since)
         now = self._clock()
         out = []
         for row in rows:
@@ -146,7 +152,8 @@ class CanaryGatekeeper:
             ]
             busiest = max(others, key=len, default=[])
             incumbent = metrics_of(busiest) if busiest else None
-            verdict = evaluate(spec, row.stage, metrics_of(mine), incumbent)
+            clean = [ok for at, ok in quality.get(row.candidate_id, ()) if at >= start]
+            verdict = evaluate(spec, row.stage, metrics_of(mine, clean), incumbent)
             await self._apply(row, spec.percents, verdict, now)
             out.append((row.candidate_id, verdict))
         return out

@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from controlplane.domain import scoring
+from controlplane.domain.quality import Defect
 from controlplane.domain.routing.canary import ROLLED_BACK_STAGE, CanaryStatus
 from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import CanaryAction
 from controlplane.persistence import canaries as canary_store
+from controlplane.persistence import quality as quality_store
 from controlplane.persistence.database import Database
 from controlplane.persistence.models import task_attempts
+from controlplane.persistence.quality import NewCheck, Subject
 from controlplane.scheduling.canary_gates import CanaryGateConfig, CanaryGatekeeper
 from controlplane.scheduling.policy_book import PolicyBook
 from controlplane.service.routing_policies import RoutingPolicyService
@@ -50,9 +53,17 @@ class Stack:
                 )
 
     async def attempts(
-        self, cid: str, at: datetime, ok: int, failed: int = 0, cost: int = 1000
+        self,
+        cid: str,
+        at: datetime,
+        *,
+        ok: int,
+        failed: int = 0,
+        cost: int = 1000,
+        defective: int = 0,
     ) -> None:
-        """`ok` SUCCEEDED and `failed` FAILED attempts of `cid` created at `at`, 30 s long."""
+        """`ok` SUCCEEDED and `failed` FAILED attempts of `cid` created at `at`, 30 s long;
+        the output probe checked each success, the first `defective` found frozen frames."""
         for i in range(ok + failed):
             self.n += 1
             spec = GenerationSpec(
@@ -74,6 +85,17 @@ class Stack:
                         actual_cost_micros=cost,
                     )
                 )
+                if i < ok:
+                    (attempt_id,) = (
+                        await u.conn.execute(
+                            select(task_attempts.c.id).where(task_attempts.c.task_id == task.id)
+                        )
+                    ).one()
+                    provider, model, _ = cid.split("/")
+                    subject = Subject(provider, model, "TEXT_TO_VIDEO", "")
+                    defects = (Defect.FROZEN_FRAMES,) if i < defective else ()
+                    check = NewCheck(task.id, attempt_id, 0, subject, defects)
+                    await quality_store.record_checks(u.conn, [check], at)
 
 
 def document(version: str, **gates: object) -> str:
@@ -195,3 +217,23 @@ async def test_the_p95_gate_is_scaled_with_the_deployment(db: Database) -> None:
     assert verdict.action is CanaryAction.ROLLBACK
     assert verdict.reason == "gate failed: p95_latency"
     assert verdict.observed["p95_latency_s"] == 30.0
+
+
+async def test_outputs_the_probe_finds_defective_fail_the_quality_gate(db: Database) -> None:
+    """The canary succeeds, but 2 of its 3 outputs since the stage began have frozen frames:
+    quality pass rate 1/3 under the 0.9 gate rolls it back; a clean run advances."""
+    s = Stack(db)
+    await s.setup()
+    await RoutingPolicyService(db, clock=lambda: T0).publish(document("v1"))
+    await s.attempts(CANARY, T0 - timedelta(seconds=5), ok=3, defective=3)  # before the stage
+    await s.attempts(CANARY, T0 + timedelta(seconds=1), ok=3, defective=2)
+    ((_, verdict),) = await keeper(db, T0 + timedelta(seconds=5)).evaluate_once()
+    assert verdict.action is CanaryAction.ROLLBACK
+    assert verdict.reason == "gate failed: quality_pass_rate"
+    assert verdict.observed["quality_pass_rate"] == round(1 / 3, 6)
+    restart = T0 + timedelta(seconds=5)
+    await RoutingPolicyService(db, clock=lambda: restart).publish(document("v2", min_samples=4))
+    await s.attempts(CANARY, T0 + timedelta(seconds=6), ok=4)
+    ((_, verdict),) = await keeper(db, T0 + timedelta(seconds=10)).evaluate_once()
+    assert verdict.action is CanaryAction.ADVANCE  # the restarted canary: 4 clean outputs
+    assert verdict.gates["quality_pass_rate"] is True
