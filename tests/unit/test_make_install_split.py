@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import shutil
+import os
 import subprocess
 import sys
 import tomllib
@@ -32,8 +33,16 @@ OURS = {"controlplane", "vidroute_core", "vidroute", "clients", "adapter_sidecar
 def _make(*args: str) -> list[str]:
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
+    # Under `make test` this runs inside make: without its variables the child is a top-level
+    # make that prints no "Entering/Leaving directory" lines around the recipe.
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
     done = subprocess.run(
-        ["make", "-n", "-B", *args], cwd=ROOT, capture_output=True, text=True, check=True
+        ["make", "--no-print-directory", "-n", "-B", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
     )
     return done.stdout.splitlines()
 
