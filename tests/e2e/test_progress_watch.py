@@ -28,9 +28,11 @@ from vidroute.scheduler.v1 import scheduler_service_pb2 as api
 
 pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.postgres, pytest.mark.timeout(120)]
 
-# Runway's 60 s job runs 3 s: long enough for several RUNNING polls (10 s, 15 s, 30 s scaled).
-TIME_SCALE = 0.05
-# Other clients' jobs on the 4 GPU workers, in output seconds (the first ends 2.9 s after it
+# Runway's 60 s job runs 6 s: several RUNNING polls (10 s, 15 s, 30 s scaled: 1, 1.5, 3 s) fit in
+# it even when a loaded machine delays a poll by a second or two (at 0.05 one late poll left a
+# single mark in CI).
+TIME_SCALE = 0.1
+# Other clients' jobs on the 4 GPU workers, in output seconds (the first ends 5.8 s after it
 # starts, at this factor): they end one after another, and one more waits ahead of ours.
 GPU_WORKERS = 4
 FOREIGN_DURATIONS_S = (6, 8, 10, 10, 6)
