@@ -25,8 +25,10 @@ from controlplane.persistence.database import Database
 from controlplane.persistence.migrate import upgrade
 from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.access import Caller
+from controlplane.service.outputs import OutputService
 from controlplane.service.providers import ForceBreakerInput, ProviderAdminService
 from controlplane.service.tasks import TaskService
+from controlplane.storage.filesystem import FilesystemObjectStore
 from vidroute.common.v1 import generation_pb2 as gen
 from vidroute.scheduler.v1 import scheduler_pb2 as pb
 from vidroute.scheduler.v1 import scheduler_service_pb2 as api
@@ -64,8 +66,10 @@ async def attack(tmp_path: Path) -> AsyncIterator[Api]:
         await db.ping()
         return True
 
+    tasks = TaskService(db, watch_poll_interval_s=0.05)
+    outputs = OutputService(tasks, FilesystemObjectStore(tmp_path / "objects"))
     running: ControlPlaneServer = await start_server(
-        SchedulerServicer(TaskService(db, watch_poll_interval_s=0.05)),
+        SchedulerServicer(tasks, outputs=outputs),
         listen="127.0.0.1:0",
         probe=probe,
         cleanup=[db.dispose],
@@ -134,7 +138,8 @@ def _shape(text: str) -> str:
 
 
 async def test_no_cross_tenant_read_watch_cancel_explain_or_list(attack: Api) -> None:
-    """Walking every id, each tenant reaches only its own tasks; the rest read as nonexistent."""
+    """Walking every id, each tenant reaches only its own tasks (read, watch, cancel, explain,
+    outputs and their URLs, webhook deliveries); the rest read as nonexistent."""
     a = attack
     owned = await _populate(a)
     highest = max(int(t) for ids in owned.values() for t in ids)
@@ -171,6 +176,19 @@ async def test_no_cross_tenant_read_watch_cancel_explain_or_list(attack: Api) ->
                 api.CancelTaskRequest(task_id=task_id, reason="hostile"), metadata=a.md(who)
             )
             leaks += await _code(cancel) is not grpc.StatusCode.NOT_FOUND
+            output = a.stub.GetOutput(api.GetOutputRequest(task_id=task_id), metadata=a.md(who))
+            try:
+                chunks = [reply async for reply in output]
+                leaks += 1 + len(chunks)
+            except grpc.aio.AioRpcError as exc:
+                leaks += exc.code() is not grpc.StatusCode.NOT_FOUND
+            for unary in (
+                a.stub.GetOutputUrl(api.GetOutputUrlRequest(task_id=task_id), metadata=a.md(who)),
+                a.stub.ListWebhookDeliveries(
+                    api.ListWebhookDeliveriesRequest(task_id=task_id), metadata=a.md(who)
+                ),
+            ):
+                leaks += await _code(unary) is not grpc.StatusCode.NOT_FOUND
         listed = await _list_all(a, who)
         assert sorted(t.task_id for t in listed) == sorted(owned[who])
         leaks += sum(t.spec.tenant_id != who for t in listed)
