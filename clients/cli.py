@@ -9,7 +9,7 @@
     vidroute webhooks TASK_ID                             caller webhook deliveries
     vidroute providers | breakers | health | force-breaker | capabilities publish FILE [--dry-run]
     vidroute feedback TASK_ID accepted|rejected|regenerated [--tag T --comment C]
-    vidroute quality [--model M] | canaries                quality signals (clients.cli_quality)
+    vidroute quality [--model M]                           quality signals (clients.cli_quality)
     vidroute balance | ledger | credit | costs            money (clients.billing_cli)
     vidroute reconcile [--date YYYY-MM-DD]                daily bill reconciliation
     vidroute replay --policy FILE [--since --until --tenant]   route replay (clients.cli_replay)

@@ -1,8 +1,8 @@
-"""Quality feedback and what routing learned from it: ``feedback``, ``quality``, ``canaries``.
+"""Quality feedback and what routing learned from it: ``feedback``, ``quality``, and the canary
+table that ``vidroute routing canaries`` prints (`print_canaries`).
 
 vidroute feedback TASK_ID accepted|rejected|regenerated [--tag T ...] [--comment C]
 vidroute quality [--model M] [--json]     # admin: aggregates per (model, mode, tag bucket)
-vidroute canaries [--json]                # admin: stage, status, last gates, last transition
 
 Feedback is open to the task's own tenant and needs a SUCCEEDED task; the same verdict twice
 records nothing the second time (said so, exit 0). Calls go through the SDK
@@ -126,18 +126,4 @@ def print_canaries(canaries: Sequence[routing_pb2.CanaryState]) -> None:
     render.console().print(table)
 
 
-@click.command("canaries")
-@json_option
-@connection_options
-def canaries(*, as_json: bool, target: str | None, tls: bool | None, debug: bool) -> int:
-    """Admin: each canary's traffic stage, status, last gate evaluation and last transition."""
-    with api(target, tls, debug) as client:
-        found = client.canaries()
-    if as_json:
-        render.print_json({"canaries": [render.to_dict(s) for s in found]})
-    else:
-        print_canaries(found)
-    return 0
-
-
-COMMANDS = (feedback, quality, canaries)
+COMMANDS = (feedback, quality)

@@ -20,17 +20,14 @@ from typing import Any
 import click
 from google.protobuf import json_format
 
+from clients import cli_render as render
 from clients.cli_client import channel
-from clients.cli_common import connection, connection_options, json_option
+from clients.cli_common import api, connection, connection_options, json_option
+from clients.cli_quality import print_canaries
 from clients.cli_render import when
 from vidroute.scheduler.v1 import routing_pb2, routing_service_pb2, routing_service_pb2_grpc
 
 TIMEOUT_S = 60.0
-_STATUS = {
-    routing_pb2.CANARY_STATUS_ACTIVE: "ACTIVE",
-    routing_pb2.CANARY_STATUS_PROMOTED: "PROMOTED",
-    routing_pb2.CANARY_STATUS_ROLLED_BACK: "ROLLED_BACK",
-}
 
 
 def _line(p: routing_pb2.RoutingPolicyVersion) -> str:
@@ -127,24 +124,18 @@ def policies(*, as_json: bool, target: str | None, tls: bool | None, debug: bool
 @json_option
 @connection_options
 def canaries(*, as_json: bool, target: str | None, tls: bool | None, debug: bool) -> int:
-    """Each canary: status, traffic share, stages, last gate evaluation and its transitions."""
-    with channel(connection(target, tls, debug)) as chan:
-        stub: Any = routing_service_pb2_grpc.RoutingServiceStub(chan)
-        reply = stub.ListCanaries(routing_service_pb2.ListCanariesRequest(), timeout=TIMEOUT_S)
+    """Each canary: traffic share, stages, status, last gate evaluation, then its transitions."""
+    with api(target, tls, debug) as client:
+        found = client.canaries()
     if as_json:
-        _print(reply)
+        render.print_json({"canaries": [render.to_dict(c) for c in found]})
         return 0
-    if not reply.canaries:
-        print("no canaries")
-    for c in reply.canaries:
-        stages = " -> ".join(f"{s:g}%" for s in c.stages)
-        print(f"{c.candidate_id}  {_STATUS.get(c.status, '?')}  {c.traffic_percent:g}%  ({stages})")
-        failed = sorted(g for g, ok in c.gates.items() if not ok)
-        if c.gates:
-            print(f"  gates: {'failed ' + ', '.join(failed) if failed else 'all passed'}")
+    print_canaries(found)
+    for c in found:
         for t in c.history:
             print(
-                f"  {when(t.at)}  {t.action}  {t.from_percent:g}% -> {t.to_percent:g}%  {t.reason}"
+                f"{c.candidate_id}  {when(t.at)}  {t.action}  "
+                f"{t.from_percent:g}% -> {t.to_percent:g}%  {t.reason}"
             )
     return 0
 

@@ -380,5 +380,5 @@ def test_feedback_then_quality_shows_it(user: User, submitted: dict[str, Submitt
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert refused.stderr.startswith("error: FAILED_PRECONDITION: "), refused.stderr
     assert len(refused.stderr.splitlines()) == 1, refused.stderr
-    canaries = user.run("canaries")
+    canaries = user.run("routing", "canaries")
     assert canaries.returncode == 0, canaries.stderr

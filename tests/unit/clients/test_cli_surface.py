@@ -31,7 +31,7 @@ def test_every_command_and_option_has_help() -> None:
         "vidroute providers", "vidroute breakers", "vidroute health",
         "vidroute capabilities publish", "vidroute download", "vidroute url", "vidroute balance",
         "vidroute ledger", "vidroute credit", "vidroute costs", "vidroute reconcile",
-        "vidroute feedback", "vidroute quality", "vidroute canaries",
+        "vidroute feedback", "vidroute quality", "vidroute routing canaries",
     } <= names  # fmt: skip
     for path, command in commands:
         assert command.help or command.short_help, f"{path} has no help text"
