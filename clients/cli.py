@@ -72,6 +72,7 @@ DEV_ADAPTER_PORTS = {"runway": 50061, "veo": 50062, "selfhosted": 50063}
 DEV_PROVIDER_NAMES = {"runway": "runway", "veo": "google", "selfhosted": "self_hosted"}
 DEV_TENANT = "acme"  # the tenant of the dev tenant token `vidroute up` prints
 DEV_METRICS_PORT = 9464  # the control plane's /metrics under `vidroute up`
+DEV_CONSOLE_PORT = 8088  # the web console under `vidroute up`
 
 
 async def _serve(
@@ -104,6 +105,10 @@ async def _serve(
         # /metrics of every process (9.24); sidecars: clients.devstack.DEV_METRICS_PORTS.
         overrides["metrics_listen"] = os.environ.get("VIDROUTE_METRICS_LISTEN") or (
             "127.0.0.1:0" if ephemeral_ports else f"127.0.0.1:{DEV_METRICS_PORT}"
+        )
+        # The read-only web console (controlplane.console); sign in with the dev tokens.
+        overrides["console_listen"] = os.environ.get("VIDROUTE_CONSOLE_LISTEN") or (
+            "127.0.0.1:0" if ephemeral_ports else f"127.0.0.1:{DEV_CONSOLE_PORT}"
         )
     environ = dict(os.environ)
     if whole_stack and not environ.get("VIDROUTE_AUTH_TOKENS") and not environ.get("VIDROUTE_AUTH"):
