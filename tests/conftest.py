@@ -50,9 +50,11 @@ class PostgresServer:
         finally:
             await engine.dispose()
 
-    async def create_database(self, suffix: str) -> str:
+    async def create_database(self, suffix: str, template: str = "") -> str:
+        """A new database; from `template` (a copy of its schema and rows) when given."""
         name = f"{self.prefix}_{suffix}"
-        await self._admin(f'CREATE DATABASE "{name}"')
+        copy = f' TEMPLATE "{template}"' if template else ""
+        await self._admin(f'CREATE DATABASE "{name}"{copy}')
         return name
 
     async def drop_database(self, name: str) -> None:
@@ -83,6 +85,35 @@ def postgres_server() -> PostgresServer:
 def fresh_postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
     """An empty throwaway database for one test, dropped afterwards."""
     name = asyncio.run(postgres_server.create_database(secrets.token_hex(4)))
+    try:
+        yield postgres_server.url_for(name)
+    finally:
+        asyncio.run(postgres_server.drop_database(name))
+
+
+@pytest.fixture(scope="session")
+def migrated_postgres_template(postgres_server: PostgresServer) -> Iterator[str]:
+    """A database migrated to head once per session, never connected to afterwards: tests copy
+    it (`migrated_postgres_url`) instead of running every migration again."""
+    from controlplane.persistence.migrate import upgrade
+
+    name = asyncio.run(postgres_server.create_database("template"))
+    try:
+        asyncio.run(upgrade(postgres_server.url_for(name)))
+        yield name
+    finally:
+        asyncio.run(postgres_server.drop_database(name))
+
+
+@pytest.fixture
+def migrated_postgres_url(
+    postgres_server: PostgresServer, migrated_postgres_template: str
+) -> Iterator[str]:
+    """A throwaway database at the head revision (a copy of the session's migrated template),
+    dropped afterwards: the same schema `upgrade` writes, in one CREATE DATABASE."""
+    name = asyncio.run(
+        postgres_server.create_database(secrets.token_hex(4), template=migrated_postgres_template)
+    )
     try:
         yield postgres_server.url_for(name)
     finally:

@@ -298,10 +298,10 @@ async def _harness(db_url: str) -> AsyncIterator[Harness]:
 
 
 @pytest_asyncio.fixture
-async def harness(empty_url: str) -> AsyncIterator[Harness]:
-    """A migrated database (SQLite and PostgreSQL: `empty_url` of tests/integration/conftest.py)
-    with a fake adapter on a fake clock."""
-    async with _harness(empty_url) as h:
+async def harness(database_url: str) -> AsyncIterator[Harness]:
+    """A migrated database (SQLite and PostgreSQL: `database_url` of
+    tests/integration/conftest.py) with a fake adapter on a fake clock."""
+    async with _harness(database_url) as h:
         yield h
 
 
