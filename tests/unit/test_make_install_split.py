@@ -9,8 +9,8 @@ must be a runtime dependency of the root pyproject or one of theirs, never only 
 from __future__ import annotations
 
 import ast
-import shutil
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
