@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import PostgresServer
+from tests.support.evidence import wait_for_a_refused_submit
 from tests.support.module_stack import module_database, started_platform
 from tests.support.stack import ControlPlane, ProviderFarm, describe
 from tests.support.workload import SUBMIT_ROUTE
@@ -30,6 +31,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.redis, pytest.mark.timeout(120)]
 
 TIME_SCALE = 0.02
 REFUSED_FOR_S = 30.0  # production seconds; the runway attempt fails unsent, then succeeds
+REFUSED_UNTIL_HIT_S = 3000.0  # production seconds: ended as soon as a submit was refused
 # A long prompt: logged at all, it is cut to the filter's bound, never written out whole.
 PROMPT_TAIL = " over a green hill, the camera slowly rising above the hedgerows" * 6
 LEAKS = re.compile(r"_jwt=|X-Goog-Signature=|X-Goog-Credential=|(?i:bearer)\s+(?!<redacted>)\S{6,}")
@@ -58,13 +60,17 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> dict[str, sp.Task]:
     selfhosted = farm.emulator("self_hosted")
     selfhosted.add_faults([{"route": SUBMIT_ROUTE["self_hosted"], "action": "drop_after_body"}])
     runway = farm.emulator("runway")
-    runway.call(runway.emulator.refuse_connections, farm.seconds(REFUSED_FOR_S) * 1000)
+    # Refused until the first submit has hit the refusal, then REFUSED_FOR_S more (see
+    # wait_for_a_refused_submit: a window opened before CreateTask could close unhit).
+    runway.call(runway.emulator.refuse_connections, farm.seconds(REFUSED_UNTIL_HIT_S) * 1000)
     created = {
         provider: cp.create_task(
             provider, prompt=f"kite {provider} {secrets.token_hex(4)}{PROMPT_TAIL}"
         )
         for provider in ("runway", "self_hosted", "google")  # runway first: inside its refusal
     }
+    wait_for_a_refused_submit(cp.database_url, created["runway"], 30)
+    runway.call(runway.emulator.refuse_connections, farm.seconds(REFUSED_FOR_S) * 1000)
     return {p: cp.wait_terminal(task_id, timeout_s=60) for p, task_id in created.items()}
 
 

@@ -32,7 +32,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.conftest import PostgresServer
-from tests.support.evidence import audit, task_events
+from tests.support.evidence import audit, task_events, wait_for_a_refused_submit
 from tests.support.module_stack import module_database, started_platform
 from tests.support.stack import (
     UNRESOLVABLE_URL,
@@ -194,21 +194,6 @@ def _refuse(stack: Stack, provider: str, production_s: float) -> None:
     emulator.call(emulator.emulator.refuse_connections, stack.farm.seconds(production_s) * 1000)
 
 
-def _wait_for_a_refused_submit(stack: Stack, task_id: str, timeout_s: float) -> None:
-    """Until the task's history shows a refused submit: an attempt re-sent (SUBMITTING twice)
-    or ended FAILED."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        states: dict[str, list[str]] = {}
-        for kind, payload in task_events(stack.cp.database_url, task_id):
-            if kind in ("attempt.created", "attempt.state_changed"):
-                states.setdefault(str(payload["attempt_id"]), []).append(str(payload["state"]))
-        if any(s.count("SUBMITTING") > 1 or "FAILED" in s for s in states.values()):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"no submit of task {task_id} hit the refusal in {timeout_s} s")
-
-
 def _listening(url: str) -> bool:
     """Whether the emulator behind `url` accepts TCP connections again."""
     parts = urlsplit(url)
@@ -242,7 +227,7 @@ def test_refused_connection_at_the_only_candidate_is_ridden_out_with_one_job(
     window opened before CreateTask could close before the submit is ever refused."""
     _refuse(stack, provider, REFUSED_UNTIL_REOPENED_S)
     task_id = stack.cp.create_task(provider, prompt=f"refused {secrets.token_hex(4)}")
-    _wait_for_a_refused_submit(stack, task_id, 30)
+    wait_for_a_refused_submit(stack.cp.database_url, task_id, 30)
     _refuse(stack, provider, REFUSED_FOR_S)  # the window restarts now
     task = stack.cp.wait_terminal(task_id, 60)
     truth = stack.farm.truth(provider)

@@ -37,6 +37,23 @@ def task_events(database_url: str, task_id: str) -> list[tuple[str, dict[str, An
     return asyncio.run(_task_events(database_url, task_id))
 
 
+def wait_for_a_refused_submit(database_url: str, task_id: str, timeout_s: float) -> None:
+    """Until the task's history shows a refused submit: an attempt re-sent (SUBMITTING twice)
+    or ended FAILED. A refusal window that must be hit is held open until this returns: the
+    control plane's own CPU time from CreateTask to the first submit does not shrink with the
+    time scale, so a window opened before CreateTask can close before any submit reaches it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states: dict[str, list[str]] = {}
+        for kind, payload in task_events(database_url, task_id):
+            if kind in ("attempt.created", "attempt.state_changed"):
+                states.setdefault(str(payload["attempt_id"]), []).append(str(payload["state"]))
+        if any(s.count("SUBMITTING") > 1 or "FAILED" in s for s in states.values()):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no submit of task {task_id} hit the refusal in {timeout_s} s")
+
+
 async def _audit(database_url: str, redis_url: str | None, *, reclaim_ahead_ms: int | None) -> Any:
     from redis.asyncio import Redis
 
