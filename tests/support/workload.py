@@ -368,15 +368,17 @@ def unexplained_outcomes(
         if task.failure.code == "OUTPUT_EXPIRED" and final_expiries[planned.provider] > 0:
             final_expiries[planned.provider] -= 1
             continue
-        if _abandoned_unknown(task) and unnameable[planned.provider] > 0:
-            unnameable[planned.provider] -= 1
-            continue
+        # A kill inside the submit explains itself first, so it never spends an armed fault's
+        # allowance that a task which really met the fault needs.
         if (
             _abandoned_unknown(task)
             and planned.provider in UNNAMEABLE_PROVIDERS
             and _interrupted_submit(task_events(database_url, task.task_id))
         ):
             continue  # a kill landed inside its submit: may have been accepted, nothing names it
+        if _abandoned_unknown(task) and unnameable[planned.provider] > 0:
+            unnameable[planned.provider] -= 1
+            continue
         errors = [(a.attempt_no, a.error.code, a.error.message) for a in task.attempts]
         bad.append(
             f"task {planned.task_id} ({planned.provider}, fault {planned.fault}, cancel "
