@@ -7,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-import pytest
+from tests.conftest import require_server
 
 ROOT = Path(__file__).resolve().parents[3]
 STATIC = ROOT / "controlplane" / "console" / "static"
@@ -28,7 +28,7 @@ def test_vendored_htmx_matches_the_installed_package() -> None:
     header (scripts/vendor_htmx.sh writes it)."""
     dist = ROOT / "node_modules" / "htmx.org" / "dist" / "htmx.min.js"
     if not dist.exists():
-        pytest.skip("node_modules not installed (npm ci)")
+        require_server("node_modules not installed (npm ci; `make test` runs it)")
     vendored = (STATIC / "htmx.min.js").read_bytes()
     assert vendored.split(b"\n", 1)[1] == dist.read_bytes()
 
