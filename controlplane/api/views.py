@@ -127,6 +127,7 @@ def route_decision(rec: RouteDecisionRecord) -> pb.RouteDecision:
                 reject_detail=str(c.get("detail", "")),
                 score=float(c.get("score", 0.0)),
                 components={k: float(v) for k, v in c.get("components", {}).items()},
+                penalties={k: float(v) for k, v in c.get("penalties", {}).items()},
                 estimated_cost=(
                     money_pb2.Money(amount_micros=int(cost), currency_code=c.get("currency", "USD"))
                     if cost is not None

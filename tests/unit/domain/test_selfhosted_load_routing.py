@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from adapter_sidecars.common.compiling import resolve
+from controlplane.api import views as api_views
 from controlplane.domain.routing.candidates import (
     Candidate,
     CompileResult,
@@ -22,6 +23,7 @@ from controlplane.domain.routing.load import PENALTY, LoadScoring, LoadView, loa
 from controlplane.domain.routing.replay import Recorded, replay_one
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.scoring import example_policy
+from controlplane.persistence.records import RouteDecisionRecord
 from vidroute_core.adapter import ModelLoad
 from vidroute_core.capabilities.loader import expand_for_accounts, load_file
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
@@ -160,6 +162,10 @@ def test_explain_shows_the_load_and_replay_keeps_the_penalty() -> None:
     assert load[A.id]["predicted_extra_s"] == 0.0
     busy = next(c for c in doc["candidates"] if c["id"] == B.id)
     assert busy["penalties"][PENALTY] > 0
+    record = RouteDecisionRecord(1, 1, 1, CFG.policy.version, d.selected, doc, "SELECTED", NOW)
+    shown = {c.candidate_id: c for c in api_views.route_decision(record).candidates}
+    assert shown[B.id].penalties[PENALTY] == pytest.approx(busy["penalties"][PENALTY])
+    assert dict(shown[A.id].penalties) == {}
     again = replay_one(Recorded("1", 1, doc), CFG.policy)
     assert again is not None
     assert again.selected == d.selected

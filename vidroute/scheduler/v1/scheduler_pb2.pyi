@@ -456,6 +456,26 @@ class CandidateScore(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class PenaltiesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     CANDIDATE_ID_FIELD_NUMBER: _builtins.int
     ELIGIBLE_FIELD_NUMBER: _builtins.int
     REJECT_REASON_FIELD_NUMBER: _builtins.int
@@ -463,6 +483,7 @@ class CandidateScore(_message.Message):
     SCORE_FIELD_NUMBER: _builtins.int
     COMPONENTS_FIELD_NUMBER: _builtins.int
     ESTIMATED_COST_FIELD_NUMBER: _builtins.int
+    PENALTIES_FIELD_NUMBER: _builtins.int
     candidate_id: _builtins.str
     """Candidate id "provider/model/account"."""
     eligible: _builtins.bool
@@ -481,6 +502,12 @@ class CandidateScore(_message.Message):
     def estimated_cost(self) -> _money_pb2.Money:
         """Estimated cost of an attempt on this candidate."""
 
+    @_builtins.property
+    def penalties(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """Amounts subtracted from the weighted sum by name, each >= 0 (e.g. "GPU_UTILIZATION" for a
+        saturated self-hosted GPU); empty when none applied. `score` already includes them.
+        """
+
     def __init__(
         self,
         *,
@@ -491,10 +518,11 @@ class CandidateScore(_message.Message):
         score: _builtins.float = ...,
         components: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         estimated_cost: _money_pb2.Money | None = ...,
+        penalties: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["estimated_cost", b"estimated_cost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_id", b"candidate_id", "components", b"components", "eligible", b"eligible", "estimated_cost", b"estimated_cost", "reject_detail", b"reject_detail", "reject_reason", b"reject_reason", "score", b"score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_id", b"candidate_id", "components", b"components", "eligible", b"eligible", "estimated_cost", b"estimated_cost", "penalties", b"penalties", "reject_detail", b"reject_detail", "reject_reason", b"reject_reason", "score", b"score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
