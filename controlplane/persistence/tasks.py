@@ -6,6 +6,7 @@ to its filters (see `_sql` for the encoding).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select
@@ -65,6 +66,22 @@ class TaskQueries:
         """The attempt, or None."""
         async with self._db.reading() as conn:
             return await _reads.attempt(conn, attempt_id, lock=False)
+
+    async def attempts_of_tasks(self, task_ids: Sequence[int]) -> dict[int, list[AttemptRecord]]:
+        """The attempts of each of `task_ids`, in attempt order, in one statement (a page of
+        tasks' attempts at once; a task without attempts is absent)."""
+        if not task_ids:
+            return {}
+        query = (
+            select(A).where(A.c.task_id.in_(list(task_ids))).order_by(A.c.task_id, A.c.attempt_no)
+        )
+        async with self._db.reading() as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        found: dict[int, list[AttemptRecord]] = {}
+        for m in rows:
+            attempt = _rows.attempt(m)
+            found.setdefault(attempt.task_id, []).append(attempt)
+        return found
 
     async def list_tasks(
         self,

@@ -8,12 +8,11 @@ capacity picture from the lease store's snapshots, reconciliation from `BillingS
 
 The task list filters by tenant and state in the database (`TaskService.list_tasks`); the
 provider and time filters apply to the pages read, whose tasks' attempts are read anyway to name
-their providers (`list_tasks` says how far it reads).
+their providers, in one statement per page (`list_tasks` says how far it reads).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -27,7 +26,7 @@ from controlplane.persistence.provider_observations import (
     ProviderObservation,
     ProviderObservations,
 )
-from controlplane.persistence.records import TaskDetail, TaskEventRecord
+from controlplane.persistence.records import TaskDetail, TaskEventRecord, TaskRecord
 from controlplane.persistence.tasks import TaskQueries
 from controlplane.scheduling.health import BreakerStatus, HealthMonitor
 from controlplane.service.access import SYSTEM, Caller, ensure_admin
@@ -51,7 +50,7 @@ class TaskFilter:
 
 @dataclass(frozen=True, slots=True)
 class TaskRow:
-    detail: TaskDetail
+    task: TaskRecord
     providers: tuple[str, ...]  # of its attempts, in attempt order
 
 
@@ -131,11 +130,15 @@ class ConsoleReads:
                 if (query.since is None or r.created_at >= query.since)
                 and (query.until is None or r.created_at < query.until)
             ]
-            details = await asyncio.gather(*(self._tasks.get_task(r.id, caller) for r in records))
-            for d in details:
-                providers = tuple(provider_of.get(a.provider_account_id, "?") for a in d.attempts)
+            # One read for the page's attempts, whatever its size (not one `get_task` per row);
+            # `list_tasks` has scoped the page to the caller already.
+            attempts = await self._queries.attempts_of_tasks([r.id for r in records])
+            for r in records:
+                providers = tuple(
+                    provider_of.get(a.provider_account_id, "?") for a in attempts.get(r.id, ())
+                )
                 if not query.provider or query.provider in providers:
-                    rows.append(TaskRow(d, providers))
+                    rows.append(TaskRow(r, providers))
             if token is None or older or len(rows) >= MAX_PAGE:
                 return rows, None if older else token
         return rows, token
