@@ -232,6 +232,24 @@ def verdict(status_code: int, attempts: int, policy: RetryPolicy) -> Verdict:
 
 
 _Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+_IP = ipaddress.IPv4Address | ipaddress.IPv6Address
+# IPv6 prefixes that carry an IPv4 address a router forwards to: NAT64's well-known prefix
+# (RFC 6052, the IPv4 address in the last 32 bits) and 6to4 (2002::/16, bits 16..48).
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_SITE_LOCAL = ipaddress.ip_network("fec0::/10")  # deprecated (RFC 3879), still not public
+
+
+def _reached(ip: _IP) -> _IP:
+    """The IPv4 address an IPv6 address really reaches (mapped, NAT64, 6to4), else itself."""
+    if isinstance(ip, ipaddress.IPv4Address):
+        return ip
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF)
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    return ip
 
 
 def address_refusal(
@@ -239,26 +257,26 @@ def address_refusal(
 ) -> str:
     """Why a receiver at `address` (an IP) must not be called; empty when it may be.
 
-    Loopback, private, link-local, multicast, reserved, unspecified and shared (CGNAT) ranges
-    are refused unless configuration allows private addresses or lists the network."""
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if allow_private or any(ip in net for net in allowed):
+    Loopback, private, link-local, site-local, multicast, reserved, unspecified and shared
+    (CGNAT) ranges are refused unless configuration allows private addresses or lists the
+    network. An IPv6 address that embeds the IPv4 address it reaches (IPv4-mapped, NAT64's
+    64:ff9b::/96, 6to4's 2002::/16) is judged by that IPv4 address."""
+    given = ipaddress.ip_address(address.split("%", 1)[0])
+    ip = _reached(given)
+    if allow_private or any(ip in net or given in net for net in allowed):
         return ""
+    shown = str(ip) if ip == given else f"{given} (reaching {ip})"
     for label, hit in (
-        ("loopback", ip.is_loopback),
-        ("link-local", ip.is_link_local),
-        ("multicast", ip.is_multicast),
-        ("unspecified", ip.is_unspecified),
-        ("private", ip.is_private),
-        ("reserved", ip.is_reserved),
-        ("not globally routable", not ip.is_global),
+        ("a loopback", ip.is_loopback),
+        ("a link-local", ip.is_link_local),
+        ("a site-local", ip in _SITE_LOCAL),
+        ("a multicast", ip.is_multicast),
+        ("an unspecified", ip.is_unspecified),
+        ("a private", ip.is_private),
+        ("a reserved", ip.is_reserved),
     ):
         if hit:
-            return (
-                f"{ip} is a {label} address"
-                if label != "not globally routable"
-                else (f"{ip} is not globally routable")
-            )
+            return f"{shown} is {label} address"
+    if not ip.is_global:
+        return f"{shown} is not globally routable"
     return ""

@@ -197,3 +197,28 @@ def test_public_addresses_pass_and_configuration_can_allow_private_ones() -> Non
     allowed = [ipaddress.ip_network("10.1.0.0/16")]
     assert address_refusal("10.1.2.3", allowed=allowed) == ""
     assert address_refusal("10.2.0.1", allowed=allowed) != ""
+
+
+@pytest.mark.parametrize(
+    ("address", "label"),
+    [
+        ("64:ff9b::7f00:1", "(reaching 127.0.0.1) is a loopback"),  # NAT64 of loopback
+        ("64:ff9b::a00:5", "(reaching 10.0.0.5) is a private"),  # NAT64 of RFC 1918
+        ("2002:7f00:1::1", "(reaching 127.0.0.1) is a loopback"),  # 6to4 of loopback
+        ("2002:a9fe:a9fe::1", "(reaching 169.254.169.254) is a link-local"),  # 6to4 metadata
+        ("fec0::1", "is a site-local"),
+        ("::ffff:10.0.0.1", "(reaching 10.0.0.1) is a private"),
+    ],
+)
+def test_ipv6_forms_of_private_addresses_are_refused(address: str, label: str) -> None:
+    """An IPv6 address that reaches a private IPv4 one (NAT64, 6to4, mapped) is refused by the
+    address it reaches, and deprecated site-local fec0::/10 is refused like private space."""
+    assert label in address_refusal(address)
+
+
+def test_public_addresses_behind_nat64_and_6to4_pass() -> None:
+    """The same IPv6 forms of a public IPv4 address are allowed (an IPv6-only network with
+    DNS64 reaches every IPv4 receiver so)."""
+    assert address_refusal("64:ff9b::808:808") == ""
+    assert address_refusal("2002:808:808::1") == ""
+    assert address_refusal("::ffff:8.8.8.8") == ""
