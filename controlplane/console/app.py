@@ -32,7 +32,7 @@ from starlette.templating import Jinja2Templates
 
 from controlplane.api.auth import Authenticator
 from controlplane.console import auth as session
-from controlplane.console import shaping
+from controlplane.console import csrf, shaping
 from controlplane.console.headers import SecurityHeaders
 from controlplane.domain.states import TASK_MACHINE, TaskState
 from controlplane.persistence.records import TaskEventRecord
@@ -102,7 +102,12 @@ class Console:
     def _page(self, request: Request, name: str, code: int = 200, **context: Any) -> Response:
         context.setdefault("caller", None)
         context["auth_enabled"] = self._auth.enabled
-        return self._templates.TemplateResponse(request, name, context, status_code=code)
+        token = csrf.token_of(request)
+        context["csrf"] = token or csrf.new_token()  # the forms' hidden field
+        page = self._templates.TemplateResponse(request, name, context, status_code=code)
+        if token is None:
+            csrf.set_cookie(page, context["csrf"], secure=self._secure(request))
+        return page
 
     def _guard(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
@@ -144,17 +149,28 @@ class Console:
         if not target.startswith("/") or target.startswith("//"):
             target = "/tasks"  # only our own paths: no open redirect
         if request.method == "GET":
-            return self._page(request, "login.html", next=target, failed=False)
-        body = await request.body()
-        form = dict(parse_qsl(body[:4096].decode("utf-8", "replace")))
+            return self._page(request, "login.html", next=target, failed=False, forged=False)
+        form = await _form(request)
+        if not csrf.accepted(request, form):
+            return self._page(request, "login.html", 403, next=target, failed=False, forged=True)
         token = form.get("token", "")
         if session.sign_in(self._auth, token) is None:
-            return self._page(request, "login.html", 401, next=target, failed=True)
+            return self._page(request, "login.html", 401, next=target, failed=True, forged=False)
         response = RedirectResponse(target, 303)
         session.set_session(response, token, secure=self._secure(request))
         return response
 
     async def logout(self, request: Request) -> Response:
+        if not csrf.accepted(request, await _form(request)):
+            caller = session.caller_of(self._auth, request)
+            return self._page(
+                request,
+                "error.html",
+                403,
+                caller=caller,
+                status=403,
+                message="This sign-out did not come from a console page; nothing was changed.",
+            )
         response = RedirectResponse("/login", 303)
         session.end_session(response, secure=self._secure(request))
         return response
@@ -304,6 +320,12 @@ async def _bytes(chunks: AsyncIterator[Any]) -> AsyncIterator[bytes]:
             yield chunk.data
     except (PreconditionFailed, Unavailable) as exc:  # the headers are sent: cut the body short
         log.warning("console output stream ended early: %s", exc)
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """A small urlencoded form (the console's are a token and a CSRF field)."""
+    body = await request.body()
+    return dict(parse_qsl(body[:4096].decode("utf-8", "replace")))
 
 
 def _invalid(field: str, description: str) -> InvalidSpec:

@@ -15,6 +15,7 @@ import pytest
 from controlplane.api.auth import Authenticator, hash_token, new_token, parse_entries
 from controlplane.console.app import Console
 from controlplane.console.auth import COOKIE
+from controlplane.console.csrf import COOKIE as CSRF_COOKIE
 from controlplane.persistence.database import Database
 from controlplane.service.billing import BillingService
 from controlplane.service.console_reads import ConsoleReads
@@ -73,6 +74,13 @@ async def site(db: Database, tmp_path: Path) -> Site:
 
 def listed_ids(html: str) -> set[int]:
     return {int(m) for m in re.findall(r'href="/tasks/(\d+)"', html)}
+
+
+def csrf_field(html: str) -> str:
+    """The CSRF token a page rendered into its form."""
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found is not None, html[:300]
+    return found.group(1)
 
 
 async def test_a_tenant_gets_404_for_another_tenants_task_on_every_task_page(site: Site) -> None:
@@ -146,11 +154,14 @@ async def test_sign_in_sets_a_strict_httponly_cookie_and_bad_tokens_get_nothing(
         first = await browser.get("/tasks/1")
         assert first.status_code == 303
         assert first.headers["location"] == "/login?next=%2Ftasks%2F1"
-        wrong = await browser.post("/login", data={"token": "vr_not-a-token"})
+        csrf = csrf_field((await browser.get(first.headers["location"])).text)
+        wrong = await browser.post("/login", data={"token": "vr_not-a-token", "csrf": csrf})
         assert wrong.status_code == 401
         assert "set-cookie" not in wrong.headers
         signed = await browser.post(
-            "/login?next=/tasks", data={"token": site.tokens["beta"]}, follow_redirects=False
+            "/login?next=/tasks",
+            data={"token": site.tokens["beta"], "csrf": csrf},
+            follow_redirects=False,
         )
         assert signed.status_code == 303
         cookie = signed.headers["set-cookie"]
@@ -160,11 +171,11 @@ async def test_sign_in_sets_a_strict_httponly_cookie_and_bad_tokens_get_nothing(
         page = await browser.get("/tasks")
         assert page.status_code == 200
         assert listed_ids(page.text) == {site.tasks["beta"]}
-        out = await browser.post("/logout")
+        out = await browser.post("/logout", data={"csrf": csrf})
         assert out.status_code == 303
         assert (await browser.get("/tasks")).status_code == 303
         evil = await browser.post(
-            "/login?next=//evil.example/x", data={"token": site.tokens["beta"]}
+            "/login?next=//evil.example/x", data={"token": site.tokens["beta"], "csrf": csrf}
         )
         assert evil.headers["location"] == "/tasks"  # never an open redirect
     async with httpx.AsyncClient(
@@ -173,6 +184,43 @@ async def test_sign_in_sets_a_strict_httponly_cookie_and_bad_tokens_get_nothing(
         headers={"authorization": "Bearer vr_wrong"},
     ) as tool:
         assert (await tool.get("/tasks")).status_code == 401
+
+
+async def test_sign_in_and_sign_out_refuse_a_post_without_the_forms_csrf_token(
+    site: Site,
+) -> None:
+    """A sign-in or sign-out POST without the CSRF field, with a wrong one, or without the CSRF
+    cookie (what another site's form sends) is 403 and changes nothing: no session cookie is
+    set, a signed-in browser stays signed in; with the form's token both work."""
+    async with site.client() as browser:
+        form = await browser.get("/login")
+        assert form.status_code == 200
+        csrf = csrf_field(form.text)
+        assert browser.cookies.get(CSRF_COOKIE) == csrf  # double submit: cookie and field
+        assert "SameSite=strict" in form.headers["set-cookie"]
+        token = site.tokens["alpha"]
+        for forged in ({"token": token}, {"token": token, "csrf": csrf[:-2] + "xx"}):
+            refused = await browser.post("/login", data=forged)
+            assert refused.status_code == 403, forged
+            assert COOKIE not in refused.headers.get("set-cookie", "")
+            assert (await browser.get("/tasks")).status_code == 303  # still signed out
+        async with site.client() as other_site:  # the field copied, but no cookie sent
+            refused = await other_site.post("/login", data={"token": token, "csrf": csrf})
+            assert refused.status_code == 403
+            assert COOKIE not in refused.headers.get("set-cookie", "")
+        signed = await browser.post("/login", data={"token": token, "csrf": csrf})
+        assert signed.status_code == 303
+        assert (await browser.get("/tasks")).status_code == 200
+        for forged_out in ({}, {"csrf": "not-the-token"}):
+            kept = await browser.post("/logout", data=forged_out)
+            assert kept.status_code == 403, forged_out
+            assert "set-cookie" not in kept.headers  # the session cookie is not deleted
+            page = await browser.get("/tasks")
+            assert page.status_code == 200  # still signed in
+        assert csrf_field(page.text) == csrf  # every page's sign-out form carries it
+        out = await browser.post("/logout", data={"csrf": csrf})
+        assert out.status_code == 303
+        assert (await browser.get("/tasks")).status_code == 303
 
 
 async def test_without_tokens_every_visitor_is_an_admin_like_the_api(
