@@ -224,6 +224,8 @@ class RouteDecision(Base):
     __tablename__ = "route_decisions"
     __table_args__ = (
         UniqueConstraint("task_id", "decision_no", name="uq_route_decisions_task_decision_no"),
+        # Route replay's time window, keyset by (created_at, id) (revision 0014).
+        Index("ix_route_decisions_created_at_id", "created_at", "id"),
     )
 
     id: Mapped[int] = mapped_column(BigIntPK, primary_key=True)

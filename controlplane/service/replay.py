@@ -17,7 +17,7 @@ from controlplane.domain import scoring
 from controlplane.domain.routing.policy_document import PolicyDocumentError, parse_policy_document
 from controlplane.domain.routing.replay import Recorded, ReplayReport, ReplayTally
 from controlplane.persistence.database import Database
-from controlplane.persistence.replay_reads import decision_page
+from controlplane.persistence.replay_reads import Cursor, decision_page
 from controlplane.service.access import SYSTEM, Caller, ensure_admin
 from vidroute_core.exceptions import InvalidSpec
 from vidroute_core.validation import IDENTIFIER_RE, FieldViolation
@@ -65,7 +65,7 @@ class ReplayService:
         if violations or policy is None:
             raise InvalidSpec(violations)
         tally = ReplayTally(policy)
-        after = 0
+        after: Cursor | None = None
         while True:
             async with self._db.reading() as conn:
                 page = await decision_page(
@@ -73,10 +73,10 @@ class ReplayService:
                     since=query.since,
                     until=until,
                     tenant_id=query.tenant_id,
-                    after_id=after,
+                    after=after,
                     limit=self._page_size,
                 )
             tally.add_page(Recorded(str(r.task_id), r.decision_no, r.snapshot) for r in page)
             if len(page) < self._page_size:
                 return tally.report()
-            after = page[-1].id
+            after = page[-1].cursor

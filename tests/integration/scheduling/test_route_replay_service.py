@@ -7,11 +7,12 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from controlplane.domain.scoring import example_policy
 from controlplane.persistence.database import Database
 from controlplane.persistence.models import route_decisions as D
+from controlplane.persistence.replay_reads import page_query
 from controlplane.service.access import Caller, Role
 from controlplane.service.replay import ReplayInput, ReplayService
 from tests.integration.scheduling.conftest import DispatcherFactory
@@ -91,3 +92,55 @@ async def test_a_bad_request_is_refused_with_its_fields_before_any_read(db: Data
     with pytest.raises(InvalidSpec) as window:
         await service.replay(ReplayInput(_document(), since=now, until=now), ADMIN)
     assert [v.field for v in window.value.violations] == ["since"]
+
+
+async def test_pages_follow_decision_time_not_id(
+    db: Database, make_dispatcher: DispatcherFactory
+) -> None:
+    """Decisions whose ids run against their times (interleaved batches) are each replayed
+    once, with pages of two, and the window selects them by time: the two newest by time,
+    whatever their ids, are exactly the ones at or after their time."""
+    await _recorded(db, make_dispatcher)
+    base = datetime(2026, 11, 20, tzinfo=UTC)
+    async with db.unit(base) as u:
+        ids = list((await u.conn.execute(select(D.c.id).order_by(D.c.id))).scalars())
+        # ids 1..5 get times 5,4,4,2,1 hours after `base`: two share a time.
+        for i, hours in zip(ids, [5, 4, 4, 2, 1], strict=True):
+            await u.conn.execute(
+                D.update().where(D.c.id == i).values(created_at=base + timedelta(hours=hours))
+            )
+    service = ReplayService(db, page_size=2)
+    everything = await service.replay(ReplayInput(_document()), ADMIN)
+    assert everything.decisions == 5
+    late = await service.replay(ReplayInput(_document(), since=base + timedelta(hours=4)), ADMIN)
+    assert late.decisions == 3
+    middle = await service.replay(
+        ReplayInput(_document(), since=base + timedelta(hours=2), until=base + timedelta(hours=5)),
+        ADMIN,
+    )
+    assert middle.decisions == 3
+
+
+async def test_a_page_reads_the_time_index_in_order(db: Database) -> None:
+    """A later page's statement is a range scan of ``ix_route_decisions_created_at_id`` with
+    no sort (the planner told to avoid both when it can), so it reads one page's rows however
+    many decisions the table holds before or after the window."""
+    now = datetime.now(UTC)
+    query = page_query(
+        since=now - timedelta(days=7),
+        until=now,
+        tenant_id="",
+        after=(now - timedelta(days=1), 42),
+        limit=500,
+    )
+    async with db.reading() as conn:
+        sql = str(query.compile(conn.sync_connection, compile_kwargs={"literal_binds": True}))
+        if conn.dialect.name == "postgresql":
+            await conn.execute(text("SET LOCAL enable_seqscan = off"))
+            await conn.execute(text("SET LOCAL enable_sort = off"))
+            plan = "\n".join(r[0] for r in await conn.execute(text(f"EXPLAIN {sql}")))
+            assert "Sort" not in plan, plan
+        else:
+            plan = "\n".join(r[-1] for r in await conn.execute(text(f"EXPLAIN QUERY PLAN {sql}")))
+            assert "TEMP B-TREE" not in plan, plan
+    assert "ix_route_decisions_created_at_id" in plan, plan
