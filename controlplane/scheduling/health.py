@@ -49,7 +49,7 @@ from controlplane.domain.breaker import (
     account_key,
 )
 from controlplane.domain.routing.candidates import Candidate, HealthView, Incumbent
-from controlplane.domain.scoring import HealthWindows, Window
+from controlplane.domain.scoring import HealthWindows, Window, WindowStats
 from controlplane.persistence.catalog import CatalogQueries, HealthEvent
 from controlplane.persistence.database import Database
 from controlplane.scheduling.shared_state import (
@@ -319,6 +319,12 @@ class HealthMonitor:
             stats.mean_latency_s,
             stats.success_rate,
         )
+
+    def window_stats(self) -> dict[str, dict[Window, WindowStats]]:
+        """Every candidate's stats over the four windows, now on this monitor's clock (the
+        console's providers page; a read: nothing is observed or decayed)."""
+        now = self._clock()
+        return {c: {w: held.stats(w, now) for w in Window} for c, held in self._windows.items()}
 
     def statuses(self, provider: str | None = None) -> list[BreakerStatus]:
         out = []

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from controlplane.domain.scoring import HealthWindows, Window, WindowStats
+from controlplane.domain.scoring import Window, WindowStats
 from controlplane.domain.states import TaskState
 from controlplane.leases.base import AccountSnapshot, LeaseStore
 from controlplane.persistence.catalog import CatalogQueries, HealthEvent
@@ -175,16 +175,11 @@ class ConsoleReads:
     def _health(self) -> tuple[CandidateHealth, ...]:
         if self._monitor is None:
             return ()
-        now = self._clock().timestamp()
-        out = []
-        # The monitor's EWMA windows per candidate (its own state, read-only here; HealthMonitor
-        # has no public accessor for all four windows yet).
-        held: dict[str, HealthWindows] = getattr(self._monitor, "_windows", {})
-        for candidate_id, windows in sorted(held.items()):
-            out.append(
-                CandidateHealth(candidate_id, tuple((w, windows.stats(w, now)) for w in Window))
-            )
-        return tuple(out)
+        held = self._monitor.window_stats()  # this replica's EWMA windows, on its clock
+        return tuple(
+            CandidateHealth(candidate_id, tuple((w, held[candidate_id][w]) for w in Window))
+            for candidate_id in sorted(held)
+        )
 
     async def breakers(
         self, caller: Caller = SYSTEM, provider: str = "", history: int = 200
