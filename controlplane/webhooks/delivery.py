@@ -10,7 +10,10 @@ SSRF: the receiver's host is resolved at send time and every address it resolves
 checked (`domain.webhooks.address_refusal`); one refused address refuses the message (state
 REFUSED, the reason recorded as its attempt) and no connection is made. The request then goes
 to the checked address itself (Host header and TLS SNI keep the name), so a second resolution
-cannot swap in another address. Redirects are not followed.
+cannot swap in another address. The addresses are tried in the resolver's order of
+preference, the next one only when no connection could be made to the one before (an IPv6
+address on a host without IPv6 routes); a request that reached a receiver is never sent on to
+another address in the same attempt. Redirects are not followed.
 
 An answer is judged by `domain.webhooks.verdict`: 2xx DELIVERED, 410 FAILED at once, anything
 else (or no answer within the timeout) retried with growing jittered delays up to the policy's
@@ -42,6 +45,10 @@ __all__ = ["DeliveryConfig", "WebhookDeliveryWorker"]
 log = logging.getLogger(__name__)
 
 USER_AGENT = "vidroute-webhooks/1"
+_NO_CONNECTION = "no connection to"
+# Addresses tried in one attempt: with the connect timeout each, the attempt stays well inside
+# its claim (4 x 5 s + the 15 s request < the 60 s claim).
+MAX_ADDRESSES = 4
 MAX_ERROR_CHARS = 500
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
@@ -73,7 +80,8 @@ def _utcnow() -> datetime:
 
 async def _resolve(host: str, port: int) -> list[str]:
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return sorted({str(info[4][0]) for info in infos})
+    # getaddrinfo's order is the system's preference (RFC 6724): keep it, without repeats.
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 def _in_event_order(message: ClaimedMessage) -> int:
@@ -136,7 +144,7 @@ class WebhookDeliveryWorker:
         secret = self._policy.secret_for(message.tenant_id)
         if secret is None:  # the configuration lost the tenant's secret since CreateTask
             return self._failed(message, number, sent_at, 0, "no signing secret for the tenant", 0)
-        target, refusal = await self._target(message.url)
+        targets, refusal = await self._targets(message.url)
         if refusal:
             log.warning("webhook %s to %s refused: %s", message.id, message.url, refusal)
             return AttemptResult(
@@ -149,21 +157,31 @@ class WebhookDeliveryWorker:
                 DeliveryState.REFUSED,
                 None,
             )
-        if target is None:
+        if not targets:
             return self._failed(message, number, sent_at, 0, "cannot resolve the host", 0)
-        url, host_header, sni = target
         headers = {
             "webhook-id": message.id,
             "webhook-timestamp": str(int(sent_at.timestamp())),
             "webhook-signature": Webhook(secret).sign(message.id, sent_at, message.body),
             "content-type": "application/json",
             "user-agent": USER_AGENT,
-            "host": host_header,
         }
-        cfg = self.config
-        timeout = httpx.Timeout(cfg.request_timeout_s, connect=cfg.connect_timeout_s)
         started = time.monotonic()
         status, error = 0, ""
+        for url, host_header, sni in targets[:MAX_ADDRESSES]:  # the next only if no connection
+            status, error = await self._post(message, url, {**headers, "host": host_header}, sni)
+            if not error.startswith(_NO_CONNECTION):
+                break
+        took_ms = int((time.monotonic() - started) * 1000)
+        return self._failed(message, number, sent_at, status, error, took_ms)
+
+    async def _post(
+        self, message: ClaimedMessage, url: str, headers: dict[str, str], sni: str
+    ) -> tuple[int, str]:
+        """One POST to one checked address: ``(status, error)``; a connection that could not
+        be made is an error starting with `_NO_CONNECTION` (the request never left)."""
+        cfg = self.config
+        timeout = httpx.Timeout(cfg.request_timeout_s, connect=cfg.connect_timeout_s)
         try:
             response = await self._http.post(
                 url,
@@ -173,15 +191,14 @@ class WebhookDeliveryWorker:
                 follow_redirects=False,
                 extensions={"sni_hostname": sni} if sni else None,
             )
-            status = response.status_code
-            if not 200 <= status < 300:
-                error = f"HTTP {status}: {response.text[:200]}"
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            return 0, f"{_NO_CONNECTION} {url}: {type(exc).__name__}: {exc}"
         except httpx.TimeoutException as exc:
-            error = f"timed out ({type(exc).__name__})"
+            return 0, f"timed out ({type(exc).__name__})"
         except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        took_ms = int((time.monotonic() - started) * 1000)
-        return self._failed(message, number, sent_at, status, error, took_ms)
+            return 0, f"{type(exc).__name__}: {exc}"
+        status = response.status_code
+        return status, "" if 200 <= status < 300 else f"HTTP {status}: {response.text[:200]}"
 
     def _failed(  # noqa: PLR0917 - one attempt's facts, in AttemptResult's order
         self,
@@ -209,30 +226,32 @@ class WebhookDeliveryWorker:
             next_at,
         )
 
-    async def _target(self, url: str) -> tuple[tuple[str, str, str] | None, str]:
-        """``((url to the checked address, Host header, SNI name), refusal)``."""
+    async def _targets(self, url: str) -> tuple[list[tuple[str, str, str]], str]:
+        """``([(url to a checked address, Host header, SNI name), ...], refusal)``, one per
+        address in the resolver's order of preference."""
         parts = urlsplit(url)
         host = parts.hostname or ""
         port = parts.port or (443 if parts.scheme == "https" else 80)
         try:
             addresses = await self._resolve(host, port)
         except OSError:
-            return None, ""
-        if not addresses:
-            return None, ""
+            return [], ""
         policy = self._policy
         for address in addresses:
             refusal = address_refusal(
                 address, allow_private=policy.allow_private, allowed=policy.private_allowlist
             )
             if refusal:
-                return None, f"{host} resolves to {refusal}"
-        address = addresses[0]
-        literal = f"[{address}]" if ":" in address else address
-        netloc = f"{literal}:{parts.port}" if parts.port else literal
+                return [], f"{host} resolves to {refusal}"
         host_header = parts.netloc.rsplit("@", 1)[-1]
-        direct = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
-        return (direct, host_header, host if parts.scheme == "https" else ""), ""
+        sni = host if parts.scheme == "https" else ""
+        targets = []
+        for address in addresses:
+            literal = f"[{address}]" if ":" in address else address
+            netloc = f"{literal}:{parts.port}" if parts.port else literal
+            direct = urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, ""))
+            targets.append((direct, host_header, sni))
+        return targets, ""
 
     # ---- the loop ---------------------------------------------------------------------
 

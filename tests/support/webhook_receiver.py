@@ -39,13 +39,14 @@ class Received:
 class WebhookReceiver:
     script: list[Answer] = field(default_factory=lambda: [Answer(200)])
     tls: ssl.SSLContext | None = None  # serve https with this context
+    host: str = "127.0.0.1"  # the address it listens on (any of 127.0.0.0/8 on Linux)
     connections: int = 0
     requests: list[Received] = field(default_factory=list)
     _server: asyncio.Server | None = None
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     async def __aenter__(self) -> WebhookReceiver:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
+        self._server = await asyncio.start_server(self._serve, self.host, 0, ssl=self.tls)
         return self
 
     async def __aexit__(
@@ -66,7 +67,7 @@ class WebhookReceiver:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
+        return f"http://{self.host}:{self.port}/hook"
 
     async def wait_requests(self, count: int, timeout_s: float) -> list[Received]:
         """The first `count` requests, waiting for them up to `timeout_s`."""

@@ -297,3 +297,35 @@ async def test_https_goes_to_the_checked_address_and_verifies_the_name(
     assert failed.state is DeliveryState.PENDING  # retried later: a certificate can be fixed
     assert "CERTIFICATE_VERIFY_FAILED" in failed.attempts[0].error
     assert sorted(looked_up) == ["adapter-veo", "hooks.invalid"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_an_address_without_a_listener_falls_back_to_the_next_one(db: Database) -> None:
+    """A name whose preferred address takes no connection (an IPv6 address on a host without
+    IPv6 routes) is delivered to its next address in the same attempt, in the resolver's order:
+    the first address is tried first even where it sorts after the second."""
+    pol = policy(allow_private=True)
+    tried: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return ["127.0.0.3", "127.0.0.2"]  # nothing listens on .3; the receiver is on .2
+
+    async with WebhookReceiver([Answer(200)], host="127.0.0.2") as receiver:
+        port = receiver.port
+        task_id = await cancelled_task(db, f"http://hooks.example:{port}/hook", pol)
+
+        async def record(request: httpx.Request) -> None:
+            tried.append(request.url.host)
+
+        async with httpx.AsyncClient(event_hooks={"request": [record]}) as http:
+            worker = WebhookDeliveryWorker(
+                WebhookStore(db), pol, http, config=FAST, rng=random.Random(3), resolve=resolve
+            )
+            assert await worker.run_once() == 1
+        (got,) = receiver.requests
+    assert tried == ["127.0.0.3", "127.0.0.2"]
+    assert got.headers["host"] == f"hooks.example:{port}"
+    Webhook(SECRET).verify(got.body, got.headers)
+    (delivery,) = await WebhookStore(db).deliveries(task_id)
+    assert delivery.state is DeliveryState.DELIVERED
+    assert [(a.attempt_no, a.status_code) for a in delivery.attempts] == [(1, 200)]
