@@ -172,7 +172,9 @@ def print_explain(decisions: Sequence[scheduler_pb2.RouteDecision], task_id: str
             f"decision {d.decision_no}  {d.reason_code}  policy={d.policy_version}  "
             f"capability={d.capability_version}\n  selected: {d.selected_candidate or '-'}{shadow}"
         )
-        table = _table("CANDIDATE", "OK", "SCORE", "COST", "REASON", right=("SCORE", "COST"))
+        table = _table(
+            "CANDIDATE", "OK", "SCORE", "PENALTIES", "COST", "REASON", right=("SCORE", "COST")
+        )
         ranked = sorted(d.candidates, key=lambda c: (not c.eligible, -c.score))
         for c in ranked:
             cost = c.estimated_cost
@@ -183,10 +185,13 @@ def print_explain(decisions: Sequence[scheduler_pb2.RouteDecision], task_id: str
                 else "-"
             )
             reason = "" if c.eligible else f"{c.reject_reason}: {c.reject_detail}"
+            # Subtracted from the weighted sum (`score` includes them), e.g. GPU_UTILIZATION.
+            penalties = ",".join(f"{k}=-{v:.3f}" for k, v in sorted(c.penalties.items()))
             table.add_row(
                 c.candidate_id,
                 "yes" if c.eligible else "no",
                 f"{c.score:.3f}" if c.eligible else "-",
+                penalties or "-",
                 money,
                 reason,
             )

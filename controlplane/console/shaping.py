@@ -44,6 +44,7 @@ class CandidateRow:
     cost: str
     selected: bool
     shadow: bool
+    penalties: tuple[tuple[str, float], ...] = ()  # subtracted from the score, by name
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +196,7 @@ def explain(decision: RouteDecisionRecord) -> ExplainTable:
                 money(int(cost), str(c.get("currency", "USD"))) if cost is not None else "",
                 cid == decision.selected_candidate,
                 bool(shadow) and cid == shadow,
+                tuple(sorted((str(k), float(v)) for k, v in (c.get("penalties") or {}).items())),
             )
         )
     return ExplainTable(

@@ -29,8 +29,9 @@ def test_money_renders_integer_micros_exactly() -> None:
 
 
 def test_explain_lists_every_candidate_with_components_and_the_shadow_pick() -> None:
-    """Every candidate is a row: the eligible with score and components, the rejected with their
-    reason and detail; the selected and the shadow pick are marked; columns are the union."""
+    """Every candidate is a row: the eligible with score, components and penalties (by name),
+    the rejected with their reason and detail; the selected and the shadow pick are marked;
+    columns are the union."""
     decision = RouteDecisionRecord(
         id=1,
         task_id=7,
@@ -53,6 +54,7 @@ def test_explain_lists_every_candidate_with_components_and_the_shadow_pick() -> 
                     "eligible": True,
                     "score": 0.46,
                     "components": {"cost": 0.55, "latency": 0.5},
+                    "penalties": {"GPU_UTILIZATION": 0.12, "COLD_START": 0.05},
                 },
                 {
                     "id": "self_hosted/wan/a",
@@ -79,6 +81,8 @@ def test_explain_lists_every_candidate_with_components_and_the_shadow_pick() -> 
         None,
     )
     assert table.rows[0].cost == "0.480000 USD"
+    assert table.rows[0].penalties == ()
+    assert table.rows[1].penalties == (("COLD_START", 0.05), ("GPU_UTILIZATION", 0.12))
     assert table.shadow_selected == "runway/veo3.1/prod-us"
 
 

@@ -1,0 +1,41 @@
+"""`vidroute explain`'s table without a server: each candidate's penalties beside its score."""
+
+from __future__ import annotations
+
+import pytest
+
+from clients import cli_render
+from vidroute.scheduler.v1 import scheduler_pb2
+
+
+def test_explain_prints_each_candidates_penalties(capsys: pytest.CaptureFixture[str]) -> None:
+    """A candidate scored down by GPU_UTILIZATION (and COLD_START) shows them by name and amount
+    in the PENALTIES column; one without penalties shows "-"."""
+    decision = scheduler_pb2.RouteDecision(
+        decision_no=1,
+        reason_code="BEST_SCORE",
+        selected_candidate="runway/gen4.5/prod-us",
+        candidates=[
+            scheduler_pb2.CandidateScore(
+                candidate_id="runway/gen4.5/prod-us", eligible=True, score=0.61
+            ),
+            scheduler_pb2.CandidateScore(
+                candidate_id="self_hosted/wan2.2/gpu-a",
+                eligible=True,
+                score=0.42,
+                penalties={"GPU_UTILIZATION": 0.25, "COLD_START": 0.05},
+            ),
+        ],
+    )
+    cli_render.print_explain([decision], "7")
+    lines = capsys.readouterr().out.splitlines()
+    assert "PENALTIES" in next(line for line in lines if "CANDIDATE" in line)
+    plain = next(line for line in lines if line.startswith("runway/")).split()
+    assert plain[:4] == ["runway/gen4.5/prod-us", "yes", "0.610", "-"]
+    loaded = next(line for line in lines if line.startswith("self_hosted/")).split()
+    assert loaded[:4] == [
+        "self_hosted/wan2.2/gpu-a",
+        "yes",
+        "0.420",
+        "COLD_START=-0.050,GPU_UTILIZATION=-0.250",
+    ]
