@@ -127,7 +127,7 @@ def load_file(path: Path) -> scheduler_service_pb2.CreateTaskRequest:
         doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         kind = "JSON" if path.suffix == ".json" else "YAML"
-        raise SpecError(f"--spec {path}: not valid {kind}: {exc}") from None
+        raise SpecError(f"--spec {path}: not valid {kind}: {_one_line(exc)}") from None
     if not isinstance(doc, Mapping):
         raise SpecError(f"--spec {path}: the document must be a mapping of spec fields")
     whole = "spec" in doc or "idempotency_key" in doc or "idempotencyKey" in doc
@@ -138,8 +138,18 @@ def load_file(path: Path) -> scheduler_service_pb2.CreateTaskRequest:
         else:
             json_format.ParseDict(dict(doc), request.spec)
     except json_format.ParseError as exc:
-        raise SpecError(f"--spec {path}: {exc}") from None
+        raise SpecError(f"--spec {path}: {_one_line(exc)}") from None
     return request
+
+
+def _one_line(exc: Exception) -> str:
+    """A parser's complaint as one line: YAML's problem and where (1-based line:column), the
+    first line of anything else (protobuf's list of every field name follows on the next)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        return f"{exc.problem}{where}"
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def build_request(flags: SubmitFlags) -> scheduler_service_pb2.CreateTaskRequest:

@@ -128,7 +128,7 @@ def test_a_json_create_request_file_keeps_its_key_and_webhook(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("content", "suffix", "wanted"),
     [
-        ("prompt: [unclosed", ".yaml", "not valid YAML"),
+        ("prompt: [unclosed", ".yaml", "not valid YAML: expected ',' or ']'.* at line 1, column"),
         ("{", ".json", "not valid JSON"),
         ("- a list\n", ".yaml", "must be a mapping"),
         ("tenant_id: acme\nno_such_field: 1\n", ".yaml", "no_such_field"),
@@ -137,12 +137,13 @@ def test_a_json_create_request_file_keeps_its_key_and_webhook(tmp_path: Path) ->
 def test_a_broken_spec_file_is_one_usage_error(
     tmp_path: Path, content: str, suffix: str, wanted: str
 ) -> None:
-    """A file that is not a spec is a SpecError naming the file and the problem."""
+    """A file that is not a spec is a SpecError naming the file and the problem, in one line."""
     path = tmp_path / f"spec{suffix}"
     path.write_text(content, encoding="utf-8")
     with pytest.raises(SpecError, match=wanted) as caught:
         build_request(SubmitFlags(spec_file=path))
     assert str(path) in str(caught.value)
+    assert "\n" not in str(caught.value)
 
 
 def test_asset_mime_types_come_from_the_fragment_or_the_extension() -> None:
