@@ -131,10 +131,18 @@ def publish(*, file: Path, dry_run: bool, target: str | None, tls: bool | None, 
     help="File to write (default: task-<id>-<sample>.<ext> here; - for stdout).",
 )
 @click.option("--sample", type=UINT32, default=0, show_default=True, help="Which sample.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print what was written (path, size, task, sample) as JSON on stdout.",
+)
 @connection_options
 def download(*, task_id: str, out: Path | None, sample: int, target: str | None, tls: bool | None,
-             debug: bool) -> int:  # fmt: skip
+             debug: bool, as_json: bool) -> int:  # fmt: skip
     """Download a stored output (GetOutput); its size and SHA-256 are checked."""
+    if as_json and out is not None and str(out) == "-":
+        raise click.UsageError("--json and -o - both want stdout: write to a file with -o FILE")
     with api(target, tls, debug) as client:
         if out is not None and str(out) == "-":
             client.download_output(task_id, sys.stdout.buffer, sample_index=sample)
@@ -145,7 +153,11 @@ def download(*, task_id: str, out: Path | None, sample: int, target: str | None,
             mime = stored[0].mime_type if stored else task.output.mime_type
             out = Path(f"task-{task_id}-{sample}{_extension(mime)}")
         size = client.download_output(task_id, out, sample_index=sample)
-    print(f"{out}  {size} bytes", file=sys.stderr)
+    if as_json:
+        done = {"path": str(out), "size_bytes": size, "task_id": task_id, "sample_index": sample}
+        render.print_json(done)
+    else:
+        print(f"{out}  {size} bytes", file=sys.stderr)
     return 0
 
 

@@ -294,7 +294,8 @@ def test_cancel_a_held_task_and_watch_it_end(user: User) -> None:
 
 
 def test_download_writes_the_stored_bytes(user: User, submitted: dict[str, Submitted]) -> None:
-    """download -o FILE writes exactly the stored object's bytes (GetOutput, checked)."""
+    """download -o FILE writes exactly the stored object's bytes (GetOutput, checked); with
+    --json it says what it wrote on stdout."""
     task = submitted["first-last-to-video"].task
     target = user.workdir / "kite.mp4"
     done = user.run("download", task.task_id, "-o", str(target), "--sample", "0")
@@ -302,6 +303,14 @@ def test_download_writes_the_stored_bytes(user: User, submitted: dict[str, Submi
     stored = local_path(task.output.uri).read_bytes()
     assert target.read_bytes() == stored
     assert f"{len(stored)} bytes" in done.stderr
+    again = user.run("download", task.task_id, "-o", str(target), "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {
+        "path": str(target),
+        "size_bytes": len(stored),
+        "task_id": task.task_id,
+        "sample_index": 0,
+    }
 
 
 def test_a_bad_spec_prints_one_line_per_field_violation(user: User) -> None:
