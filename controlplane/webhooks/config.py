@@ -116,8 +116,19 @@ def parse_webhooks_document(
     return WebhookPolicy(tenants, allow_http, allow_private, private_allowlist)
 
 
-def parse_networks(raw: str) -> tuple[Network, ...]:
-    """``10.0.0.0/8,fd00::/8,192.0.2.7`` -> networks (a bare address is its own /32 or /128)."""
-    return tuple(
-        ipaddress.ip_network(item.strip(), strict=False) for item in raw.split(",") if item.strip()
-    )
+def parse_networks(
+    raw: str, name: str = "VIDROUTE_WEBHOOK_PRIVATE_ALLOWLIST"
+) -> tuple[Network, ...]:
+    """``10.0.0.0/8,fd00::/8,192.0.2.7`` -> networks (a bare address is its own /32 or /128);
+    a bad entry is a ValueError naming the variable `name` and the entry."""
+    found: list[Network] = []
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        try:
+            found.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(
+                f"{name}: {item!r} is not an IP network or address (e.g. 10.1.2.0/24, fd00::/8)"
+            ) from None
+    return tuple(found)

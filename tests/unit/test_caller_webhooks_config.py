@@ -78,8 +78,11 @@ def test_a_bad_file_is_refused_with_the_reason(document: str, message: str) -> N
 
 
 def test_a_bad_allowlist_or_flag_stops_the_start() -> None:
-    """An allowlist entry that is no network, or a flag that is no boolean, is an error."""
-    with pytest.raises(ValueError, match="does not appear to be"):
+    """An allowlist entry that is no network, or a flag that is no boolean, is an error that
+    names the variable."""
+    with pytest.raises(ValueError, match="'not-a-network' is not an IP network"):
         parse_networks("10.0.0.0/8,not-a-network")
+    with pytest.raises(ValueError, match=r"^VIDROUTE_WEBHOOK_PRIVATE_ALLOWLIST: '10\.0\.0\.0/33'"):
+        Settings.from_env({"VIDROUTE_WEBHOOK_PRIVATE_ALLOWLIST": "10.0.0.0/33"})
     with pytest.raises(ValueError, match="VIDROUTE_WEBHOOK_ALLOW_HTTP"):
         Settings.from_env({"VIDROUTE_WEBHOOK_ALLOW_HTTP": "maybe"})
