@@ -896,6 +896,7 @@ async def _serve(
     routing_policies: RoutingPolicyService | None = None,
 ) -> ControlPlaneServer:
     scale = settings.time_scale
+    policies = routing_policies or RoutingPolicyService(db)
     return await start_server(
         servicer,
         listen=settings.listen,
@@ -907,7 +908,8 @@ async def _serve(
         billing=BillingServicer(BillingService(db)),
         routing=RoutingServicer(
             quality=QualityService(db),
-            policies=routing_policies or RoutingPolicyService(db),
-            replay=ReplayService(db),
+            policies=policies,
+            # A replayed policy file is validated as a published one (its samples compiled).
+            replay=ReplayService(db, validate=policies.validate),
         ),
     )

@@ -13,8 +13,10 @@ from controlplane.domain.scoring import example_policy
 from controlplane.persistence.database import Database
 from controlplane.persistence.models import route_decisions as D
 from controlplane.persistence.replay_reads import page_query
+from controlplane.scheduling.policy_book import SampleCheck
 from controlplane.service.access import Caller, Role
 from controlplane.service.replay import ReplayInput, ReplayService
+from controlplane.service.routing_policies import RoutingPolicyService
 from tests.integration.scheduling.conftest import DispatcherFactory
 from tests.integration.scheduling.support import make_spec
 from tests.integration.scheduling.test_dispatcher import new_task
@@ -144,3 +146,30 @@ async def test_a_page_reads_the_time_index_in_order(db: Database) -> None:
             plan = "\n".join(r[-1] for r in await conn.execute(text(f"EXPLAIN QUERY PLAN {sql}")))
             assert "TEMP B-TREE" not in plan, plan
     assert "ix_route_decisions_created_at_id" in plan, plan
+
+
+async def test_a_replayed_file_is_validated_as_a_publication(
+    db: Database, make_dispatcher: DispatcherFactory
+) -> None:
+    """With the publication's validation wired, a file whose sample no candidate can serve,
+    or whose shadow names an unpublished version, is refused under ``policy_document.`` before
+    any decision is replayed; a file whose samples compile replays."""
+    await _recorded(db, make_dispatcher)
+    policies = RoutingPolicyService(db, sample_check=SampleCheck(make_dispatcher()))
+    service = ReplayService(db, validate=policies.validate)
+    sample = {"tenant_id": "t", "prompt": "p", "mode": "TEXT_TO_VIDEO"}
+    ok = {**json.loads(_document()), "samples": [{**sample, "output": _output(4_000)}]}
+    report = await service.replay(ReplayInput(json.dumps(ok)), ADMIN)
+    assert report.decisions == 5
+    impossible = {**ok, "samples": [{**sample, "output": _output(590_000)}]}
+    with pytest.raises(InvalidSpec) as refused:
+        await service.replay(ReplayInput(json.dumps(impossible)), ADMIN)
+    assert [v.field for v in refused.value.violations] == ["policy_document.samples[0]"]
+    unknown_shadow = {**ok, "shadow": "never-published"}
+    with pytest.raises(InvalidSpec) as shadow:
+        await service.replay(ReplayInput(json.dumps(unknown_shadow)), ADMIN)
+    assert [v.field for v in shadow.value.violations] == ["policy_document.shadow"]
+
+
+def _output(duration_ms: int) -> dict[str, int]:
+    return {"width": 1280, "height": 720, "duration_ms": duration_ms}
