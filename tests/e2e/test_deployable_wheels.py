@@ -70,6 +70,12 @@ def test_each_wheel_holds_only_its_own_packages(wheels: dict[str, Path]) -> None
     }
 
 
+def test_client_wheel_marks_the_sdk_typed(wheels: dict[str, Path]) -> None:
+    """vidroute-client ships the PEP 561 marker, so a caller's mypy checks its calls against
+    the SDK's annotations instead of treating `clients.sdk` as untyped."""
+    assert "clients/py.typed" in zipfile.ZipFile(wheels["client"]).namelist()
+
+
 @pytest.mark.parametrize("name", ["runway", "veo", "selfhosted"])
 def test_sidecar_wheel_starts_and_describes_without_the_control_plane(
     adapter_image: Path, tmp_path: Path, name: str
