@@ -9,7 +9,7 @@ twice (`controlplane.scheduling.canary_gates`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -88,8 +88,9 @@ async def start_canary(
     config_key: str,
     stages: Sequence[float],
     now: datetime,
+    reason: str = "published",
 ) -> None:
-    """(Re)start `candidate_id`'s canary at stage 0 and record it."""
+    """(Re)start `candidate_id`'s canary at stage 0 and record it (with `reason`)."""
     await conn.execute(C.delete().where(C.c.candidate_id == candidate_id))
     await conn.execute(
         C.insert().values(
@@ -109,12 +110,39 @@ async def start_canary(
         candidate_id,
         policy_version=policy_version,
         action="STARTED",
-        reason="published",
+        reason=reason,
         from_percent=0.0,
         to_percent=stages[0],
         observed={},
         now=now,
     )
+
+
+async def start_changed(
+    conn: AsyncConnection,
+    wanted: Mapping[str, tuple[str, Sequence[float]]],
+    *,
+    policy_version: str,
+    now: datetime,
+    reason: str,
+) -> list[str]:
+    """Start each of `wanted` (candidate id -> (config key, stage percents)) that has no state
+    or a state of another config key; an unchanged one keeps its state. Returns those started."""
+    keys = {c.candidate_id: c.config_key for c in await canaries(conn)}
+    started = []
+    for cid, (key, stages) in wanted.items():
+        if keys.get(cid) != key:
+            await start_canary(
+                conn,
+                cid,
+                policy_version=policy_version,
+                config_key=key,
+                stages=stages,
+                now=now,
+                reason=reason,
+            )
+            started.append(cid)
+    return started
 
 
 async def record_transition(

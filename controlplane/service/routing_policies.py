@@ -11,7 +11,9 @@ starts at its first stage; an unchanged one keeps its state (a republish never r
 A dry run checks everything and writes nothing.
 
 RollbackRoutingPolicy makes a published version active again (empty: the one published before
-the active version); the dispatchers of every replica use it on their next round.
+the active version), with its canaries reconciled as a publication of it would: one whose
+state another version's configuration left (other stages or gates) restarts at its first stage,
+an unchanged one keeps its state; the dispatchers of every replica use it on their next round.
 """
 
 from __future__ import annotations
@@ -69,6 +71,11 @@ def config_key(spec: CanarySpec) -> str:
         "threshold": spec.config.value_threshold_micros,
     }
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def wanted_canaries(doc: PolicyDocument) -> dict[str, tuple[str, tuple[float, ...]]]:
+    """``candidate id -> (config key, stage percents)`` of the canaries `doc` names."""
+    return {cid: (config_key(spec), spec.percents) for cid, spec in doc.canaries.items()}
 
 
 def _utcnow() -> datetime:
@@ -135,18 +142,9 @@ class RoutingPolicyService:
             return store.PolicyRow(name, text, source, False, now, None)
         async with self._db.unit(now) as u:
             row = await store.insert_active(u.conn, name, text, source, now)
-            states = {c.candidate_id: c for c in await canary_store.canaries(u.conn)}
-            for cid, spec in doc.canaries.items():
-                key = config_key(spec)
-                if (have := states.get(cid)) is None or have.config_key != key:
-                    await canary_store.start_canary(
-                        u.conn,
-                        cid,
-                        policy_version=name,
-                        config_key=key,
-                        stages=spec.percents,
-                        now=now,
-                    )
+            await canary_store.start_changed(
+                u.conn, wanted_canaries(doc), policy_version=name, now=now, reason="published"
+            )
         log.info("routing policy %s published by %s from %s", name, caller.name, source)
         if self._on_published is not None:
             self._on_published()
@@ -177,6 +175,15 @@ class RoutingPolicyService:
                     )
             if current is None or current.version != target.version:
                 await store.activate(u.conn, target.version, now)
+                # A canary another version reconfigured since restarts at its first stage (a
+                # state means something only with its own stages and gates).
+                await canary_store.start_changed(
+                    u.conn,
+                    wanted_canaries(parse_policy_document(target.document)),
+                    policy_version=target.version,
+                    now=now,
+                    reason=f"rollback to {target.version}",
+                )
         log.warning(
             "routing policy rolled back by %s: %s -> %s",
             caller.name,

@@ -224,3 +224,26 @@ async def test_policy_book_follows_publish_rollback_and_canaries(db: Database) -
     await service.rollback()
     router, stages = await book.refresh()
     assert (router.policy.version, router.shadow_policy, dict(stages)) == ("cheap", None, {})
+
+
+async def test_a_rollback_restarts_a_canary_another_version_reconfigured(routing: Api) -> None:
+    """Rolling back to a version whose canary a later one reconfigured (and advanced) restarts
+    it at the rolled-back-to version's first stage with its own stages, recorded; rolling back
+    to a version with the canary's current config keeps its state."""
+    await routing.publish(document("v1", canaries={CANARY: {"stages": [0.5, 2, 5, 10]}}))
+    await routing.publish(document("v2", canaries={CANARY: {"stages": [50, 100]}}))
+    async with routing.db.unit(CLOCK) as u:  # the leader advances v2's canary
+        row = (await canary_store.canaries(u.conn))[0]
+        await canary_store.move_canary(
+            u.conn, row, stage=1, status=CanaryStatus.ACTIVE, gates={}, now=CLOCK
+        )
+    await routing.publish(document("v3", canaries={CANARY: {"stages": [50, 100]}}))
+    assert (await routing.canaries())[CANARY].traffic_percent == 100.0
+    assert (await routing.rollback("v2")).version == "v2"  # same config: kept
+    assert (await routing.canaries())[CANARY].traffic_percent == 100.0
+    assert (await routing.rollback("v1")).version == "v1"
+    state = (await routing.canaries())[CANARY]
+    assert (list(state.stages), state.traffic_percent) == ([0.5, 2, 5, 10], 0.5)
+    assert state.status == rpb.CANARY_STATUS_ACTIVE
+    last = state.history[-1]
+    assert (last.action, last.reason, last.to_percent) == ("STARTED", "rollback to v1", 0.5)
