@@ -27,10 +27,16 @@ documents every option; ``eval "$(_VIDROUTE_COMPLETE=bash_source vidroute)"`` co
 
 from __future__ import annotations
 
+import os
+
+# grpc-core writes its own log lines to stderr (a failed TLS handshake is three "I... Handshake
+# failed" lines before our one error line); below ERROR they are noise for a person. Read once,
+# when grpc loads: so before any import below. GRPC_VERBOSITY set by the caller still wins.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 import asyncio
 import functools
 import logging
-import os
 import sys
 import traceback
 from collections.abc import Sequence
