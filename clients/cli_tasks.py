@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from clients import cli_render as render
 from clients.cli_common import api, connection_options, json_option
 from clients.cli_spec import MODES, ROUTING_MODES, SERVICE_CLASSES, SubmitFlags, build_request
-from clients.sdk import Client
+from clients.sdk import Client, errors
 from vidroute.scheduler.v1 import scheduler_pb2
 
 
@@ -162,7 +162,34 @@ def submit(*, target: str | None, tls: bool | None, debug: bool, as_json: bool, 
 
 
 def _follow(client: Client, task_id: str, as_json: bool, timeout: float | None) -> int:
-    """Wait for the task's end showing progress; then the timeline and the task."""
+    """Wait for the task's end showing progress; then the timeline and the task. Past
+    `timeout` (--wait-timeout) one line says the task goes on, and how to follow it: exit 1."""
+    try:
+        events = _watch(client, task_id, as_json, timeout)
+    except errors.DeadlineExceeded:
+        if timeout is None:
+            raise
+        state = render.task_state(client.get(task_id).state)
+        print(
+            f"error: gave up waiting after {timeout:g} s; task {task_id} is {state} and goes on "
+            f"(vidroute watch {task_id})",
+            file=sys.stderr,
+        )
+        return 1
+    task = client.get(task_id)
+    if as_json:
+        render.print_json(task)
+    else:
+        print("timeline:")
+        print("\n".join(render.timeline(events)))
+        render.print_task(task)
+    return 0 if task.state == scheduler_pb2.TASK_STATE_SUCCEEDED else 1
+
+
+def _watch(
+    client: Client, task_id: str, as_json: bool, timeout: float | None
+) -> list[scheduler_pb2.TaskEvent]:
+    """The task's events until its end: a live bar on a terminal, else a line per progress."""
     events: list[scheduler_pb2.TaskEvent] = []
     live = sys.stdout.isatty() and not as_json
     if live:
@@ -185,14 +212,7 @@ def _follow(client: Client, task_id: str, as_json: bool, timeout: float | None) 
             events.append(event)
             if not as_json and (text := render.progress_text(event)):
                 print(f"progress {text}  ({render.task_state(event.task_state)})", flush=True)
-    task = client.get(task_id)
-    if as_json:
-        render.print_json(task)
-    else:
-        print("timeline:")
-        print("\n".join(render.timeline(events)))
-        render.print_task(task)
-    return 0 if task.state == scheduler_pb2.TASK_STATE_SUCCEEDED else 1
+    return events
 
 
 @click.command("get")
