@@ -62,6 +62,8 @@ class AsyncClient(AsyncRoutingCalls):
         credentials: grpc.ChannelCredentials | None = None,
         channel: grpc.aio.Channel | None = None,
     ) -> None:
+        """As `clients.sdk.Client`: a ready-made `channel` serves every call, a keyless
+        ``create(..., generate_key=False)`` too, so it should not retry if it may create."""
         self.target = c.resolve_target(target)
         self.timeout = timeout
         self._metadata = c.metadata(c.resolve_token(token))

@@ -74,7 +74,9 @@ class Client(RoutingCalls):
     ) -> None:
         """`target` falls back to ``VIDROUTE_TARGET`` then ``localhost:50051``; `token` to
         ``VIDROUTE_TOKEN`` then the dev admin token in ./var; `credentials` makes the channel TLS.
-        A ready-made `channel` (tests, custom options) is used for every call and not closed."""
+        A ready-made `channel` (tests, custom options) is used for every call and not closed,
+        including ``create(..., generate_key=False)`` without a key: give such a channel
+        ``grpc.enable_retries=0`` (`clients.sdk._common.ONCE_OPTIONS`) if it may create."""
         self.target = c.resolve_target(target)
         self.timeout = timeout
         self._metadata = c.metadata(c.resolve_token(token))
