@@ -12,7 +12,8 @@ the 9.14 dimensions the spec carries (it has no content category, style or has_h
 ``duration``: short up to 5 s, medium up to 10 s, long beyond; ``refs``: the reference images;
 ``resolution``: the output's short side (<=480, <=720, <=1080, beyond). Keys are sorted, so the
 same spec always lands in the same bucket and a bucket string parses back (`parse_bucket`).
-The whole-mode aggregate has the empty bucket ``""`` (for the gauges and GetQuality).
+The whole-mode aggregate has the empty bucket ``""`` (for the gauges and GetQuality): the sum of
+the mode's buckets, computed when the counters are read (none is stored).
 
 **Signals**: the output probe's technical check of every stored (or refused) output, defective
 or clean; the caller's verdict (accepted, rejected, regenerated: one per task, the latest).

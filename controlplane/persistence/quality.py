@@ -3,8 +3,12 @@
 Every write takes the connection of a transaction its caller opened (`Database.unit`'s
 ``u.conn``), so a signal and its counters commit together with the step that produced it: the
 technical check with the stored output (or the refused one), the verdict alone in its own unit.
-Each signal bumps two counter rows of ``quality_aggregates``: its tag bucket's and its model's
-whole mode (bucket ``""``), by one upsert each (``ON CONFLICT DO UPDATE``, both databases).
+Each signal bumps one counter row of ``quality_aggregates``, its tag bucket's, by one upsert
+(``ON CONFLICT DO UPDATE``, both databases; a step's checks of one subject by one upsert
+together). A model's whole mode (bucket ``""``) is not stored: `aggregates` sums its buckets
+(every task has exactly one), so no row is shared by every signal of a model, which each
+transaction storing an output would hold locked until its commit (revision 0015 removed the
+stored ones).
 
 Idempotency: a check is unique per (attempt, sample), so a redelivered step counts nothing
 twice; a task holds one verdict, the latest: the same verdict again changes nothing (`False`),
@@ -75,29 +79,29 @@ def _insert(conn: AsyncConnection, table: Any) -> Any:
 async def _bump(
     conn: AsyncConnection, subject: Subject, deltas: dict[str, int], now: datetime
 ) -> None:
-    """Add `deltas` to the subject's bucket and whole-mode counters."""
-    for bucket in dict.fromkeys((subject.bucket, WHOLE_MODE)):
-        values = {c: deltas.get(c, 0) for c in _COUNTERS}
-        stmt = _insert(conn, Q).values(
-            provider=subject.provider,
-            model=subject.model,
-            mode=subject.mode,
-            bucket=bucket,
-            updated_at=now,
-            **values,
+    """Add `deltas` to the subject's bucket counters."""
+    values = {c: deltas.get(c, 0) for c in _COUNTERS}
+    stmt = _insert(conn, Q).values(
+        provider=subject.provider,
+        model=subject.model,
+        mode=subject.mode,
+        bucket=subject.bucket,
+        updated_at=now,
+        **values,
+    )
+    changed = {c: Q.c[c] + stmt.excluded[c] for c in _COUNTERS if values[c]}
+    await conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[Q.c.provider, Q.c.model, Q.c.mode, Q.c.bucket],
+            set_={**changed, "updated_at": stmt.excluded.updated_at},
         )
-        changed = {c: Q.c[c] + stmt.excluded[c] for c in _COUNTERS if values[c]}
-        await conn.execute(
-            stmt.on_conflict_do_update(
-                index_elements=[Q.c.provider, Q.c.model, Q.c.mode, Q.c.bucket],
-                set_={**changed, "updated_at": stmt.excluded.updated_at},
-            )
-        )
+    )
 
 
 async def record_checks(conn: AsyncConnection, checks: Sequence[NewCheck], now: datetime) -> int:
     """Store each check once (per attempt and sample) and count it; returns how many were new."""
     new = 0
+    deltas: dict[Subject, dict[str, int]] = {}
     for check in checks:
         s = check.subject
         stmt = (
@@ -119,12 +123,11 @@ async def record_checks(conn: AsyncConnection, checks: Sequence[NewCheck], now: 
         if (await conn.execute(stmt)).first() is None:
             continue
         new += 1
-        await _bump(
-            conn,
-            s,
-            {"technical_checks": 1, "technical_defects": 1 if check.defects else 0},
-            now,
-        )
+        counts = deltas.setdefault(s, {"technical_checks": 0, "technical_defects": 0})
+        counts["technical_checks"] += 1
+        counts["technical_defects"] += 1 if check.defects else 0
+    for subject, counts in deltas.items():
+        await _bump(conn, subject, counts, now)
     return new
 
 
@@ -166,13 +169,18 @@ async def record_feedback(conn: AsyncConnection, fb: NewFeedback, now: datetime)
 
 
 async def aggregates(conn: AsyncConnection, model: str = "") -> dict[BucketId, QualityCounts]:
-    """Every counter row (only `model`'s when given), by (provider, model, mode, bucket)."""
-    query = select(Q)
+    """Every bucket's counters (only `model`'s when given), by (provider, model, mode, bucket),
+    with each model's whole mode (bucket ``""``): the sum of its buckets."""
+    query = select(Q).where(Q.c.bucket != WHOLE_MODE)
     if model:
         query = query.where(Q.c.model == model)
     out: dict[BucketId, QualityCounts] = {}
+    whole: dict[BucketId, dict[str, int]] = {}
     for r in (await conn.execute(query)).mappings():
-        out[(r["provider"], r["model"], r["mode"], r["bucket"])] = QualityCounts(
-            **{c: int(r[c]) for c in _COUNTERS}
-        )
+        values = {c: int(r[c]) for c in _COUNTERS}
+        out[(r["provider"], r["model"], r["mode"], r["bucket"])] = QualityCounts(**values)
+        total = whole.setdefault((r["provider"], r["model"], r["mode"], WHOLE_MODE), {})
+        for c, v in values.items():
+            total[c] = total.get(c, 0) + v
+    out.update((key, QualityCounts(**values)) for key, values in whole.items())
     return out

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
+from sqlalchemy import select
 
 from controlplane.api.auth import Authenticator, hash_token, new_token, parse_entries
 from controlplane.api.routing_servicer import RoutingServicer
@@ -23,6 +24,7 @@ from controlplane.domain.states import TaskState
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.persistence import quality as store
 from controlplane.persistence.database import Database
+from controlplane.persistence.models import quality_aggregates
 from controlplane.scheduling.quality_book import QualityBook
 from controlplane.server import ROUTING_SERVICE, ControlPlaneServer, start_server
 from controlplane.service.quality import QualityService
@@ -287,3 +289,31 @@ async def test_random_feedback_never_fails_internally(routing: Api) -> None:
     whole = (await routing.counts()).get("", (0, 0, 0))
     assert sum(whole) == len(last)
     assert whole == tuple(sum(1 for v in last.values() if v == n) for n in (1, 2, 3))
+
+
+async def test_only_bucket_rows_are_stored_and_the_whole_mode_is_their_sum(routing: Api) -> None:
+    """Verdicts on tasks of two tag buckets write one counter row per bucket and none shared
+    by the model's whole mode; the aggregates (and GetQuality) report the whole mode as the
+    sum of the buckets."""
+    short = spec("alpha")
+    long = GenerationSpec(
+        tenant_id="alpha",
+        prompt="a fox",
+        mode=Mode.TEXT_TO_VIDEO,
+        output=OutputSpec(width=1920, height=1080, duration_ms=12_000),
+    )
+    verdicts = [(short, ACCEPTED), (short, REJECTED), (long, ACCEPTED)]
+    for n, (task_spec, verdict) in enumerate(verdicts):
+        made = await task_in(
+            routing.db, task_spec, f"w-{n}", CLOCK, account=routing.account, model="gen4.5"
+        )
+        assert await routing.feedback("alpha", str(made.id), verdict)
+    async with routing.db.reading() as conn:
+        stored = {r.bucket for r in await conn.execute(select(quality_aggregates.c.bucket))}
+    assert stored == {bucket_key(short), bucket_key(long)}
+    assert (await routing.counts())[""] == (2, 1, 0)
+    answer = await routing.stub.GetQuality(
+        api.GetQualityRequest(model="gen4.5"), metadata=routing.md("admin")
+    )
+    whole = next(b for b in answer.buckets if b.bucket == "")
+    assert (whole.accepted, whole.rejected, whole.user_acceptance_ratio) == (2, 1, 2 / 3)

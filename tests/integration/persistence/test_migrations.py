@@ -9,7 +9,7 @@ from typing import Any
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import MetaData, inspect
+from sqlalchemy import MetaData, inspect, text
 from sqlalchemy.engine import Connection
 
 from controlplane.persistence.db import create_engine
@@ -116,3 +116,41 @@ async def test_concurrent_upgrades_on_postgres_serialize(postgres_server: Postgr
         assert await _tables(url) == ALL_TABLES
     finally:
         await postgres_server.drop_database(name)
+
+
+async def test_quality_whole_mode_rows_go_and_come_back_as_sums(empty_database_url: str) -> None:
+    """Revision 0015 deletes the stored whole-mode quality rows (bucket ''); undone, it writes
+    them back as the sums of each model's buckets."""
+    await upgrade(empty_database_url, "0014_route_decisions_created_at")
+    columns = "provider, model, mode, bucket, accepted, rejected, regenerated"
+    columns += ", technical_checks, technical_defects, updated_at"
+    at = "'2026-12-01 00:00:00'"
+    rows = [("a", 1, 0, 2, 1), ("b", 2, 1, 0, 0), ("", 9, 9, 9, 9)]
+    engine = create_engine(empty_database_url)
+    try:
+        async with engine.begin() as conn:
+            for bucket, *counts in rows:
+                values = ", ".join(str(c) for c in counts)
+                await conn.execute(
+                    text(
+                        f"INSERT INTO quality_aggregates ({columns}) VALUES"
+                        f" ('p', 'm', 'T2V', '{bucket}', {values}, 0, {at})"
+                    )
+                )
+        await upgrade(empty_database_url)
+        async with engine.connect() as conn:
+            buckets = (await conn.execute(text("SELECT bucket FROM quality_aggregates"))).all()
+        assert sorted(b for (b,) in buckets) == ["a", "b"]
+        await downgrade(empty_database_url, "0014_route_decisions_created_at")
+        async with engine.connect() as conn:
+            whole = (
+                await conn.execute(
+                    text(
+                        "SELECT accepted, rejected, regenerated, technical_checks"
+                        " FROM quality_aggregates WHERE bucket = ''"
+                    )
+                )
+            ).all()
+        assert [tuple(r) for r in whole] == [(3, 1, 2, 1)]
+    finally:
+        await engine.dispose()
