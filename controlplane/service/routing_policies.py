@@ -78,6 +78,21 @@ def wanted_canaries(doc: PolicyDocument) -> dict[str, tuple[str, tuple[float, ..
     return {cid: (config_key(spec), spec.percents) for cid, spec in doc.canaries.items()}
 
 
+def _same_text(existing: store.PolicyRow, text: str) -> store.PolicyRow:
+    """A publish of a published version: the same text is a retry, another is refused."""
+    if existing.document != text:
+        raise InvalidSpec(
+            [
+                FieldViolation(
+                    "version",
+                    f"{existing.version!r} is published with another document;"
+                    " a version is immutable",
+                )
+            ]
+        )
+    return existing
+
+
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -128,19 +143,13 @@ class RoutingPolicyService:
         async with self._db.reading() as conn:
             existing = await store.version(conn, name)
         if existing is not None:
-            if existing.document != text:
-                raise InvalidSpec(
-                    [
-                        FieldViolation(
-                            "version",
-                            f"{name!r} is published with another document; a version is immutable",
-                        )
-                    ]
-                )
-            return existing  # a retried publish: nothing changes
+            return _same_text(existing, text)  # a retried publish: nothing changes
         if dry_run:
             return store.PolicyRow(name, text, source, False, now, None)
         async with self._db.unit(now) as u:
+            await store.lock_publication(u.conn)
+            if (existing := await store.version(u.conn, name)) is not None:
+                return _same_text(existing, text)  # published meanwhile
             row = await store.insert_active(u.conn, name, text, source, now)
             await canary_store.start_changed(
                 u.conn, wanted_canaries(doc), policy_version=name, now=now, reason="published"
@@ -154,6 +163,7 @@ class RoutingPolicyService:
         ensure_admin(caller, "RollbackRoutingPolicy")
         now = self._clock()
         async with self._db.unit(now) as u:
+            await store.lock_publication(u.conn)
             current = await store.active(u.conn, lock=True)
             if version:
                 target = await store.version(u.conn, version)

@@ -4,6 +4,7 @@ dispatcher's per-round view of them (`PolicyBook`): the active version, its shad
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -247,3 +248,20 @@ async def test_a_rollback_restarts_a_canary_another_version_reconfigured(routing
     assert state.status == rpb.CANARY_STATUS_ACTIVE
     last = state.history[-1]
     assert (last.action, last.reason, last.to_percent) == ("STARTED", "rollback to v1", 0.5)
+
+
+async def test_publications_at_the_same_moment_all_land_one_active(db: Database) -> None:
+    """Six publishes of different versions, three of one version and a rollback, all at once,
+    each succeed (none breaks the one-active index or the version key): eight versions, one of
+    them active, the same-version publishes answering one row."""
+    service = RoutingPolicyService(db, clock=lambda: CLOCK)
+    await service.publish(document("base"))
+    results = await asyncio.gather(
+        *(service.publish(document(f"c{n}")) for n in range(6)),
+        *(service.publish(document("same")) for _ in range(3)),
+        service.rollback("base"),
+    )
+    assert {r.version for r in results[6:9]} == {"same"}
+    rows = await service.list_policies()
+    assert sorted(r.version for r in rows) == sorted(["base", "same", *(f"c{n}" for n in range(6))])
+    assert sum(r.active for r in rows) == 1
