@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.routing.canary import CanaryStatus
@@ -223,11 +223,32 @@ async def transitions(conn: AsyncConnection) -> list[TransitionRow]:
     ]
 
 
+def _of_candidates(ids: Sequence[str]) -> Any:
+    """A filter on the attempts of the candidates `ids` (``provider/model/account``; a model
+    may hold a slash, a provider or an account does not)."""
+    terms = []
+    for cid in ids:
+        provider, _, rest = cid.partition("/")
+        model, _, account = rest.rpartition("/")
+        terms.append(
+            and_(
+                A.c.provider == provider, TA.c.provider_model == model, A.c.account_name == account
+            )
+        )
+    return or_(*terms)
+
+
 async def window_by_candidate(
-    conn: AsyncConnection, since: datetime, exclude: Sequence[str] = ()
+    conn: AsyncConnection,
+    since: datetime,
+    exclude: Sequence[str] = (),
+    *,
+    only: Sequence[str] = (),
 ) -> dict[str, list[WindowAttempt]]:
     """Finished attempts since `since` of every candidate (``provider/model/account``) but the
-    excluded ones: the incumbents a canary is compared with."""
+    excluded ones: the incumbents a canary is compared with; of the candidates `only` when
+    given: the canaries' own, read apart so that the incumbents' traffic (the newest
+    `MAX_WINDOW_ATTEMPTS` of all) never crowds a 0.5 % canary's attempts out of its window."""
     query = (
         select(
             A.c.provider,
@@ -244,6 +265,8 @@ async def window_by_candidate(
         .order_by(TA.c.id.desc())
         .limit(MAX_WINDOW_ATTEMPTS)
     )
+    if only:
+        query = query.where(_of_candidates(only))
     out: dict[str, list[WindowAttempt]] = {}
     for r in await conn.execute(query):
         cid = f"{r.provider}/{r.provider_model}/{r.account_name}"
@@ -256,10 +279,11 @@ async def window_by_candidate(
 
 
 async def quality_by_candidate(
-    conn: AsyncConnection, since: datetime
+    conn: AsyncConnection, since: datetime, *, only: Sequence[str] = ()
 ) -> dict[str, list[tuple[datetime, bool]]]:
-    """The output probe's technical checks since `since` per candidate: (checked at, clean),
-    newest first; the canary's quality evidence (9.14, 9.13.5)."""
+    """The output probe's technical checks since `since` per candidate (only those of `only`
+    when given): (checked at, clean), newest first; the canary's quality evidence (9.14,
+    9.13.5)."""
     query = (
         select(A.c.provider, A.c.account_name, TA.c.provider_model, Q.c.created_at, Q.c.defects)
         .select_from(
@@ -269,6 +293,8 @@ async def quality_by_candidate(
         .order_by(Q.c.id.desc())
         .limit(MAX_WINDOW_ATTEMPTS)
     )
+    if only:
+        query = query.where(_of_candidates(only))
     out: dict[str, list[tuple[datetime, bool]]] = {}
     for r in await conn.execute(query):
         cid = f"{r.provider}/{r.provider_model}/{r.account_name}"

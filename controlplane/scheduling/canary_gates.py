@@ -8,8 +8,9 @@ window (the busiest non-canary candidate: the one carrying the traffic the canar
 the state and records the transition with the observed figures in one unit, guarded so a step
 is applied once even if two replicas believed they led. Dispatchers see the new stage on their
 next round (`PolicyBook`). Quality is the share of the output probe's technical checks of the
-canary's outputs since its stage began that found no defect (absent until one exists). Two
-reads per evaluation, whatever the number of canaries.
+canary's outputs since its stage began that found no defect (absent until one exists). Three
+reads per evaluation, whatever the number of canaries: the incumbents' newest attempts, the
+canaries' own (apart, so the incumbents' traffic never crowds them out) and their checks.
 """
 
 from __future__ import annotations
@@ -137,8 +138,12 @@ class CanaryGatekeeper:
             if not rows:
                 return []
             since = min(r.stage_started_at for r in rows)
-            window = await canary_store.window_by_candidate(conn, since)
-            quality = await canary_store.quality_by_candidate(conn, since)
+            ids = [r.candidate_id for r in rows]
+            # The canaries' own attempts apart: a 0.5 % share of the newest attempts of all
+            # would never reach ``min_samples`` on a busy platform.
+            window = await canary_store.window_by_candidate(conn, since, exclude=list(doc.canaries))
+            window.update(await canary_store.window_by_candidate(conn, since, only=ids))
+            quality = await canary_store.quality_by_candidate(conn, since, only=ids)
         now = self._clock()
         out = []
         for row in rows:

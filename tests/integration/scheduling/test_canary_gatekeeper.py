@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from sqlalchemy import select, update
 
 from controlplane.domain import scoring
@@ -237,3 +238,22 @@ async def test_outputs_the_probe_finds_defective_fail_the_quality_gate(db: Datab
     ((_, verdict),) = await keeper(db, T0 + timedelta(seconds=10)).evaluate_once()
     assert verdict.action is CanaryAction.ADVANCE  # the restarted canary: 4 clean outputs
     assert verdict.gates["quality_pass_rate"] is True
+
+
+async def test_the_incumbents_traffic_never_crowds_the_canarys_attempts_out(
+    db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a read limit of four attempts and six newer ones of the incumbent, the canary's
+    three earlier successes are still its window: it advances (a 0.5 % canary on a busy
+    platform would otherwise hold for ever below ``min_samples``)."""
+    monkeypatch.setattr(canary_store, "MAX_WINDOW_ATTEMPTS", 4)
+    s = Stack(db)
+    await s.setup()
+    await RoutingPolicyService(db, clock=lambda: T0).publish(document("v1"))
+    await s.attempts(CANARY, T0 + timedelta(seconds=1), ok=3)
+    await s.attempts(INCUMBENT, T0 + timedelta(seconds=2), ok=6)
+    ((_, verdict),) = await keeper(db, T0 + timedelta(seconds=5)).evaluate_once()
+    assert verdict.action is CanaryAction.ADVANCE, verdict
+    assert verdict.observed["samples"] == 3
+    assert verdict.observed["incumbent_samples"] == 4
+    assert verdict.observed["quality_pass_rate"] == 1.0
