@@ -741,7 +741,8 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     admin = None
     monitor: HealthMonitor | None = None  # the console's health and breaker views
     lease_store: LeaseStore | None = None
-    routing_policies = RoutingPolicyService(db)  # API only: no catalog here to compile against
+    # API only: no catalog here to compile against, so a file with samples or canaries is refused.
+    routing_policies = RoutingPolicyService(db, require_check=True)
     catalog: Callable[[], Awaitable[CapabilityCatalog]] | None = None
     published: Callable[[], Awaitable[None]] | None = None  # PublishCapabilities' hook
     scale = settings.time_scale

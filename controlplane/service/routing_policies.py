@@ -3,9 +3,11 @@
 PublishRoutingPolicy validates a policy file like a capability publication: its schema and
 ranges (`controlplane.domain.routing.policy_document`), its shadow (a version it names must be
 published), then the compile check of its samples against the current catalog (`SampleCheck`,
-when a scheduler runs here). Every problem is an `InvalidSpec` field violation and nothing is
-written. A version is immutable: publishing it again with the same text changes nothing (a
-retried publish), with another text is refused. Publishing makes the version active in one unit
+when a scheduler runs here; an API-only replica, ``require_check``, refuses a file with samples
+or canaries as FAILED_PRECONDITION ``POLICY_CHECK_UNAVAILABLE`` rather than skip the check).
+Every problem is an `InvalidSpec` field violation and nothing is written. A version is
+immutable: publishing it again with the same text changes nothing (a retried publish), with
+another text is refused. Publishing makes the version active in one unit
 with the canaries it starts: a candidate whose canary is new, or whose stages or gates changed,
 starts at its first stage; an unchanged one keeps its state (a republish never resets a canary).
 A dry run checks everything and writes nothing.
@@ -105,9 +107,12 @@ class RoutingPolicyService:
         sample_check: SampleChecker | None = None,
         on_published: Callable[[], None] | None = None,
         clock: Callable[[], datetime] = _utcnow,
+        require_check: bool = False,
     ) -> None:
         self._db, self._check, self._clock = db, sample_check, clock
         self._on_published = on_published
+        # An API-only replica: no catalog and adapters to check samples and canaries against.
+        self._require_check = require_check
 
     async def validate(self, text: str) -> tuple[PolicyDocument, RoutingPolicy | None]:
         """The document and its resolved shadow, or `InvalidSpec` naming every problem."""
@@ -123,6 +128,13 @@ class RoutingPolicyService:
                 )
             else:
                 shadow = parse_policy_document(row.document).policy
+        if self._check is None and self._require_check and (doc.samples or doc.canaries):
+            raise PreconditionFailed(
+                "this replica runs no scheduler to compile the policy's samples and check its"
+                " canaries against: publish or replay it through a scheduling replica",
+                {"samples": len(doc.samples), "canaries": len(doc.canaries)},
+                reason="POLICY_CHECK_UNAVAILABLE",
+            )
         if self._check is not None and not found:
             found.extend(await self._check(doc, shadow))
         if found:

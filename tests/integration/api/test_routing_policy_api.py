@@ -25,11 +25,13 @@ from controlplane.persistence import canaries as canary_store
 from controlplane.persistence.database import Database
 from controlplane.scheduling.policy_book import PolicyBook
 from controlplane.server import ControlPlaneServer, start_server
+from controlplane.service.replay import ReplayInput, ReplayService
 from controlplane.service.routing_policies import RoutingPolicyService
 from controlplane.service.tasks import TaskService
 from vidroute.scheduler.v1 import routing_pb2 as rpb
 from vidroute.scheduler.v1 import routing_service_pb2 as api
 from vidroute.scheduler.v1 import routing_service_pb2_grpc
+from vidroute_core.exceptions import PreconditionFailed
 
 pytestmark = pytest.mark.timeout(120)
 CLOCK = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -265,3 +267,23 @@ async def test_publications_at_the_same_moment_all_land_one_active(db: Database)
     rows = await service.list_policies()
     assert sorted(r.version for r in rows) == sorted(["base", "same", *(f"c{n}" for n in range(6))])
     assert sum(r.active for r in rows) == 1
+
+
+async def test_an_api_only_replica_refuses_what_it_cannot_check(db: Database) -> None:
+    """Without a scheduler to compile against, a file with samples or canaries is refused as
+    FAILED_PRECONDITION POLICY_CHECK_UNAVAILABLE (published or replayed), nothing written; a
+    file with neither publishes."""
+    service = RoutingPolicyService(db, clock=lambda: CLOCK, require_check=True)
+    output = {"width": 1280, "height": 720, "duration_ms": 4000}
+    sample: dict[str, Any] = {"tenant_id": "t", "prompt": "p", "mode": "TEXT_TO_VIDEO"}
+    sample["output"] = output
+    for extra in ({"canaries": {CANARY: {}}}, {"samples": [sample]}):
+        with pytest.raises(PreconditionFailed) as refused:
+            await service.publish(document("v1", **extra))
+        assert refused.value.reason == "POLICY_CHECK_UNAVAILABLE"
+        with pytest.raises(PreconditionFailed):
+            await ReplayService(db, validate=service.validate).replay(
+                ReplayInput(document("v1", **extra))
+            )
+    assert await service.list_policies() == []
+    assert (await service.publish(document("v1"))).version == "v1"
