@@ -41,6 +41,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import grpc
@@ -60,6 +61,9 @@ from clients.cli_common import State
 from clients.cli_config import DEFAULT_TARGET, ConfigError
 from clients.cli_spec import SpecError
 from clients.sdk import errors as sdk_errors
+
+if TYPE_CHECKING:  # the control plane is imported only by the commands that run it
+    from controlplane.bootstrap import Settings
 
 log = logging.getLogger("vidroute")
 __all__ = ["DEFAULT_TARGET", "app", "main"]
@@ -117,6 +121,8 @@ async def _serve(
             "127.0.0.1:0" if ephemeral_ports else f"127.0.0.1:{DEV_CONSOLE_PORT}"
         )
     environ = dict(os.environ)
+    if whole_stack:
+        _refuse_if_taken(Settings.from_env(environ, **overrides))
     if whole_stack and not environ.get("VIDROUTE_AUTH_TOKENS") and not environ.get("VIDROUTE_AUTH"):
         # `make up` runs authenticated, with tokens made for this run.
         environ.update(client_auth.write_dev_tokens(Path("var"), DEV_TENANT))
@@ -155,6 +161,23 @@ async def _serve(
         if supervisor is not None:
             await asyncio.to_thread(supervisor.stop_all)
     return 0
+
+
+def _refuse_if_taken(settings: Settings) -> None:
+    """`vidroute up` where one already runs refuses before it writes anything under ./var: the
+    dev tokens it would write are what the running stack's CLI users authenticate with, and
+    its emulators and sidecars would start for nothing (`start_control_plane` checks again)."""
+    from controlplane.bootstrap import configure_logging
+    from controlplane.console.server import CONSOLE_LISTEN_FIX
+    from controlplane.startup import CALLBACK_LISTEN_FIX, check_listen, check_sqlite_free
+
+    configure_logging(settings.log_level, settings.log_format)
+    check_sqlite_free(settings.database_url)
+    check_listen(settings.listen)
+    if settings.callback_listen:
+        check_listen(settings.callback_listen, CALLBACK_LISTEN_FIX)
+    if settings.console_listen:
+        check_listen(settings.console_listen, CONSOLE_LISTEN_FIX)
 
 
 async def _migrate(down: bool) -> int:

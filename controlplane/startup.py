@@ -8,7 +8,8 @@ process (tests) it is caught like any exception.
 
 * No adapters and not an API-only replica (`check_adapters`): tasks would queue forever.
 * Another control plane on the same embedded SQLite file (`SqliteLock`): an exclusive
-  ``flock`` on ``<database file>.lock``, held until shutdown.
+  ``flock`` on ``<database file>.lock``, held until shutdown. `vidroute up` also asks
+  (`check_sqlite_free`) before it writes its dev tokens and starts its stack under ./var.
 * The listen port taken (`vidroute_core.wire.listen.PortInUse`, raised by the server's bind).
 * The database not answering when the migrations run (`migrate`).
 """
@@ -124,6 +125,10 @@ class SqliteLock:
         self._file = handle
 
     async def release(self) -> None:
+        self.drop()
+
+    def drop(self) -> None:
+        """Release the lock now (idempotent); `release` for an async cleanup list."""
         if self._file is None:
             return
         handle, self._file = self._file, None
@@ -131,6 +136,17 @@ class SqliteLock:
             handle.truncate(0)
         fcntl.flock(handle, fcntl.LOCK_UN)
         handle.close()
+
+
+def check_sqlite_free(database_url: str) -> None:
+    """Refuse, as `lock_sqlite` would, when another control plane holds the embedded database;
+    holds nothing itself (`vidroute up` asks before it writes anything of its own run)."""
+    database = sqlite_file(database_url)
+    if database is None:
+        return
+    lock = SqliteLock(database)
+    lock.acquire()
+    lock.drop()
 
 
 def lock_sqlite(database_url: str) -> SqliteLock | None:
