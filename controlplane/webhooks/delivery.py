@@ -16,8 +16,8 @@ address on a host without IPv6 routes); a request that reached a receiver is nev
 another address in the same attempt. Redirects are not followed.
 
 An answer is judged by `domain.webhooks.verdict`: 2xx DELIVERED, 410 FAILED at once, anything
-else (or no answer within the timeout) retried with growing jittered delays up to the policy's
-attempts, then FAILED.
+else (or no whole answer within connect + request timeout, however it trickles in) retried
+with growing jittered delays up to the policy's attempts, then FAILED.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ _NO_CONNECTION = "no connection to"
 # its claim (4 x 5 s + the 15 s request < the 60 s claim).
 MAX_ADDRESSES = 4
 MAX_ERROR_CHARS = 500
+MAX_ANSWER_BYTES = 200  # of a failed answer's body, kept in its attempt's error
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
@@ -183,22 +184,46 @@ class WebhookDeliveryWorker:
         cfg = self.config
         timeout = httpx.Timeout(cfg.request_timeout_s, connect=cfg.connect_timeout_s)
         try:
-            response = await self._http.post(
-                url,
-                content=message.body.encode(),
-                headers=headers,
-                timeout=timeout,
-                follow_redirects=False,
-                extensions={"sni_hostname": sni} if sni else None,
-            )
+            # The whole exchange is bounded, not each read: a receiver trickling its answer a
+            # byte at a time would otherwise hold this lane for as long as it likes.
+            async with asyncio.timeout(cfg.connect_timeout_s + cfg.request_timeout_s):
+                return await self._exchange(message, url, headers, sni, timeout)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             return 0, f"{_NO_CONNECTION} {url}: {type(exc).__name__}: {exc}"
-        except httpx.TimeoutException as exc:
+        except (httpx.TimeoutException, TimeoutError) as exc:
             return 0, f"timed out ({type(exc).__name__})"
         except httpx.HTTPError as exc:
             return 0, f"{type(exc).__name__}: {exc}"
-        status = response.status_code
-        return status, "" if 200 <= status < 300 else f"HTTP {status}: {response.text[:200]}"
+
+    async def _exchange(
+        self,
+        message: ClaimedMessage,
+        url: str,
+        headers: dict[str, str],
+        sni: str,
+        limits: httpx.Timeout,
+    ) -> tuple[int, str]:
+        """POST and read at most `MAX_ANSWER_BYTES` of the answer (only a failure's is kept):
+        the receiver's body is never read whole, however long it is."""
+        async with self._http.stream(
+            "POST",
+            url,
+            content=message.body.encode(),
+            headers=headers,
+            timeout=limits,
+            follow_redirects=False,
+            extensions={"sni_hostname": sni} if sni else None,
+        ) as response:
+            status = response.status_code
+            if 200 <= status < 300:
+                return status, ""
+            head = b""
+            async for chunk in response.aiter_raw():
+                head += chunk
+                if len(head) >= MAX_ANSWER_BYTES:
+                    break
+        text = head[:MAX_ANSWER_BYTES].decode("utf-8", "replace")
+        return status, f"HTTP {status}: {text}"
 
     def _failed(  # noqa: PLR0917 - one attempt's facts, in AttemptResult's order
         self,

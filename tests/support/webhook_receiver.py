@@ -24,6 +24,11 @@ from types import TracebackType
 class Answer:
     status: int = 200
     delay_s: float = 0.0
+    endless_body: bool = False  # a body that never ends (64 KiB every 20 ms, up to 30 s)
+    trickle_headers: bool = False  # a header line one byte per 100 ms (up to 30 s), no end
+
+
+ENDLESS_FOR_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,18 @@ class WebhookReceiver:
             await self._changed.wait_for(lambda: len(self.requests) >= count)
         return self.requests[:count]
 
+    async def _endless(self, writer: asyncio.StreamWriter, answer: Answer) -> None:
+        """A hostile receiver: it answers but never finishes, until the sender hangs up."""
+        until = time.monotonic() + ENDLESS_FOR_S
+        if answer.trickle_headers:
+            writer.write(f"HTTP/1.1 {answer.status} X\r\nx-pad: ".encode())
+        else:
+            writer.write(f"HTTP/1.1 {answer.status} X\r\nconnection: close\r\n\r\n".encode())
+        while time.monotonic() < until:
+            writer.write(b"a" if answer.trickle_headers else b"x" * 65536)
+            await writer.drain()
+            await asyncio.sleep(0.1 if answer.trickle_headers else 0.02)
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
@@ -93,6 +110,9 @@ class WebhookReceiver:
                 self._changed.notify_all()
             if answer.delay_s:
                 await asyncio.sleep(answer.delay_s)  # the scripted slowness under test
+            if answer.endless_body or answer.trickle_headers:
+                await self._endless(writer, answer)
+                return
             reply = f"HTTP/1.1 {answer.status} X\r\ncontent-length: 2\r\nconnection: close\r\n"
             writer.write(f"{reply}\r\nok".encode())
             await writer.drain()

@@ -329,3 +329,37 @@ async def test_an_address_without_a_listener_falls_back_to_the_next_one(db: Data
     (delivery,) = await WebhookStore(db).deliveries(task_id)
     assert delivery.state is DeliveryState.DELIVERED
     assert [(a.attempt_no, a.status_code) for a in delivery.attempts] == [(1, 200)]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (Answer(500, endless_body=True), "HTTP 500: xxxx"),
+        (Answer(200, trickle_headers=True), "timed out"),
+    ],
+    ids=["endless-body", "trickled-headers"],
+)
+async def test_a_receiver_that_never_finishes_its_answer_cannot_hold_the_worker(
+    db: Database, answer: Answer, error: str
+) -> None:
+    """An answer whose body never ends is read only as far as the error keeps (200 bytes), and
+    one trickled a byte at a time (each read within the timeout) is cut at the request's
+    timeout: the attempt ends in about a second (FAST), a retry scheduled, not after the
+    receiver's 30 s."""
+    pol = policy(allow_private=True)
+    async with WebhookReceiver([answer]) as receiver:
+        task_id = await cancelled_task(db, receiver.url, pol)
+        async with httpx.AsyncClient() as http:
+            worker = WebhookDeliveryWorker(
+                WebhookStore(db), pol, http, config=FAST, rng=random.Random(5)
+            )
+            started = time.monotonic()
+            assert await worker.run_once() == 1
+            took = time.monotonic() - started
+    assert took < 10, took  # the receiver goes on for 30 s
+    (delivery,) = await WebhookStore(db).deliveries(task_id)
+    (attempt,) = delivery.attempts
+    assert delivery.state is DeliveryState.PENDING
+    assert attempt.error.startswith(error), attempt.error
+    assert len(attempt.error) <= len("HTTP 500: ") + 200
