@@ -633,6 +633,20 @@ routing_policy_versions = Table(
     ),
 )
 
+# Every activation of a routing policy version, who made it and when (revision 0016, 9.25.5's
+# audit of effective times): a publication, or a rollback to an earlier version.
+routing_policy_activations = Table(
+    "routing_policy_activations",
+    Base.metadata,
+    Column("id", BigIntPK, primary_key=True),
+    Column("version", Text, nullable=False),
+    Column("previous_version", Text, nullable=True),  # the version it replaced; None: the first
+    Column("action", Text, nullable=False),  # PUBLISHED or ROLLED_BACK
+    Column("actor", Text, nullable=False),  # the caller's name
+    Column("at", UtcDateTime, nullable=False),
+    CheckConstraint("action IN ('PUBLISHED', 'ROLLED_BACK')", name="action_enum"),
+)
+
 canary_states = Table(
     "canary_states",
     Base.metadata,

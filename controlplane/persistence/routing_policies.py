@@ -2,7 +2,8 @@
 
 Writes take the connection of a transaction their caller opened (`Database.unit`'s ``u.conn``):
 a publication deactivates the active version and inserts the new one active in one unit, with
-the canaries it starts.
+the canaries it starts; every activation (publication or rollback) is a row of
+``routing_policy_activations`` with the version it replaced, the caller and the time.
 
 `active_snapshot` is the dispatcher's per-round read: ONE statement, the active version and
 every canary's stage (a handful of rows), whatever the traffic.
@@ -20,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.routing.canary import CanaryStatus
 from controlplane.persistence.models import canary_states as C
+from controlplane.persistence.models import routing_policy_activations as P
 from controlplane.persistence.models import routing_policy_versions as V
 
 
@@ -105,15 +107,46 @@ async def lock_publication(conn: AsyncConnection) -> None:
         await conn.execute(select(func.pg_advisory_xact_lock(_PUBLICATION_LOCK)))
 
 
-async def _deactivate(conn: AsyncConnection) -> None:
-    await conn.execute(update(V).where(V.c.active.is_(True)).values(active=False))
+@dataclass(frozen=True, slots=True)
+class ActivationRow:
+    version: str
+    previous_version: str | None
+    action: str  # PUBLISHED or ROLLED_BACK
+    actor: str
+    at: datetime
+
+
+async def _switch(conn: AsyncConnection, name: str, action: str, actor: str, now: datetime) -> None:
+    """Deactivate the active version and record `name`'s activation (it replaced that one)."""
+    previous = (
+        await conn.execute(
+            update(V).where(V.c.active.is_(True)).values(active=False).returning(V.c.version)
+        )
+    ).scalar()
+    await conn.execute(
+        P.insert().values(
+            version=name, previous_version=previous, action=action, actor=actor, at=now
+        )
+    )
+
+
+async def activations(conn: AsyncConnection) -> list[ActivationRow]:
+    """Every activation, oldest first."""
+    rows = await conn.execute(select(P).order_by(P.c.id))
+    return [ActivationRow(r.version, r.previous_version, r.action, r.actor, r.at) for r in rows]
 
 
 async def insert_active(
-    conn: AsyncConnection, name: str, document: str, source: str, now: datetime
+    conn: AsyncConnection,
+    name: str,
+    document: str,
+    source: str,
+    now: datetime,
+    *,
+    actor: str = "",
 ) -> PolicyRow:
-    """Insert `name` as the active version (the previous one stays, inactive)."""
-    await _deactivate(conn)
+    """Insert `name` as the active version (the previous one stays, inactive), recorded."""
+    await _switch(conn, name, "PUBLISHED", actor, now)
     await conn.execute(
         V.insert().values(
             version=name,
@@ -127,6 +160,7 @@ async def insert_active(
     return PolicyRow(name, document, source, True, now, now)
 
 
-async def activate(conn: AsyncConnection, name: str, now: datetime) -> None:
-    await _deactivate(conn)
+async def activate(conn: AsyncConnection, name: str, now: datetime, *, actor: str = "") -> None:
+    """Make the published `name` active again (a rollback), recorded."""
+    await _switch(conn, name, "ROLLED_BACK", actor, now)
     await conn.execute(update(V).where(V.c.version == name).values(active=True, activated_at=now))

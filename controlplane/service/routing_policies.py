@@ -162,7 +162,7 @@ class RoutingPolicyService:
             await store.lock_publication(u.conn)
             if (existing := await store.version(u.conn, name)) is not None:
                 return _same_text(existing, text)  # published meanwhile
-            row = await store.insert_active(u.conn, name, text, source, now)
+            row = await store.insert_active(u.conn, name, text, source, now, actor=caller.name)
             await canary_store.start_changed(
                 u.conn, wanted_canaries(doc), policy_version=name, now=now, reason="published"
             )
@@ -196,7 +196,7 @@ class RoutingPolicyService:
                         reason="NO_EARLIER_ROUTING_POLICY",
                     )
             if current is None or current.version != target.version:
-                await store.activate(u.conn, target.version, now)
+                await store.activate(u.conn, target.version, now, actor=caller.name)
                 # A canary another version reconfigured since restarts at its first stage (a
                 # state means something only with its own stages and gates).
                 await canary_store.start_changed(

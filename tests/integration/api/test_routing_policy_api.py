@@ -22,6 +22,7 @@ from controlplane.domain import scoring
 from controlplane.domain.routing.canary import ROLLED_BACK_STAGE, CanaryStatus
 from controlplane.domain.routing.selection import RouterConfig
 from controlplane.persistence import canaries as canary_store
+from controlplane.persistence import routing_policies as store
 from controlplane.persistence.database import Database
 from controlplane.scheduling.policy_book import PolicyBook
 from controlplane.server import ControlPlaneServer, start_server
@@ -287,3 +288,25 @@ async def test_an_api_only_replica_refuses_what_it_cannot_check(db: Database) ->
             )
     assert await service.list_policies() == []
     assert (await service.publish(document("v1"))).version == "v1"
+
+
+async def test_every_activation_is_recorded_with_its_caller(routing: Api) -> None:
+    """Publications and rollbacks each leave an activation row (version, the one it replaced,
+    PUBLISHED or ROLLED_BACK, the caller, the time), also when a version is activated twice; a
+    rollback to the active version and a retried publish record nothing."""
+    await routing.publish(document("v1"))
+    await routing.publish(document("v2"))
+    await routing.rollback()
+    await routing.rollback("v2")
+    await routing.rollback("v2")  # already active: nothing changes
+    await routing.publish(document("v2"))  # a retried publish
+    async with routing.db.reading() as conn:
+        rows = await store.activations(conn)
+    assert [(r.version, r.previous_version, r.action) for r in rows] == [
+        ("v1", None, "PUBLISHED"),
+        ("v2", "v1", "PUBLISHED"),
+        ("v1", "v2", "ROLLED_BACK"),
+        ("v2", "v1", "ROLLED_BACK"),
+    ]
+    assert all(r.actor.startswith("admin:") for r in rows), rows  # the token's admin
+    assert {r.at for r in rows} == {CLOCK}
