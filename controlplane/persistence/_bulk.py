@@ -5,8 +5,9 @@ decisions, attempts, 768 events and 256 outbox rows is ~15,000 binds, and buildi
 parsing them was most of the batch transaction's client time (bench/RESULTS.md). On PostgreSQL
 the rows go instead as one array per column into ``INSERT ... SELECT * FROM unnest(...)``: one
 statement per table, compiled and prepared once per (table, columns), ~20 binds whatever the
-batch. JSON columns travel as text arrays cast to JSONB in the statement. SQLite keeps the plain
-multi-row INSERT.
+batch. JSON columns travel as text arrays cast to JSONB in the statement, encoded by orjson (in
+C: ~14x ``json.dumps`` on a decision snapshot; the same values, so the same JSONB). SQLite keeps
+the plain multi-row INSERT.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
 from sqlalchemy import JSON, Column, Table, Text, bindparam, cast, column, func, insert, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -24,6 +26,20 @@ from sqlalchemy.sql import Executable
 __all__ = ["insert_rows"]
 
 _STATEMENTS: dict[tuple[str, tuple[str, ...], tuple[str, ...]], Executable] = {}
+#: Non-str keys as ``json.dumps`` writes them (int keys as strings); datetimes and dataclasses
+#: are not encoded by orjson, so they fail over to ``json.dumps`` and raise as they always did.
+_JSON_OPTIONS = (
+    orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+)
+
+
+def _json_text(value: Any) -> str:
+    """`value` as JSON text with the values ``json.dumps`` gives; what orjson refuses (a tuple
+    subclass, an int past 64 bits, ...) goes through ``json.dumps``."""
+    try:
+        return orjson.dumps(value, option=_JSON_OPTIONS).decode()
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return json.dumps(value)
 
 
 def _is_json(col: Column[Any]) -> bool:
@@ -76,7 +92,7 @@ async def insert_rows(
     params: dict[str, list[Any]] = {}
     for n in names:
         if _is_json(table.c[n]):
-            params[f"a_{n}"] = [json.dumps(r[n]) for r in rows]
+            params[f"a_{n}"] = [_json_text(r[n]) for r in rows]
         else:
             params[f"a_{n}"] = [r[n] for r in rows]
     result = await conn.execute(stmt, params)
