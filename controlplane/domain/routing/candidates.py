@@ -66,11 +66,12 @@ class Candidate:
     sunset_at: datetime | None
     capability: Capability
     price: Price
+    #: The stable candidate id of decisions: ``provider/model/account``. Derived, built once
+    #: (a decision reads it ~100 times per task: a property built the string every time).
+    id: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def id(self) -> str:
-        """The stable candidate id of decisions: ``provider/model/account``."""
-        return f"{self.provider}/{self.model}/{self.account}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id", f"{self.provider}/{self.model}/{self.account}")
 
     @property
     def lease_account(self) -> str:

@@ -25,6 +25,25 @@ from controlplane.domain.routing.load import LoadView
 #: The score components of a verdict, in the order `scoring.ScoreComponents` declares them.
 COMPONENT_NAMES = ("quality", "success", "latency", "cost", "capacity", "region", "preference")
 
+#: ``round(x, 6)`` per float value already rounded: CPython rounds through a decimal conversion
+#: (~0.5 us), and a decision's components repeat across tasks (quality, region, preference,
+#: the same health and price). Dropped whole past the bound.
+_ROUNDED: dict[float, float] = {}
+ROUNDED_CACHE_SIZE = 65536
+
+
+def round6(x: float) -> float:
+    """Exactly ``round(x, 6)``, remembered per value. Only non-zero floats are remembered: an int
+    and its float (1 and 1.0) or 0.0 and -0.0 are equal keys that round to different values."""
+    if type(x) is not float or not x:
+        return round(x, 6)
+    r = _ROUNDED.get(x)
+    if r is None:
+        if len(_ROUNDED) >= ROUNDED_CACHE_SIZE:
+            _ROUNDED.clear()
+        r = _ROUNDED[x] = round(x, 6)
+    return r
+
 
 class Components(Mapping[str, float]):
     """A verdict's score components, rounded to 6 places when first read (the explain view).
@@ -40,9 +59,7 @@ class Components(Mapping[str, float]):
 
     def _view(self) -> dict[str, float]:
         if self._rounded is None:
-            self._rounded = {
-                n: round(x, 6) for n, x in zip(COMPONENT_NAMES, self._raw, strict=True)
-            }
+            self._rounded = {n: round6(x) for n, x in zip(COMPONENT_NAMES, self._raw, strict=True)}
         return self._rounded
 
     def __getitem__(self, name: str) -> float:
@@ -92,28 +109,15 @@ class Verdict:
     canary: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        c = self.candidate
-        data: dict[str, Any] = {
-            "id": c.id,
-            "eligible": self.eligible,
-            "provider": c.provider,
-            "account": c.account,
-            "account_id": c.account_id,
-            "region": c.region,
-            "model": c.model,
-            "model_version": c.model_version,
-            "capability_version": c.capability_version,
-            "price_version": c.price.price_version,
-            "lifecycle": c.lifecycle,
-            "currency": c.price.currency,
-            "estimated_cost_micros": self.estimated_cost_micros,
-        }
+        data = _candidate_json(self.candidate).copy()  # the static keys, in their stored order
+        data["eligible"] = self.eligible
+        data["estimated_cost_micros"] = self.estimated_cost_micros
         if not self.eligible:
             data.update(reason=self.reason, detail=self.detail)
         if self.score is not None:
             comps = self.components
             plain = comps.as_dict() if type(comps) is Components else dict(comps)
-            data.update(score=round(self.score, 6), components=plain)
+            data.update(score=round6(self.score), components=plain)
         if self.penalties:
             data["penalties"] = dict(self.penalties)
         if self.compile is not None:
@@ -123,6 +127,40 @@ class Verdict:
         if isinstance(self.components, Components):
             data["raw_components"] = list(self.components.raw)  # floats round-trip JSON exactly
         return data
+
+
+#: Each candidate's static explain keys, built once per candidate object (a catalog version's
+#: candidates are built once and live as long as it), keyed by identity: the entry holds the
+#: candidate, so its id cannot be reused while the entry exists. Dropped whole past the bound.
+_CANDIDATE_JSON: dict[int, tuple[Candidate, dict[str, Any]]] = {}
+CANDIDATE_JSON_CACHE_SIZE = 4096
+
+
+def _candidate_json(c: Candidate) -> dict[str, Any]:
+    """The keys of `Verdict.to_json` that only the candidate decides, in the stored order
+    (``eligible`` and ``estimated_cost_micros`` hold their places; the caller sets them)."""
+    found = _CANDIDATE_JSON.get(id(c))
+    if found is not None and found[0] is c:
+        return found[1]
+    data: dict[str, Any] = {
+        "id": c.id,
+        "eligible": None,
+        "provider": c.provider,
+        "account": c.account,
+        "account_id": c.account_id,
+        "region": c.region,
+        "model": c.model,
+        "model_version": c.model_version,
+        "capability_version": c.capability_version,
+        "price_version": c.price.price_version,
+        "lifecycle": c.lifecycle,
+        "currency": c.price.currency,
+        "estimated_cost_micros": None,
+    }
+    if len(_CANDIDATE_JSON) >= CANDIDATE_JSON_CACHE_SIZE:
+        _CANDIDATE_JSON.clear()
+    _CANDIDATE_JSON[id(c)] = (c, data)
+    return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +247,10 @@ class RouteDecisionSnapshot:
         return self.verdict(chosen).candidate.capability_version if chosen else self.catalog_version
 
     def after_leasing(self, leased: str | None, refused: Sequence[str]) -> RouteDecisionSnapshot:
-        """Record the lease outcome: refused candidates become NO_CAPACITY; `leased` is selected."""
+        """Record the lease outcome: refused candidates become NO_CAPACITY; `leased` is selected.
+        The head of the ranking leased at once changes nothing: the snapshot itself (a value)."""
+        if not refused and not self.lease_refused and self.ranked[:1] == (leased,):
+            return self
         gone = set(refused)
         verdicts = tuple(
             replace(

@@ -37,6 +37,7 @@ from controlplane.domain.routing.decision import (
     Outcome,
     RouteDecisionSnapshot,
     Verdict,
+    round6,
 )
 from controlplane.domain.routing.filters import (
     NOT_SOFT,
@@ -386,7 +387,7 @@ def _route_once(
         shadow_version = cfg.shadow_policy.version
         shadow_ranked = _ranked(shadow_totals, list(scores))
         shadow_selected = shadow_ranked[0][0] if shadow_ranked else ""
-        shadow_scores = {cid: round(s, 6) for cid, s in shadow_ranked}
+        shadow_scores = {cid: round6(s) for cid, s in shadow_ranked}
     verdicts: list[Verdict] = []
     for r in rows:
         if isinstance(r, _Row):  # eligible: its final verdict, scored
