@@ -181,12 +181,26 @@ def _refuse_if_taken(settings: Settings) -> None:
 
 
 async def _migrate(down: bool) -> int:
+    """Migrate; a database that does not answer is one line naming it, exit 69 as `serve`."""
     from controlplane.bootstrap import Settings
+    from controlplane.persistence.errors import is_outage
     from controlplane.persistence.migrate import downgrade, upgrade
+    from controlplane.startup import database_outage
 
     settings = Settings.from_env()
-    await (downgrade(settings.database_url) if down else upgrade(settings.database_url))
+    try:
+        await (downgrade(settings.database_url) if down else upgrade(settings.database_url))
+    except Exception as exc:
+        if not is_outage(exc):
+            raise
+        raise _Unavailable(database_outage(settings.database_url, exc)) from exc
     return 0
+
+
+class _Unavailable(click.ClickException):
+    """A service the command needs does not answer (sysexits EX_UNAVAILABLE, as `serve`)."""
+
+    exit_code = 69
 
 
 _LISTEN_HELP = "host:port to listen on (default VIDROUTE_LISTEN)."

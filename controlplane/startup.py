@@ -85,13 +85,17 @@ async def migrate(database_url: str) -> None:
     except Exception as exc:
         if not is_outage(exc):
             raise
-        where = display_url(database_url)
-        cause = (str(exc).strip().splitlines() or [""])[0]
-        refuse(
-            f"the database {where} does not answer ({type(exc).__name__}: {cause}): start it, "
-            "or point VIDROUTE_DATABASE_URL at one that runs",
-            EXIT_UNAVAILABLE,
-        )
+        refuse(database_outage(database_url, exc), EXIT_UNAVAILABLE)
+
+
+def database_outage(database_url: str, exc: BaseException) -> str:
+    """The one line for a database that does not answer (`is_outage`): where, why, the fix."""
+    where = display_url(database_url)
+    cause = (str(exc).strip().splitlines() or [""])[0]
+    return (
+        f"the database {where} does not answer ({type(exc).__name__}: {cause}): start it, "
+        "or point VIDROUTE_DATABASE_URL at one that runs"
+    )
 
 
 class SqliteLock:

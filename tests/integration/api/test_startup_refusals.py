@@ -196,3 +196,31 @@ async def test_our_servers_socket_cannot_be_shared_through_so_reuseport() -> Non
             intruder.add_insecure_port(f"127.0.0.1:{port}")
     finally:
         await ours.stop(None)
+
+
+@pytest.mark.parametrize("args", [(), ("--down",)], ids=["up", "down"])
+def test_migrate_against_a_database_that_does_not_answer_is_one_line_exit_69(
+    tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """`vidroute migrate` names the database it could not reach and the fix in one line, exit
+    69 like `serve`, instead of a bare ConnectionRefusedError."""
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    url = f"postgresql+asyncpg://nobody@127.0.0.1:{port}/vidroute"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("VIDROUTE_")}
+    clean.update(PYTHONPATH=str(ROOT), VIDROUTE_DATABASE_URL=url)
+    done = subprocess.run(
+        [sys.executable, "-m", "clients.cli", "migrate", *args],
+        cwd=tmp_path,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == EXIT_UNAVAILABLE, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"error: the database postgresql+asyncpg://nobody@127.0.0.1:{port}/")
+    assert "does not answer" in line
+    assert "VIDROUTE_DATABASE_URL" in line
