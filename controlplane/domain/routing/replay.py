@@ -156,15 +156,17 @@ def wilson_interval(rate: float, samples: float) -> tuple[float, float]:
 
 @dataclass
 class _Side:
-    """Running totals of one policy's picks."""
+    """Running totals of one policy's picks: a few numbers, whatever the decisions replayed
+    (a week of traffic is millions; a list per figure would hold them all)."""
 
     versions: set[str] = field(default_factory=set)
     selected: int = 0
     cost: int = 0
-    success: list[float] = field(default_factory=list)
-    low: list[float] = field(default_factory=list)
-    high: list[float] = field(default_factory=list)
-    latency: list[float] = field(default_factory=list)
+    success: float = 0.0
+    low: float = 0.0
+    high: float = 0.0
+    latency: float = 0.0
+    latencies: int = 0  # picks with a window mean latency
 
     def add(self, pick: str | None, snap: Mapping[str, Any]) -> int:
         """Count a pick; answers its estimated cost (0 for none)."""
@@ -177,22 +179,23 @@ class _Side:
         samples, latency, rate = (0.0, None, None) if h is None else (h[1], h[2], h[3])
         p = rate if rate is not None and samples > 0 else NO_DATA_SUCCESS
         lo, hi = wilson_interval(p, samples if rate is not None else 0.0)
-        self.success.append(p)
-        self.low.append(lo)
-        self.high.append(hi)
+        self.success += p
+        self.low += lo
+        self.high += hi
         if latency is not None:
-            self.latency.append(float(latency))
+            self.latency += float(latency)
+            self.latencies += 1
         return cost
 
     def totals(self, version: str) -> ReplayTotals:
-        expected, lows, highs = fsum(self.success), fsum(self.low), fsum(self.high)
+        expected, lows, highs = self.success, self.low, self.high
         n = self.selected
         return ReplayTotals(
             policy_version=version,
             selected=n,
             estimated_cost_micros=self.cost,
             expected_success=expected / n if n else 0.0,
-            expected_latency_s=fsum(self.latency) / len(self.latency) if self.latency else 0.0,
+            expected_latency_s=self.latency / self.latencies if self.latencies else 0.0,
             cost_per_success_micros=round(self.cost / expected) if expected > 0 else 0,
             cost_per_success_low_micros=round(self.cost / highs) if highs > 0 else 0,
             cost_per_success_high_micros=round(self.cost / lows) if lows > 0 else 0,

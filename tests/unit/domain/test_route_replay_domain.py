@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tracemalloc
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -271,3 +273,26 @@ def test_the_recorded_policy_replays_a_recorded_incumbent_within_its_dwell() -> 
     moved = replay_one(Recorded("7", 1, snap), free)
     assert moved is not None
     assert moved.selected == "p/a/x"
+
+
+def test_a_long_replay_keeps_running_totals_not_one_entry_per_decision() -> None:
+    """Folding 20,000 decisions page by page retains well under 200 KB (a list per figure would
+    hold about 5 MB of floats), and the totals are those of a single decision."""
+    health = {"p/a/x": [0.8, 100.0, 40.0, 0.9], "p/b/x": [0.1, 100.0, 200.0, 0.25]}
+    snap = _snapshot(health)
+    tally = ReplayTally(scoring.RoutingPolicy("rec-v1"))
+    page = [Recorded("7", 1, snap)] * 100
+    tally.add_page(page)  # warm up: whatever is allocated once
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _ in range(199):
+            tally.add_page(page)
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert retained < 200_000, retained
+    r = tally.report()
+    assert (r.decisions, r.changed) == (20_000, 0)
+    assert r.recorded.expected_success == pytest.approx(0.9)
+    assert r.recorded.expected_latency_s == pytest.approx(40.0)
