@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -65,6 +66,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+# More writes in an observation's transaction: (unit, ids of the attempts that ended in it).
+Then = Callable[[UnitOfWork, set[int]], Awaitable[None]]
 
 
 class EventSource(enum.Enum):
@@ -119,14 +124,19 @@ class EventNormalizer:
         self.counts: dict[IngestOutcome, int] = dict.fromkeys(IngestOutcome, 0)
         self.progress_marks = 0  # provider.progress events written
 
-    async def ingest(self, obs: Observation) -> IngestOutcome:
+    async def ingest(self, obs: Observation, *, then: Then | None = None) -> IngestOutcome:
+        """Apply `obs` in one transaction; `then(u, ended)` writes more in that same
+        transaction after the observation was applied (the poller's next due time), told the
+        ids of the attempts that ended in it."""
         with bind_ids(attempt_id=obs.attempt_hint, provider_job_id=obs.provider_job_id):
-            return await self._ingest_one(obs)
+            return await self._ingest_one(obs, then)
 
-    async def _ingest_one(self, obs: Observation) -> IngestOutcome:
+    async def _ingest_one(self, obs: Observation, then: Then | None) -> IngestOutcome:
         after = AfterCommit()
         async with self._deps.db.unit(self._deps.clock()) as u:
             outcome = await self._ingest(u, obs, after)
+            if then is not None:
+                await then(u, {a.id for a in after.release})
         await after.run(self._deps.leases)
         await self._report_ended(after)
         self.counts[outcome] += 1
@@ -231,7 +241,7 @@ class EventNormalizer:
         cost, provider = snap.actual_cost_micros, ""
         if snap.state.terminal:
             # 9.23.1: a provider whose API reports no cost gets it from its billing rule.
-            provider = (await u.account(attempt.provider_account_id)).provider
+            provider = (await self._deps.account_in(u, attempt.provider_account_id)).provider
             cost = actual_cost(
                 provider,
                 reported_micros=snap.actual_cost_micros,

@@ -109,6 +109,17 @@ class ExecutionDeps:
     # The operation breakers (POLL, CANCEL, DOWNLOAD_OUTPUT, USAGE_QUERY) around provider calls.
     gate: OperationGate = field(default_factory=OperationGate)
 
+    # Accounts by id, as read once (their identity is the table's unique key, never updated).
+    _accounts: dict[int, AccountInfo] = field(default_factory=dict, init=False, repr=False)
+
+    async def account_in(self, u: UnitOfWork, account_id: int) -> AccountInfo:
+        """The account, read in unit `u` the first time only (a read on another connection
+        inside a unit could wait for the unit's own connection on SQLite)."""
+        found = self._accounts.get(account_id)
+        if found is None:
+            found = self._accounts[account_id] = await u.account(account_id)
+        return found
+
     def adapter(self, account: AccountInfo) -> AdapterClient:
         try:
             return self.adapters[account.provider]
@@ -127,9 +138,10 @@ AttemptEndObserver = Callable[[AccountInfo, AttemptRecord, JobSnapshot], Awaitab
 
 
 async def claim_batch(deps: ExecutionDeps, topic: str) -> list[OutboxRecord]:
-    """Claim this worker's next batch of `topic` messages for the configured lease."""
+    """Claim this worker's next batch of `topic` messages for the configured lease (one
+    statement, `claim_messages`: on PostgreSQL without BEGIN/COMMIT around it)."""
     cfg = deps.config
-    async with deps.db.unit(deps.clock()) as u:
+    async with deps.db.unit(deps.clock(), one_statement=True) as u:
         return await u.claim_messages(
             topic, cfg.worker_id, limit=cfg.batch_size, lease_seconds=cfg.claim_lease_s
         )
@@ -239,7 +251,8 @@ async def accept(
         )
     )
     # 9.23.1: the provider has the job, so its expected cost is the platform's (once per attempt).
-    await record_expected(u, attempt, job.provider_job_id)
+    account = await deps.account_in(u, attempt.provider_account_id)
+    await record_expected(u, attempt, job.provider_job_id, account)
     runtime = await u.runtime(attempt.id)
     cancel_wanted = runtime is not None and runtime.cancel_requested_at is not None
     if attempt.state in (AttemptState.SUBMITTING, AttemptState.SUBMIT_UNKNOWN):

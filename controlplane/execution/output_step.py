@@ -69,6 +69,7 @@ from controlplane.execution.output_fetch import (
     fetch_output,
 )
 from controlplane.persistence import quality as quality_store
+from controlplane.persistence.execution import Snapshot
 from controlplane.persistence.ports import UnitOfWork
 from controlplane.persistence.records import (
     AttemptRecord,
@@ -179,35 +180,62 @@ class OutputStep:
 
     async def run_once(self) -> int:
         messages = await claim_batch(self._deps, Topic.OUTPUT_FETCH)
+        if not messages:
+            return 0
+        # The batch's rows in one read (4 statements), not a read per message. Only the first
+        # message of an attempt uses them: a later one of the same attempt runs after it (same
+        # lane) and reads what the first one wrote.
+        reads = self._deps.reads
+        firsts: dict[int, OutboxRecord] = {}
+        for m in messages:
+            firsts.setdefault(int(m.payload["attempt_id"]), m)
+        snaps = await reads.snapshots(firsts)
+        tasks = await reads.tasks(int(m.payload["task_id"]) for m in firsts.values())
+
+        async def handle_bound(message: OutboxRecord) -> None:
+            payload = message.payload
+            attempt_id = int(payload["attempt_id"])
+            rows = None
+            if firsts[attempt_id] is message:
+                rows = (snaps.get(attempt_id), tasks.get(int(payload["task_id"])))
+            with bind_ids(task_id=payload.get("task_id"), attempt_id=payload.get("attempt_id")):
+                await self.handle(message, rows)
+
         await run_batch(
             messages,
-            self._handle_bound,
+            handle_bound,
             key=lambda m: m.payload.get("attempt_id"),
             limit=self._deps.config.concurrency,
         )
         return len(messages)
 
-    async def _handle_bound(self, message: OutboxRecord) -> None:
-        payload = message.payload
-        with bind_ids(task_id=payload.get("task_id"), attempt_id=payload.get("attempt_id")):
-            await self.handle(message)
-
-    async def handle(self, message: OutboxRecord) -> None:
+    async def handle(
+        self,
+        message: OutboxRecord,
+        rows: tuple[Snapshot | None, TaskRecord | None] | None = None,
+    ) -> None:
+        """Handle one ``output.fetch``; `rows` are its attempt's snapshot and its task as read
+        at claim time (else read now)."""
         cfg = self._deps.config
         attempt_id = int(message.payload["attempt_id"])
-        snap = await self._deps.reads.snapshot(attempt_id)
-        detail = await self._deps.tasks.get_task(int(message.payload["task_id"]))
+        if rows is None:
+            task_id = int(message.payload["task_id"])
+            rows = (
+                await self._deps.reads.snapshot(attempt_id),
+                (await self._deps.reads.tasks([task_id])).get(task_id),
+            )
+        snap, task = rows
         if (
             snap is None
-            or detail is None
-            or detail.task.state is not TaskState.OUTPUT_FETCHING
-            or detail.task.adopted_attempt_id != attempt_id
+            or task is None
+            or task.state is not TaskState.OUTPUT_FETCHING
+            or task.adopted_attempt_id != attempt_id
         ):
             await complete(self._deps, message.id, cfg.worker_id)
             return
         attempt, job, runtime = snap
         outputs = outputs_json(job)
-        spec = detail.task.spec
+        spec = task.spec
         result: FetchResult
         stored: list[StoredAsset] = []
         if not outputs:
@@ -215,7 +243,7 @@ class OutputStep:
         else:
             try:
                 requests = [
-                    _request(spec, str(detail.task.id), attempt_id, index, output, cfg=cfg)
+                    _request(spec, str(task.id), attempt_id, index, output, cfg=cfg)
                     for index, output in enumerate(outputs)
                 ]
             except ValueError as exc:
@@ -378,7 +406,7 @@ class OutputStep:
             task = None if attempt is None else await u.task(attempt.task_id)
             if attempt is not None and task is not None:
                 await u.move_task(task, TaskState.SUCCEEDED, "output stored", output_asset=asset)
-                await _record_checks(u, task, attempt, checks)
+                await _record_checks(u, self._deps, task, attempt, checks)
                 after.release.append(attempt)
             await u.complete_message(message.id, self._deps.config.worker_id)
         await after.run(self._deps.leases)
@@ -402,7 +430,7 @@ class OutputStep:
                     task, TaskState.FAILED, code, failure=Failure(failure_class, code, reason)
                 )
                 if checks:
-                    await _record_checks(u, task, attempt, checks)
+                    await _record_checks(u, self._deps, task, attempt, checks)
                 after.release.append(attempt)
             await u.complete_message(message.id, self._deps.config.worker_id)
         await after.run(self._deps.leases)
@@ -431,12 +459,13 @@ def _probed(stored: list[StoredAsset]) -> list[tuple[int, tuple[Defect, ...]]]:
 
 async def _record_checks(
     u: UnitOfWork,
+    deps: ExecutionDeps,
     task: TaskRecord,
     attempt: AttemptRecord,
     checks: list[tuple[int, tuple[Defect, ...]]],
 ) -> None:
     """Each probed sample's technical check, in the unit that stores (or refuses) the output."""
-    account = await u.account(attempt.provider_account_id)
+    account = await deps.account_in(u, attempt.provider_account_id)
     subject = quality_store.Subject(
         account.provider, attempt.provider_model, task.spec.mode.value, bucket_key(task.spec)
     )

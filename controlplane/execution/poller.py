@@ -25,7 +25,8 @@ from controlplane.execution.breakers import TRANSPORT_FAILURE
 from controlplane.execution.events import EventNormalizer, EventSource, Observation
 from controlplane.execution.lost_jobs import is_job_not_found, on_job_not_found, on_job_seen
 from controlplane.execution.outcomes import ExecutionDeps, job_ref
-from controlplane.persistence.execution import POLLABLE_STATES
+from controlplane.persistence.execution import POLLABLE_STATES, Snapshot
+from controlplane.persistence.ports import UnitOfWork
 from vidroute_core.adapter import PollResult
 from vidroute_core.logs import add_ids, bind_ids, ids_of
 
@@ -46,19 +47,28 @@ class Poller:
 
     async def run_once(self) -> int:
         cfg = self._deps.config
-        async with self._deps.db.unit(self._deps.clock()) as u:
+        # The claim is one statement on PostgreSQL: no BEGIN/COMMIT around it.
+        async with self._deps.db.unit(self._deps.clock(), one_statement=True) as u:
             ids = await u.claim_polls(
                 cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s
             )
-        await run_batch(ids, self._poll_one, key=lambda i: i, limit=cfg.concurrency)
+        if not ids:
+            return 0
+        # The claimed batch's rows in one read (3 statements), not one read per poll. A row
+        # that moves meanwhile is re-read under its lock by whatever writes it.
+        snaps = await self._deps.reads.snapshots(ids)
+
+        async def poll_one(attempt_id: int) -> None:
+            with bind_ids(attempt_id=attempt_id):
+                await self.poll(attempt_id, snaps.get(attempt_id))
+
+        await run_batch(ids, poll_one, key=lambda i: i, limit=cfg.concurrency)
         return len(ids)
 
-    async def _poll_one(self, attempt_id: int) -> None:
-        with bind_ids(attempt_id=attempt_id):
-            await self.poll(attempt_id)
-
-    async def poll(self, attempt_id: int) -> None:
-        snap = await self._deps.reads.snapshot(attempt_id)
+    async def poll(self, attempt_id: int, snap: Snapshot | None = None) -> None:
+        """Poll one claimed attempt; `snap` is its rows as read at claim time (else read now)."""
+        if snap is None:
+            snap = await self._deps.reads.snapshot(attempt_id)
         if snap is None:
             return
         attempt, job, runtime = snap
@@ -93,6 +103,14 @@ class Poller:
             await on_job_not_found(self._deps, self._normalizer, attempt, job, runtime)
         elif result.snapshot is not None:
             await on_job_seen(self._deps, attempt, runtime)
+
+            async def reschedule(u: UnitOfWork, ended: set[int]) -> None:
+                # An attempt that ended here had its polls stopped by the same transaction.
+                if attempt_id not in ended:
+                    await self._reschedule_in(u, attempt_id)
+
+            # The next due time is written in the observation's own transaction (one commit
+            # per poll, not two), from the rows as that transaction left them.
             await self._normalizer.ingest(
                 Observation(
                     attempt.provider_account_id,
@@ -101,45 +119,51 @@ class Poller:
                     EventSource.POLL,
                     self._deps.clock(),
                     attempt.id,
-                )
+                ),
+                then=reschedule,
             )
+            return
         await self._reschedule(attempt_id)
 
     async def _reschedule(self, attempt_id: int) -> None:
-        cfg = self._deps.config
         async with self._deps.db.unit(self._deps.clock()) as u:
-            attempt = await u.attempt(attempt_id)
-            if attempt is None:
-                return
-            runtime = await u.runtime(attempt_id)
-            if ATTEMPT_MACHINE.is_terminal(attempt.state) or attempt.state not in POLLABLE_STATES:
-                await u.set_runtime(attempt_id, attempt.task_id, next_poll_at=None)
-                return
-            phase = poll_phase_of(attempt.state) or PollPhase.RUNNING
-            same_phase = runtime is not None and runtime.poll_phase == phase.value
-            polls_in_phase = runtime.polls_in_phase if runtime and same_phase else 0
-            since = (runtime.accepted_at if runtime else None) or attempt.created_at
-            plan = next_poll_delay(
-                cfg.polling,
-                phase,
-                polls_in_phase=polls_in_phase,
-                elapsed_since_submit_s=(u.now - since).total_seconds(),
-                unit_random=self._deps.rng.random(),
-                expected_p95_s=cfg.expected_p95_s.get(attempt.provider_model),
-                max_plausible_s=cfg.max_plausible_s,
-            )
-            stuck_since = runtime.stuck_since if runtime else None
-            if plan.stuck and stuck_since is None:
-                stuck_since = u.now
-                self.stuck_flags += 1
-                log.warning("attempt %s looks stuck at the provider", attempt.id)
-            await u.set_runtime(
-                attempt_id,
-                attempt.task_id,
-                next_poll_at=u.now + timedelta(seconds=plan.delay_s),
-                poll_phase=phase.value,
-                polls_in_phase=polls_in_phase + 1,
-                poll_count=(runtime.poll_count if runtime else 0) + 1,
-                last_polled_at=u.now,
-                stuck_since=stuck_since if plan.stuck else None,
-            )
+            await self._reschedule_in(u, attempt_id)
+
+    async def _reschedule_in(self, u: UnitOfWork, attempt_id: int) -> None:
+        """Set the attempt's next poll (none once it left the pollable states) in unit `u`."""
+        cfg = self._deps.config
+        attempt = await u.attempt(attempt_id)
+        if attempt is None:
+            return
+        runtime = await u.runtime(attempt_id)
+        if ATTEMPT_MACHINE.is_terminal(attempt.state) or attempt.state not in POLLABLE_STATES:
+            await u.set_runtime(attempt_id, attempt.task_id, next_poll_at=None)
+            return
+        phase = poll_phase_of(attempt.state) or PollPhase.RUNNING
+        same_phase = runtime is not None and runtime.poll_phase == phase.value
+        polls_in_phase = runtime.polls_in_phase if runtime and same_phase else 0
+        since = (runtime.accepted_at if runtime else None) or attempt.created_at
+        plan = next_poll_delay(
+            cfg.polling,
+            phase,
+            polls_in_phase=polls_in_phase,
+            elapsed_since_submit_s=(u.now - since).total_seconds(),
+            unit_random=self._deps.rng.random(),
+            expected_p95_s=cfg.expected_p95_s.get(attempt.provider_model),
+            max_plausible_s=cfg.max_plausible_s,
+        )
+        stuck_since = runtime.stuck_since if runtime else None
+        if plan.stuck and stuck_since is None:
+            stuck_since = u.now
+            self.stuck_flags += 1
+            log.warning("attempt %s looks stuck at the provider", attempt.id)
+        await u.set_runtime(
+            attempt_id,
+            attempt.task_id,
+            next_poll_at=u.now + timedelta(seconds=plan.delay_s),
+            poll_phase=phase.value,
+            polls_in_phase=polls_in_phase + 1,
+            poll_count=(runtime.poll_count if runtime else 0) + 1,
+            last_polled_at=u.now,
+            stuck_since=stuck_since if plan.stuck else None,
+        )

@@ -80,14 +80,14 @@ class RecoveryWorker:
 
     async def run_once(self) -> int:
         cfg = self._deps.config
-        async with self._deps.db.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock(), one_statement=True) as u:
             ids = await u.claim_recoveries(
                 cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s
             )
         for attempt_id in ids:
             with bind_ids(attempt_id=attempt_id):
                 await self.step(attempt_id)
-        async with self._deps.db.unit(self._deps.clock()) as u:
+        async with self._deps.db.unit(self._deps.clock(), one_statement=True) as u:
             late = await u.claim_late_lookups(
                 cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s
             )

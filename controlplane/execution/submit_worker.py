@@ -121,7 +121,7 @@ class SubmitWorker:
                     unsent = moved
                 await u.complete_message(message.id, worker)
             else:
-                account = await u.account(attempt.provider_account_id)
+                account = await self._deps.account_in(u, attempt.provider_account_id)
                 supports = bool(
                     message.payload.get(
                         "supports_idempotency_key",

@@ -14,14 +14,18 @@ from __future__ import annotations
 from controlplane.domain.money import UsageKind, units_for
 from controlplane.persistence.ledger import NewUsage
 from controlplane.persistence.ports import UnitOfWork
-from controlplane.persistence.records import AttemptRecord
+from controlplane.persistence.records import AccountInfo, AttemptRecord
 
 __all__ = ["record_actual", "record_expected"]
 
 
-async def record_expected(u: UnitOfWork, attempt: AttemptRecord, provider_job_id: str) -> bool:
-    """The EXPECTED entry of an accepted attempt; True when this call wrote it."""
-    account = await u.account(attempt.provider_account_id)
+async def record_expected(
+    u: UnitOfWork, attempt: AttemptRecord, provider_job_id: str, account: AccountInfo | None = None
+) -> bool:
+    """The EXPECTED entry of an accepted attempt; True when this call wrote it. `account`: the
+    attempt's, when the caller has it (else read here)."""
+    if account is None:
+        account = await u.account(attempt.provider_account_id)
     amount = attempt.estimated_cost_micros
     rate = await u.unit_rate(account.provider, attempt.price_version)
     units = None if rate is None else units_for(amount, rate.micros_per_unit, rate.unit_divisor)

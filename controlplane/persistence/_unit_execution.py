@@ -7,13 +7,12 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Table, insert, select, update
+from sqlalchemy import Table, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.states import AttemptState
-from controlplane.persistence import _reads, _rows, _sql
+from controlplane.persistence import _rows, _sql
 from controlplane.persistence.errors import DuplicateRecord
 from controlplane.persistence.execution import POLLABLE_STATES
 from controlplane.persistence.models import attempt_runtime as R
@@ -50,38 +49,40 @@ class ExecutionWrites:
         stored = await self._job_like(job)
         if stored is not None:
             return stored, False
-        try:
-            async with self.conn.begin_nested():
-                row = (
-                    (
-                        await self.conn.execute(
-                            insert(provider_jobs)
-                            .values(
-                                attempt_id=job.attempt_id,
-                                provider_account_id=job.provider_account_id,
-                                provider_job_id=job.provider_job_id,
-                                provider_request_id=job.provider_request_id,
-                                raw_status=job.raw_status,
-                                normalized_status=job.normalized_status.value,
-                                output_locator=job.output_locator,
-                                raw_failure=job.raw_failure,
-                                submitted_at=job.submitted_at,
-                                created_at=self.now,
-                            )
-                            .returning(provider_jobs)
-                        )
+        # ON CONFLICT DO NOTHING instead of a savepoint around a plain INSERT: a concurrent
+        # writer's row (either unique key) makes this insert nothing, and the transaction stays
+        # usable either way (two round trips fewer than SAVEPOINT + RELEASE).
+        row = (
+            (
+                await self.conn.execute(
+                    _insert_for(self.conn, provider_jobs)
+                    .values(
+                        attempt_id=job.attempt_id,
+                        provider_account_id=job.provider_account_id,
+                        provider_job_id=job.provider_job_id,
+                        provider_request_id=job.provider_request_id,
+                        raw_status=job.raw_status,
+                        normalized_status=job.normalized_status.value,
+                        output_locator=job.output_locator,
+                        raw_failure=job.raw_failure,
+                        submitted_at=job.submitted_at,
+                        created_at=self.now,
                     )
-                    .mappings()
-                    .one()
+                    .on_conflict_do_nothing()
+                    .returning(provider_jobs)
                 )
-        except IntegrityError as exc:
+            )
+            .mappings()
+            .first()
+        )
+        if row is None:
             # A concurrent writer recorded a job between our check and the insert.
             stored = await self._job_like(job)
             if stored is not None:
                 return stored, False
             raise DuplicateRecord(
                 f"provider job {job.provider_job_id!r} conflicts with a recorded job"
-            ) from exc
+            )
         record = _rows.provider_job(row)
         seq = await _sql.next_seq(self.conn, int(task_id))
         payload = {
@@ -96,18 +97,26 @@ class ExecutionWrites:
 
     async def _job_like(self, job: NewProviderJob) -> ProviderJobRecord | None:
         """The stored replay of `job`, None if nothing is stored, `DuplicateRecord` if another
-        job is stored for the attempt or under the job id."""
-        found = await _reads.job_of(self.conn, job.attempt_id)
-        if found is None:
-            found = await _reads.job_by_ref(self.conn, job.provider_account_id, job.provider_job_id)
-        if found is None:
+        job is stored for the attempt or under the job id (both keys read in one statement)."""
+        rows = await self.conn.execute(
+            select(provider_jobs).where(
+                (provider_jobs.c.attempt_id == job.attempt_id)
+                | (
+                    (provider_jobs.c.provider_account_id == job.provider_account_id)
+                    & (provider_jobs.c.provider_job_id == job.provider_job_id)
+                )
+            )
+        )
+        found = [_rows.provider_job(m) for m in rows.mappings()]
+        if not found:
             return None
-        if (found.attempt_id, found.provider_account_id, found.provider_job_id) == (
-            job.attempt_id,
-            job.provider_account_id,
-            job.provider_job_id,
-        ):
-            return found
+        for stored in found:
+            if (stored.attempt_id, stored.provider_account_id, stored.provider_job_id) == (
+                job.attempt_id,
+                job.provider_account_id,
+                job.provider_job_id,
+            ):
+                return stored
         raise DuplicateRecord(f"provider job {job.provider_job_id!r} conflicts with a recorded job")
 
     async def update_job(self, job_row_id: int, **values: Any) -> None:
@@ -197,9 +206,35 @@ class ExecutionWrites:
         The due rows come off the front of the partial due-time index (``ix_attempt_runtime_
         poll_due`` / ``_recovery_due``, only rows whose time is set) in its order, locked with
         SKIP LOCKED so concurrent claimers take disjoint sets, and the claim pushes their due
-        time past the lease in the same transaction: a crashed worker's claim simply expires.
+        time past the lease in the same transaction (on PostgreSQL in the same statement): a
+        crashed worker's claim simply expires.
         """
         now = self.now
+        pushed = {column.name: now + timedelta(seconds=lease_s), "updated_at": now}
+        if self.conn.dialect.name == "postgresql":
+            # ONE statement (UPDATE ... FROM the locked due rows ... RETURNING), atomic by
+            # itself, so the claim needs no BEGIN/COMMIT (`Database.unit(one_statement=True)`).
+            # SQLite cannot return the FROM side's due time, so it keeps the two statements.
+            locked = (
+                select(R.c.attempt_id.label("claimed_id"), column.label("due_at"))
+                .join(A, A.c.id == R.c.attempt_id)
+                .where(
+                    column.is_not(None),
+                    column <= now,
+                    A.c.status.in_(sorted(s.value for s in states)),
+                )
+                .order_by(column, R.c.attempt_id)
+                .limit(limit)
+                .with_for_update(skip_locked=True, of=R)
+                .subquery("due")
+            )
+            claimed = await self.conn.execute(
+                update(R)
+                .where(R.c.attempt_id == locked.c.claimed_id)
+                .values(pushed)
+                .returning(R.c.attempt_id, locked.c.due_at)
+            )
+            return [int(i) for i, _ in sorted(claimed, key=lambda r: (r[1], r[0]))]
         due = (
             select(R.c.attempt_id)
             .join(A, A.c.id == R.c.attempt_id)
@@ -215,9 +250,5 @@ class ExecutionWrites:
         ids = [int(i) for i in (await self.conn.execute(due)).scalars()]
         if ids:
             # The rows stay locked until this transaction ends, so no one claims them meanwhile.
-            await self.conn.execute(
-                update(R)
-                .where(R.c.attempt_id.in_(ids))
-                .values({column.name: now + timedelta(seconds=lease_s), "updated_at": now})
-            )
+            await self.conn.execute(update(R).where(R.c.attempt_id.in_(ids)).values(pushed))
         return ids

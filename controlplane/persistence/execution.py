@@ -1,6 +1,10 @@
 """Execution reads: an attempt's snapshot (attempt, job, runtime row), stored provider events,
 accounts, jobs by provider id, crashed submits, and the states whose poll can be due.
 
+A claimed batch reads its rows at once (`snapshots`, `tasks`: one connection, one statement per
+table, whatever the batch size). An account's identity (provider, name, region: the table's
+unique key, never updated) is read once per `ExecutionQueries` and kept.
+
 Read-only, without locks: the execution engine reads here to decide what to do, then does it in
 a unit of work (`Database.unit`), which re-reads what it changes with row locks. The claims of due
 polls and recoveries write (they push the due time past a lease), so they are unit methods.
@@ -16,6 +20,8 @@ from sqlalchemy import select
 
 from controlplane.domain.states import AttemptState
 from controlplane.persistence import _reads, _rows
+from controlplane.persistence.models import attempt_runtime as R
+from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.models import provider_accounts, provider_jobs
 from controlplane.persistence.models import provider_events as E
 from controlplane.persistence.models import task_attempts as A
@@ -25,12 +31,15 @@ from controlplane.persistence.records import (
     AttemptRuntime,
     ProviderEventRecord,
     ProviderJobRecord,
+    TaskRecord,
 )
 
 if TYPE_CHECKING:
     from controlplane.persistence.database import Database
 
-__all__ = ["POLLABLE_STATES", "ExecutionQueries"]
+__all__ = ["POLLABLE_STATES", "ExecutionQueries", "Snapshot"]
+
+Snapshot = tuple[AttemptRecord, ProviderJobRecord | None, AttemptRuntime | None]
 
 POLLABLE_STATES = frozenset(
     {
@@ -48,6 +57,7 @@ class ExecutionQueries:
 
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._accounts: dict[int, AccountInfo] = {}
 
     async def stale_submitting(self, *, started_before: datetime, limit: int) -> list[int]:
         """SUBMITTING attempts whose request started before `started_before` (crashed submits)."""
@@ -64,12 +74,15 @@ class ExecutionQueries:
             return [int(i) for i in rows.scalars()]
 
     async def account(self, account_id: int) -> AccountInfo:
-        async with self._db.reading() as conn:
-            return await _reads.account(conn, account_id)
+        """The account's identity; read once, then kept (it is never updated, see module)."""
+        found = self._accounts.get(account_id)
+        if found is None:
+            async with self._db.reading() as conn:
+                found = await _reads.account(conn, account_id)
+            self._accounts[account_id] = found
+        return found
 
-    async def snapshot(
-        self, attempt_id: int
-    ) -> tuple[AttemptRecord, ProviderJobRecord | None, AttemptRuntime | None] | None:
+    async def snapshot(self, attempt_id: int) -> Snapshot | None:
         """The attempt, its job and runtime row, read without locks."""
         async with self._db.reading() as conn:
             attempt = await _reads.attempt(conn, attempt_id, lock=False)
@@ -77,6 +90,34 @@ class ExecutionQueries:
                 return None
             job = await _reads.job_of(conn, attempt_id)
             return attempt, job, await _reads.runtime(conn, attempt_id)
+
+    async def snapshots(self, attempt_ids: Iterable[int]) -> dict[int, Snapshot]:
+        """`snapshot` of each attempt that exists, in three statements for the whole batch."""
+        ids = sorted(set(attempt_ids))
+        if not ids:
+            return {}
+        async with self._db.reading() as conn:
+            attempts = await conn.execute(select(A).where(A.c.id.in_(ids)))
+            found = {int(m["id"]): _rows.attempt(m) for m in attempts.mappings()}
+            if not found:
+                return {}
+            keys = sorted(found)
+            jobs_rows = await conn.execute(
+                select(provider_jobs).where(provider_jobs.c.attempt_id.in_(keys))
+            )
+            jobs = {int(m["attempt_id"]): _rows.provider_job(m) for m in jobs_rows.mappings()}
+            runtime_rows = await conn.execute(select(R).where(R.c.attempt_id.in_(keys)))
+            runtimes = {int(m["attempt_id"]): _rows.runtime(m) for m in runtime_rows.mappings()}
+        return {i: (a, jobs.get(i), runtimes.get(i)) for i, a in found.items()}
+
+    async def tasks(self, task_ids: Iterable[int]) -> dict[int, TaskRecord]:
+        """The tasks that exist of `task_ids`, read without locks in one statement."""
+        ids = sorted(set(task_ids))
+        if not ids:
+            return {}
+        async with self._db.reading() as conn:
+            rows = await conn.execute(select(T).where(T.c.id.in_(ids)))
+            return {int(m["id"]): _rows.task(m) for m in rows.mappings()}
 
     async def job_by_provider(self, provider: str, job_id: str) -> ProviderJobRecord | None:
         """The recorded job with this id on any account of `provider` (callbacks)."""

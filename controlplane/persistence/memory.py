@@ -409,8 +409,11 @@ class MemoryDatabase:
         self._lock = asyncio.Lock()
 
     @asynccontextmanager
-    async def unit(self, now: datetime) -> AsyncIterator[MemoryUnitOfWork]:
-        """One unit at a time; its copy of the state replaces the state only on success."""
+    async def unit(
+        self, now: datetime, *, one_statement: bool = False
+    ) -> AsyncIterator[MemoryUnitOfWork]:
+        """One unit at a time; its copy of the state replaces the state only on success
+        (`one_statement` changes nothing here)."""
         async with self._lock:
             work = copy.deepcopy(self._state)
             yield MemoryUnitOfWork(work, now)
@@ -560,6 +563,16 @@ class MemoryDatabase:
             return None
         job = next((j for j in s.jobs.values() if j.attempt_id == attempt_id), None)
         return attempt, job, s.runtimes.get(attempt_id)
+
+    async def snapshots(
+        self, attempt_ids: Iterable[int]
+    ) -> dict[int, tuple[AttemptRecord, ProviderJobRecord | None, AttemptRuntime | None]]:
+        found = {i: await self.snapshot(i) for i in set(attempt_ids)}
+        return {i: snap for i, snap in found.items() if snap is not None}
+
+    async def tasks(self, task_ids: Iterable[int]) -> dict[int, TaskRecord]:
+        s = self._state
+        return {i: s.tasks[i] for i in set(task_ids) if i in s.tasks}
 
     async def runtime(self, attempt_id: int) -> AttemptRuntime | None:
         return self._state.runtimes.get(attempt_id)

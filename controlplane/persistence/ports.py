@@ -141,7 +141,9 @@ class UnitOfWork(Protocol):
 class UnitSource(Protocol):
     """What opens units of work (`Database`, `MemoryDatabase`)."""
 
-    def unit(self, now: datetime) -> AbstractAsyncContextManager[UnitOfWork]: ...
+    def unit(
+        self, now: datetime, *, one_statement: bool = False
+    ) -> AbstractAsyncContextManager[UnitOfWork]: ...
 
 
 class ExecutionReads(Protocol):
@@ -152,6 +154,12 @@ class ExecutionReads(Protocol):
     async def snapshot(
         self, attempt_id: int
     ) -> tuple[AttemptRecord, ProviderJobRecord | None, AttemptRuntime | None] | None: ...
+
+    async def snapshots(
+        self, attempt_ids: Iterable[int]
+    ) -> dict[int, tuple[AttemptRecord, ProviderJobRecord | None, AttemptRuntime | None]]: ...
+
+    async def tasks(self, task_ids: Iterable[int]) -> dict[int, TaskRecord]: ...
 
     async def runtime(self, attempt_id: int) -> AttemptRuntime | None: ...
 

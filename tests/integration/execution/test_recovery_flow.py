@@ -174,11 +174,11 @@ class FlakyDatabase(Database):
     armed = False
 
     @asynccontextmanager
-    async def unit(self, now):  # type: ignore[no-untyped-def, override]
+    async def unit(self, now, **options):  # type: ignore[no-untyped-def, override]
         if FlakyDatabase.armed:
             FlakyDatabase.armed = False
             raise ConnectionError("database went away")
-        async with super().unit(now) as u:
+        async with super().unit(now, **options) as u:
             yield u
 
 
