@@ -15,6 +15,11 @@ Per size (500 and 50,000 QUEUED tasks; ``--quick``: 500 and 5,000), in one run:
    task and outbox rows, with JSON of the sizes the run stored (a real decision's snapshot). Its
    tasks/s is the ceiling of what PostgreSQL does with these writes on this machine now.
 
+The dispatcher process tunes its collector as `SchedulingRuntime.start` does
+(`controlplane.scheduling.heap.tune_gc`: the start-up heap frozen, generation 0 every 10,000
+allocations) once its set-up is done; ``--default-gc`` keeps CPython's defaults (the A/B).
+The collector's own CPU per task is reported (``gc_ms_per_task``, from ``gc.callbacks``).
+
 Prints the load average before and after, and the ratio dispatch / replay per size.
 Needs ``VIDROUTE_BENCH_POSTGRES_URL`` (maintenance database, default
 ``postgresql+asyncpg://postgres@127.0.0.1:5432/test``), ``VIDROUTE_BENCH_REDIS_URL`` and
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import glob
 import json
 import os
@@ -51,6 +57,7 @@ from controlplane.persistence.database import Database
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.models import generation_tasks, route_decisions, task_attempts
 from controlplane.scheduling.dispatcher import DispatcherConfig
+from controlplane.scheduling.heap import tune_gc
 from vidroute_core.codec import spec_to_dict
 
 REDIS_URL = os.environ.get("VIDROUTE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -94,6 +101,29 @@ class CountingConnection(Connection):
     # (a pipeline's pack_commands packs each command through pack_command: counted there)
 
 
+class CollectorClock:
+    """The garbage collector's CPU while installed (``gc.callbacks``), in seconds."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = 0
+        self._start = 0.0
+
+    def __call__(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.process_time()
+        else:
+            self.seconds += time.process_time() - self._start
+            self.collections += 1
+
+    def __enter__(self) -> CollectorClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self)
+
+
 def _count_sql(engine: Any) -> None:
     @event.listens_for(engine.sync_engine, "before_cursor_execute")
     def _statement(*_: Any) -> None:
@@ -115,7 +145,7 @@ async def load(db: Database, n: int) -> None:
 
 
 async def dispatch_run(
-    n: int, batch: int, profile: str | None = None
+    n: int, batch: int, profile: str | None = None, default_gc: bool = False
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The real dispatcher over `n` queued tasks; its figures and samples for the replay."""
     pool = aioredis.ConnectionPool.from_url(REDIS_URL, connection_class=CountingConnection)
@@ -133,6 +163,8 @@ async def dispatch_run(
             store = RedisLeaseStore(client, namespace=namespace)
             dispatcher = make_dispatcher(db, store, config)
             await dispatcher.catalog()
+            if not default_gc:
+                tune_gc()  # as SchedulingRuntime.start, once the process is set up
             _count_sql(engine)
             for name in ("statements", "transactions", "redis_commands", "redis_round_trips"):
                 setattr(Counts, name, 0)
@@ -141,12 +173,13 @@ async def dispatch_run(
             wall0, cpu0 = time.perf_counter(), time.process_time()
             if profiler is not None:
                 profiler.enable()
-            while done < n:
-                took = await dispatcher.tick()
-                rounds += 1
-                if took == 0:
-                    break
-                done += took
+            with CollectorClock() as collector:
+                while done < n:
+                    took = await dispatcher.tick()
+                    rounds += 1
+                    if took == 0:
+                        break
+                    done += took
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
             if profiler is not None and profile:
                 profiler.disable()
@@ -204,6 +237,9 @@ async def dispatch_run(
         "tasks_per_s": round(attempts / wall, 1),
         "cpu_ms_per_task": round(cpu * 1000 / max(attempts, 1), 3),
         "cpu_share_of_wall": round(cpu / wall, 2),
+        "gc_ms_per_task": round(collector.seconds * 1000 / max(attempts, 1), 3),
+        "gc_collections": collector.collections,
+        "gc": "default" if default_gc else "tuned",
         **{f"{k}_per_task": round(v / max(attempts, 1), 3) for k, v in counted.items()},
         **{f"{k}_per_round": round(v / max(rounds, 1), 1) for k, v in counted.items()},
     }
@@ -331,21 +367,27 @@ async def replay(n: int, batch: int, sample: dict[str, Any]) -> dict[str, Any]:
         }
 
 
-async def run(sizes: list[int], batch: int, profile: str | None = None) -> list[dict[str, Any]]:
+async def run(
+    sizes: list[int],
+    batch: int,
+    profile: str | None = None,
+    default_gc: bool = False,
+    no_replay: bool = False,
+) -> list[dict[str, Any]]:
     out = []
     for n in sizes:
-        figures, sample = await dispatch_run(n, batch, profile)
+        figures, sample = await dispatch_run(n, batch, profile, default_gc)
         print("dispatch", json.dumps(figures), flush=True)
-        ceiling = await replay(n, batch, sample)
-        print("pgbench ", json.dumps(ceiling), flush=True)
-        out.append(
-            {
-                "dispatch": figures,
-                "pgbench_replay": ceiling,
-                "ratio_to_replay": round(figures["tasks_per_s"] / ceiling["tasks_per_s"], 2),
-                "ratio_to_goal_2000": round(figures["tasks_per_s"] / 2000, 2),
-            }
-        )
+        row: dict[str, Any] = {
+            "dispatch": figures,
+            "ratio_to_goal_2000": round(figures["tasks_per_s"] / 2000, 2),
+        }
+        if not no_replay:
+            ceiling = await replay(n, batch, sample)
+            print("pgbench ", json.dumps(ceiling), flush=True)
+            row["pgbench_replay"] = ceiling
+            row["ratio_to_replay"] = round(figures["tasks_per_s"] / ceiling["tasks_per_s"], 2)
+        out.append(row)
     return out
 
 
@@ -357,12 +399,16 @@ def main() -> None:
     parser.add_argument(
         "--profile", metavar="PATH", help="cProfile each dispatch run into PATH.<size>"
     )
+    parser.add_argument(
+        "--default-gc", action="store_true", help="keep CPython's collector settings (A/B)"
+    )
+    parser.add_argument("--no-replay", action="store_true", help="skip the pgbench replay")
     args = parser.parse_args()
     sizes = [500, 5_000] if args.quick else [500, 50_000]
     if args.sizes:
         sizes = [int(x) for x in args.sizes.split(",")]
     print("load average:", os.getloadavg(), flush=True)
-    results = asyncio.run(run(sizes, args.batch, args.profile))
+    results = asyncio.run(run(sizes, args.batch, args.profile, args.default_gc, args.no_replay))
     print("load average:", os.getloadavg(), flush=True)
     print(json.dumps(results, indent=2))
 

@@ -18,7 +18,10 @@
    ``postgresql+asyncpg://postgres@127.0.0.1:5432/test``, used as maintenance database) and
    ``VIDROUTE_BENCH_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``).
 
-``--rounds`` and ``--per-round`` size the run; ``--json PATH`` writes the figures.
+Our side runs with the collector tuned as the dispatcher process tunes it
+(`controlplane.scheduling.heap.tune_gc`, after the cases are built); ``--default-gc`` keeps
+CPython's defaults. ``--rounds`` and ``--per-round`` size the run; ``--json PATH`` writes the
+figures.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from controlplane.persistence.db import create_engine
 from controlplane.persistence.migrate import upgrade
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
+from controlplane.scheduling.heap import tune_gc
 from controlplane.scheduling.leader import LocalLock
 from vidroute_core.adapter import CompiledPlan, Transformation, TransformationKind
 from vidroute_core.capabilities.constraints import Constraint
@@ -306,7 +310,9 @@ def percentile(samples: list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))] / 1e6
 
 
-def side_by_side(rounds: int, per_round: int, with_litellm: bool) -> dict[str, Any]:
+def side_by_side(
+    rounds: int, per_round: int, with_litellm: bool, default_gc: bool = False
+) -> dict[str, Any]:
     """Interleaved rounds: every case of ours, then every LiteLLM strategy, `rounds` times."""
     ours = {
         "vidroute n=8": decision_case(8),
@@ -322,6 +328,8 @@ def side_by_side(rounds: int, per_round: int, with_litellm: bool) -> dict[str, A
     calls = hot_loop_calls(ours["vidroute n=64"])
     calls_before = hot_loop_calls(ours["before the fast path n=64"], decisions=5)
     lite = LiteLLMSide(64) if with_litellm else None
+    if not default_gc:
+        tune_gc()  # as the dispatcher process (SchedulingRuntime.start)
     samples: dict[str, list[int]] = {k: [] for k in ours}
     if lite is not None:
         samples.update({f"litellm {s} (64 deployments)": [] for s in STRATEGIES})
@@ -348,6 +356,7 @@ def side_by_side(rounds: int, per_round: int, with_litellm: bool) -> dict[str, A
         "table": table,
         "load_average": {"min": min(loads), "max": max(loads), "mean": statistics.fmean(loads)},
         "litellm": lite.version if lite is not None else None,
+        "gc": "default" if default_gc else "tuned",
         "hot_loop_calls_per_decision_64": calls,
         "hot_loop_calls_per_decision_64_before": calls_before,
     }
@@ -358,7 +367,7 @@ def report(result: dict[str, Any]) -> None:
     load = result["load_average"]
     print(
         f"one routing decision, thread CPU; load average {load['min']:.2f}-{load['max']:.2f} "
-        f"(mean {load['mean']:.2f}); litellm {result['litellm'] or '-'}"
+        f"(mean {load['mean']:.2f}); litellm {result['litellm'] or '-'}; our gc {result['gc']}"
     )
     for name, row in table.items():
         print(
@@ -491,9 +500,12 @@ def main() -> None:
     parser.add_argument("--no-litellm", action="store_true", help="only our pipeline")
     parser.add_argument("--e2e", action="store_true", help="also dispatch on PostgreSQL + Redis")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--default-gc", action="store_true", help="CPython's collector settings")
     args = parser.parse_args()
     rounds, per_round = (3, 50) if args.quick else (args.rounds, args.per_round)
-    result = side_by_side(rounds, per_round, with_litellm=not args.no_litellm)
+    result = side_by_side(
+        rounds, per_round, with_litellm=not args.no_litellm, default_gc=args.default_gc
+    )
     result["python"] = sys.version.split()[0]
     report(result)
     if args.e2e:
