@@ -10,7 +10,9 @@ fallback is used: the policy file the deployment configured, else the built-in e
 `SampleCheck` is the publication's compile check: each sample spec of a document goes through
 the routing pipeline in memory against the current catalog (hard filters, the adapters' Compile,
 which never calls a provider, and the new policy's scoring), and a sample that no candidate can
-serve, or a canary naming a candidate the catalog does not have, is a field violation.
+serve, or a canary naming a candidate the catalog does not have, is a field violation; a sample
+no candidate could be decided for because an adapter's Compile failed (down, timed out) is
+`Unavailable`: the document may be fine, so the caller retries rather than edits it.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from controlplane.domain.scoring import RoutingPolicy
 from controlplane.persistence import routing_policies as store
 from controlplane.persistence.database import Database
 from controlplane.scheduling.gather import compile_many
-from vidroute_core.exceptions import InvalidSpec
+from vidroute_core.exceptions import InvalidSpec, Unavailable
 from vidroute_core.hashing import normalized_spec_hash
 from vidroute_core.validation import FieldViolation
 
@@ -161,6 +163,12 @@ class SampleCheck:
                 screened=screened,
             )
             if decision.outcome is not Outcome.SELECTED:
+                unreachable = sorted(cid for cid, v in verdicts.items() if v.error)
+                if unreachable:
+                    # Not the document's fault: an adapter could not compile (down, timed out).
+                    raise Unavailable(
+                        f"the adapter compile of samples[{i}] on {', '.join(unreachable[:3])}"
+                    )
                 reasons = sorted({f"{v.candidate.id}: {v.reason}" for v in decision.verdicts})
                 found.append(
                     FieldViolation(

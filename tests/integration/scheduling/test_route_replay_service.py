@@ -18,9 +18,9 @@ from controlplane.service.access import Caller, Role
 from controlplane.service.replay import ReplayInput, ReplayService
 from controlplane.service.routing_policies import RoutingPolicyService
 from tests.integration.scheduling.conftest import DispatcherFactory
-from tests.integration.scheduling.support import make_spec
+from tests.integration.scheduling.support import CompilingAdapter, make_spec
 from tests.integration.scheduling.test_dispatcher import new_task
-from vidroute_core.exceptions import InvalidSpec, PermissionDenied
+from vidroute_core.exceptions import InvalidSpec, PermissionDenied, Unavailable
 
 ADMIN = Caller(Role.ADMIN)
 
@@ -173,3 +173,21 @@ async def test_a_replayed_file_is_validated_as_a_publication(
 
 def _output(duration_ms: int) -> dict[str, int]:
     return {"width": 1280, "height": 720, "duration_ms": duration_ms}
+
+
+async def test_a_sample_no_adapter_could_compile_is_unavailable_not_invalid(
+    db: Database, make_dispatcher: DispatcherFactory, adapter: CompilingAdapter
+) -> None:
+    """When every adapter's Compile fails (unreachable), the publication check cannot judge a
+    sample: it answers Unavailable (retry), not a field violation that blames the document; the
+    same file is accepted once the adapters answer again, and nothing was published before."""
+    policies = RoutingPolicyService(db, sample_check=SampleCheck(make_dispatcher()))
+    sample = {"tenant_id": "t", "prompt": "p", "mode": "TEXT_TO_VIDEO", "output": _output(4_000)}
+    doc = json.dumps({**json.loads(_document()), "samples": [sample]})
+    adapter.fail_models = {c.model for c in adapter.capabilities}
+    with pytest.raises(Unavailable) as down:
+        await policies.publish(doc, caller=ADMIN)
+    assert "samples[0]" in str(down.value)
+    assert await policies.list_policies(ADMIN) == []
+    adapter.fail_models = set()
+    assert (await policies.publish(doc, caller=ADMIN)).active
