@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import pytest
 import redis
@@ -81,14 +83,92 @@ def postgres_server() -> PostgresServer:
     return PostgresServer(url, f"vidroute_test_{secrets.token_hex(4)}")
 
 
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="pg-copies")
+
+
+@dataclass
+class DatabaseCopies:
+    """Throwaway databases made and dropped in background threads, off the tests' clock.
+
+    Each DROP DATABASE waits for a checkpoint (about 2 s under load) and CREATE DATABASE writes
+    the copy (about 1 s); done in each test's own setup and teardown they add up over hundreds
+    of tests. Here the next copy is created while the current test runs, and used databases are
+    dropped after their tests returned, all that piled up at once (concurrent drops share their
+    checkpoints). Each test still gets a database nothing touched before it, and every
+    database is dropped: `close` waits for the last drops.
+    """
+
+    server: PostgresServer
+    template: str = ""  # "" for empty databases
+    _creator: ThreadPoolExecutor = field(default_factory=_pool)
+    _dropper: ThreadPoolExecutor = field(default_factory=_pool)
+    _next: Future[str] | None = None
+    _used: list[str] = field(default_factory=list)
+    _drops: list[Future[None]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _create(self) -> Future[str]:
+        suffix = secrets.token_hex(4)
+        return self._creator.submit(
+            lambda: asyncio.run(self.server.create_database(suffix, template=self.template))
+        )
+
+    def take(self) -> str:
+        """A new database's name; the one after it starts being created now."""
+        name = (self._next or self._create()).result()
+        self._next = self._create()
+        return name
+
+    def give_back(self, name: str) -> None:
+        """Drop `name` in the background (its test is over)."""
+        with self._lock:
+            self._used.append(name)
+        self._drops.append(self._dropper.submit(self._drop_used))
+
+    def _drop_used(self) -> None:
+        with self._lock:  # at most 8 connections at once; the next jobs take the rest
+            names, self._used[:] = self._used[:8], self._used[8:]
+
+        async def drop_all() -> None:
+            await asyncio.gather(*(self.server.drop_database(name) for name in names))
+
+        if names:
+            asyncio.run(drop_all())
+
+    def close(self) -> None:
+        """Drop the prepared copy too and wait for every drop (a failed one fails here)."""
+        try:
+            if self._next is not None:
+                self.give_back(self._next.result())
+        finally:
+            self._next = None
+            self._creator.shutdown(wait=True)
+            self._dropper.shutdown(wait=True)
+        for drop in self._drops:
+            drop.result()
+
+
+@pytest.fixture(scope="session")
+def empty_postgres_databases(postgres_server: PostgresServer) -> Iterator[DatabaseCopies]:
+    """Where `fresh_postgres_url` takes its databases from."""
+    copies = DatabaseCopies(postgres_server)
+    try:
+        yield copies
+    finally:
+        copies.close()
+
+
 @pytest.fixture
-def fresh_postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+def fresh_postgres_url(
+    postgres_server: PostgresServer, empty_postgres_databases: DatabaseCopies
+) -> Iterator[str]:
     """An empty throwaway database for one test, dropped afterwards."""
-    name = asyncio.run(postgres_server.create_database(secrets.token_hex(4)))
+    name = empty_postgres_databases.take()
     try:
         yield postgres_server.url_for(name)
     finally:
-        asyncio.run(postgres_server.drop_database(name))
+        empty_postgres_databases.give_back(name)
 
 
 @pytest.fixture(scope="session")
@@ -105,19 +185,30 @@ def migrated_postgres_template(postgres_server: PostgresServer) -> Iterator[str]
         asyncio.run(postgres_server.drop_database(name))
 
 
+@pytest.fixture(scope="session")
+def migrated_postgres_copies(
+    postgres_server: PostgresServer, migrated_postgres_template: str
+) -> Iterator[DatabaseCopies]:
+    """Where `migrated_postgres_url` takes its copies of the template from; closed before the
+    template is dropped (it is created after it)."""
+    copies = DatabaseCopies(postgres_server, migrated_postgres_template)
+    try:
+        yield copies
+    finally:
+        copies.close()
+
+
 @pytest.fixture
 def migrated_postgres_url(
-    postgres_server: PostgresServer, migrated_postgres_template: str
+    postgres_server: PostgresServer, migrated_postgres_copies: DatabaseCopies
 ) -> Iterator[str]:
     """A throwaway database at the head revision (a copy of the session's migrated template),
     dropped afterwards: the same schema `upgrade` writes, in one CREATE DATABASE."""
-    name = asyncio.run(
-        postgres_server.create_database(secrets.token_hex(4), template=migrated_postgres_template)
-    )
+    name = migrated_postgres_copies.take()
     try:
         yield postgres_server.url_for(name)
     finally:
-        asyncio.run(postgres_server.drop_database(name))
+        migrated_postgres_copies.give_back(name)
 
 
 @pytest.fixture(scope="session")
