@@ -77,7 +77,7 @@ def _outcome(evaluate: Callable[[Environment], bool], env: Environment) -> tuple
         return "error", str(exc)
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=expressions, env=environments)
 def test_compiled_expression_agrees_with_the_interpreter(text: str, env: Environment) -> None:
     """Same boolean, or the same ConstraintTypeError message, for random text and environments."""
@@ -88,7 +88,7 @@ def test_compiled_expression_agrees_with_the_interpreter(text: str, env: Environ
     assert _outcome(compile_expression(text), env) == _outcome(expr.evaluate, env)
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rules=st.lists(st.tuples(expressions, expressions), min_size=1, max_size=3),
     env=environments,

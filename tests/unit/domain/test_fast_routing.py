@@ -101,7 +101,7 @@ def _explain(decision: RouteDecisionSnapshot) -> dict[str, Any]:
     return data
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=decisions(), cfg=st.sampled_from([CFG, SHADOW]), task=st.sampled_from(["1", "77"]))
 def test_fast_path_decides_exactly_as_the_interpreted_pipeline(
     case: tuple[GenerationSpec, RoutingContext, dict[str, CompileResult]],
