@@ -147,6 +147,11 @@ async def _serve(
         )
     try:
         running = await start_control_plane(settings)
+        # The process is set up: freeze its start-up heap for the dispatcher (issue 10). Here,
+        # in the process's entry point, not in a library call a test or embedder makes.
+        from controlplane.scheduling.heap import tune_gc
+
+        tune_gc()
         host = settings.listen.rsplit(":", 1)[0]
         log.info(
             "control plane serving on %s:%d (database %s)",

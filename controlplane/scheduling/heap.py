@@ -5,7 +5,8 @@ generation-0 collections, and each full collection walks every object alive sinc
 (imports, the catalog, SQLAlchemy's compiled statements: ~130,000 of them): in
 ``bench.dispatch`` the collector was 0.4-0.5 ms of the ~1.2 ms of dispatcher CPU per task.
 
-`tune_gc`, once per process (`SchedulingRuntime.start` calls it; the benchmark too):
+`tune_gc`, once per process (`vidroute serve` / `up` once the control plane has started, in
+`clients.cli`; the benchmarks after their set-up):
 
 - ``gc.freeze()`` after one full collection: what start-up built moves to the permanent
   generation and is never walked again. Reference counting still frees it when it goes; only

@@ -48,7 +48,6 @@ from controlplane.persistence.db import is_sqlite
 from controlplane.scheduling.canary_gates import CanaryGateConfig, CanaryGatekeeper
 from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
-from controlplane.scheduling.heap import tune_gc
 from controlplane.scheduling.leader import LeaderLock, ShardLeadership, leader_lock_for
 from controlplane.scheduling.load_book import LoadBook, LoadConfig, RedisLoadShare
 from controlplane.scheduling.policy_book import PolicyBook
@@ -114,10 +113,8 @@ class SchedulingRuntime:
             d.metrics = metrics
 
     def start(self) -> None:
-        """Run the dispatcher loops (each waits for its shard's leadership) and upkeep; the
-        first start in a process tunes its collector for dispatch (`heap.tune_gc`)."""
+        """Run the dispatcher loops (each waits for its shard's leadership) and upkeep."""
         if not self._tasks:
-            tune_gc()
             self._stop.clear()
             self._tasks = [
                 asyncio.create_task(d.run(self._stop), name=f"dispatcher-{d.config.shard}")
