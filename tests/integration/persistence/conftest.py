@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -75,13 +76,29 @@ async def _empty_all_tables(url: str) -> None:
         await engine.dispose()
 
 
+@pytest.fixture
+def sqlite_template_for_backend(backend: str, request: pytest.FixtureRequest) -> Path | None:
+    """tests/integration/conftest.py's migrated SQLite file when the backend is SQLite."""
+    if backend != "sqlite":
+        return None
+    template: Path = request.getfixturevalue("migrated_sqlite_template")
+    return template
+
+
 @pytest_asyncio.fixture
-async def database_url(session_database_for_backend: str | None, tmp_path: Path) -> str:
-    """A migrated, empty database for one test."""
+async def database_url(
+    session_database_for_backend: str | None,
+    sqlite_template_for_backend: Path | None,
+    tmp_path: Path,
+) -> str:
+    """A migrated, empty database for one test: on SQLite a copy of the session's migrated
+    file (what `upgrade` writes), not every migration again per test."""
     if session_database_for_backend is None:
-        url = f"sqlite+aiosqlite:///{tmp_path / 'var' / 'vidroute.db'}"
-        await upgrade(url)
-        return url
+        assert sqlite_template_for_backend is not None
+        target = tmp_path / "var" / "vidroute.db"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(sqlite_template_for_backend, target)
+        return f"sqlite+aiosqlite:///{target}"
     await _empty_all_tables(session_database_for_backend)
     return session_database_for_backend
 
