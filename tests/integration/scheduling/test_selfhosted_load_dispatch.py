@@ -244,7 +244,9 @@ async def test_runtime_runs_the_load_refresh_for_every_dispatcher(
         leases=MemoryLeaseStore(),
         adapters=fakes,
         policy=example_policy("router-load"),
-        load_config=LoadConfig(interval_s=0.05),
+        # Reports kept for 60 s: this test is about the loop, the age-out has its own test
+        # (three 0.05 s intervals is shorter than a loaded machine's scheduling delay).
+        load_config=LoadConfig(interval_s=0.05, max_age_s=60.0),
     )
     assert runtime.loads is not None
     assert all(d.loads is runtime.loads for d in runtime.dispatchers)
