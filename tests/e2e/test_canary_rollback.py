@@ -12,6 +12,7 @@ Redis, every duration scaled by the farm's one factor; every wait polls with a d
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,6 +107,20 @@ def refuses_a_failing_compile_check(routing: Any, document: dict[str, Any]) -> N
     assert not routing.ListRoutingPolicies(rapi.ListRoutingPoliciesRequest(), timeout=10).policies
 
 
+def publish(routing: Any, document: dict[str, Any], deadline_s: float = 90.0) -> Any:
+    """Publish as a client does: UNAVAILABLE (an adapter's Compile of a sample timed out on a
+    loaded machine) is retried with the same document, which is idempotent."""
+    request = rapi.PublishRoutingPolicyRequest(document=json.dumps(document), source="e2e")
+    until = time.monotonic() + deadline_s
+    while True:
+        try:
+            return routing.PublishRoutingPolicy(request, timeout=30).policy
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > until:
+                raise
+            time.sleep(1.0)
+
+
 def test_failing_canary_is_rolled_back_by_the_leader(stack: ControlPlane) -> None:
     """Published canary and shadow: decisions carry the shadow pick; once the canary's jobs
     fail, the leader rolls it back (ListCanaries: ROLLED_BACK, the failed gate, the figures),
@@ -143,9 +158,7 @@ def test_failing_canary_is_rolled_back_by_the_leader(stack: ControlPlane) -> Non
     }
     refuses_a_failing_compile_check(routing, document)
 
-    published = routing.PublishRoutingPolicy(
-        rapi.PublishRoutingPolicyRequest(document=json.dumps(document), source="e2e"), timeout=30
-    ).policy
+    published = publish(routing, document)
     assert (published.version, published.active) == ("e2e-canary", True)
     state = routing.ListCanaries(rapi.ListCanariesRequest(), timeout=10).canaries[0]
     assert (state.candidate_id, state.status) == (canary, rpb.CANARY_STATUS_ACTIVE)
