@@ -132,6 +132,9 @@ async def test_a_delivered_message_verifies_with_the_reference_algorithm(db: Dat
     assert [(a.attempt_no, a.status_code, a.error) for a in delivery.attempts] == [(1, 200, "")]
 
 
+LAG_S = 5.0  # how late a due retry may be sent on a loaded machine
+
+
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 async def test_a_failing_receiver_gets_retries_with_growing_delays(db: Database) -> None:
     """500s are retried; each gap is within its jitter bounds and longer than the one before,
@@ -149,7 +152,9 @@ async def test_a_failing_receiver_gets_retries_with_growing_delays(db: Database)
     gaps = [b.at - a.at for a, b in itertools.pairwise(got)]
     retry = FAST.retry
     for n, gap in enumerate(gaps, start=1):
-        assert retry.ceiling(n) / 2 <= gap <= retry.ceiling(n) + 1.0, (n, gaps)
+        # Never early (the lower half of the jitter is exact); late only by the worker's wake-up
+        # lag, which on a loaded 2-core machine reached 1.5 s (CI at load 20).
+        assert retry.ceiling(n) / 2 <= gap <= retry.ceiling(n) + LAG_S, (n, gaps)
     assert gaps == sorted(gaps), gaps
     assert {r.headers["webhook-id"] for r in got} == {delivery.id}
     assert [a.status_code for a in delivery.attempts] == [500] * FAST.max_attempts
