@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -306,7 +307,10 @@ async def harness(database_url: str) -> AsyncIterator[Harness]:
 
 
 @pytest_asyncio.fixture
-async def lite(tmp_path: Path) -> AsyncIterator[Harness]:
-    """The same harness on SQLite only (scenarios whose SQL is already covered on both)."""
-    async with _harness(f"sqlite+aiosqlite:///{tmp_path / 'exec.db'}") as h:
+async def lite(tmp_path: Path, migrated_sqlite_template: Path) -> AsyncIterator[Harness]:
+    """The same harness on SQLite only (scenarios whose SQL is already covered on both), on a
+    copy of the session's migrated SQLite file rather than every migration per test."""
+    target = tmp_path / "exec.db"
+    shutil.copyfile(migrated_sqlite_template, target)
+    async with _harness(f"sqlite+aiosqlite:///{target}") as h:
         yield h
