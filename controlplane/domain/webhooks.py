@@ -114,6 +114,21 @@ def subscription_violations(
     return found
 
 
+def literal_refusal(
+    url: str, *, allow_private: bool = False, allowed: Iterable[_Network] = ()
+) -> str:
+    """Why a well-formed URL's host is refused before anything is stored: an IP literal that
+    `address_refusal` refuses, or ``localhost`` (always loopback, RFC 6761). Other names are
+    judged at send time, where they resolve; empty when nothing is known to be wrong yet."""
+    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return "" if allow_private else f"{host} is a loopback name"
+    try:
+        return address_refusal(host, allow_private=allow_private, allowed=allowed)
+    except ValueError:  # a name, not an address
+        return ""
+
+
 def _url_problem(url: str, schemes: Sequence[str]) -> str:
     if not url:
         return "is required"

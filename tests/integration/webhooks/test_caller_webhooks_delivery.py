@@ -23,11 +23,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import func, select
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from controlplane.domain.outbox import Topic
 from controlplane.domain.webhooks import DeliveryState, WebhookSubscription
 from controlplane.persistence.database import Database
+from controlplane.persistence.models import generation_tasks
 from controlplane.persistence.webhooks import DeliveryRecord, WebhookStore
 from controlplane.service.tasks import CreateTaskInput, TaskService
 from controlplane.service.webhooks import WebhookSubscriptions
@@ -37,6 +39,7 @@ from controlplane.webhooks.delivery import DeliveryConfig, WebhookDeliveryWorker
 from tests.integration.persistence.builders import make_spec
 from tests.support.pki import make_pki
 from tests.support.webhook_receiver import Answer, WebhookReceiver
+from vidroute_core.exceptions import InvalidSpec
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -189,10 +192,13 @@ async def test_a_retried_delivery_carries_the_same_webhook_id(db: Database) -> N
 @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
 async def test_a_loopback_receiver_is_refused_by_default(db: Database, host: str) -> None:
     """With the default policy (no private addresses) a receiver on loopback, by address or by
-    name, is never connected to: the message is REFUSED with the reason as its attempt."""
+    name, is never connected to: the message is REFUSED with the reason as its attempt. (The
+    task is created where private receivers were allowed: under the default policy CreateTask
+    already refuses these URLs, see the next test; the send-time check is what holds for a name
+    whose addresses change after CreateTask, or a policy tightened since.)"""
     async with WebhookReceiver([Answer(200)]) as receiver:
         url = f"http://{host}:{receiver.port}/hook"
-        task_id = await cancelled_task(db, url, policy(allow_private=False))
+        task_id = await cancelled_task(db, url, policy(allow_private=True))
         async with running(db, policy(allow_private=False)):
             store = WebhookStore(db)
             (delivery,) = await until(
@@ -205,6 +211,26 @@ async def test_a_loopback_receiver_is_refused_by_default(db: Database, host: str
     assert attempt.status_code == 0
     assert "loopback" in attempt.error
     assert delivery.next_attempt_at is None
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    "host", ["127.0.0.1", "localhost", "[::1]", "10.1.2.3", "[::ffff:192.168.0.7]", "169.254.1.1"]
+)
+async def test_create_task_refuses_a_private_literal_receiver(db: Database, host: str) -> None:
+    """Under the default policy a webhook URL whose host is a private or loopback IP literal, or
+    localhost, is INVALID_ARGUMENT on webhook.url at CreateTask and no task is written; allowed
+    once the policy allows private receivers."""
+    url = f"http://{host}:8080/hook"
+    with pytest.raises(InvalidSpec) as refused:
+        await cancelled_task(db, url, policy(allow_private=False))
+    assert [v.field for v in refused.value.violations] == ["webhook.url"]
+    assert "never called" in refused.value.violations[0].description
+    async with db.reading() as conn:
+        assert (
+            await conn.execute(select(func.count()).select_from(generation_tasks))
+        ).scalar() == 0
+    assert await cancelled_task(db, url, policy(allow_private=True)) > 0
 
 
 @pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
