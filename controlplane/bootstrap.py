@@ -368,8 +368,12 @@ def _routing_policy(env: Mapping[str, str]) -> PolicyDocument | None:
 def _webhooks(env: Mapping[str, str]) -> WebhookPolicy:
     """Caller webhooks: the tenants' file and what receivers may be (see the module docstring)."""
     path = env.get("VIDROUTE_WEBHOOKS_FILE", "")
+    try:
+        text = Path(path).read_text(encoding="utf-8") if path else ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"VIDROUTE_WEBHOOKS_FILE {path}: cannot be read ({exc})") from exc
     return parse_webhooks_document(
-        Path(path).read_text(encoding="utf-8") if path else "",
+        text,
         allow_http=_flag(env.get("VIDROUTE_WEBHOOK_ALLOW_HTTP", ""), "VIDROUTE_WEBHOOK_ALLOW_HTTP"),
         allow_private=_flag(
             env.get("VIDROUTE_WEBHOOK_ALLOW_PRIVATE", ""), "VIDROUTE_WEBHOOK_ALLOW_PRIVATE"

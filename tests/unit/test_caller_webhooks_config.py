@@ -86,3 +86,11 @@ def test_a_bad_allowlist_or_flag_stops_the_start() -> None:
         Settings.from_env({"VIDROUTE_WEBHOOK_PRIVATE_ALLOWLIST": "10.0.0.0/33"})
     with pytest.raises(ValueError, match="VIDROUTE_WEBHOOK_ALLOW_HTTP"):
         Settings.from_env({"VIDROUTE_WEBHOOK_ALLOW_HTTP": "maybe"})
+
+
+def test_a_webhooks_file_that_cannot_be_read_names_the_variable(tmp_path: Path) -> None:
+    """A missing VIDROUTE_WEBHOOKS_FILE stops the start with a line naming the variable and the
+    path, not a bare FileNotFoundError."""
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ValueError, match=r"^VIDROUTE_WEBHOOKS_FILE .*nope\.yaml: cannot be read"):
+        Settings.from_env({"VIDROUTE_WEBHOOKS_FILE": str(missing)})
