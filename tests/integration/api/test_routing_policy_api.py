@@ -278,7 +278,8 @@ async def test_an_api_only_replica_refuses_what_it_cannot_check(db: Database) ->
     output = {"width": 1280, "height": 720, "duration_ms": 4000}
     sample: dict[str, Any] = {"tenant_id": "t", "prompt": "p", "mode": "TEXT_TO_VIDEO"}
     sample["output"] = output
-    for extra in ({"canaries": {CANARY: {}}}, {"samples": [sample]}):
+    extras: list[dict[str, Any]] = [{"canaries": {CANARY: {}}}, {"samples": [sample]}]
+    for extra in extras:
         with pytest.raises(PreconditionFailed) as refused:
             await service.publish(document("v1", **extra))
         assert refused.value.reason == "POLICY_CHECK_UNAVAILABLE"
