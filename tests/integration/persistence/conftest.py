@@ -14,9 +14,8 @@ are skipped, unless ``CI=true``, where they fail: CI must never go green on SQLi
 from __future__ import annotations
 
 import asyncio
-import secrets
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -103,19 +102,14 @@ async def database_url(
     return session_database_for_backend
 
 
-@pytest_asyncio.fixture
-async def empty_database_url(
-    server_for_backend: PostgresServer | None, tmp_path: Path
-) -> AsyncIterator[str]:
-    """A database with no tables at all (for migration tests), removed afterwards."""
-    if server_for_backend is None:
-        yield f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}"
-        return
-    name = await server_for_backend.create_database(secrets.token_hex(4))
-    try:
-        yield server_for_backend.url_for(name)
-    finally:
-        await server_for_backend.drop_database(name)
+# Synchronous: `fresh_postgres_url` (tests/conftest.py) must be requested outside the loop.
+@pytest.fixture
+def empty_database_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A database with no tables at all (for migration tests), removed afterwards: on
+    PostgreSQL tests/conftest.py's `fresh_postgres_url` (made and dropped off the test's clock)."""
+    if backend != "postgresql":
+        return f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}"
+    return str(request.getfixturevalue("fresh_postgres_url"))
 
 
 @pytest.fixture
