@@ -26,7 +26,8 @@ def test_tune_gc_freezes_the_startup_heap_and_raises_generation_0_once(
         assert gc.get_threshold() == (heap.GEN0_THRESHOLD, 10, 10)
         frozen = gc.get_freeze_count()
         assert heap.tune_gc() is False
-        assert gc.get_freeze_count() == frozen
+        # Nothing frozen again (frozen objects may still be freed by reference counting).
+        assert gc.get_freeze_count() <= frozen
         assert gc.get_threshold() == (heap.GEN0_THRESHOLD, 10, 10)
     finally:
         gc.unfreeze()  # the rest of the test session keeps the default collector
