@@ -211,32 +211,8 @@ class ExecutionWrites:
         """
         now = self.now
         pushed = {column.name: now + timedelta(seconds=lease_s), "updated_at": now}
-        if self.conn.dialect.name == "postgresql":
-            # ONE statement (UPDATE ... FROM the locked due rows ... RETURNING), atomic by
-            # itself, so the claim needs no BEGIN/COMMIT (`Database.unit(one_statement=True)`).
-            # SQLite cannot return the FROM side's due time, so it keeps the two statements.
-            locked = (
-                select(R.c.attempt_id.label("claimed_id"), column.label("due_at"))
-                .join(A, A.c.id == R.c.attempt_id)
-                .where(
-                    column.is_not(None),
-                    column <= now,
-                    A.c.status.in_(sorted(s.value for s in states)),
-                )
-                .order_by(column, R.c.attempt_id)
-                .limit(limit)
-                .with_for_update(skip_locked=True, of=R)
-                .subquery("due")
-            )
-            claimed = await self.conn.execute(
-                update(R)
-                .where(R.c.attempt_id == locked.c.claimed_id)
-                .values(pushed)
-                .returning(R.c.attempt_id, locked.c.due_at)
-            )
-            return [int(i) for i, _ in sorted(claimed, key=lambda r: (r[1], r[0]))]
         due = (
-            select(R.c.attempt_id)
+            select(R.c.attempt_id.label("claimed_id"), column.label("due_at"))
             .join(A, A.c.id == R.c.attempt_id)
             .where(
                 column.is_not(None),
@@ -247,7 +223,19 @@ class ExecutionWrites:
             .limit(limit)
             .with_for_update(skip_locked=True, of=R)
         )
-        ids = [int(i) for i in (await self.conn.execute(due)).scalars()]
+        if self.conn.dialect.name == "postgresql":
+            # ONE statement (UPDATE ... FROM the locked due rows ... RETURNING), atomic by
+            # itself, so the claim needs no BEGIN/COMMIT (`Database.unit(one_statement=True)`).
+            # SQLite cannot return the FROM side's due time, so it keeps the two statements.
+            locked = due.subquery("due")
+            claimed = await self.conn.execute(
+                update(R)
+                .where(R.c.attempt_id == locked.c.claimed_id)
+                .values(pushed)
+                .returning(R.c.attempt_id, locked.c.due_at)
+            )
+            return [int(i) for i, _ in sorted(claimed, key=lambda r: (r[1], r[0]))]
+        ids = [int(i) for i, _ in await self.conn.execute(due)]
         if ids:
             # The rows stay locked until this transaction ends, so no one claims them meanwhile.
             await self.conn.execute(update(R).where(R.c.attempt_id.in_(ids)).values(pushed))
