@@ -132,7 +132,7 @@ class CallbackReceiver:
             self.unresolved += 1
             return 202  # nothing of ours; stored nowhere, acknowledged so the sender stops
         attempt = snap[0]
-        account = await reads.account(attempt.provider_account_id)
+        account = await self.deps.account(attempt.provider_account_id)
         if account.provider != provider:
             self.unresolved += 1
             return 202

@@ -123,7 +123,7 @@ class CancelService:
                 result = CancelOutcome(task, asked.id, True, "cancel requested at the provider")
         await after.run(self._deps.leases)
         if unsent is not None:
-            account = await self._deps.reads.account(unsent.provider_account_id)
+            account = await self._deps.account(unsent.provider_account_id)
             await self._deps.gate.release_unsent(account, unsent)
         return result
 
@@ -153,7 +153,7 @@ class CancelWorker:
             # Not at the provider (yet): acceptance re-sends the cancel once the job is known.
             await complete(self._deps, message.id, cfg.worker_id)
             return
-        account = await self._deps.reads.account(attempt.provider_account_id)
+        account = await self._deps.account(attempt.provider_account_id)
         ref = job_ref(attempt, account, job.provider_job_id, job.provider_request_id or "")
         call = await self._deps.gate.begin(account, attempt.provider_model, Operation.CANCEL)
         if call is None:  # the CANCEL breaker refuses: ask again later, not counted as a call

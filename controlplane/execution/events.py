@@ -148,7 +148,7 @@ class EventNormalizer:
             return
         for attempt, snapshot in after.ended:
             try:
-                account = await self._deps.reads.account(attempt.provider_account_id)
+                account = await self._deps.account(attempt.provider_account_id)
                 await observer(account, attempt, snapshot)
             except Exception:
                 log.exception("attempt-end observer failed for attempt %s", attempt.id)
@@ -241,7 +241,7 @@ class EventNormalizer:
         cost, provider = snap.actual_cost_micros, ""
         if snap.state.terminal:
             # 9.23.1: a provider whose API reports no cost gets it from its billing rule.
-            provider = (await self._deps.account_in(u, attempt.provider_account_id)).provider
+            provider = (await self._deps.account(attempt.provider_account_id, u)).provider
             cost = actual_cost(
                 provider,
                 reported_micros=snap.actual_cost_micros,

@@ -76,7 +76,7 @@ class LateLookup:
     async def _lookup(
         self, attempt: AttemptRecord, unknown_since: datetime | None
     ) -> RecoverResult:
-        account = await self._deps.reads.account(attempt.provider_account_id)
+        account = await self._deps.account(attempt.provider_account_id)
         for event in reversed(await self._deps.reads.events(attempt_id=attempt.id)):
             if event.outcome == "UNMATCHED" and event.provider_job_id:
                 ref = job_ref(attempt, account, event.provider_job_id)

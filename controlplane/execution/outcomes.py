@@ -112,12 +112,14 @@ class ExecutionDeps:
     # Accounts by id, as read once (their identity is the table's unique key, never updated).
     _accounts: dict[int, AccountInfo] = field(default_factory=dict, init=False, repr=False)
 
-    async def account_in(self, u: UnitOfWork, account_id: int) -> AccountInfo:
-        """The account, read in unit `u` the first time only (a read on another connection
-        inside a unit could wait for the unit's own connection on SQLite)."""
+    async def account(self, account_id: int, u: UnitOfWork | None = None) -> AccountInfo:
+        """The account, read the first time only. Inside a unit pass it as `u`: the read then
+        goes through the unit's connection (a read on another connection inside a unit could
+        wait for the unit's own connection on SQLite)."""
         found = self._accounts.get(account_id)
         if found is None:
-            found = self._accounts[account_id] = await u.account(account_id)
+            reader = self.reads if u is None else u
+            found = self._accounts[account_id] = await reader.account(account_id)
         return found
 
     def adapter(self, account: AccountInfo) -> AdapterClient:
@@ -251,7 +253,7 @@ async def accept(
         )
     )
     # 9.23.1: the provider has the job, so its expected cost is the platform's (once per attempt).
-    account = await deps.account_in(u, attempt.provider_account_id)
+    account = await deps.account(attempt.provider_account_id, u)
     await record_expected(u, attempt, job.provider_job_id, account)
     runtime = await u.runtime(attempt.id)
     cancel_wanted = runtime is not None and runtime.cancel_requested_at is not None

@@ -304,7 +304,7 @@ class OutputStep:
             request = plain
             if output.get("fetch_through_adapter") and job is not None:
                 request = await self._through_adapter(attempt, job, plain)
-            account = await self._deps.reads.account(attempt.provider_account_id)
+            account = await self._deps.account(attempt.provider_account_id)
             call = await self._deps.gate.begin(
                 account, attempt.provider_model, Operation.DOWNLOAD_OUTPUT
             )
@@ -341,7 +341,7 @@ class OutputStep:
     ) -> FetchRequest:
         """`request` with the adapter's FetchOutput stream as its byte source: the URI needs
         the provider's credentials, which only the sidecar holds."""
-        account = await self._deps.reads.account(attempt.provider_account_id)
+        account = await self._deps.account(attempt.provider_account_id)
         ref = job_ref(attempt, account, job.provider_job_id, job.provider_request_id or "")
         client = self._deps.adapter(account)
         source = adapter_source(client, ref, request.source_uri, request.max_bytes)
@@ -354,7 +354,7 @@ class OutputStep:
             return
         attempt, job, _ = snap
         assert job is not None
-        account = await self._deps.reads.account(attempt.provider_account_id)
+        account = await self._deps.account(attempt.provider_account_id)
         try:
             polled = await self._deps.adapter(account).get_job(
                 job_ref(attempt, account, job.provider_job_id, job.provider_request_id or "")
@@ -465,7 +465,7 @@ async def _record_checks(
     checks: list[tuple[int, tuple[Defect, ...]]],
 ) -> None:
     """Each probed sample's technical check, in the unit that stores (or refuses) the output."""
-    account = await deps.account_in(u, attempt.provider_account_id)
+    account = await deps.account(attempt.provider_account_id, u)
     subject = quality_store.Subject(
         account.provider, attempt.provider_model, task.spec.mode.value, bucket_key(task.spec)
     )

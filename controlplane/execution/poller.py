@@ -75,7 +75,7 @@ class Poller:
         add_ids(**ids_of(attempt, job))
         if job is None or attempt.state not in POLLABLE_STATES:
             return
-        account = await self._deps.reads.account(attempt.provider_account_id)
+        account = await self._deps.account(attempt.provider_account_id)
         await self._deps.leases.renew(attempt)
         call = await self._deps.gate.begin(account, attempt.provider_model, Operation.POLL)
         if call is None:

@@ -118,7 +118,7 @@ class RecoveryWorker:
         if why is not None:
             await self.abandon(attempt_id, why)
             return None
-        account = await self._deps.reads.account(attempt.provider_account_id)
+        account = await self._deps.account(attempt.provider_account_id)
         await self._deps.leases.renew(attempt)
         result = await self._query(attempt, account, runtime, started, unknown_since)
         if result is None:

@@ -121,7 +121,7 @@ class SubmitWorker:
                     unsent = moved
                 await u.complete_message(message.id, worker)
             else:
-                account = await self._deps.account_in(u, attempt.provider_account_id)
+                account = await self._deps.account(attempt.provider_account_id, u)
                 supports = bool(
                     message.payload.get(
                         "supports_idempotency_key",
@@ -142,7 +142,7 @@ class SubmitWorker:
                     )
         await after.run(self._deps.leases)
         if unsent is not None:
-            account = await self._deps.reads.account(unsent.provider_account_id)
+            account = await self._deps.account(unsent.provider_account_id)
             await self._deps.gate.release_unsent(account, unsent)
         if interrupted:
             await self.settle(attempt_id, message)
@@ -215,7 +215,7 @@ class SubmitWorker:
                     )
             await u.complete_message(message.id, self._deps.config.worker_id)
         await after.run(self._deps.leases)
-        account = await self._deps.reads.account(attempt.provider_account_id)
+        account = await self._deps.account(attempt.provider_account_id)
         await self._deps.gate.release_unsent(account, attempt)
 
     async def _observe(

@@ -20,12 +20,10 @@ __all__ = ["record_actual", "record_expected"]
 
 
 async def record_expected(
-    u: UnitOfWork, attempt: AttemptRecord, provider_job_id: str, account: AccountInfo | None = None
+    u: UnitOfWork, attempt: AttemptRecord, provider_job_id: str, account: AccountInfo
 ) -> bool:
-    """The EXPECTED entry of an accepted attempt; True when this call wrote it. `account`: the
-    attempt's, when the caller has it (else read here)."""
-    if account is None:
-        account = await u.account(attempt.provider_account_id)
+    """The EXPECTED entry of an accepted attempt (`account`: the attempt's); True when this call
+    wrote it."""
     amount = attempt.estimated_cost_micros
     rate = await u.unit_rate(account.provider, attempt.price_version)
     units = None if rate is None else units_for(amount, rate.micros_per_unit, rate.unit_divisor)

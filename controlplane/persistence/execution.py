@@ -2,8 +2,7 @@
 accounts, jobs by provider id, crashed submits, and the states whose poll can be due.
 
 A claimed batch reads its rows at once (`snapshots`, `tasks`: one connection, one statement per
-table, whatever the batch size). An account's identity (provider, name, region: the table's
-unique key, never updated) is read once per `ExecutionQueries` and kept.
+table, whatever the batch size).
 
 Read-only, without locks: the execution engine reads here to decide what to do, then does it in
 a unit of work (`Database.unit`), which re-reads what it changes with row locks. The claims of due
@@ -57,7 +56,6 @@ class ExecutionQueries:
 
     def __init__(self, db: Database) -> None:
         self._db = db
-        self._accounts: dict[int, AccountInfo] = {}
 
     async def stale_submitting(self, *, started_before: datetime, limit: int) -> list[int]:
         """SUBMITTING attempts whose request started before `started_before` (crashed submits)."""
@@ -74,13 +72,9 @@ class ExecutionQueries:
             return [int(i) for i in rows.scalars()]
 
     async def account(self, account_id: int) -> AccountInfo:
-        """The account's identity; read once, then kept (it is never updated, see module)."""
-        found = self._accounts.get(account_id)
-        if found is None:
-            async with self._db.reading() as conn:
-                found = await _reads.account(conn, account_id)
-            self._accounts[account_id] = found
-        return found
+        """The account's identity (the engine keeps what it read: `ExecutionDeps.account`)."""
+        async with self._db.reading() as conn:
+            return await _reads.account(conn, account_id)
 
     async def snapshot(self, attempt_id: int) -> Snapshot | None:
         """The attempt, its job and runtime row, read without locks."""
