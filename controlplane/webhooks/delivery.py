@@ -45,7 +45,6 @@ __all__ = ["DeliveryConfig", "WebhookDeliveryWorker"]
 log = logging.getLogger(__name__)
 
 USER_AGENT = "vidroute-webhooks/1"
-_NO_CONNECTION = "no connection to"
 # Addresses tried in one attempt: with the connect timeout each, the attempt stays well inside
 # its claim (4 x 5 s + the 15 s request < the 60 s claim).
 MAX_ADDRESSES = 4
@@ -170,30 +169,32 @@ class WebhookDeliveryWorker:
         started = time.monotonic()
         status, error = 0, ""
         for url, host_header, sni in targets[:MAX_ADDRESSES]:  # the next only if no connection
-            status, error = await self._post(message, url, {**headers, "host": host_header}, sni)
-            if not error.startswith(_NO_CONNECTION):
+            status, error, connected = await self._post(
+                message, url, {**headers, "host": host_header}, sni
+            )
+            if connected:
                 break
         took_ms = int((time.monotonic() - started) * 1000)
         return self._failed(message, number, sent_at, status, error, took_ms)
 
     async def _post(
         self, message: ClaimedMessage, url: str, headers: dict[str, str], sni: str
-    ) -> tuple[int, str]:
-        """One POST to one checked address: ``(status, error)``; a connection that could not
-        be made is an error starting with `_NO_CONNECTION` (the request never left)."""
+    ) -> tuple[int, str, bool]:
+        """One POST to one checked address: ``(status, error, connected)``; not `connected`
+        when no connection could be made (the request never left)."""
         cfg = self.config
         timeout = httpx.Timeout(cfg.request_timeout_s, connect=cfg.connect_timeout_s)
         try:
             # The whole exchange is bounded, not each read: a receiver trickling its answer a
             # byte at a time would otherwise hold this lane for as long as it likes.
             async with asyncio.timeout(cfg.connect_timeout_s + cfg.request_timeout_s):
-                return await self._exchange(message, url, headers, sni, timeout)
+                return (*await self._exchange(message, url, headers, sni, timeout), True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            return 0, f"{_NO_CONNECTION} {url}: {type(exc).__name__}: {exc}"
+            return 0, f"no connection to {url}: {type(exc).__name__}: {exc}", False
         except (httpx.TimeoutException, TimeoutError) as exc:
-            return 0, f"timed out ({type(exc).__name__})"
+            return 0, f"timed out ({type(exc).__name__})", True
         except httpx.HTTPError as exc:
-            return 0, f"{type(exc).__name__}: {exc}"
+            return 0, f"{type(exc).__name__}: {exc}", True
 
     async def _exchange(
         self,
