@@ -1,4 +1,5 @@
-"""A PostgreSQL session-level advisory lock on a dedicated connection (leader election).
+"""PostgreSQL advisory locks: a session-level one on a dedicated connection (leader election),
+and `xact_lock`, a transaction-scoped one named by a string (serialising writers of one thing).
 
 The connection is autocommit and outside any pool, so the lock lives exactly as long as this
 session: PostgreSQL releases it when the connection dies. `scheduling.leader` decides what
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 
-from sqlalchemy import text
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import NullPool
@@ -19,7 +21,18 @@ from sqlalchemy.pool import NullPool
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.errors import PersistenceError
 
-__all__ = ["AdvisoryLockSession", "DatabaseUnavailable", "ReplicaLockSession"]
+__all__ = ["AdvisoryLockSession", "DatabaseUnavailable", "ReplicaLockSession", "xact_lock"]
+
+
+async def xact_lock(conn: AsyncConnection, name: str) -> None:
+    """Hold the advisory lock named `name` until this transaction ends (PostgreSQL; the key is
+    a 64-bit hash of the name). On SQLite nothing: its ``BEGIN IMMEDIATE`` already serialises
+    writers."""
+    if conn.dialect.name != "postgresql":
+        return
+    digest = hashlib.blake2b(name.encode(), digest_size=8).digest()
+    key = int.from_bytes(digest, "big", signed=True)
+    await conn.execute(select(func.pg_advisory_xact_lock(key)))
 
 
 class DatabaseUnavailable(PersistenceError):

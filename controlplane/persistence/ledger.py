@@ -30,7 +30,6 @@ Idempotency keys: ``reserve:<task_id>``, ``settle:<task_id>``, ``expected:<attem
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -52,6 +51,7 @@ from controlplane.domain.money import (
     settle,
 )
 from controlplane.domain.states import TASK_MACHINE, AttemptState, TaskState
+from controlplane.persistence.advisory import xact_lock
 from controlplane.persistence.models import credit_balances as B
 from controlplane.persistence.models import credit_ledger as C
 from controlplane.persistence.models import generation_tasks as T
@@ -488,11 +488,7 @@ async def lock_tenant(conn: AsyncConnection, tenant_id: str) -> None:
 
     PostgreSQL: a transaction-scoped advisory lock on a hash of the tenant; SQLite's
     ``BEGIN IMMEDIATE`` already serialises writers."""
-    if conn.dialect.name != "postgresql":
-        return
-    digest = hashlib.blake2b(f"credit:{tenant_id}".encode(), digest_size=8).digest()
-    key = int.from_bytes(digest, "big", signed=True)
-    await conn.execute(select(func.pg_advisory_xact_lock(key)))
+    await xact_lock(conn, f"credit:{tenant_id}")
 
 
 async def check_and_lock(

@@ -11,15 +11,15 @@ every canary's stage (a handful of rows), whatever the traffic.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, true, update
+from sqlalchemy import select, true, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.routing.canary import CanaryStatus
+from controlplane.persistence.advisory import xact_lock
 from controlplane.persistence.models import canary_states as C
 from controlplane.persistence.models import routing_policy_activations as P
 from controlplane.persistence.models import routing_policy_versions as V
@@ -93,18 +93,12 @@ async def before(conn: AsyncConnection, name: str) -> PolicyRow | None:
     return None if row is None else _policy(row)
 
 
-_PUBLICATION_LOCK = int.from_bytes(
-    hashlib.blake2b(b"routing-policy-publication", digest_size=8).digest(), "big", signed=True
-)
-
-
 async def lock_publication(conn: AsyncConnection) -> None:
     """Serialise this transaction's publish or rollback with every other one: PostgreSQL, a
     transaction-scoped advisory lock; SQLite's ``BEGIN IMMEDIATE`` already serialises writers.
     Without it two publications at once both deactivate the active version and insert theirs,
     and the second breaks the one-active index (or the version's unique key)."""
-    if conn.dialect.name == "postgresql":
-        await conn.execute(select(func.pg_advisory_xact_lock(_PUBLICATION_LOCK)))
+    await xact_lock(conn, "routing-policy-publication")
 
 
 @dataclass(frozen=True, slots=True)
