@@ -172,17 +172,12 @@ def _refuse_if_taken(settings: Settings) -> None:
     """`vidroute up` where one already runs refuses before it writes anything under ./var: the
     dev tokens it would write are what the running stack's CLI users authenticate with, and
     its emulators and sidecars would start for nothing (`start_control_plane` checks again)."""
-    from controlplane.bootstrap import configure_logging
-    from controlplane.console.server import CONSOLE_LISTEN_FIX
-    from controlplane.startup import CALLBACK_LISTEN_FIX, check_listen, check_sqlite_free
+    from controlplane.bootstrap import check_ports, configure_logging
+    from controlplane.startup import check_sqlite_free
 
     configure_logging(settings.log_level, settings.log_format)
     check_sqlite_free(settings.database_url)
-    check_listen(settings.listen)
-    if settings.callback_listen:
-        check_listen(settings.callback_listen, CALLBACK_LISTEN_FIX)
-    if settings.console_listen:
-        check_listen(settings.console_listen, CONSOLE_LISTEN_FIX)
+    check_ports(settings, engine=True)  # the stack's adapters are not in `settings` yet
 
 
 async def _migrate(down: bool) -> int:

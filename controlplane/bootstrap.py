@@ -705,16 +705,23 @@ class _Readiness:
         return self.not_ready() is None
 
 
+def check_ports(settings: Settings, *, engine: bool | None = None) -> None:
+    """Refuse (one line, exit 78) when a port this configuration listens on is taken: gRPC,
+    the callback ingress (it runs with the engine: when there are adapters, unless `engine`
+    says), the console. Holds nothing."""
+    check_listen(settings.listen)
+    if settings.callback_listen and (bool(settings.adapters) if engine is None else engine):
+        check_listen(settings.callback_listen, CALLBACK_LISTEN_FIX)
+    if settings.console_listen:
+        check_listen(settings.console_listen, CONSOLE_LISTEN_FIX)
+
+
 async def start_control_plane(settings: Settings) -> ControlPlaneServer:
     """Refuse a configuration that cannot work (one line, exit status 78: `controlplane.startup`:
     no adapters outside an API-only replica, an SQLite file another control plane holds, a busy
     port), then migrate (if asked), wire the services and start serving."""
     check_adapters(settings.adapters, settings.api_only)
-    check_listen(settings.listen)  # before any worker starts; the bind checks again
-    if settings.callback_listen and settings.adapters:  # the ingress runs with the engine
-        check_listen(settings.callback_listen, CALLBACK_LISTEN_FIX)
-    if settings.console_listen:
-        check_listen(settings.console_listen, CONSOLE_LISTEN_FIX)
+    check_ports(settings)  # before any worker starts; the binds check again
     lock = lock_sqlite(settings.database_url)
     try:
         return await _start(settings, [] if lock is None else [lock.release])
