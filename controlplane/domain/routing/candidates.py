@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vidroute_core.spec import GenerationSpec
 
@@ -69,9 +69,29 @@ class Candidate:
     #: The stable candidate id of decisions: ``provider/model/account``. Derived, built once
     #: (a decision reads it ~100 times per task: a property built the string every time).
     id: str = field(init=False, repr=False, compare=False)
+    #: The keys of a verdict's explain JSON that only the candidate decides, in their stored
+    #: order (``eligible`` and ``estimated_cost_micros`` hold their places: None here, set per
+    #: verdict). Derived once; `decision.Verdict.to_json` copies it. Never mutate it.
+    explain_keys: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "id", f"{self.provider}/{self.model}/{self.account}")
+        keys = {
+            "id": self.id,
+            "eligible": None,
+            "provider": self.provider,
+            "account": self.account,
+            "account_id": self.account_id,
+            "region": self.region,
+            "model": self.model,
+            "model_version": self.model_version,
+            "capability_version": self.capability_version,
+            "price_version": self.price.price_version,
+            "lifecycle": self.lifecycle,
+            "currency": self.price.currency,
+            "estimated_cost_micros": None,
+        }
+        object.__setattr__(self, "explain_keys", keys)
 
     @property
     def lease_account(self) -> str:

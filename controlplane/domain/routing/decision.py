@@ -109,7 +109,7 @@ class Verdict:
     canary: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        data = _candidate_json(self.candidate).copy()  # the static keys, in their stored order
+        data = self.candidate.explain_keys.copy()  # the static keys, in their stored order
         data["eligible"] = self.eligible
         data["estimated_cost_micros"] = self.estimated_cost_micros
         if not self.eligible:
@@ -127,40 +127,6 @@ class Verdict:
         if isinstance(self.components, Components):
             data["raw_components"] = list(self.components.raw)  # floats round-trip JSON exactly
         return data
-
-
-#: Each candidate's static explain keys, built once per candidate object (a catalog version's
-#: candidates are built once and live as long as it), keyed by identity: the entry holds the
-#: candidate, so its id cannot be reused while the entry exists. Dropped whole past the bound.
-_CANDIDATE_JSON: dict[int, tuple[Candidate, dict[str, Any]]] = {}
-CANDIDATE_JSON_CACHE_SIZE = 4096
-
-
-def _candidate_json(c: Candidate) -> dict[str, Any]:
-    """The keys of `Verdict.to_json` that only the candidate decides, in the stored order
-    (``eligible`` and ``estimated_cost_micros`` hold their places; the caller sets them)."""
-    found = _CANDIDATE_JSON.get(id(c))
-    if found is not None and found[0] is c:
-        return found[1]
-    data: dict[str, Any] = {
-        "id": c.id,
-        "eligible": None,
-        "provider": c.provider,
-        "account": c.account,
-        "account_id": c.account_id,
-        "region": c.region,
-        "model": c.model,
-        "model_version": c.model_version,
-        "capability_version": c.capability_version,
-        "price_version": c.price.price_version,
-        "lifecycle": c.lifecycle,
-        "currency": c.price.currency,
-        "estimated_cost_micros": None,
-    }
-    if len(_CANDIDATE_JSON) >= CANDIDATE_JSON_CACHE_SIZE:
-        _CANDIDATE_JSON.clear()
-    _CANDIDATE_JSON[id(c)] = (c, data)
-    return data
 
 
 @dataclass(frozen=True, slots=True)

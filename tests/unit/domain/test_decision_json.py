@@ -74,7 +74,6 @@ def test_every_candidates_stored_json_is_rendered_as_before(
         made = made.after_leasing(made.ranked[0], list(made.ranked[1:2]))
     for v in made.verdicts:
         assert list(v.to_json().items()) == list(_verdict_as_before(v).items())
-    decision_module._CANDIDATE_JSON.clear()
     snapshot = made.to_json()
     assert [list(c.items()) for c in snapshot["candidates"]] == [
         list(_verdict_as_before(v).items()) for v in made.verdicts
@@ -87,8 +86,8 @@ def test_every_candidates_stored_json_is_rendered_as_before(
 
 
 def test_a_verdict_of_another_candidate_object_with_the_same_id_renders_its_own_fields() -> None:
-    """The per-candidate cache is keyed by identity: a new catalog's candidate object under the
-    same id (a new capability version) shows its own versions, never the cached ones."""
+    """The static keys belong to each candidate object: a new catalog's candidate under the same
+    id (a new capability version) shows its own versions, never another object's."""
     old = CATALOG[0]
     new = dataclasses.replace(old, capability_version="cap-next", model_version="v-next")
     first = Verdict(old, False, "NO_CAPACITY", "full").to_json()
