@@ -276,8 +276,9 @@ def test_the_recorded_policy_replays_a_recorded_incumbent_within_its_dwell() -> 
 
 
 def test_a_long_replay_keeps_running_totals_not_one_entry_per_decision() -> None:
-    """Folding 20,000 decisions page by page retains well under 200 KB (a list per figure would
-    hold about 5 MB of floats), and the totals are those of a single decision."""
+    """Folding 20,000 decisions page by page retains under 1 MB (a list per figure would hold
+    about 5 MB of floats; process-wide caches such as the rounding memo may grow by a few hundred
+    KB meanwhile, 209 KB seen in CI), and the totals are those of a single decision."""
     health = {"p/a/x": [0.8, 100.0, 40.0, 0.9], "p/b/x": [0.1, 100.0, 200.0, 0.25]}
     snap = _snapshot(health)
     tally = ReplayTally(scoring.RoutingPolicy("rec-v1"))
@@ -291,7 +292,7 @@ def test_a_long_replay_keeps_running_totals_not_one_entry_per_decision() -> None
         retained = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert retained < 200_000, retained
+    assert retained < 1_000_000, retained
     r = tally.report()
     assert (r.decisions, r.changed) == (20_000, 0)
     assert r.recorded.expected_success == pytest.approx(0.9)
