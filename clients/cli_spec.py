@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -33,18 +33,21 @@ class SpecError(ValueError):
     """A flag or spec file the CLI cannot turn into a request (a usage error, exit code 2)."""
 
 
-def _choices(enum: Any, prefix: str) -> dict[str, int]:
+V = TypeVar("V", bound=int)  # an enum's ValueType, so the table's numbers assign to its fields
+
+
+def _choices(items: Sequence[tuple[str, V]], prefix: str) -> dict[str, V]:
     """``MODE_IMAGE_TO_VIDEO`` -> ``image-to-video``: the CLI spelling of each enum value."""
     return {
         name.removeprefix(prefix).lower().replace("_", "-"): number
-        for name, number in enum.items()
+        for name, number in items
         if not name.endswith("_UNSPECIFIED")
     }
 
 
-MODES = _choices(generation_pb2.Mode, "MODE_")
-ROUTING_MODES = _choices(generation_pb2.RoutingMode, "ROUTING_MODE_")
-SERVICE_CLASSES = _choices(generation_pb2.ServiceClass, "SERVICE_CLASS_")
+MODES = _choices(generation_pb2.Mode.items(), "MODE_")
+ROUTING_MODES = _choices(generation_pb2.RoutingMode.items(), "ROUTING_MODE_")
+SERVICE_CLASSES = _choices(generation_pb2.ServiceClass.items(), "SERVICE_CLASS_")
 DEFAULT_MODE, DEFAULT_WIDTH, DEFAULT_HEIGHT, DEFAULT_DURATION_MS = "text-to-video", 1280, 720, 4000
 MICROS = Decimal(1_000_000)
 
@@ -172,11 +175,11 @@ def build_request(flags: SubmitFlags) -> scheduler_service_pb2.CreateTaskRequest
         if value is not None:
             setattr(spec, name, value)
     if flags.mode is not None:
-        spec.mode = MODES[flags.mode]  # type: ignore[assignment]
+        spec.mode = MODES[flags.mode]
     elif spec.mode == generation_pb2.MODE_UNSPECIFIED:
-        spec.mode = MODES[DEFAULT_MODE]  # type: ignore[assignment]
+        spec.mode = MODES[DEFAULT_MODE]
     if flags.service_class is not None:
-        spec.service_class = SERVICE_CLASSES[flags.service_class]  # type: ignore[assignment]
+        spec.service_class = SERVICE_CLASSES[flags.service_class]
     if flags.priority is not None:
         spec.priority = flags.priority
     if flags.seed is not None:
@@ -228,7 +231,7 @@ def _routing(routing: generation_pb2.RoutingPolicy, flags: SubmitFlags) -> None:
     if flags.degrade is not None:
         routing.allow_semantic_degrade = flags.degrade
     if flags.routing is not None:
-        routing.mode = ROUTING_MODES[flags.routing]  # type: ignore[assignment]
+        routing.mode = ROUTING_MODES[flags.routing]
     elif routing.mode == generation_pb2.ROUTING_MODE_UNSPECIFIED:
         # A named model pins it; named preferences prefer; otherwise the platform chooses.
         if flags.model is not None:

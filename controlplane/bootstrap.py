@@ -302,7 +302,7 @@ class Settings:
             "adapter_submit_timeout_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_TIMEOUT_S") or 0),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)  # type: ignore[arg-type]  # values is dict[str, object]; each is checked as it is parsed
 
 
 def _flag(raw: str, name: str) -> bool:

@@ -55,7 +55,7 @@ class TimeScaleError(ValueError):
 def check_factor(raw: object, source: str = "time scale") -> float:
     """`raw` as a factor in (0, 1]; anything else is a `TimeScaleError` naming `source`."""
     try:
-        factor = float(raw)  # type: ignore[arg-type]
+        factor = float(raw)  # type: ignore[arg-type]  # float() of anything; TypeError is the check
     except (TypeError, ValueError):
         raise TimeScaleError(f"{source} must be a number, got {raw!r}") from None
     if not math.isfinite(factor) or not 0.0 < factor <= 1.0:
@@ -87,12 +87,12 @@ def scale_value(value: T, factor: float, *, name: str = "") -> T:
     if value is None:
         return value
     if _is_number(value):
-        return _scale_number(value, factor, integer)  # type: ignore[arg-type, return-value]
+        return _scale_number(value, factor, integer)  # type: ignore[arg-type, return-value]  # _is_number narrowed value to a number T
     if isinstance(value, tuple):
-        return tuple(scale_value(v, factor, name=name) for v in value)  # type: ignore[return-value]
+        return tuple(scale_value(v, factor, name=name) for v in value)  # type: ignore[return-value]  # a tuple of T's items is the same tuple type T
     if isinstance(value, Mapping):
         scaled = {k: scale_value(v, factor, name=name) for k, v in value.items()}
-        return MappingProxyType(scaled) if isinstance(value, MappingProxyType) else scaled  # type: ignore[return-value]
+        return MappingProxyType(scaled) if isinstance(value, MappingProxyType) else scaled  # type: ignore[return-value]  # a mapping of T's values is the same mapping type T
     raise TypeError(f"not a duration value: {value!r}")
 
 
@@ -125,7 +125,7 @@ def scale_durations(config: T, factor: float) -> T:
     if factor == 1.0:
         return config
     changes: dict[str, Any] = {}
-    for f in dataclasses.fields(config):  # type: ignore[arg-type]
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]  # T is any dataclass instance; no bound says so
         if not f.init or not f.compare:
             continue  # derived or injected (an environment handle), not configuration
         value = getattr(config, f.name)
@@ -133,7 +133,7 @@ def scale_durations(config: T, factor: float) -> T:
         scaled = _scale_any(value, factor, duration=duration, name=f.name)
         if scaled is not value:
             changes[f.name] = scaled
-    return dataclasses.replace(config, **changes) if changes else config  # type: ignore[type-var]
+    return dataclasses.replace(config, **changes) if changes else config  # type: ignore[type-var]  # T is any dataclass instance; no bound says so
 
 
 def scaled_defaults(fn: Any, factor: float) -> dict[str, Any]:

@@ -242,7 +242,7 @@ class AsyncClient(AsyncRoutingCalls):
         self, task_id: str, *, sample_index: int = 0, expires_in_s: int = 0
     ) -> api.GetOutputUrlResponse:
         """A time-limited URL of a stored output (url, expires_at, output)."""
-        return await self._call(  # type: ignore[no-any-return]
+        return await self._call(  # type: ignore[no-any-return]  # _call returns the stub's Any; the RPC's response type
             self._stub.GetOutputUrl,
             api.GetOutputUrlRequest(
                 task_id=task_id, sample_index=sample_index, expires_in_s=expires_in_s
@@ -294,7 +294,7 @@ class AsyncClient(AsyncRoutingCalls):
         self, document: str | bytes | Path, *, source: str = "", dry_run: bool = False
     ) -> api.PublishCapabilitiesResponse:
         """Admin: publish a capability document; `dry_run` writes nothing."""
-        return await self._call(  # type: ignore[no-any-return]
+        return await self._call(  # type: ignore[no-any-return]  # _call returns the stub's Any; the RPC's response type
             self._stub.PublishCapabilities, c.capabilities_request(document, source, dry_run)
         )
 

@@ -254,7 +254,7 @@ class Client(RoutingCalls):
         self, task_id: str, *, sample_index: int = 0, expires_in_s: int = 0
     ) -> api.GetOutputUrlResponse:
         """A time-limited URL of a stored output (url, expires_at, output)."""
-        return self._call(  # type: ignore[no-any-return]
+        return self._call(  # type: ignore[no-any-return]  # _call returns the stub's Any; the RPC's response type
             self._stub.GetOutputUrl,
             api.GetOutputUrlRequest(
                 task_id=task_id, sample_index=sample_index, expires_in_s=expires_in_s
@@ -307,6 +307,6 @@ class Client(RoutingCalls):
     ) -> api.PublishCapabilitiesResponse:
         """Admin: publish a capability document (text, bytes or a file path); `dry_run`
         checks everything and writes nothing."""
-        return self._call(  # type: ignore[no-any-return]
+        return self._call(  # type: ignore[no-any-return]  # _call returns the stub's Any; the RPC's response type
             self._stub.PublishCapabilities, c.capabilities_request(document, source, dry_run)
         )

@@ -56,7 +56,7 @@ def entry_view(entry: CreditEntry) -> billing_pb2.LedgerEntry:
     return billing_pb2.LedgerEntry(
         entry_id=str(entry.id),
         tenant_id=entry.tenant_id,
-        kind=_KINDS.get(entry.kind.value, 0),  # type: ignore[arg-type]
+        kind=_KINDS.get(entry.kind.value, billing_pb2.LEDGER_ENTRY_KIND_UNSPECIFIED),
         amount_micros=entry.amount_micros,
         currency=entry.currency,
         task_id="" if entry.task_id is None else str(entry.task_id),
@@ -90,7 +90,7 @@ def _id(value: int | None) -> str:
 
 def discrepancy_view(d: Discrepancy) -> billing_pb2.Discrepancy:
     return billing_pb2.Discrepancy(
-        kind=_DISCREPANCY_KINDS.get(d.kind.value, 0),  # type: ignore[arg-type]
+        kind=_DISCREPANCY_KINDS.get(d.kind.value, billing_pb2.DISCREPANCY_KIND_UNSPECIFIED),
         provider=d.provider,
         account=d.account,
         model=d.model,

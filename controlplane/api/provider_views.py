@@ -18,7 +18,7 @@ def breaker_state_from_proto(value: int) -> BreakerState | None:
     """UNSPECIFIED (0) is None: release the override."""
     if value == pb.BREAKER_STATE_UNSPECIFIED:
         return None
-    return BreakerState(pb.BreakerState.Name(value).removeprefix("BREAKER_STATE_"))  # type: ignore[arg-type]
+    return BreakerState(pb.BreakerState.Name(value).removeprefix("BREAKER_STATE_"))  # type: ignore[arg-type]  # Name() is str; BreakerState takes its Literal values
 
 
 def breaker(status: BreakerStatus) -> pb.BreakerStatus:

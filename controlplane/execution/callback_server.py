@@ -74,11 +74,11 @@ class _HeadTimedH11(H11Protocol):
     keep_alive_s = 5.0
     _head_timer: asyncio.TimerHandle | None = None
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn types it BaseTransport; asyncio hands a Transport
         super().connection_made(transport)
         # Fractional seconds (uvicorn's Config types it int; its timer takes a float): the
         # time scale shrinks it below one second.
-        self.timeout_keep_alive = self.keep_alive_s  # type: ignore[assignment]
+        self.timeout_keep_alive = self.keep_alive_s  # type: ignore[assignment]  # uvicorn's Config says int; its timer takes a float
         self._arm_head_timer()
 
     def data_received(self, data: bytes) -> None:

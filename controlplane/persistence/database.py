@@ -21,7 +21,11 @@ from controlplane.persistence.db import create_engine
 from controlplane.persistence.errors import translate_outage
 from controlplane.persistence.unit import SqlUnitOfWork
 
-__all__ = ["Database"]
+__all__ = ["Connection", "Database"]
+
+# What `Database.reading()` yields, named for code outside persistence that passes one through
+# to a query module without importing sqlalchemy (tests/unit/test_sql_boundary.py).
+Connection = AsyncConnection
 
 
 class Database:

@@ -56,5 +56,5 @@ async def attempts_with_keys(db: Database, keys: Iterable[str]) -> list[LeaseHol
 
 async def _holders(db: Database, where: object) -> list[LeaseHolder]:
     async with db.reading() as conn:
-        rows = (await conn.execute(select(*_COLUMNS).where(where))).all()  # type: ignore[arg-type]
+        rows = (await conn.execute(select(*_COLUMNS).where(where))).all()  # type: ignore[arg-type]  # where is a SQL clause; object keeps callers sqlalchemy-free
     return [LeaseHolder(*row) for row in rows]

@@ -21,6 +21,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from controlplane.domain.routing.canary import ROLLED_BACK_STAGE, CanaryStatus
 from controlplane.domain.routing.candidates import RoutingContext
@@ -30,11 +31,14 @@ from controlplane.domain.routing.policy_document import PolicyDocument, parse_po
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.scoring import RoutingPolicy
 from controlplane.persistence import routing_policies as store
-from controlplane.persistence.database import Database
+from controlplane.persistence.database import Connection, Database
 from controlplane.scheduling.gather import compile_many
 from vidroute_core.exceptions import InvalidSpec, Unavailable
 from vidroute_core.hashing import normalized_spec_hash
 from vidroute_core.validation import FieldViolation
+
+if TYPE_CHECKING:  # the dispatcher is only handed in; importing it here would be a cycle
+    from controlplane.scheduling.dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -93,15 +97,15 @@ class PolicyBook:
             stages[cid] = ROLLED_BACK_STAGE if status is CanaryStatus.ROLLED_BACK else stage
         return self._router, stages
 
-    async def _load(self, conn: object, name: str) -> None:
-        row = await store.version(conn, name)  # type: ignore[arg-type]
+    async def _load(self, conn: Connection, name: str) -> None:
+        row = await store.version(conn, name)
         if row is None:
             return
         try:
             doc = parse_policy_document(row.document)
             shadow = doc.shadow
             if shadow is None and doc.shadow_version:
-                other = await store.version(conn, doc.shadow_version)  # type: ignore[arg-type]
+                other = await store.version(conn, doc.shadow_version)
                 shadow = None if other is None else parse_policy_document(other.document).policy
         except InvalidSpec:  # validated at publication; a bad row must not stop dispatching
             log.exception("routing policy %s does not parse; keeping %s", name, self.version)
@@ -118,14 +122,14 @@ class PolicyBook:
 class SampleCheck:
     """The compile check of a document's samples against a dispatcher's catalog and adapters."""
 
-    def __init__(self, dispatcher: object) -> None:
+    def __init__(self, dispatcher: Dispatcher) -> None:
         self._d = dispatcher
 
     async def __call__(
         self, doc: PolicyDocument, shadow: RoutingPolicy | None
     ) -> list[FieldViolation]:
         d = self._d
-        catalog = await d.catalog()  # type: ignore[attr-defined]
+        catalog = await d.catalog()
         ids = {c.id for c in catalog.candidates}
         found = [
             FieldViolation(f'canaries["{cid}"]', "not a candidate of the current catalog")
@@ -134,8 +138,8 @@ class SampleCheck:
         ]
         if not doc.samples:
             return found
-        cfg = dataclasses.replace(d.router, policy=doc.policy, shadow_policy=shadow)  # type: ignore[attr-defined]
-        now = d._clock()  # type: ignore[attr-defined]
+        cfg = dataclasses.replace(d.router, policy=doc.policy, shadow_policy=shadow)
+        now = d._clock()
         stages = dict.fromkeys(doc.canaries, 0)
         jobs, screens = [], []
         for spec in doc.samples:
@@ -144,10 +148,10 @@ class SampleCheck:
             jobs.append((spec, normalized_spec_hash(spec), screened.survivors()))
             screens.append((ctx, screened))
         compiled = await compile_many(
-            d._adapters,  # type: ignore[attr-defined]
+            d._adapters,
             jobs,
-            d.compile_cache,  # type: ignore[attr-defined]
-            timeout_s=d.config.compile_timeout_s,  # type: ignore[attr-defined]
+            d.compile_cache,
+            timeout_s=d.config.compile_timeout_s,
         )
         for i, (spec, (ctx, screened), (verdicts, _)) in enumerate(
             zip(doc.samples, screens, compiled, strict=True)

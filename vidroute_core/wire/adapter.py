@@ -84,7 +84,7 @@ def enum_from_proto(enum_type: type[E], number: int) -> E | None:
     """The Python member of a proto number; the unset-reading member (or None) for 0."""
     descriptor, prefix, unset = ENUMS[enum_type]
     if number == 0:
-        return unset  # type: ignore[return-value]
+        return unset  # type: ignore[return-value]  # ENUMS' unset member is enum_type's own
     return enum_type(descriptor.values_by_number[number].name.removeprefix(prefix))
 
 
@@ -121,7 +121,7 @@ def error_to_proto(err: ProviderError | None) -> error_pb2.Error | None:
     if err is None:
         return None
     msg = error_pb2.Error(
-        error_class=enum_to_proto(err.error_class),  # type: ignore[arg-type]
+        error_class=enum_to_proto(err.error_class),  # type: ignore[arg-type]  # enum_to_proto gives int; the field wants the ValueType
         code=err.code,
         message=err.message,
         retryable=err.retryable,
@@ -175,7 +175,7 @@ def plan_to_proto(plan: CompiledPlan) -> pb.CompilePlan:
         native_request_json=plan.native_request_json,
         request_hash=plan.request_hash,
         transformations=[
-            pb.Transformation(field=t.field, kind=enum_to_proto(t.kind), detail=t.detail)  # type: ignore[arg-type]
+            pb.Transformation(field=t.field, kind=enum_to_proto(t.kind), detail=t.detail)  # type: ignore[arg-type]  # enum_to_proto gives int; the field wants the ValueType
             for t in plan.transformations
         ],
         estimated_cost=money(plan.estimated_cost_micros, plan.currency),
@@ -257,7 +257,7 @@ def snapshot_to_proto(snapshot: JobSnapshot | None) -> pb.JobStatus | None:
     if snapshot is None:
         return None
     msg = pb.JobStatus(
-        state=enum_to_proto(snapshot.state),  # type: ignore[arg-type]
+        state=enum_to_proto(snapshot.state),  # type: ignore[arg-type]  # enum_to_proto gives int; the field wants the ValueType
         outputs=[output_to_proto(o) for o in snapshot.outputs],
         raw_status=snapshot.raw_status,
         raw_payload_json=snapshot.raw_payload_json,
@@ -293,11 +293,11 @@ def snapshot_from_proto(msg: pb.JobStatus) -> JobSnapshot:
 def submit_to_proto(outcome: SubmitOutcome) -> svc.SubmitResponse:
     """A submit outcome as ``SubmitResponse`` (a `CallFailure` never goes on the wire)."""
     return svc.SubmitResponse(
-        kind=enum_to_proto(outcome.kind),  # type: ignore[arg-type]
+        kind=enum_to_proto(outcome.kind),  # type: ignore[arg-type]  # enum_to_proto gives int; the field wants the ValueType
         job=job_ref_to_proto(outcome.job) if outcome.job else None,
         raw_status=outcome.raw_status,
         error=error_to_proto(outcome.error),
-        transport_stage=enum_to_proto(outcome.transport_stage),  # type: ignore[arg-type]
+        transport_stage=enum_to_proto(outcome.transport_stage),  # type: ignore[arg-type]  # enum_to_proto gives int; the field wants the ValueType
         request_started_at=timestamp(outcome.request_started_at),
     )
 
@@ -385,7 +385,7 @@ def recover_query_from_proto(msg: svc.RecoverSubmissionRequest) -> RecoverQuery:
 def recover_to_proto(result: RecoverResult) -> svc.RecoverSubmissionResponse:
     """A recovery verdict."""
     return svc.RecoverSubmissionResponse(
-        verdict=enum_to_proto(result.verdict),  # type: ignore[arg-type]
+        verdict=enum_to_proto(result.verdict),  # type: ignore[arg-type]  # enum_to_proto gives int; the field wants the ValueType
         job=job_ref_to_proto(result.job) if result.job else None,
         method=result.method,
         error=error_to_proto(result.error),

@@ -25,7 +25,7 @@ def _money(micros: int, currency: str) -> money_pb2.Money:
     return money_pb2.Money(amount_micros=micros, currency_code=currency)
 
 
-def _lifecycle(name: str) -> int:
+def _lifecycle(name: str) -> pb.Lifecycle.ValueType:
     return pb.Lifecycle.Value(f"LIFECYCLE_{name.upper()}")
 
 
@@ -49,7 +49,7 @@ def capability_to_proto(cap: Capability) -> pb.CapabilityEntry:
         model=cap.model,
         model_version=cap.model_version,
         capability_version=cap.capability_version,
-        lifecycle=_lifecycle(cap.lifecycle),  # type: ignore[arg-type]
+        lifecycle=_lifecycle(cap.lifecycle),
         sunset_at=_timestamp(cap.sunset_at),
         modes=[generation_pb2.Mode.Value(f"MODE_{m.value}") for m in cap.modes],
         supports_last_frame=cap.supports_last_frame,

@@ -139,8 +139,7 @@ def client_interceptors() -> list[grpc.aio.ClientInterceptor]:
         return []
     from opentelemetry.instrumentation.grpc import aio_client_interceptors
 
-    # The instrumentation package ships no annotations for this factory.
-    interceptors: list[grpc.aio.ClientInterceptor] = aio_client_interceptors(  # type: ignore[no-untyped-call]
+    interceptors: list[grpc.aio.ClientInterceptor] = aio_client_interceptors(  # type: ignore[no-untyped-call]  # the factory ships without annotations
         tracer_provider=provider
     )
     return interceptors
