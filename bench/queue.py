@@ -321,7 +321,7 @@ async def flood_scenario(
             served[tenant] += 1
         return results
 
-    dispatcher.dispatch_batch = timed  # type: ignore[method-assign]
+    dispatcher.dispatch_batch = timed  # type: ignore[method-assign]  # the test swaps in a recording or failing double
     await _arrive(db, {"A": flood, **backlog}, "flood", arrived)
     rng = random.Random(seed)
     for r in range(rounds):

@@ -251,7 +251,7 @@ def hot_loop_calls(decide: Decide, decisions: int = 20) -> dict[str, float]:
 
     profile = cProfile.Profile()
     profile.runcall(lambda: [decide(i) for i in range(decisions)])
-    stats: dict[Any, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    stats: dict[Any, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]  # Stats.stats exists at run time; typeshed leaves it out
     wanted = {
         ("dataclasses.py", "fields"): "dataclasses.fields",
         ("dataclasses.py", "replace"): "dataclasses.replace",

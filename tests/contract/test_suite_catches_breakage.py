@@ -15,6 +15,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -39,7 +40,9 @@ class ReadTimeoutIsRejectedServicer(AdapterServicer):
     """Broken on purpose: a read timeout after the body becomes REJECTED (the 9.17.1 bug)."""
 
     async def Submit(
-        self, request: adapter_service_pb2.SubmitRequest, context: grpc.aio.ServicerContext
+        self,
+        request: adapter_service_pb2.SubmitRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> adapter_service_pb2.SubmitResponse:
         response = await super().Submit(request, context)
         if response.transport_stage == adapter_pb2.TRANSPORT_STAGE_AWAIT_RESPONSE:

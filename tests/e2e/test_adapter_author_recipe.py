@@ -139,5 +139,5 @@ def test_readme_recipe_passes_on_a_fresh_checkout(
     assert len(runs) == 2, f"expected the plugin run and the command run, got {summaries}"
     for summary in runs:
         assert not re.search(r"\d+ (failed|error|errors)\b", summary), summary
-    plugin_passed = int(re.search(r"(\d+) passed", runs[0]).group(1))  # type: ignore[union-attr]
+    plugin_passed = int(re.search(r"(\d+) passed", runs[0]).group(1))  # type: ignore[union-attr]  # a None match fails the test with AttributeError, as wanted
     assert plugin_passed >= 40, f"the plugin run passed only {plugin_passed}: {runs[0]}"

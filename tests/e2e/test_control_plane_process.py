@@ -72,7 +72,7 @@ async def _row_counts(url: str) -> dict[str, int]:
 
 def test_reflection_lists_services_and_health_is_serving(start_server: object) -> None:
     """A reflection client (as grpcurl uses) lists the scheduler and health services; SERVING."""
-    proc = start_server()  # type: ignore[operator]
+    proc = start_server()  # type: ignore[operator]  # the fixture is a factory typed object
     with grpc.insecure_channel(proc.address) as channel:
         services = set(ProtoReflectionDescriptorDatabase(channel).get_services())
         assert {SCHEDULER, "grpc.health.v1.Health"} <= services
@@ -86,7 +86,7 @@ def test_invalid_spec_writes_nothing_and_valid_task_survives_restart(
     start_server: object, database_url: str
 ) -> None:
     """INVALID_ARGUMENT with field violations leaves no row; a QUEUED task outlives a restart."""
-    proc = start_server()  # type: ignore[operator]
+    proc = start_server()  # type: ignore[operator]  # the fixture is a factory typed object
     with grpc.insecure_channel(proc.address) as channel:
         stub = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
         bad = gen.GenerationSpec(
@@ -115,7 +115,7 @@ def test_invalid_spec_writes_nothing_and_valid_task_survives_restart(
         assert created.task.state == scheduler_pb2.TASK_STATE_QUEUED
     assert proc.stop() == 0, proc.log()
 
-    restarted = start_server()  # type: ignore[operator]
+    restarted = start_server()  # type: ignore[operator]  # the fixture is a factory typed object
     with grpc.insecure_channel(restarted.address) as channel:
         stub = scheduler_service_pb2_grpc.SchedulerServiceStub(channel)
         got = stub.GetTask(api.GetTaskRequest(task_id=created.task.task_id), timeout=10)

@@ -96,7 +96,7 @@ def test_sigkill_at_random_moments_loses_nothing(
     rounds = int(request.config.getoption("crash_rounds"))
     rng = random.Random(seed)
     workload = Workload(seed, TASKS_PER_ROUND * (rounds + 1), PROVIDERS, cancel_share=0.0)
-    cp: ControlPlane = make_control_plane(farm, fresh_postgres_url, redis_db.url)  # type: ignore[operator]
+    cp: ControlPlane = make_control_plane(farm, fresh_postgres_url, redis_db.url)  # type: ignore[operator]  # the fixture is a factory typed object
     cp.start()
     moments = []
     kills = 0

@@ -344,12 +344,13 @@ def test_every_account_is_reconciled_and_deltas_add_up(scenario: Scenario) -> No
 
 
 def _unknown_row(scenario: Scenario, provider: str) -> dict[str, Any]:
-    [row] = [
+    rows: list[dict[str, Any]] = [
         d
         for run in scenario.first["runs"]
         for d in run["discrepancies"]
         if d["kind"] == "COST_AFTER_UNKNOWN" and d["provider"] == provider
     ]
+    [row] = rows
     return row
 
 

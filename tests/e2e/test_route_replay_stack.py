@@ -105,7 +105,8 @@ def _by_hand(snap: dict[str, Any]) -> str | None:
     refused = set(snap.get("lease_refused", ()))
     pool = [c for c in snap["candidates"] if "raw_components" in c and c["id"] not in refused]
     if not pool:
-        return snap["selected"]
+        selected: str | None = snap["selected"]
+        return selected
     google = [c for c in pool if c["provider"] == "google"]
     return str(min(google or pool, key=lambda c: c["estimated_cost_micros"])["id"])
 

@@ -54,7 +54,7 @@ def test_soak_random_faults_keep_every_invariant(
     """
     size = int(request.config.getoption("soak_size"))
     workload = Workload(seed, size, PROVIDERS)
-    cp: ControlPlane = make_control_plane(farm, fresh_postgres_url, redis_db.url)  # type: ignore[operator]
+    cp: ControlPlane = make_control_plane(farm, fresh_postgres_url, redis_db.url)  # type: ignore[operator]  # the fixture is a factory typed object
     cp.start()
     workload.submit_all(farm, cp)
     tasks = workload.wait_all_terminal(cp, timeout_s=120 + 3 * size)

@@ -112,7 +112,7 @@ class Stack:
                 created[(provider, n)] = self.cp.create_task(provider, prompt=prompt)
                 index = offset + n - 1
                 wait_for(
-                    lambda i=index, e=emulator: e.call(e.emulator.faults)[i]["fired"] >= 1,  # type: ignore[misc]
+                    lambda i=index, e=emulator: e.call(e.emulator.faults)[i]["fired"] >= 1,  # type: ignore[misc]  # defaults bind the loop variables; mypy cannot infer lambda defaults
                     timeout_s=90,
                     what=f"{provider} fault {n} fired",
                 )

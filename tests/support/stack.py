@@ -513,7 +513,7 @@ class ControlPlane:
         wait_for(published, timeout_s=timeout_s, interval_s=0.2, what="capabilities published")
 
     # -- API -------------------------------------------------------------------------------
-    def _call(self, fn: Callable[[Any], T]) -> T:
+    def _call(self, fn: Callable[[scheduler_service_pb2_grpc.SchedulerServiceStub], T]) -> T:
         assert self.stub is not None, "control plane not started"
         return fn(self.stub)
 

@@ -61,7 +61,7 @@ async def test_database_outage_is_not_ready_but_alive() -> None:
         return True
 
     running = await start_server(
-        SchedulerServicer(TaskService(db=None)),  # type: ignore[arg-type]
+        SchedulerServicer(TaskService(db=None)),  # type: ignore[arg-type]  # no database: health never reaches it
         listen="127.0.0.1:0",
         probe=probe,
         probe_interval=3600,
@@ -92,7 +92,7 @@ async def test_control_plane_serves_a_client_side_health_checked_channel() -> No
         return True
 
     running = await start_server(
-        SchedulerServicer(TaskService(db=None)),  # type: ignore[arg-type]
+        SchedulerServicer(TaskService(db=None)),  # type: ignore[arg-type]  # no database: health never reaches it
         listen="127.0.0.1:0",
         probe=probe,
         probe_interval=3600,
@@ -117,7 +117,7 @@ async def test_watch_reports_a_readiness_change() -> None:
         return database_up
 
     running = await start_server(
-        SchedulerServicer(TaskService(db=None)),  # type: ignore[arg-type]
+        SchedulerServicer(TaskService(db=None)),  # type: ignore[arg-type]  # no database: health never reaches it
         listen="127.0.0.1:0",
         probe=probe,
         probe_interval=3600,

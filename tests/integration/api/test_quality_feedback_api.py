@@ -61,7 +61,7 @@ class Api:
 
     async def feedback(self, who: str, task_id: str, verdict: int, **kw: Any) -> bool:
         answer = await self.stub.SubmitFeedback(
-            api.SubmitFeedbackRequest(task_id=task_id, verdict=verdict, **kw),  # type: ignore[arg-type]
+            api.SubmitFeedbackRequest(task_id=task_id, verdict=verdict, **kw),  # type: ignore[arg-type]  # kw are the request's other fields, typed Any
             metadata=self.md(who),
         )
         return bool(answer.recorded)

@@ -175,7 +175,7 @@ async def test_not_ready_until_the_adapter_described_and_no_task_fails(
         try:
 
             async def serving() -> bool:
-                return await stack.status(SCHEDULER_SERVICE) == SERVING
+                return bool(await stack.status(SCHEDULER_SERVICE) == SERVING)
 
             await eventually(serving, 60, "the control plane turns SERVING")
             assert await stack.status("") == SERVING
@@ -208,7 +208,7 @@ async def test_a_revoked_account_is_skipped_from_the_next_task_on(
             stack = await stack_factory(port)
 
             async def serving() -> bool:
-                return await stack.status(SCHEDULER_SERVICE) == SERVING
+                return bool(await stack.status(SCHEDULER_SERVICE) == SERVING)
 
             await eventually(serving, 60, "the control plane turns SERVING")
             revoked = {

@@ -121,7 +121,7 @@ async def test_a_second_serve_on_a_busy_port_or_the_same_sqlite_file_refuses(
     """With a control plane serving (SQLite a.db), `vidroute serve` on its port (another
     database) says the port is in use and how to fix it; on port 0 with a.db, that the SQLite
     file is held; both exit 78 in one line before writing anything."""
-    first = await api_only()  # type: ignore[misc]
+    first = await api_only()  # type: ignore[misc]  # the fixture returns an awaitable typed object
     port = first.port
     work = tmp_path / "second"
     work.mkdir()
@@ -176,11 +176,11 @@ async def test_the_sqlite_lock_is_released_at_stop(
 ) -> None:
     """A second in-process control plane on the same SQLite file is refused while the first
     runs, and starts once the first has stopped."""
-    first = await api_only()  # type: ignore[misc]
+    first = await api_only()  # type: ignore[misc]  # the fixture returns an awaitable typed object
     with pytest.raises(StartupRefused, match="in use by another control plane"):
-        await api_only()  # type: ignore[misc]
+        await api_only()  # type: ignore[misc]  # the fixture returns an awaitable typed object
     await first.stop(grace=0.5)
-    second = await api_only()  # type: ignore[misc]
+    second = await api_only()  # type: ignore[misc]  # the fixture returns an awaitable typed object
     assert second.port > 0
 
 

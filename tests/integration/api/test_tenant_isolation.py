@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,7 +91,7 @@ def _spec(tenant: str) -> gen.GenerationSpec:
 
 async def _code(call: object) -> grpc.StatusCode:
     try:
-        await call  # type: ignore[misc]
+        await call  # type: ignore[misc]  # any stub call's awaitable, typed object
     except grpc.aio.AioRpcError as exc:
         return exc.code()
     return grpc.StatusCode.OK
@@ -99,7 +99,7 @@ async def _code(call: object) -> grpc.StatusCode:
 
 async def _error(call: object) -> grpc.aio.AioRpcError:
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await call  # type: ignore[misc]
+        await call  # type: ignore[misc]  # any stub call's awaitable, typed object
     return info.value
 
 
@@ -219,7 +219,7 @@ async def test_create_only_in_the_callers_own_tenant_unless_admin(attack: Api) -
 async def test_admin_rpcs_need_the_admin_role(attack: Api) -> None:
     """ListProviders, GetProviderHealth and ForceBreaker are PERMISSION_DENIED for tenants."""
     a = attack
-    calls = {
+    calls: dict[str, Callable[[tuple[tuple[str, str], ...]], object]] = {
         "ListProviders": lambda md: a.stub.ListProviders(api.ListProvidersRequest(), metadata=md),
         "GetProviderHealth": lambda md: a.stub.GetProviderHealth(
             api.GetProviderHealthRequest(provider="runway"), metadata=md
@@ -240,7 +240,7 @@ async def test_admin_rpcs_need_the_admin_role(attack: Api) -> None:
 
 async def test_the_admin_service_itself_refuses_tenant_callers() -> None:
     """The role check lives in the service, so no other entry point can skip it."""
-    admin = ProviderAdminService(catalog=None, monitor=None)  # type: ignore[arg-type]
+    admin = ProviderAdminService(catalog=None, monitor=None)  # type: ignore[arg-type]  # the role check refuses before either is used
     tenant = Caller.tenant("alpha")
     for attempt in (
         admin.list_providers(tenant),

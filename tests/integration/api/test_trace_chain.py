@@ -110,7 +110,7 @@ async def stack(
             traceparents.append(request.header("traceparent"))
             return store_job(request, job)
 
-        emulator.new_job = record_create  # type: ignore[method-assign]
+        emulator.new_job = record_create  # type: ignore[method-assign]  # the test swaps in a recording or failing double
         port = free_port()
         config = parse_config(
             {
@@ -328,7 +328,7 @@ async def test_a_traced_http_call_records_its_url_without_the_query(
             seen.append(request.header("traceparent"))
             return await dispatch(request)
 
-        emulator._dispatch = record  # type: ignore[method-assign]
+        emulator._dispatch = record  # type: ignore[method-assign]  # the test swaps in a recording or failing double
         client = httpx.AsyncClient(base_url=emulator.url)
         tracing_edge.instrument_httpx(client)
         try:

@@ -27,7 +27,7 @@ async def _faults(c: httpx.AsyncClient, body: Any) -> httpx.Response:
 
 
 async def test_runway_daily_total_shows_duplicate_price_and_failed_charge() -> None:
-    async with RunwayEmulator(RunwayConfig(**FAST)) as emu, client(emu.url) as c:  # type: ignore[arg-type]
+    async with RunwayEmulator(RunwayConfig(**FAST)) as emu, client(emu.url) as c:  # type: ignore[arg-type]  # keyword overrides from a plain dict; the constructor checks them
         ids = [
             (
                 await c.post(
@@ -63,7 +63,7 @@ async def test_runway_daily_total_shows_duplicate_price_and_failed_charge() -> N
 
 
 async def test_veo_billing_lines_duplicate_price_orphan() -> None:
-    config = VeoConfig(**FAST, extensions=frozenset({"billing_export"}))  # type: ignore[arg-type]
+    config = VeoConfig(**FAST, extensions=frozenset({"billing_export"}))  # type: ignore[arg-type]  # keyword overrides from a plain dict; the constructor checks them
     async with VeoEmulator(config) as emu, client(emu.url) as c:
         submit = f"/v1beta/models/{VEO_MODEL}:predictLongRunning"
         names = [

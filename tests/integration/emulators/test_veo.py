@@ -45,7 +45,8 @@ async def _run_to_done(gv: httpx.AsyncClient, body: dict[str, Any] | None = None
     name = (await gv.post(SUBMIT, json=body or BODY)).json()["name"]
     ops = [(await gv.get(f"/v1beta/{name}")).json() for _ in range(4)]
     assert [op["done"] for op in ops] == [False, False, False, True]
-    return ops[-1]
+    done: dict[str, Any] = ops[-1]
+    return done
 
 
 async def test_api_key_is_required_and_checked(gv: httpx.AsyncClient) -> None:

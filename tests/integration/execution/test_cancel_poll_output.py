@@ -18,7 +18,7 @@ from vidroute_core.adapter import (
 
 
 def snap(state: JobState, **kw: object) -> JobSnapshot:
-    return JobSnapshot(state, state.value, f'{{"status":"{state.value}","kw":"{kw}"}}', **kw)  # type: ignore[arg-type]
+    return JobSnapshot(state, state.value, f'{{"status":"{state.value}","kw":"{kw}"}}', **kw)  # type: ignore[arg-type]  # keyword overrides from a plain dict; the constructor checks them
 
 
 def done(url: str = "https://cdn.example/out.mp4") -> JobSnapshot:
@@ -226,11 +226,11 @@ async def test_observers_hear_each_submit_and_each_finished_generation(harness: 
     submits: list[tuple[str, str]] = []
     ends: list[tuple[int, JobState]] = []
 
-    async def on_submit(account, attempt, result, took_s):  # type: ignore[no-untyped-def]
+    async def on_submit(account, attempt, result, took_s):  # type: ignore[no-untyped-def]  # a hook double; its arguments are unused
         assert took_s >= 0
         submits.append((account.provider, result.kind.value))
 
-    async def on_end(account, attempt, snapshot):  # type: ignore[no-untyped-def]
+    async def on_end(account, attempt, snapshot):  # type: ignore[no-untyped-def]  # a hook double; its arguments are unused
         ends.append((attempt.id, snapshot.state))
 
     engine.deps.on_submit = on_submit

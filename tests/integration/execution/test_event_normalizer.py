@@ -26,7 +26,7 @@ from vidroute_core.errors import ErrorClass, make_error
 
 def snap(state: JobState, raw: str | None = None, **kw: object) -> JobSnapshot:
     raw = raw or state.value
-    return JobSnapshot(state, raw, f'{{"status":"{raw}"}}', **kw)  # type: ignore[arg-type]
+    return JobSnapshot(state, raw, f'{{"status":"{raw}"}}', **kw)  # type: ignore[arg-type]  # keyword overrides from a plain dict; the constructor checks them
 
 
 async def accepted(h: Harness, job_id: str = "job-1") -> tuple[ExecutionEngine, AttemptRecord]:

@@ -69,7 +69,7 @@ async def _deliver(lite: Harness, file_server: FileServer, store: ObjectStore) -
     outputs = tuple(JobOutput(uri, "video/mp4") for uri in uris)
     lite.fake.set_job("job-2", JobSnapshot(JobState.SUCCEEDED, "DONE", "{}", 1.0, outputs))
     async with httpx.AsyncClient(timeout=5.0) as http:
-        lite.fetch = fetcher_for(http, store)  # type: ignore[assignment]
+        lite.fetch = fetcher_for(http, store)  # type: ignore[assignment]  # the test swaps in a recording or failing double
         attempt = await lite.task_with_attempt(provider="runway")
         lite.fake.script_submit(lite.fake.accepted("job-2"))
         engine = lite.engine()
@@ -368,7 +368,7 @@ async def test_a_sample_failing_transiently_is_fetched_again_with_the_others(
     attempt = await lite.task_with_attempt(provider="runway")
     lite.fake.script_submit(lite.fake.accepted("job-3"))
     async with httpx.AsyncClient(timeout=5.0) as http:
-        lite.fetch = fetcher_for(http, FilesystemObjectStore(tmp_path / "objects"))  # type: ignore[assignment]
+        lite.fetch = fetcher_for(http, FilesystemObjectStore(tmp_path / "objects"))  # type: ignore[assignment]  # the test swaps in a recording or failing double
         lite.engine()
         await _rounds(lite, 1)
         waiting = (await lite.detail(attempt.task_id)).task
@@ -395,7 +395,7 @@ async def test_one_invalid_sample_fails_the_task(
     attempt = await lite.task_with_attempt(provider="runway")
     lite.fake.script_submit(lite.fake.accepted("job-4"))
     async with httpx.AsyncClient(timeout=5.0) as http:
-        lite.fetch = fetcher_for(http, FilesystemObjectStore(tmp_path / "objects"))  # type: ignore[assignment]
+        lite.fetch = fetcher_for(http, FilesystemObjectStore(tmp_path / "objects"))  # type: ignore[assignment]  # the test swaps in a recording or failing double
         lite.engine()
         await _rounds(lite, 3)
     task = (await lite.detail(attempt.task_id)).task

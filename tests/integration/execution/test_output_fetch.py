@@ -45,7 +45,7 @@ def _request(url: str, **overrides: object) -> FetchRequest:
         "max_bytes": 10 * 1024 * 1024,
     }
     fields.update(overrides)
-    return FetchRequest(**fields)  # type: ignore[arg-type]
+    return FetchRequest(**fields)  # type: ignore[arg-type]  # keyword overrides from a plain dict; the constructor checks them
 
 
 def _invalid(result: object, code: InvalidReason) -> OutputInvalid:

@@ -44,7 +44,7 @@ class RecordingFetch:
 async def _run(lite: Harness, tmp_path: Path, rounds: int = 3) -> tuple[int, RecordingFetch]:
     store = FilesystemObjectStore(tmp_path / "objects")
     async with httpx.AsyncClient(timeout=2.0) as http:
-        lite.fetch = RecordingFetch(http, store)  # type: ignore[assignment]
+        lite.fetch = RecordingFetch(http, store)  # type: ignore[assignment]  # the test swaps in a recording or failing double
         attempt = await lite.task_with_attempt(provider="runway")
         lite.fake.script_submit(lite.fake.accepted("job-v"))
         engine = lite.engine()
@@ -52,7 +52,7 @@ async def _run(lite: Harness, tmp_path: Path, rounds: int = 3) -> tuple[int, Rec
         for _ in range(rounds):
             lite.clock.advance(120)
             await engine.run_until_idle()
-    return attempt.task_id, lite.fetch  # type: ignore[return-value]
+    return attempt.task_id, lite.fetch  # type: ignore[return-value]  # lite.fetch is the RecordingFetch set above
 
 
 async def test_flagged_output_is_fetched_through_the_adapter_stored_and_probed(

@@ -37,7 +37,7 @@ async def _set_due(harness: Harness, due: dict[int, float | None]) -> None:
     async with harness.db.unit(now) as u:
         for attempt_id, seconds in due.items():
             at = None if seconds is None else now + timedelta(seconds=seconds)
-            task_id = (await u.attempt(attempt_id)).task_id  # type: ignore[union-attr]
+            task_id = (await u.attempt(attempt_id)).task_id  # type: ignore[union-attr]  # the attempt was just created, never None
             await u.set_runtime(attempt_id, task_id, next_poll_at=at)
 
 

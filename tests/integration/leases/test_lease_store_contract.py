@@ -595,7 +595,7 @@ def test_malformed_requests_are_rejected(kwargs: dict[str, object]) -> None:
     """Requests that would break hash tags, counting or expiry raise InvalidLeaseRequest."""
     base: dict[str, object] = {"attempt_id": "a", "account": ACCOUNT, "dimensions": DIMS}
     with pytest.raises(InvalidLeaseRequest):
-        LeaseRequest(**{**base, **kwargs})  # type: ignore[arg-type]
+        LeaseRequest(**{**base, **kwargs})  # type: ignore[arg-type]  # keyword overrides from a plain dict; the constructor checks them
 
 
 @pytest.mark.redis

@@ -80,9 +80,9 @@ async def test_concurrent_processes_never_exceed_capacity(
                 proc.kill()
         await asyncio.gather(waiters, return_exceptions=True)
 
-    granted = sum(int(s["granted"]) for s in stats)  # type: ignore[call-overload]
-    rejected = sum(int(s["rejected"]) for s in stats)  # type: ignore[call-overload]
-    released = sum(int(s["released"]) for s in stats)  # type: ignore[call-overload]
+    granted = sum(int(s["granted"]) for s in stats)  # type: ignore[call-overload]  # stats rows are JSON objects typed object
+    rejected = sum(int(s["rejected"]) for s in stats)  # type: ignore[call-overload]  # stats rows are JSON objects typed object
+    released = sum(int(s["released"]) for s in stats)  # type: ignore[call-overload]  # stats rows are JSON objects typed object
     assert granted == released
     assert granted + rejected == WORKERS * ITERATIONS
     assert rejected > 0, "the workload never hit a full dimension, so it proved nothing"

@@ -57,7 +57,7 @@ async def test_concurrent_creates_get_what_they_would_alone(
     sent = list(statements)
     made = results[:24]
     assert all(isinstance(r, tuple) and r[1] for r in made)
-    ids = [r[0].id for r in made]  # type: ignore[index]
+    ids = [r[0].id for r in made]  # type: ignore[index]  # the assert above proved each is a tuple
     assert len(set(ids)) == 24
     for repeat in results[24:27]:
         assert isinstance(repeat, tuple)

@@ -21,7 +21,7 @@ from vidroute_core.exceptions import IdempotencyConflict
 
 async def _count(engine: AsyncEngine, table: object) -> int:
     async with engine.connect() as conn:
-        return int(await conn.scalar(select(func.count()).select_from(table)))  # type: ignore[arg-type]
+        return int(await conn.scalar(select(func.count()).select_from(table)))  # type: ignore[arg-type]  # table is a Table typed object here
 
 
 async def test_create_task_writes_task_event_and_outbox(db: Database, tasks: TaskQueries) -> None:
@@ -90,7 +90,7 @@ async def test_concurrent_creators_with_one_key_make_one_task(
         results = await asyncio.gather(*(create(one) for one in dbs))
     finally:
         await asyncio.gather(*(one.dispose() for one in dbs))
-    assert len({task.id for task, _ in results}) == 1  # type: ignore[attr-defined]
+    assert len({task.id for task, _ in results}) == 1  # type: ignore[attr-defined]  # gather's results are the (task, created) pairs
     assert sum(created for _, created in results) == 1
     assert await _count(engine, generation_tasks) == 1
     assert await _count(engine, task_events) == 1

@@ -60,7 +60,7 @@ def make_spec(
         user_id="u1",
         project_id="p1",
         output=OutputSpec(width=size[0], height=size[1], duration_ms=seconds * 1000),
-        routing=RoutingPolicy(**routing),  # type: ignore[arg-type]
+        routing=RoutingPolicy(**routing),  # type: ignore[arg-type]  # keyword overrides from a plain dict; the constructor checks them
     )
 
 

@@ -106,7 +106,7 @@ async def test_a_parked_task_writes_nothing_until_a_lease_is_released(
         rounds += 1
         return done
 
-    dispatcher.tick = counted  # type: ignore[method-assign]
+    dispatcher.tick = counted  # type: ignore[method-assign]  # the test swaps in a recording or failing double
 
     async def paused() -> bool:  # its first round is over: next it sleeps the poll interval
         return rounds >= 1
@@ -239,7 +239,7 @@ async def test_two_dispatchers_running_rounds_together_never_dispatch_a_task_twi
             outcomes.extend(r.outcome for r in results)
             return results
 
-        d.dispatch_batch = counting  # type: ignore[method-assign]
+        d.dispatch_batch = counting  # type: ignore[method-assign]  # the test swaps in a recording or failing double
     for _ in range(6):
         await asyncio.gather(*(d.tick() for d in pair))
         for store in stores:  # the providers finished: every slot is free again
@@ -301,7 +301,7 @@ async def test_a_batch_whose_transaction_fails_releases_every_lease_it_took(
             taken.append(sum(1 for g in got if g is not None))
             return got
 
-        store.acquire_many = spying  # type: ignore[method-assign]
+        store.acquire_many = spying  # type: ignore[method-assign]  # the test swaps in a recording or failing double
         with pytest.raises(Exception, match="injected"):
             await dispatcher.tick()
         assert sum(taken) == len(tasks)  # the whole batch was leased before the write

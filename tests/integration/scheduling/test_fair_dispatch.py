@@ -133,7 +133,7 @@ async def test_weighted_shares_hold_over_rounds_behind_a_flood(
                 running.append(result.task_id)
         return results
 
-    dispatcher.dispatch_batch = counting  # type: ignore[method-assign]
+    dispatcher.dispatch_batch = counting  # type: ignore[method-assign]  # the test swaps in a recording or failing double
     for _ in range(rounds):
         assert await dispatcher.tick() == 20
         await _finish(db, leases, dispatcher, running)

@@ -104,8 +104,8 @@ async def test_only_the_leader_dispatches_and_a_standby_takes_over(
         async def silently() -> None:
             return None
 
-        lock.try_acquire = never  # type: ignore[method-assign]
-        lock.release = silently  # type: ignore[method-assign]
+        lock.try_acquire = never  # type: ignore[method-assign]  # the test swaps in a recording or failing double
+        lock.release = silently  # type: ignore[method-assign]  # the test swaps in a recording or failing double
         await kill_session(pg_url, lock.backend_pid)
         late = await new_task(db, make_spec("late"), key="late")
 
@@ -122,4 +122,4 @@ async def test_only_the_leader_dispatches_and_a_standby_takes_over(
             event.set()
         await asyncio.gather(*runs.values(), return_exceptions=True)
         for d in (one, two):
-            await d.leader.close()  # type: ignore[attr-defined]
+            await d.leader.close()  # type: ignore[attr-defined]  # a PostgresAdvisoryLock has close; LeaderLock does not

@@ -104,7 +104,7 @@ async def routing(db: Database, catalogs: CatalogQueries, monitor: HealthMonitor
         db=db,
         catalogs=catalogs,
         leases=MemoryLeaseStore(),
-        adapters=CompilingAdapter(capabilities=caps).for_providers(["self_hosted"]),  # type: ignore[arg-type]
+        adapters=CompilingAdapter(capabilities=caps).for_providers(["self_hosted"]),  # type: ignore[arg-type]  # a compile-only double of AdapterClient
         monitor=monitor,
         router=router,
         leader=LocalLock("published-policy"),

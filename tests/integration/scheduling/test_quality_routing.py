@@ -107,7 +107,7 @@ async def test_rejections_in_one_bucket_move_routing_away_in_that_bucket_only(
         db=db,
         catalogs=catalogs,
         leases=MemoryLeaseStore(),
-        adapters=CompilingAdapter(capabilities=caps).for_providers(["self_hosted"]),  # type: ignore[arg-type]
+        adapters=CompilingAdapter(capabilities=caps).for_providers(["self_hosted"]),  # type: ignore[arg-type]  # a compile-only double of AdapterClient
         monitor=monitor,
         router=RouterConfig(policy=example_policy("router-v17")),
         leader=LocalLock("quality-routing"),

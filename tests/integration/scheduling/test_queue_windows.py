@@ -41,7 +41,7 @@ def record_takes(dispatcher: Dispatcher) -> list[list[str]]:
         rounds.append([t.user_id for t in tasks])
         return await original(tasks, facts, **kw)
 
-    dispatcher.dispatch_batch = recording  # type: ignore[method-assign]
+    dispatcher.dispatch_batch = recording  # type: ignore[method-assign]  # the test swaps in a recording or failing double
     return rounds
 
 

@@ -35,7 +35,7 @@ def bare_dispatcher(
         catalogs=catalogs,
         leases=MemoryLeaseStore(),
         # A compile-only fake: the dispatcher calls nothing else of an AdapterClient.
-        adapters=adapter.for_providers(["runway", "google", "self_hosted"]),  # type: ignore[arg-type]
+        adapters=adapter.for_providers(["runway", "google", "self_hosted"]),  # type: ignore[arg-type]  # a compile-only double of AdapterClient
         monitor=monitor,
         router=RouterConfig(policy=example_policy("router-v17")),
         leader=LocalLock("readiness"),

@@ -59,7 +59,7 @@ def replica(
         db=db,
         database_url=pg_url,
         leases=leases,
-        adapters=adapter.for_providers(["runway", "google", "self_hosted"]),  # type: ignore[arg-type]
+        adapters=adapter.for_providers(["runway", "google", "self_hosted"]),  # type: ignore[arg-type]  # a compile-only double of AdapterClient
         policy=example_policy("router-v17"),
         config=DispatcherConfig(shard_count=SHARDS, poll_interval_s=0.05, leader_retry_s=0.1),
         upkeep_config=UpkeepConfig(interval_s=3600),  # leases are freed by AttemptWatch here
@@ -159,7 +159,7 @@ async def test_a_killed_replica_session_frees_its_shards(
             async def never() -> bool:
                 return False
 
-            d.leader.try_acquire = never  # type: ignore[method-assign]
+            d.leader.try_acquire = never  # type: ignore[method-assign]  # the test swaps in a recording or failing double
         await kill_session(pg_url, leadership.session.backend_pid)
         b.start()
         await eventually(lambda: led(b) == set(range(SHARDS)))
@@ -246,7 +246,7 @@ def test_on_sqlite_one_process_dispatches_every_tenant_whatever_the_shard_count(
         db=db,
         database_url=database_url,
         leases=MemoryLeaseStore(),
-        adapters=adapter.for_providers(["runway"]),  # type: ignore[arg-type]
+        adapters=adapter.for_providers(["runway"]),  # type: ignore[arg-type]  # a compile-only double of AdapterClient
         policy=example_policy("router-v17"),
         config=DispatcherConfig(shard_count=SHARDS),
     )

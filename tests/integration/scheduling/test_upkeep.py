@@ -9,17 +9,20 @@ from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.persistence.database import Database
 from controlplane.persistence.models import lease_audit_events, outbox
 from controlplane.persistence.tasks import TaskQueries
+from controlplane.scheduling.dispatcher import Dispatcher
 from controlplane.scheduling.upkeep import Upkeep
 from tests.integration.scheduling.conftest import DispatcherFactory
 from tests.integration.scheduling.support import NOW, make_spec
 from tests.integration.scheduling.test_dispatcher import new_task
 
 
-def _upkeep(db: Database, leases: MemoryLeaseStore, dispatcher: object, woken: list[int]) -> Upkeep:
+def _upkeep(
+    db: Database, leases: MemoryLeaseStore, dispatcher: Dispatcher, woken: list[int]
+) -> Upkeep:
     return Upkeep(
         db=db,
         leases=leases,
-        catalog=dispatcher.catalog,  # type: ignore[attr-defined]
+        catalog=dispatcher.catalog,
         is_leader=lambda: True,
         wake=lambda: woken.append(1),
         worker_id="upkeep-test",

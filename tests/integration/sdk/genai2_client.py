@@ -89,7 +89,7 @@ def errors_seen(client: genai.Client, webhook: str) -> dict[str, Any]:
     try:
         # google-genai 2.x (this script's SDK) takes `name`; .venv's 3.x types do not.
         nope = f"models/{MODEL}/operations/nope"
-        client.operations.get(types.GenerateVideosOperation(name=nope))  # type: ignore[call-arg]
+        client.operations.get(types.GenerateVideosOperation(name=nope))  # type: ignore[call-arg]  # genai 2.x takes name; .venv's 3.x stubs do not
     except errors.APIError as exc:
         seen["poll"] = {"type": type(exc).__name__, "code": exc.code, "status": exc.status}
     return seen

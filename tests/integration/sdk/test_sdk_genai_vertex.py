@@ -32,7 +32,7 @@ def _client(emulator: EmulatorThread, token: str = VERTEX_TOKEN) -> genai.Client
         vertexai=True,
         project="vidroute-test",
         location=LOCATION,
-        credentials=Credentials(token=token),
+        credentials=Credentials(token=token),  # type: ignore[no-untyped-call]  # google-auth leaves __init__ unannotated
         http_options=options,
     )
 

@@ -60,7 +60,7 @@ def test_text_to_video_lifecycle_parses_with_cost_fields(runway_emulator: Emulat
             output_format="mp4",
         )
         # An extra field the SDK's pydantic model keeps but does not declare.
-        assert created.estimated_cost.credits == 60  # type: ignore[attr-defined]
+        assert created.estimated_cost.credits == 60  # type: ignore[attr-defined]  # an extra field the SDK's model keeps undeclared
         seen = _run_to_end(client, created.id)
     assert [type(t).__name__ for t in seen][:2] == ["AwaitablePending", "AwaitableRunning"]
     assert isinstance(seen[0], tasks.Pending)
@@ -100,7 +100,7 @@ def test_veo31_accepts_seed_and_bills_no_audio(runway_emulator: EmulatorThread) 
             model="veo3.1", prompt_text="waves", ratio="1920:1080", seed=11, audio=False
         )
         final = _run_to_end(client, created.id)[-1]
-    assert created.estimated_cost.credits == 160  # type: ignore[attr-defined]
+    assert created.estimated_cost.credits == 160  # type: ignore[attr-defined]  # an extra field the SDK's model keeps undeclared
     assert isinstance(final, tasks.Succeeded)
     assert final.cost.credits == 160
 
@@ -143,7 +143,7 @@ def test_delete_cancels_with_zero_cost(runway_emulator: EmulatorThread) -> None:
         created = client.text_to_video.create(
             model="gen4.5", prompt_text="x", ratio="720:1280", duration=2
         )
-        assert client.tasks.delete(created.id) is None  # type: ignore[func-returns-value]
+        assert client.tasks.delete(created.id) is None  # type: ignore[func-returns-value]  # the test asserts the SDK's None on purpose
         cancelled = client.tasks.retrieve(created.id)
     assert isinstance(cancelled, tasks.Cancelled)
     assert cancelled.cost.credits == 0

@@ -106,7 +106,7 @@ async def test_async_download_resumes_into_a_file_object(outputs: tuple[Outputs,
 
 def test_a_checksum_mismatch_is_data_loss_and_leaves_no_file(tmp_path: Path) -> None:
     """Bytes whose SHA-256 is not the stored one raise DataLoss; the destination is not made."""
-    servicer = Outputs(CONTENT, checksum="0" * 64)  # type: ignore[abstract]
+    servicer = Outputs(CONTENT, checksum="0" * 64)  # type: ignore[abstract]  # a partial servicer: only the RPC under test
     dest = tmp_path / "out.mp4"
     for target in _serve(servicer):
         with Client(target, token="") as client, pytest.raises(errors.DataLoss) as err:

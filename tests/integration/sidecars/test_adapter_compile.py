@@ -38,12 +38,12 @@ ADAPTERS: dict[str, type[RunwayAdapter] | type[VeoAdapter] | type[SelfHostedAdap
 }
 
 
-def _adapter(name: str):  # type: ignore[no-untyped-def]
+def _adapter(name: str):
     return ADAPTERS[name].from_config(sidecar_config("http://127.0.0.1:9", "KEY"))
 
 
 def _compile(name: str, model: str, **spec_fields: object) -> CompiledPlan:
-    spec = make_spec(**spec_fields)  # type: ignore[arg-type]
+    spec = make_spec(**spec_fields)
     return _adapter(name).compile(CompileInput(spec, model))
 
 
@@ -71,7 +71,7 @@ def test_compile_matches_the_contract_golden_files(adapter, path):
     assert plan.request_hash == want["request_hash"]
 
 
-def test_compile_is_deterministic_and_hash_ignores_url_signatures():
+def test_compile_is_deterministic_and_hash_ignores_url_signatures() -> None:
     """Same spec -> identical plan; a re-signed asset URL keeps the request hash."""
     from dataclasses import replace
 
@@ -89,7 +89,7 @@ def test_compile_is_deterministic_and_hash_ignores_url_signatures():
     assert four.request_hash != one.request_hash
 
 
-def test_size_maps_losslessly_to_runway_pixel_ratio():
+def test_size_maps_losslessly_to_runway_pixel_ratio() -> None:
     """1920x1080 is not gen4.5's resolution; 1280x720 is LOSSLESS to ratio 1280:720."""
     plan = _compile("runway", "gen4.5")
     assert _kinds(plan)["output.width,output.height"] is K.LOSSLESS
@@ -98,14 +98,14 @@ def test_size_maps_losslessly_to_runway_pixel_ratio():
     assert aspect_label(1440, 1080) == "4:3"
 
 
-def test_unsupported_aspect_ratio_is_reject():
+def test_unsupported_aspect_ratio_is_reject() -> None:
     """A 4:3 text-to-video on gen4.5 breaks its constraint: REJECT, not submittable."""
     plan = _compile("runway", "gen4.5", width=960, height=720)
     assert not plan.submittable
     assert any(t.kind is K.REJECT and "1280:720" in t.detail for t in plan.transformations)
 
 
-def test_duration_snap_is_degrade_only_when_allowed():
+def test_duration_snap_is_degrade_only_when_allowed() -> None:
     """7 s on veo3.1 (4/6/8): DEGRADE to 8 s with permission, REJECT without."""
     allowed = _compile("runway", "veo3.1", duration_ms=7000, degrade=True)
     assert _kinds(allowed)["output.duration_ms"] is K.DEGRADE
@@ -119,7 +119,7 @@ def test_duration_snap_is_degrade_only_when_allowed():
     assert refused.request_hash == ""
 
 
-def test_1080p_requires_8s_through_the_constraint_evaluator():
+def test_1080p_requires_8s_through_the_constraint_evaluator() -> None:
     """1080p at 6 s on Veo 3.1 snaps to 8 s (the only legal duration) as a DEGRADE."""
     plan = _compile(
         "veo", "veo-3.1-generate-preview", width=1920, height=1080, duration_ms=6000, degrade=True
@@ -132,14 +132,14 @@ def test_1080p_requires_8s_through_the_constraint_evaluator():
     assert plan.native_request["parameters"]["resolution"] == "1080p"
 
 
-def test_audio_on_a_silent_model_is_reject_or_degrade():
+def test_audio_on_a_silent_model_is_reject_or_degrade() -> None:
     """with_audio on gen4.5 (silent): REJECT by default, DEGRADE when allowed."""
     assert _kinds(_compile("runway", "gen4.5", with_audio=True))["output.with_audio"] is K.REJECT
     degraded = _compile("runway", "gen4.5", with_audio=True, degrade=True)
     assert _kinds(degraded)["output.with_audio"] is K.DEGRADE
 
 
-def test_audio_price_applies_when_audio_is_generated():
+def test_audio_price_applies_when_audio_is_generated() -> None:
     """veo3.1 via Runway costs 40 credits/s with audio and 20 without."""
     loud = _compile("runway", "veo3.1", duration_ms=8000, with_audio=True)
     quiet = _compile("runway", "veo3.1", duration_ms=8000)
@@ -149,13 +149,13 @@ def test_audio_price_applies_when_audio_is_generated():
     assert loud.native_request["audio"] is True
 
 
-def test_always_on_audio_is_lossless_strip():
+def test_always_on_audio_is_lossless_strip() -> None:
     """Veo 3.1 (Gemini) always renders audio: a silent request is a LOSSLESS strip."""
     plan = _compile("veo", "veo-3.1-generate-preview", duration_ms=8000)
     assert _kinds(plan)["output.with_audio"] is K.LOSSLESS
 
 
-def test_last_frame_on_a_model_without_it_is_reject():
+def test_last_frame_on_a_model_without_it_is_reject() -> None:
     """FIRST_LAST on gen4.5 is REJECT (mode and last frame)."""
     plan = _compile("runway", "gen4.5", mode=Mode.FIRST_LAST_TO_VIDEO)
     kinds = _kinds(plan)
@@ -163,7 +163,7 @@ def test_last_frame_on_a_model_without_it_is_reject():
     assert kinds["last_frame"] is K.REJECT
 
 
-def test_negative_prompt_without_support_is_degrade():
+def test_negative_prompt_without_support_is_degrade() -> None:
     """gen4.5 has no negative prompt: DEGRADE (dropped) when allowed."""
     plan = _compile("runway", "gen4.5", negative_prompt="blurry", degrade=True)
     assert _kinds(plan)["negative_prompt"] is K.DEGRADE
@@ -171,14 +171,14 @@ def test_negative_prompt_without_support_is_degrade():
     assert "negativePrompt" not in plan.native_request
 
 
-def test_seed_is_exact_where_supported_and_degraded_elsewhere():
+def test_seed_is_exact_where_supported_and_degraded_elsewhere() -> None:
     """A seed is EXACT on gen4.5 and a DEGRADE on Veo 3.1."""
     assert _kinds(_compile("runway", "gen4.5", seed=42))["seed"] is K.EXACT
     veo = _compile("veo", "veo-3.1-generate-preview", duration_ms=8000, seed=42, degrade=True)
     assert _kinds(veo)["seed"] is K.DEGRADE
 
 
-def test_first_last_on_veo_sends_last_frame():
+def test_first_last_on_veo_sends_last_frame() -> None:
     """Veo 3.1 interpolation puts the last frame into instances[0].lastFrame, as an asset
     reference with its checksum (Submit inlines the bytes)."""
     plan = _compile(
@@ -223,7 +223,7 @@ def test_constraint_syntax_errors(bad):
         parse(bad)
 
 
-def test_constraint_type_mismatch_is_an_error_not_false():
+def test_constraint_type_mismatch_is_an_error_not_false() -> None:
     """Comparing a string to a number raises instead of silently switching a rule off."""
     with pytest.raises(ConstraintTypeError):
         Constraint("resolution == 8", "with_audio").check(

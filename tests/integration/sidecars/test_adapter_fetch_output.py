@@ -37,7 +37,7 @@ async def keyed_veo() -> AsyncIterator[VeoEmulator]:
 
 
 @pytest.fixture
-async def stub(keyed_veo, sidecar_factory):  # type: ignore[no-untyped-def]
+async def stub(keyed_veo, sidecar_factory):
     """A Veo sidecar in front of `keyed_veo`."""
     adapter = VeoAdapter.from_config(sidecar_config(keyed_veo.url, "GEMINI_API_KEY"))
     sidecar = await sidecar_factory(adapter)
@@ -45,7 +45,7 @@ async def stub(keyed_veo, sidecar_factory):  # type: ignore[no-untyped-def]
     await adapter.aclose()
 
 
-async def _succeeded(stub) -> tuple[pb.JobRef, pb.Output]:  # type: ignore[no-untyped-def]
+async def _succeeded(stub) -> tuple[pb.JobRef, pb.Output]:
     spec = make_spec(duration_ms=8000)
     compiled = await stub.Compile(svc.CompileRequest(spec=spec_to_proto(spec), model=MODEL))
     submitted = await stub.Submit(svc.SubmitRequest(plan=compiled.plan, client_request_key="k1"))
@@ -57,12 +57,12 @@ async def _succeeded(stub) -> tuple[pb.JobRef, pb.Output]:  # type: ignore[no-un
     raise AssertionError(f"job did not succeed: {status}")
 
 
-async def _fetch(stub, job, uri, max_bytes=0) -> list[svc.FetchOutputResponse]:  # type: ignore[no-untyped-def]
+async def _fetch(stub, job, uri, max_bytes=0) -> list[svc.FetchOutputResponse]:
     request = svc.FetchOutputRequest(job=job, uri=uri, max_bytes=max_bytes)
     return [reply async for reply in stub.FetchOutput(request)]
 
 
-async def test_veo_output_streams_through_the_sidecar_with_the_key(stub, keyed_veo) -> None:  # type: ignore[no-untyped-def]
+async def test_veo_output_streams_through_the_sidecar_with_the_key(stub, keyed_veo) -> None:
     """A Gemini file URI (Google's https shape) is flagged, carries no key, 403s without it at
     the provider, and FetchOutput streams the MP4 by file id through the sidecar's base URL in
     64 KiB chunks with the content type declared first."""
@@ -90,7 +90,7 @@ async def test_veo_output_streams_through_the_sidecar_with_the_key(stub, keyed_v
     assert len(keyed_veo.truth()) == 1
 
 
-async def test_fetch_output_refuses_a_foreign_host(stub, asset_server: AssetServer) -> None:  # type: ignore[no-untyped-def]
+async def test_fetch_output_refuses_a_foreign_host(stub, asset_server: AssetServer) -> None:
     """A URI that is not on the provider's host is INVALID_ARGUMENT and is never requested."""
     job, _output = await _succeeded(stub)
     foreign = asset_server.add("/steal.mp4", _asset())
@@ -101,7 +101,7 @@ async def test_fetch_output_refuses_a_foreign_host(stub, asset_server: AssetServ
     assert asset_server.requests == []
 
 
-async def test_expired_file_is_output_expired(stub, keyed_veo) -> None:  # type: ignore[no-untyped-def]
+async def test_expired_file_is_output_expired(stub, keyed_veo) -> None:
     """A file past retention (the emulator's expire_output) ends the stream with OUTPUT_EXPIRED."""
     keyed_veo.add_faults({"route": "GET /v1beta/models/*/operations/*", "action": "expire_output"})
     job, output = await _succeeded(stub)
@@ -111,7 +111,7 @@ async def test_expired_file_is_output_expired(stub, keyed_veo) -> None:  # type:
     assert not reply.chunk
 
 
-async def test_provider_5xx_is_transient(stub, keyed_veo) -> None:  # type: ignore[no-untyped-def]
+async def test_provider_5xx_is_transient(stub, keyed_veo) -> None:
     """A 503 on the download is TRANSIENT_NETWORK (fetch again later)."""
     job, output = await _succeeded(stub)
     keyed_veo.add_faults({"route": FILES, "action": "status", "code": 503})
@@ -120,7 +120,7 @@ async def test_provider_5xx_is_transient(stub, keyed_veo) -> None:  # type: igno
     assert reply.error.raw_status_code == 503
 
 
-async def test_body_over_max_bytes_is_cut_off(stub) -> None:  # type: ignore[no-untyped-def]
+async def test_body_over_max_bytes_is_cut_off(stub) -> None:
     """The caller's max_bytes caps the stream: the body is not sent, the error says why."""
     job, output = await _succeeded(stub)
     replies = await _fetch(stub, job, output.uri, max_bytes=100)
@@ -128,7 +128,7 @@ async def test_body_over_max_bytes_is_cut_off(stub) -> None:  # type: ignore[no-
     assert sum(len(r.chunk) for r in replies) <= 100
 
 
-async def test_unknown_account_is_not_found(stub) -> None:  # type: ignore[no-untyped-def]
+async def test_unknown_account_is_not_found(stub) -> None:
     """A job of an account this sidecar does not hold is NOT_FOUND."""
     job, output = await _succeeded(stub)
     other = pb.JobRef(provider_job_id=job.provider_job_id, account="someone-else")
@@ -142,7 +142,7 @@ def _asset() -> Asset:
 
 
 async def test_redirect_to_another_host_drops_the_key(
-    sidecar_factory,  # type: ignore[no-untyped-def]
+    sidecar_factory,
     asset_server: AssetServer,
 ) -> None:
     """The provider redirects the download to a storage host: that hop gets no credentials."""
@@ -173,14 +173,14 @@ async def test_redirect_to_another_host_drops_the_key(
 
 
 @pytest.fixture(params=["runway", "selfhosted"])
-def signed_url_adapter(request):  # type: ignore[no-untyped-def]
+def signed_url_adapter(request):
     """(model, adapter) of the providers whose outputs are signed URLs."""
     name = request.param
     model = {"runway": "gen4.5", "selfhosted": "wan2.2-t2v"}[name]
     return model, request.getfixturevalue(f"{name}_adapter")
 
 
-async def test_signed_url_outputs_are_not_flagged(signed_url_adapter, sidecar_factory) -> None:  # type: ignore[no-untyped-def]
+async def test_signed_url_outputs_are_not_flagged(signed_url_adapter, sidecar_factory) -> None:
     """Runway and self-hosted outputs (signed URLs anyone may GET) stay unflagged."""
     model, adapter = signed_url_adapter
     stub = (await sidecar_factory(adapter)).stub

@@ -34,7 +34,7 @@ def _ts(when: datetime) -> timestamp_pb2.Timestamp:
 
 
 @pytest.fixture(params=list(MODELS))
-def provider(request):  # type: ignore[no-untyped-def]
+def provider(request):
     """(name, adapter, emulator) for each adapter."""
     name = request.param
     return (
@@ -45,7 +45,7 @@ def provider(request):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-async def world(provider, sidecar_factory):  # type: ignore[no-untyped-def]
+async def world(provider, sidecar_factory):
     """(name, stub, emulator), the adapter served by an in-process sidecar."""
     name, adapter, emulator = provider
     sidecar = await sidecar_factory(adapter)
@@ -53,7 +53,7 @@ async def world(provider, sidecar_factory):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(params=list(MODELS))
-def search_provider(request):  # type: ignore[no-untyped-def]
+def search_provider(request):
     """(name, adapter, emulator) of an adapter that can search: emulator extensions on by name."""
     name = request.param
     suffix = "" if name == "selfhosted" else "_search"
@@ -65,14 +65,14 @@ def search_provider(request):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-async def searchable(search_provider, sidecar_factory):  # type: ignore[no-untyped-def]
+async def searchable(search_provider, sidecar_factory):
     """(name, stub, emulator) of a searching adapter behind an in-process sidecar."""
     name, adapter, emulator = search_provider
     return name, (await sidecar_factory(adapter)).stub, emulator
 
 
 @pytest.fixture(params=["runway", "veo"])
-def real_provider(request):  # type: ignore[no-untyped-def]
+def real_provider(request):
     """(name, adapter, emulator) of Runway / Veo as the real providers are: no listing at all."""
     name = request.param
     return (
@@ -83,26 +83,26 @@ def real_provider(request):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-async def unsearchable(real_provider, sidecar_factory):  # type: ignore[no-untyped-def]
+async def unsearchable(real_provider, sidecar_factory):
     """(name, stub, emulator) of a real-provider adapter behind an in-process sidecar."""
     name, adapter, emulator = real_provider
     return name, (await sidecar_factory(adapter)).stub, emulator
 
 
-async def _plan(name, stub) -> pb.CompilePlan:  # type: ignore[no-untyped-def]
+async def _plan(name, stub) -> pb.CompilePlan:
     spec = make_spec(duration_ms=8000)
     response = await stub.Compile(svc.CompileRequest(spec=spec_to_proto(spec), model=MODELS[name]))
     assert response.plan.submittable
     return response.plan
 
 
-async def _submit(stub, plan, key: str) -> tuple[svc.SubmitResponse, datetime, datetime]:  # type: ignore[no-untyped-def]
+async def _submit(stub, plan, key: str) -> tuple[svc.SubmitResponse, datetime, datetime]:
     before = datetime.now(UTC)
     response = await stub.Submit(svc.SubmitRequest(plan=plan, client_request_key=key))
     return response, before, datetime.now(UTC)
 
 
-def _recover_request(plan, key, after, before) -> svc.RecoverSubmissionRequest:  # type: ignore[no-untyped-def]
+def _recover_request(plan, key, after, before) -> svc.RecoverSubmissionRequest:
     return svc.RecoverSubmissionRequest(
         account=plan.account,
         model=plan.model,
@@ -219,7 +219,7 @@ async def test_usage_after_a_finished_job(searchable):
     assert all(r.provider_milliunits > 0 and r.cost.amount_micros > 0 for r in usage.records)
 
 
-async def _finished(name, stub) -> None:  # type: ignore[no-untyped-def]
+async def _finished(name, stub) -> None:
     submitted, _, _ = await _submit(stub, await _plan(name, stub), f"k-{name}-usage")
     for _ in range(10):
         status = (await stub.GetJob(svc.GetJobRequest(job=submitted.job))).status
@@ -237,7 +237,7 @@ def _usage_request() -> svc.ListUsageRequest:
     )
 
 
-async def test_runway_usage_records_name_no_job(runway_adapter, sidecar_factory):  # type: ignore[no-untyped-def]
+async def test_runway_usage_records_name_no_job(runway_adapter, sidecar_factory):
     """Runway's usage is a daily total per model: its records carry no provider job id, so
     nothing downstream can take a day's total for a job."""
     stub = (await sidecar_factory(runway_adapter)).stub
@@ -249,7 +249,7 @@ async def test_runway_usage_records_name_no_job(runway_adapter, sidecar_factory)
     assert (record.provider_job_id, record.client_request_key) == ("", "")
 
 
-async def test_selfhosted_usage_records_name_their_job_and_key(selfhosted_adapter, sidecar_factory):  # type: ignore[no-untyped-def]
+async def test_selfhosted_usage_records_name_their_job_and_key(selfhosted_adapter, sidecar_factory):
     """Our job API's usage rows name the job and the Idempotency-Key it was created with, so
     a record identifies exactly one attempt's job."""
     stub = (await sidecar_factory(selfhosted_adapter)).stub
@@ -266,7 +266,7 @@ async def test_selfhosted_usage_records_name_their_job_and_key(selfhosted_adapte
     )
 
 
-async def test_veo_usage_without_an_export_is_unsupported(veo_adapter, sidecar_factory):  # type: ignore[no-untyped-def]
+async def test_veo_usage_without_an_export_is_unsupported(veo_adapter, sidecar_factory):
     """The Gemini API has no usage export: ListUsage answers UNSUPPORTED_CAPABILITY, not an
     empty list that would read as "nothing was billed"."""
     stub = (await sidecar_factory(veo_adapter)).stub

@@ -78,7 +78,7 @@ def test_runway_failure_code_row(code, error_class):
     assert status.failure.code == (code or "UNKNOWN")
 
 
-def test_runway_success_keeps_urls_and_reads_expiry_from_the_link():
+def test_runway_success_keeps_urls_and_reads_expiry_from_the_link() -> None:
     """JobOutput URLs are kept verbatim; expiry comes from the link's exp parameter."""
     url = "https://cdn.example/v.mp4?_jwt=abc&exp=1780000000"
     status = runway.task_status(
@@ -258,7 +258,7 @@ def test_veo_create_http_row(status, canonical, kind, error_class):
     assert outcome.error.error_class is error_class
 
 
-def test_veo_invalid_api_key_is_auth():
+def test_veo_invalid_api_key_is_auth() -> None:
     """A 400 whose ErrorInfo says API_KEY_INVALID is AUTH, not INVALID_INPUT."""
     body = {
         "error": {
@@ -389,7 +389,7 @@ def test_runway_progress_row(task, progress):
     assert (status.progress, status.queue_position) == (progress, None)
 
 
-def test_veo_running_operation_reports_no_progress():
+def test_veo_running_operation_reports_no_progress() -> None:
     """A not-done Veo operation carries no progress and no queue position: none is invented."""
     op = {"name": "models/m/operations/o", "metadata": {"createTime": "2026-06-01T12:00:00Z"}}
     status = veo.operation_status(op, url_ttl_seconds=0, now=NOW)

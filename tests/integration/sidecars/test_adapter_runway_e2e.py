@@ -24,7 +24,7 @@ def _ts(when: datetime) -> timestamp_pb2.Timestamp:
     return ts
 
 
-async def _compile(stub, spec, model: str = "gen4.5") -> pb.CompilePlan:  # type: ignore[no-untyped-def]
+async def _compile(stub, spec, model: str = "gen4.5") -> pb.CompilePlan:
     response = await stub.Compile(svc.CompileRequest(spec=spec_to_proto(spec), model=model))
     return response.plan
 

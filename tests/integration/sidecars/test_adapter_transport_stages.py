@@ -37,14 +37,14 @@ def provider(request: pytest.FixtureRequest) -> tuple[str, object, object]:
     return name, adapter, emulator
 
 
-async def _submit(name: str, adapter, key: str = "attempt-1") -> SubmitOutcome:  # type: ignore[no-untyped-def]
+async def _submit(name: str, adapter, key: str = "attempt-1") -> SubmitOutcome:
     duration = 8000 if name == "veo" else 5000
     plan = adapter.compile(CompileInput(make_spec(duration_ms=duration), MODELS[name]))
     assert plan.submittable, plan.transformations
     return await adapter.submit(SubmitInput(plan, key))
 
 
-async def _with_fault(provider, action: str, **params: object) -> tuple[SubmitOutcome, Any]:  # type: ignore[no-untyped-def]
+async def _with_fault(provider, action: str, **params: object) -> tuple[SubmitOutcome, Any]:
     name, adapter, emulator = provider
     emulator.add_faults({"route": ROUTES[name], "action": action, **params})
     return await _submit(name, adapter), emulator
@@ -148,7 +148,7 @@ async def test_500_on_create_is_unknown(provider):
     assert outcome.error.raw_status_code == 500
 
 
-async def test_dns_failure_is_rejected_at_dns():
+async def test_dns_failure_is_rejected_at_dns() -> None:
     """An unresolvable host is REJECTED at DNS: nothing can have been sent."""
     adapter = RunwayAdapter.from_config(
         sidecar_config("http://nonexistent.invalid", "RUNWAY_API_KEY")
@@ -172,7 +172,7 @@ async def test_selfhosted_retries_a_refused_submit_once_with_the_same_key(
     original = selfhosted_adapter.send_create
     calls = []
 
-    async def counting(request, account):  # type: ignore[no-untyped-def]
+    async def counting(request, account):
         calls.append(request.client_request_key)
         if len(calls) == 2:
             await asyncio.sleep(0.5)  # let the refusal window pass before the retry

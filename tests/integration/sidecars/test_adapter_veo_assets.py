@@ -81,7 +81,7 @@ async def adapter(veo_emulator: VeoEmulator) -> AsyncIterator[VeoAdapter]:
 
 
 @pytest.fixture
-async def stub(adapter, sidecar_factory):  # type: ignore[no-untyped-def]
+async def stub(adapter, sidecar_factory):
     return (await sidecar_factory(adapter)).stub
 
 
@@ -93,11 +93,11 @@ def _plan(adapter: VeoAdapter, first: AssetRef, last: AssetRef | None = None) ->
     return wire.plan_to_proto(plan)
 
 
-async def _submit(stub, plan: pb.CompilePlan, key: str) -> svc.SubmitResponse:  # type: ignore[no-untyped-def]
+async def _submit(stub, plan: pb.CompilePlan, key: str) -> svc.SubmitResponse:
     return await stub.Submit(svc.SubmitRequest(plan=plan, client_request_key=key))
 
 
-async def _recover(stub, plan, after: datetime, before: datetime) -> tuple[int, str]:  # type: ignore[no-untyped-def]
+async def _recover(stub, plan, after: datetime, before: datetime) -> tuple[int, str]:
     """(verdict, job id) for a submit sent within [after, before]."""
     response = await stub.RecoverSubmission(
         svc.RecoverSubmissionRequest(
@@ -123,7 +123,7 @@ def test_compile_keeps_references_offline_and_hash_ignores_signatures() -> None:
     reference with its checksum, and re-signing the URL keeps the request hash."""
     adapter = VeoAdapter.from_config(sidecar_config("http://127.0.0.1:9", "KEY"))
 
-    def compile_with(first: AssetRef):  # type: ignore[no-untyped-def]
+    def compile_with(first: AssetRef):
         spec = make_spec(mode=Mode.IMAGE_TO_VIDEO, duration_ms=8000, first_frame=first)
         return adapter.compile(CompileInput(spec, MODEL))
 

@@ -254,7 +254,7 @@ async def test_two_workers_never_send_one_message_twice(db: Database) -> None:
                 await receiver.wait_requests(len(tasks), timeout_s=20)
                 for task_id in tasks:
                     await until(
-                        lambda t=task_id: store.deliveries(t),  # type: ignore[misc]
+                        lambda t=task_id: store.deliveries(t),  # type: ignore[misc]  # defaults bind the loop variables; mypy cannot infer lambda defaults
                         lambda d: bool(d) and d[0].state is DeliveryState.DELIVERED,
                     )
             finally:

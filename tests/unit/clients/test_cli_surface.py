@@ -50,7 +50,7 @@ def test_read_commands_take_json() -> None:
 
 
 def _error(code: grpc.StatusCode, message: str, **details: object) -> errors.VidrouteError:
-    return errors.error_class(code)(code, message, **details)  # type: ignore[arg-type]
+    return errors.error_class(code)(code, message, **details)  # type: ignore[arg-type]  # details go to whichever subclass the code picks
 
 
 def test_field_violations_are_one_line_each_exit_2() -> None:

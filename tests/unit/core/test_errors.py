@@ -119,7 +119,7 @@ def test_provider_error_refuses_blind_retry_shapes(kwargs: dict[str, object]) ->
         "provider_may_have_accepted": True,
     }
     with pytest.raises(ValueError, match=r"accepted|provider may hold"):
-        ProviderError(**(base | kwargs))  # type: ignore[arg-type]
+        ProviderError(**(base | kwargs))  # type: ignore[arg-type]  # keyword overrides from a plain dict; the constructor checks them
 
 
 def test_negative_retry_after_rejected() -> None:

@@ -112,7 +112,7 @@ def test_ids_do_not_leak_between_concurrent_tasks(captured: io.StringIO) -> None
 
     asyncio.run(both())
     ours = [line for line in _lines(captured) if line["logger"] == "vidroute.test"]
-    assert sorted(line["task_id"] for line in ours) == [1, 2]  # type: ignore[type-var]
+    assert sorted(line["task_id"] for line in ours) == [1, 2]  # type: ignore[type-var]  # the log lines are JSON objects; task_id is an int
     assert all(line["msg"] == f"task {line['task_id']}" for line in ours)
     assert bound_ids() == {}
 

@@ -182,7 +182,7 @@ class _Context:
 
 
 async def _call(handler_fn: Any, context: _Context) -> None:
-    async def continuation(_details: Any) -> grpc.RpcMethodHandler:
+    async def continuation(_details: Any) -> grpc.RpcMethodHandler[Any, Any]:
         return grpc.unary_unary_rpc_method_handler(handler_fn)
 
     class Details(grpc.HandlerCallDetails):

@@ -95,7 +95,7 @@ def test_strict_model_fails_over_within_the_model() -> None:
 )
 def test_limits_end_the_task(kwargs: dict[str, object], reason: str) -> None:
     """max_total_attempts, max_provider_switches and the task deadline each stop failover."""
-    decision = decide(inp(ErrorClass.UNSUPPORTED_CAPABILITY, **kwargs), LIMITS, unit_random=0)  # type: ignore[arg-type]
+    decision = decide(inp(ErrorClass.UNSUPPORTED_CAPABILITY, **kwargs), LIMITS, unit_random=0)  # type: ignore[arg-type]  # keyword overrides from a plain dict; the constructor checks them
     assert (decision.action, decision.reason) == (FailoverAction.FAIL_TASK, reason)
 
 

@@ -42,7 +42,7 @@ def exp(attempt: int, **kw: object) -> Expectation:
         "unit": "billed_seconds",
     }
     base.update(kw)
-    return Expectation(**base)  # type: ignore[arg-type]
+    return Expectation(**base)  # type: ignore[arg-type]  # keyword overrides from a plain dict; the constructor checks them
 
 
 def bill(record: int, **kw: object) -> Billed:
@@ -58,7 +58,7 @@ def bill(record: int, **kw: object) -> Billed:
         "currency": "USD",
     }
     base.update(kw)
-    return Billed(**base)  # type: ignore[arg-type]
+    return Billed(**base)  # type: ignore[arg-type]  # keyword overrides from a plain dict; the constructor checks them
 
 
 def kinds(outcome: rec.Outcome) -> list[tuple[DiscrepancyKind, int | None]]:

@@ -102,7 +102,7 @@ def make_spec(**routing_kw: object) -> GenerationSpec:
         prompt="a fox",
         mode=Mode.TEXT_TO_VIDEO,
         output=OutputSpec(width=1280, height=720, duration_ms=8000),
-        routing=RoutingPolicy(**routing_kw),  # type: ignore[arg-type]
+        routing=RoutingPolicy(**routing_kw),  # type: ignore[arg-type]  # keyword overrides from a plain dict; the constructor checks them
     )
 
 

@@ -24,7 +24,7 @@ def _job(**kw: object) -> JobUsage:
         "attempt_state": "FAILED",
     }
     base.update(kw)
-    return JobUsage(**base)  # type: ignore[arg-type]
+    return JobUsage(**base)  # type: ignore[arg-type]  # keyword overrides from a plain dict; the constructor checks them
 
 
 def test_hand_computed_table() -> None:

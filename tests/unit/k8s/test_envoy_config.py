@@ -99,7 +99,8 @@ def _by(docs: list[Doc], kind: str) -> dict[str, Doc]:
 
 
 def _listener(doc: Doc, name: str) -> Doc:
-    [listener] = [x for x in doc["static_resources"]["listeners"] if x["name"] == name]
+    found: list[Doc] = [x for x in doc["static_resources"]["listeners"] if x["name"] == name]
+    [listener] = found
     return listener
 
 
