@@ -51,15 +51,28 @@ test: $(INSTALLED) $(NODE_INSTALLED) $(SDK_GENAI2)/.installed
 	bash scripts/ensure_services.sh
 	$(PY) -m pytest
 
-## Style and types: ruff (lint + format check) on everything, mypy on the tests (looser
-## settings, pyproject's tests.* override), buf lint on proto/.
+## The CI gates before the tests (.ci/run): ruff lint and format, mypy strict on the packages
+## and on the tests, every `type: ignore` with a code and a reason, buf lint, and buf breaking
+## against the earlier contracts in history. Each step says what failed and how to fix it.
+LINT_FAIL = { echo; echo "make lint: FAILED at $(1)"; echo "  fix: $(2)"; exit 1; }
 lint: $(INSTALLED) $(NODE_INSTALLED)
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy --explicit-package-bases tests
-	npx buf lint
+	@echo "==> [1/7] ruff check"
+	@$(VENV)/bin/ruff check . || $(call LINT_FAIL,ruff check,.venv/bin/ruff check --fix . fixes many; the rest by hand (or a noqa with its reason))
+	@echo "==> [2/7] ruff format --check"
+	@$(VENV)/bin/ruff format --check . || $(call LINT_FAIL,ruff format --check,.venv/bin/ruff format .)
+	@echo "==> [3/7] mypy (strict) on the packages"
+	@$(VENV)/bin/mypy || $(call LINT_FAIL,mypy on the packages,fix the types; a needed ignore is  # type: ignore[code]  # why)
+	@echo "==> [4/7] mypy on the tests"
+	@$(VENV)/bin/mypy --explicit-package-bases tests || $(call LINT_FAIL,mypy on the tests,fix the types; a needed ignore is  # type: ignore[code]  # why)
+	@echo "==> [5/7] every type: ignore has an error code and a reason"
+	@$(PY) scripts/check_type_ignores.py || $(call LINT_FAIL,check_type_ignores,write  # type: ignore[code]  # why  (or fix the typing and drop it))
+	@echo "==> [6/7] buf lint"
+	@npx --no-install buf lint || $(call LINT_FAIL,buf lint,see buf.yaml (STANDARD + COMMENTS): name and comment as the message says)
+	@echo "==> [7/7] buf breaking against the earlier contracts"
+	@bash scripts/buf_breaking.sh || $(call LINT_FAIL,buf breaking,keep the old contract (deprecate; reserve numbers) or add a new package version)
+	@echo "make lint: all gates passed"
 
-## mypy strict on the packages, then the looser run on tests.
+## mypy strict on the packages, then on the tests (also steps 3-4 of `make lint`).
 typecheck: $(INSTALLED)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/mypy --explicit-package-bases tests
@@ -73,11 +86,12 @@ proto: $(INSTALLED)
 	$(PY) scripts/gen_proto.py
 
 buf-lint: $(NODE_INSTALLED)
-	npx buf lint
+	npx --no-install buf lint
 
-## Breaking-change check of proto/ against main (FILE rules, see buf.yaml).
+## Breaking-change check of proto/ against the proto/ of each of the last 10 commits that
+## changed it (FILE rules, see buf.yaml; BUF_BREAKING_DEPTH=N to look further back).
 buf-breaking: $(NODE_INSTALLED)
-	npx buf breaking --against '.git#branch=main'
+	bash scripts/buf_breaking.sh
 
 ## LiteLLM for the side-by-side routing benchmark, in its own environment (never constraints.txt).
 $(BENCH_LITELLM)/.installed: bench/requirements-litellm.txt
