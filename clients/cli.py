@@ -17,7 +17,7 @@
 
 Client commands connect to ``--target``, else ``VIDROUTE_TARGET``, else the config file
 (`clients.cli_config`: ``$VIDROUTE_CONFIG`` or ``~/.config/vidroute/config.toml`` with target,
-token, tls), else localhost:50051; they send ``VIDROUTE_TOKEN`` (or the file's token, or the dev
+token, tls), else localhost:8051; they send ``VIDROUTE_TOKEN`` (or the file's token, or the dev
 admin token `vidroute up` leaves under ./var) as their bearer token. Tables by default, ``--json``
 on every read command. Errors are one line each on stderr (`clients.cli_errors`): a bad spec one
 line per field violation and exit code 2, an unreachable server the target tried and exit 1;
@@ -78,7 +78,7 @@ def _write_port_file(path: str, port: int) -> None:
 
 
 DEV_PROVIDER_PORTS = {"runway": 8101, "veo": 8102, "selfhosted": 8103}
-DEV_ADAPTER_PORTS = {"runway": 50061, "veo": 50062, "selfhosted": 50063}
+DEV_ADAPTER_PORTS = {"runway": 8061, "veo": 8062, "selfhosted": 8063}
 DEV_PROVIDER_NAMES = {"runway": "runway", "veo": "google", "selfhosted": "self_hosted"}
 DEV_TENANT = "acme"  # the tenant of the dev tenant token `vidroute up` prints
 DEV_METRICS_PORT = 9464  # the control plane's /metrics under `vidroute up`
@@ -223,7 +223,7 @@ def app(ctx: click.Context, debug: bool) -> None:
 @click.option(
     "--ephemeral-ports",
     is_flag=True,
-    help="Run emulators and sidecars on free ports instead of 8101-8103 / 50061-50063.",
+    help="Run emulators and sidecars on free ports instead of 8101-8103 / 8061-8063.",
 )
 def up(listen: str | None, port_file: str | None, ephemeral_ports: bool) -> int:
     """Run the whole platform on embedded defaults (foreground)."""

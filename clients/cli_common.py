@@ -41,7 +41,7 @@ def connection_options(func: F) -> F:
             default=None,
             metavar="HOST:PORT",
             help="Control plane address (default: VIDROUTE_TARGET, the config file's target, "
-            "localhost:50051).",
+            "localhost:8051).",
         ),
         click.option(
             "--tls/--no-tls",

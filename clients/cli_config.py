@@ -2,7 +2,7 @@
 
 Precedence, first found wins:
 
-* target: ``--target``, ``VIDROUTE_TARGET``, the file's ``target``, ``localhost:50051``;
+* target: ``--target``, ``VIDROUTE_TARGET``, the file's ``target``, ``localhost:8051``;
 * token: ``--token``, ``VIDROUTE_TOKEN``, the file's ``token``, the dev admin token that
   `vidroute up` left in ``./var`` (`clients.auth`), none;
 * TLS: ``--tls`` / ``--no-tls``, the file's ``tls`` (``true``: the system roots, or ``ca_file``).
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from clients import auth as client_auth
 
-DEFAULT_TARGET = "localhost:50051"
+DEFAULT_TARGET = "localhost:8051"
 _KEYS = frozenset({"target", "token", "tls", "ca_file"})
 
 

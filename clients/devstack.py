@@ -5,7 +5,7 @@ three adapter sidecars pointed at them, then the control plane in this process, 
 sidecars. Every child's output goes to ``./var/log/<name>.log``. Ctrl-C (or SIGTERM) stops the
 control plane gracefully, then each child with SIGTERM (SIGKILL after a grace period).
 
-Ports are the fixed dev ports (emulators 8101-8103, sidecars 50061-50063) unless a port is 0:
+Ports are the fixed dev ports (emulators 8101-8103, sidecars 8061-8063) unless a port is 0:
 then the child binds a free port and reports it (an emulator prints its URL, a sidecar writes
 its port file), and `start_stack` wires the sidecars and the control plane to what was bound.
 That is what ``vidroute up --ephemeral-ports`` (and the e2e test of `make up`) uses, so two

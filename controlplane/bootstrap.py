@@ -9,7 +9,7 @@ The only module that reads environment variables:
 - ``VIDROUTE_BROKER_URL``: ``nats://host:port``, wake-ups across replicas (`controlplane.wakeups`).
   Default: none, wake-ups stay in this process; polling is relied on either way.
 - ``VIDROUTE_SHARD_COUNT``: dispatcher shards, the same on every replica (PostgreSQL). Default 1.
-- ``VIDROUTE_LISTEN``: gRPC listen address. Default ``127.0.0.1:50051``.
+- ``VIDROUTE_LISTEN``: gRPC listen address. Default ``127.0.0.1:8051``.
 - ``VIDROUTE_ADAPTERS``: ``provider=host:port,...`` adapter sidecars. Without any the control
   plane refuses to start (`controlplane.startup`), unless ``VIDROUTE_API_ONLY`` is ``1``/``true``:
   then it serves the API only, tasks are accepted and stay QUEUED until a scheduling replica runs.
@@ -184,7 +184,7 @@ from vidroute_core.wire.tls import channel_credentials
 log = logging.getLogger(__name__)
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./var/vidroute.db"
-DEFAULT_LISTEN = "127.0.0.1:50051"
+DEFAULT_LISTEN = "127.0.0.1:8051"
 SERVICE_NAME = "vidroute-controlplane"  # the traces' service.name
 # A Redis that has not answered PING within this (times the time scale) is down for readiness.
 READINESS_REDIS_TIMEOUT_S = 2.0

@@ -2,7 +2,7 @@
 
 Format (every key but ``provider.base_url`` and ``accounts`` has a default)::
 
-    listen: 127.0.0.1:50061            # env VIDROUTE_ADAPTER_LISTEN
+    listen: 127.0.0.1:8061             # env VIDROUTE_ADAPTER_LISTEN
     provider:
       base_url: http://127.0.0.1:8101  # env VIDROUTE_ADAPTER_BASE_URL
       options: {api_version: 2024-11-06}   # adapter-specific knobs

@@ -1,6 +1,6 @@
 """``vidroute-contract``: run the adapter contract suite against an already-running adapter.
 
-    vidroute-contract --adapter 127.0.0.1:50061 --emulator http://127.0.0.1:8101 \\
+    vidroute-contract --adapter 127.0.0.1:8061 --emulator http://127.0.0.1:8101 \\
         --profile runway --adapter-config adapter_sidecars/runway/config.example.yaml \\
         [--unresolvable-adapter HOST:PORT] [--update-goldens] [pytest args]
 

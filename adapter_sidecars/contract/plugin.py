@@ -1,7 +1,7 @@
 """The ``vidroute_contract`` pytest plugin (entry point ``pytest11``): run the adapter contract
 suite with plain pytest, from any directory::
 
-    pytest --vidroute-adapter 127.0.0.1:50061 --vidroute-emulator http://127.0.0.1:8101 \\
+    pytest --vidroute-adapter 127.0.0.1:8061 --vidroute-emulator http://127.0.0.1:8101 \\
         --vidroute-profile runway \\
         --vidroute-adapter-config adapter_sidecars/runway/config.example.yaml
 

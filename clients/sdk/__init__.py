@@ -3,7 +3,7 @@
     from clients.sdk import Client, AsyncClient, errors
     from vidroute.scheduler.v1 import scheduler_pb2
 
-    with Client() as client:                # target: VIDROUTE_TARGET or localhost:50051
+    with Client() as client:                # target: VIDROUTE_TARGET or localhost:8051
         made = client.create({"tenant_id": "acme", "prompt": "a red kite",
                               "mode": "MODE_TEXT_TO_VIDEO",
                               "output": {"width": 1280, "height": 720, "duration_ms": 4000}})

@@ -23,7 +23,7 @@ from vidroute.common.v1 import generation_pb2
 from vidroute.scheduler.v1 import scheduler_pb2 as pb
 from vidroute.scheduler.v1 import scheduler_service_pb2 as api
 
-DEFAULT_TARGET = "localhost:50051"
+DEFAULT_TARGET = "localhost:8051"
 DEFAULT_TIMEOUT_S = 30.0
 SERVICE = "vidroute.scheduler.v1.SchedulerService"
 TERMINAL = frozenset({pb.TASK_STATE_SUCCEEDED, pb.TASK_STATE_FAILED, pb.TASK_STATE_CANCELLED})
@@ -89,7 +89,7 @@ _RESUMABLE = frozenset(
 
 
 def resolve_target(target: str | None) -> str:
-    """`target`, else ``VIDROUTE_TARGET``, else ``localhost:50051``."""
+    """`target`, else ``VIDROUTE_TARGET``, else ``localhost:8051``."""
     return target or os.environ.get("VIDROUTE_TARGET") or DEFAULT_TARGET
 
 

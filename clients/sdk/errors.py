@@ -15,7 +15,7 @@ attributes, not bytes to decode::
         except errors.FailedPrecondition as err:
             print(err.error_info_reason, err.error_info_metadata)   # google.rpc.ErrorInfo
         except errors.Unavailable as err:
-            print(err)   # one line: "UNAVAILABLE: ... (target localhost:50051)"
+            print(err)   # one line: "UNAVAILABLE: ... (target localhost:8051)"
 
 ``str(err)`` is one line: the code, the message, and the violations or numbers in brackets.
 """

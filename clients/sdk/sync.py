@@ -3,7 +3,7 @@ asyncio twin, method for method). Every method, with one example each::
 
     from clients.sdk import Client
 
-    with Client("localhost:50051") as client:       # or VIDROUTE_TARGET; token: VIDROUTE_TOKEN
+    with Client("localhost:8051") as client:       # or VIDROUTE_TARGET; token: VIDROUTE_TOKEN
         spec = {"tenant_id": "acme", "prompt": "a red kite", "mode": "MODE_TEXT_TO_VIDEO",
                 "output": {"width": 1280, "height": 720, "duration_ms": 4000}}
         made = client.create(spec)                  # made.task, made.created, made.idempotency_key
@@ -72,7 +72,7 @@ class Client(RoutingCalls):
         credentials: grpc.ChannelCredentials | None = None,
         channel: grpc.Channel | None = None,
     ) -> None:
-        """`target` falls back to ``VIDROUTE_TARGET`` then ``localhost:50051``; `token` to
+        """`target` falls back to ``VIDROUTE_TARGET`` then ``localhost:8051``; `token` to
         ``VIDROUTE_TOKEN`` then the dev admin token in ./var; `credentials` makes the channel TLS.
         A ready-made `channel` (tests, custom options) is used for every call and not closed,
         including ``create(..., generate_key=False)`` without a key: give such a channel

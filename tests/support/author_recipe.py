@@ -1,6 +1,6 @@
 """The README's adapter-author recipe as data: its ``sh`` block and the per-adapter variables.
 
-The block's one live variables line (``adapter=runway emulator_port=8101 adapter_port=50061
+The block's one live variables line (``adapter=runway emulator_port=8101 adapter_port=8061
 emulator_flags=...``) is followed by the same line, commented, for the other adapters. Running
 the recipe for another adapter, or on other ports, replaces that one line and nothing else
 (`for_adapter`): every other line runs exactly as a reader types it.

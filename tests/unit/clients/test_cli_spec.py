@@ -204,7 +204,7 @@ def test_the_config_file_supplies_target_token_and_tls(tmp_path: Path) -> None:
     assert (env_wins.target, env_wins.token) == ("h:1", "env-token")
     assert resolve("flag:2", None, False, env={**env, "VIDROUTE_TARGET": "h:1"}).target == "flag:2"
     assert resolve(env={"VIDROUTE_CONFIG": str(tmp_path / "none.toml")}).target == (
-        "localhost:50051"
+        "localhost:8051"
     )
     assert config_path({"XDG_CONFIG_HOME": "/cfg"}) == Path("/cfg/vidroute/config.toml")
     path.write_text('targett = "typo"\n')
