@@ -38,7 +38,7 @@ ADAPTERS: dict[str, type[RunwayAdapter] | type[VeoAdapter] | type[SelfHostedAdap
 }
 
 
-def _adapter(name: str):
+def _adapter(name: str) -> RunwayAdapter | VeoAdapter | SelfHostedAdapter:
     return ADAPTERS[name].from_config(sidecar_config("http://127.0.0.1:9", "KEY"))
 
 
@@ -55,7 +55,7 @@ GOLDEN = sorted((a, p) for a in ADAPTERS for p in (TESTDATA / a).glob("*.golden.
 
 
 @pytest.mark.parametrize(("adapter", "path"), GOLDEN, ids=[f"{a}-{p.stem}" for a, p in GOLDEN])
-def test_compile_matches_the_contract_golden_files(adapter, path):
+def test_compile_matches_the_contract_golden_files(adapter: str, path: Path) -> None:
     """Compiling each golden spec in-process reproduces the contract suite's plan (9.25.2)."""
     golden = json.loads(path.read_text())
     spec, violations = spec_from_proto(json_format.ParseDict(golden["spec"], GenerationSpec()))
@@ -211,13 +211,15 @@ def test_first_last_on_veo_sends_last_frame() -> None:
         ("(duration_seconds >= 4) and (duration_seconds != 6)", {"duration_seconds": 6}, False),
     ],
 )
-def test_constraint_language(expression, env, expected):
+def test_constraint_language(
+    expression: str, env: dict[str, str | float | int | bool], expected: bool
+) -> None:
     """The evaluator handles comparisons, in-lists, and/or/not and parentheses without eval."""
     assert parse(expression).evaluate(env) is expected
 
 
 @pytest.mark.parametrize("bad", ["resolution ==", "__import__('os')", "colour == 1", "a in [1"])
-def test_constraint_syntax_errors(bad):
+def test_constraint_syntax_errors(bad: str) -> None:
     """Malformed or unknown-identifier expressions fail at parse time."""
     with pytest.raises(ConstraintSyntaxError):
         parse(bad)

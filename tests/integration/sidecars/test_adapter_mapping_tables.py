@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -37,7 +38,7 @@ def _reply(status: int, body: object, headers: dict[str, str] | None = None) -> 
         ("ARCHIVED", JobState.UNRECOGNIZED),
     ],
 )
-def test_runway_status_row(raw, state):
+def test_runway_status_row(raw: str, state: JobState) -> None:
     """Each Runway status maps to its state; an unknown one is UNRECOGNIZED with raw kept."""
     task = {
         "id": "t",
@@ -68,7 +69,7 @@ def test_runway_status_row(raw, state):
         ("SOMETHING.NEW", E.INTERNAL_RETRYABLE),
     ],
 )
-def test_runway_failure_code_row(code, error_class):
+def test_runway_failure_code_row(code: str, error_class: ErrorClass) -> None:
     """Each failureCode family maps to its class (longest prefix wins)."""
     task = {"id": "t", "status": "FAILED", "failure": "why", "failureCode": code}
     status = runway.task_status(task, url_ttl_seconds=0, now=NOW)
@@ -123,7 +124,9 @@ def test_runway_success_keeps_urls_and_reads_expiry_from_the_link() -> None:
         (500, {"error": "Internal"}, SubmitKind.UNKNOWN, E.SUBMISSION_UNKNOWN),
     ],
 )
-def test_runway_create_http_row(status, body, kind, error_class):
+def test_runway_create_http_row(
+    status: int, body: dict[str, object], kind: SubmitKind, error_class: ErrorClass
+) -> None:
     """Runway's documented create statuses: not created (REJECTED) or unknown."""
     outcome = runway.submit_error(_reply(status, body))
     assert outcome.kind is kind
@@ -192,7 +195,9 @@ def test_runway_create_http_row(status, body, kind, error_class):
         ({"done": True, "response": {}}, JobState.FAILED, E.INTERNAL_RETRYABLE),
     ],
 )
-def test_veo_operation_row(op, state, error_class):
+def test_veo_operation_row(
+    op: dict[str, Any], state: JobState, error_class: ErrorClass | None
+) -> None:
     """Each operation shape maps to its state and failure class."""
     status = veo.operation_status(op, url_ttl_seconds=172800, now=NOW)
     assert status.state is state
@@ -228,7 +233,9 @@ def _google_429(metric: str, delay: str) -> dict[str, object]:
         (_google_429("generate_requests_per_model", "28800s"), E.QUOTA, 28_800_000),
     ],
 )
-def test_veo_429_is_quota_or_rate_limit(body, error_class, retry_ms):
+def test_veo_429_is_quota_or_rate_limit(
+    body: dict[str, object], error_class: ErrorClass, retry_ms: int
+) -> None:
     """429 RESOURCE_EXHAUSTED: per-day metric or long RetryInfo is QUOTA, else RATE_LIMITED."""
     outcome = veo.submit_error(_reply(429, body))
     assert outcome.kind is SubmitKind.REJECTED
@@ -249,7 +256,9 @@ def test_veo_429_is_quota_or_rate_limit(body, error_class, retry_ms):
         (504, "DEADLINE_EXCEEDED", SubmitKind.UNKNOWN, E.SUBMISSION_UNKNOWN),
     ],
 )
-def test_veo_create_http_row(status, canonical, kind, error_class):
+def test_veo_create_http_row(
+    status: int, canonical: str, kind: SubmitKind, error_class: ErrorClass
+) -> None:
     """google.rpc.Status envelopes on create."""
     body = {"error": {"code": status, "status": canonical, "message": "m"}}
     outcome = veo.submit_error(_reply(status, body))
@@ -286,7 +295,7 @@ def test_veo_invalid_api_key_is_auth() -> None:
         ("paused", JobState.UNRECOGNIZED),
     ],
 )
-def test_selfhosted_status_row(raw, state):
+def test_selfhosted_status_row(raw: str, state: JobState) -> None:
     """Each self-hosted status maps to its state; unknown ones are UNRECOGNIZED."""
     job = {"id": "j", "status": raw, "outputs": [], "metrics": {"gpu_seconds": 10.0}}
     status = selfhosted.job_status(job, url_ttl_seconds=0, now=NOW, micros_per_gpu_second=350)
@@ -305,7 +314,7 @@ def test_selfhosted_status_row(raw, state):
         ({"code": "INTERNAL", "retryable": False}, E.INTERNAL_PERMANENT),
     ],
 )
-def test_selfhosted_job_error_row(error, error_class):
+def test_selfhosted_job_error_row(error: dict[str, Any], error_class: ErrorClass) -> None:
     """Job error codes map to classes; INTERNAL follows the server's retryable flag."""
     job = {"status": "failed", "error": {**error, "message": "m"}, "metrics": {"gpu_seconds": 4}}
     status = selfhosted.job_status(job, url_ttl_seconds=0, now=NOW, micros_per_gpu_second=350)
@@ -326,7 +335,7 @@ def test_selfhosted_job_error_row(error, error_class):
         (502, SubmitKind.UNKNOWN, E.SUBMISSION_UNKNOWN),
     ],
 )
-def test_selfhosted_create_http_row(status, kind, error_class):
+def test_selfhosted_create_http_row(status: int, kind: SubmitKind, error_class: ErrorClass) -> None:
     """Self-hosted create statuses: 503 + Retry-After overloaded, 409 key mismatch."""
     body = {"error": {"code": "X", "message": "m", "retryable": False}}
     outcome = selfhosted.submit_error(_reply(status, body, {"retry-after": "5"}))
@@ -349,7 +358,7 @@ def test_selfhosted_create_http_row(status, kind, error_class):
         ("https://x/v.mp4", NOW + timedelta(seconds=600)),
     ],
 )
-def test_output_expiry_from_signed_url_or_known_ttl(url, expected):
+def test_output_expiry_from_signed_url_or_known_ttl(url: str, expected: datetime) -> None:
     """Expiry is read from the link's signature parameters, else now + the known TTL."""
     assert url_expiry(url, 600, NOW) == expected
 
@@ -365,7 +374,9 @@ def test_output_expiry_from_signed_url_or_known_ttl(url, expected):
         ({"status": "running", "progress": 1.7}, 1.0, None),
     ],
 )
-def test_selfhosted_progress_and_queue_position_row(job, progress, position):
+def test_selfhosted_progress_and_queue_position_row(
+    job: dict[str, Any], progress: float | None, position: int | None
+) -> None:
     """The model server's progress is clamped to 0..1 and its 1-based queue position becomes
     JobStatus's 0 = next, only while the job is queued."""
     status = selfhosted.job_status(job, url_ttl_seconds=0, now=NOW, micros_per_gpu_second=350)
@@ -381,7 +392,7 @@ def test_selfhosted_progress_and_queue_position_row(job, progress, position):
         ({"status": "RUNNING"}, None),
     ],
 )
-def test_runway_progress_row(task, progress):
+def test_runway_progress_row(task: dict[str, Any], progress: float | None) -> None:
     """Runway's progress is read from RUNNING tasks only; Runway reports no queue position."""
     status = runway.task_status(
         {"id": "t", "createdAt": "2026-06-01T12:00:00.000Z", **task}, url_ttl_seconds=0, now=NOW
