@@ -111,11 +111,15 @@ class Sidecar:
 
     server: SidecarServer
     channel: grpc.aio.Channel
-    stub: adapter_service_pb2_grpc.ProviderAdapterServiceStub
+    stub: adapter_service_pb2_grpc.ProviderAdapterServiceAsyncStub
+
+
+# What the sidecar_factory fixture hands a test: start a sidecar for an adapter.
+SidecarFactory = Callable[[ProviderAdapter], Awaitable[Sidecar]]
 
 
 @pytest.fixture
-async def sidecar_factory() -> AsyncIterator[Callable[[ProviderAdapter], Awaitable[Sidecar]]]:
+async def sidecar_factory() -> AsyncIterator[SidecarFactory]:
     """Start sidecars for adapters; all are stopped at teardown."""
     started: list[Sidecar] = []
 

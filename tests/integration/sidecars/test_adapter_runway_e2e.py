@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Literal
 
 import grpc
 import pytest
@@ -14,8 +15,12 @@ from adapter_sidecars.emulators import RunwayEmulator
 from adapter_sidecars.runway.adapter import RunwayAdapter
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
-from vidroute_core.spec import Mode
+from vidroute_core.spec import GenerationSpec, Mode
 from vidroute_core.wire.spec import spec_to_proto
+
+if TYPE_CHECKING:  # types only: pytest loads conftest; the async stub is only in the .pyi
+    from tests.integration.sidecars.conftest import SidecarFactory
+    from vidroute.adapter.v1.adapter_service_pb2_grpc import ProviderAdapterServiceAsyncStub as Stub
 
 
 def _ts(when: datetime) -> timestamp_pb2.Timestamp:
@@ -24,14 +29,14 @@ def _ts(when: datetime) -> timestamp_pb2.Timestamp:
     return ts
 
 
-async def _compile(stub, spec, model: str = "gen4.5") -> pb.CompilePlan:
+async def _compile(stub: Stub, spec: GenerationSpec, model: str = "gen4.5") -> pb.CompilePlan:
     response = await stub.Compile(svc.CompileRequest(spec=spec_to_proto(spec), model=model))
     return response.plan
 
 
 async def test_describe_lists_every_model_for_the_configured_account(
-    runway_adapter, sidecar_factory
-):
+    runway_adapter: RunwayAdapter, sidecar_factory: SidecarFactory
+) -> None:
     """Describe returns one entry per model, stamped with the account and its region, and
     declares no task search (the real Runway has no task listing)."""
     sidecar = await sidecar_factory(runway_adapter)
@@ -46,7 +51,9 @@ async def test_describe_lists_every_model_for_the_configured_account(
     assert models["veo3.1"].constraints[0].require == "duration_seconds == 8"
 
 
-async def test_compile_submit_poll_until_succeeded(runway_adapter, sidecar_factory):
+async def test_compile_submit_poll_until_succeeded(
+    runway_adapter: RunwayAdapter, sidecar_factory: SidecarFactory
+) -> None:
     """A text-to-video plan is accepted and polls through QUEUED/RUNNING to SUCCEEDED, whose
     cost.credits becomes the actual cost in micros."""
     sidecar = await sidecar_factory(runway_adapter)
@@ -84,7 +91,9 @@ async def test_compile_submit_poll_until_succeeded(runway_adapter, sidecar_facto
     )
 
 
-async def test_unsubmittable_plan_is_refused_by_submit(runway_adapter, sidecar_factory):
+async def test_unsubmittable_plan_is_refused_by_submit(
+    runway_adapter: RunwayAdapter, sidecar_factory: SidecarFactory
+) -> None:
     """A plan with a REJECT is INVALID_ARGUMENT at Submit; nothing reaches the provider."""
     sidecar = await sidecar_factory(runway_adapter)
     plan = await _compile(sidecar.stub, make_spec(mode=Mode.FIRST_LAST_TO_VIDEO))
@@ -94,7 +103,9 @@ async def test_unsubmittable_plan_is_refused_by_submit(runway_adapter, sidecar_f
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-async def test_compile_of_unknown_model_is_not_found(runway_adapter, sidecar_factory):
+async def test_compile_of_unknown_model_is_not_found(
+    runway_adapter: RunwayAdapter, sidecar_factory: SidecarFactory
+) -> None:
     """Compiling for a model the adapter does not describe is NOT_FOUND."""
     sidecar = await sidecar_factory(runway_adapter)
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -103,8 +114,8 @@ async def test_compile_of_unknown_model_is_not_found(runway_adapter, sidecar_fac
 
 
 async def test_invalid_spec_is_invalid_argument_with_field_violations(
-    runway_adapter, sidecar_factory
-):
+    runway_adapter: RunwayAdapter, sidecar_factory: SidecarFactory
+) -> None:
     """An invalid spec is INVALID_ARGUMENT, decoded by the shared spec decoder."""
     sidecar = await sidecar_factory(runway_adapter)
     spec = spec_to_proto(make_spec())
@@ -115,7 +126,9 @@ async def test_invalid_spec_is_invalid_argument_with_field_violations(
 
 
 @pytest.mark.parametrize("delete_mode", ["cancel", "delete"])
-async def test_cancel_is_idempotent_in_both_delete_modes(delete_mode, sidecar_factory):
+async def test_cancel_is_idempotent_in_both_delete_modes(
+    delete_mode: Literal["cancel", "delete"], sidecar_factory: SidecarFactory
+) -> None:
     """Cancelling twice is acknowledged both times, whether Runway keeps or deletes the task;
     a later poll reads CANCELLED, or (deleted) JOB_NOT_FOUND, never a made-up status."""
     from adapter_support import sidecar_config
@@ -139,8 +152,8 @@ async def test_cancel_is_idempotent_in_both_delete_modes(delete_mode, sidecar_fa
 
 
 async def test_usage_reports_credits_as_milliunits_and_micros(
-    runway_adapter, runway_emulator, sidecar_factory
-):
+    runway_adapter: RunwayAdapter, runway_emulator: RunwayEmulator, sidecar_factory: SidecarFactory
+) -> None:
     """ListUsage turns Runway's daily credits into provider milliunits and USD micros."""
     sidecar = await sidecar_factory(runway_adapter)
     runway_emulator.add_usage({"model": "gen4.5", "credits": 60})
@@ -157,7 +170,9 @@ async def test_usage_reports_credits_as_milliunits_and_micros(
     assert record.cost.amount_micros == 600_000
 
 
-async def test_health_serving_once_provider_answers(runway_adapter, sidecar_factory):
+async def test_health_serving_once_provider_answers(
+    runway_adapter: RunwayAdapter, sidecar_factory: SidecarFactory
+) -> None:
     """The sidecar reports SERVING for the adapter service after a successful probe."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 

@@ -14,8 +14,11 @@ import pytest
 from adapter_support import make_spec, sidecar_config
 
 from adapter_sidecars.common import transport
-from adapter_sidecars.common.types import CompileInput, SubmitInput
+from adapter_sidecars.common.config import Account
+from adapter_sidecars.common.types import CompileInput, ProviderAdapter, SubmitInput
+from adapter_sidecars.emulators import SelfHostedEmulator
 from adapter_sidecars.runway.adapter import RunwayAdapter
+from adapter_sidecars.selfhosted.adapter import SelfHostedAdapter
 from vidroute_core.adapter import SubmitKind, SubmitOutcome, TransportStage
 from vidroute_core.errors import ErrorClass
 
@@ -26,10 +29,12 @@ ROUTES = {
     "selfhosted": "POST /v1/jobs",
 }
 ADAPTERS = list(MODELS)
+# (name, adapter, emulator): the three adapters and emulators share no typed base.
+Provider = tuple[str, Any, Any]
 
 
 @pytest.fixture(params=ADAPTERS)
-def provider(request: pytest.FixtureRequest) -> tuple[str, object, object]:
+def provider(request: pytest.FixtureRequest) -> Provider:
     """(name, adapter, emulator) for each provider."""
     name = request.param
     adapter = request.getfixturevalue(f"{name}_adapter")
@@ -37,14 +42,16 @@ def provider(request: pytest.FixtureRequest) -> tuple[str, object, object]:
     return name, adapter, emulator
 
 
-async def _submit(name: str, adapter, key: str = "attempt-1") -> SubmitOutcome:
+async def _submit(name: str, adapter: ProviderAdapter, key: str = "attempt-1") -> SubmitOutcome:
     duration = 8000 if name == "veo" else 5000
     plan = adapter.compile(CompileInput(make_spec(duration_ms=duration), MODELS[name]))
     assert plan.submittable, plan.transformations
     return await adapter.submit(SubmitInput(plan, key))
 
 
-async def _with_fault(provider, action: str, **params: object) -> tuple[SubmitOutcome, Any]:
+async def _with_fault(
+    provider: Provider, action: str, **params: object
+) -> tuple[SubmitOutcome, Any]:
     name, adapter, emulator = provider
     emulator.add_faults({"route": ROUTES[name], "action": action, **params})
     return await _submit(name, adapter), emulator
@@ -61,7 +68,7 @@ def _assert_unknown(outcome: SubmitOutcome, stage: TransportStage) -> None:
     assert outcome.request_started_at is not None
 
 
-async def test_accepted_when_all_goes_well(provider):
+async def test_accepted_when_all_goes_well(provider: Provider) -> None:
     """A clean exchange is ACCEPTED with the provider's job id and exactly one job created."""
     name, adapter, emulator = provider
     outcome = await _submit(name, adapter)
@@ -70,7 +77,7 @@ async def test_accepted_when_all_goes_well(provider):
     assert [j["id"] for j in emulator.truth()] == [outcome.job.provider_job_id]
 
 
-async def test_partial_body_drop_is_unknown(provider):
+async def test_partial_body_drop_is_unknown(provider: Provider) -> None:
     """A connection dropped while the body is being read is UNKNOWN (请求体部分写入后断开)."""
     outcome, emulator = await _with_fault(provider, "drop_after_partial_body")
     assert outcome.kind is SubmitKind.UNKNOWN
@@ -78,14 +85,14 @@ async def test_partial_body_drop_is_unknown(provider):
     assert emulator.truth() == []
 
 
-async def test_drop_after_body_is_unknown_and_the_job_exists(provider):
+async def test_drop_after_body_is_unknown_and_the_job_exists(provider: Provider) -> None:
     """Body written, job created, connection reset before the answer: UNKNOWN, one job."""
     outcome, emulator = await _with_fault(provider, "drop_after_body")
     _assert_unknown(outcome, TransportStage.AWAIT_RESPONSE)
     assert len(emulator.truth()) == 1
 
 
-async def test_stall_past_the_submit_read_timeout_is_unknown(provider):
+async def test_stall_past_the_submit_read_timeout_is_unknown(provider: Provider) -> None:
     """No response within the submit read timeout: UNKNOWN at AWAIT_RESPONSE."""
     outcome, emulator = await _with_fault(provider, "stall_response", seconds=3)
     _assert_unknown(outcome, TransportStage.AWAIT_RESPONSE)
@@ -93,7 +100,9 @@ async def test_stall_past_the_submit_read_timeout_is_unknown(provider):
 
 
 @pytest.mark.parametrize("action", ["corrupt_json", "missing_id"])
-async def test_unusable_2xx_body_is_unknown_at_read_response(provider, action):
+async def test_unusable_2xx_body_is_unknown_at_read_response(
+    provider: Provider, action: str
+) -> None:
     """A 2xx with a corrupt body or without an id is UNKNOWN at READ_RESPONSE."""
     outcome, emulator = await _with_fault(provider, action)
     _assert_unknown(outcome, TransportStage.READ_RESPONSE)
@@ -103,7 +112,7 @@ async def test_unusable_2xx_body_is_unknown_at_read_response(provider, action):
     assert len(emulator.truth()) == 1
 
 
-async def test_refused_connection_is_rejected_at_connect(provider):
+async def test_refused_connection_is_rejected_at_connect(provider: Provider) -> None:
     """ECONNREFUSED before any byte is REJECTED (TRANSIENT_NETWORK, CONNECT)."""
     name, adapter, emulator = provider
     if name == "selfhosted":
@@ -118,7 +127,7 @@ async def test_refused_connection_is_rejected_at_connect(provider):
     assert outcome.error.retryable
 
 
-async def test_429_is_rejected_with_retry_after(provider):
+async def test_429_is_rejected_with_retry_after(provider: Provider) -> None:
     """An explicit 429 is REJECTED as RATE_LIMITED or QUOTA and keeps Retry-After."""
     outcome, emulator = await _with_fault(provider, "status", code=429, retry_after=7)
     assert outcome.kind is SubmitKind.REJECTED
@@ -130,7 +139,7 @@ async def test_429_is_rejected_with_retry_after(provider):
     assert emulator.truth() == []
 
 
-async def test_503_is_rejected_as_overloaded(provider):
+async def test_503_is_rejected_as_overloaded(provider: Provider) -> None:
     """503 is documented as not-created by every provider here: REJECTED, retryable."""
     outcome, _ = await _with_fault(provider, "status", code=503)
     assert outcome.kind is SubmitKind.REJECTED
@@ -139,7 +148,7 @@ async def test_503_is_rejected_as_overloaded(provider):
     assert outcome.error.retryable
 
 
-async def test_500_on_create_is_unknown(provider):
+async def test_500_on_create_is_unknown(provider: Provider) -> None:
     """A 500 is not documented as not-created: UNKNOWN, recover before anything else."""
     outcome, _ = await _with_fault(provider, "status", code=500)
     assert outcome.kind is SubmitKind.UNKNOWN
@@ -164,21 +173,21 @@ async def test_dns_failure_is_rejected_at_dns() -> None:
 
 
 async def test_selfhosted_retries_a_refused_submit_once_with_the_same_key(
-    selfhosted_adapter, selfhosted_emulator
-):
+    selfhosted_adapter: SelfHostedAdapter, selfhosted_emulator: SelfHostedEmulator
+) -> None:
     """A not-sent self-hosted submit is retried once with the same Idempotency-Key."""
     selfhosted_emulator.add_faults({"action": "refuse_connection", "duration_ms": 300})
     await asyncio.sleep(0.05)
     original = selfhosted_adapter.send_create
     calls = []
 
-    async def counting(request, account):
+    async def counting(request: SubmitInput, account: Account) -> SubmitOutcome:
         calls.append(request.client_request_key)
         if len(calls) == 2:
             await asyncio.sleep(0.5)  # let the refusal window pass before the retry
         return await original(request, account)
 
-    selfhosted_adapter.send_create = counting
+    selfhosted_adapter.send_create = counting  # type: ignore[method-assign]  # spy on the retry
     outcome = await _submit("selfhosted", selfhosted_adapter, key="same-key")
     assert calls == ["same-key", "same-key"]
     assert outcome.kind is SubmitKind.ACCEPTED
@@ -188,6 +197,7 @@ async def test_selfhosted_retries_a_refused_submit_once_with_the_same_key(
 # -- a raw server that misbehaves at exact points ---------------------------------------------
 
 Behaviour = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+RawServer = Callable[[Behaviour], Awaitable[str]]
 
 
 @pytest.fixture
@@ -236,7 +246,9 @@ async def _classify(
         return await transport.send_submit(client, request)
 
 
-async def test_reset_while_the_request_body_is_being_written_is_unknown(raw_server):
+async def test_reset_while_the_request_body_is_being_written_is_unknown(
+    raw_server: RawServer,
+) -> None:
     """The peer resets after a few bytes of a large body: UNKNOWN (SEND_REQUEST or later)."""
 
     async def behaviour(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -250,7 +262,9 @@ async def test_reset_while_the_request_body_is_being_written_is_unknown(raw_serv
     assert outcome.transport_stage in (TransportStage.SEND_REQUEST, TransportStage.AWAIT_RESPONSE)
 
 
-async def test_close_after_status_line_is_unknown_at_read_response(raw_server):
+async def test_close_after_status_line_is_unknown_at_read_response(
+    raw_server: RawServer,
+) -> None:
     """Headers arrive, then the body is cut short: UNKNOWN at READ_RESPONSE."""
 
     async def behaviour(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -266,7 +280,9 @@ async def test_close_after_status_line_is_unknown_at_read_response(raw_server):
     assert outcome.transport_stage is TransportStage.READ_RESPONSE
 
 
-async def test_silence_after_the_body_is_unknown_at_await_response(raw_server):
+async def test_silence_after_the_body_is_unknown_at_await_response(
+    raw_server: RawServer,
+) -> None:
     """The whole request is read and nothing comes back before the read timeout."""
 
     async def behaviour(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
