@@ -7,12 +7,14 @@ was sent; its stats count the file downloads; its truth says which jobs exist.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import grpc
 import httpx
 import pytest
 from adapter_support import Asset, AssetServer, make_spec, sidecar_config
 
+from adapter_sidecars.common.types import ProviderAdapter
 from adapter_sidecars.emulators import VeoConfig, VeoEmulator
 from adapter_sidecars.emulators.http import BodyReader, HttpServer, Request, Response
 from adapter_sidecars.veo.adapter import VeoAdapter
@@ -20,6 +22,10 @@ from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
 from vidroute.common.v1 import error_pb2
 from vidroute_core.wire.spec import spec_to_proto
+
+if TYPE_CHECKING:  # types only: pytest loads conftest; the async stub is only in the .pyi
+    from tests.integration.sidecars.conftest import SidecarFactory
+    from vidroute.adapter.v1.adapter_service_pb2_grpc import ProviderAdapterServiceAsyncStub as Stub
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,7 +43,7 @@ async def keyed_veo() -> AsyncIterator[VeoEmulator]:
 
 
 @pytest.fixture
-async def stub(keyed_veo, sidecar_factory):
+async def stub(keyed_veo: VeoEmulator, sidecar_factory: SidecarFactory) -> AsyncIterator[Stub]:
     """A Veo sidecar in front of `keyed_veo`."""
     adapter = VeoAdapter.from_config(sidecar_config(keyed_veo.url, "GEMINI_API_KEY"))
     sidecar = await sidecar_factory(adapter)
@@ -45,7 +51,7 @@ async def stub(keyed_veo, sidecar_factory):
     await adapter.aclose()
 
 
-async def _succeeded(stub) -> tuple[pb.JobRef, pb.Output]:
+async def _succeeded(stub: Stub) -> tuple[pb.JobRef, pb.Output]:
     spec = make_spec(duration_ms=8000)
     compiled = await stub.Compile(svc.CompileRequest(spec=spec_to_proto(spec), model=MODEL))
     submitted = await stub.Submit(svc.SubmitRequest(plan=compiled.plan, client_request_key="k1"))
@@ -57,12 +63,16 @@ async def _succeeded(stub) -> tuple[pb.JobRef, pb.Output]:
     raise AssertionError(f"job did not succeed: {status}")
 
 
-async def _fetch(stub, job, uri, max_bytes=0) -> list[svc.FetchOutputResponse]:
+async def _fetch(
+    stub: Stub, job: pb.JobRef, uri: str, max_bytes: int = 0
+) -> list[svc.FetchOutputResponse]:
     request = svc.FetchOutputRequest(job=job, uri=uri, max_bytes=max_bytes)
     return [reply async for reply in stub.FetchOutput(request)]
 
 
-async def test_veo_output_streams_through_the_sidecar_with_the_key(stub, keyed_veo) -> None:
+async def test_veo_output_streams_through_the_sidecar_with_the_key(
+    stub: Stub, keyed_veo: VeoEmulator
+) -> None:
     """A Gemini file URI (Google's https shape) is flagged, carries no key, 403s without it at
     the provider, and FetchOutput streams the MP4 by file id through the sidecar's base URL in
     64 KiB chunks with the content type declared first."""
@@ -90,7 +100,7 @@ async def test_veo_output_streams_through_the_sidecar_with_the_key(stub, keyed_v
     assert len(keyed_veo.truth()) == 1
 
 
-async def test_fetch_output_refuses_a_foreign_host(stub, asset_server: AssetServer) -> None:
+async def test_fetch_output_refuses_a_foreign_host(stub: Stub, asset_server: AssetServer) -> None:
     """A URI that is not on the provider's host is INVALID_ARGUMENT and is never requested."""
     job, _output = await _succeeded(stub)
     foreign = asset_server.add("/steal.mp4", _asset())
@@ -101,7 +111,7 @@ async def test_fetch_output_refuses_a_foreign_host(stub, asset_server: AssetServ
     assert asset_server.requests == []
 
 
-async def test_expired_file_is_output_expired(stub, keyed_veo) -> None:
+async def test_expired_file_is_output_expired(stub: Stub, keyed_veo: VeoEmulator) -> None:
     """A file past retention (the emulator's expire_output) ends the stream with OUTPUT_EXPIRED."""
     keyed_veo.add_faults({"route": "GET /v1beta/models/*/operations/*", "action": "expire_output"})
     job, output = await _succeeded(stub)
@@ -111,7 +121,7 @@ async def test_expired_file_is_output_expired(stub, keyed_veo) -> None:
     assert not reply.chunk
 
 
-async def test_provider_5xx_is_transient(stub, keyed_veo) -> None:
+async def test_provider_5xx_is_transient(stub: Stub, keyed_veo: VeoEmulator) -> None:
     """A 503 on the download is TRANSIENT_NETWORK (fetch again later)."""
     job, output = await _succeeded(stub)
     keyed_veo.add_faults({"route": FILES, "action": "status", "code": 503})
@@ -120,7 +130,7 @@ async def test_provider_5xx_is_transient(stub, keyed_veo) -> None:
     assert reply.error.raw_status_code == 503
 
 
-async def test_body_over_max_bytes_is_cut_off(stub) -> None:
+async def test_body_over_max_bytes_is_cut_off(stub: Stub) -> None:
     """The caller's max_bytes caps the stream: the body is not sent, the error says why."""
     job, output = await _succeeded(stub)
     replies = await _fetch(stub, job, output.uri, max_bytes=100)
@@ -128,7 +138,7 @@ async def test_body_over_max_bytes_is_cut_off(stub) -> None:
     assert sum(len(r.chunk) for r in replies) <= 100
 
 
-async def test_unknown_account_is_not_found(stub) -> None:
+async def test_unknown_account_is_not_found(stub: Stub) -> None:
     """A job of an account this sidecar does not hold is NOT_FOUND."""
     job, output = await _succeeded(stub)
     other = pb.JobRef(provider_job_id=job.provider_job_id, account="someone-else")
@@ -142,7 +152,7 @@ def _asset() -> Asset:
 
 
 async def test_redirect_to_another_host_drops_the_key(
-    sidecar_factory,
+    sidecar_factory: SidecarFactory,
     asset_server: AssetServer,
 ) -> None:
     """The provider redirects the download to a storage host: that hop gets no credentials."""
@@ -173,14 +183,16 @@ async def test_redirect_to_another_host_drops_the_key(
 
 
 @pytest.fixture(params=["runway", "selfhosted"])
-def signed_url_adapter(request):
+def signed_url_adapter(request: pytest.FixtureRequest) -> tuple[str, ProviderAdapter]:
     """(model, adapter) of the providers whose outputs are signed URLs."""
     name = request.param
     model = {"runway": "gen4.5", "selfhosted": "wan2.2-t2v"}[name]
     return model, request.getfixturevalue(f"{name}_adapter")
 
 
-async def test_signed_url_outputs_are_not_flagged(signed_url_adapter, sidecar_factory) -> None:
+async def test_signed_url_outputs_are_not_flagged(
+    signed_url_adapter: tuple[str, ProviderAdapter], sidecar_factory: SidecarFactory
+) -> None:
     """Runway and self-hosted outputs (signed URLs anyone may GET) stay unflagged."""
     model, adapter = signed_url_adapter
     stub = (await sidecar_factory(adapter)).stub

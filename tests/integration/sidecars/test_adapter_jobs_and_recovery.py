@@ -10,14 +10,22 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from adapter_support import make_spec
 from google.protobuf import timestamp_pb2
 
+from adapter_sidecars.runway.adapter import RunwayAdapter
+from adapter_sidecars.selfhosted.adapter import SelfHostedAdapter
+from adapter_sidecars.veo.adapter import VeoAdapter
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
 from vidroute_core.wire.spec import spec_to_proto
+
+if TYPE_CHECKING:  # types only: pytest loads conftest; the async stub is only in the .pyi
+    from tests.integration.sidecars.conftest import SidecarFactory
+    from vidroute.adapter.v1.adapter_service_pb2_grpc import ProviderAdapterServiceAsyncStub as Stub
 
 MODELS = {"runway": "gen4.5", "veo": "veo-3.1-generate-preview", "selfhosted": "wan2.2-t2v"}
 ROUTES = {
@@ -25,6 +33,10 @@ ROUTES = {
     "veo": "POST /v1beta/models/*:predictLongRunning",
     "selfhosted": "POST /v1/jobs",
 }
+
+# (name, adapter, emulator) and (name, stub, emulator): the three providers share no typed base.
+Provider = tuple[str, Any, Any]
+World = tuple[str, "Stub", Any]
 
 
 def _ts(when: datetime) -> timestamp_pb2.Timestamp:
@@ -34,7 +46,7 @@ def _ts(when: datetime) -> timestamp_pb2.Timestamp:
 
 
 @pytest.fixture(params=list(MODELS))
-def provider(request):
+def provider(request: pytest.FixtureRequest) -> Provider:
     """(name, adapter, emulator) for each adapter."""
     name = request.param
     return (
@@ -45,7 +57,7 @@ def provider(request):
 
 
 @pytest.fixture
-async def world(provider, sidecar_factory):
+async def world(provider: Provider, sidecar_factory: SidecarFactory) -> World:
     """(name, stub, emulator), the adapter served by an in-process sidecar."""
     name, adapter, emulator = provider
     sidecar = await sidecar_factory(adapter)
@@ -53,7 +65,7 @@ async def world(provider, sidecar_factory):
 
 
 @pytest.fixture(params=list(MODELS))
-def search_provider(request):
+def search_provider(request: pytest.FixtureRequest) -> Provider:
     """(name, adapter, emulator) of an adapter that can search: emulator extensions on by name."""
     name = request.param
     suffix = "" if name == "selfhosted" else "_search"
@@ -65,14 +77,14 @@ def search_provider(request):
 
 
 @pytest.fixture
-async def searchable(search_provider, sidecar_factory):
+async def searchable(search_provider: Provider, sidecar_factory: SidecarFactory) -> World:
     """(name, stub, emulator) of a searching adapter behind an in-process sidecar."""
     name, adapter, emulator = search_provider
     return name, (await sidecar_factory(adapter)).stub, emulator
 
 
 @pytest.fixture(params=["runway", "veo"])
-def real_provider(request):
+def real_provider(request: pytest.FixtureRequest) -> Provider:
     """(name, adapter, emulator) of Runway / Veo as the real providers are: no listing at all."""
     name = request.param
     return (
@@ -83,26 +95,30 @@ def real_provider(request):
 
 
 @pytest.fixture
-async def unsearchable(real_provider, sidecar_factory):
+async def unsearchable(real_provider: Provider, sidecar_factory: SidecarFactory) -> World:
     """(name, stub, emulator) of a real-provider adapter behind an in-process sidecar."""
     name, adapter, emulator = real_provider
     return name, (await sidecar_factory(adapter)).stub, emulator
 
 
-async def _plan(name, stub) -> pb.CompilePlan:
+async def _plan(name: str, stub: Stub) -> pb.CompilePlan:
     spec = make_spec(duration_ms=8000)
     response = await stub.Compile(svc.CompileRequest(spec=spec_to_proto(spec), model=MODELS[name]))
     assert response.plan.submittable
     return response.plan
 
 
-async def _submit(stub, plan, key: str) -> tuple[svc.SubmitResponse, datetime, datetime]:
+async def _submit(
+    stub: Stub, plan: pb.CompilePlan, key: str
+) -> tuple[svc.SubmitResponse, datetime, datetime]:
     before = datetime.now(UTC)
     response = await stub.Submit(svc.SubmitRequest(plan=plan, client_request_key=key))
     return response, before, datetime.now(UTC)
 
 
-def _recover_request(plan, key, after, before) -> svc.RecoverSubmissionRequest:
+def _recover_request(
+    plan: pb.CompilePlan, key: str, after: datetime, before: datetime
+) -> svc.RecoverSubmissionRequest:
     return svc.RecoverSubmissionRequest(
         account=plan.account,
         model=plan.model,
@@ -114,7 +130,7 @@ def _recover_request(plan, key, after, before) -> svc.RecoverSubmissionRequest:
     )
 
 
-async def test_job_runs_to_success_with_outputs(world):
+async def test_job_runs_to_success_with_outputs(world: World) -> None:
     """An accepted job polls to SUCCEEDED with an output URL and the raw payload kept."""
     name, stub, _ = world
     submitted, _, _ = await _submit(stub, await _plan(name, stub), "k-success")
@@ -128,7 +144,7 @@ async def test_job_runs_to_success_with_outputs(world):
     assert status.raw_payload_json
 
 
-async def test_dropped_response_is_recovered_to_the_created_job(searchable):
+async def test_dropped_response_is_recovered_to_the_created_job(searchable: World) -> None:
     """With a search, after drop_after_body the submit is UNKNOWN and recovery FINDS the one
     job created."""
     name, stub, emulator = searchable
@@ -143,7 +159,7 @@ async def test_dropped_response_is_recovered_to_the_created_job(searchable):
     assert recovered.method
 
 
-async def test_never_created_is_not_found_once_the_window_settles(searchable):
+async def test_never_created_is_not_found_once_the_window_settles(searchable: World) -> None:
     """With a search and nothing created, recovery is NOT_FOUND only after the submit window
     settled."""
     name, stub, _ = searchable
@@ -161,7 +177,7 @@ async def test_never_created_is_not_found_once_the_window_settles(searchable):
     assert verdict == pb.RECOVERY_VERDICT_NOT_FOUND
 
 
-async def test_without_a_listing_recovery_is_inconclusive_and_says_why(unsearchable):
+async def test_without_a_listing_recovery_is_inconclusive_and_says_why(unsearchable: World) -> None:
     """Against Runway / Veo as they really are (no listing), recovery of a dropped submit and
     of a never-created one is INCONCLUSIVE, never NOT_FOUND, and its method names the missing
     capability; no listing route is even called."""
@@ -181,7 +197,7 @@ async def test_without_a_listing_recovery_is_inconclusive_and_says_why(unsearcha
     assert listings == []
 
 
-async def test_cancel_is_acknowledged_or_honestly_unsupported(world):
+async def test_cancel_is_acknowledged_or_honestly_unsupported(world: World) -> None:
     """Cancel is acknowledged twice where supported; Veo says UNSUPPORTED while running."""
     name, stub, _ = world
     submitted, _, _ = await _submit(stub, await _plan(name, stub), "k-cancel")
@@ -197,7 +213,7 @@ async def test_cancel_is_acknowledged_or_honestly_unsupported(world):
     assert status.state == pb.JOB_STATE_CANCELLED
 
 
-async def test_usage_after_a_finished_job(searchable):
+async def test_usage_after_a_finished_job(searchable: World) -> None:
     """ListUsage reports the finished job's provider units in milliunits with a cost (Veo: from
     the emulator's billing export, named)."""
     name, stub, _ = searchable
@@ -219,7 +235,7 @@ async def test_usage_after_a_finished_job(searchable):
     assert all(r.provider_milliunits > 0 and r.cost.amount_micros > 0 for r in usage.records)
 
 
-async def _finished(name, stub) -> None:
+async def _finished(name: str, stub: Stub) -> None:
     submitted, _, _ = await _submit(stub, await _plan(name, stub), f"k-{name}-usage")
     for _ in range(10):
         status = (await stub.GetJob(svc.GetJobRequest(job=submitted.job))).status
@@ -237,7 +253,9 @@ def _usage_request() -> svc.ListUsageRequest:
     )
 
 
-async def test_runway_usage_records_name_no_job(runway_adapter, sidecar_factory):
+async def test_runway_usage_records_name_no_job(
+    runway_adapter: RunwayAdapter, sidecar_factory: SidecarFactory
+) -> None:
     """Runway's usage is a daily total per model: its records carry no provider job id, so
     nothing downstream can take a day's total for a job."""
     stub = (await sidecar_factory(runway_adapter)).stub
@@ -249,7 +267,9 @@ async def test_runway_usage_records_name_no_job(runway_adapter, sidecar_factory)
     assert (record.provider_job_id, record.client_request_key) == ("", "")
 
 
-async def test_selfhosted_usage_records_name_their_job_and_key(selfhosted_adapter, sidecar_factory):
+async def test_selfhosted_usage_records_name_their_job_and_key(
+    selfhosted_adapter: SelfHostedAdapter, sidecar_factory: SidecarFactory
+) -> None:
     """Our job API's usage rows name the job and the Idempotency-Key it was created with, so
     a record identifies exactly one attempt's job."""
     stub = (await sidecar_factory(selfhosted_adapter)).stub
@@ -266,7 +286,9 @@ async def test_selfhosted_usage_records_name_their_job_and_key(selfhosted_adapte
     )
 
 
-async def test_veo_usage_without_an_export_is_unsupported(veo_adapter, sidecar_factory):
+async def test_veo_usage_without_an_export_is_unsupported(
+    veo_adapter: VeoAdapter, sidecar_factory: SidecarFactory
+) -> None:
     """The Gemini API has no usage export: ListUsage answers UNSUPPORTED_CAPABILITY, not an
     empty list that would read as "nothing was billed"."""
     stub = (await sidecar_factory(veo_adapter)).stub

@@ -16,7 +16,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -29,9 +29,13 @@ from adapter_sidecars.veo.adapter import VeoAdapter
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
 from vidroute.common.v1 import error_pb2
-from vidroute_core.adapter import TransformationKind
+from vidroute_core.adapter import CompiledPlan, TransformationKind
 from vidroute_core.spec import AssetRef, Mode
 from vidroute_core.wire import adapter as wire
+
+if TYPE_CHECKING:  # types only: pytest loads conftest; the async stub is only in the .pyi
+    from tests.integration.sidecars.conftest import SidecarFactory
+    from vidroute.adapter.v1.adapter_service_pb2_grpc import ProviderAdapterServiceAsyncStub as Stub
 
 MODEL = "veo-3.1-generate-preview"
 SUBMIT_ROUTE = f"POST /v1beta/models/{MODEL}:predictLongRunning"
@@ -81,7 +85,7 @@ async def adapter(veo_emulator: VeoEmulator) -> AsyncIterator[VeoAdapter]:
 
 
 @pytest.fixture
-async def stub(adapter, sidecar_factory):
+async def stub(adapter: VeoAdapter, sidecar_factory: SidecarFactory) -> Stub:
     return (await sidecar_factory(adapter)).stub
 
 
@@ -93,11 +97,13 @@ def _plan(adapter: VeoAdapter, first: AssetRef, last: AssetRef | None = None) ->
     return wire.plan_to_proto(plan)
 
 
-async def _submit(stub, plan: pb.CompilePlan, key: str) -> svc.SubmitResponse:
+async def _submit(stub: Stub, plan: pb.CompilePlan, key: str) -> svc.SubmitResponse:
     return await stub.Submit(svc.SubmitRequest(plan=plan, client_request_key=key))
 
 
-async def _recover(stub, plan, after: datetime, before: datetime) -> tuple[int, str]:
+async def _recover(
+    stub: Stub, plan: pb.CompilePlan, after: datetime, before: datetime
+) -> tuple[int, str]:
     """(verdict, job id) for a submit sent within [after, before]."""
     response = await stub.RecoverSubmission(
         svc.RecoverSubmissionRequest(
@@ -123,7 +129,7 @@ def test_compile_keeps_references_offline_and_hash_ignores_signatures() -> None:
     reference with its checksum, and re-signing the URL keeps the request hash."""
     adapter = VeoAdapter.from_config(sidecar_config("http://127.0.0.1:9", "KEY"))
 
-    def compile_with(first: AssetRef):
+    def compile_with(first: AssetRef) -> CompiledPlan:
         spec = make_spec(mode=Mode.IMAGE_TO_VIDEO, duration_ms=8000, first_frame=first)
         return adapter.compile(CompileInput(spec, MODEL))
 
@@ -173,7 +179,7 @@ def test_reference_images_are_sent_as_asset_references() -> None:
 
 # -- submit --------------------------------------------------------------------------------------
 async def test_image_to_video_submit_sends_inline_base64(
-    adapter, stub, veo_emulator, asset_server: AssetServer
+    adapter: VeoAdapter, stub: Stub, veo_emulator: VeoEmulator, asset_server: AssetServer
 ) -> None:
     """Submit fetches both frames (signed URL as given, no API key to the asset host) and the
     provider receives them as bytesBase64Encoded + mimeType; the rest is the plan's request."""
@@ -199,7 +205,7 @@ async def test_image_to_video_submit_sends_inline_base64(
 
 
 async def test_checksum_mismatch_is_rejected_asset_invalid_with_no_job(
-    adapter, stub, veo_emulator, asset_server: AssetServer
+    adapter: VeoAdapter, stub: Stub, veo_emulator: VeoEmulator, asset_server: AssetServer
 ) -> None:
     """Bytes whose SHA-256 differs from the spec's checksum: REJECTED ASSET_INVALID, and the
     provider saw no create request at all."""
@@ -227,7 +233,7 @@ async def _closed_port_url() -> str:
 
 @pytest.mark.parametrize("case", ["not_found", "expired_signature", "refused", "stalled"])
 async def test_unreachable_asset_is_rejected_asset_unavailable_with_no_job(
-    case: str, adapter, stub, veo_emulator, asset_server: AssetServer
+    case: str, adapter: VeoAdapter, stub: Stub, veo_emulator: VeoEmulator, asset_server: AssetServer
 ) -> None:
     """404, an expired signature (403), a refused connection, or a host that never answers
     within the fetch deadline: REJECTED ASSET_UNAVAILABLE, nothing sent to the provider."""
@@ -258,7 +264,12 @@ async def test_unreachable_asset_is_rejected_asset_unavailable_with_no_job(
     ],
 )
 async def test_unusable_asset_is_rejected_asset_invalid(  # noqa: PLR0917 - fixtures
-    asset: Asset, code: str, adapter, stub, veo_emulator, asset_server: AssetServer
+    asset: Asset,
+    code: str,
+    adapter: VeoAdapter,
+    stub: Stub,
+    veo_emulator: VeoEmulator,
+    asset_server: AssetServer,
 ) -> None:
     """A non-image Content-Type or an asset over the cap is ASSET_INVALID; no job."""
     plan = _plan(adapter, AssetRef(asset_server.add("/a", asset), "image/png"))
@@ -274,7 +285,11 @@ async def test_unusable_asset_is_rejected_asset_invalid(  # noqa: PLR0917 - fixt
 # -- recovery ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("checksum", [True, False], ids=["checksum", "no-checksum"])
 async def test_dropped_image_submit_is_recovered_to_the_created_job(
-    checksum: bool, adapter, stub, veo_emulator, asset_server: AssetServer
+    checksum: bool,
+    adapter: VeoAdapter,
+    stub: Stub,
+    veo_emulator: VeoEmulator,
+    asset_server: AssetServer,
 ) -> None:
     """drop_after_body on an image-to-video submit: UNKNOWN, one job holding the bytes, and
     recovery FINDS it from the plan's references (by checksum, or by re-fetching the asset)."""
@@ -307,7 +322,7 @@ async def _foreign_job(emulator: VeoEmulator, plan: pb.CompilePlan, image: bytes
 
 
 async def test_same_request_with_other_image_bytes_is_not_ours(
-    adapter, stub, veo_emulator, asset_server: AssetServer
+    adapter: VeoAdapter, stub: Stub, veo_emulator: VeoEmulator, asset_server: AssetServer
 ) -> None:
     """Our plan was never created, but an operation with the same prompt and parameters and a
     different image exists: with a checksum that is conclusively NOT_FOUND; a reference without
