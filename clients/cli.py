@@ -61,6 +61,7 @@ from clients.cli_common import State
 from clients.cli_config import DEFAULT_TARGET, ConfigError
 from clients.cli_spec import SpecError
 from clients.sdk import errors as sdk_errors
+from vidroute_core.settings import SettingsError
 
 if TYPE_CHECKING:  # the control plane is imported only by the commands that run it
     from controlplane.bootstrap import Settings
@@ -289,6 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SpecError, ConfigError) as exc:
         _error([f"error: {exc}"])
         return cli_errors.EXIT_USAGE
+    except SettingsError as exc:  # the environment: one line naming the variable
+        _error([f"error: {exc}"])
+        return cli_errors.EXIT_CONFIG
     except (grpc.RpcError, sdk_errors.VidrouteError) as exc:
         if state.debug:
             traceback.print_exc()

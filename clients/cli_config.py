@@ -8,7 +8,8 @@ Precedence, first found wins:
 * TLS: ``--tls`` / ``--no-tls``, the file's ``tls`` (``true``: the system roots, or ``ca_file``).
 
 The file is TOML at ``$VIDROUTE_CONFIG``, else ``$XDG_CONFIG_HOME/vidroute/config.toml`` (default
-``~/.config/vidroute/config.toml``); a missing file is no error, a broken one is::
+``~/.config/vidroute/config.toml``); a missing default file is no error, a missing
+``$VIDROUTE_CONFIG`` is (`vidroute_core.settings.ClientEnv`), and so is a broken file::
 
     target = "vidroute.internal.example.com:443"
     token = "vrt_..."
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clients import auth as client_auth
+from vidroute_core.settings import ClientEnv
 
 DEFAULT_TARGET = "localhost:8051"
 _KEYS = frozenset({"target", "token", "tls", "ca_file"})
@@ -79,9 +81,10 @@ def resolve(
 ) -> Connection:
     """The connection of one command from its flags (None: not given), `env` and the file."""
     env = os.environ if env is None else env
-    file = read_file(config_path(env))
-    chosen_target = target or env.get("VIDROUTE_TARGET") or str(file.get("target") or "")
-    chosen_token = token or env.get("VIDROUTE_TOKEN") or str(file.get("token") or "")
+    declared = ClientEnv.load(env)  # an unknown VIDROUTE_* name, a missing named file: refused
+    file = read_file(declared.config or config_path(env))
+    chosen_target = target or declared.target or str(file.get("target") or "")
+    chosen_token = token or declared.token or str(file.get("token") or "")
     if not chosen_token:
         chosen_token = client_auth.token_from_env(env)
     ca = file.get("ca_file")

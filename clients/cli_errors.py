@@ -21,6 +21,7 @@ import grpc
 from clients.sdk import errors
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
+EXIT_CONFIG = 78  # EX_CONFIG, as the control plane's refusals: the environment is wrong
 # What grpc-core says when no connection could be made (as opposed to a server's UNAVAILABLE,
 # e.g. its database being away, which carries the server's own message).
 _UNREACHABLE = (

@@ -1,6 +1,8 @@
 """Composition root: configuration -> implementations -> a running control plane.
 
-The only module that reads environment variables:
+The only module that reads environment variables, each declared with its type in
+`vidroute_core.settings.ControlPlaneEnv` (pydantic-settings): an unknown ``VIDROUTE_*`` name, a bad
+value or a file variable naming no file is a `SettingsError` at start, one line naming it.
 
 - ``VIDROUTE_DATABASE_URL``: SQLAlchemy async URL. Default: embedded SQLite under ``./var/``.
   PostgreSQL: ``postgresql+asyncpg://user@127.0.0.1:5432/vidroute``.
@@ -161,7 +163,6 @@ from controlplane.startup import (
     refuse,
 )
 from controlplane.storage import object_store_from_url
-from controlplane.storage.base import MAX_PRESIGN_S
 from controlplane.wakeups import LocalWakeBus, wake_bus_for
 from controlplane.webhooks.config import WebhookPolicy, parse_networks, parse_webhooks_document
 from controlplane.webhooks.delivery import DeliveryConfig, WebhookDeliveryWorker
@@ -170,8 +171,8 @@ from vidroute_core import tracing
 from vidroute_core.adapter import JobSnapshot, JobState, SubmitKind, SubmitOutcome
 from vidroute_core.exceptions import InvalidSpec
 from vidroute_core.metrics_http import serve_metrics
+from vidroute_core.settings import ControlPlaneEnv, SettingsError, file_of
 from vidroute_core.timescale import (
-    check_factor,
     scale_durations,
     scale_value,
     scaled_defaults,
@@ -192,17 +193,6 @@ ROUTING_POLICY_VERSION = "router-v1"
 COST_GAUGE_INTERVAL_S = 60.0  # the cost gauges are recomputed from the ledgers this often
 QUALITY_REFRESH_S = 5.0  # routing re-reads the quality aggregates this often (9.14)
 DEFAULT_SAFETY_POLICY = Path(__file__).with_name("safety_policy.yaml")
-
-
-def _pairs(raw: str) -> dict[str, str]:
-    """``a=x,b=y`` -> ``{"a": "x", "b": "y"}``."""
-    out: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in raw.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key or not value:
-            raise ValueError(f"expected name=value, got {item!r}")
-        out[key.strip()] = value.strip()
-    return out
 
 
 _TUNABLE = frozenset(
@@ -267,118 +257,101 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """The settings `env` (``os.environ`` when None) declares (`ControlPlaneEnv`), then
+        `overrides` (None: not overridden). `SettingsError`, one line, when the environment
+        names an unknown ``VIDROUTE_*`` variable or a value the control plane cannot use."""
         env = os.environ if env is None else env
-        values: dict[str, object] = {
-            "database_url": env.get("VIDROUTE_DATABASE_URL") or DEFAULT_DATABASE_URL,
-            "redis_url": env.get("VIDROUTE_REDIS_URL") or None,
-            "broker_url": env.get("VIDROUTE_BROKER_URL") or None,
-            "shard_count": _shard_count(env.get("VIDROUTE_SHARD_COUNT") or "1"),
-            "listen": env.get("VIDROUTE_LISTEN") or DEFAULT_LISTEN,
-            "adapters": _pairs(env.get("VIDROUTE_ADAPTERS", "")),
-            "api_only": _flag(env.get("VIDROUTE_API_ONLY", ""), "VIDROUTE_API_ONLY"),
-            "object_store_url": env.get("VIDROUTE_OBJECT_STORE", ""),
-            "output_url_ttl_s": _url_ttl(env.get("VIDROUTE_OUTPUT_URL_TTL_S", "")),
-            "callback_listen": env.get("VIDROUTE_CALLBACK_LISTEN", ""),
-            "callback_public_url": env.get("VIDROUTE_CALLBACK_PUBLIC_URL", ""),
-            "callback_secrets": _pairs(env.get("VIDROUTE_CALLBACK_SECRETS", "")),
-            "time_scale": check_factor(
-                env.get("VIDROUTE_TIME_SCALE") or 1.0, "VIDROUTE_TIME_SCALE"
-            ),
-            "execution_tuning": _tuning(env.get("VIDROUTE_EXECUTION_TUNING", "")),
-            "worker_id": env.get("VIDROUTE_WORKER_ID", ""),
-            "log_level": env.get("VIDROUTE_LOG_LEVEL") or "INFO",
-            "log_format": env.get("VIDROUTE_LOG_FORMAT") or "json",
-            "metrics_listen": env.get("VIDROUTE_METRICS_LISTEN", ""),
-            "console_listen": env.get("VIDROUTE_CONSOLE_LISTEN", ""),
-            "safety_policy_path": env.get("VIDROUTE_SAFETY_POLICY", ""),
-            "deadlines": _deadlines(env),
-            **_auth(env),
-            "adapter_tls": TlsSettings.from_env(env),
-            "otel_env": {k: v for k, v in env.items() if k.startswith("OTEL_")},
-            "billing": _billing(env),
-            "webhooks": _webhooks(env),
-            "routing_policy": _routing_policy(env),
-            "adapter_submit_margin_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_MARGIN_S") or 5.0),
-            "adapter_submit_timeout_s": float(env.get("VIDROUTE_ADAPTER_SUBMIT_TIMEOUT_S") or 0),
-        }
+        declared = ControlPlaneEnv.load(env)
+        try:
+            values = _values(declared)
+        except (ValueError, OSError) as exc:  # what a value means, past its type
+            raise SettingsError(str(exc)) from exc
+        values["otel_env"] = {k: v for k, v in env.items() if k.startswith("OTEL_")}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]  # values is dict[str, object]; each is checked as it is parsed
 
 
-def _flag(raw: str, name: str) -> bool:
-    value = raw.strip().lower()
-    if value in ("", "0", "false", "no", "off"):
-        return False
-    if value in ("1", "true", "yes", "on"):
-        return True
-    raise ValueError(f"{name} must be 1/true/yes/on or 0/false/no/off, not {raw!r}")
+def _values(env: ControlPlaneEnv) -> dict[str, object]:
+    """`Settings` fields from the declared variables."""
+    default_deadlines = DeadlinePolicy()
+    return {
+        "database_url": env.database_url or DEFAULT_DATABASE_URL,
+        "redis_url": env.redis_url or None,
+        "broker_url": env.broker_url or None,
+        "shard_count": env.shard_count,
+        "listen": env.listen or DEFAULT_LISTEN,
+        "adapters": env.adapters,
+        "api_only": env.api_only,
+        "object_store_url": env.object_store,
+        "output_url_ttl_s": env.output_url_ttl_s,
+        "callback_listen": env.callback_listen,
+        "callback_public_url": env.callback_public_url,
+        "callback_secrets": env.callback_secrets,
+        "time_scale": env.time_scale,
+        "execution_tuning": _tuning(env.execution_tuning),
+        "worker_id": env.worker_id,
+        "log_level": env.log_level,
+        "log_format": env.log_format or "json",
+        "metrics_listen": env.metrics_listen,
+        "console_listen": env.console_listen,
+        "safety_policy_path": file_of(env.safety_policy),
+        "deadlines": DeadlinePolicy(
+            max_task_age_s=_or(env.max_task_age_s, default_deadlines.max_task_age_s),
+            max_queue_delay_s=_or(env.max_queue_delay_s, default_deadlines.max_queue_delay_s),
+        ),
+        "auth_tokens": _auth(env),
+        "adapter_tls": TlsSettings.build(
+            mode=env.tls,
+            cert_file=env.tls_cert_file,
+            key_file=env.tls_key_file,
+            ca_file=env.tls_ca_file,
+            server_name=env.tls_server_name,
+        ),
+        "billing": _billing(env),
+        "webhooks": _webhooks(env),
+        "routing_policy": _routing_policy(env),
+        "adapter_submit_margin_s": env.adapter_submit_margin_s,
+        "adapter_submit_timeout_s": env.adapter_submit_timeout_s,
+    }
 
 
-def _shard_count(raw: str) -> int:
-    try:
-        count = int(raw)
-    except ValueError:
-        count = 0
-    if not 1 <= count <= 1024:
-        raise ValueError(f"VIDROUTE_SHARD_COUNT must be an integer from 1 to 1024, not {raw!r}")
-    return count
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
-def _url_ttl(raw: str) -> int:
-    if not raw.strip():
-        return DEFAULT_URL_TTL_S
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_PRESIGN_S:
-        raise ValueError(
-            f"VIDROUTE_OUTPUT_URL_TTL_S must be whole seconds, 1 to {MAX_PRESIGN_S}: {raw!r}"
-        )
-    return value
+def _lines(path: Path | None) -> list[str]:
+    return [] if path is None else path.read_text(encoding="utf-8").splitlines()
 
 
-def _deadlines(env: Mapping[str, str]) -> DeadlinePolicy:
-    default = DeadlinePolicy()
-    return DeadlinePolicy(
-        max_task_age_s=float(env.get("VIDROUTE_MAX_TASK_AGE_S") or default.max_task_age_s),
-        max_queue_delay_s=float(env.get("VIDROUTE_MAX_QUEUE_DELAY_S") or default.max_queue_delay_s),
-    )
-
-
-def _billing(env: Mapping[str, str]) -> BillingPolicies:
+def _billing(env: ControlPlaneEnv) -> BillingPolicies:
     """The VIDROUTE_BILLING* variables; a malformed policy is an error at start."""
-    lines = [env.get("VIDROUTE_BILLING_TENANTS", "")]
-    if env.get("VIDROUTE_BILLING_FILE"):
-        lines.extend(Path(env["VIDROUTE_BILLING_FILE"]).read_text(encoding="utf-8").splitlines())
-    return BillingPolicies.parse(env.get("VIDROUTE_BILLING_POLICY") or "postpaid", lines)
+    lines = [env.billing_tenants, *_lines(env.billing_file)]
+    return BillingPolicies.parse(env.billing_policy, lines)
 
 
-def _routing_policy(env: Mapping[str, str]) -> PolicyDocument | None:
-    path = env.get("VIDROUTE_ROUTING_POLICY_FILE", "")
-    if not path:
+def _routing_policy(env: ControlPlaneEnv) -> PolicyDocument | None:
+    path = env.routing_policy_file
+    if path is None:
         return None
     try:
-        return parse_policy_document(Path(path).read_text(encoding="utf-8"))
+        return parse_policy_document(path.read_text(encoding="utf-8"))
     except InvalidSpec as exc:
         problems = "; ".join(f"{v.field}: {v.description}" for v in exc.violations)
         raise ValueError(f"VIDROUTE_ROUTING_POLICY_FILE {path}: {problems}") from exc
 
 
-def _webhooks(env: Mapping[str, str]) -> WebhookPolicy:
+def _webhooks(env: ControlPlaneEnv) -> WebhookPolicy:
     """Caller webhooks: the tenants' file and what receivers may be (see the module docstring)."""
-    path = env.get("VIDROUTE_WEBHOOKS_FILE", "")
+    path = env.webhooks_file
     try:
-        text = Path(path).read_text(encoding="utf-8") if path else ""
+        text = path.read_text(encoding="utf-8") if path else ""
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"VIDROUTE_WEBHOOKS_FILE {path}: cannot be read ({exc})") from exc
     return parse_webhooks_document(
         text,
-        allow_http=_flag(env.get("VIDROUTE_WEBHOOK_ALLOW_HTTP", ""), "VIDROUTE_WEBHOOK_ALLOW_HTTP"),
-        allow_private=_flag(
-            env.get("VIDROUTE_WEBHOOK_ALLOW_PRIVATE", ""), "VIDROUTE_WEBHOOK_ALLOW_PRIVATE"
-        ),
-        private_allowlist=parse_networks(env.get("VIDROUTE_WEBHOOK_PRIVATE_ALLOWLIST", "")),
+        allow_http=env.webhook_allow_http,
+        allow_private=env.webhook_allow_private,
+        private_allowlist=parse_networks(env.webhook_private_allowlist),
     )
 
 
@@ -413,21 +386,12 @@ def _cached_catalog(db: Database, refresh_s: float) -> Callable[[], Awaitable[Ca
     return current
 
 
-_AUTH_MODES = ("", "required", "off")
-
-
-def _auth(env: Mapping[str, str]) -> dict[str, object]:
-    """`Settings` fields of the VIDROUTE_AUTH* variables; malformed entries are an error."""
-    mode = env.get("VIDROUTE_AUTH", "").strip().lower()
-    if mode not in _AUTH_MODES:
-        raise ValueError(f"VIDROUTE_AUTH must be one of {_AUTH_MODES}, got {mode!r}")
-    lines = [env.get("VIDROUTE_AUTH_TOKENS", "")]
-    if env.get("VIDROUTE_AUTH_FILE"):
-        lines.extend(Path(env["VIDROUTE_AUTH_FILE"]).read_text(encoding="utf-8").splitlines())
-    tokens = {} if mode == "off" else parse_entries(lines)
-    if mode == "required" and not tokens:
+def _auth(env: ControlPlaneEnv) -> dict[str, Caller]:
+    """The callers of the VIDROUTE_AUTH* variables; malformed entries are an error."""
+    tokens = {} if env.auth == "off" else parse_entries([env.auth_tokens, *_lines(env.auth_file)])
+    if env.auth == "required" and not tokens:
         raise ValueError("VIDROUTE_AUTH=required but no VIDROUTE_AUTH_TOKENS / VIDROUTE_AUTH_FILE")
-    return {"auth_tokens": tokens}
+    return tokens
 
 
 def _adapter_client(tls: TlsSettings, address: str, timing: dict[str, Any]) -> GrpcAdapterClient:

@@ -112,10 +112,24 @@ class TlsSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> TlsSettings:
-        mode = env.get(ENV_MODE, "").strip().lower()
+        """`build` from a mapping of the ``VIDROUTE_TLS*`` variables."""
+        return cls.build(
+            mode=env.get(ENV_MODE, ""),
+            cert_file=env.get(ENV_CERT, ""),
+            key_file=env.get(ENV_KEY, ""),
+            ca_file=env.get(ENV_CA, ""),
+            server_name=env.get(ENV_SERVER_NAME, ""),
+        )
+
+    @classmethod
+    def build(
+        cls, *, mode: str, cert_file: str, key_file: str, ca_file: str, server_name: str = ""
+    ) -> TlsSettings:
+        """The settings the module docstring describes; the files are read once to check them."""
+        mode = mode.strip().lower()
         if mode not in MODES:
             raise TlsConfigError(f"{ENV_MODE} must be one of {MODES}, got {mode!r}")
-        paths = {name: env.get(name, "").strip() for name in (ENV_CERT, ENV_KEY, ENV_CA)}
+        paths = {ENV_CERT: cert_file.strip(), ENV_KEY: key_file.strip(), ENV_CA: ca_file.strip()}
         given = [name for name, value in paths.items() if value]
         if mode == "off":
             return cls(plaintext_anywhere=True)
@@ -128,7 +142,7 @@ class TlsSettings:
             return cls()
         files = TlsFiles(Path(paths[ENV_CERT]), Path(paths[ENV_KEY]), Path(paths[ENV_CA]))
         files.read()  # fail at start, with the file named, rather than at the first handshake
-        return cls(files=files, server_name=env.get(ENV_SERVER_NAME, "").strip())
+        return cls(files=files, server_name=server_name.strip())
 
     def check_plaintext(self, address: str, *, role: str) -> None:
         """Refuse plaintext to or on `address` unless it is loopback or ``VIDROUTE_TLS=off``."""

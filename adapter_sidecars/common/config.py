@@ -209,16 +209,25 @@ def _time_scale(data: Mapping[str, Any], environ: Mapping[str, str]) -> float:
         raise ConfigError(str(exc)) from None
 
 
-def parse_config(data: Mapping[str, Any], environ: Mapping[str, str]) -> SidecarConfig:
-    """Build a config from parsed YAML, apply environment overrides, then the time scale."""
-    config = _parse_unscaled(data, environ)
-    factor = _time_scale(data, environ)
+def parse_config(
+    data: Mapping[str, Any],
+    environ: Mapping[str, str],
+    overrides: Mapping[str, str] | None = None,
+) -> SidecarConfig:
+    """Build a config from parsed YAML, apply the ``VIDROUTE_*`` `overrides` (by default those
+    in `environ`; the sidecar's root passes the declared ones, `SidecarEnv.overrides`), then the
+    time scale. `environ` is what ``env:`` credential references read."""
+    overrides = environ if overrides is None else overrides
+    config = _parse_unscaled(data, environ, overrides)
+    factor = _time_scale(data, overrides)
     return replace(scale_durations(config, factor), time_scale=factor)
 
 
-def _parse_unscaled(data: Mapping[str, Any], environ: Mapping[str, str]) -> SidecarConfig:
+def _parse_unscaled(
+    data: Mapping[str, Any], environ: Mapping[str, str], overrides: Mapping[str, str]
+) -> SidecarConfig:
     provider = _mapping(data.get("provider"), "provider")
-    base_url = environ.get("VIDROUTE_ADAPTER_BASE_URL") or provider.get("base_url")
+    base_url = overrides.get("VIDROUTE_ADAPTER_BASE_URL") or provider.get("base_url")
     if not base_url or not str(base_url).startswith(("http://", "https://")):
         raise ConfigError("provider.base_url must be an http(s) URL")
     raw_timeouts = _mapping(data.get("timeouts"), "timeouts")
@@ -227,16 +236,16 @@ def _parse_unscaled(data: Mapping[str, Any], environ: Mapping[str, str]) -> Side
         raise ConfigError(f"timeouts: unknown keys {sorted(unknown)}")
     values = {k: _number(v, f"timeouts.{k}") for k, v in raw_timeouts.items()}
     for key in _TIMEOUT_KEYS:
-        env_value = environ.get(f"VIDROUTE_ADAPTER_{key.upper()}_TIMEOUT")
+        env_value = overrides.get(f"VIDROUTE_ADAPTER_{key.upper()}_TIMEOUT")
         if env_value:
             values[key] = _number(env_value, f"VIDROUTE_ADAPTER_{key.upper()}_TIMEOUT")
     accounts = _accounts(data.get("accounts"), environ)
     health = _mapping(data.get("health"), "health")
-    caps = data.get("capabilities_dir") or environ.get("VIDROUTE_ADAPTER_CAPABILITIES_DIR")
+    caps = data.get("capabilities_dir") or overrides.get("VIDROUTE_ADAPTER_CAPABILITIES_DIR")
     return SidecarConfig(
         base_url=str(base_url).rstrip("/"),
         accounts=accounts,
-        listen=environ.get("VIDROUTE_ADAPTER_LISTEN") or str(data.get("listen", "127.0.0.1:0")),
+        listen=overrides.get("VIDROUTE_ADAPTER_LISTEN") or str(data.get("listen", "127.0.0.1:0")),
         timeouts=Timeouts(**values),
         probe_interval_seconds=_number(
             health.get("probe_interval_seconds", 10), "health.probe_interval_seconds"
@@ -246,15 +255,15 @@ def _parse_unscaled(data: Mapping[str, Any], environ: Mapping[str, str]) -> Side
         ),
         capabilities_dir=Path(caps) if caps else None,
         provider_options=_mapping(provider.get("options"), "provider.options"),
-        **_journal(_mapping(data.get("submit_journal"), "submit_journal"), environ),
+        **_journal(_mapping(data.get("submit_journal"), "submit_journal"), overrides),
     )
 
 
-def _journal(raw: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+def _journal(raw: Mapping[str, Any], overrides: Mapping[str, str]) -> dict[str, Any]:
     unknown = set(raw) - {"path", "retention_s", "sole_submitter", "clock_skew_s"}
     if unknown:
         raise ConfigError(f"submit_journal: unknown keys {sorted(unknown)}")
-    path = environ.get("VIDROUTE_ADAPTER_SUBMIT_JOURNAL") or raw.get("path")
+    path = overrides.get("VIDROUTE_ADAPTER_SUBMIT_JOURNAL") or raw.get("path")
     return {
         "submit_journal_path": Path(str(path)) if path else None,
         "submit_journal_retention_s": _number(
@@ -299,12 +308,14 @@ def _accounts(raw: Any, environ: Mapping[str, str]) -> tuple[Account, ...]:
     return tuple(accounts)
 
 
-def load_config(path: Path, environ: Mapping[str, str]) -> SidecarConfig:
-    """Read `path` and apply overrides from `environ`."""
+def load_config(
+    path: Path, environ: Mapping[str, str], overrides: Mapping[str, str] | None = None
+) -> SidecarConfig:
+    """Read `path` and apply the overrides (`parse_config`)."""
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
-    return parse_config(data, environ)
+    return parse_config(data, environ, overrides)

@@ -115,7 +115,9 @@ def user(redis_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         env.update(
             VIDROUTE_TARGET=cp.proc.address,
             VIDROUTE_TOKEN=cp.token,
-            VIDROUTE_CONFIG=str(home / "config.toml"),  # none: the environment decides
+            # No config file under this home (a missing default is no error, a named one is):
+            # the environment decides, never the user's own ~/.config.
+            XDG_CONFIG_HOME=str(home),
         )
         yield User(cp, home, env)
 

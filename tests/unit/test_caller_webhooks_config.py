@@ -92,5 +92,7 @@ def test_a_webhooks_file_that_cannot_be_read_names_the_variable(tmp_path: Path) 
     """A missing VIDROUTE_WEBHOOKS_FILE stops the start with a line naming the variable and the
     path, not a bare FileNotFoundError."""
     missing = tmp_path / "nope.yaml"
-    with pytest.raises(ValueError, match=r"^VIDROUTE_WEBHOOKS_FILE .*nope\.yaml: cannot be read"):
+    with pytest.raises(
+        ValueError, match=r"^VIDROUTE_WEBHOOKS_FILE='.*nope\.yaml': Path does not point"
+    ):
         Settings.from_env({"VIDROUTE_WEBHOOKS_FILE": str(missing)})

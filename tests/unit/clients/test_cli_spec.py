@@ -193,7 +193,7 @@ def test_values_the_proto_cannot_carry_are_usage_errors(
 
 def test_the_config_file_supplies_target_token_and_tls(tmp_path: Path) -> None:
     """Flags beat VIDROUTE_TARGET / VIDROUTE_TOKEN, which beat the TOML file, which beats the
-    default; a broken or unknown key is an error, a missing file is not."""
+    default; a broken or unknown key is an error, a missing default file is not."""
     path = tmp_path / "config.toml"
     path.write_text('target = "cp.example.com:443"\ntoken = "file-token"\ntls = true\n')
     env = {"VIDROUTE_CONFIG": str(path)}
@@ -203,9 +203,9 @@ def test_the_config_file_supplies_target_token_and_tls(tmp_path: Path) -> None:
     env_wins = resolve(env={**env, "VIDROUTE_TARGET": "h:1", "VIDROUTE_TOKEN": "env-token"})
     assert (env_wins.target, env_wins.token) == ("h:1", "env-token")
     assert resolve("flag:2", None, False, env={**env, "VIDROUTE_TARGET": "h:1"}).target == "flag:2"
-    assert resolve(env={"VIDROUTE_CONFIG": str(tmp_path / "none.toml")}).target == (
-        "localhost:8051"
-    )
+    with pytest.raises(ValueError, match="VIDROUTE_CONFIG="):  # named, so it must exist
+        resolve(env={"VIDROUTE_CONFIG": str(tmp_path / "none.toml")})
+    assert resolve(env={"XDG_CONFIG_HOME": str(tmp_path / "none")}).target == "localhost:8051"
     assert config_path({"XDG_CONFIG_HOME": "/cfg"}) == Path("/cfg/vidroute/config.toml")
     path.write_text('targett = "typo"\n')
     with pytest.raises(ValueError, match="targett"):
