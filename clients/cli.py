@@ -60,6 +60,7 @@ from clients import (
 from clients.cli_common import State
 from clients.cli_config import DEFAULT_TARGET, ConfigError
 from clients.cli_spec import SpecError
+from clients.dev_webhooks import ensure_dev_webhooks
 from clients.sdk import errors as sdk_errors
 from vidroute_core.settings import SettingsError
 
@@ -127,6 +128,8 @@ async def _serve(
     if whole_stack and not environ.get("VIDROUTE_AUTH_TOKENS") and not environ.get("VIDROUTE_AUTH"):
         # `make up` runs authenticated, with tokens made for this run.
         environ.update(client_auth.write_dev_tokens(Path("var"), DEV_TENANT))
+    if whole_stack:  # `--webhook-url` works on `make up` (clients.dev_webhooks)
+        environ.update(ensure_dev_webhooks(Path("var"), DEV_TENANT, environ))
     settings = Settings.from_env(environ, **overrides)
     configure_logging(settings.log_level, settings.log_format)
     if whole_stack:

@@ -8,6 +8,7 @@ with a developer's ``make up`` or another test on the fixed dev ports.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -18,9 +19,12 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
+from standardwebhooks.webhooks import Webhook
 
 from tests.support import processes
 from tests.support.stack import local_path, probe_mp4, wait_for
+from tests.support.webhook_receiver import Answer, Received, WebhookReceiver
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,3 +119,45 @@ def test_vidroute_up_runs_a_cli_submitted_task_to_a_stored_mp4(tmp_path: Path) -
         code = up.stop(timeout=30)
     assert code == 0, up.log()
     assert (tmp_path / "var" / "log" / "emulator-runway.log").exists()
+
+
+async def test_vidroute_up_delivers_a_signed_webhook_to_webhook_url(tmp_path: Path) -> None:
+    """On `vidroute up`, `vidroute submit --webhook-url` works: the stack wrote the dev tenant's
+    signing file under ./var (owner-only) and the task's task.succeeded arrives signed with it."""
+    inherited = {k: "" for k in os.environ if k.startswith("VIDROUTE_")}
+    up = processes.start(
+        ["-m", "clients.cli", "up", "--listen", "127.0.0.1:0", "--ephemeral-ports"],
+        workdir=tmp_path,
+        name="up",
+        env={**inherited, "PYTHONPATH": str(ROOT)},
+        ready_timeout=120,
+    )
+    try:
+        signing_file = tmp_path / "var" / "dev-webhooks.yaml"
+        assert signing_file.stat().st_mode & 0o077 == 0
+        secret = yaml.safe_load(signing_file.read_text())["tenants"]["acme"]["secret"]
+        async with WebhookReceiver([Answer(200)]) as receiver:
+            created = await asyncio.to_thread(
+                _cli,
+                tmp_path,
+                *("submit", "--target", up.address, "--tenant", "acme"),
+                *("--prompt", "a red kite", "--duration", "4", "--webhook-url", receiver.url),
+            )
+            assert created["webhook"]["url"] == receiver.url
+
+            def succeeded() -> Received | None:
+                for request in receiver.requests:
+                    if json.loads(request.body)["type"] == "task.succeeded":
+                        return request
+                return None
+
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 120
+            while (request := succeeded()) is None:
+                assert loop.time() < deadline, f"no task.succeeded webhook: {receiver.requests}"
+                await asyncio.sleep(0.1)
+        payload = Webhook(secret).verify(request.body, request.headers)
+        assert payload["data"]["task_id"] == created["task_id"]
+    finally:
+        code = up.stop(timeout=30)
+    assert code == 0, up.log()
