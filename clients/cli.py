@@ -62,7 +62,7 @@ from clients.cli_config import DEFAULT_TARGET, ConfigError
 from clients.cli_spec import SpecError
 from clients.dev_webhooks import ensure_dev_webhooks
 from clients.sdk import errors as sdk_errors
-from vidroute_core.settings import SettingsError
+from vidroute_core.settings import ControlPlaneEnv, SettingsError
 
 if TYPE_CHECKING:  # the control plane is imported only by the commands that run it
     from controlplane.bootstrap import Settings
@@ -100,6 +100,8 @@ async def _serve(
     from controlplane.bootstrap import Settings, configure_logging, start_control_plane
     from controlplane.server import serve_until_signalled
 
+    # The declared names and values first: `up` reads a few of them itself just below.
+    ControlPlaneEnv.load(os.environ)
     overrides: dict[str, object] = {"listen": listen}
     supervisor = None
     scale = 1.0

@@ -63,13 +63,19 @@ def test_serve_with_a_bad_log_level_exits_with_one_line_naming_it(tmp_path: Path
 
 
 def test_up_and_migrate_refuse_a_typo_before_writing_anything(tmp_path: Path) -> None:
-    """`vidroute up` and `vidroute migrate` refuse the same way; `up` writes no dev tokens."""
+    """`vidroute up` and `vidroute migrate` refuse a typo the same way, `up` a bad time scale
+    too; `up` writes no dev tokens."""
     for args in (["up", "--ephemeral-ports"], ["migrate"]):
         done = _run(tmp_path, ["-m", "clients.cli", *args], VIDROUTE_SHARDS="4")
         assert done.returncode == 78, done.stderr
         assert done.stderr.splitlines() == [
             "error: VIDROUTE_SHARDS is not a vidroute setting (did you mean VIDROUTE_SHARD_COUNT?)"
         ]
+    done = _run(tmp_path, ["-m", "clients.cli", "up", "--ephemeral-ports"], VIDROUTE_TIME_SCALE="5")
+    assert done.returncode == 78, done.stderr
+    assert done.stderr.splitlines() == [
+        "error: VIDROUTE_TIME_SCALE='5': Input should be less than or equal to 1"
+    ]
     assert not (tmp_path / "var").exists()
 
 
