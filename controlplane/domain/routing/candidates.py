@@ -101,7 +101,11 @@ class Candidate:
 
 @dataclass(frozen=True, slots=True)
 class CompileResult:
-    """The adapter's verdict for one candidate; `error` is set when compile itself failed."""
+    """The adapter's verdict for one candidate; `error` is set when compile itself failed.
+
+    `transient` marks an `error` that is no verdict at all: the sidecar did not answer (a
+    timeout, UNAVAILABLE, a broken connection, its COMPILE breaker open). Routing skips the
+    candidate for now (COMPILE_UNAVAILABLE) instead of rejecting it."""
 
     submittable: bool
     transformations: tuple[tuple[str, TransformKind, str], ...] = ()
@@ -109,6 +113,7 @@ class CompileResult:
     currency: str = "USD"
     request_hash: str = ""
     error: str = ""
+    transient: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,9 @@
 
 The order is the design's, first failing filter wins:
 
-3. capability: failover exclusions (hard ones always; soft ones, see below), STRICT/PREFERRED
-   pinning, ``routing.required_provider`` (a hard filter in every routing mode), lifecycle (no
+3. capability: failover exclusions (hard ones always; soft ones, see below), STRICT pinning,
+   ``routing.required_provider`` and ``routing.required_model`` (hard filters in every routing
+   mode: "must run the task", never a preference), lifecycle (no
    new work on SUNSET), mode, inputs (last frame, references, samples),
    aspect/resolution/duration through the capability's constraint expressions;
 4. region and tenant policy;
@@ -11,7 +12,9 @@ The order is the design's, first failing filter wins:
 6. circuit breaker (OPEN refuses; HALF_OPEN probes are admitted by execution);
 7. capacity (lease pre-check: no free slot, or the unknown-submit budget is full); then the
    adapter's compile verdict (`compile_reject`): REJECT is ineligible, DEGRADE needs
-   ``allow_semantic_degrade`` (and a PREFERRED fallback must be exact/lossless).
+   ``allow_semantic_degrade`` (and a PREFERRED fallback must be exact/lossless). Only the
+   sidecar's own answer is a verdict: a Compile that timed out or never reached it (the sidecar
+   stopped, restarting, overloaded) is COMPILE_UNAVAILABLE, a transient reason like NO_CAPACITY.
 
 Soft exclusions (`RoutingContext.soft_excluded`, 9.15 / `controlplane.domain.failover`): a
 candidate that failed this task for its endpoint's health is passed over while any other
@@ -63,6 +66,7 @@ class Reason(StrEnum):
     RETRY_BACKOFF = "RETRY_BACKOFF"
     STRICT_MODEL_MISMATCH = "STRICT_MODEL_MISMATCH"
     REQUIRED_PROVIDER_MISMATCH = "REQUIRED_PROVIDER_MISMATCH"
+    REQUIRED_MODEL_MISMATCH = "REQUIRED_MODEL_MISMATCH"
     SUNSET = "SUNSET"
     UNSUPPORTED_MODE = "UNSUPPORTED_MODE"
     UNSUPPORTED_INPUT = "UNSUPPORTED_INPUT"
@@ -72,12 +76,15 @@ class Reason(StrEnum):
     CIRCUIT_OPEN = "CIRCUIT_OPEN"
     NO_CAPACITY = "NO_CAPACITY"
     COMPILE_REJECT = "COMPILE_REJECT"
+    COMPILE_UNAVAILABLE = "COMPILE_UNAVAILABLE"
     DEGRADE_NOT_ALLOWED = "DEGRADE_NOT_ALLOWED"
     CANARY_NOT_ADMITTED = "CANARY_NOT_ADMITTED"
 
 
 #: Reasons that may clear by themselves: a task rejected only for these waits, never fails.
-TRANSIENT_REASONS = frozenset({Reason.NO_CAPACITY, Reason.CIRCUIT_OPEN, Reason.RETRY_BACKOFF})
+TRANSIENT_REASONS = frozenset(
+    {Reason.NO_CAPACITY, Reason.CIRCUIT_OPEN, Reason.RETRY_BACKOFF, Reason.COMPILE_UNAVAILABLE}
+)
 
 Rejection = tuple[Reason, str]
 _CONSTRAINT = Reason.RESOLUTION_DURATION_CONSTRAINT
@@ -91,11 +98,12 @@ def aspect_label(width: int, height: int) -> str:
 
 
 def pinned(spec: GenerationSpec, c: Candidate) -> bool:
-    """Whether `c` is the provider/model the task names (STRICT must be, PREFERRED wins if so)."""
-    r = spec.routing
-    if r.required_model and c.model != r.required_model:
-        return False
-    return not r.required_provider or c.provider == r.required_provider
+    """Whether a PREFERRED task prefers `c`: one of its ``preferred_providers`` (any candidate
+    when it names none). Preferred candidates win whenever eligible; the others are a fallback
+    that must be equivalent. ``required_provider`` / ``required_model`` are no preference: they
+    are hard filters in every mode, so every candidate asked about here already matches them."""
+    preferred = spec.routing.preferred_providers
+    return not preferred or c.provider in preferred
 
 
 class _Task:
@@ -253,6 +261,9 @@ def _static_reject(
     if t.required_provider and e.provider != t.required_provider:
         # "Provider that must run the task", in every mode: a hard constraint no score overrides.
         return Reason.REQUIRED_PROVIDER_MISMATCH, f"task requires provider {t.required_provider}"
+    if t.required_model and e.model != t.required_model:
+        # "Model that must run the task", likewise (issue 20: AUTO used to ignore it).
+        return Reason.REQUIRED_MODEL_MISMATCH, f"task requires model {t.required_model}"
     if ctx.same_model_only and e.model != ctx.same_model_only:
         return Reason.STRICT_MODEL_MISMATCH, f"failover keeps model {ctx.same_model_only}"
     if e.lifecycle == "sunset" or (e.sunset_at is not None and e.sunset_at <= ctx.now):
@@ -413,6 +424,8 @@ def compile_reject(
     """The end of step 7: the adapter's compile verdict and its estimate; None when runnable."""
     if result is None:
         return Reason.COMPILE_REJECT, "not compiled"
+    if result.error and result.transient:
+        return Reason.COMPILE_UNAVAILABLE, f"no compile verdict: {result.error}"
     if result.error:
         return Reason.COMPILE_REJECT, f"compile failed: {result.error}"
     rejects: list[str] = []

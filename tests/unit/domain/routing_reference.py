@@ -4,7 +4,9 @@
 (`constraints.violations`) and `dataclasses` per candidate; `test_fast_routing` checks that the
 fast path (`filters.screen`, `plan.CatalogPlan`, compiled constraints, plain-float scoring)
 makes the same decision, to the last explain field, on random specs and contexts. Not a test
-module; only the imports changed from the original code.
+module; only the imports changed from the original code, and the rules issue 20 changed:
+``required_model`` is a hard filter in every mode (REQUIRED_MODEL_MISMATCH), PREFERRED prefers
+``preferred_providers``, and a Compile without an answer is COMPILE_UNAVAILABLE (transient).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Reason(StrEnum):
     RETRY_BACKOFF = "RETRY_BACKOFF"
     STRICT_MODEL_MISMATCH = "STRICT_MODEL_MISMATCH"
     REQUIRED_PROVIDER_MISMATCH = "REQUIRED_PROVIDER_MISMATCH"
+    REQUIRED_MODEL_MISMATCH = "REQUIRED_MODEL_MISMATCH"
     SUNSET = "SUNSET"
     UNSUPPORTED_MODE = "UNSUPPORTED_MODE"
     UNSUPPORTED_INPUT = "UNSUPPORTED_INPUT"
@@ -57,12 +60,15 @@ class Reason(StrEnum):
     CIRCUIT_OPEN = "CIRCUIT_OPEN"
     NO_CAPACITY = "NO_CAPACITY"
     COMPILE_REJECT = "COMPILE_REJECT"
+    COMPILE_UNAVAILABLE = "COMPILE_UNAVAILABLE"
     DEGRADE_NOT_ALLOWED = "DEGRADE_NOT_ALLOWED"
     CANARY_NOT_ADMITTED = "CANARY_NOT_ADMITTED"
 
 
 #: Reasons that may clear by themselves: a task rejected only for these waits, never fails.
-TRANSIENT_REASONS = frozenset({Reason.NO_CAPACITY, Reason.CIRCUIT_OPEN, Reason.RETRY_BACKOFF})
+TRANSIENT_REASONS = frozenset(
+    {Reason.NO_CAPACITY, Reason.CIRCUIT_OPEN, Reason.RETRY_BACKOFF, Reason.COMPILE_UNAVAILABLE}
+)
 
 
 def aspect_label(width: int, height: int) -> str:
@@ -71,11 +77,17 @@ def aspect_label(width: int, height: int) -> str:
 
 
 def pinned(spec: GenerationSpec, c: Candidate) -> bool:
-    """Whether `c` is the provider/model the task names (STRICT must be, PREFERRED wins if so)."""
+    """Whether `c` is the provider/model the task names (STRICT must be)."""
     r = spec.routing
     if r.required_model and c.model != r.required_model:
         return False
     return not r.required_provider or c.provider == r.required_provider
+
+
+def preferred(spec: GenerationSpec, c: Candidate) -> bool:
+    """Whether a PREFERRED task prefers `c` (one of its preferred providers, or any)."""
+    names = spec.routing.preferred_providers
+    return not names or c.provider in names
 
 
 def _is_sunset(c: Candidate, now: datetime) -> bool:
@@ -161,6 +173,8 @@ def hard_reject(
     if r.required_provider and c.provider != r.required_provider:
         # "Provider that must run the task", in every mode: a hard constraint no score overrides.
         return Reason.REQUIRED_PROVIDER_MISMATCH, f"task requires provider {r.required_provider}"
+    if r.required_model and c.model != r.required_model:
+        return Reason.REQUIRED_MODEL_MISMATCH, f"task requires model {r.required_model}"
     if ctx.same_model_only and c.model != ctx.same_model_only:
         return Reason.STRICT_MODEL_MISMATCH, f"failover keeps model {ctx.same_model_only}"
     if _is_sunset(c, ctx.now):
@@ -202,6 +216,8 @@ def compile_reject(
     """The end of step 7: the adapter's compile verdict and its estimate; None when runnable."""
     if result is None:
         return Reason.COMPILE_REJECT, "not compiled"
+    if result.error and result.transient:
+        return Reason.COMPILE_UNAVAILABLE, f"no compile verdict: {result.error}"
     if result.error:
         return Reason.COMPILE_REJECT, f"compile failed: {result.error}"
     rejects = [f"{f}: {d}" for f, k, d in result.transformations if k is TransformKind.REJECT]
@@ -213,7 +229,7 @@ def compile_reject(
     degrades = [f"{f}: {d}" for f, k, d in result.transformations if k is TransformKind.DEGRADE]
     if degrades and not spec.routing.allow_semantic_degrade:
         return Reason.DEGRADE_NOT_ALLOWED, "; ".join(degrades)
-    if degrades and spec.routing.mode is RoutingMode.PREFERRED and not pinned(spec, c):
+    if degrades and spec.routing.mode is RoutingMode.PREFERRED and not preferred(spec, c):
         return Reason.DEGRADE_NOT_ALLOWED, "a PREFERRED fallback must be equivalent: " + "; ".join(
             degrades
         )
@@ -435,7 +451,7 @@ def _choose(
     normal = _ranked([v.candidate.id for v in eligible if not v.canary], scores)
     if spec.routing.mode is RoutingMode.PREFERRED:
         # The pinned model wins whenever it is eligible; others only as an equivalent fallback.
-        pinned_ids = {v.candidate.id for v in eligible if pinned(spec, v.candidate)}
+        pinned_ids = {v.candidate.id for v in eligible if preferred(spec, v.candidate)}
         normal = [p for p in normal if p[0] in pinned_ids] + [
             p for p in normal if p[0] not in pinned_ids
         ]
@@ -450,7 +466,7 @@ def _choose(
         )
     head = normal
     if spec.routing.mode is RoutingMode.PREFERRED:
-        pinned_only = [p for p in normal if pinned(spec, snapshot.verdict(p[0]).candidate)]
+        pinned_only = [p for p in normal if preferred(spec, snapshot.verdict(p[0]).candidate)]
         head = pinned_only or normal
     chosen, why, slot = _select(task_id, spec, head, cfg, ctx)
     order = [chosen] + [cid for cid, _ in normal if cid != chosen]

@@ -85,7 +85,9 @@ def decisions(draw: st.DrawFn) -> tuple[GenerationSpec, RoutingContext, dict[str
     lost = draw(st.sets(st.sampled_from(IDS), max_size=2))
     compiled = {c.id: compile_for(spec, c) for c in survivors if c.id not in lost}
     for cid in draw(st.sets(st.sampled_from(IDS), max_size=1)):
-        compiled[cid] = CompileResult(False, error="adapter timed out")
+        compiled[cid] = CompileResult(False, error="adapter timed out", transient=True)
+    for cid in draw(st.sets(st.sampled_from(IDS), max_size=1)):
+        compiled[cid] = CompileResult(False, error="sidecar refused: NOT_FOUND")
     return spec, ctx, compiled
 
 

@@ -298,13 +298,75 @@ def test_strict_model_rejects_every_other_model() -> None:
     assert {v.reason for v in others} == {"STRICT_MODEL_MISMATCH"}
 
 
-def test_preferred_model_wins_when_eligible_and_falls_back_when_not() -> None:
-    """PREFERRED picks the named model when it can run, else an equivalent candidate."""
-    spec = make_spec(mode=RoutingMode.PREFERRED, required_model="gen4.5")
-    assert decide(spec).selected == "runway/gen4.5/prod-us"
-    ctx = RoutingContext(now=NOW, circuit_open={"runway/gen4.5/prod-us": "open"})
-    fallback = decide(spec, ctx)
-    assert fallback.selected not in (None, "runway/gen4.5/prod-us")
+def test_preferred_provider_wins_when_eligible_and_falls_back_when_not() -> None:
+    """PREFERRED picks a preferred provider when it can run, else an equivalent candidate."""
+    spec = make_spec(mode=RoutingMode.PREFERRED, preferred_providers=("runway",))
+    chosen = decide(spec).selected
+    assert chosen is not None
+    assert chosen.startswith("runway/")
+    runway = {c.id: "open" for c in CATALOG if c.provider == "runway"}
+    fallback = decide(spec, RoutingContext(now=NOW, circuit_open=runway))
+    assert fallback.selected is not None
+    assert not fallback.selected.startswith("runway/")
+
+
+@pytest.mark.parametrize(
+    "mode", [RoutingMode.AUTO, RoutingMode.PREFERRED, RoutingMode.STRICT_MODEL]
+)
+def test_required_model_is_a_hard_filter_in_every_mode(mode: RoutingMode) -> None:
+    """`routing.required_model` is "the model that must run the task" in every routing mode:
+    every other model is ineligible, and the task never runs another one."""
+    models = sorted({c.model for c in CATALOG})
+    for model in models:
+        kw: dict[str, object] = {"mode": mode, "required_model": model}
+        if mode is RoutingMode.PREFERRED:
+            kw["preferred_providers"] = tuple(sorted({c.provider for c in CATALOG}))
+        decision = decide(make_spec(**kw))
+        others = [v for v in decision.verdicts if v.candidate.model != model]
+        assert others
+        assert not any(v.eligible for v in others)
+        wanted = (
+            "STRICT_MODEL_MISMATCH"
+            if mode is RoutingMode.STRICT_MODEL
+            else ("REQUIRED_MODEL_MISMATCH")
+        )
+        assert {v.reason for v in others} == {wanted}
+        if decision.selected:
+            assert decision.verdict(decision.selected).candidate.model == model
+
+
+def test_required_model_no_one_can_run_fails_instead_of_running_another() -> None:
+    """AUTO asking for a model whose every candidate is ruled out fails with the reason, never
+    runs a different model (issue 20: it used to run gen4.5 and charge for it)."""
+    veo = "veo-3.1-generate-preview"
+    blocked = {c.id: "open" for c in CATALOG if c.model == veo}
+    spec = make_spec(mode=RoutingMode.AUTO, required_model=veo)
+    waiting = decide(spec, RoutingContext(now=NOW, circuit_open=blocked))
+    assert waiting.selected is None
+    assert waiting.outcome is Outcome.NO_CAPACITY  # its breaker may close: the task waits
+    huge = dataclasses.replace(spec, output=OutputSpec(width=1280, height=720, duration_ms=60000))
+    failed = decide(huge)
+    assert failed.selected is None
+    assert failed.outcome is Outcome.NO_ELIGIBLE_CANDIDATE
+
+
+def test_compile_without_an_answer_waits_and_a_refusal_rejects() -> None:
+    """A Compile that got no answer is COMPILE_UNAVAILABLE, a transient reason: a task whose
+    only candidate it hits waits (NO_CAPACITY); the sidecar's refusal is COMPILE_REJECT."""
+    model = "gen4.5"
+    spec = make_spec(mode=RoutingMode.STRICT_MODEL, required_model=model)
+    ctx = RoutingContext(now=NOW)
+    ids = [c.id for c in prefilter(spec, CATALOG, ctx)]
+    assert ids
+    silent = {cid: CompileResult(False, error="no answer", transient=True) for cid in ids}
+    waiting = route("1", spec, CATALOG, silent, cfg=CFG, ctx=ctx)
+    assert waiting.outcome is Outcome.NO_CAPACITY
+    assert {waiting.verdict(cid).reason for cid in ids} == {"COMPILE_UNAVAILABLE"}
+    assert "no answer" in waiting.verdict(ids[0]).detail
+    refused = {cid: CompileResult(False, error="sidecar refused: NOT_FOUND") for cid in ids}
+    failed = route("1", spec, CATALOG, refused, cfg=CFG, ctx=ctx)
+    assert failed.outcome is Outcome.NO_ELIGIBLE_CANDIDATE
+    assert {failed.verdict(cid).reason for cid in ids} == {"COMPILE_REJECT"}
 
 
 def test_resolution_duration_constraint_is_a_hard_filter() -> None:

@@ -95,7 +95,10 @@ class _RoutingModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RoutingMo
     ROUTING_MODE_STRICT_MODEL: _RoutingMode.ValueType  # 1
     """Only required_model (and required_provider if set); never switches model."""
     ROUTING_MODE_PREFERRED: _RoutingMode.ValueType  # 2
-    """Prefer the named providers/model; switch only to semantically equivalent candidates."""
+    """Prefer routing.preferred_providers (they win whenever eligible); switch to another
+    provider only for a semantically equivalent candidate (no DEGRADE). required_provider and
+    required_model still bind: they are hard filters in every mode.
+    """
     ROUTING_MODE_AUTO: _RoutingMode.ValueType  # 3
     """The platform chooses among all eligible candidates."""
 
@@ -107,7 +110,10 @@ ROUTING_MODE_UNSPECIFIED: RoutingMode.ValueType  # 0
 ROUTING_MODE_STRICT_MODEL: RoutingMode.ValueType  # 1
 """Only required_model (and required_provider if set); never switches model."""
 ROUTING_MODE_PREFERRED: RoutingMode.ValueType  # 2
-"""Prefer the named providers/model; switch only to semantically equivalent candidates."""
+"""Prefer routing.preferred_providers (they win whenever eligible); switch to another
+provider only for a semantically equivalent candidate (no DEGRADE). required_provider and
+required_model still bind: they are hard filters in every mode.
+"""
 ROUTING_MODE_AUTO: RoutingMode.ValueType  # 3
 """The platform chooses among all eligible candidates."""
 Global___RoutingMode: _TypeAlias = RoutingMode  # noqa: Y015
@@ -211,9 +217,13 @@ class RoutingPolicy(_message.Message):
     mode: Global___RoutingMode.ValueType
     """STRICT_MODEL, PREFERRED or AUTO; unspecified means AUTO."""
     required_provider: _builtins.str
-    """Provider that must run the task (e.g. "runway"); empty means any."""
+    """Provider that must run the task (e.g. "runway"); empty means any. A hard filter in every
+    routing mode: a task no candidate of this provider can run waits or fails, never moves.
+    """
     required_model: _builtins.str
-    """Model that must run the task (e.g. "gen4.5"); required with STRICT_MODEL."""
+    """Model that must run the task (e.g. "gen4.5"); empty means any; required with STRICT_MODEL.
+    A hard filter in every routing mode (AUTO and PREFERRED included), like required_provider.
+    """
     max_queue_delay_ms: _builtins.int
     """Longest acceptable wait in the queue in milliseconds; 0 means no limit."""
     allow_semantic_degrade: _builtins.bool
