@@ -49,7 +49,7 @@ from vidroute_core.wire import adapter as wire
 from vidroute_core.wire import tracing as tracing_edge
 from vidroute_core.wire.spec import spec_to_proto
 
-NO_RETRIES = [("grpc.enable_retries", 0)]
+NO_RETRIES: list[tuple[str, str | int]] = [("grpc.enable_retries", 0)]
 #: Seconds added to the sidecar's declared submit budget for the Submit deadline.
 DEFAULT_SUBMIT_MARGIN_S = 5.0
 
@@ -58,6 +58,26 @@ log = logging.getLogger(__name__)
 
 class SubmitDeadlineTooShort(Exception):
     """A configured Submit deadline is shorter than the sidecar's own submit budget."""
+
+
+class CompileRefused(Exception):
+    """The sidecar answered Compile with a refusal of the request itself (INVALID_ARGUMENT,
+    NOT_FOUND, ...): a verdict on this spec and candidate, like a plan marked REJECT."""
+
+
+class CompileUnavailable(Exception):
+    """Compile got no verdict: the sidecar did not answer in time, is UNAVAILABLE (stopped,
+    restarting) or the connection broke. A condition of the adapter, never of the task."""
+
+
+def reconnect_options(max_s: float) -> list[tuple[str, str | int]]:
+    """Channel options bounding the reconnect backoff to `max_s` (at least 10 ms)."""
+    ms = max(10, int(max_s * 1000))
+    return [
+        ("grpc.initial_reconnect_backoff_ms", min(1000, ms)),
+        ("grpc.min_reconnect_backoff_ms", min(1000, ms)),
+        ("grpc.max_reconnect_backoff_ms", ms),
+    ]
 
 
 def submit_deadline_s(
@@ -119,13 +139,16 @@ class GrpcAdapterClient:
         submit_margin_s: float = DEFAULT_SUBMIT_MARGIN_S,
         submit_timeout_s: float | None = None,
         recovery_window_s: float = 0.0,
+        reconnect_max_s: float = 5.0,
         credentials: grpc.ChannelCredentials | None = None,
-        channel_options: Sequence[tuple[str, str]] = (),
+        channel_options: Sequence[tuple[str, str | int]] = (),
     ) -> None:
         self._address = address
         # With `credentials` (vidroute_core.wire.tls: our client certificate, the sidecars' CA)
         # the channel is mTLS; the composition root decides when plaintext is allowed.
-        options = [*NO_RETRIES, *channel_options]
+        # A restarted sidecar is reconnected to within `reconnect_max_s` (gRPC's own backoff
+        # grows to 120 s: a sidecar back after a rolling update would stay unused that long).
+        options = [*NO_RETRIES, *reconnect_options(reconnect_max_s), *channel_options]
         traced = tracing_edge.client_interceptors()  # traceparent in the metadata; [] when off
         self._channel = (
             grpc.aio.secure_channel(address, credentials, options=options, interceptors=traced)
@@ -194,15 +217,23 @@ class GrpcAdapterClient:
     async def compile(
         self, spec: GenerationSpec, *, account: str, model: str, model_version: str = ""
     ) -> CompiledPlan:
-        reply = await self._stub.Compile(
-            adapter_service_pb2.CompileRequest(
-                spec=spec_to_proto(spec),
-                account=account,
-                model=model,
-                model_version=model_version,
-            ),
-            timeout=self._timeout,
-        )
+        """The sidecar's plan; raises `CompileRefused` for its refusal of the request and
+        `CompileUnavailable` when it gave no answer."""
+        try:
+            reply = await self._stub.Compile(
+                adapter_service_pb2.CompileRequest(
+                    spec=spec_to_proto(spec),
+                    account=account,
+                    model=model,
+                    model_version=model_version,
+                ),
+                timeout=self._timeout,
+            )
+        except grpc.aio.AioRpcError as exc:
+            text = f"{exc.code().name}: {exc.details() or ''}"
+            if exc.code() in _COMPILE_VERDICTS:
+                raise CompileRefused(text) from None
+            raise CompileUnavailable(text) from None
         plan = wire.plan_from_proto(reply.plan)
         return replace(plan, currency=plan.currency or DEFAULT_CURRENCY)
 
@@ -307,6 +338,20 @@ class GrpcAdapterClient:
             yield OutputChunk(error=_fetch_rpc_failure(exc))
         finally:
             call.cancel()
+
+
+# The status codes by which a sidecar that answered Compile refuses the request itself (its
+# servicer's documented refusals); every other code (DEADLINE_EXCEEDED, UNAVAILABLE, CANCELLED,
+# INTERNAL, ...) means no verdict was given.
+_COMPILE_VERDICTS = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
 
 
 def _fetch_rpc_failure(exc: grpc.aio.AioRpcError) -> ProviderError:

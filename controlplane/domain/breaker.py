@@ -43,6 +43,9 @@ class Operation(StrEnum):
     UPLOAD = "UPLOAD"
     DOWNLOAD_OUTPUT = "DOWNLOAD_OUTPUT"
     USAGE_QUERY = "USAGE_QUERY"
+    # The sidecar's Compile while routing: a sidecar that does not answer (stopped, restarting)
+    # is skipped until it does, instead of its candidates being rejected (issue 20).
+    COMPILE = "COMPILE"
 
 
 class BreakerState(StrEnum):
@@ -130,6 +133,19 @@ DISABLES_ACCOUNT: frozenset[str] = frozenset(
 def account_key(key: BreakerKey) -> BreakerKey:
     """The breaker of `key`'s whole account: open while the account itself is unusable."""
     return BreakerKey(key.provider, key.account, key.region, "", Operation.SUBMIT)
+
+
+def compile_config(config: BreakerConfig) -> BreakerConfig:
+    """How a COMPILE breaker runs: Compile is a local call to our own sidecar, so two calls in a
+    row that got no answer already say it is down (each costs a dispatch round its compile
+    deadline); a sixth of the cooldowns (a restart takes seconds); one probe, one answer closes."""
+    return replace(
+        config,
+        consecutive_failures=min(config.consecutive_failures, 2),
+        cooldowns_s=tuple(c / 6 for c in config.cooldowns_s),
+        half_open_max_probes=1,
+        half_open_successes_to_close=1,
+    )
 
 
 def account_config(config: BreakerConfig) -> BreakerConfig:
@@ -521,7 +537,10 @@ class BreakerRegistry:
         for pattern, config in self.overrides.items():  # ties: first listed wins
             if pattern.matches(key) and (best is None or pattern.specificity > best[0]):
                 best = (pattern.specificity, config)
-        return self.default if best is None else best[1]
+        if best is not None:
+            return best[1]
+        # Without an override of its own a COMPILE breaker runs on `compile_config`.
+        return compile_config(self.default) if key.operation is Operation.COMPILE else self.default
 
     def get(self, key: BreakerKey) -> CircuitBreaker:
         breaker = self._breakers.get(key)

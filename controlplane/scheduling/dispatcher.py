@@ -74,6 +74,7 @@ from controlplane.scheduling.gather import (
     CompileCache,
     CompileJob,
     RoundCapacity,
+    compile_key,
     compile_many,
     lease_dimensions,
 )
@@ -83,6 +84,7 @@ from controlplane.scheduling.load_book import LoadBook
 from controlplane.scheduling.parking import Parking, Signature
 from controlplane.scheduling.policy_book import PolicyBook
 from controlplane.scheduling.quality_book import QualityBook
+from controlplane.scheduling.reachability import AdapterReachability
 from controlplane.scheduling.readiness import CatalogReadiness
 from vidroute_core import tracing
 from vidroute_core.logs import bind_ids
@@ -136,6 +138,7 @@ class DispatchResult:
 
 
 _MOVED_ON = (DispatchOutcome.SELECTED, DispatchOutcome.FAILED)
+_WAITS_ON_BREAKER = frozenset({Reason.CIRCUIT_OPEN.value, Reason.COMPILE_UNAVAILABLE.value})
 
 
 class Dispatcher:
@@ -154,8 +157,11 @@ class Dispatcher:
         config: DispatcherConfig | None = None,
         clock: Callable[[], datetime] = utcnow,
         quality: QualityBook | None = None,
+        reachability: AdapterReachability | None = None,
     ) -> None:
         self._db, self._catalogs, self._leases = db, catalogs, leases
+        # Told whether each Compile got an answer (per-provider readiness); None: not kept.
+        self.reachability = reachability
         # The quality aggregates (9.14), read at most once per refresh, never per task.
         self.quality = quality
         # Model-server load (9.21), refreshed by its own loop; read once per round.
@@ -210,7 +216,7 @@ class Dispatcher:
         woken = 0
         for c in self._catalog.candidates:
             own = submit_key(c)
-            if key in (own, account_key(own)):
+            if key in (own, account_key(own), compile_key(c)):
                 woken += self.parking.breaker_moved(c.id)
         if woken:
             self.wake()
@@ -453,6 +459,9 @@ class Dispatcher:
         for c in catalog.candidates:
             if (reason := await self.monitor.refusal(submit_key(c))) is not None:
                 circuit_open[c.id] = reason
+            elif (reason := await self.monitor.refusal(compile_key(c))) is not None:
+                # Its sidecar did not answer Compile lately: no call until a probe may go.
+                circuit_open[c.id] = f"COMPILE {reason}: the {c.provider} sidecar did not answer"
         capacity = await RoundCapacity.read(
             self._leases, catalog.candidates, self.config.default_concurrency
         )
@@ -520,7 +529,12 @@ class Dispatcher:
             jobs.append((spec, task.spec_hash, screened.survivors(start)))
             prepared.append((task, f, ctx, screened, survivors))
         compiled = await compile_many(
-            self._adapters, jobs, self.compile_cache, timeout_s=self.config.compile_timeout_s
+            self._adapters,
+            jobs,
+            self.compile_cache,
+            timeout_s=self.config.compile_timeout_s,
+            breakers=self.monitor,
+            reachability=self.reachability,
         )
         picks: list[_Pick] = []
         others: list[_Other] = []
@@ -843,7 +857,9 @@ class Dispatcher:
             if v.reason == Reason.NO_CAPACITY.value:
                 full.append(v.candidate.id)
                 accounts.add(v.candidate.lease_account)
-            elif v.reason == Reason.CIRCUIT_OPEN.value:
+            elif v.reason in _WAITS_ON_BREAKER:
+                # A sidecar without an answer is waited for like an open breaker: its COMPILE
+                # breaker's moves (and each round's refusal read) wake the task.
                 breakers.append(v.candidate.id)
         now = self._clock()
         later = [t for t in o.facts.soft_excluded.values() if t is not None and t > now]

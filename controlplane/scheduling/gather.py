@@ -4,17 +4,27 @@ Everything the pure pipeline (`controlplane.domain.routing`) needs but cannot fe
 besides the failover history, which is rows read with the queued tasks
 (`controlplane.persistence.exclusions.load_facts`).
 Compiles run concurrently, one per candidate that passed the static filters, each under a
-timeout; an adapter failure becomes that candidate's COMPILE_REJECT, never a failed dispatch.
+timeout. Only the sidecar's answer is a verdict (a plan, or its refusal of the request,
+`CompileRefused`); a call that got none (a timeout, UNAVAILABLE, a broken connection: the sidecar
+stopped, restarting, overloaded) is a transient result, COMPILE_UNAVAILABLE to routing, so the
+task waits and is decided again instead of failing (issue 20). Each call passes the candidate's
+COMPILE breaker (`compile_key`): two calls in a row without an answer open it, and the round
+stops calling that sidecar (CIRCUIT_OPEN) until its cooldown admits a probe. Every answer and
+every silence is also told to the `AdapterReachability` (per-provider readiness).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
-from controlplane.adapters.grpc_client import AdapterClient
+from controlplane.adapters.grpc_client import AdapterClient, CompileRefused, CompileUnavailable
+from controlplane.domain.breaker import BreakerKey, Operation
 from controlplane.domain.routing.candidates import (
     Candidate,
     CapacityView,
@@ -26,6 +36,41 @@ from vidroute_core.adapter import CompiledPlan
 from vidroute_core.spec import GenerationSpec
 
 log = logging.getLogger(__name__)
+
+#: What a Compile that got no answer reports to its breaker.
+NO_ANSWER = "TRANSIENT_NETWORK"
+#: What a Compile whose answer could not be read reports.
+UNREADABLE = "MALFORMED_RESPONSE"
+
+
+def compile_key(candidate: Candidate) -> BreakerKey:
+    """The breaker a Compile call for `candidate` must pass (COMPILE operation)."""
+    return BreakerKey(
+        candidate.provider, candidate.account, candidate.region, candidate.model, Operation.COMPILE
+    )
+
+
+class CompileBreakers(Protocol):
+    """What compiling needs of the scheduler's `HealthMonitor`."""
+
+    async def admit(self, key: BreakerKey, holder: str) -> bool: ...
+
+    async def record_outcome(
+        self,
+        key: BreakerKey,
+        error_class: str | None,
+        latency_s: float | None,
+        *,
+        holder: str | None = None,
+    ) -> object: ...
+
+
+class Reachability(Protocol):
+    """Where compiling reports whether a sidecar answered (`AdapterReachability`)."""
+
+    def answered(self, provider: str) -> None: ...
+
+    def lost(self, provider: str, why: str) -> None: ...
 
 
 def lease_dimensions(candidate: Candidate, default_concurrency: int) -> tuple[Dimension, ...]:
@@ -98,20 +143,91 @@ CompileJob = tuple[GenerationSpec, str, Sequence[Candidate]]
 """One task's compile needs: its spec, its normalized spec hash, the candidates to compile."""
 
 
+def unavailable(why: str) -> CompileResult:
+    """A candidate's result when its sidecar gave no verdict: transient, never cached."""
+    return CompileResult(False, error=why, transient=True)
+
+
+CacheKey = tuple[str, str, str, str]
+Answer = tuple[CompileResult, CompiledPlan | None]
+
+
+class _Calls:
+    """One batch's Compile calls: breaker admission, the call, and who hears of its outcome."""
+
+    def __init__(
+        self,
+        adapters: Mapping[str, AdapterClient],
+        breakers: CompileBreakers | None,
+        reachability: Reachability | None,
+    ) -> None:
+        self.adapters, self.breakers, self.reachability = adapters, breakers, reachability
+        self.holders: dict[CacheKey, str] = {}  # admitted calls not reported yet
+        self.started = time.monotonic()
+
+    async def one(self, key: CacheKey, spec: GenerationSpec, c: Candidate) -> Answer:
+        adapter = self.adapters.get(c.provider)
+        if adapter is None:
+            return CompileResult(False, error=f"no adapter for provider {c.provider}"), None
+        holder = self.holders[key] = f"COMPILE:{secrets.token_hex(8)}"
+        if self.breakers is not None and not await self.breakers.admit(compile_key(c), holder):
+            del self.holders[key]
+            return unavailable(f"COMPILE breaker of {c.provider} refuses calls for now"), None
+        try:
+            plan = await adapter.compile(
+                spec, account=c.account, model=c.model, model_version=c.model_version
+            )
+        except CompileRefused as exc:  # the sidecar's verdict on this request
+            await self.report(key, c, None)
+            return CompileResult(False, error=f"sidecar refused: {exc}"), None
+        except (CompileUnavailable, TimeoutError, OSError) as exc:
+            why = f"{c.provider} sidecar gave no answer ({type(exc).__name__}: {exc})"
+            await self.report(key, c, NO_ANSWER, why)
+            return unavailable(why), None
+        except Exception as exc:  # an answer we cannot read is no verdict either
+            why = f"{c.provider} sidecar answer unreadable ({type(exc).__name__}: {exc})"
+            log.warning("compile of %s: %s", c.id, why)
+            await self.report(key, c, UNREADABLE, why)
+            return unavailable(why), None
+        await self.report(key, c, None)
+        return compile_result(plan), plan
+
+    def late(self, key: CacheKey, c: Candidate, timeout_s: float) -> tuple[Answer, str | None]:
+        """A call cut at the batch deadline: its answer, and its admission if still unreported."""
+        why = f"{c.provider} sidecar gave no answer within {timeout_s:g} s (TimeoutError)"
+        return (unavailable(why), None), (why if key in self.holders else None)
+
+    async def report(self, key: CacheKey, c: Candidate, failure: str | None, why: str = "") -> None:
+        holder = self.holders.pop(key, None)
+        if self.reachability is not None:
+            if failure == NO_ANSWER:
+                self.reachability.lost(c.provider, why)
+            else:
+                self.reachability.answered(c.provider)
+        if self.breakers is not None and holder is not None:
+            took = time.monotonic() - self.started
+            try:
+                await self.breakers.record_outcome(compile_key(c), failure, took, holder=holder)
+            except Exception:  # the verdict stands; only the breaker misses one outcome
+                log.warning("compile breaker of %s: outcome not recorded", c.id, exc_info=True)
+
+
 async def compile_many(
     adapters: Mapping[str, AdapterClient],
     jobs: Sequence[CompileJob],
     cache: CompileCache,
     *,
     timeout_s: float,
+    breakers: CompileBreakers | None = None,
+    reachability: Reachability | None = None,
 ) -> list[tuple[dict[str, CompileResult], dict[str, CompiledPlan]]]:
     """Compile a whole batch: cached verdicts first, every other call concurrently, all started
     together under ONE deadline `timeout_s` from now (a call still running then is cancelled
-    and is that candidate's ``TimeoutError``: what a timeout per call would give, without a
-    timer per call); failures become error results, never cached; answers aligned with
-    `jobs`."""
+    and is that candidate's transient ``TimeoutError``: what a timeout per call would give,
+    without a timer per call); a call its COMPILE breaker refuses is not made (transient too);
+    failures become error results, never cached; answers aligned with `jobs`."""
     out: list[tuple[dict[str, CompileResult], dict[str, CompiledPlan]]] = []
-    missing: dict[tuple[str, str, str, str], tuple[GenerationSpec, Candidate]] = {}
+    missing: dict[CacheKey, tuple[GenerationSpec, Candidate]] = {}
     for spec, spec_hash, candidates in jobs:
         verdicts: dict[str, CompileResult] = {}
         plans: dict[str, CompiledPlan] = {}
@@ -125,33 +241,8 @@ async def compile_many(
         out.append((verdicts, plans))
     if not missing:
         return out
-
-    async def one(spec: GenerationSpec, c: Candidate) -> tuple[CompileResult, CompiledPlan | None]:
-        adapter = adapters.get(c.provider)
-        if adapter is None:
-            return CompileResult(False, error=f"no adapter for provider {c.provider}"), None
-        try:
-            plan = await adapter.compile(
-                spec, account=c.account, model=c.model, model_version=c.model_version
-            )
-        except Exception as exc:  # any adapter failure only disqualifies this candidate
-            return CompileResult(False, error=f"{type(exc).__name__}: {exc}"), None
-        return compile_result(plan), plan
-
-    keys = list(missing)
-    calls = [asyncio.ensure_future(one(*missing[k])) for k in keys]
-    try:
-        _, late = await asyncio.wait(calls, timeout=timeout_s)
-    finally:
-        for call in calls:
-            call.cancel()  # no-op for the finished ones
-    if late:
-        await asyncio.gather(*late, return_exceptions=True)
-    timed_out = CompileResult(False, error="TimeoutError: ")
-    answers = [(timed_out, None) if call in late else call.result() for call in calls]
-    fresh: dict[tuple[str, str, str, str], tuple[CompileResult, CompiledPlan | None]] = {}
-    for key, (result, plan) in zip(keys, answers, strict=True):
-        fresh[key] = (result, plan)
+    fresh = await _call_all(_Calls(adapters, breakers, reachability), missing, timeout_s)
+    for key, (result, plan) in fresh.items():
         if plan is not None:
             cache.put(key, result, plan)
     for (_, spec_hash, candidates), (verdicts, plans) in zip(jobs, out, strict=True):
@@ -163,6 +254,30 @@ async def compile_many(
             if maybe is not None:
                 plans[c.id] = maybe
     return out
+
+
+async def _call_all(
+    calls: _Calls, missing: Mapping[CacheKey, tuple[GenerationSpec, Candidate]], timeout_s: float
+) -> dict[CacheKey, Answer]:
+    keys = list(missing)
+    running = [asyncio.ensure_future(calls.one(k, *missing[k])) for k in keys]
+    try:
+        _, late = await asyncio.wait(running, timeout=timeout_s)
+    finally:
+        for call in running:
+            call.cancel()  # no-op for the finished ones
+    if late:
+        await asyncio.gather(*late, return_exceptions=True)
+    fresh: dict[CacheKey, Answer] = {}
+    for key, call in zip(keys, running, strict=True):
+        if call in late or call.cancelled():
+            c = missing[key][1]
+            fresh[key], why = calls.late(key, c, timeout_s)
+            if why:  # admitted and cut: its breaker and readiness hear of the silence
+                await calls.report(key, c, NO_ANSWER, why)
+        else:
+            fresh[key] = call.result()
+    return fresh
 
 
 class RoundCapacity:

@@ -52,6 +52,7 @@ from controlplane.scheduling.leader import LeaderLock, ShardLeadership, leader_l
 from controlplane.scheduling.load_book import LoadBook, LoadConfig, RedisLoadShare
 from controlplane.scheduling.policy_book import PolicyBook
 from controlplane.scheduling.quality_book import QualityBook
+from controlplane.scheduling.reachability import AdapterReachability
 from controlplane.scheduling.readiness import CatalogReadiness
 from controlplane.scheduling.shared_state import InProcessSharedState, RedisSharedState
 from controlplane.scheduling.upkeep import QUEUE_TOPICS, Upkeep, UpkeepConfig
@@ -73,6 +74,8 @@ class SchedulingRuntime:
     loads: LoadBook | None = None  # model-server load (GetLoad per adapter per interval)
     policies: PolicyBook | None = None  # the published routing policy, per round
     canaries: CanaryGatekeeper | None = None  # the leader's live canary gates
+    # Whether each adapter's sidecar answers (per-provider readiness, issue 20).
+    reachability: AdapterReachability = field(default_factory=lambda: AdapterReachability(()))
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
@@ -189,6 +192,7 @@ def build_scheduling(
         shared=shared,
     )
     router = RouterConfig(policy=policy, shadow_policy=shadow_policy)
+    reachability = AdapterReachability(adapters)
     leadership = None
     locks: list[tuple[DispatcherConfig, LeaderLock]]
     if config.shard_count > 1 and not is_sqlite(database_url):
@@ -216,6 +220,7 @@ def build_scheduling(
             leader=lock,
             config=shard_config,
             quality=quality,
+            reachability=reachability,
         )
         for shard_config, lock in locks
     ]
@@ -276,6 +281,7 @@ def build_scheduling(
         loads=loads,
         policies=policies,
         canaries=canaries,
+        reachability=reachability,
     )
 
 

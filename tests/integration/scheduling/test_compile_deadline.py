@@ -1,5 +1,6 @@
 """A batch's compile calls share one deadline (issue 10): a sidecar that does not answer in time
-disqualifies only its candidates, with a TimeoutError, and the batch is dispatched elsewhere."""
+skips only its candidates (COMPILE_UNAVAILABLE, a TimeoutError; issue 20: never a rejection),
+and the batch is dispatched elsewhere."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ async def test_a_hanging_compile_disqualifies_only_its_candidate(
     db: Database, make_dispatcher: DispatcherFactory
 ) -> None:
     """Two tasks in one batch: gen4.5's Compile hangs past the 0.2 s deadline, so both tasks
-    record it as COMPILE_REJECT (TimeoutError) and are still dispatched to another candidate."""
+    record it as COMPILE_UNAVAILABLE (TimeoutError) and are dispatched to another candidate."""
     tasks = [await new_task(db, make_spec(), key=f"k{i}") for i in range(2)]
     hanging = HangingAdapter()
     dispatcher = make_dispatcher(
@@ -47,6 +48,6 @@ async def test_a_hanging_compile_disqualifies_only_its_candidate(
     for r in results:
         assert r.decision is not None
         verdict = r.decision.verdict("runway/gen4.5/prod-us")
-        assert verdict.reason == "COMPILE_REJECT"
+        assert verdict.reason == "COMPILE_UNAVAILABLE"
         assert "TimeoutError" in verdict.detail
         assert r.decision.selected != "runway/gen4.5/prod-us"

@@ -302,14 +302,15 @@ async def test_lease_is_released_when_the_attempt_transaction_fails(
 async def test_compile_failure_and_reject_disqualify_only_that_candidate(
     db: Database, adapter: CompilingAdapter, make_dispatcher: DispatcherFactory
 ) -> None:
-    """An unreachable adapter or a REJECT plan is COMPILE_REJECT; others still run."""
+    """An unreachable adapter skips its candidate for now (COMPILE_UNAVAILABLE, issue 20);
+    the others still run."""
     adapter.fail_models.add("gen4.5")
     task = await new_task(db, make_spec())
     result = await dispatch_one(make_dispatcher(), task)
     assert result.outcome is DispatchOutcome.SELECTED
     assert result.decision is not None
     verdict = result.decision.verdict("runway/gen4.5/prod-us")
-    assert verdict.reason == "COMPILE_REJECT"
+    assert verdict.reason == "COMPILE_UNAVAILABLE"
     assert "unreachable" in verdict.detail
 
 

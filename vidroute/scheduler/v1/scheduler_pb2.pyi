@@ -1006,7 +1006,9 @@ class BreakerStatus(_message.Message):
     model: _builtins.str
     """Model."""
     operation: _builtins.str
-    """Operation: SUBMIT, POLL, CANCEL, UPLOAD, DOWNLOAD_OUTPUT or USAGE_QUERY."""
+    """Operation: SUBMIT, POLL, CANCEL, UPLOAD, DOWNLOAD_OUTPUT, USAGE_QUERY or COMPILE (the
+    sidecar's Compile on the decision path).
+    """
     state: Global___BreakerState.ValueType
     """State."""
     forced: _builtins.bool
