@@ -139,6 +139,7 @@ from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.load_book import LoadConfig
 from controlplane.scheduling.policy_book import SampleCheck
 from controlplane.scheduling.quality_book import QualityBook
+from controlplane.scheduling.reachability import AdapterReachability, service_name
 from controlplane.scheduling.readiness import CatalogReadiness
 from controlplane.scheduling.runtime import SchedulingRuntime, build_scheduling
 from controlplane.scheduling.upkeep import UpkeepConfig
@@ -661,12 +662,23 @@ class _Readiness:
     redis_timeout_s: float
     redis: Redis | None = None
     not_ready: Callable[[], str | None] = _catalog_ready
+    # Per-provider readiness (issue 20): the sidecars' Describe, and what routing saw.
+    reachability: AdapterReachability | None = None
+    adapters: Mapping[str, GrpcAdapterClient] = field(default_factory=dict)
+    adapter_timeout_s: float = 10.0
 
     async def probe(self) -> bool:
         await self.db.ping()
         if self.redis is not None:
             await asyncio.wait_for(self.redis.ping(), self.redis_timeout_s)
         return self.not_ready() is None
+
+    async def adapters_probe(self) -> dict[str, bool]:
+        """Each adapter's health service name -> whether its sidecar answers now."""
+        if self.reachability is None:
+            return {}
+        await self.reachability.probe(self.adapters, self.adapter_timeout_s)
+        return {service_name(p): why is None for p, why in self.reachability.statuses().items()}
 
 
 def check_ports(settings: Settings, *, engine: bool | None = None) -> None:
@@ -762,6 +774,9 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         runtime.set_readiness(CatalogReadiness(frozenset(settings.adapters)))
         _wire_metrics(metrics, runtime, leases)
         readiness.not_ready = runtime.dispatcher.not_ready
+        readiness.reachability, readiness.adapters = runtime.reachability, adapters
+        # The sidecar client's own RPC deadline: a probe must not call a loaded sidecar gone.
+        readiness.adapter_timeout_s = adapter_timing["timeout_s"]
         catalog = runtime.dispatcher.catalog
         published = _catalog_refresher(runtime)
         http = _http_client(scale)
@@ -877,6 +892,7 @@ async def _serve(
         servicer,
         listen=settings.listen,
         probe=readiness.probe,
+        adapter_probe=readiness.adapters_probe,
         cleanup=stops,
         probe_interval=scale_value(settings.health_probe_interval_s, scale),
         auth=Authenticator(settings.auth_tokens),

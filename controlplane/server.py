@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -62,6 +62,9 @@ class ControlPlaneServer:
     probe_interval: float = 5.0
     # Further API services whose health follows the same probe (BillingService, RoutingService).
     services: Sequence[str] = ()
+    # Per-adapter health service names -> reachable? (`scheduling.reachability`), probed with
+    # the rest; they do not move the control plane's own readiness.
+    adapter_probe: Callable[[], Awaitable[Mapping[str, bool]]] | None = None
     _stopping: bool = field(default=False, init=False)
     _healthy: bool = field(default=False, init=False)
     _probe_task: asyncio.Task[None] | None = field(default=None, init=False)
@@ -82,7 +85,23 @@ class ControlPlaneServer:
         if not self._stopping:
             for name in (SCHEDULER_SERVICE, *self.services, ""):
                 await self.health.set(name, status)
+            await self._refresh_adapters()
         return healthy
+
+    async def _refresh_adapters(self) -> None:
+        if self.adapter_probe is None:
+            return
+        try:
+            reachable = await self.adapter_probe()
+        except Exception:  # a failing probe leaves the last statuses; logged, never a crash
+            log.warning("adapter probe failed", exc_info=True)
+            return
+        for name, ok in reachable.items():
+            if not self._stopping:
+                serving = health_pb2.HealthCheckResponse.SERVING
+                await self.health.set(
+                    name, serving if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+                )
 
     async def _probe_loop(self) -> None:
         while not self._stopping:
@@ -122,6 +141,7 @@ async def start_server(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     billing: billing_service_pb2_grpc.BillingServiceServicer | None = None,
     routing: routing_service_pb2_grpc.RoutingServiceServicer | None = None,
+    adapter_probe: Callable[[], Awaitable[Mapping[str, bool]]] | None = None,
 ) -> ControlPlaneServer:
     """Bind, register services and start serving; returns once the port is open.
 
@@ -163,6 +183,7 @@ async def start_server(
         cleanup=cleanup,
         probe_interval=probe_interval,
         services=tuple(served[1:]),
+        adapter_probe=adapter_probe,
     )
     await health_servicer.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
     await running.refresh_health()
