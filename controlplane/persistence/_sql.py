@@ -257,11 +257,23 @@ def state_payload(
     if reason:
         payload["reason"] = reason
     if failure is not None:
-        payload["failure"] = {
-            "class": failure.failure_class,
-            "code": failure.code,
-            "message": failure.message,
-        }
+        payload["failure"] = failure_json(failure)
+    return payload
+
+
+def failure_json(failure: Failure) -> dict[str, str]:
+    """A failure as an event payload carries it (WatchTask's detail_json)."""
+    return {"class": failure.failure_class, "code": failure.code, "message": failure.message}
+
+
+def attempt_moved_payload(
+    attempt: AttemptRecord, reason: str, changes: AttemptChanges | None
+) -> dict[str, Any]:
+    """An ``attempt.state_changed`` event: the attempt, why, and its failure when it got one
+    (an ABANDONED or FAILED attempt's reason is the caller's to read)."""
+    payload = {**attempt_payload(attempt), "reason": reason}
+    if changes is not None and changes.failure is not None:
+        payload["failure"] = failure_json(changes.failure)
     return payload
 
 

@@ -18,6 +18,7 @@ from sqlalchemy import literal_column, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from controlplane.persistence.db import create_engine
+from controlplane.persistence.endings import log_endings
 from controlplane.persistence.errors import translate_outage
 from controlplane.persistence.unit import SqlUnitOfWork
 
@@ -60,6 +61,8 @@ class Database:
             async with self._begin(one_statement) as conn:
                 unit = SqlUnitOfWork(conn, now)
                 yield unit
+        if unit.endings:
+            log_endings(unit.endings)
         if unit.topics and self.after_commit is not None:
             self.after_commit(unit.topics)
 

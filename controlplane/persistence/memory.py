@@ -29,6 +29,7 @@ from typing import Any
 from controlplane.domain.requeue import RequeueRequest
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
 from controlplane.persistence import _sql
+from controlplane.persistence.endings import Ending, log_endings
 from controlplane.persistence.errors import DuplicateRecord
 from controlplane.persistence.execution import POLLABLE_STATES
 from controlplane.persistence.ledger import NewUsage, UnitRate
@@ -94,6 +95,7 @@ class MemoryUnitOfWork:
     def __init__(self, state: _State, now: datetime) -> None:
         self._s = state
         self.now = now
+        self.endings: list[Ending] = []  # logged once the unit committed (`endings`)
 
     # ---- reads ------------------------------------------------------------------------------
 
@@ -161,6 +163,8 @@ class MemoryUnitOfWork:
             **changes,
         )
         self._s.tasks[moved.id] = moved
+        if TASK_MACHINE.is_terminal(target):
+            self.endings.append(Ending(moved.id, target.value, reason, failure))
         payload = _sql.state_payload(target, moved.status_version, reason, failure)
         self._event(moved.id, "task.state_changed", payload)
         for message in outbox:
@@ -198,10 +202,13 @@ class MemoryUnitOfWork:
             **values,
         )
         self._s.attempts[moved.id] = moved
+        if target is AttemptState.ABANDONED:
+            failure = None if changes is None else changes.failure
+            self.endings.append(Ending(moved.task_id, target.value, reason, failure, moved.id))
         self._event(
             moved.task_id,
             "attempt.state_changed",
-            {**_sql.attempt_payload(moved), "reason": reason},
+            _sql.attempt_moved_payload(moved, reason, changes),
         )
         for message in outbox:
             await self.enqueue(message)
@@ -416,8 +423,10 @@ class MemoryDatabase:
         (`one_statement` changes nothing here)."""
         async with self._lock:
             work = copy.deepcopy(self._state)
-            yield MemoryUnitOfWork(work, now)
+            unit = MemoryUnitOfWork(work, now)
+            yield unit
             self._state = work
+        log_endings(unit.endings)
 
     # ---- seeding ----------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ from controlplane.domain.webhooks import WebhookSubscription, outputs_of
 from controlplane.persistence import _create, _reads, _rows, _sql, exclusions, ledger, quality
 from controlplane.persistence._unit_catalog import CatalogWrites
 from controlplane.persistence._unit_execution import ExecutionWrites
+from controlplane.persistence.endings import Ending
 from controlplane.persistence.errors import ConcurrentModification, DuplicateRecord
 from controlplane.persistence.models import outbox as O
 from controlplane.persistence.models import task_attempts as A
@@ -83,6 +84,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         self.conn = conn
         self.now = now
         self.topics: set[str] = set()  # outbox topics written: woken after commit (wakeups)
+        self.endings: list[Ending] = []  # terminal tasks, ABANDONED attempts: logged on commit
 
     # ---- reads inside the transaction ------------------------------------------------------
 
@@ -285,6 +287,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         if TASK_MACHINE.is_terminal(target):
             # 9.23.1: the terminal state and the tenant's settlement commit together.
             await ledger.settle_task(self.conn, task_id, target, self.now)
+            self.endings.append(Ending(task_id, target.value, reason, failure))
         return _Moved(stored)
 
     # ---- attempts -------------------------------------------------------------------------
@@ -371,8 +374,11 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         if row is None:
             return None
         moved = _rows.attempt(row)
+        if target is AttemptState.ABANDONED:
+            failure = None if changes is None else changes.failure
+            self.endings.append(Ending(moved.task_id, target.value, reason, failure, moved.id))
         seq = await _sql.next_seq(self.conn, moved.task_id)
-        payload = {**_sql.attempt_payload(moved), "reason": reason}
+        payload = _sql.attempt_moved_payload(moved, reason, changes)
         await _sql.append_event(
             self.conn, moved.task_id, seq, "attempt.state_changed", payload, now=self.now
         )
