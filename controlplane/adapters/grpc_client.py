@@ -14,10 +14,18 @@ Submit the sidecar is still allowed to finish: an acceptance that lands after th
 would otherwise be known only to the sidecar's journal. A configured `submit_timeout_s` shorter
 than the declared budget is refused (`SubmitDeadlineTooShort`, logged): Describe fails, so the
 adapter's capabilities are never published and the control plane is not ready for it.
+
+A sidecar that is away (stopped, restarting) costs no task (issue 20): a Compile that got no
+answer raises `CompileUnavailable`, only its refusal of the request `CompileRefused`; a Submit on
+a channel that provably cannot connect is not started and comes back as a retryable refusal
+(TRANSIENT_NETWORK, nothing sent) instead of UNKNOWN; and the reconnect backoff is capped, so a
+sidecar back after a restart is used again within seconds.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -140,6 +148,7 @@ class GrpcAdapterClient:
         submit_timeout_s: float | None = None,
         recovery_window_s: float = 0.0,
         reconnect_max_s: float = 5.0,
+        connect_wait_s: float = 1.0,
         credentials: grpc.ChannelCredentials | None = None,
         channel_options: Sequence[tuple[str, str | int]] = (),
     ) -> None:
@@ -161,6 +170,7 @@ class GrpcAdapterClient:
         self._submit_margin = submit_margin_s
         self._submit_configured = submit_timeout_s
         self._recovery_window = recovery_window_s
+        self._connect_wait = connect_wait_s
         #: The Submit deadline in seconds, known once Describe answered (None before).
         self.submit_deadline_s: float | None = None
 
@@ -253,6 +263,17 @@ class GrpcAdapterClient:
                     ),
                 )
         assert self.submit_deadline_s is not None
+        if not await self._connected():
+            # The RPC would not even be started: a Submit that provably sent nothing is a
+            # retryable refusal, never UNKNOWN (a restarting sidecar must not cost the task).
+            return SubmitOutcome(
+                kind=SubmitKind.REJECTED,
+                error=make_error(
+                    ErrorClass.TRANSIENT_NETWORK,
+                    "ADAPTER_NOT_CONNECTED",
+                    f"no connection to the sidecar at {self._address}: nothing was sent",
+                ),
+            )
         try:
             reply = await self._stub.Submit(
                 adapter_service_pb2.SubmitRequest(
@@ -265,6 +286,18 @@ class GrpcAdapterClient:
         except grpc.aio.AioRpcError as exc:
             return _submit_transport_failure(exc)
         return wire.submit_from_proto(reply)
+
+    async def _connected(self) -> bool:
+        """False only when the channel provably cannot reach the sidecar: not READY within
+        `connect_wait_s` and in TRANSIENT_FAILURE (its last connection attempt failed), where
+        gRPC fails an RPC before sending anything. A channel still connecting is given the
+        RPC (a failure then counts as UNKNOWN, as before)."""
+        channel = self._channel
+        if channel.get_state(try_to_connect=True) is grpc.ChannelConnectivity.READY:
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(channel.channel_ready(), self._connect_wait)
+        return channel.get_state() not in _UNREACHABLE
 
     async def get_job(self, job: JobRef) -> PollResult:
         reply = await self._stub.GetJob(
@@ -339,6 +372,10 @@ class GrpcAdapterClient:
         finally:
             call.cancel()
 
+
+_UNREACHABLE = frozenset(
+    {grpc.ChannelConnectivity.TRANSIENT_FAILURE, grpc.ChannelConnectivity.SHUTDOWN}
+)
 
 # The status codes by which a sidecar that answered Compile refuses the request itself (its
 # servicer's documented refusals); every other code (DEADLINE_EXCEEDED, UNAVAILABLE, CANCELLED,
