@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 
 from vidroute_core.exceptions import PreconditionFailed
 from vidroute_core.spec import AssetRef, GenerationSpec, Mode
+from vidroute_core.validation import FieldViolation
 
 __all__ = [
     "REASON",
@@ -153,6 +154,20 @@ class SafetyPolicy:
             max_frame_pixels=_tightest(base.max_frame_pixels, own.max_frame_pixels),
             asset_hosts=_narrowest(base.asset_hosts, own.asset_hosts),
         )
+
+    def profile_violations(self, spec: GenerationSpec) -> list[FieldViolation]:
+        """Why `spec.safety_profile` cannot be honoured: this policy defines no named profiles
+        (a tenant's own section applies by its tenant id), so only "" (the tenant default) is
+        accepted; anything else is refused rather than silently ignored (issue 20)."""
+        if not spec.safety_profile:
+            return []
+        return [
+            FieldViolation(
+                "safety_profile",
+                f"unknown safety profile {spec.safety_profile!r}: this platform defines no "
+                "named profiles; leave it empty for the tenant's safety policy",
+            )
+        ]
 
     def check(self, spec: GenerationSpec) -> list[SafetyViolation]:
         """Every rule `spec` breaks, in a stable order; empty when the platform allows it."""

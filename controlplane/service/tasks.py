@@ -200,6 +200,7 @@ class TaskService:
             *cmd.violations,
             *_key_violations(cmd.idempotency_key),
             *self._webhooks.violations(cmd.webhook),
+            *self._safety.profile_violations(cmd.spec),
         ]
         if violations:
             raise InvalidSpec(violations)

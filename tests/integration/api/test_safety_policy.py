@@ -132,3 +132,27 @@ async def test_a_refused_create_task_writes_nothing_and_calls_no_provider(
     assert "dragon" not in repr(jobs[0]["body"])
     assert sum(n for path, n in provider_calls(farm).items() if path.startswith("POST")) == 1
     assert await task_rows(database_url) == 1
+
+
+async def test_a_safety_profile_the_platform_does_not_define_is_invalid(
+    control_plane: tuple[ControlPlaneServer, str], farm: ProviderFarm
+) -> None:
+    """`safety_profile` names no profile this platform defines: INVALID_ARGUMENT with a field
+    violation on safety_profile, no row, no provider call, never accepted and ignored."""
+    server, database_url = control_plane
+    spec = spec_for("runway")
+    spec.safety_profile = "strict"
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = api_grpc.SchedulerServiceStub(channel)
+        request = api.CreateTaskRequest(spec=spec, idempotency_key=uuid.uuid4().hex)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.CreateTask(request, timeout=10)
+    error = caught.value
+    assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+    raw = dict(error.trailing_metadata() or ())["grpc-status-details-bin"]
+    bad = error_details_pb2.BadRequest()
+    assert status_pb2.Status.FromString(raw).details[0].Unpack(bad)
+    assert [v.field for v in bad.field_violations] == ["safety_profile"]
+    assert "strict" in bad.field_violations[0].description
+    assert await task_rows(database_url) == 0
+    assert not farm.truth("runway")

@@ -295,7 +295,9 @@ class GenerationSpec(_message.Message):
     seed: _builtins.int
     """Seed, 0..4294967295; unset means the provider chooses. Seeds are not portable across models."""
     safety_profile: _builtins.str
-    """Platform safety profile name; empty means the tenant default."""
+    """Platform safety profile name; empty means the tenant default. A name the platform does
+    not define is INVALID_ARGUMENT (today it defines none: the tenant's policy always applies).
+    """
     service_class: Global___ServiceClass.ValueType
     """Service class for fair scheduling; unspecified means STANDARD."""
     priority: _builtins.int
