@@ -232,7 +232,9 @@ class RoutingPolicy(_message.Message):
     """Region the work must run in (e.g. "us", "eu"); empty means any."""
     @_builtins.property
     def preferred_providers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Providers to prefer, best first."""
+        """Providers to prefer: their candidates score the routing preference component 1 (others
+        0.5) and, in PREFERRED mode, win whenever eligible. The order is not significant.
+        """
 
     @_builtins.property
     def max_estimated_cost(self) -> _money_pb2.Money:
@@ -285,7 +287,9 @@ class GenerationSpec(_message.Message):
     user_id: _builtins.str
     """End user within the tenant; optional, used for fairness within the tenant."""
     project_id: _builtins.str
-    """Project within the tenant; optional, used for project priority."""
+    """Project within the tenant; optional. Stored with the task and returned in its spec; it
+    does not change scheduling (fairness is per tenant and user; priority is `priority`).
+    """
     prompt: _builtins.str
     """What to generate; required, at most 4000 characters."""
     negative_prompt: _builtins.str
