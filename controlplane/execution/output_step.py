@@ -271,7 +271,12 @@ class OutputStep:
                     message, attempt_id, "OUTPUT_EXPIRED", result.reason, "OUTPUT_EXPIRED"
                 )
                 return
-            await self._refresh(attempt_id)
+            if not await self._refresh(attempt_id):
+                # The sidecar gave no answer (stopped, restarting): no evidence about the output,
+                # so no refresh is used up; asked again later, like a breaker refusal (issue 20).
+                retry_at = self._deps.clock() + timedelta(seconds=cfg.breaker_retry_s)
+                await retry_later(self._deps, message.id, cfg.worker_id, available_at=retry_at)
+                return
             await self._retry(message, attempt_id, "output_refreshes", 0.0)
         else:
             fetches = runtime.fetch_attempts if runtime else 0
@@ -347,11 +352,12 @@ class OutputStep:
         source = adapter_source(client, ref, request.source_uri, request.max_bytes)
         return replace(request, source=source)
 
-    async def _refresh(self, attempt_id: int) -> None:
-        """Ask the provider for the job again: its answer carries fresh output URLs."""
+    async def _refresh(self, attempt_id: int) -> bool:
+        """Ask the provider for the job again: its answer carries fresh output URLs. False when
+        the call got no answer (the refresh is to be tried again, not counted)."""
         snap = await self._deps.reads.snapshot(attempt_id)
         if snap is None or snap[1] is None:
-            return
+            return True
         attempt, job, _ = snap
         assert job is not None
         account = await self._deps.account(attempt.provider_account_id)
@@ -361,9 +367,9 @@ class OutputStep:
             )
         except Exception as exc:
             log.info("attempt %s: refresh get_job raised %r", attempt_id, exc)
-            return
+            return False
         if polled.snapshot is None or not polled.snapshot.outputs:
-            return
+            return True
         await self._normalizer.ingest(
             Observation(
                 attempt.provider_account_id,
@@ -377,6 +383,7 @@ class OutputStep:
         # The attempt is already SUCCEEDED, so the normalizer only stores; keep the new URLs.
         async with self._deps.db.unit(self._deps.clock()) as u:
             await u.update_job(job.id, output_locator=outputs_locator(polled.snapshot))
+        return True
 
     async def _retry(
         self, message: OutboxRecord, attempt_id: int, counter: str, delay: float

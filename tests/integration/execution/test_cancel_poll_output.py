@@ -171,6 +171,38 @@ async def test_expired_output_is_refreshed_not_regenerated(lite: Harness) -> Non
     assert len(lite.fake.submit_calls) == 1
 
 
+async def test_a_sidecar_away_during_an_output_refresh_uses_no_refresh(lite: Harness) -> None:
+    """An expired locator whose refresh finds the sidecar away (get_job raises, more times than
+    refreshes are allowed) does not fail the task: each unanswered refresh is asked again later
+    and uses none; once the sidecar answers, the fresh URL is fetched (issue 20)."""
+    attempt = await lite.task_with_attempt()
+    lite.fake.script_submit(lite.fake.accepted("job-a"))
+    unanswered = lite.config.max_output_refreshes + 2
+    lite.fake.set_job(
+        "job-a",
+        done("https://cdn.example/old.mp4"),
+        *[ConnectionError("sidecar restarting")] * unanswered,
+        done("https://cdn.example/fresh.mp4"),
+    )
+    # The old URL stays expired: fetched once, then again after each unanswered refresh.
+    lite.fetch.results = [OutputExpired("403 signature expired")] * (unanswered + 1)
+    engine = lite.engine()
+    await engine.run_until_idle()
+    for _ in range(unanswered + 2):
+        lite.clock.advance(lite.config.breaker_retry_s + 1)
+        await engine.run_until_idle()
+    detail = await lite.detail(attempt.task_id)
+    assert detail.task.state is TaskState.SUCCEEDED
+    assert [c.source_uri for c in lite.fetch.calls] == [
+        *["https://cdn.example/old.mp4"] * (unanswered + 1),
+        "https://cdn.example/fresh.mp4",
+    ]
+    runtime = await lite.reads.runtime(attempt.id)
+    assert runtime is not None
+    assert runtime.output_refreshes == 1  # only the answered refresh counted
+    assert len(lite.fake.submit_calls) == 1
+
+
 async def test_invalid_output_fails_task_with_reason(lite: Harness) -> None:
     """Bytes that are not the asked video fail the task with an OUTPUT_INVALID code."""
     attempt = await lite.task_with_attempt()
