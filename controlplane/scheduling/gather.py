@@ -170,7 +170,7 @@ class _Calls:
         if adapter is None:
             return CompileResult(False, error=f"no adapter for provider {c.provider}"), None
         holder = self.holders[key] = f"COMPILE:{secrets.token_hex(8)}"
-        if self.breakers is not None and not await self.breakers.admit(compile_key(c), holder):
+        if not await self.admitted(c, holder):
             del self.holders[key]
             return unavailable(f"COMPILE breaker of {c.provider} refuses calls for now"), None
         try:
@@ -191,6 +191,17 @@ class _Calls:
             return unavailable(why), None
         await self.report(key, c, None)
         return compile_result(plan), plan
+
+    async def admitted(self, c: Candidate, holder: str) -> bool:
+        """The COMPILE breaker's admission; a breaker backend that fails admits the call (a
+        breaker protects the sidecar, it must not stop routing)."""
+        if self.breakers is None:
+            return True
+        try:
+            return await self.breakers.admit(compile_key(c), holder)
+        except Exception:
+            log.warning("compile breaker of %s: admission failed; calling anyway", c.id)
+            return True
 
     def late(self, key: CacheKey, c: Candidate, timeout_s: float) -> tuple[Answer, str | None]:
         """A call cut at the batch deadline: its answer, and its admission if still unreported."""
