@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import socket
 import time
 import uuid
@@ -245,12 +246,14 @@ class ProviderFarm:
             self.sidecars[name] = _await_port(popen, port_file, log_path, f"sidecar {name}")
             expect_time_scale(self.sidecars[name], self.time_scale, f"sidecar {name}")
 
-    def _spawn_sidecar(self, name: str) -> tuple[Any, Path, Path]:
+    def _spawn_sidecar(self, name: str, port: int = 0) -> tuple[Any, Path, Path]:
         config = shipped_sidecar_config(
             name,
             base_url=self._base_urls.get(name) or self.emulators[name].url,
             extensions=self.extensions[name],
         )
+        if port:  # a restart: the control plane knows the sidecar at its old address
+            config["listen"] = f"127.0.0.1:{port}"
         path = self.workdir / f"sidecar-{name}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         self.metrics_ports[name] = free_port()
@@ -264,6 +267,30 @@ class ProviderFarm:
                 **self.sidecar_env,
             },
         )
+
+    # -- sidecar faults (a stall, a crash, a rolling update) --------------------------------
+    def pause_sidecar(self, name: str) -> None:
+        """SIGSTOP: the process holds its connections and answers nothing (a GC stall)."""
+        self.sidecars[name].popen.send_signal(signal.SIGSTOP)
+
+    def resume_sidecar(self, name: str) -> None:
+        """SIGCONT after `pause_sidecar`."""
+        self.sidecars[name].popen.send_signal(signal.SIGCONT)
+
+    def kill_sidecar(self, name: str) -> None:
+        """SIGKILL: no shutdown at all (an OOM kill)."""
+        self.sidecars[name].kill()
+
+    def stop_sidecar(self, name: str) -> None:
+        """SIGTERM and wait: the sidecar drains and exits (a rolling update's first half)."""
+        self.sidecars[name].stop(timeout=15)
+
+    def restart_sidecar(self, name: str) -> None:
+        """Start `name`'s sidecar again on its old port (it must have exited) and wait for it."""
+        old = self.sidecars[name]
+        assert old.popen.poll() is not None, f"sidecar {name} still runs"
+        popen, port_file, log_path = self._spawn_sidecar(name, port=old.port)
+        self.sidecars[name] = _await_port(popen, port_file, log_path, f"sidecar {name}")
 
     def stop(self) -> None:
         for proc in self.sidecars.values():
