@@ -83,7 +83,7 @@ class Stack:
             channel.close()
 
     def wait_adapter(self, provider: str, status: int, timeout_s: float = 60.0) -> None:
-        name = health_pb2.HealthCheckResponse.ServingStatus.Name(status)  # type: ignore[arg-type]
+        name = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
         wait_for(
             lambda: self.adapter_health(provider) == status,
             timeout_s=timeout_s,
