@@ -141,6 +141,7 @@ from controlplane.scheduling.policy_book import SampleCheck
 from controlplane.scheduling.quality_book import QualityBook
 from controlplane.scheduling.reachability import AdapterReachability, service_name
 from controlplane.scheduling.readiness import CatalogReadiness
+from controlplane.scheduling.relet import lease_source
 from controlplane.scheduling.runtime import SchedulingRuntime, build_scheduling
 from controlplane.scheduling.upkeep import UpkeepConfig
 from controlplane.server import ControlPlaneServer, start_server
@@ -801,6 +802,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             on_submit=chain(_breaker_feed(runtime), submit_observer(metrics)),
             breakers=runtime.monitor,
             on_attempt_end=chain(_health_feed(runtime), attempt_end_observer(metrics)),
+            lease_source=lease_source(runtime.dispatcher),
         )
         canceller = execution.cancel_service
         _subscribe(wakeups, runtime, execution)

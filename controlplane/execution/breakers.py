@@ -8,6 +8,14 @@ later (a delayed poll, a cancel or fetch message retried later, a usage step lef
 so an endpoint that is down is not hammered by every due job. HALF_OPEN admits the configured
 probes like a submit does. With no breakers wired every call is admitted.
 
+Every SUBMIT call asks too (`admit_submit`), right before it is sent: the first send of an
+attempt, its retries on the same candidate and recovery's same-key re-send. The holder is the
+attempt's client request key, the one the dispatcher admitted the attempt under, so a HALF_OPEN
+probe slot the dispatcher took is the same slot (the ledger is idempotent per holder) and the
+probe budget holds across the dispatcher, the submit worker and every replica. The outcome of
+an admitted submit reaches the breaker through the submit observer (`ExecutionDeps.on_submit`),
+which reports it under the same holder.
+
 The gate never raises into a worker: a breaker backend that fails (Redis away) admits the call,
 because a breaker protects the provider; it must not stop the platform observing its jobs.
 """
@@ -24,7 +32,13 @@ from controlplane.domain.breaker import BreakerKey, Operation
 from controlplane.persistence.records import AccountInfo, AttemptRecord
 from vidroute_core.errors import ProviderError
 
-__all__ = ["TRANSPORT_FAILURE", "GuardedCall", "OperationBreakers", "OperationGate"]
+__all__ = [
+    "TRANSPORT_FAILURE",
+    "GuardedCall",
+    "OperationBreakers",
+    "OperationGate",
+    "submit_key_of",
+]
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +49,11 @@ TRANSPORT_FAILURE = "TRANSIENT_NETWORK"
 class OperationBreakers(Protocol):
     """What the gate needs of the scheduler's `HealthMonitor`."""
 
-    async def admit(self, key: BreakerKey, holder: str) -> bool: ...
+    async def admit(self, key: BreakerKey, holder: str, *, fresh: bool = False) -> bool: ...
 
     async def release(self, key: BreakerKey, holder: str) -> None: ...
+
+    def reopens_in(self, key: BreakerKey) -> float | None: ...
 
     async def record_outcome(
         self,
@@ -47,6 +63,17 @@ class OperationBreakers(Protocol):
         *,
         holder: str | None = None,
     ) -> object: ...
+
+
+def submit_key_of(account: AccountInfo, attempt: AttemptRecord) -> BreakerKey:
+    """The SUBMIT breaker `attempt` is sent through (its candidate's, as the dispatcher's)."""
+    return BreakerKey(
+        account.provider,
+        account.account_name,
+        account.region,
+        attempt.provider_model,
+        Operation.SUBMIT,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,19 +109,37 @@ class OperationGate:
             return None
         return call
 
+    async def admit_submit(self, account: AccountInfo, attempt: AttemptRecord) -> bool:
+        """May `attempt`'s submit be sent now? Its SUBMIT breaker (and its account's) decides,
+        under the attempt's client request key; a refused submit is not sent (park it).
+
+        Unlike the other operations, a breaker backend that fails refuses: the ledger that
+        bounds HALF_OPEN probes across replicas cannot be consulted, and a submit creates paid
+        work at a provider that may be down (`HealthMonitor.admit` already answers False for a
+        probe it cannot record; this covers the rest)."""
+        if self._breakers is None:
+            return True
+        key = submit_key_of(account, attempt)
+        try:
+            return await self._breakers.admit(key, attempt.client_request_key, fresh=True)
+        except Exception:
+            log.warning("breaker %s: submit admission failed; not sending now", key, exc_info=True)
+            return False
+
+    def submit_reopens_in(self, account: AccountInfo, attempt: AttemptRecord) -> float | None:
+        """Seconds until `attempt`'s refusing SUBMIT breaker ends its cooldown; None when it is
+        not cooling down (HALF_OPEN with every probe slot taken, or pinned open)."""
+        if self._breakers is None:
+            return None
+        return self._breakers.reopens_in(submit_key_of(account, attempt))
+
     async def release_unsent(self, account: AccountInfo, attempt: AttemptRecord) -> None:
         """`attempt` ended before its submit was sent (cancelled, lease lost): give back the
         HALF_OPEN probe slot the dispatcher may have taken for it, so the next probe need not
         wait for the slot's TTL."""
         if self._breakers is None:
             return
-        key = BreakerKey(
-            account.provider,
-            account.account_name,
-            account.region,
-            attempt.provider_model,
-            Operation.SUBMIT,
-        )
+        key = submit_key_of(account, attempt)
         try:
             await self._breakers.release(key, attempt.client_request_key)
         except Exception:

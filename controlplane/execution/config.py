@@ -73,7 +73,16 @@ class ExecutionConfig:
     max_cancel_calls: int = 5
 
     # A call its operation breaker refuses (9.15) is tried again after this long, not at once.
+    # A refused submit waits parked (READY_TO_SUBMIT, its lease kept) for the rest of the
+    # breaker's cooldown, at most this long, then asks again.
     breaker_retry_s: float = 30.0
+    # A READY_TO_SUBMIT attempt's lease is renewed this often while it waits for a submit
+    # worker (`WaitingLeases`): well inside the dispatcher's lease TTL (600 s), so a backlog
+    # longer than one lease term keeps its leases (a third of it leaves two renewals to miss).
+    waiting_lease_renew_s: float = 200.0
+    # An attempt whose lease was lost before its send and that found no new one (capacity
+    # taken meanwhile) asks again after this long; it waits unsent, it is not failed.
+    lease_wait_retry_s: float = 5.0
 
     fetch_retry_base_s: float = 2.0
     fetch_retry_cap_s: float = 120.0

@@ -1,11 +1,12 @@
 """`ExecutionEngine`: the execution workers as concurrent asyncio loops of one replica.
 
-Loops: submit, recovery, poll, cancel, output fetch, and a sweep that settles interrupted submits
-(SUBMITTING with no provider job past `submitting_grace_s` -> SUBMIT_UNKNOWN; with a job ->
-completed). The sweep runs once at `start()` before any loop, then periodically. Any number of
-replicas may run against one PostgreSQL: outbox messages and due polls/recoveries are claimed
-with ``FOR UPDATE SKIP LOCKED`` and every state change is a CAS on a locked row, so a message is
-handled once and a submit is sent once. A crashed replica's claims expire and are re-taken.
+Loops: submit, recovery, poll, cancel, output fetch, the renewal of waiting attempts' leases
+(`WaitingLeases`), and a sweep that settles interrupted submits (SUBMITTING with no provider job
+past `submitting_grace_s` -> SUBMIT_UNKNOWN; with a job -> completed). The sweep runs once at
+`start()` before any loop, then periodically. Any number of replicas may run against one
+PostgreSQL: outbox messages and due polls/recoveries are claimed with ``FOR UPDATE SKIP LOCKED``
+and every state change is a CAS on a locked row, so a message is handled once and a submit is
+sent once. A crashed replica's claims expire and are re-taken.
 
 Clock, sleep and randomness are injected so tests drive time instead of waiting for it;
 `run_until_idle()` runs every step until nothing is due, which is what most tests use.
@@ -25,13 +26,14 @@ from controlplane.execution.breakers import OperationBreakers, OperationGate
 from controlplane.execution.cancel import CancelService, CancelWorker
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.events import EventNormalizer
-from controlplane.execution.leasing import LeaseKeeper
+from controlplane.execution.leasing import LeaseKeeper, LeaseSource
 from controlplane.execution.outcomes import AttemptEndObserver, ExecutionDeps, SubmitObserver
 from controlplane.execution.output_fetch import FetchRequest, FetchResult
 from controlplane.execution.output_step import FetchFn, OutputStep
 from controlplane.execution.poller import Poller
 from controlplane.execution.recovery import RecoveryWorker
 from controlplane.execution.submit_worker import SubmitWorker
+from controlplane.execution.waiting import WaitingLeases
 from controlplane.leases.base import LeaseStore
 from controlplane.persistence.database import Database
 from controlplane.persistence.execution import ExecutionQueries
@@ -67,7 +69,10 @@ class ExecutionEngine:
         on_submit: SubmitObserver | None = None,
         on_attempt_end: AttemptEndObserver | None = None,
         breakers: OperationBreakers | None = None,
+        lease_source: LeaseSource | None = None,
     ) -> None:
+        """`lease_source` gives an attempt that lost its lease before the send a new one (the
+        dispatcher's request for its candidate); without it such an attempt fails unsent."""
         self.config = config or ExecutionConfig()
         self.db = db
         self.deps = ExecutionDeps(
@@ -75,7 +80,7 @@ class ExecutionEngine:
             reads=ExecutionQueries(db),
             tasks=TaskQueries(db),
             adapters=adapters,
-            leases=LeaseKeeper(leases),
+            leases=LeaseKeeper(leases, lease_source),
             config=self.config,
             clock=clock,
             rng=rng or random.Random(),
@@ -91,6 +96,7 @@ class ExecutionEngine:
         self.canceller = CancelWorker(self.deps, self.normalizer)
         self.cancel_service = CancelService(self.deps)
         self.output = OutputStep(self.deps, fetch or _no_fetch, self.normalizer)
+        self.waiting = WaitingLeases(self.deps)
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self._wakes: dict[str, asyncio.Event] = {name: asyncio.Event() for name in self._steps()}
@@ -115,6 +121,7 @@ class ExecutionEngine:
             "poll": self.poller.run_once,
             "cancel": self.canceller.run_once,
             "output": self.output.run_once,
+            "waiting": self.waiting.run_once,
             "sweep": self.sweep,
         }
 

@@ -12,8 +12,14 @@ of truth and the lease reconciler (9.11.2) repairs any counter a lost call leave
 * SUBMIT_UNKNOWN            -> `mark_unknown` into the account's unknown budget
 * unknown resolved (found)  -> `resolve_unknown`
 * in flight (poll/recovery) -> `renew` (heartbeat)
-* right before a submit      -> `still_held`: renew, and say whether the lease is still this
-                               attempt's; the submit worker sends nothing when it is not
+* waiting to be sent        -> `renew` too (`WaitingLeases`): a backlog of READY_TO_SUBMIT
+                               attempts longer than the lease TTL must not lose its leases
+* right before a submit      -> `secure`: renew, and say whether the lease is still this
+                               attempt's; when it is not (expired, lost with Redis's data), take
+                               a new one for the same attempt through `LeaseSource` (the
+                               dispatcher's request for its candidate), which the attempt records
+                               in the transition that starts the send. No lease to be had: the
+                               attempt waits, unsent; it is never failed for it
 * ABANDONED                 -> nothing: the slot stays counted until the reconciler or the
                                lease's max term says otherwise (the job may still be running)
 """
@@ -21,11 +27,36 @@ of truth and the lease reconciler (9.11.2) repairs any counter a lost call leave
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-from controlplane.leases.base import Lease, LeaseError, LeaseStore, unknown_slot_cap
+from controlplane.leases.base import (
+    Lease,
+    LeaseError,
+    LeaseRequest,
+    LeaseStore,
+    unknown_slot_cap,
+)
 from controlplane.persistence.records import AttemptRecord
 
-__all__ = ["LeaseKeeper"]
+__all__ = ["LeaseKeeper", "LeaseSource", "Secured"]
+
+LeaseSource = Callable[[AttemptRecord], Awaitable[LeaseRequest | None]]
+"""The lease the dispatcher would request for `attempt`'s candidate (account, dimensions, terms,
+keyed by the attempt's client request key), or None when its candidate left the catalog."""
+
+
+@dataclass(frozen=True, slots=True)
+class Secured:
+    """What `LeaseKeeper.secure` found: may the submit go out, and under which new lease.
+
+    `new` is a lease the attempt did not hold before (its token and fencing token must be
+    recorded with the move to SUBMITTING); None with `ok` means the attempt's own lease holds.
+    """
+
+    ok: bool
+    new: Lease | None = None
+
 
 _MAX_HINTS = 100_000  # token -> where hints kept (bounded; a cleared hint costs one scan)
 
@@ -35,9 +66,11 @@ log = logging.getLogger(__name__)
 class LeaseKeeper:
     """Best-effort lease operations keyed by attempt; counts what it could not do."""
 
-    def __init__(self, store: LeaseStore | None) -> None:
+    def __init__(self, store: LeaseStore | None, source: LeaseSource | None = None) -> None:
         self._store = store
+        self._source = source
         self.failures = 0
+        self.relet = 0  # leases taken again for attempts that lost theirs before the send
         # Where a token's lease was last seen: (account, the lease's key), so the next find is
         # one point read (`lease_of`) instead of a snapshot of every lease of every account.
         # Only a hint: the record read is verified exactly as a scan's, and a miss scans.
@@ -102,6 +135,44 @@ class LeaseKeeper:
             return lease is not None and await self._store.renew(lease) is not None
         except LeaseError as exc:
             return self._failed("still_held", attempt, exc)
+
+    @property
+    def can_relet(self) -> bool:
+        """Whether `secure` can replace a lost lease (a store and a `LeaseSource` are wired)."""
+        return self._store is not None and self._source is not None
+
+    async def secure(self, attempt: AttemptRecord) -> Secured:
+        """Right before a send: the attempt's lease renewed (`still_held`), else a new one.
+
+        Without a `LeaseSource` a lost lease cannot be replaced: not ok. A store error is not
+        ok either (nothing is sent on a lease nobody can vouch for); the caller tries later.
+        """
+        if await self.still_held(attempt):
+            return Secured(True)
+        if self._store is None or self._source is None:
+            return Secured(False)
+        try:
+            request = await self._source(attempt)
+            lease = None if request is None else await self._store.acquire(request)
+        except LeaseError as exc:
+            self._failed("secure", attempt, exc)
+            return Secured(False)
+        except Exception:
+            log.warning("attempt %s: no lease request for it", attempt.id, exc_info=True)
+            return Secured(False)
+        if lease is None:
+            return Secured(False)
+        self.relet += 1
+        return Secured(True, lease)
+
+    async def release_lease(self, lease: Lease) -> bool:
+        """Give back a lease `secure` took for an attempt that did not record it."""
+        try:
+            return await self._require().release(lease)
+        except LeaseError as exc:
+            self.failures += 1
+            log.warning("lease release of %s failed: %r", lease.attempt_id, exc)
+            return False
 
     async def release(self, attempt: AttemptRecord) -> bool:
         try:

@@ -28,6 +28,7 @@ result is recorded and never revives the task.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime, timedelta
 
 from controlplane.domain.breaker import Operation
@@ -58,8 +59,14 @@ from controlplane.persistence.records import (
     Failure,
     TaskRecord,
 )
-from vidroute_core.adapter import RecoverQuery, RecoverResult, RecoveryVerdict, SubmitKind
-from vidroute_core.errors import ErrorClass, ProviderError
+from vidroute_core.adapter import (
+    RecoverQuery,
+    RecoverResult,
+    RecoveryVerdict,
+    SubmitKind,
+    SubmitOutcome,
+)
+from vidroute_core.errors import ErrorClass, ProviderError, make_error
 from vidroute_core.logs import add_ids, bind_ids, ids_of
 from vidroute_core.spec import RoutingMode
 
@@ -144,8 +151,15 @@ class RecoveryWorker:
                 ref = job_ref(attempt, account, event.provider_job_id)
                 return RecoverResult(RecoveryVerdict.FOUND, job=ref, method="early_callback")
         adapter = self._deps.adapter(account)
-        if runtime is not None and runtime.supports_idempotency_key:
+        # The re-send is a submit: its breaker admits it like any other (9.15.2); refused, the
+        # step asks with a lookup instead, which sends nothing.
+        if (
+            runtime is not None
+            and runtime.supports_idempotency_key
+            and await self._deps.gate.admit_submit(account, attempt)
+        ):
             self.resubmits += 1
+            began = time.monotonic()
             try:
                 sent = await adapter.submit(
                     plan_of(attempt, account),
@@ -154,7 +168,11 @@ class RecoveryWorker:
                 )
             except Exception as exc:
                 log.info("attempt %s: idempotent re-send raised %r", attempt.id, exc)
-                return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method="idempotent_resubmit")
+                sent = SubmitOutcome(
+                    SubmitKind.UNKNOWN,
+                    error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "CLIENT_EXCEPTION", repr(exc)),
+                )
+            await self._observe(account, attempt, sent, time.monotonic() - began)
             if sent.kind is SubmitKind.ACCEPTED and sent.job is not None:
                 return RecoverResult(
                     RecoveryVerdict.FOUND, job=sent.job, method="idempotent_resubmit"
@@ -187,6 +205,18 @@ class RecoveryWorker:
         except Exception as exc:
             log.info("attempt %s: recover raised %r", attempt.id, exc)
             return RecoverResult(RecoveryVerdict.INCONCLUSIVE, method="recover_error")
+
+    async def _observe(
+        self, account: AccountInfo, attempt: AttemptRecord, sent: SubmitOutcome, took_s: float
+    ) -> None:
+        """A re-send's outcome to the submit observer: the breaker hears it under the attempt's
+        key (a HALF_OPEN probe slot it took is freed or counted), the metrics count it."""
+        if self._deps.on_submit is None:
+            return
+        try:
+            await self._deps.on_submit(account, attempt, sent, took_s)
+        except Exception:
+            log.exception("submit observer failed for attempt %s", attempt.id)
 
     async def usage_lookup(
         self, attempt: AttemptRecord, account: AccountInfo, started: datetime

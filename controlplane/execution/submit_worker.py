@@ -9,12 +9,22 @@ For each claimed ``attempt.submit`` message::
                                                stable client_request_key, then apply the outcome
                                                and mark the message done in ONE transaction
 
-Right before the adapter call the worker renews the attempt's lease and checks that the store still
-holds it under the attempt's fencing token (9.11.1). If not (the lease expired and was reclaimed,
-or Redis lost it and the scheduler has not rebuilt it), the worker does NOT submit: nothing left,
-so the attempt fails as ``PROVEN_ABSENT`` ("never sent") and the task is requeued without
-excluding the candidate, exactly like a recovery that proved the job absent. The dispatcher then
-admits it again under a fresh lease, within capacity. A slot held by no lease is never used.
+Before the CAS to SUBMITTING, every send is cleared twice, the first send of an attempt and each
+retry on the same candidate alike (a RETRY_SAME puts the attempt back to READY_TO_SUBMIT with a
+new message):
+
+* the SUBMIT breaker (9.15.2, `OperationGate.admit_submit`, under the attempt's client request
+  key): OPEN refuses, HALF_OPEN admits at most the configured probes across replicas. A refused
+  submit is PARKED, not failed: the attempt stays READY_TO_SUBMIT with its lease (kept alive by
+  `WaitingLeases`) and its message is due again when the cooldown ends (at most
+  `breaker_retry_s` later). So a probe that fails and reopens the breaker stops the retries
+  queued behind it, and attempts dispatched just before the breaker opened are not sent into it.
+* the lease (9.11.1, `LeaseKeeper.secure`): renewed, and held under the attempt's fencing token.
+  If the store lost it (expired and reclaimed, Redis lost its data) the attempt takes a new one
+  through the dispatcher's `LeaseSource`, recorded with the move to SUBMITTING; with no capacity
+  left it waits unsent (`lease_wait_retry_s`). A slot held by no lease is never used, and a lease
+  lost before the send is never a failed attempt. Only an engine built without a lease source
+  fails such an attempt as ``PROVEN_ABSENT`` ("never sent") and requeues the task, as before.
 
 An exception from the adapter call is an UNKNOWN outcome (the request may have left). If the
 database fails after the adapter answered, nothing is written: the attempt stays SUBMITTING, and
@@ -27,13 +37,14 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from controlplane.domain.failover import FailureStage
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TASK_MACHINE, AttemptState, TaskState
 from controlplane.execution.batching import run_batch
 from controlplane.execution.events import EventNormalizer
+from controlplane.execution.leasing import Secured
 from controlplane.execution.outcomes import (
     PROVEN_ABSENT,
     AfterCommit,
@@ -65,6 +76,26 @@ __all__ = ["SubmitWorker"]
 
 log = logging.getLogger(__name__)
 
+_UNSENT = frozenset({AttemptState.READY_TO_SUBMIT, AttemptState.SUBMITTING})
+# What `_clear` answers for an attempt whose task ended while its send was refused: not
+# cleared, and not parked either (the transaction cancels the attempt).
+_TASK_ENDED = Secured(False)
+# What `_clearance` answers when the message needs nothing more (parked, or failed unsent).
+_HANDLED = Secured(False)
+
+
+def _attempt_id(message: OutboxRecord) -> int:
+    return int(message.payload["attempt_id"])
+
+
+def _same_lease(attempt: AttemptRecord, known: AttemptRecord | None) -> bool:
+    """Whether `attempt` still holds the lease it was cleared with (read as `known`)."""
+    return (
+        known is not None
+        and attempt.lease_token == known.lease_token
+        and attempt.fencing_token == known.fencing_token
+    )
+
 
 class SubmitWorker:
     """Consumes ``attempt.submit``; `submits` counts adapter submit calls made by this worker."""
@@ -73,31 +104,111 @@ class SubmitWorker:
         self._deps = deps
         self._normalizer = normalizer
         self.submits = 0
+        self.parked = 0  # sends held back: the breaker refused, or no lease to be had
 
     async def run_once(self) -> int:
         """Claim and handle one batch; returns how many messages were claimed."""
         messages = await claim_batch(self._deps, Topic.SUBMIT)
+        if not messages:
+            return 0
+        # The batch's attempts in one read: which ones are to be cleared for sending.
+        known = await self._deps.reads.attempts(_attempt_id(m) for m in messages)
         await run_batch(
             messages,
-            self.handle,
+            lambda m: self.handle(m, known.get(_attempt_id(m))),
             key=lambda m: m.payload.get("attempt_id"),
             limit=self._deps.config.concurrency,
         )
         return len(messages)
 
-    async def handle(self, message: OutboxRecord) -> None:
+    async def handle(self, message: OutboxRecord, known: AttemptRecord | None = None) -> None:
         """Handle one ``attempt.submit`` message, every line logged carrying its ids, in a span
-        that continues the dispatcher's (the payload's ``traceparent``, `vidroute_core.tracing`)."""
+        that continues the dispatcher's (the payload's ``traceparent``, `vidroute_core.tracing`).
+        `known` is the attempt as read for the batch (else it is read here)."""
         payload = message.payload
         with (
             bind_ids(task_id=payload.get("task_id"), attempt_id=payload.get("attempt_id")),
             tracing.continue_trace("submit", payload.get("traceparent")),
         ):
-            await self._handle(message)
+            await self._handle(message, known)
 
-    async def _handle(self, message: OutboxRecord) -> None:
+    async def _clear(self, attempt: AttemptRecord, message: OutboxRecord) -> Secured | None:
+        """The breaker's admission and a lease for sending `attempt` now, or None: parked (the
+        message is due again later; the attempt stays READY_TO_SUBMIT, nothing is failed)."""
+        deps = self._deps
+        cfg = deps.config
+        account = await deps.account(attempt.provider_account_id)
+        now = deps.clock()
+        if not await deps.gate.admit_submit(account, attempt):
+            if await self._task_ended(attempt):
+                return _TASK_ENDED  # nothing will be sent: the transaction cancels it
+            cooling = deps.gate.submit_reopens_in(account, attempt)
+            wait = cfg.breaker_retry_s if cooling is None else min(cooling, cfg.breaker_retry_s)
+            log.info(
+                "attempt %s: submit breaker refuses the send; parked, asking again in %.1fs",
+                attempt.id,
+                wait,
+            )
+            await self._park(message, now + timedelta(seconds=wait))
+            return None
+        secured = await deps.leases.secure(attempt)
+        if secured.ok:
+            if secured.new is not None:
+                log.warning(
+                    "attempt %s: lease not held under fence %s before the send; sending under"
+                    " a new lease (fence %s)",
+                    attempt.id,
+                    attempt.fencing_token,
+                    secured.new.fencing_token,
+                )
+            return secured
+        await deps.gate.release_unsent(account, attempt)
+        if not deps.leases.can_relet:
+            return Secured(False)  # `_not_sent`: fail it unsent, as without a lease source
+        log.warning(
+            "attempt %s: lease not held under fence %s and no new one free; waiting unsent",
+            attempt.id,
+            attempt.fencing_token,
+        )
+        await self._park(message, now + timedelta(seconds=cfg.lease_wait_retry_s))
+        return None
+
+    async def _clearance(
+        self, known: AttemptRecord | None, message: OutboxRecord
+    ) -> Secured | None:
+        """`_clear` for an attempt read READY_TO_SUBMIT (None for any other: nothing to send);
+        `_HANDLED` when the message is dealt with (parked, or failed unsent without a lease
+        source, `_not_sent`)."""
+        if known is None or known.state is not AttemptState.READY_TO_SUBMIT:
+            return None
+        cleared = await self._clear(known, message)
+        if cleared is None:
+            return _HANDLED
+        if cleared is _TASK_ENDED:
+            return None
+        if not cleared.ok:
+            await self._not_sent(known, message)
+            return _HANDLED
+        return cleared
+
+    async def _task_ended(self, attempt: AttemptRecord) -> bool:
+        task = (await self._deps.reads.tasks([attempt.task_id])).get(attempt.task_id)
+        return (
+            task is None or TASK_MACHINE.is_terminal(task.state) or task.state is TaskState.QUEUED
+        )
+
+    async def _park(self, message: OutboxRecord, until: datetime) -> None:
+        self.parked += 1
+        await retry_later(self._deps, message.id, self._deps.config.worker_id, available_at=until)
+
+    async def _handle(self, message: OutboxRecord, known: AttemptRecord | None) -> None:
         worker = self._deps.config.worker_id
         attempt_id = int(message.payload["attempt_id"])
+        if known is None or known.id != attempt_id:
+            known = (await self._deps.reads.attempts([attempt_id])).get(attempt_id)
+        cleared = await self._clearance(known, message)
+        if cleared is _HANDLED:
+            return
         now = self._deps.clock()
         after = AfterCommit()
         started = None
@@ -120,6 +231,10 @@ class SubmitWorker:
                     after.release.append(moved)
                     unsent = moved
                 await u.complete_message(message.id, worker)
+            elif cleared is None or not _same_lease(attempt, known):
+                # Not cleared for this version of the attempt (it moved since it was read):
+                # the message comes back and is cleared then.
+                await u.retry_message(message.id, worker, available_at=now)
             else:
                 account = await self._deps.account(attempt.provider_account_id, u)
                 supports = bool(
@@ -128,11 +243,16 @@ class SubmitWorker:
                         account.provider in self._deps.config.idempotent_providers,
                     )
                 )
+                new = cleared.new
                 started = await u.move_attempt(
                     attempt,
                     AttemptState.SUBMITTING,
-                    "submit started",
-                    AttemptChanges(request_started_at=now),
+                    "submit started" if new is None else "submit started under a new lease",
+                    AttemptChanges(
+                        request_started_at=now,
+                        lease_token=None if new is None else new.token,
+                        fencing_token=None if new is None else new.fencing_token,
+                    ),
                 )
                 if started is None:
                     await u.complete_message(message.id, worker)
@@ -144,15 +264,20 @@ class SubmitWorker:
         if unsent is not None:
             account = await self._deps.account(unsent.provider_account_id)
             await self._deps.gate.release_unsent(account, unsent)
+        if started is None and cleared is not None and known is not None and not interrupted:
+            await self._unclear(known, cleared, unsent is not None)
         if interrupted:
             await self.settle(attempt_id, message)
         if started is None or account is None:
             return
-        # The account read in the transaction above: not read again on another connection.
+        await self._send(started, account, message)
+
+    async def _send(
+        self, started: AttemptRecord, account: AccountInfo, message: OutboxRecord
+    ) -> None:
+        """The one provider call of a SUBMITTING attempt, and its outcome applied."""
+        # The account read in the transaction that started it: not read again.
         adapter = self._deps.adapter(account)
-        if not await self._deps.leases.still_held(started):
-            await self._not_sent(started, message)
-            return
         self.submits += 1
         began = time.monotonic()
         try:
@@ -171,8 +296,18 @@ class SubmitWorker:
         await self.apply(started.id, result, message)
         await self._observe(account, started, result, time.monotonic() - began)
 
+    async def _unclear(self, attempt: AttemptRecord, cleared: Secured, released: bool) -> None:
+        """`attempt` was cleared to send but not started (ended, moved meanwhile): give back
+        its breaker admission (unless done) and the new lease it did not record."""
+        if not released:
+            account = await self._deps.account(attempt.provider_account_id)
+            await self._deps.gate.release_unsent(account, attempt)
+        if cleared.new is not None:
+            await self._deps.leases.release_lease(cleared.new)
+
     async def _not_sent(self, attempt: AttemptRecord, message: OutboxRecord) -> None:
-        """The lease is not this attempt's any more: fail it unsent and requeue (module doc)."""
+        """The lease is not this attempt's any more and no lease source can replace it: fail
+        it unsent and requeue (module doc)."""
         log.warning(
             "attempt %s: lease not held under fence %s; not submitted",
             attempt.id,
@@ -188,7 +323,7 @@ class SubmitWorker:
             current = await u.attempt(attempt.id)
             task = None if current is None else await u.task(attempt.task_id)
             moved = None
-            if current is not None and current.state is AttemptState.SUBMITTING:
+            if current is not None and current.state in _UNSENT:
                 moved = await u.move_attempt(
                     current, AttemptState.FAILED, PROVEN_ABSENT, AttemptChanges(failure=failure)
                 )

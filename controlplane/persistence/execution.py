@@ -71,6 +71,27 @@ class ExecutionQueries:
             )
             return [int(i) for i in rows.scalars()]
 
+    async def attempts(self, attempt_ids: Iterable[int]) -> dict[int, AttemptRecord]:
+        """The attempts that exist of `attempt_ids`, in one statement (a claimed batch's)."""
+        ids = sorted(set(attempt_ids))
+        if not ids:
+            return {}
+        async with self._db.reading() as conn:
+            rows = await conn.execute(select(A).where(A.c.id.in_(ids)))
+            return {int(m["id"]): _rows.attempt(m) for m in rows.mappings()}
+
+    async def waiting_to_submit(self, *, after_id: int, limit: int) -> list[AttemptRecord]:
+        """READY_TO_SUBMIT attempts (leased, not sent yet) with an id above `after_id`, in id
+        order: a page of the submit backlog whose leases `WaitingLeases` renews."""
+        async with self._db.reading() as conn:
+            rows = await conn.execute(
+                select(A)
+                .where(A.c.status == AttemptState.READY_TO_SUBMIT.value, A.c.id > after_id)
+                .order_by(A.c.id)
+                .limit(limit)
+            )
+            return [_rows.attempt(m) for m in rows.mappings()]
+
     async def account(self, account_id: int) -> AccountInfo:
         """The account's identity (the engine keeps what it read: `ExecutionDeps.account`)."""
         async with self._db.reading() as conn:

@@ -621,6 +621,18 @@ class MemoryDatabase:
             if j.provider_account_id == account_id and j.provider_job_id in wanted
         }
 
+    async def attempts(self, attempt_ids: Iterable[int]) -> dict[int, AttemptRecord]:
+        wanted = set(attempt_ids)
+        return {i: a for i, a in self._state.attempts.items() if i in wanted}
+
+    async def waiting_to_submit(self, *, after_id: int, limit: int) -> list[AttemptRecord]:
+        found = [
+            a
+            for i, a in sorted(self._state.attempts.items())
+            if a.state is AttemptState.READY_TO_SUBMIT and i > after_id
+        ]
+        return found[:limit]
+
     async def stale_submitting(self, *, started_before: datetime, limit: int) -> list[int]:
         found = [
             a.id

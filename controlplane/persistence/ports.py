@@ -177,6 +177,10 @@ class ExecutionReads(Protocol):
 
     async def stale_submitting(self, *, started_before: datetime, limit: int) -> list[int]: ...
 
+    async def attempts(self, attempt_ids: Iterable[int]) -> dict[int, AttemptRecord]: ...
+
+    async def waiting_to_submit(self, *, after_id: int, limit: int) -> list[AttemptRecord]: ...
+
 
 class TaskReads(Protocol):
     """A task with its history, read without locks (`tasks.TaskQueries`)."""

@@ -248,15 +248,17 @@ class HealthMonitor:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def admit(self, key: BreakerKey, holder: str) -> bool:
+    async def admit(self, key: BreakerKey, holder: str, *, fresh: bool = False) -> bool:
         """May `holder` make one call on `key` now? HALF_OPEN admits the configured probes.
 
         A submit must pass its account's breaker as well. An admission whose call is never made
         goes back through `release`; otherwise `record_outcome(..., holder=holder)` ends it.
+        `fresh` reads the shared state even when this replica's breaker is CLOSED (another
+        replica may have opened it since the last `sync`): what a submit about to leave asks.
         """
         keys = self._keys(key)
         for n, k in enumerate(keys):
-            if not await self._admit_one(k, holder):
+            if not await self._admit_one(k, holder, fresh):
                 for taken in keys[:n]:
                     await self._release_one(taken, holder)
                 return False
@@ -283,6 +285,18 @@ class HealthMonitor:
                 return f"{scope} pinned OPEN by an operator"
             return f"{scope} OPEN for {max(0.0, until - self._clock()):.0f} s more"
         return None
+
+    def reopens_in(self, key: BreakerKey) -> float | None:
+        """Seconds until `key` (or its account breaker) leaves OPEN for HALF_OPEN, when one of
+        them is cooling down; None otherwise (closed, HALF_OPEN, or pinned by an operator).
+        When a parked submit should ask again (`OperationGate.submit_reopens_in`)."""
+        waits = [
+            max(0.0, until - self._clock())
+            for k in self._keys(key)
+            if (b := self.registry.get(k)).state is BreakerState.OPEN
+            and (until := b.open_until) is not None
+        ]
+        return max(waits) if waits else None
 
     async def refusal(self, key: BreakerKey) -> str | None:
         """`open_reason`, or why a HALF_OPEN `key` takes no probe now (every slot in flight).
@@ -398,10 +412,10 @@ class HealthMonitor:
     def _keys(key: BreakerKey) -> list[BreakerKey]:
         return [account_key(key), key] if key.operation is Operation.SUBMIT else [key]
 
-    async def _admit_one(self, key: BreakerKey, holder: str) -> bool:
+    async def _admit_one(self, key: BreakerKey, holder: str, fresh: bool = False) -> bool:
         breaker = self.registry.get(key)
         await self._emit(breaker.tick(), publish=False)
-        if breaker.state is not BreakerState.CLOSED:
+        if fresh or breaker.state is not BreakerState.CLOSED:
             breaker = await self._fresh(key)
         if breaker.state is BreakerState.CLOSED:
             return True

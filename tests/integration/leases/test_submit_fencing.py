@@ -1,8 +1,10 @@
 """The submit worker checks its lease's fencing token right before the provider call (9.11.1).
 
 A lease the store no longer holds for the attempt (lost with Redis's data, or rebuilt under another
-fencing token) means the slot is not this attempt's: nothing is sent, the attempt fails as
-PROVEN_ABSENT ("never sent") and the task is requeued without excluding the candidate.
+fencing token) means the slot is not this attempt's. The control plane wires a lease source, so
+such an attempt is sent under a new lease instead (tests/integration/execution/
+test_submit_admission.py); an engine built without one, as here, sends nothing: the attempt fails
+as PROVEN_ABSENT ("never sent") and the task is requeued without excluding the candidate.
 """
 
 from __future__ import annotations
