@@ -1,10 +1,17 @@
-"""Full lifecycle benchmark (not a test): ``python -m bench.lifecycle [--tasks N] [--scale F]``.
+"""Full lifecycle benchmark (not a test): ``python -m bench.lifecycle [--tasks N] [--scale F]
+[--providers self_hosted,runway,google]``.
 
 One command, one run: a real control plane process (`vidroute serve`, its shipped defaults, on
-PostgreSQL + Redis), the self-hosted sidecar process and its emulator configured to finish jobs
-at once (a tiny time factor, 64 GPU workers, the capability's ``max_concurrency`` raised to
-1,000 in a copied capabilities directory the sidecar is pointed at). N tasks (default 500) are
-created over gRPC (16 client threads), then the bench waits until every one is terminal.
+PostgreSQL + Redis), the sidecar processes of the chosen providers (default: self-hosted alone)
+and their emulators configured to finish jobs at once (self-hosted: 64 GPU workers at a tiny
+time factor; Runway and Veo: no queue, a few milliseconds of generation), every capability's
+``max_concurrency`` raised to 1,000 in a copied capabilities directory the sidecars are pointed
+at. N tasks (default 500) are created over gRPC (16 client threads), pinned to the providers in
+turn, then the bench waits until every one is terminal.
+
+Figures also say whether each task got through on one attempt: ``attempts_per_task`` (attempts
+over tasks, 1.0 when nothing was re-dispatched) and ``lease_warnings``, the control plane's
+"lease not held under fence" lines (an attempt whose lease was gone when its submit was due).
 
 Figures: end-to-end tasks/s (first CreateTask to last terminal), tasks SUCCEEDED, the control
 plane's CPU seconds per task (``/proc/<pid>/stat``), and, from ``pg_stat_database`` of the
@@ -39,7 +46,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
+from adapter_sidecars.emulators.runway import RunwayConfig, RunwayEmulator
 from adapter_sidecars.emulators.selfhosted import SelfHostedConfig, SelfHostedEmulator
+from adapter_sidecars.emulators.veo import VeoConfig, VeoEmulator
 from tests.support import stack
 from tests.support.stack import CALLBACK_SECRET, ControlPlane, ProviderFarm, RedisDb
 
@@ -63,10 +72,57 @@ def _instant_selfhosted(scale: float, extensions: frozenset[str]) -> SelfHostedE
     )
 
 
-def _raised_capabilities(into: Path, limit: int) -> Path:
-    source = ROOT / "adapter_sidecars" / "selfhosted" / "capabilities"
+# Runway and Veo jobs: no provider queue, a few milliseconds of generation.
+INSTANT_RUN_S = 0.004
+
+
+def _instant_runway(scale: float, extensions: frozenset[str]) -> RunwayEmulator:
+    return RunwayEmulator(
+        RunwayConfig(
+            advance="time",
+            queue_s=0.0,
+            run_s=INSTANT_RUN_S,
+            url_ttl_s=86400.0,
+            credit_balance=10_000_000_000,
+            callback_secret=CALLBACK_SECRET,
+            extensions=extensions,
+        )
+    )
+
+
+def _instant_veo(scale: float, extensions: frozenset[str]) -> VeoEmulator:
+    return VeoEmulator(
+        VeoConfig(
+            advance="time",
+            queue_s=0.0,
+            run_s=INSTANT_RUN_S,
+            url_ttl_s=86400.0,
+            retention_s=2 * 86400.0,
+            callback_secret=CALLBACK_SECRET,
+            extensions=extensions,
+        )
+    )
+
+
+_INSTANT = {
+    "self_hosted": ("selfhosted", _instant_selfhosted),
+    "runway": ("runway", _instant_runway),
+    "google": ("veo", _instant_veo),
+}
+
+
+def _raised_capabilities(into: Path, limit: int, providers: list[str]) -> Path:
+    """Every chosen provider's shipped capabilities in one directory (a sidecar keeps only its
+    own provider's entries), ``max_concurrency`` raised to `limit`."""
     into.mkdir(parents=True, exist_ok=True)
-    for path in source.glob("*.yaml"):
+    paths = [
+        path
+        for provider in providers
+        for path in (ROOT / "adapter_sidecars" / _INSTANT[provider][0] / "capabilities").glob(
+            "*.yaml"
+        )
+    ]
+    for path in paths:
         raised = re.sub(
             r"^max_concurrency: \d+$",
             f"max_concurrency: {limit}",
@@ -225,12 +281,36 @@ async def _stage_times(url: str) -> dict[str, float]:
     return {k: round(float(v or 0.0), 3) for k, v in zip(keys, row, strict=True)}
 
 
-def _create(cp: ControlPlane, key: str, tries: int = 10) -> str:
+_ATTEMPTS_SQL = (
+    "SELECT (SELECT count(*) FROM task_attempts), (SELECT count(*) FROM generation_tasks)"
+)
+
+
+async def _attempts_per_task(url: str) -> float:
+    engine = create_async_engine(url, poolclass=NullPool)
+    async with engine.connect() as conn:
+        attempts, tasks = (await conn.execute(text(_ATTEMPTS_SQL))).one()
+    await engine.dispose()
+    return round(int(attempts) / max(int(tasks), 1), 3)
+
+
+LEASE_WARNING = "lease not held under fence"
+
+
+def _lease_warnings(cp_dir: Path) -> int:
+    """The control plane's log lines saying an attempt's lease was gone when its submit was due."""
+    return sum(
+        path.read_text(errors="replace").count(LEASE_WARNING)
+        for path in cp_dir.glob("controlplane-*.log")
+    )
+
+
+def _create(cp: ControlPlane, provider: str, key: str, tries: int = 10) -> str:
     """CreateTask under `key`, sent again (the same key: a replay, never a second task) when a
     loaded machine lets the call's 10 s deadline pass."""
     for attempt in range(1, tries + 1):
         try:
-            return cp.create_task(PROVIDER, idempotency_key=key)
+            return cp.create_task(provider, idempotency_key=key)
         except grpc.RpcError as exc:
             retryable = exc.code() in (
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -252,21 +332,31 @@ def _cpu_s(pid: int) -> float:
 
 
 def run(  # noqa: PLR0915 - one linear script of a run
-    tasks: int, scale: float, redis_url: str, profile: bool, tuning: str = ""
+    tasks: int,
+    scale: float,
+    redis_url: str,
+    profile: bool,
+    tuning: str = "",
+    *,
+    providers: list[str] | None = None,
 ) -> dict[str, Any]:
-    stack.PROVIDERS[PROVIDER] = stack.Provider(
-        PROVIDER, "selfhosted", "wan2.2-t2v", _instant_selfhosted, callbacks=True
-    )
+    providers = providers or [PROVIDER]
+    for name in providers:
+        shipped = stack.PROVIDERS[name]
+        stack.PROVIDERS[name] = stack.Provider(
+            name, shipped.package, shipped.model, _INSTANT[name][1], callbacks=shipped.callbacks
+        )
     work = Path(tempfile.mkdtemp(prefix="vidroute-bench-life-"))
     name = f"vidroute_bench_l_{secrets.token_hex(4)}"
     asyncio.run(_create_db(name))
     url = _maintenance().set(database=name).render_as_string(hide_password=False)
-    caps = _raised_capabilities(work / "caps", 1000)
+    caps = _raised_capabilities(work / "caps", 1000, providers)
+    lease_warnings = 0
     try:
         with ProviderFarm(
             work / "farm",
             time_scale=scale,
-            providers=[PROVIDER],
+            providers=providers,
             sidecar_env={"VIDROUTE_ADAPTER_CAPABILITIES_DIR": str(caps)},
         ) as farm:
             (work / "cp").mkdir()
@@ -299,28 +389,34 @@ def run(  # noqa: PLR0915 - one linear script of a run
                         stderr=subprocess.DEVNULL,
                     )
                 cpu0 = _cpu_s(pid)
-                sidecar_pid = farm.sidecars[PROVIDER].popen.pid
-                side0, bench0 = _cpu_s(sidecar_pid), _cpu_s(os.getpid())
+                sidecar_pids = [farm.sidecars[p].popen.pid for p in providers]
+                side0, bench0 = sum(map(_cpu_s, sidecar_pids)), _cpu_s(os.getpid())
                 t0 = time.monotonic()
                 run_key = secrets.token_hex(4)
+
+                def create(i: int) -> str:
+                    return _create(cp, providers[i % len(providers)], f"{run_key}-{i}")
+
                 with ThreadPoolExecutor(16) as pool:
-                    ids = list(pool.map(lambda i: _create(cp, f"{run_key}-{i}"), range(tasks)))
+                    ids = list(pool.map(create, range(tasks)))
                 created_s = time.monotonic() - t0
                 deadline = time.monotonic() + max(120.0, tasks * 2.0)
                 states = asyncio.run(_wait_terminal(url, len(ids), deadline))
                 wall = time.monotonic() - t0
                 cpu = _cpu_s(pid) - cpu0
-                side_cpu = _cpu_s(sidecar_pid) - side0
+                side_cpu = sum(map(_cpu_s, sidecar_pids)) - side0
                 bench_cpu = _cpu_s(os.getpid()) - bench0
                 after_db = asyncio.run(_db_stats(name))
                 scans1 = asyncio.run(_seq_scans(url))
                 stage_times = asyncio.run(_stage_times(url))
+                attempts_per_task = asyncio.run(_attempts_per_task(url))
                 if spy is not None:
                     spy.send_signal(signal.SIGINT)
                     spy.wait(timeout=60)
                 stages = _profile_summary(raw)
             finally:
                 cp.stop()
+                lease_warnings = _lease_warnings(work / "cp")
     finally:
         asyncio.run(_drop_db(name))
         if not os.environ.get("VIDROUTE_BENCH_KEEP"):
@@ -331,6 +427,7 @@ def run(  # noqa: PLR0915 - one linear script of a run
     done = sum(states.values())
     return {
         "tasks": tasks,
+        "providers": ",".join(providers),
         "terminal": done,
         "succeeded": states.get("SUCCEEDED", 0),
         "create_s": round(created_s, 2),
@@ -349,6 +446,8 @@ def run(  # noqa: PLR0915 - one linear script of a run
         ),
         "rows_read_per_task": round((delta["returned"] + delta["fetched"]) / max(done, 1), 1),
         "failures": failures_of(states),
+        "attempts_per_task": attempts_per_task,
+        "lease_warnings": lease_warnings,
         "seq_tup_read_per_task": {
             t: round((scans1[t][1] - scans0.get(t, (0, 0))[1]) / max(done, 1))
             for t in sorted(scans1, key=lambda t: scans0.get(t, (0, 0))[1] - scans1[t][1])[:6]
@@ -365,11 +464,23 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=0.1, help="the control plane's time factor")
     parser.add_argument("--profile", action="store_true", help="py-spy the control plane")
     parser.add_argument("--tuning", default="", help="VIDROUTE_EXECUTION_TUNING JSON, if any")
+    parser.add_argument(
+        "--providers",
+        default=PROVIDER,
+        help="comma-separated providers the tasks are pinned to in turn"
+        f" (of {', '.join(_INSTANT)}; default {PROVIDER})",
+    )
     args = parser.parse_args()
+    providers = [p.strip() for p in args.providers.split(",") if p.strip()]
+    unknown = sorted(set(providers) - set(_INSTANT))
+    if unknown:
+        parser.error(f"unknown providers {unknown}; known: {sorted(_INSTANT)}")
     base = os.environ.get("VIDROUTE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
     # A logical database claimed like the e2e tests claim theirs, so no one flushes it meanwhile.
     with RedisDb(base) as redis_db:
-        figures = run(args.tasks, args.scale, redis_db.url, args.profile, args.tuning)
+        figures = run(
+            args.tasks, args.scale, redis_db.url, args.profile, args.tuning, providers=providers
+        )
     for key, value in figures.items():
         print(f"{key}: {value}")
 
