@@ -11,6 +11,7 @@ details); nothing below it raises anything else on purpose. The hierarchy::
     ├── NotFound(resource, resource_id)           the named thing does not exist (for this tenant)
     ├── Unauthenticated(message)                  no valid credentials came with the call
     ├── PermissionDenied(message, operation)      the caller's role or tenant does not allow it
+    ├── RateLimited(message, retry_after_s)       the caller sent too much too fast; retry later
     └── Unavailable(dependency, retry_after_s)    a store the operation needs is down; retry later
 
 A provider's failure is not an exception here: adapters return a
@@ -120,7 +121,33 @@ class PermissionDenied(DomainError):
     Never raised for reading another tenant's resource: that is `NotFound` (no existence leak).
     """
 
-    def __init__(self, message: str, *, operation: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        operation: str = "",
+        reason: str = "PERMISSION_DENIED",
+        labels: Mapping[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.operation = operation
+        # `reason` is the stable ErrorInfo reason; `labels` its other metadata (e.g. the
+        # service classes a tenant is entitled to).
+        self.reason = reason
+        self.labels: Mapping[str, str] = dict(labels or {})
+
+
+class RateLimited(DomainError):
+    """The caller exceeded a rate limit (a tenant's CreateTask rate); nothing was written.
+
+    The caller may retry the same request after `retry_after_s` (RESOURCE_EXHAUSTED with
+    RetryInfo at the gRPC edge)."""
+
+    def __init__(
+        self, message: str, retry_after_s: float, *, labels: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+        self.labels: Mapping[str, str] = dict(labels or {})

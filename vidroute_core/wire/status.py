@@ -37,6 +37,7 @@ from vidroute_core.exceptions import (
     NotFound,
     PermissionDenied,
     PreconditionFailed,
+    RateLimited,
     Unauthenticated,
     Unavailable,
 )
@@ -89,19 +90,26 @@ def bad_request(exc: InvalidSpec) -> tuple[str, error_details_pb2.BadRequest]:
     return _clip(message, MAX_MESSAGE_CHARS), bad
 
 
+def _retry_info(seconds: float) -> error_details_pb2.RetryInfo:
+    return error_details_pb2.RetryInfo(
+        retry_delay=duration_pb2.Duration(seconds=int(seconds), nanos=int((seconds % 1) * 1e9))
+    )
+
+
 def to_status(exc: BaseException) -> grpc.Status:
     """The gRPC status a client sees for `exc`."""
     if isinstance(exc, InvalidSpec):
         message, bad = bad_request(exc)
         return _status(code_pb2.INVALID_ARGUMENT, message, bad)
     if isinstance(exc, Unavailable):
-        retry = error_details_pb2.RetryInfo(
-            retry_delay=duration_pb2.Duration(
-                seconds=int(exc.retry_after_s),
-                nanos=int((exc.retry_after_s % 1) * 1e9),
-            )
+        return _status(code_pb2.UNAVAILABLE, str(exc), _retry_info(exc.retry_after_s))
+    if isinstance(exc, RateLimited):
+        info = error_details_pb2.ErrorInfo(
+            reason="RATE_LIMITED", domain=ERROR_DOMAIN, metadata=dict(exc.labels)
         )
-        return _status(code_pb2.UNAVAILABLE, str(exc), retry)
+        return _status(
+            code_pb2.RESOURCE_EXHAUSTED, exc.message, _retry_info(exc.retry_after_s), info
+        )
     if isinstance(exc, IdempotencyConflict):
         info = error_details_pb2.ErrorInfo(
             reason="IDEMPOTENCY_KEY_REUSED",
@@ -136,7 +144,9 @@ def to_status(exc: BaseException) -> grpc.Status:
         return _status(code_pb2.UNAUTHENTICATED, str(exc))
     if isinstance(exc, PermissionDenied):
         info = error_details_pb2.ErrorInfo(
-            reason="PERMISSION_DENIED", domain=ERROR_DOMAIN, metadata={"operation": exc.operation}
+            reason=exc.reason,
+            domain=ERROR_DOMAIN,
+            metadata={"operation": exc.operation, **exc.labels},
         )
         return _status(code_pb2.PERMISSION_DENIED, exc.message, info)
     if isinstance(exc, DomainError):
