@@ -1,0 +1,371 @@
+"""Tenants as configuration (design 9.12.1-9.12.3, 9.25.5): text in, validated entitlements out.
+
+The operators' tenants document is YAML or JSON, one mapping::
+
+    version: tenants-2026-12-05        # required; what a publication and its history name
+    description: "..."                 # optional
+    default:                           # required; the entry of every tenant not listed
+      service_classes:                 # required; the classes the tenant may use
+        STANDARD: {weight: 1}          # weight: its DRR weight in that class, (0, 1000], 1
+        BATCH: {weight: 1, max_in_flight: 50, max_queued: 10000}
+      projects:                        # project id -> its priority inside the tenant
+        launch: {priority: 2}          # added to a task's priority, [-10, 10]
+      allowed_regions: [us-east1]      # regions a task may run in; absent or []: any
+      create_rate: {per_second: 5, burst: 20}   # CreateTask token bucket; absent: no limit
+    tenants:
+      acme:                            # a tenant id; a field it leaves out is default's
+        service_classes:
+          INTERACTIVE: {weight: 5, max_in_flight: 20}
+          STANDARD: {weight: 5}
+
+``max_in_flight`` caps the tenant's tasks of the class being dispatched or run at once (the
+fair queue skips the tenant in that class at its cap and keeps its place); ``max_queued`` caps
+its QUEUED tasks of the class (CreateTask refuses past it). Both absent: no cap.
+
+Every problem is reported at once as `TenantsDocumentError` (an `InvalidSpec`: INVALID_ARGUMENT
+with one field violation each, paths like ``tenants.acme.service_classes.BATCH.weight``). Pure:
+no I/O. `Tenants` answers the questions the rest of the system asks (`entry`, `weight`,
+`max_in_flight`, `project_priority`), and `ensure_entitled` is CreateTask's rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from vidroute_core.exceptions import InvalidSpec, PermissionDenied
+from vidroute_core.spec import ServiceClass
+from vidroute_core.validation import IDENTIFIER_RE, FieldViolation
+from vidroute_core.yamldoc import YamlDocumentError, load_one
+
+MAX_DOCUMENT_CHARS = 1_000_000
+MAX_TENANTS = 10_000
+MAX_PROJECTS = 1_000
+MAX_REGIONS = 64
+MAX_WEIGHT = 1000.0
+MAX_PRIORITY = 10
+MAX_COUNT = 10_000_000
+MAX_RATE = 100_000.0
+BUILTIN_VERSION = "tenants-builtin"
+_TOP = frozenset({"version", "description", "default", "tenants"})
+_ENTRY = frozenset({"service_classes", "projects", "allowed_regions", "create_rate"})
+_CLASS = frozenset({"weight", "max_in_flight", "max_queued"})
+_PROJECT = frozenset({"priority"})
+_RATE = frozenset({"per_second", "burst"})
+
+
+class TenantsDocumentError(InvalidSpec):
+    """The tenants document is refused; `violations` names every problem, by path."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClassShare:
+    """A tenant's share of one service class."""
+
+    weight: float = 1.0
+    max_in_flight: int | None = None
+    max_queued: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRate:
+    """A token bucket: `burst` creates at once, refilled at `per_second`."""
+
+    per_second: float
+    burst: int
+
+
+def _all_classes() -> Mapping[ServiceClass, ClassShare]:
+    return MappingProxyType({c: ClassShare() for c in ServiceClass})
+
+
+@dataclass(frozen=True, slots=True)
+class TenantEntry:
+    """What one tenant may use and how much of it."""
+
+    service_classes: Mapping[ServiceClass, ClassShare] = field(default_factory=_all_classes)
+    projects: Mapping[str, int] = field(default_factory=dict)
+    allowed_regions: frozenset[str] | None = None  # None: any region
+    create_rate: CreateRate | None = None
+
+    @property
+    def entitled(self) -> tuple[ServiceClass, ...]:
+        """The classes it may use, in `ServiceClass` order."""
+        return tuple(c for c in ServiceClass if c in self.service_classes)
+
+
+@dataclass(frozen=True)
+class Tenants:
+    """A validated tenants document; `entry` is a listed tenant's, else ``default``."""
+
+    version: str
+    default: TenantEntry
+    tenants: Mapping[str, TenantEntry] = field(default_factory=dict)
+    description: str = ""
+
+    def entry(self, tenant_id: str) -> TenantEntry:
+        return self.tenants.get(tenant_id, self.default)
+
+    def share(self, tenant_id: str, service_class: ServiceClass | str) -> ClassShare | None:
+        """The tenant's share of the class (by member or value); None: not entitled."""
+        return self.entry(tenant_id).service_classes.get(ServiceClass(service_class))
+
+    def weight(self, tenant_id: str, service_class: ServiceClass | str) -> float:
+        # A task of a class its tenant is no longer entitled to (queued before a publication)
+        # is still served, at weight 1: entitlement is checked when a task is created.
+        share = self.share(tenant_id, service_class)
+        return 1.0 if share is None else share.weight
+
+    def max_in_flight(self, tenant_id: str, service_class: ServiceClass | str) -> int | None:
+        share = self.share(tenant_id, service_class)
+        return None if share is None else share.max_in_flight
+
+    def project_priority(self, tenant_id: str, project_id: str) -> int:
+        return self.entry(tenant_id).projects.get(project_id, 0) if project_id else 0
+
+    def allowed_regions(self, tenant_id: str) -> frozenset[str] | None:
+        return self.entry(tenant_id).allowed_regions
+
+
+def ensure_entitled(tenants: Tenants, tenant_id: str, service_class: ServiceClass) -> ClassShare:
+    """The tenant's share of `service_class`, or `PermissionDenied` naming the classes it may use.
+
+    PERMISSION_DENIED rather than FAILED_PRECONDITION: the caller's tenant is not allowed the
+    class, nothing about the system's state would let the same request through on a retry."""
+    entry = tenants.entry(tenant_id)
+    share = entry.service_classes.get(service_class)
+    if share is not None:
+        return share
+    entitled = ", ".join(c.value for c in entry.entitled)
+    raise PermissionDenied(
+        f"tenant {tenant_id!r} is not entitled to service class {service_class.value}"
+        f" (entitled: {entitled}; tenants version {tenants.version})",
+        operation="CreateTask",
+        reason="SERVICE_CLASS_NOT_ENTITLED",
+        labels={
+            "service_class": service_class.value,
+            "entitled_service_classes": ",".join(c.value for c in entry.entitled),
+            "tenants_version": tenants.version,
+        },
+    )
+
+
+class _Check:
+    """Collects violations; each reader returns a usable default so checking goes on."""
+
+    def __init__(self) -> None:
+        self.found: list[FieldViolation] = []
+
+    def bad(self, path: str, message: str) -> None:
+        self.found.append(FieldViolation(path, message))
+
+    def mapping(self, value: Any, path: str, allowed: frozenset[str] | None) -> dict[str, Any]:
+        if not isinstance(value, Mapping):
+            self.bad(path or "document", f"must be a mapping, got {type(value).__name__}")
+            return {}
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                self.bad(path or "document", f"key {key!r} must be a string")
+            elif allowed is not None and key not in allowed:
+                self.bad(_join(path, key), f"unknown field (known: {', '.join(sorted(allowed))})")
+            else:
+                out[key] = item
+        return out
+
+    def number(self, value: Any, path: str, lo: float, hi: float, *, open_lo: bool) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.bad(path, f"must be a number, got {type(value).__name__}")
+            return hi
+        low_ok = value > lo if open_lo else value >= lo
+        if not math.isfinite(value) or not low_ok or value > hi:
+            bracket = "(" if open_lo else "["
+            self.bad(path, f"must be in {bracket}{lo:g}, {hi:g}], got {value!r}")
+            return hi
+        return float(value)
+
+    def integer(self, value: Any, path: str, lo: int, hi: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.bad(path, f"must be an integer, got {value!r}")
+            return lo
+        if not lo <= value <= hi:
+            self.bad(path, f"must be in [{lo}, {hi}], got {value}")
+            return lo
+        return value
+
+    def identifier(self, value: Any, path: str) -> str:
+        if not isinstance(value, str) or not IDENTIFIER_RE.fullmatch(value):
+            self.bad(path, f"must match {IDENTIFIER_RE.pattern}, got {value!r}")
+            return ""
+        return value
+
+
+def _join(path: str, key: str) -> str:
+    simple = IDENTIFIER_RE.fullmatch(key) and "." not in key
+    step = f".{key}" if simple else f'["{key}"]'
+    return f"{path}{step}" if path else step.lstrip(".")
+
+
+def parse_tenants_document(text: str) -> Tenants:
+    """The document in `text` (YAML or JSON) validated whole; `TenantsDocumentError` otherwise."""
+    if not text.strip():
+        raise TenantsDocumentError([FieldViolation("document", "is required")])
+    if len(text) > MAX_DOCUMENT_CHARS:
+        raise TenantsDocumentError(
+            [FieldViolation("document", f"at most {MAX_DOCUMENT_CHARS} characters")]
+        )
+    try:
+        data = load_one(text)
+    except YamlDocumentError as exc:
+        raise TenantsDocumentError([FieldViolation("document", str(exc))]) from exc
+    return tenants_from_mapping(data)
+
+
+def tenants_from_mapping(data: Any) -> Tenants:
+    """As `parse_tenants_document`, for a document already loaded."""
+    check = _Check()
+    top = check.mapping(data, "", _TOP)
+    version = ""
+    if "version" not in top:
+        check.bad("version", "is required")
+    else:
+        version = check.identifier(top["version"], "version")
+    description = top.get("description", "")
+    if not isinstance(description, str) or len(description) > 2000:
+        check.bad("description", "must be a string of at most 2000 characters")
+        description = ""
+    if "default" not in top:
+        check.bad("default", "is required: the entry of every tenant the document does not list")
+        default = TenantEntry()
+    else:
+        default = _entry(check, top["default"], "default", None)
+    tenants: dict[str, TenantEntry] = {}
+    raw = check.mapping(top.get("tenants", {}), "tenants", None)
+    if len(raw) > MAX_TENANTS:
+        check.bad("tenants", f"at most {MAX_TENANTS} tenants, got {len(raw)}")
+    for tenant_id, body in raw.items():
+        path = _join("tenants", tenant_id)
+        if not IDENTIFIER_RE.fullmatch(tenant_id):
+            check.bad(path, f"tenant id must match {IDENTIFIER_RE.pattern}")
+            continue
+        tenants[tenant_id] = _entry(check, body, path, default)
+    if check.found:
+        raise TenantsDocumentError(check.found)
+    return Tenants(version, default, MappingProxyType(tenants), description)
+
+
+def _entry(check: _Check, value: Any, path: str, base: TenantEntry | None) -> TenantEntry:
+    """One entry; a field it leaves out is `base`'s (``default``'s), or built-in for default."""
+    body = check.mapping(value, path, _ENTRY)
+    inherited = base or TenantEntry(create_rate=None)
+    if "service_classes" in body:
+        classes = _classes(check, body["service_classes"], _join(path, "service_classes"))
+    elif base is None:
+        check.bad(_join(path, "service_classes"), "is required: the classes a tenant may use")
+        classes = inherited.service_classes
+    else:
+        classes = inherited.service_classes
+    projects = (
+        _projects(check, body["projects"], _join(path, "projects"))
+        if "projects" in body
+        else inherited.projects
+    )
+    regions = (
+        _regions(check, body["allowed_regions"], _join(path, "allowed_regions"))
+        if "allowed_regions" in body
+        else inherited.allowed_regions
+    )
+    rate = (
+        _rate(check, body["create_rate"], _join(path, "create_rate"))
+        if "create_rate" in body
+        else inherited.create_rate
+    )
+    return TenantEntry(classes, projects, regions, rate)
+
+
+def _classes(check: _Check, value: Any, path: str) -> Mapping[ServiceClass, ClassShare]:
+    known = frozenset(c.value for c in ServiceClass)
+    raw = check.mapping(value, path, known)
+    if isinstance(value, Mapping) and not value:
+        check.bad(path, "must name at least one service class")
+    out: dict[ServiceClass, ClassShare] = {}
+    for name, body in raw.items():
+        where = _join(path, name)
+        share = check.mapping({} if body is None else body, where, _CLASS)
+        weight = 1.0
+        if "weight" in share:
+            weight = check.number(share["weight"], f"{where}.weight", 0, MAX_WEIGHT, open_lo=True)
+        caps: dict[str, int | None] = {"max_in_flight": None, "max_queued": None}
+        for cap in caps:
+            if cap in share:
+                caps[cap] = check.integer(share[cap], f"{where}.{cap}", 1, MAX_COUNT)
+        out[ServiceClass(name)] = ClassShare(weight, caps["max_in_flight"], caps["max_queued"])
+    return MappingProxyType(out)
+
+
+def _projects(check: _Check, value: Any, path: str) -> Mapping[str, int]:
+    raw = check.mapping(value, path, None)
+    if len(raw) > MAX_PROJECTS:
+        check.bad(path, f"at most {MAX_PROJECTS} projects, got {len(raw)}")
+    out: dict[str, int] = {}
+    for project, body in raw.items():
+        where = _join(path, project)
+        if not IDENTIFIER_RE.fullmatch(project):
+            check.bad(where, f"project id must match {IDENTIFIER_RE.pattern}")
+            continue
+        fields = check.mapping(body, where, _PROJECT)
+        if "priority" not in fields:
+            if isinstance(body, Mapping):
+                check.bad(f"{where}.priority", "is required")
+            continue
+        out[project] = check.integer(
+            fields["priority"], f"{where}.priority", -MAX_PRIORITY, MAX_PRIORITY
+        )
+    return MappingProxyType(out)
+
+
+def _regions(check: _Check, value: Any, path: str) -> frozenset[str] | None:
+    if not isinstance(value, list):
+        check.bad(path, f"must be a list of region names, got {type(value).__name__}")
+        return None
+    if len(value) > MAX_REGIONS:
+        check.bad(path, f"at most {MAX_REGIONS} regions")
+    regions = [check.identifier(r, f"{path}[{i}]") for i, r in enumerate(value)]
+    return frozenset(regions) or None
+
+
+def _rate(check: _Check, value: Any, path: str) -> CreateRate | None:
+    if value is None:  # an explicit null: no limit (over a default that has one)
+        return None
+    body = check.mapping(value, path, _RATE)
+    for key in sorted(_RATE - set(body)):
+        if isinstance(value, Mapping):
+            check.bad(f"{path}.{key}", "is required")
+    if set(body) != _RATE:
+        return None
+    per_second = check.number(body["per_second"], f"{path}.per_second", 0, MAX_RATE, open_lo=True)
+    burst = check.integer(body["burst"], f"{path}.burst", 1, MAX_COUNT)
+    return CreateRate(per_second, burst)
+
+
+# Before any publication: every class, equal weights, no caps, no rate limit (as before tenants
+# were configuration). GetTenantConfig shows this text while nothing is published.
+BUILTIN_DOCUMENT = """\
+# Built in: in use until a tenants document is published (vidroute tenants publish FILE).
+version: tenants-builtin
+description: every tenant may use every class at weight 1, no caps, no CreateTask rate limit
+default:
+  service_classes: {INTERACTIVE: {weight: 1}, STANDARD: {weight: 1}, BATCH: {weight: 1}}
+"""
+BUILTIN = parse_tenants_document(BUILTIN_DOCUMENT)
+
+
+def ensure_publishable(tenants: Tenants) -> None:
+    """A published document may not take the built-in one's version name."""
+    if tenants.version == BUILTIN_VERSION:
+        raise TenantsDocumentError(
+            [FieldViolation("version", f"{BUILTIN_VERSION!r} names the built-in configuration")]
+        )
