@@ -3,7 +3,8 @@
 Writes take the connection of a transaction their caller opened (`Database.unit`'s ``u.conn``):
 a publication deactivates the active version and inserts the new one active in one unit, with
 the canaries it starts; every activation (publication or rollback) is a row of
-``routing_policy_activations`` with the version it replaced, the caller and the time.
+``routing_policy_activations`` with the version it replaced, the caller and the time (the
+versioned-document machinery shared with tenants documents: `documents.Documents`).
 
 `active_snapshot` is the dispatcher's per-round read: ONE statement, the active version and
 every canary's stage (a handful of rows), whatever the traffic.
@@ -13,26 +14,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import select, true, update
+from sqlalchemy import select, true
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.routing.canary import CanaryStatus
-from controlplane.persistence.advisory import xact_lock
+from controlplane.persistence.documents import ActivationRow, Documents
+from controlplane.persistence.documents import DocumentRow as PolicyRow
 from controlplane.persistence.models import canary_states as C
 from controlplane.persistence.models import routing_policy_activations as P
 from controlplane.persistence.models import routing_policy_versions as V
 
-
-@dataclass(frozen=True, slots=True)
-class PolicyRow:
-    version: str
-    document: str
-    source: str
-    active: bool
-    published_at: datetime
-    activated_at: datetime | None
+__all__ = [
+    "ActivationRow",
+    "ActiveSnapshot",
+    "PolicyRow",
+    "activate",
+    "activations",
+    "active",
+    "active_snapshot",
+    "before",
+    "insert_active",
+    "lock_publication",
+    "version",
+    "versions",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +47,6 @@ class ActiveSnapshot:
 
     version: str
     canaries: tuple[tuple[str, int, CanaryStatus], ...]
-
-
-def _policy(r: Any) -> PolicyRow:
-    return PolicyRow(
-        r.version, r.document, r.source, bool(r.active), r.published_at, r.activated_at
-    )
 
 
 async def active_snapshot(conn: AsyncConnection) -> ActiveSnapshot | None:
@@ -68,66 +68,36 @@ async def active_snapshot(conn: AsyncConnection) -> ActiveSnapshot | None:
     return ActiveSnapshot(rows[0].version, canaries)
 
 
+_DOCS = Documents(V, P, "routing-policy-publication")
+
+
 async def version(conn: AsyncConnection, name: str) -> PolicyRow | None:
-    row = (await conn.execute(select(V).where(V.c.version == name))).first()
-    return None if row is None else _policy(row)
+    return await _DOCS.version(conn, name)
 
 
 async def versions(conn: AsyncConnection) -> list[PolicyRow]:
     """Every published version, newest first."""
-    return [_policy(r) for r in await conn.execute(select(V).order_by(V.c.id.desc()))]
+    return await _DOCS.versions(conn)
 
 
 async def active(conn: AsyncConnection, *, lock: bool = False) -> PolicyRow | None:
-    query = select(V).where(V.c.active.is_(True))
-    row = (await conn.execute(query.with_for_update() if lock else query)).first()
-    return None if row is None else _policy(row)
+    return await _DOCS.active(conn, lock=lock)
 
 
 async def before(conn: AsyncConnection, name: str) -> PolicyRow | None:
     """The version published just before `name` (the rollback target of an empty version)."""
-    below = select(V.c.id).where(V.c.version == name).scalar_subquery()
-    row = (
-        await conn.execute(select(V).where(V.c.id < below).order_by(V.c.id.desc()).limit(1))
-    ).first()
-    return None if row is None else _policy(row)
+    return await _DOCS.before(conn, name)
 
 
 async def lock_publication(conn: AsyncConnection) -> None:
-    """Serialise this transaction's publish or rollback with every other one: PostgreSQL, a
-    transaction-scoped advisory lock; SQLite's ``BEGIN IMMEDIATE`` already serialises writers.
-    Without it two publications at once both deactivate the active version and insert theirs,
-    and the second breaks the one-active index (or the version's unique key)."""
-    await xact_lock(conn, "routing-policy-publication")
-
-
-@dataclass(frozen=True, slots=True)
-class ActivationRow:
-    version: str
-    previous_version: str | None
-    action: str  # PUBLISHED or ROLLED_BACK
-    actor: str
-    at: datetime
-
-
-async def _switch(conn: AsyncConnection, name: str, action: str, actor: str, now: datetime) -> None:
-    """Deactivate the active version and record `name`'s activation (it replaced that one)."""
-    previous = (
-        await conn.execute(
-            update(V).where(V.c.active.is_(True)).values(active=False).returning(V.c.version)
-        )
-    ).scalar()
-    await conn.execute(
-        P.insert().values(
-            version=name, previous_version=previous, action=action, actor=actor, at=now
-        )
-    )
+    """Serialise this transaction's publish or rollback with every other one
+    (`Documents.lock_publication`)."""
+    await _DOCS.lock_publication(conn)
 
 
 async def activations(conn: AsyncConnection) -> list[ActivationRow]:
     """Every activation, oldest first."""
-    rows = await conn.execute(select(P).order_by(P.c.id))
-    return [ActivationRow(r.version, r.previous_version, r.action, r.actor, r.at) for r in rows]
+    return await _DOCS.activations(conn)
 
 
 async def insert_active(
@@ -140,21 +110,9 @@ async def insert_active(
     actor: str = "",
 ) -> PolicyRow:
     """Insert `name` as the active version (the previous one stays, inactive), recorded."""
-    await _switch(conn, name, "PUBLISHED", actor, now)
-    await conn.execute(
-        V.insert().values(
-            version=name,
-            document=document,
-            source=source,
-            active=True,
-            published_at=now,
-            activated_at=now,
-        )
-    )
-    return PolicyRow(name, document, source, True, now, now)
+    return await _DOCS.insert_active(conn, name, document, source, now, actor=actor)
 
 
 async def activate(conn: AsyncConnection, name: str, now: datetime, *, actor: str = "") -> None:
     """Make the published `name` active again (a rollback), recorded."""
-    await _switch(conn, name, "ROLLED_BACK", actor, now)
-    await conn.execute(update(V).where(V.c.version == name).values(active=True, activated_at=now))
+    await _DOCS.activate(conn, name, now, actor=actor)
