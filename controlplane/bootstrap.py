@@ -95,6 +95,7 @@ from controlplane.api.auth import Authenticator, parse_entries
 from controlplane.api.billing_servicer import BillingServicer
 from controlplane.api.routing_servicer import RoutingServicer
 from controlplane.api.servicer import SchedulerServicer
+from controlplane.api.tenant_servicer import TenantServicer
 from controlplane.capabilities.catalog import CapabilityCatalog, load_catalog
 from controlplane.capabilities.publish import (
     AccountConfig,
@@ -155,6 +156,7 @@ from controlplane.service.quality import QualityService
 from controlplane.service.replay import ReplayService
 from controlplane.service.routing_policies import RoutingPolicyService
 from controlplane.service.tasks import TaskService
+from controlplane.service.tenants import TenantAdmission, TenantBook, TenantConfigService
 from controlplane.service.webhooks import WebhookSubscriptions
 from controlplane.startup import (
     CALLBACK_LISTEN_FIX,
@@ -731,6 +733,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     lease_store: LeaseStore | None = None
     # API only: no catalog here to compile against, so a file with samples or canaries is refused.
     routing_policies = RoutingPolicyService(db, require_check=True)
+    tenant_book = TenantBook(db)  # the published tenants document: CreateTask and dispatch
     catalog: Callable[[], Awaitable[CapabilityCatalog]] | None = None
     published: Callable[[], Awaitable[None]] | None = None  # PublishCapabilities' hook
     scale = settings.time_scale
@@ -848,6 +851,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         billing=settings.billing,
         catalog=catalog or _cached_catalog(db, DispatcherConfig().catalog_refresh_s * scale),
         webhooks=WebhookSubscriptions(settings.webhooks),
+        tenants=TenantAdmission(db, tenant_book),
     )
     outputs = OutputService(tasks, object_store, url_ttl_s=settings.output_url_ttl_s)
     capability_admin = CapabilityPublishService(db, on_published=published)
@@ -870,6 +874,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             metrics=metrics,
             db=db,
             routing_policies=routing_policies,
+            tenants=TenantConfigService(db, tenant_book),
         )
     except PortInUse as exc:
         for close in stops:
@@ -887,6 +892,7 @@ async def _serve(
     metrics: ControlPlaneMetrics,
     db: Database,
     routing_policies: RoutingPolicyService | None = None,
+    tenants: TenantConfigService | None = None,
 ) -> ControlPlaneServer:
     scale = settings.time_scale
     policies = routing_policies or RoutingPolicyService(db)
@@ -906,4 +912,5 @@ async def _serve(
             # A replayed policy file is validated as a published one (its samples compiled).
             replay=ReplayService(db, validate=policies.validate),
         ),
+        tenants=TenantServicer(tenants or TenantConfigService(db, TenantBook(db))),
     )

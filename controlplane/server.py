@@ -35,6 +35,8 @@ from vidroute.scheduler.v1 import (
     routing_service_pb2_grpc,
     scheduler_service_pb2,
     scheduler_service_pb2_grpc,
+    tenant_service_pb2,
+    tenant_service_pb2_grpc,
 )
 from vidroute_core.wire.listen import SERVER_OPTIONS, bind
 from vidroute_core.wire.status import DomainErrorInterceptor
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 SCHEDULER_SERVICE = scheduler_service_pb2.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 BILLING_SERVICE = billing_service_pb2.DESCRIPTOR.services_by_name["BillingService"].full_name
 ROUTING_SERVICE = routing_service_pb2.DESCRIPTOR.services_by_name["RoutingService"].full_name
+TENANT_SERVICE = tenant_service_pb2.DESCRIPTOR.services_by_name["TenantService"].full_name
 # Health service names: "", SCHEDULER_SERVICE and BILLING_SERVICE follow the database
 # (readiness); "liveness" only says the process serves, so a database outage never gets pods
 # restarted in a loop.
@@ -60,7 +63,8 @@ class ControlPlaneServer:
     probe: Callable[[], Awaitable[bool]]
     cleanup: Sequence[Callable[[], Awaitable[None]]] = ()
     probe_interval: float = 5.0
-    # Further API services whose health follows the same probe (BillingService, RoutingService).
+    # Further API services whose health follows the same probe (BillingService, RoutingService,
+    # TenantService).
     services: Sequence[str] = ()
     # Per-adapter health service names -> reachable? (`scheduling.reachability`), probed with
     # the rest; they do not move the control plane's own readiness.
@@ -142,6 +146,7 @@ async def start_server(
     billing: billing_service_pb2_grpc.BillingServiceServicer | None = None,
     routing: routing_service_pb2_grpc.RoutingServiceServicer | None = None,
     adapter_probe: Callable[[], Awaitable[Mapping[str, bool]]] | None = None,
+    tenants: tenant_service_pb2_grpc.TenantServiceServicer | None = None,
 ) -> ControlPlaneServer:
     """Bind, register services and start serving; returns once the port is open.
 
@@ -168,6 +173,9 @@ async def start_server(
     if routing is not None:  # the decisions API (controlplane.api.routing_servicer)
         routing_service_pb2_grpc.add_RoutingServiceServicer_to_server(routing, server)
         served.append(ROUTING_SERVICE)
+    if tenants is not None:  # tenants as configuration (controlplane.api.tenant_servicer)
+        tenant_service_pb2_grpc.add_TenantServiceServicer_to_server(tenants, server)
+        served.append(TENANT_SERVICE)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -647,6 +647,39 @@ routing_policy_activations = Table(
     CheckConstraint("action IN ('PUBLISHED', 'ROLLED_BACK')", name="action_enum"),
 )
 
+# Tenants documents (revision 0017, design 9.12.1, 9.25.5): every published version, one of them
+# active, and every activation with the version it replaced, the caller and the time.
+tenant_config_versions = Table(
+    "tenant_config_versions",
+    Base.metadata,
+    Column("id", BigIntPK, primary_key=True),
+    Column("version", Text, nullable=False, unique=True),
+    Column("document", Text, nullable=False),  # the file as published, byte for byte
+    Column("source", Text, nullable=False),
+    Column("active", Boolean, nullable=False),
+    Column("published_at", UtcDateTime, nullable=False),
+    Column("activated_at", UtcDateTime, nullable=True),
+    Index(
+        "uq_tenant_config_versions_one_active",
+        "active",
+        unique=True,
+        postgresql_where=_WHERE_ACTIVE,
+        sqlite_where=_WHERE_ACTIVE,
+    ),
+)
+
+tenant_config_activations = Table(
+    "tenant_config_activations",
+    Base.metadata,
+    Column("id", BigIntPK, primary_key=True),
+    Column("version", Text, nullable=False),
+    Column("previous_version", Text, nullable=True),  # the version it replaced; None: the first
+    Column("action", Text, nullable=False),  # PUBLISHED or ROLLED_BACK
+    Column("actor", Text, nullable=False),  # the caller's name
+    Column("at", UtcDateTime, nullable=False),
+    CheckConstraint("action IN ('PUBLISHED', 'ROLLED_BACK')", name="action_enum"),
+)
+
 canary_states = Table(
     "canary_states",
     Base.metadata,

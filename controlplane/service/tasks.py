@@ -40,6 +40,7 @@ from controlplane.service.access import (
     ensure_visible,
     list_scope,
 )
+from controlplane.service.tenants import TenantAdmission
 from controlplane.service.webhooks import WebhookSubscriptions
 from vidroute_core import tracing
 from vidroute_core.exceptions import InvalidSpec, NotFound, PreconditionFailed
@@ -173,8 +174,11 @@ class TaskService:
         billing: BillingPolicies | None = None,
         catalog: Callable[[], Awaitable[CapabilityCatalog]] | None = None,
         webhooks: WebhookSubscriptions | None = None,
+        tenants: TenantAdmission | None = None,
     ) -> None:
         self._db = db
+        # The tenants document's gate (entitlement, rate, queued cap); None: none (tools, tests).
+        self._tenants = tenants
         self._webhooks = webhooks or WebhookSubscriptions()
         self._deliveries = WebhookStore(db)
         self._tasks = TaskQueries(db)
@@ -194,8 +198,9 @@ class TaskService:
     ) -> tuple[TaskRecord, bool]:
         """Persist a QUEUED task, or return the one this idempotency key already created.
 
-        The safety policy is checked before the idempotency lookup: what the platform refuses
-        today is refused, even for a key that an older, laxer policy once accepted."""
+        The safety policy and the tenant's entitlement, rate and queued cap are checked before
+        the idempotency lookup: what the platform refuses today is refused, even for a key that
+        an older, laxer policy once accepted."""
         violations = [
             *cmd.violations,
             *_key_violations(cmd.idempotency_key),
@@ -206,6 +211,8 @@ class TaskService:
             raise InvalidSpec(violations)
         ensure_own_tenant(caller, cmd.spec.tenant_id)
         ensure_allowed(self._safety, cmd.spec)
+        if self._tenants is not None:
+            await self._tenants.admit(cmd.spec)
         webhook = self._webhooks.resolve(cmd.webhook, cmd.spec.tenant_id)
         now = self._clock()
         queue_deadline_at, deadline_at = deadlines_for(cmd.spec, self._deadlines, now)
