@@ -769,6 +769,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             policy_file=settings.routing_policy,
             policy_transform=lambda p: scale_durations(p, scale),
             canary_config=scale_durations(CanaryGateConfig(time_scale=scale), scale),
+            tenants=tenant_book,
         )
         routing_policies = RoutingPolicyService(
             db, sample_check=SampleCheck(runtime.dispatcher), on_published=runtime.wake_canaries

@@ -15,10 +15,14 @@ Three levels:
    Idle classes cost nothing: DRR is work-conserving.
 2. Tenant. Weighted DRR where a task's cost is ``cost_units`` (expected provider seconds ×
    resolution factor × sample count), so one long 1080p job is not "one task" like a 4 s 720p
-   clip. Deficits may go negative (see ``_DrrRing``). A tenant at its max in-flight is skipped
-   (keeps its place and deficit), never dropped.
+   clip. Deficits may go negative (see ``_DrrRing``). A tenant at its max in-flight (over all
+   classes, or of the class) is skipped (keeps its place and deficit), never dropped. With
+   ``FairQueueConfig.tenants`` (the published tenants document, `domain.tenants`) a tenant's
+   weight and in-flight cap are per class.
 3. Inside a tenant. Round robin across users; within a user, highest effective priority
-   ``base + min(max_aging_bonus, age / aging_interval)``, then FIFO.
+   ``base + project priority + min(max_aging_bonus, age / aging_interval)``, then FIFO. The
+   project priority (``tenants``, 0 without) ranks the heads of a user's priority groups; a
+   group itself stays FIFO, so it never reorders tasks of one (user, base priority).
 
 Hard constraints win over everything: ``pop_next(eligible)`` only returns tasks for which the
 caller's predicate holds (a candidate with capacity exists, budget, policy...). Aging only
@@ -42,7 +46,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TypedDict, cast
+from functools import partial
+from typing import Protocol, TypedDict, cast
 
 Clock = Callable[[], float]
 Eligible = Callable[["QueuedTask"], bool]
@@ -87,6 +92,16 @@ def estimate_cost_units(
     return duration_s * runtime_factor * (width * height / REFERENCE_PIXELS) * sample_count
 
 
+class TenantShares(Protocol):
+    """Per-tenant, per-class shares (`domain.tenants.Tenants` is one); classes by value."""
+
+    def weight(self, tenant_id: str, service_class: str) -> float: ...
+
+    def max_in_flight(self, tenant_id: str, service_class: str) -> int | None: ...
+
+    def project_priority(self, tenant_id: str, project_id: str) -> int: ...
+
+
 def _default_class_weights() -> dict[ServiceClass, float]:
     return {ServiceClass.INTERACTIVE: 16.0, ServiceClass.STANDARD: 4.0, ServiceClass.BATCH: 1.0}
 
@@ -102,6 +117,9 @@ class FairQueueConfig:
     default_max_in_flight: int | None = None
     max_aging_bonus: float = 3.0
     aging_interval_s: float = 60.0
+    # The tenants document: per-class weights and caps, project priorities. When set, its
+    # weights replace `tenant_weights`; the caps above still apply over all classes.
+    tenants: TenantShares | None = None
 
     def __post_init__(self) -> None:
         weights = [*self.class_weights.values(), *self.tenant_weights.values()]
@@ -112,8 +130,22 @@ class FairQueueConfig:
         if self.aging_interval_s <= 0 or self.max_aging_bonus < 0:
             raise ValueError("aging_interval_s must be positive and max_aging_bonus non-negative")
 
-    def tenant_weight(self, tenant_id: str) -> float:
+    def tenant_weight(self, tenant_id: str, service_class: ServiceClass | None = None) -> float:
+        if self.tenants is not None and service_class is not None:
+            return self.tenants.weight(tenant_id, service_class.value)
         return self.tenant_weights.get(tenant_id, self.default_tenant_weight)
+
+    def class_max_in_flight(self, tenant_id: str, service_class: ServiceClass) -> int | None:
+        return (
+            None
+            if self.tenants is None
+            else self.tenants.max_in_flight(tenant_id, service_class.value)
+        )
+
+    def project_priority(self, task: QueuedTask) -> float:
+        if self.tenants is None or not task.project_id:
+            return 0.0
+        return float(self.tenants.project_priority(task.tenant_id, task.project_id))
 
     def max_in_flight(self, tenant_id: str) -> int | None:
         return self.tenant_max_in_flight.get(tenant_id, self.default_max_in_flight)
@@ -121,7 +153,8 @@ class FairQueueConfig:
 
 def effective_priority(task: QueuedTask, now: float, config: FairQueueConfig) -> float:
     age = max(0.0, now - task.enqueued_at)
-    return task.priority + min(config.max_aging_bonus, age / config.aging_interval_s)
+    aging = min(config.max_aging_bonus, age / config.aging_interval_s)
+    return task.priority + config.project_priority(task) + aging
 
 
 class RingState(TypedDict):
@@ -374,11 +407,16 @@ class FairQueue:
     def __init__(self, config: FairQueueConfig, clock: Clock) -> None:
         self.config, self._clock = config, clock
         self._classes = _DrrRing(config.quantum, lambda c: config.class_weights[ServiceClass(c)])
-        self._tenants = {c: _DrrRing(config.quantum, config.tenant_weight) for c in ServiceClass}
+        self._tenants = {
+            c: _DrrRing(config.quantum, partial(config.tenant_weight, service_class=c))
+            for c in ServiceClass
+        }
         self._queues: dict[tuple[ServiceClass, str], _TenantQueue] = {}
         self._queued: dict[str, QueuedTask] = {}
         self._in_flight: dict[str, set[str]] = {}
         self._in_flight_base: dict[str, int] = {}  # counted by the database, ids unknown
+        # Per (tenant, class value): the database's count plus this queue's pops.
+        self._class_in_flight: dict[tuple[str, str], int] = {}
         self._partial: frozenset[GroupKey] = frozenset()
         self.drained: GroupKey | None = None  # a pending group a pop needs rows of
 
@@ -392,17 +430,21 @@ class FairQueue:
         snapshot: FairQueueSnapshot | None = None,
         *,
         in_flight_counts: Mapping[str, int] | None = None,
+        class_in_flight_counts: Mapping[tuple[str, str], int] | None = None,
         partial: Iterable[GroupKey] = (),
     ) -> FairQueue:
         """Recreate the accelerator from database rows; flows are ordered by their oldest task.
 
         `queued` may be only the heads of each group; `partial` names the groups that hold more
-        rows than were passed. `in_flight_counts` gives running tasks per tenant as numbers."""
+        rows than were passed. `in_flight_counts` gives running tasks per tenant as numbers,
+        `class_in_flight_counts` per (tenant, service class value)."""
         queue = cls(config, clock)
         for task in sorted(queued, key=_fifo):
             queue.push(task)
+        queue._class_in_flight = {k: n for k, n in (class_in_flight_counts or {}).items() if n > 0}
         for task in in_flight:
             queue._in_flight.setdefault(task.tenant_id, set()).add(task.task_id)
+            queue._count_class(task, 1)
         queue._in_flight_base = {t: n for t, n in (in_flight_counts or {}).items() if n > 0}
         queue._partial = frozenset(partial)
         if snapshot is not None:
@@ -415,8 +457,19 @@ class FairQueue:
     def __contains__(self, task_id: object) -> bool:
         return task_id in self._queued
 
-    def in_flight(self, tenant_id: str) -> int:
+    def in_flight(self, tenant_id: str, service_class: ServiceClass | None = None) -> int:
+        """The tenant's tasks in flight, over all classes or of `service_class`."""
+        if service_class is not None:
+            return self._class_in_flight.get((tenant_id, service_class.value), 0)
         return self._in_flight_base.get(tenant_id, 0) + len(self._in_flight.get(tenant_id, ()))
+
+    def _count_class(self, task: QueuedTask, delta: int) -> None:
+        key = (task.tenant_id, task.service_class.value)
+        n = self._class_in_flight.get(key, 0) + delta
+        if n > 0:
+            self._class_in_flight[key] = n
+        else:
+            self._class_in_flight.pop(key, None)
 
     def push(self, task: QueuedTask) -> None:
         if task.task_id in self._queued or task.task_id in self._in_flight.get(task.tenant_id, ()):
@@ -455,6 +508,9 @@ class FairQueue:
                 limit = self.config.max_in_flight(tenant)
                 if limit is not None and self.in_flight(tenant) >= limit:
                     return None
+                cap = self.config.class_max_in_flight(tenant, service_class)
+                if cap is not None and self.in_flight(tenant, service_class) >= cap:
+                    return None
                 return self._queues[(service_class, tenant)].best(check, now, self.config)
 
             inner[name] = self._tenants[service_class].select(tenant_head)
@@ -477,6 +533,7 @@ class FairQueue:
         self._tenants[ServiceClass(service_class)].charge(task.tenant_id, task.cost_units)
         self._take(task, served=True)
         self._in_flight.setdefault(task.tenant_id, set()).add(task.task_id)
+        self._count_class(task, 1)
         return task
 
     def refill(self, group: GroupKey, tasks: Iterable[QueuedTask], *, partial: bool) -> None:
@@ -514,6 +571,7 @@ class FairQueue:
         if running is None or task.task_id not in running:
             return False
         running.discard(task.task_id)
+        self._count_class(task, -1)
         if not running:
             del self._in_flight[task.tenant_id]
         return True

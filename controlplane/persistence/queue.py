@@ -299,12 +299,22 @@ def _types() -> dict[str, Any]:
 
 
 async def _count_by_tenant(conn: AsyncConnection, states: Sequence[TaskState]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for (tenant, _), n in (await _count_by_class(conn, states)).items():
+        out[tenant] = out.get(tenant, 0) + n
+    return out
+
+
+async def _count_by_class(
+    conn: AsyncConnection, states: Sequence[TaskState]
+) -> dict[tuple[str, str], int]:
+    """Tasks in `states` per (tenant, service class value): one aggregate, no rows."""
     result = await conn.execute(
-        select(T.c.tenant_id, func.count())
+        select(T.c.tenant_id, T.c.service_class, func.count())
         .where(T.c.status.in_([s.value for s in states]))
-        .group_by(T.c.tenant_id)
+        .group_by(T.c.tenant_id, T.c.service_class)
     )
-    return {tenant: int(n) for tenant, n in result}
+    return {(tenant, str(sc)): int(n) for tenant, sc, n in result}
 
 
 def oldest_by_class(heads: Iterable[QueueHead], now: datetime) -> dict[str, float]:
@@ -331,6 +341,8 @@ class QueueHeads:
     # window's size this round: a tenant whose window is full may have users not read.
     ranks: dict[GroupKey, int] = field(default_factory=dict)
     window_cap: int = 0
+    # Tasks per (tenant, service class value) in the states asked for (`in_flight` summed).
+    in_flight_by_class: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 UserCursors = Mapping[tuple[str, str], tuple[str, int]]
@@ -411,7 +423,10 @@ class QueueQueries:
                 },
             )
             found = result.mappings().all()
-            in_flight = await _count_by_tenant(conn, in_flight_states) if in_flight_states else {}
+            by_class = await _count_by_class(conn, in_flight_states) if in_flight_states else {}
+        in_flight: dict[str, int] = {}
+        for (tenant, _), n in by_class.items():
+            in_flight[tenant] = in_flight.get(tenant, 0) + n
         tasks = [_head(m) for m in found]
         per_group = int(found[0]["per_group"]) if found else 1
         cap = int(found[0]["window_cap"]) if found else 0
@@ -423,7 +438,7 @@ class QueueQueries:
             ranks[key] = int(m["window_rank"])
         groups = len(counts)
         partial = frozenset(k for k, n in counts.items() if n >= per_group)
-        return QueueHeads(tasks, partial, groups, per_group, in_flight, ranks, cap)
+        return QueueHeads(tasks, partial, groups, per_group, in_flight, ranks, cap, by_class)
 
     async def more(
         self, group: GroupKey, *, after_id: int, now: datetime, limit: int

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import logging
 import secrets
@@ -60,6 +61,7 @@ from controlplane.domain.routing.filters import Reason, screen
 from controlplane.domain.routing.load import LoadView
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.states import TaskState
+from controlplane.domain.tenants import Tenants
 from controlplane.leases.base import Lease, LeaseRequest, LeaseStore
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.persistence import batch
@@ -86,6 +88,7 @@ from controlplane.scheduling.policy_book import PolicyBook
 from controlplane.scheduling.quality_book import QualityBook
 from controlplane.scheduling.reachability import AdapterReachability
 from controlplane.scheduling.readiness import CatalogReadiness
+from controlplane.service.tenants import DISPATCH_MAX_AGE_S, TenantBook
 from vidroute_core import tracing
 from vidroute_core.logs import bind_ids
 
@@ -158,10 +161,16 @@ class Dispatcher:
         clock: Callable[[], datetime] = utcnow,
         quality: QualityBook | None = None,
         reachability: AdapterReachability | None = None,
+        tenants: TenantBook | None = None,
     ) -> None:
         self._db, self._catalogs, self._leases = db, catalogs, leases
         # Told whether each Compile got an answer (per-provider readiness); None: not kept.
         self.reachability = reachability
+        # The published tenants document (per-class weights and caps, project priorities,
+        # allowed regions), re-read every round so a publish or rollback counts from the next
+        # one; None: ``config.fair_queue`` and ``config.allowed_regions`` as given.
+        self._tenants = tenants
+        self._round_tenants: Tenants | None = None
         # The quality aggregates (9.14), read at most once per refresh, never per task.
         self.quality = quality
         # Model-server load (9.21), refreshed by its own loop; read once per round.
@@ -375,12 +384,17 @@ class Dispatcher:
         # One read for the round; a task never moved (version 0) was never requeued.
         facts = await self._catalogs.requeue_facts([t.id for t in queued if t.status_version > 0])
         items = [_queued(t) for t in queued]
+        fair_queue = cfg.fair_queue
+        if self._tenants is not None:
+            self._round_tenants = await self._tenants.current(DISPATCH_MAX_AGE_S)
+            fair_queue = dataclasses.replace(fair_queue, tenants=self._round_tenants)
         queue = fq.FairQueue.rebuild(
-            cfg.fair_queue,
+            fair_queue,
             time.time,
             items,
             snapshot=self._fq_snapshot,
             in_flight_counts=heads.in_flight,
+            class_in_flight_counts=heads.in_flight_by_class,
             partial=heads.partial,
         )
         now = self._clock()
@@ -519,7 +533,7 @@ class Dispatcher:
                 excluded=f.excluded,
                 soft_excluded=f.soft_excluded,
                 same_model_only=f.same_model_only,
-                allowed_regions=self.config.allowed_regions.get(task.tenant_id),
+                allowed_regions=self._allowed_regions(task.tenant_id),
                 incumbent=self._incumbents.get(group),
                 canary_stages=self.canary_stages,
             )
@@ -569,6 +583,14 @@ class Dispatcher:
         finally:
             for p in picks:
                 p.span.end()
+
+    def _allowed_regions(self, tenant_id: str) -> frozenset[str] | None:
+        """The tenants document's regions for the tenant when it names any, else the config's."""
+        if self._round_tenants is not None:
+            regions = self._round_tenants.allowed_regions(tenant_id)
+            if regions is not None:
+                return regions
+        return self.config.allowed_regions.get(tenant_id)
 
     async def _route_in_round(
         self,

@@ -57,6 +57,7 @@ from controlplane.scheduling.readiness import CatalogReadiness
 from controlplane.scheduling.shared_state import InProcessSharedState, RedisSharedState
 from controlplane.scheduling.upkeep import QUEUE_TOPICS, Upkeep, UpkeepConfig
 from controlplane.service.providers import ProviderAdminService
+from controlplane.service.tenants import TenantBook
 from controlplane.wakeups import WakeBus
 
 
@@ -179,6 +180,7 @@ def build_scheduling(
     policy_file: PolicyDocument | None = None,
     policy_transform: Callable[[RoutingPolicy], RoutingPolicy] | None = None,
     canary_config: CanaryGateConfig | None = None,
+    tenants: TenantBook | None = None,
 ) -> SchedulingRuntime:
     """Wire queries, breakers (shared through Redis when given), leader locks and dispatchers."""
     config = config or DispatcherConfig()
@@ -221,6 +223,7 @@ def build_scheduling(
             config=shard_config,
             quality=quality,
             reachability=reachability,
+            tenants=tenants,
         )
         for shard_config, lock in locks
     ]
