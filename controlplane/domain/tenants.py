@@ -344,11 +344,14 @@ def _rate(check: _Check, value: Any, path: str) -> CreateRate | None:
     for key in sorted(_RATE - set(body)):
         if isinstance(value, Mapping):
             check.bad(f"{path}.{key}", "is required")
-    if set(body) != _RATE:
-        return None
-    per_second = check.number(body["per_second"], f"{path}.per_second", 0, MAX_RATE, open_lo=True)
-    burst = check.integer(body["burst"], f"{path}.burst", 1, MAX_COUNT)
-    return CreateRate(per_second, burst)
+    per_second, burst = 1.0, 1
+    if "per_second" in body:
+        per_second = check.number(
+            body["per_second"], f"{path}.per_second", 0, MAX_RATE, open_lo=True
+        )
+    if "burst" in body:
+        burst = check.integer(body["burst"], f"{path}.burst", 1, MAX_COUNT)
+    return CreateRate(per_second, burst)  # used only when nothing was found wrong
 
 
 # Before any publication: every class, equal weights, no caps, no rate limit (as before tenants
