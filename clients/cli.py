@@ -14,6 +14,7 @@
     vidroute reconcile [--date YYYY-MM-DD]                daily bill reconciliation
     vidroute replay --policy FILE [--since --until --tenant]   route replay (clients.cli_replay)
     vidroute routing publish FILE | rollback [VERSION] | policies | canaries   (clients.cli_routing)
+    vidroute tenants get [VERSION] | publish FILE | rollback [VERSION] | history  (cli_tenants)
 
 Client commands connect to ``--target``, else ``VIDROUTE_TARGET``, else the config file
 (`clients.cli_config`: ``$VIDROUTE_CONFIG`` or ``~/.config/vidroute/config.toml`` with target,
@@ -55,6 +56,7 @@ from clients import (
     cli_replay,
     cli_routing,
     cli_tasks,
+    cli_tenants,
     reconcile_cli,
 )
 from clients.cli_common import State
@@ -153,6 +155,10 @@ async def _serve(
         )
     try:
         running = await start_control_plane(settings)
+        if whole_stack:  # the example tenants, so entitlement and weights show at once
+            from clients.devstack import publish_example_tenants
+
+            await publish_example_tenants(settings.database_url)
         # The process is set up: freeze its start-up heap for the dispatcher (issue 10). Here,
         # in the process's entry point, not in a library call a test or embedder makes.
         from controlplane.scheduling.heap import tune_gc
@@ -259,6 +265,7 @@ for _command in (
     reconcile_cli.command,
     cli_replay.command,
     cli_routing.command,
+    cli_tenants.command,
 ):
     app.add_command(_command)
 

@@ -302,3 +302,27 @@ class Supervisor:
                 proc.kill()
                 proc.wait()
         self._procs.clear()
+
+
+async def publish_example_tenants(database_url: str) -> str | None:
+    """Publish the shipped example tenants document (``controlplane/tenants.example.yaml``) when
+    no tenants document was ever published on this database, as an admin would: through the
+    tenants service and its unit of work, recorded as by ``vidroute up``. An operator's own
+    publication is never replaced. The version published, or None."""
+    import controlplane
+    from controlplane.persistence.database import Database
+    from controlplane.service.access import Caller
+    from controlplane.service.tenants import TenantBook, TenantConfigService
+
+    text = (Path(controlplane.__file__).parent / "tenants.example.yaml").read_text("utf-8")
+    db = Database.from_url(database_url)
+    try:
+        service = TenantConfigService(db, TenantBook(db))
+        if (await service.history()).versions:
+            return None
+        caller = Caller.admin("vidroute up")
+        row = await service.publish(text, source="tenants.example.yaml", caller=caller)
+    finally:
+        await db.dispose()
+    log.info("example tenants %s published (vidroute tenants get shows them)", row.version)
+    return row.version

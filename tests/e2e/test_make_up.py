@@ -58,8 +58,9 @@ def _cli_as(workdir: Path, token: str, *args: str) -> subprocess.CompletedProces
 
 
 def test_vidroute_up_runs_a_cli_submitted_task_to_a_stored_mp4(tmp_path: Path) -> None:
-    """`vidroute up` serves; `vidroute submit` creates a 4 s task; `vidroute get` shows it
-    SUCCEEDED; the stored file is an MP4 of 4 s within one frame; the callback ingress answers.
+    """`vidroute up` serves with the example tenants published; `vidroute submit` creates a 4 s
+    task; `vidroute get` shows it SUCCEEDED; the stored file is an MP4 of 4 s within one frame;
+    the callback ingress answers.
     """
     # The dev defaults (SQLite under ./var, in-process leases) are what `make up` uses.
     inherited = {k: "" for k in os.environ if k.startswith("VIDROUTE_")}
@@ -99,6 +100,17 @@ def test_vidroute_up_runs_a_cli_submitted_task_to_a_stored_mp4(tmp_path: Path) -
             tmp_path, member, "submit", "--target", target, "--tenant", "globex", "--prompt", "x"
         )
         assert "PERMISSION_DENIED" in foreign.stderr, foreign.stderr
+        # The example tenants are published (controlplane/tenants.example.yaml): acme may not
+        # buy the INTERACTIVE lane, and the refusal names the classes it may use.
+        fast = _cli_as(
+            tmp_path, member, "submit", "--target", target, "--tenant", "acme", "--prompt", "x",
+            "--service-class", "interactive",
+        )  # fmt: skip
+        assert "PERMISSION_DENIED" in fast.stderr, fast.stderr
+        assert "entitled: STANDARD, BATCH" in fast.stderr, fast.stderr
+        assert _cli(tmp_path, "tenants", "get", "--target", target)["version"] == (
+            "tenants-example-1"
+        )
 
         def succeeded() -> dict[str, Any] | None:
             task = _cli(tmp_path, "get", task_id, "--target", target)

@@ -1,0 +1,128 @@
+"""`vidroute tenants get | publish | rollback | history` against a running TenantService
+(SQLite): what each prints, a bad file as one line per violation (exit 2, nothing published);
+and `vidroute up`'s publication of the shipped example tenants, once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from clients import cli
+from clients.devstack import publish_example_tenants
+from controlplane.api.auth import Authenticator, hash_token, new_token, parse_entries
+from controlplane.api.servicer import SchedulerServicer
+from controlplane.api.tenant_servicer import TenantServicer
+from controlplane.domain.tenants import parse_tenants_document
+from controlplane.persistence.database import Database
+from controlplane.server import start_server
+from controlplane.service.tasks import TaskService
+from controlplane.service.tenants import TenantBook, TenantConfigService
+from vidroute_core.spec import ServiceClass
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def backend() -> str:
+    return "sqlite"
+
+
+@pytest.fixture
+async def target(db: Database, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
+    token = new_token()
+    monkeypatch.setenv("VIDROUTE_TOKEN", token)
+    monkeypatch.setenv("VIDROUTE_CONFIG", "/nonexistent/vidroute.toml")
+
+    async def probe() -> bool:
+        return True
+
+    running = await start_server(
+        SchedulerServicer(TaskService(db)),
+        listen="127.0.0.1:0",
+        probe=probe,
+        auth=Authenticator(parse_entries([f"{hash_token(token)}=admin"])),
+        tenants=TenantServicer(TenantConfigService(db, TenantBook(db))),
+    )
+    yield f"127.0.0.1:{running.port}"
+    await running.stop(grace=1)
+
+
+async def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = await asyncio.to_thread(cli.main, list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def tenants_file(tmp_path: Path, version: str, **tenants: object) -> str:
+    path = tmp_path / f"{version}.yaml"
+    body = {"version": version, "default": {"service_classes": {"STANDARD": {}}}}
+    path.write_text(json.dumps({**body, "tenants": tenants}))
+    return str(path)
+
+
+async def test_get_publish_rollback_and_history(
+    target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The built-in document first; publish twice; history marks the active version and lists
+    each activation; rollback goes back one; get prints the active document as published."""
+    t = ("--target", target)
+    code, out, _ = await run(capsys, "tenants", "get", *t)
+    assert (code, out.splitlines()[0]) == (0, "# tenants-builtin (active; built in)")
+    code, out, _ = await run(capsys, "tenants", "history", *t)
+    assert out == "no tenants document published (the built-in one is in use)\n"
+    assert await run(capsys, "tenants", "publish", tenants_file(tmp_path, "t1"), *t) == (
+        0,
+        "t1: published and active\n",
+        "",
+    )
+    dry = await run(capsys, "tenants", "publish", tenants_file(tmp_path, "t2"), "--dry-run", *t)
+    assert dry[:2] == (0, "t2: valid, not published (dry run)\n")
+    await run(capsys, "tenants", "publish", tenants_file(tmp_path, "t2", acme={}), *t)
+    code, out, _ = await run(capsys, "tenants", "history", *t)
+    lines = out.splitlines()
+    assert [(line[0], line[2:].split()[0]) for line in lines[:2]] == [("*", "t2"), (" ", "t1")]
+    assert lines[-1].endswith("published t2 (replacing t1)"), out
+    assert await run(capsys, "tenants", "rollback", *t) == (0, "t1: active\n", "")
+    code, out, _ = await run(capsys, "tenants", "get", *t)
+    assert out.splitlines()[0] == "# t1 (active; t1.yaml)"
+    assert json.loads(out.split("\n", 1)[1])["version"] == "t1"
+    code, out, _ = await run(capsys, "tenants", "history", "--json", *t)
+    actions = [a["action"] for a in json.loads(out)["activations"]]
+    assert actions[-1] == "TENANT_CONFIG_ACTION_ROLLED_BACK"
+
+
+async def test_a_bad_file_is_one_line_per_violation(
+    target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two problems are two error lines naming their paths, exit 2; nothing is published."""
+    bad = tenants_file(
+        tmp_path, "t1", acme={"service_classes": {"GOLD": {}}, "create_rate": {"burst": 0}}
+    )
+    code, out, err = await run(capsys, "tenants", "publish", bad, "--target", target)
+    assert (code, out) == (2, "")
+    lines = err.splitlines()
+    assert any(line.startswith("error: tenants.acme.service_classes.GOLD: ") for line in lines)
+    assert any(line.startswith("error: tenants.acme.create_rate.burst: ") for line in lines)
+    code, out, _ = await run(capsys, "tenants", "history", "--target", target)
+    assert "no tenants document published" in out
+
+
+async def test_vidroute_up_publishes_the_example_tenants_once(
+    db: Database, database_url: str
+) -> None:
+    """The shipped example has a STANDARD-only acme and an INTERACTIVE studio with other
+    weights; `vidroute up` publishes it on a database without tenants documents, never over
+    an operator's."""
+    text = (Path(cli.__file__).parents[1] / "controlplane" / "tenants.example.yaml").read_text()
+    example = parse_tenants_document(text)
+    assert ServiceClass.INTERACTIVE not in example.entry("acme").entitled
+    assert ServiceClass.INTERACTIVE in example.entry("studio").entitled
+    assert example.weight("studio", "STANDARD") != example.weight("acme", "STANDARD")
+    assert await publish_example_tenants(database_url) == example.version
+    assert await publish_example_tenants(database_url) is None
+    history = await TenantConfigService(db, TenantBook(db)).history()
+    assert [(a.version, a.actor) for a in history.activations] == [(example.version, "vidroute up")]
