@@ -133,6 +133,7 @@ from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.records import AccountInfo, AttemptRecord
 from controlplane.persistence.webhooks import WebhookStore
+from controlplane.rate_limits import InProcessRateLimiter, RateLimiter, RedisRateLimiter
 from controlplane.reconciliation import delta_by_provider
 from controlplane.scheduling.canary_gates import CanaryGateConfig
 from controlplane.scheduling.dispatcher import DispatcherConfig
@@ -621,6 +622,20 @@ async def _lease_store(
     return RedisLeaseStore(client, **scaled_defaults(RedisLeaseStore, scale)), client
 
 
+def _rate_limiter(
+    settings: Settings, client: Redis | None, cleanup: list[Callable[[], Awaitable[Any]]]
+) -> RateLimiter:
+    """CreateTask's per-tenant rate limits: shared through the Redis of the leases (a client of
+    their own on an API-only replica), else this process's buckets."""
+    if not settings.redis_url:
+        return InProcessRateLimiter()
+    if client is None:
+        scale = settings.time_scale
+        client = redis_client(settings.redis_url, scale_durations(RedisClientConfig(), scale))
+        cleanup.append(client.aclose)
+    return RedisRateLimiter(client)
+
+
 def _bind_callback_ingress(settings: Settings, scale: float) -> CallbackServer | None:
     """The callback ingress, bound now: the callback URL sent to providers names its port."""
     if not settings.callback_listen:
@@ -852,7 +867,9 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         billing=settings.billing,
         catalog=catalog or _cached_catalog(db, DispatcherConfig().catalog_refresh_s * scale),
         webhooks=WebhookSubscriptions(settings.webhooks),
-        tenants=TenantAdmission(db, tenant_book),
+        tenants=TenantAdmission(
+            db, tenant_book, limiter=_rate_limiter(settings, readiness.redis, cleanup)
+        ),
     )
     outputs = OutputService(tasks, object_store, url_ttl_s=settings.output_url_ttl_s)
     capability_admin = CapabilityPublishService(db, on_published=published)

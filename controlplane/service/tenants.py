@@ -13,7 +13,8 @@ at once in the replica that published. Before any publication it is `domain.tena
 
 `TenantAdmission` is CreateTask's gate, in this order: the tenant must be entitled to the
 service class (PERMISSION_DENIED naming the classes it may use), within its CreateTask rate
-(RESOURCE_EXHAUSTED with RetryInfo; token buckets in this process, `domain.ratelimit`) and under
+(RESOURCE_EXHAUSTED with RetryInfo; token buckets shared through Redis when the leases use it,
+else in this process: `controlplane.rate_limits`) and under
 its ``max_queued`` of the class (FAILED_PRECONDITION with the numbers). Nothing is written when
 it refuses.
 """
@@ -27,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from controlplane.domain.ratelimit import TokenBuckets
 from controlplane.domain.tenants import (
     BUILTIN,
     BUILTIN_DOCUMENT,
@@ -40,6 +40,7 @@ from controlplane.domain.tenants import (
 from controlplane.persistence import tenant_configs as store
 from controlplane.persistence.database import Database
 from controlplane.persistence.documents import ActivationRow, DocumentRow
+from controlplane.rate_limits import InProcessRateLimiter, RateLimiter
 from controlplane.service.access import SYSTEM, Caller, ensure_admin
 from vidroute_core.exceptions import (
     InvalidSpec,
@@ -232,11 +233,10 @@ class TenantAdmission:
         db: Database,
         book: TenantBook,
         *,
-        buckets: TokenBuckets | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        limiter: RateLimiter | None = None,
     ) -> None:
-        self._db, self._book, self._clock = db, book, clock
-        self._buckets = buckets or TokenBuckets()
+        self._db, self._book = db, book
+        self._limiter = limiter or InProcessRateLimiter()
 
     async def admit(self, spec: GenerationSpec) -> None:
         """Return if `spec`'s tenant may create it now; raise what refuses it otherwise."""
@@ -245,7 +245,7 @@ class TenantAdmission:
         share = ensure_entitled(tenants, tenant, spec.service_class)
         rate = tenants.entry(tenant).create_rate
         if rate is not None:
-            verdict = self._buckets.take(tenant, rate.per_second, rate.burst, self._clock())
+            verdict = await self._limiter.take(tenant, rate.per_second, rate.burst)
             if not verdict.allowed:
                 raise RateLimited(
                     f"tenant {tenant!r} is over its CreateTask rate ({rate.per_second:g}/s,"

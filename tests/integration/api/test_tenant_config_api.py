@@ -21,6 +21,7 @@ from controlplane.api.servicer import SchedulerServicer
 from controlplane.api.tenant_servicer import TenantServicer
 from controlplane.persistence.database import Database
 from controlplane.persistence.models import generation_tasks
+from controlplane.rate_limits import InProcessRateLimiter
 from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.tasks import TaskService
 from controlplane.service.tenants import TenantAdmission, TenantBook, TenantConfigService
@@ -115,7 +116,11 @@ async def stack(db: Database) -> AsyncIterator[Api]:
     clock = Clock()
     book = TenantBook(db)
     running: ControlPlaneServer = await start_server(
-        SchedulerServicer(TaskService(db, tenants=TenantAdmission(db, book, clock=clock))),
+        SchedulerServicer(
+            TaskService(
+                db, tenants=TenantAdmission(db, book, limiter=InProcessRateLimiter(clock=clock))
+            )
+        ),
         listen="127.0.0.1:0",
         probe=probe,
         auth=Authenticator(entries),
