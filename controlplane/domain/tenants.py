@@ -11,6 +11,7 @@ The operators' tenants document is YAML or JSON, one mapping::
       projects:                        # project id -> its priority inside the tenant
         launch: {priority: 2}          # added to a task's priority, [-10, 10]
       allowed_regions: [us-east1]      # regions a task may run in; absent or []: any
+      preferred_regions: [us-east1]    # ranked first to last by routing's region score
       create_rate: {per_second: 5, burst: 20}   # CreateTask token bucket; absent: no limit
     tenants:
       acme:                            # a tenant id; a field it leaves out is default's
@@ -51,7 +52,9 @@ MAX_COUNT = 10_000_000
 MAX_RATE = 100_000.0
 BUILTIN_VERSION = "tenants-builtin"
 _TOP = frozenset({"version", "description", "default", "tenants"})
-_ENTRY = frozenset({"service_classes", "projects", "allowed_regions", "create_rate"})
+_ENTRY = frozenset(
+    {"service_classes", "projects", "allowed_regions", "preferred_regions", "create_rate"}
+)
 _CLASS = frozenset({"weight", "max_in_flight", "max_queued"})
 _PROJECT = frozenset({"priority"})
 _RATE = frozenset({"per_second", "burst"})
@@ -90,6 +93,7 @@ class TenantEntry:
     projects: Mapping[str, int] = field(default_factory=dict)
     allowed_regions: frozenset[str] | None = None  # None: any region
     create_rate: CreateRate | None = None
+    preferred_regions: tuple[str, ...] = ()  # best first; (): no preference
 
     @property
     def entitled(self) -> tuple[ServiceClass, ...]:
@@ -128,6 +132,9 @@ class Tenants:
 
     def allowed_regions(self, tenant_id: str) -> frozenset[str] | None:
         return self.entry(tenant_id).allowed_regions
+
+    def preferred_regions(self, tenant_id: str) -> tuple[str, ...]:
+        return self.entry(tenant_id).preferred_regions
 
 
 def ensure_entitled(tenants: Tenants, tenant_id: str, service_class: ServiceClass) -> ClassShare:
@@ -283,7 +290,17 @@ def _entry(check: _Check, value: Any, path: str, base: TenantEntry | None) -> Te
         if "create_rate" in body
         else inherited.create_rate
     )
-    return TenantEntry(classes, projects, regions, rate)
+    preferred = inherited.preferred_regions
+    where = _join(path, "preferred_regions")
+    if "preferred_regions" in body:
+        ranked = _regions(check, body["preferred_regions"], where) or frozenset()
+        preferred = tuple(r for r in body["preferred_regions"] if r in ranked)
+        if len(set(preferred)) != len(preferred):
+            check.bad(where, "lists a region twice")
+    outside = sorted(set(preferred) - (regions or set(preferred)))
+    if outside and ("preferred_regions" in body or "allowed_regions" in body):
+        check.bad(where, f"{', '.join(outside)} not in allowed_regions")
+    return TenantEntry(classes, projects, regions, rate, preferred)
 
 
 def _classes(check: _Check, value: Any, path: str) -> Mapping[ServiceClass, ClassShare]:

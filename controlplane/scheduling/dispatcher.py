@@ -534,6 +534,11 @@ class Dispatcher:
                 soft_excluded=f.soft_excluded,
                 same_model_only=f.same_model_only,
                 allowed_regions=self._allowed_regions(task.tenant_id),
+                preferred_regions=(
+                    ()
+                    if self._round_tenants is None
+                    else self._round_tenants.preferred_regions(task.tenant_id)
+                ),
                 incumbent=self._incumbents.get(group),
                 canary_stages=self.canary_stages,
             )

@@ -103,3 +103,39 @@ async def test_a_class_cap_holds_and_lifts_on_rollback_without_a_restart(
     await service.rollback()
     assert await dispatcher.tick() == 8
     assert (await states_by_tenant(db))[("A", TaskState.QUEUED.value)] == 0
+
+
+async def test_allowed_and_preferred_regions_reach_routing(
+    db: Database, make_dispatcher: DispatcherFactory
+) -> None:
+    """A tenant allowed only asia-northeast1 is routed there; one preferring asia-northeast1
+    over us has candidates there scored 1 on region and those in us 0.5."""
+    book = TenantBook(db)
+    tenants = {
+        "A": {"allowed_regions": ["asia-northeast1"]},
+        "B": {"preferred_regions": ["asia-northeast1", "us"]},
+    }
+    await TenantConfigService(db, book).publish(document("regions", tenants))
+    await bulk_queue(db, "A", 1)
+    await bulk_queue(db, "B", 1)
+    dispatcher = make_dispatcher(config=DispatcherConfig(batch_size=2), tenants=book)
+    decisions: dict[str, Any] = {}
+    original = dispatcher.dispatch_batch
+
+    async def keeping(tasks: list[TaskRecord], *args: Any, **kwargs: Any) -> Any:
+        results = await original(tasks, *args, **kwargs)
+        tenant = {t.id: t.tenant_id for t in tasks}
+        decisions.update({tenant[r.task_id]: r.decision for r in results})
+        return results
+
+    dispatcher.dispatch_batch = keeping  # type: ignore[method-assign]
+    assert await dispatcher.tick() == 2
+    selected = decisions["A"].selected
+    assert selected is not None
+    assert selected.endswith("veo-prod-apac"), selected
+    regions = {
+        v.candidate.region: v.components["region"]
+        for v in decisions["B"].verdicts
+        if v.reason is None or v.reason == ""
+    }
+    assert regions == {"asia-northeast1": 1.0, "us": 0.5}, regions

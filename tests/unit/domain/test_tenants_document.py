@@ -170,3 +170,30 @@ def test_entitlement_refuses_a_class_naming_the_entitled_ones() -> None:
     assert "entitled: STANDARD, BATCH" in exc.message
     with pytest.raises(PermissionDenied):
         ensure_entitled(t, "acme", ServiceClass.BATCH)
+
+
+def test_preferred_regions_keep_their_order_and_stay_within_the_allowed() -> None:
+    """Preferred regions are ranked as written; a duplicate or one outside allowed_regions
+    (the entry's own or inherited) is a violation on the preferred list."""
+    t = parse_tenants_document(
+        """
+version: r1
+default: {service_classes: {STANDARD: {}}, preferred_regions: [eu, us]}
+tenants:
+  acme: {allowed_regions: [us, asia], preferred_regions: [asia, us]}
+"""
+    )
+    assert t.preferred_regions("acme") == ("asia", "us")
+    assert t.preferred_regions("other") == ("eu", "us")
+    found = violations(
+        """
+version: r2
+default: {service_classes: {STANDARD: {}}, preferred_regions: [eu, eu]}
+tenants:
+  acme: {allowed_regions: [us]}
+  beta: {allowed_regions: [us], preferred_regions: [us, asia]}
+"""
+    )
+    assert found["default.preferred_regions"] == "lists a region twice"
+    assert found["tenants.acme.preferred_regions"] == "eu not in allowed_regions"
+    assert found["tenants.beta.preferred_regions"] == "asia not in allowed_regions"
