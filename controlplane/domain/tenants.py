@@ -13,6 +13,8 @@ The operators' tenants document is YAML or JSON, one mapping::
       allowed_regions: [us-east1]      # regions a task may run in; absent or []: any
       preferred_regions: [us-east1]    # ranked first to last by routing's region score
       create_rate: {per_second: 5, burst: 20}   # CreateTask token bucket; absent: no limit
+      billing_policy: postpaid:5000000 # prepaid | postpaid[:overdraft micros]; absent: the
+                                       # deployment's (VIDROUTE_BILLING_*); applies with billing
     tenants:
       acme:                            # a tenant id; a field it leaves out is default's
         service_classes:
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from controlplane.domain.money import BillingPolicy
 from vidroute_core.exceptions import InvalidSpec, PermissionDenied
 from vidroute_core.spec import ServiceClass
 from vidroute_core.validation import IDENTIFIER_RE, FieldViolation
@@ -54,6 +57,7 @@ BUILTIN_VERSION = "tenants-builtin"
 _TOP = frozenset({"version", "description", "default", "tenants"})
 _ENTRY = frozenset(
     {"service_classes", "projects", "allowed_regions", "preferred_regions", "create_rate"}
+    | {"billing_policy"}
 )
 _CLASS = frozenset({"weight", "max_in_flight", "max_queued"})
 _PROJECT = frozenset({"priority"})
@@ -94,6 +98,7 @@ class TenantEntry:
     allowed_regions: frozenset[str] | None = None  # None: any region
     create_rate: CreateRate | None = None
     preferred_regions: tuple[str, ...] = ()  # best first; (): no preference
+    billing_policy: BillingPolicy | None = None  # None: the deployment's configured one
 
     @property
     def entitled(self) -> tuple[ServiceClass, ...]:
@@ -300,7 +305,18 @@ def _entry(check: _Check, value: Any, path: str, base: TenantEntry | None) -> Te
     outside = sorted(set(preferred) - (regions or set(preferred)))
     if outside and ("preferred_regions" in body or "allowed_regions" in body):
         check.bad(where, f"{', '.join(outside)} not in allowed_regions")
-    return TenantEntry(classes, projects, regions, rate, preferred)
+    billing = inherited.billing_policy
+    if "billing_policy" in body:
+        raw = body["billing_policy"]
+        where = _join(path, "billing_policy")
+        if not isinstance(raw, str):
+            check.bad(where, f"must be a string (prepaid | postpaid[:micros]), got {raw!r}")
+        else:
+            try:
+                billing = BillingPolicy.parse(raw)
+            except ValueError as exc:
+                check.bad(where, str(exc))
+    return TenantEntry(classes, projects, regions, rate, preferred, billing)
 
 
 def _classes(check: _Check, value: Any, path: str) -> Mapping[ServiceClass, ClassShare]:

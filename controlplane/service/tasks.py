@@ -20,6 +20,7 @@ from controlplane.capabilities.catalog import CapabilityCatalog
 from controlplane.domain.deadlines import DeadlinePolicy, deadlines_for
 from controlplane.domain.money import (
     BillingPolicies,
+    BillingPolicy,
     Reservation,
     reservation_currency,
     task_reservation,
@@ -211,12 +212,12 @@ class TaskService:
             raise InvalidSpec(violations)
         ensure_own_tenant(caller, cmd.spec.tenant_id)
         ensure_allowed(self._safety, cmd.spec)
-        if self._tenants is not None:
-            await self._tenants.admit(cmd.spec)
+        entry = None if self._tenants is None else await self._tenants.admit(cmd.spec)
         webhook = self._webhooks.resolve(cmd.webhook, cmd.spec.tenant_id)
         now = self._clock()
         queue_deadline_at, deadline_at = deadlines_for(cmd.spec, self._deadlines, now)
-        reservation = await self._reservation(cmd.spec, now)
+        billing = None if entry is None else entry.billing_policy
+        reservation = await self._reservation(cmd.spec, now, billing)
         new = NewTask(
             cmd.spec,
             cmd.idempotency_key,
@@ -230,15 +231,18 @@ class TaskService:
         # in its own transaction.
         return await self._creates.create(new, reservation, now)
 
-    async def _reservation(self, spec: GenerationSpec, now: datetime) -> Reservation | None:
-        """What to reserve for `spec`: the highest estimate of its eligible candidates."""
+    async def _reservation(
+        self, spec: GenerationSpec, now: datetime, policy: BillingPolicy | None = None
+    ) -> Reservation | None:
+        """What to reserve for `spec`: the highest estimate of its eligible candidates, under
+        `policy` (the tenants document's) or else the configured one for the tenant."""
         if self._billing is None:
             return None
         candidates = (await self._catalog()).candidates if self._catalog is not None else ()
         return Reservation(
             task_reservation(spec, candidates, now),
             reservation_currency(spec),
-            self._billing.for_tenant(spec.tenant_id),
+            policy or self._billing.for_tenant(spec.tenant_id),
         )
 
     async def get_task(self, task_id: int, caller: Caller = SYSTEM) -> TaskDetail:

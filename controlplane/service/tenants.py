@@ -32,6 +32,7 @@ from controlplane.domain.tenants import (
     BUILTIN,
     BUILTIN_DOCUMENT,
     BUILTIN_VERSION,
+    TenantEntry,
     Tenants,
     ensure_entitled,
     ensure_publishable,
@@ -238,8 +239,8 @@ class TenantAdmission:
         self._db, self._book = db, book
         self._limiter = limiter or InProcessRateLimiter()
 
-    async def admit(self, spec: GenerationSpec) -> None:
-        """Return if `spec`'s tenant may create it now; raise what refuses it otherwise."""
+    async def admit(self, spec: GenerationSpec) -> TenantEntry:
+        """The tenant's entry if `spec` may be created now; raise what refuses it otherwise."""
         tenants = await self._book.current(CREATE_MAX_AGE_S)
         tenant = spec.tenant_id
         share = ensure_entitled(tenants, tenant, spec.service_class)
@@ -268,3 +269,4 @@ class TenantAdmission:
                     reason="TENANT_QUEUE_FULL",
                     labels={"service_class": spec.service_class.value},
                 )
+        return tenants.entry(tenant)

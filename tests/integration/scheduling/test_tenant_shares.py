@@ -1,5 +1,6 @@
 """The published tenants document reaches the real dispatcher (design 9.12.1-9.12.2): per-class
-DRR weights, per-class in-flight caps and allowed regions, live on publish and rollback."""
+DRR weights, per-class in-flight caps, allowed and preferred regions, live on publish and
+rollback; and CreateTask's reservation (a tenant's billing policy)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,25 @@ from typing import Any
 
 import pytest
 
+from controlplane.capabilities.catalog import load_catalog
+from controlplane.domain.money import BillingPolicies
 from controlplane.domain.states import TaskState
 from controlplane.leases.memory_store import MemoryLeaseStore
+from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.records import TaskRecord
 from controlplane.scheduling.dispatcher import DispatcherConfig, DispatchOutcome
-from controlplane.service.tenants import TenantBook, TenantConfigService
+from controlplane.service.tasks import CreateTaskInput, TaskService
+from controlplane.service.tenants import TenantAdmission, TenantBook, TenantConfigService
 from tests.integration.scheduling.conftest import DispatcherFactory
+from tests.integration.scheduling.support import NOW, make_spec
 from tests.integration.scheduling.test_fair_dispatch import (
     POSTGRES_ONLY,
     _finish,
     bulk_queue,
     states_by_tenant,
 )
+from vidroute_core.exceptions import PreconditionFailed
 
 pytestmark = pytest.mark.timeout(300)
 WEIGHTS = {"A": 5.0, "B": 2.0, "C": 1.0}
@@ -139,3 +146,29 @@ async def test_allowed_and_preferred_regions_reach_routing(
         if v.reason is None or v.reason == ""
     }
     assert regions == {"asia-northeast1": 1.0, "us": 0.5}, regions
+
+
+async def test_a_tenants_billing_policy_replaces_the_configured_one(
+    db: Database, catalogs: CatalogQueries, published: None
+) -> None:
+    """Billing prepaid for everyone and no credit: CreateTask is INSUFFICIENT_CREDIT, nothing
+    written; once the tenants document makes the tenant postpaid, the same create goes through
+    under that policy."""
+    book = TenantBook(db)
+    tasks = TaskService(
+        db,
+        clock=lambda: NOW,
+        billing=BillingPolicies.parse("prepaid", []),
+        catalog=lambda: load_catalog(catalogs, NOW),
+        tenants=TenantAdmission(db, book),
+    )
+    request = CreateTaskInput(spec=make_spec("A", seconds=4), idempotency_key="k1")
+    with pytest.raises(PreconditionFailed) as refused:
+        await tasks.create_task(request)
+    assert refused.value.reason == "INSUFFICIENT_CREDIT"
+    assert await states_by_tenant(db) == Counter()
+    postpaid = {"A": {"billing_policy": "postpaid:100000000"}}
+    await TenantConfigService(db, book).publish(document("billing", postpaid))
+    record, created = await tasks.create_task(request)
+    assert created
+    assert record.state is TaskState.QUEUED

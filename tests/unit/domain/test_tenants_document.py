@@ -197,3 +197,23 @@ tenants:
     assert found["default.preferred_regions"] == "lists a region twice"
     assert found["tenants.acme.preferred_regions"] == "eu not in allowed_regions"
     assert found["tenants.beta.preferred_regions"] == "asia not in allowed_regions"
+
+
+def test_a_billing_policy_is_read_like_the_deployments() -> None:
+    """billing_policy takes prepaid | postpaid[:micros]; absent, None (the configured one)."""
+    t = parse_tenants_document(
+        """
+version: b1
+default: {service_classes: {STANDARD: {}}}
+tenants:
+  acme: {billing_policy: "postpaid:5000000"}
+"""
+    )
+    policy = t.entry("acme").billing_policy
+    assert policy is not None
+    assert (policy.mode.value, policy.overdraft_limit_micros) == ("postpaid", 5_000_000)
+    assert t.entry("other").billing_policy is None
+    found = violations(
+        "version: b2\ndefault: {service_classes: {STANDARD: {}}, billing_policy: credit}"
+    )
+    assert "prepaid or postpaid" in found["default.billing_policy"]
