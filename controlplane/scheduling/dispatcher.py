@@ -167,8 +167,8 @@ class Dispatcher:
         # Told whether each Compile got an answer (per-provider readiness); None: not kept.
         self.reachability = reachability
         # The published tenants document (per-class weights and caps, project priorities,
-        # allowed regions), re-read every round so a publish or rollback counts from the next
-        # one; None: ``config.fair_queue`` and ``config.allowed_regions`` as given.
+        # allowed and preferred regions), re-read every round so a publish or rollback counts from
+        # the next one; None: ``config.fair_queue`` and ``config.allowed_regions`` as given.
         self._tenants = tenants
         self._round_tenants: Tenants | None = None
         # The quality aggregates (9.14), read at most once per refresh, never per task.
