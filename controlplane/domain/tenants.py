@@ -12,6 +12,9 @@ The operators' tenants document is YAML or JSON, one mapping::
         launch: {priority: 2}          # added to a task's priority, [-10, 10]
       allowed_regions: [us-east1]      # regions a task may run in; absent or []: any
       preferred_regions: [us-east1]    # ranked first to last by routing's region score
+      routing_scenario: AD_PRODUCTION  # the routing policy's weight set of that name scores
+                                       # its tasks (9.13); absent, or not in the policy: the
+                                       # service class's set
       create_rate: {per_second: 5, burst: 20}   # CreateTask token bucket; absent: no limit
       billing_policy: postpaid:5000000 # prepaid | postpaid[:overdraft micros]; absent: the
                                        # deployment's (VIDROUTE_BILLING_*); applies with billing
@@ -57,7 +60,7 @@ BUILTIN_VERSION = "tenants-builtin"
 _TOP = frozenset({"version", "description", "default", "tenants"})
 _ENTRY = frozenset(
     {"service_classes", "projects", "allowed_regions", "preferred_regions", "create_rate"}
-    | {"billing_policy"}
+    | {"billing_policy", "routing_scenario"}
 )
 _CLASS = frozenset({"weight", "max_in_flight", "max_queued"})
 _PROJECT = frozenset({"priority"})
@@ -99,6 +102,7 @@ class TenantEntry:
     create_rate: CreateRate | None = None
     preferred_regions: tuple[str, ...] = ()  # best first; (): no preference
     billing_policy: BillingPolicy | None = None  # None: the deployment's configured one
+    routing_scenario: str = ""  # "": the service class's weight set
 
     @property
     def entitled(self) -> tuple[ServiceClass, ...]:
@@ -140,6 +144,9 @@ class Tenants:
 
     def preferred_regions(self, tenant_id: str) -> tuple[str, ...]:
         return self.entry(tenant_id).preferred_regions
+
+    def routing_scenario(self, tenant_id: str) -> str:
+        return self.entry(tenant_id).routing_scenario
 
 
 def ensure_entitled(tenants: Tenants, tenant_id: str, service_class: ServiceClass) -> ClassShare:
@@ -316,7 +323,10 @@ def _entry(check: _Check, value: Any, path: str, base: TenantEntry | None) -> Te
                 billing = BillingPolicy.parse(raw)
             except ValueError as exc:
                 check.bad(where, str(exc))
-    return TenantEntry(classes, projects, regions, rate, preferred, billing)
+    scenario = inherited.routing_scenario
+    if "routing_scenario" in body:
+        scenario = check.identifier(body["routing_scenario"], _join(path, "routing_scenario"))
+    return TenantEntry(classes, projects, regions, rate, preferred, billing, scenario)
 
 
 def _classes(check: _Check, value: Any, path: str) -> Mapping[ServiceClass, ClassShare]:

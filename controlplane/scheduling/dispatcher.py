@@ -541,6 +541,11 @@ class Dispatcher:
                 ),
                 incumbent=self._incumbents.get(group),
                 canary_stages=self.canary_stages,
+                scenario=(
+                    ""
+                    if self._round_tenants is None
+                    else self._round_tenants.routing_scenario(task.tenant_id)
+                ),
             )
             screened = screen(spec, catalog.candidates, ctx, catalog.version)
             survivors = screened.survivors()

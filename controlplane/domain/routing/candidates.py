@@ -162,6 +162,9 @@ class RoutingContext:
     incumbent: Incumbent | None = None
     canary_stages: Mapping[str, int] = field(default_factory=dict)
     load: Mapping[str, LoadView] = field(default_factory=dict)  # model-server load (9.21)
+    # The tenant's routing scenario (9.13's table, e.g. AD_PRODUCTION): the policy's weight set
+    # of that name scores the task when it has one; "" or unknown: the service class's.
+    scenario: str = ""
 
 
 def catalog_version(candidates: Sequence[Candidate]) -> str:

@@ -135,7 +135,7 @@ class DecisionFacts:
     (9.25.4, `replay`) re-runs scoring and selection exactly: held by reference when the
     decision is made, rendered once when it is stored (``facts`` in the snapshot)."""
 
-    scenario: str  # the spec's service class: which weights of the policy applied
+    scenario: str  # which weights of the policy applied (`selection.scenario_for`)
     group_key: str  # the near-tie bucketing key: the tenant, else the task
     mode: str  # the spec's routing mode
     now: datetime

@@ -120,10 +120,18 @@ def weight_vector(policy: scoring.RoutingPolicy, scenario: str) -> tuple[tuple[f
     return vector, fsum(vector)
 
 
+def scenario_for(policy: scoring.RoutingPolicy, spec: GenerationSpec, ctx: RoutingContext) -> str:
+    """The weight set that scores `spec` under `policy` (9.13): the tenant's routing scenario
+    when the policy has a set of that name, else the service class's (itself falling back to
+    ``default`` in `RoutingPolicy.weights_for`). Decisions record it; replay re-weights by it."""
+    scenario = ctx.scenario
+    return scenario if scenario and scenario in policy.weights else spec.service_class.value
+
+
 def _weights(
-    policy: scoring.RoutingPolicy, spec: GenerationSpec
+    policy: scoring.RoutingPolicy, spec: GenerationSpec, ctx: RoutingContext
 ) -> tuple[tuple[float, ...], float]:
-    return weight_vector(policy, spec.service_class.value)
+    return weight_vector(policy, scenario_for(policy, spec, ctx))
 
 
 def weighted_total(
@@ -157,9 +165,9 @@ def _score(  # noqa: PLR0915 - one loop per decision on purpose: the hot path
     penalty = cfg.deprecated_penalty
     if penalty < 0 and any(r.entry.deprecated for r in eligible):
         raise ValueError("penalties are non-negative amounts")
-    w_main, cap_w = _weights(cfg.policy, spec)
+    w_main, cap_w = _weights(cfg.policy, spec, ctx)
     shadow = cfg.shadow_policy
-    w_shadow, cap_s = _weights(shadow or cfg.policy, spec)
+    w_shadow, cap_s = _weights(shadow or cfg.policy, spec, ctx)
     totals: dict[str, float] = {}
     shadow_totals: dict[str, float] = {}
     latency_span = bad - good
@@ -413,7 +421,7 @@ def _route_once(
     facts = None
     if eligible:
         outcome = Outcome.SELECTED
-        facts = _facts(task_id, spec, eligible, ctx)
+        facts = _facts(task_id, spec, eligible, ctx, scenario_for(cfg.policy, spec, ctx))
         ranked, why, slot = choose(
             facts, [(r.entry.id, r.canary) for r in eligible], scores, cfg.policy
         )
@@ -438,14 +446,18 @@ def _route_once(
 
 
 def _facts(
-    task_id: str, spec: GenerationSpec, eligible: Sequence[_Row], ctx: RoutingContext
+    task_id: str,
+    spec: GenerationSpec,
+    eligible: Sequence[_Row],
+    ctx: RoutingContext,
+    scenario: str,
 ) -> DecisionFacts:
     mode = spec.routing.mode
     pinned_ids: frozenset[str] = frozenset()
     if mode is RoutingMode.PREFERRED:
         pinned_ids = frozenset(r.entry.id for r in eligible if pinned(spec, r.entry.candidate))
     return DecisionFacts(
-        spec.service_class.value,
+        scenario,
         _group_key(task_id, spec),
         mode.value,
         ctx.now,

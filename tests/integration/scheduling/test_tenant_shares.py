@@ -172,3 +172,30 @@ async def test_a_tenants_billing_policy_replaces_the_configured_one(
     record, created = await tasks.create_task(request)
     assert created
     assert record.state is TaskState.QUEUED
+
+
+async def test_a_tenants_routing_scenario_picks_the_policys_weight_set(
+    db: Database, make_dispatcher: DispatcherFactory
+) -> None:
+    """B's routing scenario AD_PRODUCTION (a set of the routing policy) scores its task and is
+    recorded on the decision; C names a set the policy lacks and A none: both keep their
+    service class's set."""
+    book = TenantBook(db)
+    tenants = {"B": {"routing_scenario": "AD_PRODUCTION"}, "C": {"routing_scenario": "NOPE"}}
+    await TenantConfigService(db, book).publish(document("scenarios", tenants))
+    for tenant in "ABC":
+        await bulk_queue(db, tenant, 1)
+    dispatcher = make_dispatcher(config=DispatcherConfig(batch_size=3), tenants=book)
+    decisions: dict[str, Any] = {}
+    original = dispatcher.dispatch_batch
+
+    async def keeping(tasks: list[TaskRecord], *args: Any, **kwargs: Any) -> Any:
+        results = await original(tasks, *args, **kwargs)
+        tenant = {t.id: t.tenant_id for t in tasks}
+        decisions.update({tenant[r.task_id]: r.decision for r in results})
+        return results
+
+    dispatcher.dispatch_batch = keeping  # type: ignore[method-assign]
+    assert await dispatcher.tick() == 3
+    scenarios = {t: d.facts.scenario for t, d in decisions.items()}
+    assert scenarios == {"A": "STANDARD", "B": "AD_PRODUCTION", "C": "STANDARD"}

@@ -217,3 +217,21 @@ tenants:
         "version: b2\ndefault: {service_classes: {STANDARD: {}}, billing_policy: credit}"
     )
     assert "prepaid or postpaid" in found["default.billing_policy"]
+
+
+def test_a_routing_scenario_is_an_identifier_inherited_like_the_rest() -> None:
+    """routing_scenario names a weight set; a listed tenant without one takes default's."""
+    t = parse_tenants_document(
+        """
+version: s1
+default: {service_classes: {STANDARD: {}}, routing_scenario: FREE_TRIAL}
+tenants:
+  acme: {routing_scenario: AD_PRODUCTION}
+  beta: {}
+"""
+    )
+    assert t.routing_scenario("acme") == "AD_PRODUCTION"
+    assert t.routing_scenario("beta") == "FREE_TRIAL"
+    assert "default.routing_scenario" in violations(
+        "version: s2\ndefault: {service_classes: {STANDARD: {}}, routing_scenario: 'a b'}"
+    )
