@@ -892,7 +892,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             metrics=metrics,
             db=db,
             routing_policies=routing_policies,
-            tenants=TenantConfigService(db, tenant_book),
+            tenants=TenantConfigService(db, tenant_book, safety=safety),
         )
     except PortInUse as exc:
         for close in stops:

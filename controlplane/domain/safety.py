@@ -16,7 +16,11 @@ The rules, each named in a `SafetyViolation` (``rule``, ``field``):
 
 A tenant section only tightens the global rules (more blocked terms, fewer modes, lower
 maxima); it can never allow what the global policy refuses, so the platform's floor holds for
-every tenant. `SafetyPolicy.from_mapping` reads the configuration document (the composition
+every tenant. A *profile* is a named section of the same shape (``profiles:``) that the tenants
+document assigns to tenants (``safety_profile``): it tightens the global rules before the
+tenant's own section does. A profile the policy does not define refuses the request
+(``SAFETY_PROFILE_UNKNOWN``): a tightening that cannot be applied is not skipped.
+`SafetyPolicy.from_mapping` reads the configuration document (the composition
 root loads the YAML file); nothing here does I/O.
 
 Matching: text is NFKC-normalized, case-folded and stripped of format characters (zero-width
@@ -140,59 +144,80 @@ class SafetyPolicy:
     version: str = "none"
     rules: TenantRules = field(default_factory=TenantRules)
     tenants: Mapping[str, TenantRules] = field(default_factory=dict)
+    profiles: Mapping[str, TenantRules] = field(default_factory=dict)
 
-    def effective(self, tenant_id: str) -> TenantRules:
-        """The rules for `tenant_id`: the global ones, tightened by the tenant's section."""
+    def effective(self, tenant_id: str, profile: str = "") -> TenantRules:
+        """The rules for `tenant_id`: the global ones, tightened by `profile`'s section (a name
+        of ``profiles``; "" none), then by the tenant's own."""
+        rules = self.rules
+        if profile:
+            rules = _tighten(rules, self.profiles[profile])
         own = self.tenants.get(tenant_id)
-        if own is None:
-            return self.rules
-        base = self.rules
-        return TenantRules(
-            blocked=base.blocked + own.blocked,
-            allowed_modes=_narrowest(base.allowed_modes, own.allowed_modes),
-            max_duration_ms=_tightest(base.max_duration_ms, own.max_duration_ms),
-            max_frame_pixels=_tightest(base.max_frame_pixels, own.max_frame_pixels),
-            asset_hosts=_narrowest(base.asset_hosts, own.asset_hosts),
-        )
+        return rules if own is None else _tighten(rules, own)
 
     def profile_violations(self, spec: GenerationSpec) -> list[FieldViolation]:
-        """Why `spec.safety_profile` cannot be honoured: this policy defines no named profiles
-        (a tenant's own section applies by its tenant id), so only "" (the tenant default) is
-        accepted; anything else is refused rather than silently ignored (issue 20)."""
+        """Why `spec.safety_profile` cannot be honoured: a request does not choose its profile
+        (the tenants document assigns one per tenant, `profiles`; a tenant's own section applies
+        by its tenant id), so only "" (the tenant's) is accepted; anything else is refused
+        rather than silently ignored (issue 20)."""
         if not spec.safety_profile:
             return []
         return [
             FieldViolation(
                 "safety_profile",
-                f"unknown safety profile {spec.safety_profile!r}: this platform defines no "
-                "named profiles; leave it empty for the tenant's safety policy",
+                f"unknown safety profile {spec.safety_profile!r}: a request cannot choose one"
+                " (the tenants document assigns each tenant's); leave it empty for the"
+                " tenant's safety policy",
             )
         ]
 
-    def check(self, spec: GenerationSpec) -> list[SafetyViolation]:
+    def check(self, spec: GenerationSpec, profile: str = "") -> list[SafetyViolation]:
         """Every rule `spec` breaks, in a stable order; empty when the platform allows it."""
-        return list(_violations(spec, self.effective(spec.tenant_id)))
+        return list(_violations(spec, self.effective(spec.tenant_id, profile)))
 
     @classmethod
     def from_mapping(cls, doc: Mapping[str, Any]) -> SafetyPolicy:
         """Build from the configuration document (see ``controlplane/safety_policy.yaml``)."""
-        _only(doc, {"version", "rules", "tenants"}, "policy")
-        tenants = doc.get("tenants") or {}
-        if not isinstance(tenants, Mapping):
-            raise PolicyError("tenants must be a mapping of tenant id -> rules")
+        _only(doc, {"version", "rules", "tenants", "profiles"}, "policy")
+        sections: dict[str, dict[str, TenantRules]] = {}
+        for name in ("tenants", "profiles"):
+            raw = doc.get(name) or {}
+            if not isinstance(raw, Mapping):
+                raise PolicyError(f"{name} must be a mapping of name -> rules")
+            sections[name] = {str(k): _rules(r or {}, f"{name}.{k}") for k, r in raw.items()}
         return cls(
             version=str(doc.get("version") or "unversioned"),
             rules=_rules(doc.get("rules") or {}, "rules"),
-            tenants={str(t): _rules(r or {}, f"tenants.{t}") for t, r in tenants.items()},
+            tenants=sections["tenants"],
+            profiles=sections["profiles"],
         )
 
 
-def ensure_allowed(policy: SafetyPolicy, spec: GenerationSpec) -> None:
+def _tighten(base: TenantRules, own: TenantRules) -> TenantRules:
+    return TenantRules(
+        blocked=base.blocked + own.blocked,
+        allowed_modes=_narrowest(base.allowed_modes, own.allowed_modes),
+        max_duration_ms=_tightest(base.max_duration_ms, own.max_duration_ms),
+        max_frame_pixels=_tightest(base.max_frame_pixels, own.max_frame_pixels),
+        asset_hosts=_narrowest(base.asset_hosts, own.asset_hosts),
+    )
+
+
+def ensure_allowed(policy: SafetyPolicy, spec: GenerationSpec, profile: str = "") -> None:
     """Raise `PreconditionFailed` (reason SAFETY_POLICY_VIOLATION) naming the first broken rule.
 
     The message lists every violation; ErrorInfo metadata carries the first one's ``rule`` and
-    ``field`` plus the policy version, so a client can act without parsing prose."""
-    violations = policy.check(spec)
+    ``field`` plus the policy version, so a client can act without parsing prose. A `profile`
+    the policy does not define is SAFETY_PROFILE_UNKNOWN: never checked without it."""
+    if profile and profile not in policy.profiles:
+        raise PreconditionFailed(
+            f"tenant {spec.tenant_id!r} is assigned safety profile {profile!r}, which safety"
+            f" policy {policy.version} does not define; an operator must fix the tenants"
+            " document or the safety policy",
+            reason="SAFETY_PROFILE_UNKNOWN",
+            labels={"safety_profile": profile, "policy_version": policy.version},
+        )
+    violations = policy.check(spec, profile)
     if not violations:
         return
     first = violations[0]

@@ -16,6 +16,7 @@ The operators' tenants document is YAML or JSON, one mapping::
                                        # its tasks (9.13); absent, or not in the policy: the
                                        # service class's set
       create_rate: {per_second: 5, burst: 20}   # CreateTask token bucket; absent: no limit
+      safety_profile: strict           # a profile of the safety policy tightens its rules
       billing_policy: postpaid:5000000 # prepaid | postpaid[:overdraft micros]; absent: the
                                        # deployment's (VIDROUTE_BILLING_*); applies with billing
     tenants:
@@ -60,7 +61,7 @@ BUILTIN_VERSION = "tenants-builtin"
 _TOP = frozenset({"version", "description", "default", "tenants"})
 _ENTRY = frozenset(
     {"service_classes", "projects", "allowed_regions", "preferred_regions", "create_rate"}
-    | {"billing_policy", "routing_scenario"}
+    | {"billing_policy", "routing_scenario", "safety_profile"}
 )
 _CLASS = frozenset({"weight", "max_in_flight", "max_queued"})
 _PROJECT = frozenset({"priority"})
@@ -103,6 +104,7 @@ class TenantEntry:
     preferred_regions: tuple[str, ...] = ()  # best first; (): no preference
     billing_policy: BillingPolicy | None = None  # None: the deployment's configured one
     routing_scenario: str = ""  # "": the service class's weight set
+    safety_profile: str = ""  # a profile of the safety policy; "": none
 
     @property
     def entitled(self) -> tuple[ServiceClass, ...]:
@@ -147,6 +149,15 @@ class Tenants:
 
     def routing_scenario(self, tenant_id: str) -> str:
         return self.entry(tenant_id).routing_scenario
+
+    def safety_profiles(self) -> dict[str, str]:
+        """Path -> profile of every entry that names one itself (for the publication's check
+        against the safety policy)."""
+        named = {"default.safety_profile": self.default.safety_profile}
+        for tenant, entry in self.tenants.items():
+            if entry.safety_profile != self.default.safety_profile:
+                named[f"{_join('tenants', tenant)}.safety_profile"] = entry.safety_profile
+        return {path: profile for path, profile in named.items() if profile}
 
 
 def ensure_entitled(tenants: Tenants, tenant_id: str, service_class: ServiceClass) -> ClassShare:
@@ -326,7 +337,10 @@ def _entry(check: _Check, value: Any, path: str, base: TenantEntry | None) -> Te
     scenario = inherited.routing_scenario
     if "routing_scenario" in body:
         scenario = check.identifier(body["routing_scenario"], _join(path, "routing_scenario"))
-    return TenantEntry(classes, projects, regions, rate, preferred, billing, scenario)
+    profile = inherited.safety_profile
+    if "safety_profile" in body:
+        profile = check.identifier(body["safety_profile"], _join(path, "safety_profile"))
+    return TenantEntry(classes, projects, regions, rate, preferred, billing, scenario, profile)
 
 
 def _classes(check: _Check, value: Any, path: str) -> Mapping[ServiceClass, ClassShare]:

@@ -211,8 +211,8 @@ class TaskService:
         if violations:
             raise InvalidSpec(violations)
         ensure_own_tenant(caller, cmd.spec.tenant_id)
-        ensure_allowed(self._safety, cmd.spec)
         entry = None if self._tenants is None else await self._tenants.admit(cmd.spec)
+        ensure_allowed(self._safety, cmd.spec, "" if entry is None else entry.safety_profile)
         webhook = self._webhooks.resolve(cmd.webhook, cmd.spec.tenant_id)
         now = self._clock()
         queue_deadline_at, deadline_at = deadlines_for(cmd.spec, self._deadlines, now)

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from controlplane.domain.safety import SafetyPolicy
 from controlplane.domain.tenants import (
     BUILTIN,
     BUILTIN_DOCUMENT,
@@ -135,8 +136,12 @@ class TenantConfigService:
         book: TenantBook,
         *,
         clock: Callable[[], datetime] = _utcnow,
+        safety: SafetyPolicy | None = None,
     ) -> None:
         self._db, self._book, self._clock = db, book, clock
+        # The safety policy this process enforces: a document naming a profile it lacks is
+        # refused at publication (None: not checked, as in tools and tests).
+        self._safety = safety
 
     async def get(self, version: str = "", caller: Caller = SYSTEM) -> DocumentRow:
         """The named version, else the active one, else the built-in document (never stored)."""
@@ -163,6 +168,15 @@ class TenantConfigService:
             )
         tenants = parse_tenants_document(text)
         ensure_publishable(tenants)
+        if self._safety is not None:
+            policy = self._safety
+            unknown = [
+                FieldViolation(path, f"safety policy {policy.version} has no profile {name!r}")
+                for path, name in tenants.safety_profiles().items()
+                if name not in policy.profiles
+            ]
+            if unknown:
+                raise InvalidSpec(unknown)
         name, now = tenants.version, self._clock()
         async with self._db.reading() as conn:
             existing = await store.DOCUMENTS.version(conn, name)

@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 from controlplane.api.auth import Authenticator, hash_token, new_token, parse_entries
 from controlplane.api.servicer import SchedulerServicer
 from controlplane.api.tenant_servicer import TenantServicer
+from controlplane.domain.safety import SafetyPolicy
 from controlplane.persistence.database import Database
 from controlplane.persistence.models import generation_tasks
 from controlplane.rate_limits import InProcessRateLimiter
@@ -33,6 +34,9 @@ from vidroute.scheduler.v1 import tenant_service_pb2 as api
 
 pytestmark = pytest.mark.timeout(120)
 CLOCK = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+SAFETY = SafetyPolicy.from_mapping(
+    {"version": "safety-1", "profiles": {"strict": {"max_duration_ms": 2000}}}
+)
 
 
 def document(version: str, **tenants: Any) -> str:
@@ -118,13 +122,15 @@ async def stack(db: Database) -> AsyncIterator[Api]:
     running: ControlPlaneServer = await start_server(
         SchedulerServicer(
             TaskService(
-                db, tenants=TenantAdmission(db, book, limiter=InProcessRateLimiter(clock=clock))
+                db,
+                safety=SAFETY,
+                tenants=TenantAdmission(db, book, limiter=InProcessRateLimiter(clock=clock)),
             )
         ),
         listen="127.0.0.1:0",
         probe=probe,
         auth=Authenticator(entries),
-        tenants=TenantServicer(TenantConfigService(db, book, clock=lambda: CLOCK)),
+        tenants=TenantServicer(TenantConfigService(db, book, clock=lambda: CLOCK, safety=SAFETY)),
     )
     async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
         yield Api(
@@ -269,3 +275,19 @@ async def test_a_full_class_queue_is_failed_precondition_with_the_numbers(stack:
     )
     assert await stack.rows() == 2
     assert (await stack.create("greedy", "b0", gen.SERVICE_CLASS_BATCH)).created
+
+
+async def test_a_safety_profile_tightens_a_tenants_rules(stack: Api) -> None:
+    """A profile the safety policy lacks is refused at publication by its path; with greedy on
+    the strict profile (2 s at most) its 4 s task is SAFETY_POLICY_VIOLATION, nothing written,
+    while honest's 4 s task is created."""
+    exc = await _error(stack.publish(document("t1", greedy={"safety_profile": "lenient"})))
+    assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
+    fields = {v.field for v in _unpack(exc, error_details_pb2.BadRequest).field_violations}
+    assert fields == {"tenants.greedy.safety_profile"}
+    await stack.publish(document("t2", greedy={"safety_profile": "strict"}))
+    exc = await _error(stack.create("greedy", "g0"))
+    assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert _unpack(exc, error_details_pb2.ErrorInfo).reason == "SAFETY_POLICY_VIOLATION"
+    assert await stack.rows() == 0
+    assert (await stack.create("honest", "h0")).created

@@ -235,3 +235,22 @@ tenants:
     assert "default.routing_scenario" in violations(
         "version: s2\ndefault: {service_classes: {STANDARD: {}}, routing_scenario: 'a b'}"
     )
+
+
+def test_safety_profiles_are_listed_by_the_path_that_names_them() -> None:
+    """default's profile and each tenant's own (not an inherited one) are listed for the
+    publication's check against the safety policy."""
+    t = parse_tenants_document(
+        """
+version: p1
+default: {service_classes: {STANDARD: {}}, safety_profile: standard}
+tenants:
+  acme: {safety_profile: strict}
+  beta: {}
+"""
+    )
+    assert t.entry("beta").safety_profile == "standard"
+    assert t.safety_profiles() == {
+        "default.safety_profile": "standard",
+        "tenants.acme.safety_profile": "strict",
+    }
