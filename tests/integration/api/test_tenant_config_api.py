@@ -85,13 +85,15 @@ class Api:
         request = api.ListTenantConfigHistoryRequest()
         return await self.tenants.ListTenantConfigHistory(request, metadata=self.md())
 
-    async def create(self, who: str, key: str, cls: int = gen.SERVICE_CLASS_STANDARD) -> Any:
+    async def create(
+        self, who: str, key: str, cls: gen.ServiceClass.ValueType = gen.SERVICE_CLASS_STANDARD
+    ) -> Any:
         spec = gen.GenerationSpec(
             tenant_id=who,
             prompt="a red kite",
             mode=gen.MODE_TEXT_TO_VIDEO,
             output=gen.OutputSpec(width=1280, height=720, duration_ms=4000),
-            service_class=cls,  # type: ignore[arg-type]
+            service_class=cls,
         )
         request = sapi.CreateTaskRequest(spec=spec, idempotency_key=key)
         return await self.tasks.CreateTask(request, metadata=self.md(who))

@@ -75,7 +75,7 @@ async def test_published_weights_give_5_2_1_shares_behind_a_flood(
                 running.append(result.task_id)
         return results
 
-    dispatcher.dispatch_batch = counting  # type: ignore[method-assign]
+    dispatcher.dispatch_batch = counting  # type: ignore[method-assign]  # the test swaps in a recording double
     for _ in range(16):
         assert await dispatcher.tick() == 20
         await _finish(db, leases, dispatcher, running)
@@ -135,7 +135,7 @@ async def test_allowed_and_preferred_regions_reach_routing(
         decisions.update({tenant[r.task_id]: r.decision for r in results})
         return results
 
-    dispatcher.dispatch_batch = keeping  # type: ignore[method-assign]
+    dispatcher.dispatch_batch = keeping  # type: ignore[method-assign]  # the test swaps in a recording double
     assert await dispatcher.tick() == 2
     selected = decisions["A"].selected
     assert selected is not None
@@ -195,7 +195,7 @@ async def test_a_tenants_routing_scenario_picks_the_policys_weight_set(
         decisions.update({tenant[r.task_id]: r.decision for r in results})
         return results
 
-    dispatcher.dispatch_batch = keeping  # type: ignore[method-assign]
+    dispatcher.dispatch_batch = keeping  # type: ignore[method-assign]  # the test swaps in a recording double
     assert await dispatcher.tick() == 3
     scenarios = {t: d.facts.scenario for t, d in decisions.items()}
     assert scenarios == {"A": "STANDARD", "B": "AD_PRODUCTION", "C": "STANDARD"}
