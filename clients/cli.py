@@ -98,7 +98,7 @@ async def _serve(
 ) -> int:
     import dataclasses
 
-    from clients.devstack import Supervisor, start_stack
+    from clients.devstack import Supervisor, publish_example_tenants, start_stack
     from controlplane.bootstrap import Settings, configure_logging, start_control_plane
     from controlplane.server import serve_until_signalled
 
@@ -156,8 +156,6 @@ async def _serve(
     try:
         running = await start_control_plane(settings)
         if whole_stack:  # the example tenants, so entitlement and weights show at once
-            from clients.devstack import publish_example_tenants
-
             await publish_example_tenants(settings.database_url)
         # The process is set up: freeze its start-up heap for the dispatcher (issue 10). Here,
         # in the process's entry point, not in a library call a test or embedder makes.
