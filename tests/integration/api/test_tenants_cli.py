@@ -35,7 +35,9 @@ def backend() -> str:
 async def target(db: Database, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
     token = new_token()
     monkeypatch.setenv("VIDROUTE_TOKEN", token)
-    monkeypatch.setenv("VIDROUTE_CONFIG", "/nonexistent/vidroute.toml")
+    # No config file (a missing default is no error, a named one is): never the user's own.
+    monkeypatch.delenv("VIDROUTE_CONFIG", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", "/nonexistent")
 
     async def probe() -> bool:
         return True
