@@ -13,7 +13,7 @@ SDK_GENAI2 := $(VENV)/sdk-genai2
 SDK_GENAI2_REQ := tests/integration/sdk/genai2-requirements.txt
 BENCH_LITELLM := .venv-bench-litellm
 
-.PHONY: up test lint typecheck dists proto proto-check buf-lint buf-breaking bench bench-routing clean
+.PHONY: up test lint typecheck dists proto proto-check buf-lint buf-breaking bench bench-routing stress clean
 
 $(INSTALLED): pyproject.toml constraints.txt
 	@test -x $(PY) || { echo "==> creating $(VENV) ($(PYTHON))"; $(PYTHON) -m venv $(VENV); }
@@ -113,6 +113,13 @@ bench: $(INSTALLED) $(BENCH_LITELLM)/.installed
 	@set -e; for m in $(BENCH_MODULES); do \
 	  if [ -f bench/$$m.py ]; then echo "== bench.$$m"; $(PY) -m bench.$$m; fi; \
 	done
+
+## One test N times beside a CPU hog (one spinner per core, HOG=k to choose), with pass/fail
+## counts: `make stress TEST=tests/e2e/test_redis_loss.py N=20`. ARGS go to pytest.
+N ?= 20
+stress: $(INSTALLED) $(NODE_INSTALLED) $(SDK_GENAI2)/.installed
+	bash scripts/ensure_services.sh
+	bash scripts/stress_tests.sh $(TEST) $(N) -- $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(BENCH_LITELLM) node_modules var dist .pytest_cache .mypy_cache .ruff_cache
