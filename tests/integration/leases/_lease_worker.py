@@ -3,7 +3,9 @@
 Run as `python _lease_worker.py MODE URL NAMESPACE ...` with the repository root on PYTHONPATH.
 Modes:
 
-- `hammer ID ITERATIONS SEED`: acquire and release random dimension mixes, print JSON stats.
+- `hammer ID ITERATIONS SEED`: print ``ready`` once connected, wait for a line on stdin (the
+  start signal, so that every worker races the others however slowly the machine started them),
+  then acquire and release random dimension mixes and print JSON stats.
 - `hold ATTEMPT TTL_MS`: acquire one lease, print it as JSON, then wait to be killed.
 - `reclaim ATTEMPT DEADLINE_S`: poll reclaim_expired until ATTEMPT comes back, print the ids.
 """
@@ -71,6 +73,9 @@ async def main(argv: list[str]) -> int:
     store = RedisLeaseStore(client, namespace=namespace)
     try:
         if mode == "hammer":
+            await client.ping()  # connected before the start line, like the others
+            print("ready", flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
             stats = await hammer(store, rest[0], int(rest[1]), int(rest[2]))
             print(json.dumps(stats), flush=True)
         elif mode == "hold":
