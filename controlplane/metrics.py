@@ -107,6 +107,13 @@ class ControlPlaneMetrics:
             pm,
             registry=r,
         )
+        # Beyond 9.24: the gauge above only shows the last pass; this says passes are running
+        # (a stalled reconciler leaves it flat) and lets a Redis loss be measured in passes.
+        self.reconcile_passes = Counter(
+            "provider_lease_reconcile_passes",
+            "Lease reconciliation passes completed (periodic, and rebuilds after a lost store)",
+            registry=r,
+        )
         self.submits = Counter(
             "provider_submit",
             "Submit calls by outcome",
@@ -218,6 +225,7 @@ class ControlPlaneMetrics:
         self._throttled_keys |= set(counts)
 
     def reconcile_pass(self, deltas: Mapping[tuple[str, str], int]) -> None:
+        self.reconcile_passes.inc()
         for key in self._delta_keys - set(deltas):
             self.reconcile_delta.labels(*key).set(0)
         for key, delta in deltas.items():

@@ -41,6 +41,7 @@ DESIGN_FAMILIES = {
     "provider_retry_cost_micros",
     "provider_reconciliation_delta_micros",
     "provider_circuit_transitions_total",  # beyond 9.24: a transition outlives a scrape
+    "provider_lease_reconcile_passes_total",  # beyond 9.24: a Redis loss measured in passes
     "grpc_server_started_total",
     "grpc_server_handled_total",
     "grpc_server_handling_seconds",
