@@ -70,6 +70,9 @@ UNRESOLVABLE_URL = "http://nonexistent.invalid:8080"
 # The factor of a run unless a test picks its own: production's 60 s submit_read becomes 1.2 s,
 # the 1800 s unknown-recovery deadline 36 s. ``VIDROUTE_E2E_TIME_SCALE`` changes it by hand.
 DEFAULT_TIME_SCALE = float(os.environ.get("VIDROUTE_E2E_TIME_SCALE") or 0.02)
+# How long a process may take to start (port file, first log lines, capabilities published): a
+# hang guard, not a speed claim. On two cores at load 20, `vidroute serve` took over 60 s.
+START_GUARD_S = 300.0
 TERMINAL = frozenset(
     {
         scheduler_pb2.TASK_STATE_SUCCEEDED,
@@ -346,11 +349,11 @@ def _spawn(
 def expect_time_scale(proc: processes.Proc, factor: float, what: str) -> None:
     """The process logged that it runs on `factor` (each logs its factor once at start)."""
     wanted = f"time scale {factor:g}"
-    wait_for(lambda: wanted in proc.log(), timeout_s=30, what=f"{what} logs {wanted!r}")
+    wait_for(lambda: wanted in proc.log(), timeout_s=START_GUARD_S, what=f"{what} logs {wanted!r}")
 
 
 def _await_port(
-    popen: Any, port_file: Path, log_path: Path, what: str, timeout_s: float = 60.0
+    popen: Any, port_file: Path, log_path: Path, what: str, timeout_s: float = START_GUARD_S
 ) -> processes.Proc:
     def ready() -> bool:
         if popen.poll() is not None:
@@ -528,7 +531,7 @@ class ControlPlane:
             out.append(f"--- {path.name} (tail) ---\n" + "\n".join(tail))
         return "\n".join(out)
 
-    def wait_capabilities(self, timeout_s: float = 60.0) -> None:
+    def wait_capabilities(self, timeout_s: float = START_GUARD_S) -> None:
         """Wait until every sidecar's capabilities are published (routing needs them)."""
 
         def published() -> bool:
