@@ -35,7 +35,11 @@ from vidroute.scheduler.v1 import scheduler_pb2 as sp
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(900)]
 
-TIME_SCALE = 0.02
+# Every RPC timeout of the run must stay above a loaded machine's RPC latency, or the workload
+# changes: at 0.02 the dispatcher's Compile deadline (10 s) is 0.2 s and the sidecars' submit read
+# (60 s) 1.2 s, and at load 40 a Compile went unanswered and the clean task failed
+# NO_ELIGIBLE_CANDIDATE. At 0.05 they are 0.5 s and 3 s.
+TIME_SCALE = 0.05
 # A hang guard, not a speed claim: the workload is seconds of scaled timers, but its CPU work
 # (three processes, emulator threads, the scaled poll loops) is not scaled and a machine at load
 # 40 stretches it twenty-fold; the stack's start-up counts against the pytest timeout too.

@@ -73,6 +73,9 @@ DEFAULT_TIME_SCALE = float(os.environ.get("VIDROUTE_E2E_TIME_SCALE") or 0.02)
 # How long a process may take to start (port file, first log lines, capabilities published): a
 # hang guard, not a speed claim. On two cores at load 20, `vidroute serve` took over 60 s.
 START_GUARD_S = 300.0
+# The deadline of the tests' own API calls (CreateTask, GetTask, ...): a hang guard too. At load
+# 40 a GetTask of a control plane running at time factor 0.05 took over 10 s to answer.
+RPC_GUARD_S = 60.0
 TERMINAL = frozenset(
     {
         scheduler_pb2.TASK_STATE_SUCCEEDED,
@@ -536,7 +539,7 @@ class ControlPlane:
 
         def published() -> bool:
             providers = self._call(
-                lambda s: s.ListProviders(api.ListProvidersRequest(), timeout=5)
+                lambda s: s.ListProviders(api.ListProvidersRequest(), timeout=RPC_GUARD_S)
             ).providers
             return {p.provider for p in providers if p.capabilities} >= set(self.farm.providers)
 
@@ -560,13 +563,17 @@ class ControlPlane:
             spec=spec_for(provider, prompt, duration_s),
             idempotency_key=idempotency_key or uuid.uuid4().hex,
         )
-        return self._call(lambda s: s.CreateTask(request, timeout=10)).task.task_id
+        return self._call(lambda s: s.CreateTask(request, timeout=RPC_GUARD_S)).task.task_id
 
     def get_task(self, task_id: str) -> scheduler_pb2.Task:
-        return self._call(lambda s: s.GetTask(api.GetTaskRequest(task_id=task_id), timeout=10)).task
+        return self._call(
+            lambda s: s.GetTask(api.GetTaskRequest(task_id=task_id), timeout=RPC_GUARD_S)
+        ).task
 
     def cancel_task(self, task_id: str) -> None:
-        self._call(lambda s: s.CancelTask(api.CancelTaskRequest(task_id=task_id), timeout=10))
+        self._call(
+            lambda s: s.CancelTask(api.CancelTaskRequest(task_id=task_id), timeout=RPC_GUARD_S)
+        )
 
     def wait_terminal(self, task_id: str, timeout_s: float = 60.0) -> scheduler_pb2.Task:
         """Poll GetTask until the task is SUCCEEDED, FAILED or CANCELLED."""
