@@ -26,13 +26,18 @@ OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/stress.XXXXXX")}
 mkdir -p "$OUT"
 
 hog_pids=()
+run_pid=
 stop_hog() {
   for pid in "${hog_pids[@]}"; do kill "$pid" 2>/dev/null; done
   for pid in "${hog_pids[@]}"; do wait "$pid" 2>/dev/null; done
   hog_pids=()
 }
+stop_run() {  # the run in progress and what it started (its own process group)
+  [ -n "$run_pid" ] && kill -- "-$run_pid" 2>/dev/null
+  run_pid=
+}
 trap stop_hog EXIT
-trap 'stop_hog; exit 130' INT TERM
+trap 'stop_run; stop_hog; exit 130' INT TERM
 
 for ((h = 0; h < HOG; h++)); do
   "$PY" -c 'while True: pass' &
@@ -43,10 +48,14 @@ pass=0; fail=0; failed=(); max_load=0
 cd "$ROOT"
 for ((i = 1; i <= N; i++)); do
   start=$(date +%s)
+  # Its own process group (setsid), so that stopping the script stops the run's children too.
   # shellcheck disable=SC2086 # PYTEST_ARGS is a word list on purpose
-  "$PY" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-} "$TEST" "${EXTRA[@]}" \
-    >"$OUT/run-$i.log" 2>&1
+  setsid "$PY" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-} "$TEST" "${EXTRA[@]}" \
+    >"$OUT/run-$i.log" 2>&1 &
+  run_pid=$!
+  wait "$run_pid"
   rc=$?
+  run_pid=
   load=$(cut -d' ' -f1 /proc/loadavg)
   max_load=$(awk -v a="$max_load" -v b="$load" 'BEGIN { print (b > a) ? b : a }')
   if [ "$rc" -eq 0 ]; then pass=$((pass + 1)); verdict=pass
