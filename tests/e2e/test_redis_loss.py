@@ -246,6 +246,7 @@ def _lose_and_measure(
     lose()
     began = time.monotonic()
     at_loss = _reconcile_passes(metrics_port)
+    assert at_loss > 0, "no reconcile pass reported: the count below would prove nothing"
     client = client_of()
     seen: list[float] = []
 
