@@ -2,7 +2,7 @@
 without persistence. In flight never exceeds capacity and capacity comes back within one
 reconcile period.
 
-    pytest tests/e2e/test_redis_loss.py                                      # make test: 12 tasks
+    pytest tests/e2e/test_redis_loss.py                      # make test: 12 tasks, then 8 more
     VIDROUTE_E2E_REDIS_LOSS_TASKS=60 pytest tests/e2e/test_redis_loss.py -s  # a bigger run by hand
 
 The test starts its own ``redis-server`` (``--save '' --appendonly no``: a restart comes back
@@ -33,8 +33,9 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -211,8 +212,21 @@ class Sampler:
             maxima[key] = max(maxima[key], value)
 
 
-def _attempts(cp: ControlPlane, task_ids: list[str]) -> int:
-    return sum(len(cp.get_task(t).attempts) for t in task_ids)
+def _submit(cp: ControlPlane, prompts: dict[str, str], count: int) -> None:
+    """`count` more tasks, alternating providers, into `prompts` (task id -> prompt)."""
+    for _ in range(count):
+        i = len(prompts)
+        provider = USED_PROVIDERS[i % len(USED_PROVIDERS)]
+        prompts[cp.create_task(provider, prompt=f"fox {i}")] = f"fox {i}"
+
+
+def _admitted_since(cp: ControlPlane, task_ids: Iterable[str], since: datetime) -> bool:
+    """Whether any attempt of the tasks was created (admitted) after `since`."""
+    return any(
+        a.created_at.ToDatetime(tzinfo=UTC) > since
+        for t in task_ids
+        for a in cp.get_task(t).attempts
+    )
 
 
 def _live_markers(client: redis.Redis) -> set[bytes]:
@@ -238,12 +252,13 @@ def _lose_and_measure(
     client_of: Callable[[], redis.Redis],
     markers: set[bytes],
     metrics_port: int,
-) -> str:
+) -> tuple[datetime, str]:
     """Run `lose`; wait until every lease account it had is live again, asserting that no
-    reconcile pass begun after the loss ended without bringing them back; return, for the
-    figures, the seconds from the loss's end (Redis serving, empty) until then and the passes
-    that had ended meanwhile."""
+    reconcile pass begun after the loss ended without bringing them back; return when the loss
+    ended (Redis serving, empty) and, for the figures, the seconds from then until every account
+    was live and the passes that had ended meanwhile."""
     lose()
+    lost_at = datetime.now(UTC)
     began = time.monotonic()
     at_loss = _reconcile_passes(metrics_port)
     assert at_loss > 0, "no reconcile pass reported: the count below would prove nothing"
@@ -268,7 +283,7 @@ def _lose_and_measure(
         interval_s=0.02,
         what="every lease account live again after the loss",
     )
-    return f"{time.monotonic() - began:.3f}s/{seen[-1]:.0f}passes"
+    return lost_at, f"{time.monotonic() - began:.3f}s/{seen[-1]:.0f}passes"
 
 
 @pytest.fixture
@@ -305,10 +320,7 @@ def test_leases_survive_redis_flush_and_restart_under_load(
         try:
             with Sampler(fresh_postgres_url, farm) as sampler:
                 prompts: dict[str, str] = {}  # task id -> prompt, for the truth check
-                for i in range(TASKS):
-                    provider = USED_PROVIDERS[i % len(USED_PROVIDERS)]
-                    prompts[cp.create_task(provider, prompt=f"fox {i}")] = f"fox {i}"
-                task_ids = list(prompts)
+                _submit(cp, prompts, TASKS)
                 client = private_redis.client()
                 full = {
                     (p, PROVIDERS[p].model): capacity[(p, PROVIDERS[p].model)]
@@ -323,32 +335,40 @@ def test_leases_survive_redis_flush_and_restart_under_load(
                 markers = _live_markers(client)
                 assert len(markers) >= len(USED_PROVIDERS), markers
 
-                admitted = _attempts(cp, task_ids)
-                flush_s = _lose_and_measure(client.flushall, lambda: client, markers, metrics_port)
+                # "Capacity is back": an attempt created after the loss ended, not merely one more
+                # than before it (which one admitted just before the loss would satisfy).
+                lost_at, flush_s = _lose_and_measure(
+                    client.flushall, lambda: client, markers, metrics_port
+                )
                 wait_for(
-                    lambda: _attempts(cp, task_ids) > admitted,
+                    lambda: _admitted_since(cp, prompts, lost_at),
                     timeout_s=HANG_GUARD_S,
                     interval_s=0.05,
                     what="a new attempt admitted after the flush",
                 )
 
-                admitted = _attempts(cp, task_ids)
+                # Under load the first batch can drain while the flush is measured, and with no
+                # queued task nothing can be admitted after the restart: queue more than the
+                # models' combined capacity first (at load 36 all 12 were admitted before it).
+                _submit(cp, prompts, 2 * sum(full.values()))
 
                 def restart() -> None:
                     private_redis.kill()
                     private_redis.start()
 
-                restart_s = _lose_and_measure(restart, private_redis.client, markers, metrics_port)
+                lost_at, restart_s = _lose_and_measure(
+                    restart, private_redis.client, markers, metrics_port
+                )
                 wait_for(
-                    lambda: _attempts(cp, task_ids) > admitted,
+                    lambda: _admitted_since(cp, prompts, lost_at),
                     timeout_s=HANG_GUARD_S,
                     interval_s=0.05,
                     what="a new attempt admitted after the restart",
                 )
-                tasks = {t: cp.wait_terminal(t, timeout_s=HANG_GUARD_S) for t in task_ids}
+                tasks = {t: cp.wait_terminal(t, timeout_s=HANG_GUARD_S) for t in prompts}
             truth = assert_truth(farm, tasks, prompts)
             print(
-                f"\nFIGURES redis-loss: time_scale={TIME_SCALE} tasks={TASKS} "
+                f"\nFIGURES redis-loss: time_scale={TIME_SCALE} tasks={len(prompts)} "
                 f"losses=2 (FLUSHALL, SIGKILL+restart) samples={sampler.samples} "
                 f"live_again={flush_s},{restart_s} period_s={RECONCILE_PERIOD_S} "
                 f"max_in_flight_db={dict(sampler.max_db)} max_live_jobs={dict(sampler.max_truth)} "
@@ -362,7 +382,7 @@ def test_leases_survive_redis_flush_and_restart_under_load(
                     f"{key}: {sampler.max_truth[key]} provider jobs live > {cap}"
                 )
             states = Counter(sp.TaskState.Name(t.state) for t in tasks.values())
-            assert states == {"TASK_STATE_SUCCEEDED": TASKS}, states
+            assert states == {"TASK_STATE_SUCCEEDED": len(prompts)}, states
             report = audit(fresh_postgres_url, private_redis.url)
             assert report.ok, report.render()
         except BaseException:
