@@ -13,7 +13,7 @@ SDK_GENAI2 := $(VENV)/sdk-genai2
 SDK_GENAI2_REQ := tests/integration/sdk/genai2-requirements.txt
 BENCH_LITELLM := .venv-bench-litellm
 
-.PHONY: up test lint typecheck dists proto proto-check buf-lint buf-breaking bench bench-routing stress clean
+.PHONY: up test test-long lint typecheck dists proto proto-check buf-lint buf-breaking bench bench-routing stress clean
 
 $(INSTALLED): pyproject.toml constraints.txt
 	@test -x $(PY) || { echo "==> creating $(VENV) ($(PYTHON))"; $(PYTHON) -m venv $(VENV); }
@@ -46,10 +46,20 @@ ARGS ?=
 up: $(RUNTIME_INSTALLED)
 	$(VENV)/bin/vidroute up $(ARGS)
 
-## The whole test suite, PostgreSQL and Redis tests included.
+## The whole test suite, PostgreSQL and Redis tests included, on TEST_WORKERS processes
+## (pytest-xdist). Each test file runs whole on one worker (--dist loadfile), so a module's
+## shared stack starts once; every worker has its own databases, Redis databases and ports.
+## TEST_WORKERS=0 runs in this one process.
+TEST_WORKERS ?= 3
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile
 test: $(INSTALLED) $(NODE_INSTALLED) $(SDK_GENAI2)/.installed
 	bash scripts/ensure_services.sh
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_PARALLEL)
+
+## The same with the property tests at their long sizes (tests/support/sizes.py).
+test-long: $(INSTALLED) $(NODE_INSTALLED) $(SDK_GENAI2)/.installed
+	bash scripts/ensure_services.sh
+	$(PY) -m pytest $(PYTEST_PARALLEL) --long
 
 ## The CI gates before the tests (.ci/run): ruff lint and format, mypy strict on the packages
 ## and on the tests, every `type: ignore` with a code and a reason, buf lint, and buf breaking
