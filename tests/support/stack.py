@@ -377,10 +377,12 @@ class RedisDb:
 
     The control plane's lease store always uses the key prefix ``vidroute:``, so tests isolate
     by logical database: a claim key in db 0 (``SET NX`` with an expiry) makes concurrent test
-    runs pick different databases, and only the claimed database is ever flushed.
+    runs (and the workers of one run) pick different databases, and only the claimed database
+    is ever flushed. With all eight claimed, a claim waits for one to come free.
     """
 
     FIRST, LAST = 8, 15
+    CLAIM_WAIT_S = 300.0
 
     def __init__(self, base_url: str) -> None:
         self._base = base_url
@@ -390,12 +392,14 @@ class RedisDb:
         self.url = ""
 
     def __enter__(self) -> RedisDb:
-        for number in range(self.FIRST, self.LAST + 1):
-            if self._admin.set(self._claim(number), self._token, nx=True, ex=1800):
-                self.number = number
-                break
-        else:
-            raise RuntimeError("every e2e Redis database is claimed by another run")
+        # make test runs on several workers, each holding a database per running stack, and
+        # other runs on the machine claim from the same eight: wait for one to come free.
+        self.number = wait_for(
+            self._claim_free,
+            timeout_s=self.CLAIM_WAIT_S,
+            interval_s=0.5,
+            what="a free e2e Redis database (8-15 are all claimed by other tests or runs)",
+        )
         parts = urlsplit(self._base)
         self.url = parts._replace(path=f"/{self.number}").geturl()
         self.flush()
@@ -414,6 +418,12 @@ class RedisDb:
             client.flushdb()
         finally:
             client.close()
+
+    def _claim_free(self) -> int | None:
+        for number in range(self.FIRST, self.LAST + 1):
+            if self._admin.set(self._claim(number), self._token, nx=True, ex=1800):
+                return number
+        return None
 
     @staticmethod
     def _claim(number: int) -> str:
