@@ -2,6 +2,8 @@
 
 A test that needs a server it cannot reach is skipped with the reason, except under
 ``CI=true``, where it fails: CI must never go green without PostgreSQL and Redis.
+``--long`` (``make test-long``) draws the heaviest property tests at their long sizes
+(tests/support/sizes.py).
 """
 
 from __future__ import annotations
@@ -21,8 +23,23 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
+from tests.support import sizes
+
 DEFAULT_POSTGRES_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--long",
+        action="store_true",
+        help="property tests at their long sizes (tests/support/sizes.py; make test-long)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("long"):
+        sizes.use_long_sizes()
 
 
 def require_server(reason: str) -> None:

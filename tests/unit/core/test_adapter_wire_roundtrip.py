@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.sizes import examples
 from vidroute_core.adapter import (
     AdapterInfo,
     CallFailure,
@@ -152,7 +153,7 @@ polls = st.builds(PollResult, snapshots(), st.none()) | st.builds(PollResult, st
 cancels = st.builds(CancelResult, st.booleans(), st.none() | snapshots(), maybe_error)
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(20, long=60))
 @given(plan=plans)
 def test_plan_round_trips(plan: CompiledPlan) -> None:
     """A plan an adapter built survives CompilePlan and back, its JSON form kept for re-sending."""

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adapter_sidecars.common.compiling import aspect_label, constraint_env
+from tests.support.sizes import examples
 from tests.unit.domain.test_routing import specs
 from vidroute_core.capabilities.compiled import compile_expression, compile_rules
 from vidroute_core.capabilities.constraints import (
@@ -77,7 +78,11 @@ def _outcome(evaluate: Callable[[Environment], bool], env: Environment) -> tuple
         return "error", str(exc)
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(150, long=500),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(text=expressions, env=environments)
 def test_compiled_expression_agrees_with_the_interpreter(text: str, env: Environment) -> None:
     """Same boolean, or the same ConstraintTypeError message, for random text and environments."""
@@ -88,7 +93,9 @@ def test_compiled_expression_agrees_with_the_interpreter(text: str, env: Environ
     assert _outcome(compile_expression(text), env) == _outcome(expr.evaluate, env)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(60, long=200), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     rules=st.lists(st.tuples(expressions, expressions), min_size=1, max_size=3),
     env=environments,
@@ -120,7 +127,11 @@ def test_compiled_rules_list_the_interpreters_violations(
     assert got == expected
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(100, long=300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(spec=specs, resolution=st.sampled_from(["480p", "720p", "1080p", "4k"]))
 def test_shipped_rules_agree_on_random_specs(spec: GenerationSpec, resolution: str) -> None:
     """Every shipped capability's rules, for a random spec at every offered duration."""

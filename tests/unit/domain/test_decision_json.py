@@ -14,6 +14,7 @@ from controlplane.domain.routing import decision as decision_module
 from controlplane.domain.routing.decision import Components, Verdict
 from controlplane.domain.routing.selection import route
 from controlplane.persistence._bulk import _json_text
+from tests.support.sizes import examples
 from tests.unit.domain.test_fast_routing import SHADOW, decisions
 from tests.unit.domain.test_routing import CATALOG, CFG
 
@@ -60,7 +61,9 @@ def _verdict_as_before(v: Verdict) -> dict[str, Any]:
     return data
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(75, long=300), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(case=decisions(), shadow=st.booleans(), task=st.sampled_from(["1", "77"]))
 def test_every_candidates_stored_json_is_rendered_as_before(
     case: Any, shadow: bool, task: str

@@ -24,6 +24,7 @@ from controlplane.domain.routing.decision import Outcome, RouteDecisionSnapshot
 from controlplane.domain.routing.filters import Reason, screen
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.scoring import ScoreWeights, example_policy
+from tests.support.sizes import examples
 from tests.unit.domain import routing_reference as reference
 from tests.unit.domain.test_routing import (
     CATALOG,
@@ -103,7 +104,9 @@ def _explain(decision: RouteDecisionSnapshot) -> dict[str, Any]:
     return data
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(60, long=200), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(case=decisions(), cfg=st.sampled_from([CFG, SHADOW]), task=st.sampled_from(["1", "77"]))
 def test_fast_path_decides_exactly_as_the_interpreted_pipeline(
     case: tuple[GenerationSpec, RoutingContext, dict[str, CompileResult]],

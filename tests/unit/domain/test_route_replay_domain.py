@@ -31,6 +31,7 @@ from controlplane.domain.routing.replay import (
     wilson_interval,
 )
 from controlplane.domain.routing.selection import RouterConfig, route
+from tests.support.sizes import examples
 from tests.unit.domain.test_fast_routing import SHADOW, decisions
 from tests.unit.domain.test_routing import CATALOG, CFG, NOW, compile_for, make_spec
 from vidroute_core.spec import GenerationSpec, RoutingMode, ServiceClass
@@ -125,7 +126,9 @@ policies = st.builds(
 )
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(50, long=150), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     case=decisions() | selected_cases() | selected_cases(),
     cfg=st.sampled_from([CFG, SHADOW]),
@@ -149,7 +152,9 @@ def test_replay_with_the_recorded_policy_reproduces_every_decision(
         assert got.selection_reason == snap["selection_reason"]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(50, long=150), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(
     case=decisions() | selected_cases(), policy=policies, refuse=st.sampled_from([0, 0, 0, 1, 2])
 )

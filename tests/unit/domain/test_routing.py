@@ -25,6 +25,7 @@ from controlplane.domain.routing.decision import Outcome, RouteDecisionSnapshot
 from controlplane.domain.routing.filters import Reason, prefilter
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.scoring import example_policy
+from tests.support.sizes import examples
 from vidroute_core.capabilities.loader import Capability, expand_for_accounts, load_file
 from vidroute_core.spec import (
     AssetRef,
@@ -241,7 +242,11 @@ def violated(
     return broken
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=examples(100, long=300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(spec=specs, ctx=contexts)
 def test_selected_candidate_never_violates_a_hard_constraint(
     spec: GenerationSpec, ctx: RoutingContext

@@ -22,6 +22,7 @@ from controlplane.domain.states import (
     StateMachine,
     TaskState,
 )
+from tests.support.sizes import examples
 from vidroute_core.exceptions import DomainError
 
 # The tables restated from design 9.3.1 / 9.8 / 9.8.1 / 9.17 / 9.18.3, independently of the code.
@@ -240,8 +241,12 @@ class AttemptWriters(_ConcurrentWriters):
     initial = AttemptState.CREATED
 
 
-TaskWriters.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
-AttemptWriters.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TaskWriters.TestCase.settings = settings(
+    max_examples=examples(50, long=150), stateful_step_count=40, deadline=None
+)
+AttemptWriters.TestCase.settings = settings(
+    max_examples=examples(50, long=150), stateful_step_count=40, deadline=None
+)
 TestTaskWriters = TaskWriters.TestCase
 TestAttemptWriters = AttemptWriters.TestCase
 TestTaskWriters.__doc__ = (
