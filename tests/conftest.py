@@ -144,8 +144,10 @@ class DatabaseCopies:
         self._drops.append(self._dropper.submit(self._drop_used))
 
     def _drop_used(self) -> None:
-        with self._lock:  # at most 8 connections at once; the next jobs take the rest
-            names, self._used[:] = self._used[:8], self._used[8:]
+        # At most 4 connections at once (the next jobs take the rest): make test's workers each
+        # drop their own, and the server's 100 connections are shared with the tests themselves.
+        with self._lock:
+            names, self._used[:] = self._used[:4], self._used[4:]
 
         async def drop_all() -> None:
             await asyncio.gather(*(self.server.drop_database(name) for name in names))
