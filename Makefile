@@ -49,9 +49,10 @@ up: $(RUNTIME_INSTALLED)
 ## The whole test suite, PostgreSQL and Redis tests included, on TEST_WORKERS processes
 ## (pytest-xdist). Each test file runs whole on one worker (--dist loadfile), so a module's
 ## shared stack starts once; every worker has its own databases, Redis databases and ports.
-## TEST_WORKERS=0 runs in this one process.
+## Files go out in collection order (--no-loadscope-reorder: xdist would send the files with the
+## most tests first, leaving the long one-test e2e files for the end). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 3
-PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile
+PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(INSTALLED) $(NODE_INSTALLED) $(SDK_GENAI2)/.installed
 	bash scripts/ensure_services.sh
 	$(PY) -m pytest $(PYTEST_PARALLEL)
