@@ -117,7 +117,7 @@ bench-routing: $(INSTALLED) $(BENCH_LITELLM)/.installed
 
 ## Every benchmark, one after the other, in one command (the figures go to bench/RESULTS.md):
 ## routing side by side with LiteLLM, then each module of BENCH_MODULES that exists.
-BENCH_MODULES := queue dispatch reconciliation create_task money lifecycle shards
+BENCH_MODULES := queue dispatch reconciliation create_task money lifecycle shards rss_serve
 bench: $(INSTALLED) $(BENCH_LITELLM)/.installed
 	bash scripts/ensure_services.sh
 	$(PY) -m bench.routing --e2e
