@@ -109,6 +109,9 @@ class CompileCache:
         self.hits = 0
         self.misses = 0
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     @staticmethod
     def key(candidate: Candidate, spec_hash: str) -> tuple[str, str, str, str]:
         return (

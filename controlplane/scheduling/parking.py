@@ -148,6 +148,11 @@ class Parking:
 
     # ---- outcomes ---------------------------------------------------------------------------
 
+    @property
+    def remembered(self) -> int:
+        """How many tasks' last outcomes are kept (at most the limit)."""
+        return len(self._outcomes)
+
     def outcome(self, task_id: int) -> Signature | None:
         """The signature of the last decision stored for the task by this dispatcher."""
         return self._outcomes.get(task_id)
