@@ -115,6 +115,7 @@ class DispatcherConfig:
     catalog_refresh_s: float = 10.0
     compile_timeout_s: float = 10.0
     compile_cache_size: int = 4096  # compile verdicts kept (gather.CompileCache)
+    compile_cache_bytes: int = 24 * 1024 * 1024  # and at most about this much memory
     # A parked NO_CAPACITY task is routed again after this long even if no wake came (9.12).
     park_recheck_s: float = 30.0
     default_concurrency: int = 4
@@ -193,7 +194,9 @@ class Dispatcher:
         self._incumbents: dict[tuple[str, str, str], Incumbent] = monitor.incumbents
         self._wake = asyncio.Event()
         self.parking = Parking(time.monotonic, recheck_s=self.config.park_recheck_s)
-        self.compile_cache = CompileCache(self.config.compile_cache_size)
+        self.compile_cache = CompileCache(
+            self.config.compile_cache_size, self.config.compile_cache_bytes
+        )
         self._catalog_version = ""
         self.leading = False
         self.dispatched = 0

@@ -96,16 +96,31 @@ def compile_result(plan: CompiledPlan) -> CompileResult:
     )
 
 
+# What one cached verdict holds besides its provider request body, measured with tracemalloc on
+# plans decoded by `plan_from_proto` (tests/unit/test_memory_bounds.py): ~6 KB of dataclasses,
+# the plan's JSON form and the key. The body is held twice (the text and its copy in plan_json).
+ENTRY_BASE_BYTES = 6 * 1024
+
+
+def entry_bytes(plan: CompiledPlan) -> int:
+    """About what a cached plan keeps alive, in bytes."""
+    return ENTRY_BASE_BYTES + 2 * len(plan.native_request_json)
+
+
 class CompileCache:
     """Compile verdicts per (candidate, capability version, price version, normalized spec
     hash): deterministic for equal keys (the adapter's compile is a pure function of them), so
-    a re-routed task (woken, requeued) calls no sidecar again. Bounded LRU; adapter failures
-    are never cached (the next round asks again)."""
+    a re-routed task (woken, requeued) calls no sidecar again. Bounded LRU, by entries and by
+    bytes (`entry_bytes`: a 4,000-character prompt makes an entry ~14 KB instead of ~6 KB, so
+    4,096 entries alone could hold 58 MB); adapter failures are never cached (the next round
+    asks again)."""
 
-    def __init__(self, size: int = 4096) -> None:
+    def __init__(self, size: int = 4096, max_bytes: int = 24 * 1024 * 1024) -> None:
         self.size = size
+        self.max_bytes = max_bytes
         self._entries: OrderedDict[tuple[str, str, str, str], tuple[CompileResult, CompiledPlan]]
         self._entries = OrderedDict()
+        self.bytes = 0  # sum of `entry_bytes` of the entries held
         self.hits = 0
         self.misses = 0
 
@@ -133,13 +148,20 @@ class CompileCache:
     def put(
         self, key: tuple[str, str, str, str], result: CompileResult, plan: CompiledPlan
     ) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= entry_bytes(old[1])
         self._entries[key] = (result, plan)
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        self.bytes += entry_bytes(plan)
+        while len(self._entries) > self.size or (
+            self.bytes > self.max_bytes and len(self._entries) > 1
+        ):
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self.bytes -= entry_bytes(evicted)
 
     def clear(self) -> None:
         self._entries.clear()
+        self.bytes = 0
 
 
 CompileJob = tuple[GenerationSpec, str, Sequence[Candidate]]
