@@ -80,14 +80,14 @@ def recovery_of(database_url: str, task_id: str) -> str:
 
 def assert_sidecar_grpc_counts(sidecar: Samples, *, sent: float, resent: int) -> None:
     """The self-hosted sidecar's gRPC server families after the workload, which sent it `sent`
-    Submits (the control plane's provider_submit_total) and `resent` recovery re-sends."""
+    Submits (the control plane's provider_submit_total), `resent` of them recovery re-sends."""
     # The sidecar's gRPC server, through the kernel's interceptor (the control plane's families):
-    # every Submit the control plane sent (its provider_submit_total) plus recovery's re-send,
-    # each answered OK -- the outcome travels in the response -- and each one journaled.
+    # every Submit the control plane sent (its provider_submit_total, recovery's re-send
+    # included), each answered OK -- the outcome travels in the response -- and each journaled.
     adapter = {"grpc_service": "vidroute.adapter.v1.ProviderAdapterService"}
-    assert sent == 10  # UNKNOWN 1 + REJECTED 8 + ACCEPTED 1
+    assert sent == 10 + resent  # UNKNOWN 1 + REJECTED 8 + ACCEPTED 1, and the re-send
     submits = total(sidecar, "grpc_server_handled_total", **adapter, grpc_method="Submit")
-    assert submits == sent + resent
+    assert submits == sent
     assert total(sidecar, "grpc_server_handled_total", grpc_method="Submit", grpc_code="OK") == (
         submits
     )
@@ -167,8 +167,12 @@ def test_scraped_families_match_the_workload(
     # The refused attempts: each send and re-send REJECTED (PROVIDER_OVERLOADED).
     refusals = delta("provider_submit_total", provider="self_hosted", outcome="REJECTED")
     assert refusals == 8
-    # The unknown one was recovered, never re-sent: only the requeued attempt was ACCEPTED.
-    assert delta("provider_submit_total", provider="self_hosted", outcome="ACCEPTED") == 1
+    # The webhook, or a re-send under the attempt's key (self-hosted deduplicates by key, so it
+    # names the one job). A re-send is a submit like any other (its breaker admits it, 9.15.2):
+    # the control plane counts it, and the sidecar sees it as a Submit.
+    resent = int(recovery_of(cp.database_url, unknown) == "recovered by idempotent_resubmit")
+    # The requeued attempt, and the unknown one's re-send if recovery made one.
+    assert delta("provider_submit_total", provider="self_hosted", outcome="ACCEPTED") == 1 + resent
     assert delta("scheduler_failover_total", to="self_hosted") == 2
     assert delta("scheduler_decision_total", provider="self_hosted") == 4  # 1 + 1 + 2 requeues
     submit_breaker = {"provider": "self_hosted", "operation": "SUBMIT"}
@@ -185,9 +189,6 @@ def test_scraped_families_match_the_workload(
     assert total(after, "provider_capacity_slots", provider="runway") >= 1
     assert total(after, "provider_active_leases", provider="runway") == 0
 
-    # The webhook, or a re-send under the attempt's key (self-hosted deduplicates by key, so it
-    # names the one job): the control plane counts the re-send as recovery, the sidecar as a Submit.
-    resent = int(recovery_of(cp.database_url, unknown) == "recovered by idempotent_resubmit")
     sidecar = scrape(farm.metrics_ports["self_hosted"])
     assert total(sidecar, "adapter_submit_total", outcome="UNKNOWN") == 1
     assert total(sidecar, "adapter_submit_total", outcome="REJECTED") == refusals
