@@ -239,7 +239,7 @@ def _check_decisions_and_breakers(seen: dict[str, Any]) -> None:
     assert "Hard-filter reason" in seen["explainHeaders"]
     breakers = {(row[0], row[4]) for row in seen["breakers"]}
     assert (REFUSED, "SUBMIT") in breakers, seen["breakers"]
-    opened = [row for row in seen["breakers"] if row[3] == "veo3.1"]
+    opened = [row for row in seen["breakers"] if row[3:5] == ["veo3.1", "SUBMIT"]]
     assert [(row[5], row[6]) for row in opened] == [("OPEN", "yes")], seen["breakers"]
     history = [row for row in seen["breakerHistory"] if "maintenance window" in row[6]]
     assert [(row[2], row[5]) for row in history] == [("veo3.1", "OPEN")], seen["breakerHistory"]

@@ -64,6 +64,7 @@ NOT_DURATIONS = frozenset(
         "batch",
         "batch_size",
         "class_weights",
+        "compile_cache_bytes",  # the same LRU's bound in bytes (a size)
         "compile_cache_size",  # the dispatcher's compile-verdict LRU bound
         "concurrency",  # ExecutionConfig: sidecar calls in flight per batch
         "consecutive_failures",
