@@ -43,11 +43,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from controlplane.domain.documents import load_document
 from controlplane.domain.money import BillingPolicy
 from vidroute_core.exceptions import InvalidSpec, PermissionDenied
 from vidroute_core.spec import ServiceClass
 from vidroute_core.validation import IDENTIFIER_RE, FieldViolation
-from vidroute_core.yamldoc import YamlDocumentError, load_one
 
 MAX_DOCUMENT_CHARS = 1_000_000
 MAX_TENANTS = 10_000
@@ -241,17 +241,7 @@ def _join(path: str, key: str) -> str:
 
 def parse_tenants_document(text: str) -> Tenants:
     """The document in `text` (YAML or JSON) validated whole; `TenantsDocumentError` otherwise."""
-    if not text.strip():
-        raise TenantsDocumentError([FieldViolation("document", "is required")])
-    if len(text) > MAX_DOCUMENT_CHARS:
-        raise TenantsDocumentError(
-            [FieldViolation("document", f"at most {MAX_DOCUMENT_CHARS} characters")]
-        )
-    try:
-        data = load_one(text)
-    except YamlDocumentError as exc:
-        raise TenantsDocumentError([FieldViolation("document", str(exc))]) from exc
-    return tenants_from_mapping(data)
+    return tenants_from_mapping(load_document(text, MAX_DOCUMENT_CHARS, TenantsDocumentError))
 
 
 def tenants_from_mapping(data: Any) -> Tenants:

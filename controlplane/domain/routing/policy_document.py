@@ -40,11 +40,11 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from controlplane.domain import scoring
+from controlplane.domain.documents import load_document
 from vidroute_core.codec import spec_from_dict
 from vidroute_core.exceptions import InvalidSpec
 from vidroute_core.spec import GenerationSpec
 from vidroute_core.validation import IDENTIFIER_RE, FieldViolation, validate_spec
-from vidroute_core.yamldoc import YamlDocumentError, load_one
 
 MAX_DOCUMENT_CHARS = 1_000_000
 MAX_VERSION_CHARS = 64
@@ -152,17 +152,9 @@ def _join(path: str, key: str) -> str:
 
 def parse_policy_document(text: str) -> PolicyDocument:
     """The document in `text` (YAML or JSON) validated whole; `PolicyDocumentError` otherwise."""
-    if not text.strip():
-        raise PolicyDocumentError([FieldViolation("document", "is required")])
-    if len(text) > MAX_DOCUMENT_CHARS:
-        raise PolicyDocumentError(
-            [FieldViolation("document", f"at most {MAX_DOCUMENT_CHARS} characters")]
-        )
-    try:
-        data = load_one(text)
-    except YamlDocumentError as exc:
-        raise PolicyDocumentError([FieldViolation("document", str(exc))]) from exc
-    return policy_document_from_mapping(data)
+    return policy_document_from_mapping(
+        load_document(text, MAX_DOCUMENT_CHARS, PolicyDocumentError)
+    )
 
 
 def policy_document_from_mapping(data: Any) -> PolicyDocument:
