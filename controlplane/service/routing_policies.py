@@ -38,12 +38,12 @@ from controlplane.persistence import canaries as canary_store
 from controlplane.persistence import routing_policies as store
 from controlplane.persistence.database import Database
 from controlplane.service.access import SYSTEM, Caller, ensure_admin
+from controlplane.service.documents import checked_source, same_text
 from vidroute_core.exceptions import InvalidSpec, NotFound, PreconditionFailed
 from vidroute_core.validation import FieldViolation
 
 log = logging.getLogger(__name__)
 
-MAX_SOURCE_CHARS = 200
 DEFAULT_SOURCE = "PublishRoutingPolicy"
 
 SampleChecker = Callable[[PolicyDocument, RoutingPolicy | None], Awaitable[list[FieldViolation]]]
@@ -78,21 +78,6 @@ def config_key(spec: CanarySpec) -> str:
 def wanted_canaries(doc: PolicyDocument) -> dict[str, tuple[str, tuple[float, ...]]]:
     """``candidate id -> (config key, stage percents)`` of the canaries `doc` names."""
     return {cid: (config_key(spec), spec.percents) for cid, spec in doc.canaries.items()}
-
-
-def _same_text(existing: store.PolicyRow, text: str) -> store.PolicyRow:
-    """A publish of a published version: the same text is a retry, another is refused."""
-    if existing.document != text:
-        raise InvalidSpec(
-            [
-                FieldViolation(
-                    "version",
-                    f"{existing.version!r} is published with another document;"
-                    " a version is immutable",
-                )
-            ]
-        )
-    return existing
 
 
 def _utcnow() -> datetime:
@@ -145,23 +130,19 @@ class RoutingPolicyService:
         self, text: str, source: str = "", dry_run: bool = False, caller: Caller = SYSTEM
     ) -> store.PolicyRow:
         ensure_admin(caller, "PublishRoutingPolicy")
-        source = source.strip() or DEFAULT_SOURCE
-        if len(source) > MAX_SOURCE_CHARS or "\x00" in source:
-            raise InvalidSpec(
-                [FieldViolation("source", f"at most {MAX_SOURCE_CHARS} characters, no NUL")]
-            )
+        source = checked_source(source, DEFAULT_SOURCE)
         doc, _ = await self.validate(text)
         name, now = doc.policy.version, self._clock()
         async with self._db.reading() as conn:
             existing = await store.version(conn, name)
         if existing is not None:
-            return _same_text(existing, text)  # a retried publish: nothing changes
+            return same_text(existing, text)  # a retried publish: nothing changes
         if dry_run:
             return store.PolicyRow(name, text, source, False, now, None)
         async with self._db.unit(now) as u:
             await store.lock_publication(u.conn)
             if (existing := await store.version(u.conn, name)) is not None:
-                return _same_text(existing, text)  # published meanwhile
+                return same_text(existing, text)  # published meanwhile
             row = await store.insert_active(u.conn, name, text, source, now, actor=caller.name)
             await canary_store.start_changed(
                 u.conn, wanted_canaries(doc), policy_version=name, now=now, reason="published"

@@ -44,6 +44,7 @@ from controlplane.persistence.database import Database
 from controlplane.persistence.documents import ActivationRow, DocumentRow
 from controlplane.rate_limits import InProcessRateLimiter, RateLimiter
 from controlplane.service.access import SYSTEM, Caller, ensure_admin
+from controlplane.service.documents import checked_source, same_text
 from vidroute_core.exceptions import (
     InvalidSpec,
     NotFound,
@@ -55,7 +56,6 @@ from vidroute_core.validation import FieldViolation
 
 log = logging.getLogger(__name__)
 
-MAX_SOURCE_CHARS = 200
 DEFAULT_SOURCE = "PublishTenantConfig"
 DISPATCH_MAX_AGE_S = 0.0  # a dispatch round reads the active version every round
 CREATE_MAX_AGE_S = 1.0  # CreateTask: at most one read a second per replica
@@ -113,20 +113,6 @@ class TenantHistory:
     activations: tuple[ActivationRow, ...]
 
 
-def _same_text(existing: DocumentRow, text: str) -> DocumentRow:
-    if existing.document != text:
-        raise InvalidSpec(
-            [
-                FieldViolation(
-                    "version",
-                    f"{existing.version!r} is published with another document;"
-                    " a version is immutable",
-                )
-            ]
-        )
-    return existing
-
-
 class TenantConfigService:
     """Publish, roll back, read and list tenants documents (admin)."""
 
@@ -161,11 +147,7 @@ class TenantConfigService:
         self, text: str, source: str = "", dry_run: bool = False, caller: Caller = SYSTEM
     ) -> DocumentRow:
         ensure_admin(caller, "PublishTenantConfig")
-        source = source.strip() or DEFAULT_SOURCE
-        if len(source) > MAX_SOURCE_CHARS or "\x00" in source:
-            raise InvalidSpec(
-                [FieldViolation("source", f"at most {MAX_SOURCE_CHARS} characters, no NUL")]
-            )
+        source = checked_source(source, DEFAULT_SOURCE)
         tenants = parse_tenants_document(text)
         ensure_publishable(tenants)
         if self._safety is not None:
@@ -181,13 +163,13 @@ class TenantConfigService:
         async with self._db.reading() as conn:
             existing = await store.DOCUMENTS.version(conn, name)
         if existing is not None:
-            return _same_text(existing, text)  # a retried publish: nothing changes
+            return same_text(existing, text)  # a retried publish: nothing changes
         if dry_run:
             return DocumentRow(name, text, source, False, now, None)
         async with self._db.unit(now) as u:
             await store.DOCUMENTS.lock_publication(u.conn)
             if (existing := await store.DOCUMENTS.version(u.conn, name)) is not None:
-                return _same_text(existing, text)  # published meanwhile
+                return same_text(existing, text)  # published meanwhile
             row = await store.DOCUMENTS.insert_active(
                 u.conn, name, text, source, now, actor=caller.name
             )
