@@ -13,32 +13,20 @@ dispatch round.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import click
-from google.protobuf import json_format
 
 from clients import cli_render as render
 from clients.cli_client import channel
 from clients.cli_common import api, connection, connection_options, json_option
+from clients.cli_documents import print_message, print_published, publish_options, version_line
 from clients.cli_quality import print_canaries
 from clients.cli_render import when
-from vidroute.scheduler.v1 import routing_pb2, routing_service_pb2, routing_service_pb2_grpc
+from vidroute.scheduler.v1 import routing_service_pb2, routing_service_pb2_grpc
 
 TIMEOUT_S = 60.0
-
-
-def _line(p: routing_pb2.RoutingPolicyVersion) -> str:
-    mark = "*" if p.active else " "
-    return f"{mark} {p.version}  {when(p.published_at)}  {p.source}"
-
-
-def _print(message: Any) -> None:
-    print(
-        json.dumps(json_format.MessageToDict(message, preserving_proto_field_name=True), indent=2)
-    )
 
 
 @click.group("routing")
@@ -47,9 +35,7 @@ def routing() -> None:
 
 
 @routing.command("publish")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--dry-run", is_flag=True, help="Validate everything and write nothing.")
-@click.option("--source", default=None, help="Recorded with the version (default: the file name).")
+@publish_options
 @json_option
 @connection_options
 def publish(
@@ -70,15 +56,9 @@ def publish(
         stub: Any = routing_service_pb2_grpc.RoutingServiceStub(chan)
         policy = stub.PublishRoutingPolicy(request, timeout=TIMEOUT_S).policy
     if as_json:
-        _print(policy)
+        print_message(policy)
         return 0
-    if dry_run:
-        done = "valid, not published (dry run)"
-    elif policy.active:
-        done = "published and active"
-    else:  # the same text was published before: nothing changed
-        done = f"already published, not active (vidroute routing rollback {policy.version})"
-    print(f"{policy.version}: {done}")
+    print_published(policy, dry_run=dry_run, rollback="vidroute routing rollback")
     return 0
 
 
@@ -95,7 +75,7 @@ def rollback(
         stub: Any = routing_service_pb2_grpc.RoutingServiceStub(chan)
         policy = stub.RollbackRoutingPolicy(request, timeout=TIMEOUT_S).policy
     if as_json:
-        _print(policy)
+        print_message(policy)
         return 0
     print(f"{policy.version}: active")
     return 0
@@ -112,11 +92,11 @@ def policies(*, as_json: bool, target: str | None, tls: bool | None, debug: bool
             routing_service_pb2.ListRoutingPoliciesRequest(), timeout=TIMEOUT_S
         )
     if as_json:
-        _print(reply)
+        print_message(reply)
     elif not reply.policies:
         print("no routing policy published (the configured or built-in one is in use)")
     else:
-        print("\n".join(_line(p) for p in reply.policies))
+        print("\n".join(version_line(p) for p in reply.policies))
     return 0
 
 

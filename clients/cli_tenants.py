@@ -13,15 +13,14 @@ every replica, without a restart.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import click
-from google.protobuf import json_format
 
 from clients.cli_client import channel
 from clients.cli_common import connection, connection_options, json_option
+from clients.cli_documents import print_message, print_published, publish_options, version_line
 from clients.cli_render import when
 from vidroute.scheduler.v1 import tenant_pb2, tenant_service_pb2, tenant_service_pb2_grpc
 
@@ -30,12 +29,6 @@ _ACTIONS = {
     tenant_pb2.TENANT_CONFIG_ACTION_PUBLISHED: "published",
     tenant_pb2.TENANT_CONFIG_ACTION_ROLLED_BACK: "rolled back",
 }
-
-
-def _print(message: Any) -> None:
-    print(
-        json.dumps(json_format.MessageToDict(message, preserving_proto_field_name=True), indent=2)
-    )
 
 
 def _stub(chan: Any) -> Any:
@@ -57,7 +50,7 @@ def get(*, version: str, as_json: bool, target: str | None, tls: bool | None, de
     with channel(connection(target, tls, debug)) as chan:
         config = _stub(chan).GetTenantConfig(request, timeout=TIMEOUT_S).config
     if as_json:
-        _print(config)
+        print_message(config)
         return 0
     state = "active" if config.active else "not active"
     print(f"# {config.version} ({state}; {config.source or 'no source'})")
@@ -66,9 +59,7 @@ def get(*, version: str, as_json: bool, target: str | None, tls: bool | None, de
 
 
 @tenants.command("publish")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--dry-run", is_flag=True, help="Validate everything and write nothing.")
-@click.option("--source", default=None, help="Recorded with the version (default: the file name).")
+@publish_options
 @json_option
 @connection_options
 def publish(
@@ -88,15 +79,9 @@ def publish(
     with channel(connection(target, tls, debug)) as chan:
         config = _stub(chan).PublishTenantConfig(request, timeout=TIMEOUT_S).config
     if as_json:
-        _print(config)
+        print_message(config)
         return 0
-    if dry_run:
-        done = "valid, not published (dry run)"
-    elif config.active:
-        done = "published and active"
-    else:  # the same text was published before: nothing changed
-        done = f"already published, not active (vidroute tenants rollback {config.version})"
-    print(f"{config.version}: {done}")
+    print_published(config, dry_run=dry_run, rollback="vidroute tenants rollback")
     return 0
 
 
@@ -112,7 +97,7 @@ def rollback(
     with channel(connection(target, tls, debug)) as chan:
         config = _stub(chan).RollbackTenantConfig(request, timeout=TIMEOUT_S).config
     if as_json:
-        _print(config)
+        print_message(config)
         return 0
     print(f"{config.version}: active")
     return 0
@@ -129,13 +114,13 @@ def history(*, as_json: bool, target: str | None, tls: bool | None, debug: bool)
             tenant_service_pb2.ListTenantConfigHistoryRequest(), timeout=TIMEOUT_S
         )
     if as_json:
-        _print(reply)
+        print_message(reply)
         return 0
     if not reply.versions:
         print("no tenants document published (the built-in one is in use)")
         return 0
     for v in reply.versions:
-        print(f"{'*' if v.active else ' '} {v.version}  {when(v.published_at)}  {v.source}")
+        print(version_line(v))
     print()
     for a in reply.activations:
         replaced = f" (replacing {a.previous_version})" if a.previous_version else ""
