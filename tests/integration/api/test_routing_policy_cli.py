@@ -3,21 +3,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from clients import cli
-from controlplane.api.auth import Authenticator, hash_token, new_token, parse_entries
 from controlplane.api.routing_servicer import RoutingServicer
-from controlplane.api.servicer import SchedulerServicer
 from controlplane.persistence.database import Database
-from controlplane.server import start_server
 from controlplane.service.routing_policies import RoutingPolicyService
-from controlplane.service.tasks import TaskService
+from tests.integration.api.admin_cli import admin_server, run
 
 pytestmark = pytest.mark.timeout(120)
 WEIGHTS = {
@@ -39,30 +34,10 @@ def backend() -> str:
 
 @pytest.fixture
 async def target(db: Database, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
-    token = new_token()
-    monkeypatch.setenv("VIDROUTE_TOKEN", token)
-    # No config file (a missing default is no error, a named one is): never the user's own.
-    monkeypatch.delenv("VIDROUTE_CONFIG", raising=False)
-    monkeypatch.setenv("XDG_CONFIG_HOME", "/nonexistent")
-
-    async def probe() -> bool:
-        return True
-
-    running = await start_server(
-        SchedulerServicer(TaskService(db)),
-        listen="127.0.0.1:0",
-        probe=probe,
-        auth=Authenticator(parse_entries([f"{hash_token(token)}=admin"])),
-        routing=RoutingServicer(policies=RoutingPolicyService(db)),
-    )
-    yield f"127.0.0.1:{running.port}"
-    await running.stop(grace=1)
-
-
-async def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = await asyncio.to_thread(cli.main, list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+    async with admin_server(
+        db, monkeypatch, routing=RoutingServicer(policies=RoutingPolicyService(db))
+    ) as address:
+        yield address
 
 
 def policy_file(tmp_path: Path, version: str, **extra: object) -> str:

@@ -4,7 +4,6 @@ and `vidroute up`'s publication of the shipped example tenants, once."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,14 +12,11 @@ import pytest
 
 from clients import cli
 from clients.devstack import publish_example_tenants
-from controlplane.api.auth import Authenticator, hash_token, new_token, parse_entries
-from controlplane.api.servicer import SchedulerServicer
 from controlplane.api.tenant_servicer import TenantServicer
 from controlplane.domain.tenants import parse_tenants_document
 from controlplane.persistence.database import Database
-from controlplane.server import start_server
-from controlplane.service.tasks import TaskService
 from controlplane.service.tenants import TenantBook, TenantConfigService
+from tests.integration.api.admin_cli import admin_server, run
 from vidroute_core.spec import ServiceClass
 
 pytestmark = pytest.mark.timeout(120)
@@ -33,30 +29,10 @@ def backend() -> str:
 
 @pytest.fixture
 async def target(db: Database, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[str]:
-    token = new_token()
-    monkeypatch.setenv("VIDROUTE_TOKEN", token)
-    # No config file (a missing default is no error, a named one is): never the user's own.
-    monkeypatch.delenv("VIDROUTE_CONFIG", raising=False)
-    monkeypatch.setenv("XDG_CONFIG_HOME", "/nonexistent")
-
-    async def probe() -> bool:
-        return True
-
-    running = await start_server(
-        SchedulerServicer(TaskService(db)),
-        listen="127.0.0.1:0",
-        probe=probe,
-        auth=Authenticator(parse_entries([f"{hash_token(token)}=admin"])),
-        tenants=TenantServicer(TenantConfigService(db, TenantBook(db))),
-    )
-    yield f"127.0.0.1:{running.port}"
-    await running.stop(grace=1)
-
-
-async def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = await asyncio.to_thread(cli.main, list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+    async with admin_server(
+        db, monkeypatch, tenants=TenantServicer(TenantConfigService(db, TenantBook(db)))
+    ) as address:
+        yield address
 
 
 def tenants_file(tmp_path: Path, version: str, **tenants: object) -> str:
