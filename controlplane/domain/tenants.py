@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from controlplane.domain.documents import load_document
+from controlplane.domain.documents import Checker, load_document
 from controlplane.domain.money import BillingPolicy
 from vidroute_core.exceptions import InvalidSpec, PermissionDenied
 from vidroute_core.spec import ServiceClass
@@ -183,14 +183,8 @@ def ensure_entitled(tenants: Tenants, tenant_id: str, service_class: ServiceClas
     )
 
 
-class _Check:
-    """Collects violations; each reader returns a usable default so checking goes on."""
-
-    def __init__(self) -> None:
-        self.found: list[FieldViolation] = []
-
-    def bad(self, path: str, message: str) -> None:
-        self.found.append(FieldViolation(path, message))
+class _Check(Checker):
+    """`Checker` with this document's readers."""
 
     def mapping(self, value: Any, path: str, allowed: frozenset[str] | None) -> dict[str, Any]:
         if not isinstance(value, Mapping):
@@ -216,15 +210,6 @@ class _Check:
             self.bad(path, f"must be in {bracket}{lo:g}, {hi:g}], got {value!r}")
             return hi
         return float(value)
-
-    def integer(self, value: Any, path: str, lo: int, hi: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.bad(path, f"must be an integer, got {value!r}")
-            return lo
-        if not lo <= value <= hi:
-            self.bad(path, f"must be in [{lo}, {hi}], got {value}")
-            return lo
-        return value
 
     def identifier(self, value: Any, path: str) -> str:
         if not isinstance(value, str) or not IDENTIFIER_RE.fullmatch(value):

@@ -40,11 +40,11 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from controlplane.domain import scoring
-from controlplane.domain.documents import load_document
+from controlplane.domain.documents import Checker, load_document
 from vidroute_core.codec import spec_from_dict
 from vidroute_core.exceptions import InvalidSpec
 from vidroute_core.spec import GenerationSpec
-from vidroute_core.validation import IDENTIFIER_RE, FieldViolation, validate_spec
+from vidroute_core.validation import IDENTIFIER_RE, validate_spec
 
 MAX_DOCUMENT_CHARS = 1_000_000
 MAX_VERSION_CHARS = 64
@@ -103,14 +103,8 @@ class PolicyDocument:
     description: str = ""
 
 
-class _Check:
-    """Collects violations; each reader returns a usable default so checking goes on."""
-
-    def __init__(self) -> None:
-        self.found: list[FieldViolation] = []
-
-    def bad(self, path: str, message: str) -> None:
-        self.found.append(FieldViolation(path, message))
+class _Check(Checker):
+    """`Checker` with this document's readers."""
 
     def number(self, data: Mapping[str, Any], key: str, path: str, lo: float, hi: float) -> float:
         value = data[key]
@@ -121,16 +115,6 @@ class _Check:
             self.bad(path, f"must be in [{lo:g}, {hi:g}], got {value!r}")
             return lo
         return float(value)
-
-    def integer(self, data: Mapping[str, Any], key: str, path: str, lo: int, hi: int) -> int:
-        value = data[key]
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.bad(path, f"must be an integer, got {value!r}")
-            return lo
-        if not lo <= value <= hi:
-            self.bad(path, f"must be in [{lo}, {hi}], got {value}")
-            return lo
-        return value
 
     def mapping(self, value: Any, path: str, allowed: frozenset[str] | None) -> Mapping[str, Any]:
         if not isinstance(value, Mapping):
@@ -264,7 +248,7 @@ def _canary_config(
     threshold = base.value_threshold_micros
     if "value_threshold_micros" in data:
         threshold = check.integer(
-            data, "value_threshold_micros", f"{path}.value_threshold_micros", 0, 10**15
+            data["value_threshold_micros"], f"{path}.value_threshold_micros", 0, 10**15
         )
     gates = base.gates
     if "gates" in data:
@@ -300,9 +284,9 @@ def _gates(
     for key in data:
         where = f"{path}.{key}"
         if key == "min_samples":
-            got_abs[key] = check.integer(data, key, where, 1, 10**9)
+            got_abs[key] = check.integer(data[key], where, 1, 10**9)
         elif key == "max_cost_per_success_micros":
-            got_abs[key] = check.integer(data, key, where, 0, 10**15)
+            got_abs[key] = check.integer(data[key], where, 0, 10**15)
         elif key == "max_p95_latency_s":
             got_abs[key] = check.number(data, key, where, 0.0, 7 * MAX_DWELL_S)
         elif key in _RATES:
