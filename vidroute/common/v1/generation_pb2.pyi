@@ -287,8 +287,9 @@ class GenerationSpec(_message.Message):
     user_id: _builtins.str
     """End user within the tenant; optional, used for fairness within the tenant."""
     project_id: _builtins.str
-    """Project within the tenant; optional. Stored with the task and returned in its spec; it
-    does not change scheduling (fairness is per tenant and user; priority is `priority`).
+    """Project within the tenant; optional. Stored with the task and returned in its spec. The
+    active tenants document may give the project a priority (-10..10, default 0) that is added
+    to the task's `priority` when its tenant's queue is ordered (9.12.1's third level).
     """
     prompt: _builtins.str
     """What to generate; required, at most 4000 characters."""
