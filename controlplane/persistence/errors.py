@@ -54,6 +54,13 @@ class StoreUnavailable(PersistenceError, Unavailable):
 _SQLITE_TRANSIENT = ("database is locked", "unable to open database", "disk i/o error")
 
 
+# SQLSTATEs of a server that cannot take the work now, never of a bad statement: class 08
+# (connection exception), 53300 too_many_connections, 57P01-57P03 admin/crash shutdown and
+# cannot_connect_now.
+_OUTAGE_SQLSTATE_CLASSES = ("08",)
+_OUTAGE_SQLSTATES = frozenset({"53300", "57P01", "57P02", "57P03"})
+
+
 def is_outage(exc: BaseException) -> bool:
     """Whether `exc` means the database is unreachable (down, restarting, network), not a bug."""
     if isinstance(exc, (ConnectionError, TimeoutError, socket.gaierror, sa_exc.TimeoutError)):
@@ -69,14 +76,24 @@ def is_outage(exc: BaseException) -> bool:
             text = str(exc.orig).lower()
             sqlite = type(exc.orig).__module__.startswith("sqlite3")
             return not sqlite or any(t in text for t in _SQLITE_TRANSIENT)
-        # asyncpg's "cannot connect now" / admin shutdown arrive as other DBAPIError subclasses
-        return type(exc.orig).__name__ in {
-            "CannotConnectNowError",
-            "AdminShutdownError",
-            "ConnectionDoesNotExistError",
-            "ConnectionFailureError",
-            "TooManyConnectionsError",
-        }
+        # asyncpg's "cannot connect now" / admin shutdown arrive as other DBAPIError subclasses;
+        # through SQLAlchemy's asyncpg adapter `orig` is the adapter's generic Error, so the
+        # server's SQLSTATE tells instead (a full server answers 53300 "too many connections").
+        sqlstate = str(getattr(exc.orig, "sqlstate", "") or "")
+        return (
+            sqlstate.startswith(_OUTAGE_SQLSTATE_CLASSES)
+            or sqlstate in _OUTAGE_SQLSTATES
+            or (
+                type(exc.orig).__name__
+                in {
+                    "CannotConnectNowError",
+                    "AdminShutdownError",
+                    "ConnectionDoesNotExistError",
+                    "ConnectionFailureError",
+                    "TooManyConnectionsError",
+                }
+            )
+        )
     return type(exc).__name__ in {"CannotConnectNowError", "ConnectionDoesNotExistError"}
 
 
