@@ -17,9 +17,10 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from tests.conftest import require_server
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -32,7 +33,7 @@ OURS = {"controlplane", "vidroute_core", "vidroute", "clients", "adapter_sidecar
 
 def _make(*args: str) -> list[str]:
     if shutil.which("make") is None:
-        pytest.skip("make is not installed")
+        require_server("make is not installed")
     # Under `make test` this runs inside make: without its variables the child is a top-level
     # make that prints no "Entering/Leaving directory" lines around the recipe.
     env = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_server
+
 ROOT = Path(__file__).resolve().parents[3]
 BUF = ROOT / "node_modules" / ".bin" / "buf"
 
@@ -39,7 +41,7 @@ def _git(repo: Path, *args: str) -> None:
 def repo(tmp_path: Path) -> Path:
     """A git repository with the gate script, buf.yaml and two commits of proto/demo/v1."""
     if not BUF.exists() or shutil.which("git") is None:
-        pytest.skip("needs node_modules' buf (make node_modules/.installed) and git")
+        require_server("needs node_modules' buf (make node_modules/.installed) and git")
     (tmp_path / "scripts").mkdir()
     shutil.copy(ROOT / "scripts" / "buf_breaking.sh", tmp_path / "scripts")
     shutil.copy(ROOT / "buf.yaml", tmp_path)
@@ -135,7 +137,7 @@ def test_make_lint_runs_every_gate() -> None:
     """`make lint` runs ruff check and format, mypy on the packages and on the tests, the
     ignore check, buf lint and the history-based buf breaking."""
     if shutil.which("make") is None:
-        pytest.skip("make is not installed")
+        require_server("make is not installed")
     env = {k: v for k, v in os.environ.items() if k not in {"MAKELEVEL", "MAKEFLAGS", "MFLAGS"}}
     recipe = subprocess.run(
         ["make", "--no-print-directory", "-n", "-B", "lint"],
