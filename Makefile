@@ -13,7 +13,7 @@ SDK_GENAI2 := $(VENV)/sdk-genai2
 SDK_GENAI2_REQ := tests/integration/sdk/genai2-requirements.txt
 BENCH_LITELLM := .venv-bench-litellm
 
-.PHONY: up test test-long lint typecheck dists proto proto-check buf-lint buf-breaking bench bench-routing stress clean
+.PHONY: up test test-long lint typecheck dists proto proto-check buf-lint buf-breaking bench bench-routing bench-routing-quality stress clean
 
 $(INSTALLED): pyproject.toml constraints.txt
 	@test -x $(PY) || { echo "==> creating $(VENV) ($(PYTHON))"; $(PYTHON) -m venv $(VENV); }
@@ -115,9 +115,16 @@ $(BENCH_LITELLM)/.installed: bench/requirements-litellm.txt
 bench-routing: $(INSTALLED) $(BENCH_LITELLM)/.installed
 	$(PY) -m bench.routing
 
+## How well routing decides (issue 26): a scripted degradation over the whole stack, the shipped
+## routing against cheapest-first, lowest-latency-first and an oracle (bench/RESULTS.md).
+## ARGS=... passes options (--tasks-per-phase, --rate, --scale, --json PATH).
+bench-routing-quality: $(INSTALLED)
+	bash scripts/ensure_services.sh
+	$(PY) -m bench.routing_quality $(ARGS)
+
 ## Every benchmark, one after the other, in one command (the figures go to bench/RESULTS.md):
 ## routing side by side with LiteLLM, then each module of BENCH_MODULES that exists.
-BENCH_MODULES := queue dispatch reconciliation create_task money lifecycle shards rss_serve
+BENCH_MODULES := queue dispatch reconciliation create_task money lifecycle shards rss_serve routing_quality
 bench: $(INSTALLED) $(BENCH_LITELLM)/.installed
 	bash scripts/ensure_services.sh
 	$(PY) -m bench.routing --e2e

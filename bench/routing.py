@@ -79,7 +79,7 @@ from controlplane.scheduling.heap import tune_gc
 from controlplane.scheduling.leader import LocalLock
 from vidroute_core.adapter import CompiledPlan, Transformation, TransformationKind
 from vidroute_core.capabilities.constraints import Constraint
-from vidroute_core.capabilities.loader import expand_for_accounts, load_file
+from vidroute_core.capabilities.loader import Capability, expand_for_accounts, load_file
 from vidroute_core.hashing import normalized_spec_hash
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
@@ -408,7 +408,13 @@ class FixedPlanAdapter:
     """Compile answers a submittable plan at the catalog price at once."""
 
     async def compile(
-        self, spec: GenerationSpec, *, account: str, model: str, model_version: str = ""
+        self,
+        spec: GenerationSpec,
+        *,
+        account: str,
+        model: str,
+        model_version: str = "",
+        capability: Capability | None = None,
     ) -> CompiledPlan:
         return CompiledPlan(
             provider="bench",

@@ -119,9 +119,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             await publish(db, args.capacity)
             await bulk_load(db, 1, args.queued)
-            store = RedisLeaseStore(client, namespace=namespace)
+            store = RedisLeaseStore(
+                client,
+                namespace=namespace,
+                on_freed=lambda account: dispatcher.capacity_freed(account),  # noqa: PLW0108 - built next
+            )
             dispatcher = make_dispatcher(db, store, DispatcherConfig())
-            store.on_freed = dispatcher.capacity_freed
             stop = asyncio.Event()
             loop_task = asyncio.create_task(dispatcher.run(stop))
             start = time.monotonic()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import secrets
@@ -68,7 +69,7 @@ async def replica(url: str, namespace: str) -> None:
     runtime = build_scheduling(
         db=db,
         database_url=url,
-        leases=RedisLeaseStore(client, namespace=namespace),
+        leases=functools.partial(RedisLeaseStore, client, namespace=namespace),
         adapters={"runway": adapter, "google": adapter, "self_hosted": adapter},
         policy=example_policy("bench"),
         redis_client=client,

@@ -1,9 +1,11 @@
 """The money commands of the `vidroute` CLI (BillingService; design 9.23).
 
 vidroute balance [--tenant T] [--currency USD]             balance, reserved and available
-vidroute ledger [--tenant T] [--limit N]                   the tenant's ledger entries, oldest first
+vidroute ledger [--tenant T] [--limit N] [--task ID] [--from D --to D]   entries, oldest first
 vidroute credit --tenant T --amount-micros N --currency C --key K [--reason R]   admin: add credit
 vidroute costs [--provider P] [--model M] [--days N]       admin: unit cost per successful delivery
+vidroute costs --from D --to D [--by day|tenant|provider|model] [--csv]
+                                                           admin: revenue, cost, loss, margin
 
 Each prints a table, or JSON with ``--json`` (the response messages, proto field names). The
 tenant defaults to the caller's own (a tenant token); an admin token names one. Amounts are
@@ -12,6 +14,8 @@ printed from integer micros without floats (``12.340000 USD``).
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from collections.abc import Callable, Iterable, Sequence
 from types import SimpleNamespace
@@ -98,6 +102,9 @@ def _ledger(args: Any, stub: billing_service_pb2_grpc.BillingServiceStub) -> str
                 tenant_id=args.tenant,
                 page_size=min(MAX_PAGE, args.limit - len(entries)),
                 page_token=token,
+                task_id=args.task,
+                from_date=args.first,
+                to_date=args.last,
             ),
             timeout=args.timeout,
         )
@@ -148,7 +155,59 @@ def _credit(args: Any, stub: billing_service_pb2_grpc.BillingServiceStub) -> str
     return f"{what}: entry {e.entry_id}  {e.tenant_id}  {money(e.amount_micros, e.currency)}"
 
 
+_GROUPS = {
+    "day": billing_pb2.MARGIN_GROUPING_DAY,
+    "tenant": billing_pb2.MARGIN_GROUPING_TENANT,
+    "provider": billing_pb2.MARGIN_GROUPING_PROVIDER,
+    "model": billing_pb2.MARGIN_GROUPING_MODEL,
+}
+MARGIN_COLUMNS = (
+    "key", "currency", "revenue_micros", "provider_cost_micros", "platform_loss_micros",
+    "margin_micros",
+)  # fmt: skip
+
+
+def margins_csv(rows: Sequence[billing_pb2.MarginRow], by: str) -> str:
+    """The margin rows as CSV: integer micros (exact, for a spreadsheet to divide), the
+    group's column named after --by."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([by, *MARGIN_COLUMNS[1:]])
+    for r in rows:
+        writer.writerow([getattr(r, c) for c in MARGIN_COLUMNS])
+    return out.getvalue().rstrip("\n")
+
+
+def _margins(args: Any, stub: billing_service_pb2_grpc.BillingServiceStub) -> str:
+    reply = stub.GetMargins(
+        billing_service_pb2.GetMarginsRequest(
+            from_date=args.first, to_date=args.last, group_by=_GROUPS[args.by]
+        ),
+        timeout=args.timeout,
+    )
+    if args.json:
+        return _dump(reply)
+    if args.csv:
+        return margins_csv(reply.rows, args.by)
+    table = _table(
+        [args.by.upper(), "CUR", "REVENUE", "PROVIDER COST", "PLATFORM LOSS", "MARGIN"],
+        [
+            [r.key, r.currency, money(r.revenue_micros), money(r.provider_cost_micros),
+             money(r.platform_loss_micros), money(r.margin_micros)]
+            for r in reply.rows
+        ],
+        right=frozenset(range(2, 6)),
+    )  # fmt: skip
+    return f"margin {args.first} .. {args.last} (UTC days) by {args.by}\n{table}"
+
+
 def _costs(args: Any, stub: billing_service_pb2_grpc.BillingServiceStub) -> str:
+    if args.first or args.last:
+        if not (args.first and args.last):
+            raise click.UsageError("give both --from and --to")
+        return _margins(args, stub)
+    if args.csv:
+        raise click.UsageError("--csv is for the margin view: give --from and --to")
     reply = stub.GetUnitCosts(
         billing_service_pb2.GetUnitCostsRequest(
             provider=args.provider,
@@ -197,7 +256,7 @@ _HELP = {
     "balance": "A tenant's balance, reservations and available credit.",
     "ledger": "A tenant's credit ledger entries, oldest first.",
     "credit": "Admin: add credit to a tenant (idempotent by --key).",
-    "costs": "Admin: unit cost of successful delivery per provider/model.",
+    "costs": "Admin: unit cost per successful delivery, or (--from/--to) the margin view.",
 }
 
 
@@ -229,6 +288,11 @@ def commands() -> list[click.Command]:
             click.option("--tenant", default="", help=tenant_help),
             click.option("--limit", type=click.IntRange(1), default=50, show_default=True,
                          help="Entries to print."),
+            click.option("--task", default="", help="Only this task's entries."),
+            click.option("--from", "first", default="", metavar="YYYY-MM-DD",
+                         help="Only entries written on or after this UTC day."),
+            click.option("--to", "last", default="", metavar="YYYY-MM-DD",
+                         help="Only entries written on or before this UTC day."),
         ],
         "credit": [
             click.option("--tenant", required=True, help="Tenant to credit."),
@@ -243,6 +307,13 @@ def commands() -> list[click.Command]:
             click.option("--model", default="", help="Only this model."),
             click.option("--days", type=click.IntRange(0, 366), default=7, show_default=True,
                          help="Window ending now, in days."),
+            click.option("--from", "first", default="", metavar="YYYY-MM-DD",
+                         help="Margin view: first UTC day (with --to)."),
+            click.option("--to", "last", default="", metavar="YYYY-MM-DD",
+                         help="Margin view: last UTC day, inclusive."),
+            click.option("--by", type=click.Choice(list(_GROUPS)), default="day",
+                         show_default=True, help="Margin view: group rows by."),
+            click.option("--csv", is_flag=True, help="Margin view: print CSV (integer micros)."),
         ],
     }  # fmt: skip
     built = []

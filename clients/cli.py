@@ -12,9 +12,13 @@
     vidroute quality [--model M]                           quality signals (clients.cli_quality)
     vidroute balance | ledger | credit | costs            money (clients.billing_cli)
     vidroute reconcile [--date YYYY-MM-DD]                daily bill reconciliation
+    vidroute usage import FILE [--account A]              a provider's bill file (Cloud Billing)
+    vidroute disputes list | open ROW_ID | move ID STATE  booked losses and their disputes
     vidroute replay --policy FILE [--since --until --tenant]   route replay (clients.cli_replay)
     vidroute routing publish FILE | rollback [VERSION] | policies | canaries   (clients.cli_routing)
     vidroute tenants get [VERSION] | publish FILE | rollback [VERSION] | history  (cli_tenants)
+    vidroute accounts get [VERSION] | publish FILE | rollback [VERSION] | history | usage
+                                                                      (clients.cli_accounts)
 
 Client commands connect to ``--target``, else ``VIDROUTE_TARGET``, else the config file
 (`clients.cli_config`: ``$VIDROUTE_CONFIG`` or ``~/.config/vidroute/config.toml`` with target,
@@ -50,6 +54,7 @@ import grpc
 from clients import auth as client_auth
 from clients import (
     billing_cli,
+    cli_accounts,
     cli_admin,
     cli_errors,
     cli_quality,
@@ -57,7 +62,9 @@ from clients import (
     cli_routing,
     cli_tasks,
     cli_tenants,
+    disputes_cli,
     reconcile_cli,
+    usage_cli,
 )
 from clients.cli_common import State
 from clients.cli_config import DEFAULT_TARGET, ConfigError
@@ -98,7 +105,7 @@ async def _serve(
 ) -> int:
     import dataclasses
 
-    from clients.devstack import Supervisor, publish_example_tenants, start_stack
+    from clients.devstack import Supervisor, publish_examples, start_stack
     from controlplane.bootstrap import Settings, configure_logging, start_control_plane
     from controlplane.server import serve_until_signalled
 
@@ -155,8 +162,8 @@ async def _serve(
         )
     try:
         running = await start_control_plane(settings)
-        if whole_stack:  # the example tenants, so entitlement and weights show at once
-            await publish_example_tenants(settings.database_url)
+        if whole_stack:  # the example tenants and account limits, so they show at once
+            await publish_examples(settings.database_url)
         # The process is set up: freeze its start-up heap for the dispatcher (issue 10). Here,
         # in the process's entry point, not in a library call a test or embedder makes.
         from controlplane.scheduling.heap import tune_gc
@@ -261,9 +268,12 @@ for _command in (
     *cli_quality.COMMANDS,
     *billing_cli.commands(),
     reconcile_cli.command,
+    usage_cli.command,
+    disputes_cli.command,
     cli_replay.command,
     cli_routing.command,
     cli_tenants.command,
+    cli_accounts.command,
 ):
     app.add_command(_command)
 

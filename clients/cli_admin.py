@@ -4,6 +4,7 @@ outputs of a task (download, url)."""
 from __future__ import annotations
 
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
@@ -103,21 +104,107 @@ def capabilities() -> None:
     """Admin: capability documents."""
 
 
+_AT = click.DateTime(formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S"])
+
+
+def _utc(at: datetime | None) -> datetime | None:
+    """A --at time; one without an offset is UTC."""
+    if at is None:
+        return None
+    return at if at.tzinfo else at.replace(tzinfo=UTC)
+
+
 @capabilities.command("publish")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--dry-run", is_flag=True, help="Check everything, write nothing.")
+@click.option(
+    "--dry-run", is_flag=True, help="Check everything (sample compile too), write nothing."
+)
+@click.option("--version", "name", default="", help="The release's name (default: its digest).")
+@click.option("--at", "at", type=_AT, default=None, help="Take effect at this time (UTC ISO).")
+@click.option("--staged", is_flag=True, help="Check and keep it; `capabilities activate` applies.")
+@click.option("--force", is_flag=True, help="Publish even if a serving model would break.")
+@click.option("--reason", default="", help="Why it is forced (required with --force; recorded).")
 @json_option
 @connection_options
-def publish(*, file: Path, dry_run: bool, target: str | None, tls: bool | None, debug: bool,
+def publish(*, file: Path, dry_run: bool, name: str, at: datetime | None, staged: bool,
+            force: bool, reason: str, target: str | None, tls: bool | None, debug: bool,
             as_json: bool) -> int:  # fmt: skip
-    """Publish a capability document (YAML/JSON); rejected whole when any entry is bad."""
+    """Publish a capability release (YAML/JSON): checked, sample-compiled on the live
+    sidecars, diffed; refused whole when any entry is bad or a serving model would break."""
+    if force and not reason.strip():
+        raise click.UsageError("--force needs --reason (it is recorded in the history)")
     with api(target, tls, debug) as client:
-        reply = client.publish_capabilities(file, source=file.name, dry_run=dry_run)
+        reply = client.publish_capabilities(
+            file, source=file.name, dry_run=dry_run, version=name, activate_at=_utc(at),
+            staged=staged, force_reason=reason if force else "",
+        )  # fmt: skip
+    if as_json:
+        render.print_json(reply)
+        return 0
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(reply.counts.items())) or "nothing"
+    verb = "would write" if reply.dry_run else "unchanged" if reply.unchanged else "published"
+    print(f"{verb}: release {reply.version} {reply.state}: {counts} ({file.name})")
+    print(f"  {reply.samples_compiled} sample specs compiled on the live sidecars")
+    render.print_capability_changes(reply.changes)
+    return 0
+
+
+@capabilities.command("activate")
+@click.argument("version")
+@click.option("--at", "at", type=_AT, default=None, help="Take effect at this time (UTC ISO).")
+@click.option("--force", is_flag=True, help="Activate even if a serving model would break.")
+@click.option("--reason", default="", help="Why it is forced (required with --force; recorded).")
+@json_option
+@connection_options
+def activate(*, version: str, at: datetime | None, force: bool, reason: str,
+             target: str | None, tls: bool | None, debug: bool, as_json: bool) -> int:  # fmt: skip
+    """Activate a staged capability release, through every check again."""
+    if force and not reason.strip():
+        raise click.UsageError("--force needs --reason (it is recorded in the history)")
+    with api(target, tls, debug) as client:
+        reply = client.activate_capabilities(
+            version, activate_at=_utc(at), force_reason=reason if force else ""
+        )
+    if as_json:
+        render.print_json(reply)
+        return 0
+    print(f"activated: release {reply.release.version} ({reply.samples_compiled} samples)")
+    render.print_capability_changes(reply.release.changes)
+    return 0
+
+
+@capabilities.command("rollback")
+@click.argument("version", default="")
+@click.option("--force", is_flag=True, help="Roll back even if a serving model would break.")
+@click.option("--reason", default="", help="Why it is forced (required with --force; recorded).")
+@json_option
+@connection_options
+def rollback(*, version: str, force: bool, reason: str, target: str | None, tls: bool | None,
+             debug: bool, as_json: bool) -> int:  # fmt: skip
+    """Return the catalog to an earlier release (default: the one the current one replaced)."""
+    if force and not reason.strip():
+        raise click.UsageError("--force needs --reason (it is recorded in the history)")
+    with api(target, tls, debug) as client:
+        reply = client.rollback_capabilities(version, force_reason=reason if force else "")
+    if as_json:
+        render.print_json(reply)
+        return 0
+    print(f"rolled back to release {reply.version}")
+    render.print_capability_changes(reply.changes)
+    return 0
+
+
+@capabilities.command("history")
+@json_option
+@connection_options
+def history(*, target: str | None, tls: bool | None, debug: bool, as_json: bool) -> int:
+    """Every capability release and activation: who, when, from when, what it replaced."""
+    with api(target, tls, debug) as client:
+        reply = client.capability_history()
     if as_json:
         render.print_json(reply)
     else:
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(reply.counts.items())) or "nothing"
-        print(f"{'would write' if reply.dry_run else 'published'}: {counts} ({file.name})")
+        render.print_capability_history(reply)
     return 0
 
 

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from vidroute.adapter.v1 import adapter_pb2
 from vidroute.common.v1 import error_pb2, generation_pb2
-from vidroute.scheduler.v1 import scheduler_pb2
+from vidroute.scheduler.v1 import capability_release_pb2, scheduler_pb2, scheduler_service_pb2
 
 PIPED_WIDTH = 320
 
@@ -73,6 +73,11 @@ def _table(*columns: str, right: Iterable[str] = ()) -> Table:
     for name in columns:
         table.add_column(name, justify="right" if name in set(right) else "left", overflow="fold")
     return table
+
+
+def table(*columns: str, right: Iterable[str] = ()) -> Table:
+    """A table in the commands' style; `right` names the right-aligned (number) columns."""
+    return _table(*columns, right=right)
 
 
 def failure_line(task: scheduler_pb2.Task) -> str:
@@ -170,7 +175,9 @@ def print_explain(decisions: Sequence[scheduler_pb2.RouteDecision], task_id: str
         shadow = f"  shadow: {d.shadow_selected_candidate}" if d.shadow_selected_candidate else ""
         out.print(
             f"decision {d.decision_no}  {d.reason_code}  policy={d.policy_version}  "
-            f"capability={d.capability_version}\n  selected: {d.selected_candidate or '-'}{shadow}"
+            f"capability={d.capability_version}\n  selected: {d.selected_candidate or '-'}"
+            + (f" ({d.selection_reason})" if d.selection_reason else "")
+            + shadow
         )
         table = _table(
             "CANDIDATE", "OK", "SCORE", "PENALTIES", "COST", "REASON", right=("SCORE", "COST")
@@ -196,6 +203,10 @@ def print_explain(decisions: Sequence[scheduler_pb2.RouteDecision], task_id: str
                 reason,
             )
         out.print(table)
+        for c in ranked:  # what each eligible candidate's components read
+            if c.eligible and c.inputs:
+                inputs = "  ".join(f"{k}={v:.4g}" for k, v in sorted(c.inputs.items()))
+                out.print(f"  {c.candidate_id}: {inputs}")
 
 
 def print_providers(providers: Sequence[scheduler_pb2.ProviderInfo]) -> None:
@@ -263,3 +274,41 @@ def print_deliveries(deliveries: Sequence[scheduler_pb2.WebhookDelivery], task_i
             d.url,
         )
     out.print(table)
+
+
+def print_capability_changes(changes: Sequence[capability_release_pb2.CapabilityChange]) -> None:
+    """A release's diff: per model what changes (fields, versions, price)."""
+    table = _table("MODEL", "ACCOUNT", "CHANGE", "CAPABILITY VERSION", "PRICE", "FIELDS")
+    for c in changes:
+        versions = c.new_capability_version or c.old_capability_version
+        if c.old_capability_version and c.old_capability_version != c.new_capability_version:
+            versions = f"{c.old_capability_version} -> {c.new_capability_version or '-'}"
+        price = f"{c.new_price_version} {c.new_price_micros_per_unit}"
+        if c.old_price_version and (c.old_price_version, c.old_price_micros_per_unit) != (
+            c.new_price_version,
+            c.new_price_micros_per_unit,
+        ):
+            price = f"{c.old_price_version} {c.old_price_micros_per_unit} -> {price}"
+        fields = ", ".join(f for f in c.fields if not f.startswith("commercial.")) or "-"
+        table.add_row(f"{c.provider}/{c.model}", c.account, c.kind, versions, price, fields)
+    console().print(table)
+    for c in changes:
+        for flag in c.price_flags:  # priced below what a delivery costs: said, not refused
+            console().print(f"price below cost: {c.provider}/{c.model}@{c.account} {flag}")
+
+
+def print_capability_history(reply: scheduler_service_pb2.ListCapabilityHistoryResponse) -> None:
+    """Releases, then every activation with who, when, from when and what it replaced."""
+    table = _table("RELEASE", "STATE", "SOURCE", "BY", "PUBLISHED", "EFFECTIVE FROM", "FORCED")
+    for r in reply.releases:
+        table.add_row(r.version, r.state, r.source, r.actor, when(r.published_at),
+                      when(r.effective_from), r.forced_reason or "-")  # fmt: skip
+    console().print(table)
+    table = _table(
+        "AT", "ACTION", "RELEASE", "REPLACED", "BY", "EFFECTIVE FROM", "REASON", "MODELS"
+    )
+    for a in reply.activations:
+        models = ", ".join(f"{c.model}@{c.account} {c.kind}" for c in a.replaced) or "-"
+        table.add_row(when(a.at), a.action, a.version, a.previous_version or "-", a.actor,
+                      when(a.effective_from), a.reason or "-", models)  # fmt: skip
+    console().print(table)

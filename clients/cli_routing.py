@@ -1,8 +1,11 @@
 """``vidroute routing``: routing policy publication, rollback, versions and canaries.
 
-vidroute routing publish FILE [--dry-run] [--source S]    # validate, then make it active
-vidroute routing rollback [VERSION]                      # empty: the version before the active
+vidroute routing publish FILE [--dry-run] [--source S]    # validate, show the diff, make active
+        [--at TIME | --staged] [--reason R]               # ...at TIME, or later by `activate`
+vidroute routing activate VERSION [--at TIME] [--reason R]  # a staged version, now or at TIME
+vidroute routing rollback [VERSION] [--reason R]         # empty: the version before the active
 vidroute routing policies [--json]                       # every version, the active one marked
+vidroute routing history [--json]                        # every activation: who, when, why
 vidroute routing canaries [--json]                       # stage, traffic, gates, transitions
 
 Admin. A policy file is validated like a capability publication (schema, weights in range,
@@ -13,7 +16,6 @@ dispatch round.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
@@ -21,7 +23,13 @@ import click
 from clients import cli_render as render
 from clients.cli_client import channel
 from clients.cli_common import api, connection, connection_options, json_option
-from clients.cli_documents import print_message, print_published, publish_options, version_line
+from clients.cli_documents import (
+    DocumentRpcs,
+    activation_line,
+    add_release_commands,
+    print_message,
+    version_line,
+)
 from clients.cli_quality import print_canaries
 from clients.cli_render import when
 from vidroute.scheduler.v1 import routing_service_pb2, routing_service_pb2_grpc
@@ -34,50 +42,23 @@ def routing() -> None:
     """Admin: routing policies (publish, rollback, versions) and their canaries."""
 
 
-@routing.command("publish")
-@publish_options
+@routing.command("history")
 @json_option
 @connection_options
-def publish(
-    *,
-    file: Path,
-    dry_run: bool,
-    source: str | None,
-    as_json: bool,
-    target: str | None,
-    tls: bool | None,
-    debug: bool,
-) -> int:
-    """Validate a routing policy file and make it the active version."""
-    request = routing_service_pb2.PublishRoutingPolicyRequest(
-        document=file.read_text(encoding="utf-8"), source=source or file.name, dry_run=dry_run
-    )
+def history(*, as_json: bool, target: str | None, tls: bool | None, debug: bool) -> int:
+    """Every activation of a routing policy version, oldest first: when, who, which version,
+    the one it replaced, when asked (if not then) and why; pending scheduled ones included."""
     with channel(connection(target, tls, debug)) as chan:
         stub: Any = routing_service_pb2_grpc.RoutingServiceStub(chan)
-        policy = stub.PublishRoutingPolicy(request, timeout=TIMEOUT_S).policy
+        reply = stub.ListRoutingPolicyActivations(
+            routing_service_pb2.ListRoutingPolicyActivationsRequest(), timeout=TIMEOUT_S
+        )
     if as_json:
-        print_message(policy)
-        return 0
-    print_published(policy, dry_run=dry_run, rollback="vidroute routing rollback")
-    return 0
-
-
-@routing.command("rollback")
-@click.argument("version", required=False, default="")
-@json_option
-@connection_options
-def rollback(
-    *, version: str, as_json: bool, target: str | None, tls: bool | None, debug: bool
-) -> int:
-    """Make VERSION active again (default: the version published before the active one)."""
-    request = routing_service_pb2.RollbackRoutingPolicyRequest(version=version)
-    with channel(connection(target, tls, debug)) as chan:
-        stub: Any = routing_service_pb2_grpc.RoutingServiceStub(chan)
-        policy = stub.RollbackRoutingPolicy(request, timeout=TIMEOUT_S).policy
-    if as_json:
-        print_message(policy)
-        return 0
-    print(f"{policy.version}: active")
+        print_message(reply)
+    elif not reply.activations:
+        print("no routing policy activated (the configured or built-in one is in use)")
+    else:
+        print("\n".join(activation_line(a) for a in reply.activations))
     return 0
 
 
@@ -120,4 +101,21 @@ def canaries(*, as_json: bool, target: str | None, tls: bool | None, debug: bool
     return 0
 
 
+def _stub(chan: Any) -> Any:
+    return routing_service_pb2_grpc.RoutingServiceStub(chan)
+
+
+add_release_commands(
+    routing,
+    "routing policy",
+    DocumentRpcs(
+        publish_request=routing_service_pb2.PublishRoutingPolicyRequest,
+        publish=lambda chan, r: _stub(chan).PublishRoutingPolicy(r, timeout=TIMEOUT_S),
+        activate_request=routing_service_pb2.ActivateRoutingPolicyRequest,
+        activate=lambda chan, r: _stub(chan).ActivateRoutingPolicy(r, timeout=TIMEOUT_S),
+        rollback_request=routing_service_pb2.RollbackRoutingPolicyRequest,
+        rollback=lambda chan, r: _stub(chan).RollbackRoutingPolicy(r, timeout=TIMEOUT_S),
+        version=lambda reply: reply.policy,
+    ),
+)
 command = routing

@@ -48,6 +48,9 @@ def _choices(items: Sequence[tuple[str, V]], prefix: str) -> dict[str, V]:
 MODES = _choices(generation_pb2.Mode.items(), "MODE_")
 ROUTING_MODES = _choices(generation_pb2.RoutingMode.items(), "ROUTING_MODE_")
 SERVICE_CLASSES = _choices(generation_pb2.ServiceClass.items(), "SERVICE_CLASS_")
+CATEGORIES = _choices(generation_pb2.ContentCategory.items(), "CONTENT_CATEGORY_")
+STYLES = _choices(generation_pb2.Style.items(), "STYLE_")
+CAMERA_MOTIONS = _choices(generation_pb2.CameraMotion.items(), "CAMERA_MOTION_")
 DEFAULT_MODE, DEFAULT_WIDTH, DEFAULT_HEIGHT, DEFAULT_DURATION_MS = "text-to-video", 1280, 720, 4000
 MICROS = Decimal(1_000_000)
 
@@ -81,6 +84,10 @@ class SubmitFlags:
     degrade: bool | None = None
     service_class: str | None = None
     priority: int | None = None
+    category: str | None = None
+    style: str | None = None
+    has_human: bool | None = None
+    camera_motion: str | None = None
     idempotency_key: str | None = None
     webhook_url: str | None = None
     webhook_events: Sequence[str] = ()
@@ -184,6 +191,7 @@ def build_request(flags: SubmitFlags) -> scheduler_service_pb2.CreateTaskRequest
         spec.priority = flags.priority
     if flags.seed is not None:
         spec.seed = flags.seed
+    _content(spec.content, flags)
     _output(spec.output, flags)
     _routing(spec.routing, flags)
     _assets(spec, flags)
@@ -194,6 +202,17 @@ def build_request(flags: SubmitFlags) -> scheduler_service_pb2.CreateTaskRequest
     if flags.webhook_events:
         request.webhook.events[:] = list(flags.webhook_events)
     return request
+
+
+def _content(tags: generation_pb2.ContentTags, flags: SubmitFlags) -> None:
+    if flags.category is not None:
+        tags.category = CATEGORIES[flags.category]
+    if flags.style is not None:
+        tags.style = STYLES[flags.style]
+    if flags.has_human is not None:
+        tags.has_human = flags.has_human
+    if flags.camera_motion is not None:
+        tags.camera_motion = CAMERA_MOTIONS[flags.camera_motion]
 
 
 def _output(out: generation_pb2.OutputSpec, flags: SubmitFlags) -> None:

@@ -19,7 +19,16 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from clients import cli_render as render
 from clients.cli_common import api, connection_options, json_option
-from clients.cli_spec import MODES, ROUTING_MODES, SERVICE_CLASSES, SubmitFlags, build_request
+from clients.cli_spec import (
+    CAMERA_MOTIONS,
+    CATEGORIES,
+    MODES,
+    ROUTING_MODES,
+    SERVICE_CLASSES,
+    STYLES,
+    SubmitFlags,
+    build_request,
+)
 from clients.sdk import Client, errors
 from vidroute.scheduler.v1 import scheduler_pb2
 
@@ -113,6 +122,20 @@ def _asset_help(slot: str, modes: str) -> str:
     help="Fair-scheduling class (default standard).",
 )
 @click.option("--priority", type=INT32, help="Priority within the tenant, -100..100.")
+@click.option(
+    "--category",
+    type=click.Choice(sorted(CATEGORIES)),
+    help="Content tag: what the clip shows (picks the quality bucket routing reads).",
+)
+@click.option("--style", type=click.Choice(sorted(STYLES)), help="Content tag: how it looks.")
+@click.option(
+    "--human/--no-human", "has_human", default=None, help="Content tag: people appear in it."
+)
+@click.option(
+    "--camera-motion",
+    type=click.Choice(sorted(CAMERA_MOTIONS)),
+    help="Content tag: how the camera moves.",
+)
 @click.option("--idempotency-key", help="Retry-safe key (default: a new one, printed).")
 @click.option("--webhook-url", help="Caller webhook URL for this task's events.")
 @click.option(

@@ -1,6 +1,7 @@
 """`vidroute up`: the whole platform on one machine, as child processes of one command.
 
-Starts the three provider emulators (the self-hosted one is the GPU model server), then the
+Starts the Runway and Veo emulators and the self-hosted model server (a real Cog server running
+models/cog_video, `cog_child`; its sidecar on the Cog backend), then the
 three adapter sidecars pointed at them, then the control plane in this process, wired to the
 sidecars. Every child's output goes to ``./var/log/<name>.log``. Ctrl-C (or SIGTERM) stops the
 control plane gracefully, then each child with SIGTERM (SIGKILL after a grace period).
@@ -28,9 +29,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -150,6 +152,38 @@ def adapter_child(
     )
 
 
+def cog_child(port: int, token: str) -> Child:
+    """The self-hosted model server: a real Cog server (coglet) running models/cog_video with
+    this Python, on `port`; coglet signs its webhooks with `token` (the sidecar's credential)."""
+    from adapter_sidecars.selfhosted.cog_server import DEFAULT_PREDICTOR, cog_server_command
+
+    predictor = DEFAULT_PREDICTOR.relative_to(ROOT)  # children run in ROOT
+    argv, env = cog_server_command(
+        port, predictor=predictor, webhook_token=token, environ={"PATH": os.environ["PATH"]}
+    )
+    return Child(
+        name="model-server-cog",
+        args=tuple(argv[1:]),
+        ready_url=f"http://127.0.0.1:{port}/health-check",
+        env=env,
+    )
+
+
+def _cog_sidecar_config(run_dir: Path, extensions: tuple[str, ...]) -> Path:
+    """The shipped self-hosted config on its Cog backend (webhooks to a free local port)."""
+    import yaml
+
+    shipped = ROOT / "adapter_sidecars" / "selfhosted" / "config.example.yaml"
+    config = yaml.safe_load(shipped.read_text(encoding="utf-8"))
+    options = config.setdefault("provider", {}).get("options") or {}
+    options.update({extension: True for extension in extensions})
+    options.update({"backend": "cog", "webhook_listen": "127.0.0.1:0"})
+    config["provider"]["options"] = options
+    path = run_dir / "adapter-selfhosted.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
 def stack(
     provider_ports: Mapping[str, int],
     adapter_ports: Mapping[str, int],
@@ -212,21 +246,40 @@ def start_stack(
     )
     named = dict(extensions or {})
     urls = {
-        name: supervisor.start(emulator_child(name, port, scale, named.get(name, ())))
+        name: supervisor.start(_provider_child(name, port, scale, named.get(name, ())))
         for name, port in provider_ports.items()
     }
+    configs = {name: _with_options(name, named.get(name, ()), supervisor.run_dir) for name in urls}
+    if "selfhosted" in urls:
+        configs["selfhosted"] = _cog_sidecar_config(supervisor.run_dir, named.get("selfhosted", ()))
     return {
         name: supervisor.start(
-            adapter_child(
-                name,
-                port,
-                urls.get(name, ""),
-                scale,
-                _with_options(name, named.get(name, ()), supervisor.run_dir),
-            )
+            adapter_child(name, port, urls.get(name, ""), scale, configs.get(name))
         )
         for name, port in adapter_ports.items()
     }
+
+
+def _provider_child(name: str, port: int, scale: float, extensions: tuple[str, ...]) -> Child:
+    """The self-hosted provider is a real Cog server (issue 24); the others are emulators."""
+    if name != "selfhosted":
+        return emulator_child(name, port, scale, extensions)
+    if extensions:
+        raise ValueError(f"the Cog model server has no extensions {sorted(extensions)}")
+    return cog_child(port or _free_port(), _selfhosted_token())
+
+
+def _selfhosted_token() -> str:
+    """The credential the shipped self-hosted config resolves (its dev default unless set)."""
+    return os.environ.get("SELFHOSTED_API_KEY") or "dev_token"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 class Supervisor:
@@ -287,6 +340,12 @@ class Supervisor:
             ok = httpx.get(child.ready_url, timeout=1.0).status_code < 500
         except httpx.HTTPError:
             return ""
+        if child.ready_url.endswith("/health-check"):  # a Cog server: ready once set up
+            try:
+                ok = ok and httpx.get(child.ready_url, timeout=1.0).json()["status"] == "READY"
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                return ""
+            return child.ready_url.removesuffix("/health-check") if ok else ""
         return child.ready_url.removesuffix("/__emulator/faults") if ok else ""
 
     def stop_all(self, grace_s: float = 10.0) -> None:
@@ -309,20 +368,45 @@ async def publish_example_tenants(database_url: str) -> str | None:
     no tenants document was ever published on this database, as an admin would: through the
     tenants service and its unit of work, recorded as by ``vidroute up``. An operator's own
     publication is never replaced. The version published, or None."""
+    from controlplane.service.tenants import TenantBook, TenantConfigService
+
+    return await _publish_example(
+        database_url, "tenants", lambda db: TenantConfigService(db, TenantBook(db))
+    )
+
+
+async def publish_example_accounts(database_url: str) -> str | None:
+    """As `publish_example_tenants`, for ``controlplane/accounts.example.yaml`` (the limits of
+    the ``vidroute up`` sidecars' accounts)."""
+    from controlplane.service.accounts import AccountBook, AccountConfigService
+
+    return await _publish_example(
+        database_url, "accounts", lambda db: AccountConfigService(db, AccountBook(db))
+    )
+
+
+async def publish_examples(database_url: str) -> None:
+    """The example tenants and accounts documents (each only on a database that never had one)."""
+    await publish_example_tenants(database_url)
+    await publish_example_accounts(database_url)
+
+
+async def _publish_example(
+    database_url: str, kind: str, service_for: Callable[[Any], Any]
+) -> str | None:
     import controlplane
     from controlplane.persistence.database import Database
     from controlplane.service.access import Caller
-    from controlplane.service.tenants import TenantBook, TenantConfigService
 
-    text = (Path(controlplane.__file__).parent / "tenants.example.yaml").read_text("utf-8")
+    name = f"{kind}.example.yaml"
+    text = (Path(controlplane.__file__).parent / name).read_text("utf-8")
     db = Database.from_url(database_url)
     try:
-        service = TenantConfigService(db, TenantBook(db))
+        service = service_for(db)
         if (await service.history()).versions:
             return None
-        caller = Caller.admin("vidroute up")
-        row = await service.publish(text, source="tenants.example.yaml", caller=caller)
+        row = await service.publish(text, source=name, caller=Caller.admin("vidroute up"))
     finally:
         await db.dispose()
-    log.info("example tenants %s published (vidroute tenants get shows them)", row.version)
-    return row.version
+    log.info("example %s %s published (vidroute %s get shows them)", kind, row.version, kind)
+    return str(row.version)

@@ -1,15 +1,22 @@
 """``vidroute reconcile [--date YYYY-MM-DD] [--json]``: the daily bill reconciliation (9.23.3).
 
 Runs against the configured database (``VIDROUTE_DATABASE_URL``) and adapter sidecars
-(``VIDROUTE_ADAPTERS``), the same environment as the control plane (the Kubernetes CronJob
+(``VIDROUTE_ADAPTERS``; an account's day with an imported bill file is read from the file), the
+same environment as the control plane (the Kubernetes CronJob
 runs it with the Deployment's). The day defaults to yesterday (UTC). Prints one summary line
 per provider account (billed, expected, delta, records by status) and one line per
 discrepancy, or the report as JSON. Running a day again writes nothing new and prints the same.
 
-Exit status: 0 reconciled (discrepancies are findings, not failures; an account whose provider
-has no usage export at all, such as the Gemini API's Veo, is listed as not reconciled), 1 an
-account's usage could not be read now (the others are still reconciled and stored), 2 bad
-arguments or the database away.
+Exit status (`exit_code`), so a CronJob or a script can tell a clean day from one to read:
+
+* 0: every configured provider account was read and the day has no discrepancy;
+* 1: every account was read and the day has discrepancies (the rows to read);
+* 2: the day is NOT RECONCILED: an account's bill could not be read (its adapter away, no
+  adapter serves it, or its provider has no usage export at all and no bill file was imported
+  for the day with ``vidroute usage import``, like Veo's;
+  the others are still reconciled and stored), no provider adapter or account is configured
+  (nothing is stored: an empty run is not a clean day), the database is away, or the
+  arguments are bad. Never 0 with an account unread.
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ def report_json(report: Any) -> dict[str, Any]:
                 "status_counts": dict(r.status_counts),
                 "discrepancies": [
                     {
+                        "row_id": d.row_id,
                         "kind": d.kind.value,
                         "provider": d.provider,
                         "account": d.account,
@@ -100,7 +108,24 @@ def report_json(report: Any) -> dict[str, Any]:
             for e in report.errors
         ],
         "written_runs": list(report.written),
+        "result": VERDICTS[exit_code(report)],
+        "exit_code": exit_code(report),
     }
+
+
+CLEAN, DISCREPANCIES, NOT_RECONCILED = 0, 1, 2
+VERDICTS = {
+    CLEAN: "clean",
+    DISCREPANCIES: "discrepancies found",
+    NOT_RECONCILED: "NOT RECONCILED (an account's bill was not read)",
+}
+
+
+def exit_code(report: Any) -> int:
+    """The module doc's exit status of a finished run: an unread account outranks rows."""
+    if report.errors:
+        return NOT_RECONCILED
+    return DISCREPANCIES if report.discrepancies else CLEAN
 
 
 def report_lines(report: Any) -> list[str]:
@@ -120,13 +145,16 @@ def report_lines(report: Any) -> list[str]:
         )
     rows = report.discrepancies
     lines.append(f"discrepancies: {len(rows)}")
+    lines.append(f"result: {VERDICTS[exit_code(report)]}")
     for d in rows:
         who = f"attempt {d.attempt_id}" if d.attempt_id is not None else "no attempt"
         if d.task_id is not None:
             who += f" task {d.task_id}"
         job = f" job {d.provider_job_id}" if d.provider_job_id else ""
+        row = f"row {d.row_id} " if d.row_id is not None else ""
+        where = f"{d.provider}/{d.account or '-'} {d.model or '-'}"
         lines.append(
-            f"  {d.kind.value:<28} {d.provider}/{d.account or '-'} {d.model or '-'} {who}{job} "
+            f"  {row}{d.kind.value:<28} {where} {who}{job} "
             f"billed {money(d.billed_micros, d.currency)} expected "
             f"{money(d.expected_micros, d.currency)} -> {d.suggested_action}"
         )
@@ -138,7 +166,7 @@ async def _reconcile(day: date, as_json: bool) -> int:
     from controlplane.persistence.database import Database
     from controlplane.persistence.errors import StoreUnavailable
     from controlplane.persistence.reconciliation_store import schema_ready
-    from controlplane.reconciliation import run_day
+    from controlplane.reconciliation import NothingToReconcile, run_day
     from controlplane.reconciliation.clients import adapter_clients
 
     settings = Settings.from_env()
@@ -146,21 +174,24 @@ async def _reconcile(day: date, as_json: bool) -> int:
         ready = await schema_ready(settings.database_url)
     except Exception as exc:  # the driver's own error: the database is away or refuses us
         print(f"error: UNAVAILABLE: database: {exc}", file=sys.stderr)
-        return 2
+        return NOT_RECONCILED
     if not ready:
         print(
             "error: FAILED_PRECONDITION: the database has no reconciliation tables yet "
             "(run `vidroute migrate`, or start the control plane once)",
             file=sys.stderr,
         )
-        return 2
+        return NOT_RECONCILED
     db = Database.from_url(settings.database_url)
     clients = adapter_clients(settings)
     try:
         report = await run_day(db, clients, day)
     except StoreUnavailable as exc:
         print(f"error: UNAVAILABLE: database: {exc}", file=sys.stderr)
-        return 2
+        return NOT_RECONCILED
+    except NothingToReconcile as exc:
+        print(f"error: FAILED_PRECONDITION: NOT RECONCILED: {exc}", file=sys.stderr)
+        return NOT_RECONCILED
     finally:
         for client in clients.values():
             await client.close()
@@ -169,7 +200,7 @@ async def _reconcile(day: date, as_json: bool) -> int:
         print(json.dumps(report_json(report), indent=2, sort_keys=True))
     else:
         print("\n".join(report_lines(report)))
-    return 1 if any(not e.unsupported for e in report.errors) else 0
+    return exit_code(report)
 
 
 def run(day: date | None, as_json: bool) -> int:
@@ -181,5 +212,5 @@ def run(day: date | None, as_json: bool) -> int:
             f"error: --date {day.isoformat()} is after today ({today.isoformat()}, UTC)",
             file=sys.stderr,
         )
-        return 2
+        return NOT_RECONCILED
     return asyncio.run(_reconcile(day, as_json))

@@ -28,6 +28,10 @@ value or a file variable naming no file is a `SettingsError` at start, one line 
   ``VIDROUTE_WEBHOOK_ALLOW_HTTP`` (default off: https only), ``VIDROUTE_WEBHOOK_ALLOW_PRIVATE``
   (default off: loopback, private, link-local and multicast receivers are refused at send time)
   and ``VIDROUTE_WEBHOOK_PRIVATE_ALLOWLIST`` (``10.1.2.0/24,fd00::/8``: private networks allowed).
+- ``VIDROUTE_TENANTS_FILE`` / ``VIDROUTE_ACCOUNTS_FILE``: a tenants / accounts document
+  (``controlplane/tenants.example.yaml``, ``accounts.example.yaml``) published at start when its
+  version is not published yet (so a deployment ships them, e.g. as k8s ConfigMaps); a version
+  already published is left as it is. A bad document stops the start with one line.
 - ``VIDROUTE_TIME_SCALE``: a factor in (0, 1] that multiplies every duration of the control plane
   together (execution, polling, dispatcher, upkeep, breakers, leases, adapter deadlines), so a
   test or ``make up`` runs faster with every deadline in its production order; the sidecars read
@@ -90,7 +94,9 @@ import httpx
 import yaml
 from redis.asyncio import Redis
 
+from controlplane.adapters.connect import adapter_client
 from controlplane.adapters.grpc_client import GrpcAdapterClient
+from controlplane.api.account_servicer import AccountServicer
 from controlplane.api.auth import Authenticator, parse_entries
 from controlplane.api.billing_servicer import BillingServicer
 from controlplane.api.routing_servicer import RoutingServicer
@@ -104,6 +110,8 @@ from controlplane.capabilities.publish import (
 )
 from controlplane.console.app import Console
 from controlplane.console.server import CONSOLE_LISTEN_FIX, ConsoleServer
+from controlplane.domain.accounts import parse_accounts_document
+from controlplane.domain.baselines import HOST_NOISE_FLOOR_S
 from controlplane.domain.breaker import BreakerConfig, BreakerKey, Operation
 from controlplane.domain.deadlines import DeadlinePolicy
 from controlplane.domain.money import BillingPolicies, BillingPolicy
@@ -111,13 +119,15 @@ from controlplane.domain.outbox import Topic
 from controlplane.domain.routing.policy_document import PolicyDocument, parse_policy_document
 from controlplane.domain.safety import SafetyPolicy
 from controlplane.domain.scoring import example_policy
+from controlplane.domain.tenants import parse_tenants_document
+from controlplane.domain.unit_cost import observed_cost
 from controlplane.execution.callback_server import CallbackLimits, CallbackServer
 from controlplane.execution.callbacks import CallbackReceiver, CallbackVerifier
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.engine import ExecutionEngine
 from controlplane.execution.outcomes import AttemptEndObserver, SubmitObserver
 from controlplane.execution.output_step import fetcher_for
-from controlplane.leases.base import LeaseStore
+from controlplane.leases.base import LeaseStore, LeaseStoreFactory
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.leases.redis_store import RedisClientConfig, RedisLeaseStore, redis_client
 from controlplane.metrics import (
@@ -125,16 +135,17 @@ from controlplane.metrics import (
     attempt_end_observer,
     chain,
     circuit_gauges,
-    drift_deltas,
     lease_gauges,
     submit_observer,
+    window_gauges,
 )
 from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.records import AccountInfo, AttemptRecord
 from controlplane.persistence.webhooks import WebhookStore
 from controlplane.rate_limits import InProcessRateLimiter, RateLimiter, RedisRateLimiter
-from controlplane.reconciliation import delta_by_provider
+from controlplane.reconciliation import DiscrepancyCounter, delta_by_provider
+from controlplane.scheduling.account_usage import AccountUsage, account_usage
 from controlplane.scheduling.canary_gates import CanaryGateConfig
 from controlplane.scheduling.dispatcher import DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
@@ -143,11 +154,21 @@ from controlplane.scheduling.policy_book import SampleCheck
 from controlplane.scheduling.quality_book import QualityBook
 from controlplane.scheduling.reachability import AdapterReachability, service_name
 from controlplane.scheduling.readiness import CatalogReadiness
-from controlplane.scheduling.relet import lease_source
+from controlplane.scheduling.release_check import SampleCompiler
+from controlplane.scheduling.relet import lease_source, usage_declared
 from controlplane.scheduling.runtime import SchedulingRuntime, build_scheduling
 from controlplane.scheduling.upkeep import UpkeepConfig
+from controlplane.scheduling.windows import LimitsFor
 from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.access import Caller
+from controlplane.service.accounts import (
+    AccountBook,
+    AccountConfigService,
+    UsageSource,
+    no_usage,
+)
+from controlplane.service.activator import POLL_S as ACTIVATION_POLL_S
+from controlplane.service.activator import DocumentActivator
 from controlplane.service.billing import BillingService
 from controlplane.service.capability_publish import CapabilityPublishService
 from controlplane.service.console_reads import ConsoleReads
@@ -157,6 +178,7 @@ from controlplane.service.quality import QualityService
 from controlplane.service.replay import ReplayService
 from controlplane.service.routing_policies import RoutingPolicyService
 from controlplane.service.tasks import TaskService
+from controlplane.service.tenant_limits import TenantLimitsService, gauge_refresh
 from controlplane.service.tenants import TenantAdmission, TenantBook, TenantConfigService
 from controlplane.service.webhooks import WebhookSubscriptions
 from controlplane.startup import (
@@ -182,10 +204,9 @@ from vidroute_core.timescale import (
     scale_value,
     scaled_defaults,
 )
-from vidroute_core.tls import TlsSettings, channel_options
+from vidroute_core.tls import TlsSettings
 from vidroute_core.wire import tracing as tracing_edge
 from vidroute_core.wire.listen import PortInUse
-from vidroute_core.wire.tls import channel_credentials
 
 log = logging.getLogger(__name__)
 
@@ -259,6 +280,14 @@ class Settings:
     # VIDROUTE_ROUTING_POLICY_FILE: the routing policy used until one is published (else the
     # built-in example); validated at start like a publication (its schema and ranges).
     routing_policy: PolicyDocument | None = None
+    # A lookup of each provider account's limits (9.11) that replaces the accounts document's
+    # (a test's stack); None: the published accounts document's.
+    limits_for: LimitsFor | None = None
+    # VIDROUTE_TENANTS_FILE / VIDROUTE_ACCOUNTS_FILE: (path, text) of a document published at
+    # start when its version is not published yet (k8s ships them as ConfigMaps); validated at
+    # start like a publication, so a bad file stops the start with one line.
+    tenants_file: StartDocument | None = None
+    accounts_file: StartDocument | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -315,6 +344,12 @@ def _values(env: ControlPlaneEnv) -> dict[str, object]:
         "billing": _billing(env),
         "webhooks": _webhooks(env),
         "routing_policy": _routing_policy(env),
+        "tenants_file": _start_document(
+            "VIDROUTE_TENANTS_FILE", env.tenants_file, parse_tenants_document
+        ),
+        "accounts_file": _start_document(
+            "VIDROUTE_ACCOUNTS_FILE", env.accounts_file, parse_accounts_document
+        ),
         "adapter_submit_margin_s": env.adapter_submit_margin_s,
         "adapter_submit_timeout_s": env.adapter_submit_timeout_s,
     }
@@ -332,6 +367,63 @@ def _billing(env: ControlPlaneEnv) -> BillingPolicies:
     """The VIDROUTE_BILLING* variables; a malformed policy is an error at start."""
     lines = [env.billing_tenants, *_lines(env.billing_file)]
     return BillingPolicies.parse(env.billing_policy, lines)
+
+
+@dataclass(frozen=True, slots=True)
+class StartDocument:
+    """A document file named by a setting: where it is and its text."""
+
+    path: str
+    text: str
+
+
+def _usage_source(runtime: SchedulingRuntime, leases: LeaseStore, book: AccountBook) -> UsageSource:
+    """Each account's limits against its use now, over the dispatcher's catalog."""
+    dc = runtime.dispatcher.config.default_concurrency
+
+    async def usage() -> list[AccountUsage]:
+        await book.current()
+        catalog = await runtime.dispatcher.catalog()
+        return await account_usage(leases, catalog.candidates, dc, book.limits_for)
+
+    return usage
+
+
+def _start_document(
+    name: str, path: Path | None, parse: Callable[[str], object]
+) -> StartDocument | None:
+    """The file's path and text, its document checked now (ValueError naming the variable)."""
+    if path is None:
+        return None
+    text = path.read_text(encoding="utf-8")
+    try:
+        parse(text)
+    except InvalidSpec as exc:
+        problems = "; ".join(f"{v.field}: {v.description}" for v in exc.violations)
+        raise ValueError(f"{name} {path}: {problems}") from exc
+    return StartDocument(str(path), text)
+
+
+async def publish_start_documents(
+    settings: Settings, tenants: TenantConfigService, accounts: AccountConfigService
+) -> None:
+    """Publish the VIDROUTE_TENANTS_FILE / VIDROUTE_ACCOUNTS_FILE documents whose version is
+    not published yet; a published version is left as it is (active or rolled back: an
+    operator's rollback survives a restart). Every replica may try: a publication is
+    idempotent per version and serialised by its lock."""
+    for name, file, service in (
+        ("VIDROUTE_TENANTS_FILE", settings.tenants_file, tenants),
+        ("VIDROUTE_ACCOUNTS_FILE", settings.accounts_file, accounts),
+    ):
+        if file is None:
+            continue
+        caller = Caller.admin(name)
+        try:
+            row = await service.publish(file.text, source=file.path, caller=caller)
+        except InvalidSpec as exc:  # the same version published with another text
+            problems = "; ".join(f"{v.field}: {v.description}" for v in exc.violations)
+            refuse(f"{name} {file.path}: {problems}")
+        log.info("%s %s: version %s published", name, file.path, row.version)
 
 
 def _routing_policy(env: ControlPlaneEnv) -> PolicyDocument | None:
@@ -399,19 +491,6 @@ def _auth(env: ControlPlaneEnv) -> dict[str, Caller]:
     return tokens
 
 
-def _adapter_client(tls: TlsSettings, address: str, timing: dict[str, Any]) -> GrpcAdapterClient:
-    """A sidecar client: mTLS when configured, else plaintext to a loopback sidecar only."""
-    if tls.files is None:
-        tls.check_plaintext(address, role="adapter sidecar")
-        return GrpcAdapterClient(address, **timing)
-    return GrpcAdapterClient(
-        address,
-        credentials=channel_credentials(tls.files),
-        channel_options=channel_options(tls),
-        **timing,
-    )
-
-
 def load_safety_policy(path: str = "") -> SafetyPolicy:
     """The safety policy at `path` (the shipped default when empty); malformed is an error."""
     source = Path(path) if path else DEFAULT_SAFETY_POLICY
@@ -453,6 +532,9 @@ async def publish_from_adapters(
     counts = await publish_documents(
         runtime.db, documents, accounts.values(), now=_utcnow(), source="describe"
     )
+    # The upsert above wrote each described account ACTIVE with the sidecar's reference: the
+    # active accounts document's settings of them go back on top.
+    await AccountConfigService(runtime.db, AccountBook(runtime.db)).reapply(_utcnow())
     for provider in adapters:  # what readiness waits for (an adapter may describe nothing)
         runtime.dispatcher.readiness.described(provider, described.get(provider, []))
     await runtime.dispatcher.catalog(refresh=True)
@@ -469,15 +551,16 @@ WORKER_TOPICS = {Topic.SUBMIT: "submit", Topic.CANCEL: "cancel", Topic.OUTPUT_FE
 
 
 async def _wakeups(
-    settings: Settings, db: Database, cleanup: list[Callable[[], Awaitable[Any]]]
-) -> LocalWakeBus:
-    """The wake-up bus (`controlplane.wakeups`): each committed outbox topic wakes its consumers
-    here and, with ``VIDROUTE_BROKER_URL``, in every replica; polling stays what is relied on."""
+    settings: Settings, cleanup: list[Callable[[], Awaitable[Any]]]
+) -> tuple[Database, LocalWakeBus]:
+    """The database and the wake-up bus (`controlplane.wakeups`) it hands each committed outbox
+    topic to: the topic wakes its consumers here and, with ``VIDROUTE_BROKER_URL``, in every
+    replica; polling stays what is relied on."""
     bus = wake_bus_for(settings.broker_url, settings.database_url)
-    db.after_commit = bus.notify
+    db = Database.from_url(settings.database_url, after_commit=bus.notify)
     await bus.start()
     cleanup.append(bus.close)
-    return bus
+    return db, bus
 
 
 def _subscribe(bus: LocalWakeBus, runtime: SchedulingRuntime, execution: ExecutionEngine) -> None:
@@ -554,7 +637,7 @@ def _health_feed(runtime: SchedulingRuntime) -> AttemptEndObserver:
             key,
             succeeded=snapshot.state is JobState.SUCCEEDED,
             duration_s=max(0.0, (attempt.updated_at - started).total_seconds()),
-            cost_micros=snapshot.actual_cost_micros or 0,
+            cost_micros=observed_cost(snapshot.actual_cost_micros, attempt.estimated_cost_micros),
         )
 
     return observe
@@ -574,17 +657,23 @@ def _metrics(
 
 
 def _http_client(scale: float) -> httpx.AsyncClient:
-    """The control plane's HTTP client (output downloads), traced when tracing is on."""
-    http = httpx.AsyncClient(timeout=httpx.Timeout(30.0 * scale, connect=5.0 * scale))
+    """The control plane's HTTP client (output downloads), traced when tracing is on. Its
+    timeouts scale with the rest but never fall under the host's own noise
+    (`HOST_NOISE_FLOOR_S`): at scale 0.02 a 5 s connect would be 0.1 s, which a loaded machine
+    misses even on loopback."""
+    read = max(30.0 * scale, HOST_NOISE_FLOOR_S)
+    connect = max(5.0 * scale, HOST_NOISE_FLOOR_S)
+    http = httpx.AsyncClient(timeout=httpx.Timeout(read, connect=connect))
     tracing_edge.instrument_httpx(http)
     return http
 
 
 def _cost_gauges(
-    settings: Settings, db: Database, metrics: ControlPlaneMetrics
+    settings: Settings, db: Database, metrics: ControlPlaneMetrics, tenants: TenantLimitsService
 ) -> list[Callable[[], Awaitable[Any]]]:
-    """9.24's cost families, recomputed from the ledgers once per period while /metrics is on;
-    returns the background stops (the refresher's) that shutdown runs before the cleanup."""
+    """9.24's cost families, recomputed from the ledgers once per period while /metrics is on,
+    and on the same period the tenants' limits and use; returns the background stops (the
+    refresher's) that shutdown runs before the cleanup."""
     if not settings.metrics_listen:
         return []
     costs = CostGaugeRefresher(
@@ -592,6 +681,8 @@ def _cost_gauges(
         metrics,
         interval_s=scale_value(COST_GAUGE_INTERVAL_S, settings.time_scale),
         deltas=lambda: delta_by_provider(db),
+        also=[gauge_refresh(tenants, metrics.tenant_limits)],
+        discrepancies=DiscrepancyCounter(db),
     )
     costs.start()
     return [costs.stop]
@@ -600,26 +691,26 @@ def _cost_gauges(
 def _wire_metrics(
     metrics: ControlPlaneMetrics, runtime: SchedulingRuntime, leases: LeaseStore
 ) -> None:
-    """Point the metrics at the dispatcher's events and the state they read at scrape time."""
-    runtime.set_metrics(metrics)
-    runtime.upkeep.on_drifts = lambda drifts: metrics.reconcile_pass(drift_deltas(drifts))
+    """Point the metrics at the state they read at scrape time (the breaker and drift events
+    are the runtime's, wired at its construction)."""
     metrics.state.loop = asyncio.get_running_loop()
     metrics.state.leases = lambda: lease_gauges(leases)
+    metrics.state.windows = lambda: window_gauges(leases)
     metrics.state.circuits = lambda: circuit_gauges(runtime.monitor.statuses())
-    runtime.monitor.on_transition = lambda t: metrics.circuit_transition(
-        t.key.provider, t.key.model, t.key.operation.value, t.new.value
-    )
 
 
 async def _lease_store(
     settings: Settings, cleanup: list[Callable[[], Awaitable[Any]]]
-) -> tuple[LeaseStore, Redis | None]:
+) -> tuple[LeaseStoreFactory, Redis | None]:
+    """The lease store's factory (the scheduling runtime builds it with its hooks) and the
+    Redis client it uses, if any."""
     scale = settings.time_scale
     if not settings.redis_url:
-        return MemoryLeaseStore(**scaled_defaults(MemoryLeaseStore, scale)), None
+        return functools.partial(MemoryLeaseStore, **scaled_defaults(MemoryLeaseStore, scale)), None
     client = redis_client(settings.redis_url, scale_durations(RedisClientConfig(), scale))
     cleanup.append(client.aclose)
-    return RedisLeaseStore(client, **scaled_defaults(RedisLeaseStore, scale)), client
+    store = functools.partial(RedisLeaseStore, client, **scaled_defaults(RedisLeaseStore, scale))
+    return store, client
 
 
 def _rate_limiter(
@@ -673,8 +764,8 @@ def _catalog_ready() -> str | None:
 @dataclass
 class _Readiness:
     """The readiness probe: PostgreSQL and Redis answer, and the catalog is ready (a raise, like
-    False, is NOT_SERVING; liveness is unaffected). `redis` and `not_ready` are set once the
-    scheduling runtime exists (an API-only replica has neither)."""
+    False, is NOT_SERVING; liveness is unaffected). Built whole once the scheduling runtime
+    exists; an API-only replica has no `redis` and the default `not_ready`."""
 
     db: Database
     redis_timeout_s: float
@@ -730,13 +821,16 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
 ) -> ControlPlaneServer:
     if settings.migrate_on_start:
         await migrate(settings.database_url)  # a database that does not answer: refused
-    db = Database.from_url(settings.database_url)
     cleanup: list[Callable[[], Awaitable[Any]]] = []
-    wakeups = await _wakeups(settings, db, cleanup)
+    db, wakeups = await _wakeups(settings, cleanup)
     metrics = _metrics(settings, cleanup)
-    background = _cost_gauges(settings, db, metrics)  # stopped first, before the cleanup
+    tenant_book = TenantBook(db)  # the published tenants document: CreateTask and dispatch
+    tenant_limits = TenantLimitsService(db, tenant_book)
+    # Stopped first, before the cleanup.
+    background = _cost_gauges(settings, db, metrics, tenant_limits)
 
-    readiness = _Readiness(db, READINESS_REDIS_TIMEOUT_S * settings.time_scale)
+    redis: Redis | None = None  # the leases' (and the rate limits'), when configured
+    probe_parts: dict[str, Any] = {}  # the scheduling runtime's part of the readiness probe
 
     # Also on an API-only replica: GetOutput and GetOutputUrl read the store.
     object_store = object_store_from_url(
@@ -746,31 +840,36 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     admin = None
     monitor: HealthMonitor | None = None  # the console's health and breaker views
     lease_store: LeaseStore | None = None
+    # Scheduled activations of published documents, applied on time by whichever replica
+    # gets there first (every replica runs one; `service.activator`); kicked by a schedule here.
+    scheduled = asyncio.Event()
     # API only: no catalog here to compile against, so a file with samples or canaries is refused.
-    routing_policies = RoutingPolicyService(db, require_check=True)
-    tenant_book = TenantBook(db)  # the published tenants document: CreateTask and dispatch
+    routing_policies = RoutingPolicyService(db, require_check=True, on_schedule=scheduled.set)
+    account_book = AccountBook(db)  # the published accounts document: dispatch and leases
+    usage: UsageSource = no_usage
     catalog: Callable[[], Awaitable[CapabilityCatalog]] | None = None
     published: Callable[[], Awaitable[None]] | None = None  # PublishCapabilities' hook
+    samples: SampleCompiler | None = None  # a release's sample compile on the live sidecars
     scale = settings.time_scale
     log.info("time scale %g: every duration of the control plane multiplied by it", scale)
     if settings.adapters:
-        leases, readiness.redis = await _lease_store(settings, cleanup)
+        lease_factory, redis = await _lease_store(settings, cleanup)
         worker = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         adapter_timing = scaled_defaults(GrpcAdapterClient, scale)
         adapter_timing["submit_margin_s"] = settings.adapter_submit_margin_s * scale
         adapter_timing["submit_timeout_s"] = settings.adapter_submit_timeout_s * scale or None
         adapters = {
-            name: _adapter_client(settings.adapter_tls, addr, adapter_timing)
+            name: adapter_client(settings.adapter_tls, addr, adapter_timing)
             for name, addr in settings.adapters.items()
         }
         cleanup.extend(client.close for client in adapters.values())
         runtime = build_scheduling(
             db=db,
             database_url=settings.database_url,
-            leases=leases,
+            leases=lease_factory,
             adapters=adapters,
             policy=scale_durations(example_policy(ROUTING_POLICY_VERSION), scale),
-            redis_client=readiness.redis,
+            redis_client=redis,
             worker_id=worker,
             breaker_config=scale_durations(BreakerConfig(), scale),
             config=scale_durations(DispatcherConfig(shard_count=settings.shard_count), scale),
@@ -785,19 +884,36 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             policy_transform=lambda p: scale_durations(p, scale),
             canary_config=scale_durations(CanaryGateConfig(time_scale=scale), scale),
             tenants=tenant_book,
+            time_scale=scale,
+            limits_for=settings.limits_for,
+            accounts=account_book,
+            readiness=CatalogReadiness(frozenset(settings.adapters)),
+            metrics=metrics,
         )
+        leases = runtime.leases
+        usage = _usage_source(runtime, leases, account_book)
+        metrics.state.accounts = usage  # the per-account limit and use gauges
         routing_policies = RoutingPolicyService(
-            db, sample_check=SampleCheck(runtime.dispatcher), on_published=runtime.wake_canaries
+            db,
+            sample_check=SampleCheck(runtime.dispatcher),
+            on_published=runtime.wake_canaries,
+            on_schedule=scheduled.set,
         )
         admin = runtime.admin
         monitor, lease_store = runtime.monitor, leases
-        runtime.set_readiness(CatalogReadiness(frozenset(settings.adapters)))
         _wire_metrics(metrics, runtime, leases)
-        readiness.not_ready = runtime.dispatcher.not_ready
-        readiness.reachability, readiness.adapters = runtime.reachability, adapters
-        # The sidecar client's own RPC deadline: a probe must not call a loaded sidecar gone.
-        readiness.adapter_timeout_s = adapter_timing["timeout_s"]
+        probe_parts = {
+            "not_ready": runtime.dispatcher.not_ready,
+            "reachability": runtime.reachability,
+            "adapters": adapters,
+            # The sidecar client's own RPC deadline: a probe must not call a loaded sidecar gone.
+            "adapter_timeout_s": adapter_timing["timeout_s"],
+        }
         catalog = runtime.dispatcher.catalog
+        # An operator's release check may wait longer than a dispatch round (3x its deadline).
+        samples = SampleCompiler(
+            adapters, timeout_s=3 * runtime.dispatcher.config.compile_timeout_s
+        )
         published = _catalog_refresher(runtime)
         http = _http_client(scale)
         cleanup.append(http.aclose)
@@ -820,8 +936,10 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             fetch=fetcher_for(http, object_store),
             on_submit=chain(_breaker_feed(runtime), submit_observer(metrics)),
             breakers=runtime.monitor,
+            durations=runtime.monitor,
             on_attempt_end=chain(_health_feed(runtime), attempt_end_observer(metrics)),
             lease_source=lease_source(runtime.dispatcher),
+            usage_declared=usage_declared(runtime.dispatcher),
         )
         canceller = execution.cancel_service
         _subscribe(wakeups, runtime, execution)
@@ -853,6 +971,9 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         # Stopped first, in order: stop taking new work, finish in-flight steps, then I/O.
         background[:0] = [stop_publisher, runtime.stop, execution.stop]
 
+    readiness = _Readiness(
+        db, READINESS_REDIS_TIMEOUT_S * settings.time_scale, redis=redis, **probe_parts
+    )
     webhook_worker = _webhook_worker(settings, db, cleanup)
     if webhook_worker is not None:
         background.append(webhook_worker.stop)
@@ -867,23 +988,33 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         billing=settings.billing,
         catalog=catalog or _cached_catalog(db, DispatcherConfig().catalog_refresh_s * scale),
         webhooks=WebhookSubscriptions(settings.webhooks),
-        tenants=TenantAdmission(
-            db, tenant_book, limiter=_rate_limiter(settings, readiness.redis, cleanup)
-        ),
+        tenants=TenantAdmission(db, tenant_book, limiter=_rate_limiter(settings, redis, cleanup)),
     )
     outputs = OutputService(tasks, object_store, url_ttl_s=settings.output_url_ttl_s)
-    capability_admin = CapabilityPublishService(db, on_published=published)
+    capability_admin = CapabilityPublishService(db, on_published=published, samples=samples)
     servicer = SchedulerServicer(tasks, admin, capabilities=capability_admin, outputs=outputs)
+    tenant_configs = TenantConfigService(db, tenant_book, safety=safety, on_schedule=scheduled.set)
+    account_service = AccountConfigService(db, account_book, usage=usage, on_schedule=scheduled.set)
     if settings.console_listen:
         console = Console(
             Authenticator(settings.auth_tokens),
             ConsoleReads(tasks, db, providers=admin, monitor=monitor, leases=lease_store),
             outputs=outputs,
             billing=BillingService(db),
+            tenants=tenant_limits,
+            accounts=account_service,
         )
         background.append(await _start_console(settings.console_listen, console, scale))
+    activator = DocumentActivator(
+        [tenant_configs.documents, account_service.documents, routing_policies.documents],
+        poll_s=ACTIVATION_POLL_S * scale,
+        kicked=scheduled,
+    )
+    activator.start()
+    background.append(activator.stop)
     stops = [*background, *cleanup, db.dispose, *release]
     try:
+        await publish_start_documents(settings, tenant_configs, account_service)
         return await _serve(
             settings,
             servicer,
@@ -892,7 +1023,8 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             metrics=metrics,
             db=db,
             routing_policies=routing_policies,
-            tenants=TenantConfigService(db, tenant_book, safety=safety),
+            tenants=tenant_configs,
+            accounts=account_service,
         )
     except PortInUse as exc:
         for close in stops:
@@ -911,6 +1043,7 @@ async def _serve(
     db: Database,
     routing_policies: RoutingPolicyService | None = None,
     tenants: TenantConfigService | None = None,
+    accounts: AccountConfigService | None = None,
 ) -> ControlPlaneServer:
     scale = settings.time_scale
     policies = routing_policies or RoutingPolicyService(db)
@@ -931,4 +1064,5 @@ async def _serve(
             replay=ReplayService(db, validate=policies.validate),
         ),
         tenants=TenantServicer(tenants or TenantConfigService(db, TenantBook(db))),
+        accounts=AccountServicer(accounts or AccountConfigService(db, AccountBook(db))),
     )

@@ -38,10 +38,12 @@ from controlplane.metrics_state import (
     LeaseGauge,
     StateCollector,
     StateSources,
+    WindowGauge,
     circuit_gauges,
     drift_deltas,
     lease_gauges,
     split_lease_account,
+    window_gauges,
 )
 from vidroute_core.wire.grpc_metrics import GrpcServerMetrics
 
@@ -52,6 +54,7 @@ __all__ = [
     "ControlPlaneMetrics",
     "LeaseGauge",
     "StateSources",
+    "WindowGauge",
     "attempt_end_observer",
     "chain",
     "circuit_gauges",
@@ -59,10 +62,12 @@ __all__ = [
     "lease_gauges",
     "split_lease_account",
     "submit_observer",
+    "window_gauges",
 ]
 
 # Seconds buckets from a fast submit to a long generation (Veo takes minutes).
 _SUBMIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_SCORE_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)  # shipped weights sum to 1
 _GENERATION_BUCKETS = (5, 15, 30, 60, 120, 300, 600, 1200, 3600)
 # Labels that would make one series per task: refused in every family.
 FORBIDDEN_LABELS = frozenset(
@@ -88,6 +93,15 @@ class ControlPlaneMetrics:
         )
         self.no_candidate = Counter(
             "scheduler_no_candidate", "Decisions without a candidate", ["reason"], registry=r
+        )
+        # The selected candidate's total score (9.24, issue 26): a model whose scores drift
+        # down is losing on some component before it loses traffic. No id labels.
+        self.route_score = Histogram(
+            "scheduler_route_score",
+            "Total score of the selected candidate of each routing decision",
+            pm,
+            buckets=_SCORE_BUCKETS,
+            registry=r,
         )
         self.queue_age = Gauge(
             "scheduler_queue_age_seconds",
@@ -163,6 +177,14 @@ class ControlPlaneMetrics:
             ["provider"],
             registry=r,
         )
+        # Beyond 9.24: the net delta hides offsetting errors (a duplicate charge and a missing
+        # one net 0); alerts read every discrepancy row by kind instead.
+        self.reconciliation_discrepancies = Counter(
+            "provider_reconciliation_discrepancies",
+            "Discrepancy rows written by the daily reconciliation, by provider and kind",
+            ["provider", "kind"],
+            registry=r,
+        )
         # Caller verdicts of each model's whole mode (9.14), set by the dispatcher's quality book
         # on each read of the aggregates (`quality_ratios`).
         pmm = ["provider", "model", "mode"]
@@ -178,10 +200,34 @@ class ControlPlaneMetrics:
             pmm,
             registry=r,
         )
+        # Each tenant's limits and use (9.12; `service.tenant_limits`): labels bounded by the
+        # tenants document (unnamed tenants are "(default)", past 100 named ones "(other)");
+        # service_class "" for a tenant-wide figure (the CreateTask rate).
+        tcl = ["tenant", "service_class"]
+        self.tenant_limit = Gauge(
+            "tenant_limit",
+            "A tenant's configured limit: weight, max_in_flight, max_queued, create_per_second",
+            [*tcl, "limit"],
+            registry=r,
+        )
+        self.tenant_use = Gauge(
+            "tenant_use",
+            "A tenant's current use: in_flight and queued tasks, create_per_second (last minute)",
+            [*tcl, "use"],
+            registry=r,
+        )
         self.circuit_transitions = Counter(
             "provider_circuit_transitions",
             "Breaker state changes this replica made",
             ["provider", "model", "operation", "to"],
+            registry=r,
+        )
+        # Beyond 9.24: how often an account's rate or budget window (9.11) refused an acquire;
+        # the windows' use and limits are scrape-time gauges (`metrics_state.window_gauges`).
+        self.window_refusals = Counter(
+            "provider_window_refusals",
+            "Lease acquires refused because an account's rate or budget window was full",
+            ["provider", "account", "window"],
             registry=r,
         )
         # grpc_server_started_total / _handled_total / _handling_seconds, as every server has.
@@ -200,8 +246,10 @@ class ControlPlaneMetrics:
 
     # ---- events --------------------------------------------------------------------------
 
-    def decision(self, provider: str, model: str, reason: str) -> None:
+    def decision(self, provider: str, model: str, reason: str, score: float | None = None) -> None:
         self.decisions.labels(provider, model, reason).inc()
+        if score is not None:
+            self.route_score.labels(provider, model).observe(score)
 
     def no_candidate_decision(self, reason: str) -> None:
         self.no_candidate.labels(reason).inc()
@@ -269,12 +317,32 @@ class ControlPlaneMetrics:
             self.reconciliation_delta.labels(provider).set(delta)
         self._recon_providers |= set(deltas)
 
+    def tenant_limits(
+        self,
+        limits: Mapping[tuple[str, str, str], float],
+        uses: Mapping[tuple[str, str, str], float],
+    ) -> None:
+        """``(tenant, class, name) -> value`` of every limit and use; a series that left the
+        figures (a limit removed, a tenant dropped from the document) is removed, not frozen."""
+        for gauge, figures in ((self.tenant_limit, limits), (self.tenant_use, uses)):
+            gauge.clear()
+            for key, value in figures.items():
+                gauge.labels(*key).set(value)
+
+    def reconciliation_discrepancies_written(self, counts: Mapping[tuple[str, str], int]) -> None:
+        """``(provider, kind) -> rows`` written since the last call."""
+        for (provider, kind), n in counts.items():
+            self.reconciliation_discrepancies.labels(provider, kind).inc(n)
+
     def quality_ratios(self, figures: Mapping[tuple[str, str, str], tuple[float, float]]) -> None:
         """``(provider, model, mode) -> (user acceptance, regeneration)`` ratios; series that
         left the figures keep their last value (verdicts are never deleted)."""
         for key, (accepted, regenerated) in figures.items():
             self.user_acceptance.labels(*key).set(accepted)
             self.regeneration.labels(*key).set(regenerated)
+
+    def window_refused(self, provider: str, account: str, window: str) -> None:
+        self.window_refusals.labels(provider, account, window).inc()
 
     def circuit_transition(self, provider: str, model: str, operation: str, to: str) -> None:
         self.circuit_transitions.labels(provider, model, operation, to).inc()

@@ -1,6 +1,8 @@
-"""Scrape-time state of the control plane's metrics (design 9.24): leases and breakers.
+"""Scrape-time state of the control plane's metrics (design 9.24): leases, windows, account
+limits and breakers.
 
-Capacity, active leases, unknown slots and breaker states are read when Prometheus scrapes, by
+Capacity, active leases, unknown slots, each provider account's limit and use per lease
+dimension (`scheduling.account_usage`) and breaker states are read when Prometheus scrapes, by
 `StateCollector` (registered by `ControlPlaneMetrics`), from the lease store and the breaker
 registry, so a gauge is never stale or forgotten. The scrape runs on the HTTP server's thread;
 the lease store is async, so it is read on the control plane's loop with a deadline, and the
@@ -14,7 +16,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -22,16 +24,23 @@ from prometheus_client.registry import Collector
 from controlplane.leases.base import LeaseStore
 from controlplane.leases.reconciler import Drift
 
+if TYPE_CHECKING:  # read at scrape time through `StateSources.accounts`
+    from controlplane.scheduling.account_usage import AccountUsage
+
+T = TypeVar("T")
+
 __all__ = [
     "CIRCUIT_VALUES",
     "CircuitGauge",
     "LeaseGauge",
     "StateCollector",
     "StateSources",
+    "WindowGauge",
     "circuit_gauges",
     "drift_deltas",
     "lease_gauges",
     "split_lease_account",
+    "window_gauges",
 ]
 
 log = logging.getLogger(__name__)
@@ -52,6 +61,17 @@ class LeaseGauge:
 
 
 @dataclass(frozen=True, slots=True)
+class WindowGauge:
+    """One account window's use and limit read at scrape time (9.11; limit None: not set)."""
+
+    provider: str
+    account: str
+    window: str
+    used: int
+    limit: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class CircuitGauge:
     provider: str
     model: str
@@ -64,7 +84,9 @@ class StateSources:
     """Where the scrape-time gauges come from; each is optional (an API-only replica has none)."""
 
     leases: Callable[[], Awaitable[Sequence[LeaseGauge]]] | None = None
+    windows: Callable[[], Awaitable[Sequence[WindowGauge]]] | None = None
     circuits: Callable[[], Sequence[CircuitGauge]] | None = None
+    accounts: Callable[[], Awaitable[Sequence[AccountUsage]]] | None = None
     loop: asyncio.AbstractEventLoop | None = None
     timeout_s: float = 2.0
 
@@ -74,30 +96,58 @@ class StateCollector(Collector):
 
     def __init__(self, sources: StateSources) -> None:
         self.sources = sources
-        self._last_leases: Sequence[LeaseGauge] = ()
+        self._last: dict[str, Sequence[Any]] = {"leases": (), "windows": (), "accounts": ()}
 
     def describe(self) -> Iterable[Any]:
-        return list(self._families([], []))  # names only, so registration checks duplicates
+        # names only, so registration checks duplicates
+        return [*self._families([], [], []), *self._account_families([])]
 
     def collect(self) -> Iterable[Any]:
-        return list(self._families(self._leases(), self._circuits()))
+        leases = self._read("leases", self.sources.leases)
+        windows = self._read("windows", self.sources.windows)
+        accounts = self._read("accounts", self.sources.accounts)
+        return [
+            *self._families(leases, windows, self._circuits()),
+            *self._account_families(accounts),
+        ]
 
-    def _leases(self) -> Sequence[LeaseGauge]:
+    def _read(self, name: str, source: Callable[[], Awaitable[Sequence[T]]] | None) -> Sequence[T]:
+        """`source`'s answer, read on the control plane's loop with a deadline; the last good
+        one when it cannot be read now."""
         src = self.sources
-        if src.leases is None or src.loop is None or src.loop.is_closed():
-            return self._last_leases
+        if source is None or src.loop is None or src.loop.is_closed():
+            return self._last[name]
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
         if running is src.loop:  # scraped from the loop itself: cannot wait on it, use the last
-            return self._last_leases
+            return self._last[name]
         try:
-            future = asyncio.run_coroutine_threadsafe(_call(src.leases), src.loop)
-            self._last_leases = future.result(src.timeout_s)
+            future = asyncio.run_coroutine_threadsafe(_call(source), src.loop)
+            self._last[name] = future.result(src.timeout_s)
         except Exception:  # a slow or failing store never fails the scrape
-            log.warning("lease state for metrics unavailable", exc_info=True)
-        return self._last_leases
+            log.warning("%s state for metrics unavailable", name, exc_info=True)
+        return self._last[name]
+
+    @staticmethod
+    def _account_families(rows: Sequence[AccountUsage]) -> Iterator[GaugeMetricFamily]:
+        labels = ["provider", "account", "dimension"]
+        limit = GaugeMetricFamily(
+            "provider_account_limit_slots",
+            "An account's concurrency limit per lease dimension (account, model:, modality:,"
+            " region:)",
+            labels=labels,
+        )
+        used = GaugeMetricFamily(
+            "provider_account_used_slots",
+            "Slots held now in an account's lease dimension (-1: the store was unreadable)",
+            labels=labels,
+        )
+        for row in rows:
+            limit.add_metric([row.provider, row.account, row.dimension], row.limit)
+            used.add_metric([row.provider, row.account, row.dimension], row.used)
+        yield from (limit, used)
 
     def _circuits(self) -> Sequence[CircuitGauge]:
         if self.sources.circuits is None:
@@ -110,7 +160,9 @@ class StateCollector(Collector):
 
     @staticmethod
     def _families(
-        leases: Sequence[LeaseGauge], circuits: Sequence[CircuitGauge]
+        leases: Sequence[LeaseGauge],
+        windows: Sequence[WindowGauge],
+        circuits: Sequence[CircuitGauge],
     ) -> Iterator[GaugeMetricFamily]:
         pm = ["provider", "model"]
         capacity = GaugeMetricFamily(
@@ -131,12 +183,21 @@ class StateCollector(Collector):
         )
         for c in circuits:
             circuit.add_metric([c.provider, c.model, c.operation], CIRCUIT_VALUES.get(c.state, 2.0))
-        yield from (capacity, active, unknown, circuit)
+        paw = ["provider", "account", "window"]
+        used = GaugeMetricFamily(
+            "provider_window_used", "Use of an account's rate or budget window now", labels=paw
+        )
+        limit = GaugeMetricFamily(
+            "provider_window_limit", "Limit of an account's rate or budget window", labels=paw
+        )
+        for w in windows:
+            used.add_metric([w.provider, w.account, w.window], w.used)
+            if w.limit is not None:
+                limit.add_metric([w.provider, w.account, w.window], w.limit)
+        yield from (capacity, active, unknown, circuit, used, limit)
 
 
-async def _call(
-    source: Callable[[], Awaitable[Sequence[LeaseGauge]]],
-) -> Sequence[LeaseGauge]:
+async def _call(source: Callable[[], Awaitable[Sequence[T]]]) -> Sequence[T]:
     return await source()
 
 
@@ -178,6 +239,18 @@ async def lease_gauges(store: LeaseStore) -> list[LeaseGauge]:
                     if (model := _model_of(dim.key)) is not None:
                         rows[(provider, model)][2] += lease.slots
     return [LeaseGauge(p, m, c, a, u) for (p, m), (c, a, u) in sorted(rows.items())]
+
+
+async def window_gauges(store: LeaseStore) -> list[WindowGauge]:
+    """Every account's window use and limit, for the accounts that ever carried windows."""
+    rows: list[WindowGauge] = []
+    for account in await store.accounts():
+        uses = await store.window_usage(account)
+        if all(u.used == 0 and u.limit is None for u in uses):
+            continue  # an account without windows: no series
+        provider, _, name = account.partition(":")
+        rows += [WindowGauge(provider, name, u.window, u.used, u.limit) for u in uses]
+    return rows
 
 
 def circuit_gauges(statuses: Iterable[Any]) -> list[CircuitGauge]:

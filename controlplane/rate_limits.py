@@ -11,7 +11,10 @@
   vanishes (a full bucket). If Redis does not answer within `timeout_s`, the limiter falls
   back to its own in-process buckets for `retry_s` before it asks Redis again, and says so once
   in the log: a Redis outage must neither stop nor slow task creation (PostgreSQL is what
-  CreateTask needs), and a per-replica limit is still a limit.
+  CreateTask needs), and a per-replica limit is still a limit. A refusal is remembered for
+  its retry time (per key and rate): a bucket cannot refill sooner, whichever replica takes
+  from it, so a flooding tenant's next calls are refused in process, without a Redis round
+  trip, and the flood costs the server as little as it can.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from redis.exceptions import RedisError
 from controlplane.domain.ratelimit import TokenBuckets, Verdict
 
 log = logging.getLogger(__name__)
+
+MAX_REMEMBERED = 10_000  # refusals remembered at once (RedisRateLimiter)
 
 
 class RateLimiter(Protocol):
@@ -93,14 +98,24 @@ class RedisRateLimiter:
         self._timeout_s, self._retry_s, self._clock = timeout_s, retry_s, clock
         self._degraded = False
         self._retry_at = -math.inf
+        # (key, per_second, burst) -> when its bucket can next hold a token (this clock); a
+        # changed rate is a new key, so a republished limit applies at once.
+        self._refused: dict[tuple[str, float, int], float] = {}
 
     async def take(self, key: str, per_second: float, burst: int) -> Verdict:
         if per_second <= 0 or burst < 1:
             raise ValueError("per_second must be positive and burst at least 1")
         # Kept until refilled, a second more: an expired bucket reads as a full one.
         ttl_ms = math.ceil(burst / per_second * 1000) + 1000
-        if self._degraded and self._clock() < self._retry_at:
+        now = self._clock()
+        if self._degraded and now < self._retry_at:
             return await self._fallback.take(key, per_second, burst)
+        refused = (key, per_second, burst)
+        until = self._refused.get(refused)
+        if until is not None:
+            if now < until:
+                return Verdict(False, until - now)
+            del self._refused[refused]
         try:
             allowed, wait = await asyncio.wait_for(
                 self._script(
@@ -122,4 +137,15 @@ class RedisRateLimiter:
         if self._degraded:
             log.info("rate limits are shared through Redis again")
             self._degraded = False
-        return Verdict(bool(int(allowed)), float(wait))
+        verdict = Verdict(bool(int(allowed)), float(wait))
+        if not verdict.allowed:
+            # From `now`, taken before the call: never later than the refill Redis computed.
+            self._remember(refused, now + verdict.retry_after_s, now)
+        return verdict
+
+    def _remember(self, refused: tuple[str, float, int], until: float, now: float) -> None:
+        if len(self._refused) >= MAX_REMEMBERED:
+            self._refused = {k: t for k, t in self._refused.items() if t > now}
+            if len(self._refused) >= MAX_REMEMBERED:
+                return  # that many tenants refused at once: ask Redis for the rest
+        self._refused[refused] = until

@@ -29,6 +29,8 @@ from controlplane.api.auth import Authenticator, AuthInterceptor
 from controlplane.api.servicer import SchedulerServicer
 from controlplane.startup import LISTEN_FIX
 from vidroute.scheduler.v1 import (
+    account_service_pb2,
+    account_service_pb2_grpc,
     billing_service_pb2,
     billing_service_pb2_grpc,
     routing_service_pb2,
@@ -47,6 +49,7 @@ SCHEDULER_SERVICE = scheduler_service_pb2.DESCRIPTOR.services_by_name["Scheduler
 BILLING_SERVICE = billing_service_pb2.DESCRIPTOR.services_by_name["BillingService"].full_name
 ROUTING_SERVICE = routing_service_pb2.DESCRIPTOR.services_by_name["RoutingService"].full_name
 TENANT_SERVICE = tenant_service_pb2.DESCRIPTOR.services_by_name["TenantService"].full_name
+ACCOUNT_SERVICE = account_service_pb2.DESCRIPTOR.services_by_name["AccountService"].full_name
 # Health service names: "", SCHEDULER_SERVICE and BILLING_SERVICE follow the database
 # (readiness); "liveness" only says the process serves, so a database outage never gets pods
 # restarted in a loop.
@@ -64,7 +67,7 @@ class ControlPlaneServer:
     cleanup: Sequence[Callable[[], Awaitable[None]]] = ()
     probe_interval: float = 5.0
     # Further API services whose health follows the same probe (BillingService, RoutingService,
-    # TenantService).
+    # TenantService, AccountService).
     services: Sequence[str] = ()
     # Per-adapter health service names -> reachable? (`scheduling.reachability`), probed with
     # the rest; they do not move the control plane's own readiness.
@@ -147,6 +150,7 @@ async def start_server(
     routing: routing_service_pb2_grpc.RoutingServiceServicer | None = None,
     adapter_probe: Callable[[], Awaitable[Mapping[str, bool]]] | None = None,
     tenants: tenant_service_pb2_grpc.TenantServiceServicer | None = None,
+    accounts: account_service_pb2_grpc.AccountServiceServicer | None = None,
 ) -> ControlPlaneServer:
     """Bind, register services and start serving; returns once the port is open.
 
@@ -176,6 +180,9 @@ async def start_server(
     if tenants is not None:  # tenants as configuration (controlplane.api.tenant_servicer)
         tenant_service_pb2_grpc.add_TenantServiceServicer_to_server(tenants, server)
         served.append(TENANT_SERVICE)
+    if accounts is not None:  # accounts as configuration (controlplane.api.account_servicer)
+        account_service_pb2_grpc.add_AccountServiceServicer_to_server(accounts, server)
+        served.append(ACCOUNT_SERVICE)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -1,12 +1,12 @@
 """Wake-ups: the outbox relay's fast path (design 9.12.4 "唤醒和异步传递", 9.20).
 
-Every outbox row is written in the transaction of the state it announces; once that
-transaction commits, `Database.after_commit` hands this bus the topics it wrote, and the bus
-wakes the consumers of those topics (the dispatcher for ``task.queued`` / ``task.requeue``,
-the execution workers for theirs) in this replica at once and, over the broker, in every
-other replica. A wake-up only shortens a consumer's sleep: each consumer still polls its
-table every poll interval, and that poll is what is relied on. So a wake-up carries no data,
-a lost one (broker down, process killed between commit and publish) costs at most one poll
+Every outbox row is written in the transaction of the state it announces; once that transaction
+commits, the `after_commit` its `Database` was built with hands this bus the topics it wrote,
+and the bus wakes the consumers of those topics (the dispatcher for ``task.queued`` /
+``task.requeue``, the execution workers for theirs) in this replica at once and, over the
+broker, in every other replica. A wake-up only shortens a consumer's sleep: each consumer still
+polls its table every poll interval, and that poll is what is relied on. So a wake-up carries no
+data, a lost one (broker down, process killed between commit and publish) costs at most one poll
 interval, and a duplicate costs one extra cheap read.
 
 `LocalWakeBus` is the embedded default (one process: SQLite, `make up`). On PostgreSQL without a

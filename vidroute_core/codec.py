@@ -10,13 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 from vidroute_core.spec import (
+    NO_TAGS,
     AssetRef,
+    CameraMotion,
+    ContentCategory,
+    ContentTags,
     GenerationSpec,
     Mode,
     OutputSpec,
     RoutingMode,
     RoutingPolicy,
     ServiceClass,
+    Style,
 )
 
 
@@ -42,6 +47,31 @@ def _asset_from_dict(data: dict[str, Any] | None) -> AssetRef | None:
         checksum_sha256=data.get("checksum_sha256", ""),
         asset_id=data.get("asset_id", ""),
     )
+
+
+def content_to_dict(tags: ContentTags) -> dict[str, Any]:
+    """The content tags, every tag present: an enum's value, a bool, or None (not said)."""
+    return {
+        "category": None if tags.category is None else tags.category.value,
+        "style": None if tags.style is None else tags.style.value,
+        "has_human": tags.has_human,
+        "camera_motion": None if tags.camera_motion is None else tags.camera_motion.value,
+    }
+
+
+def content_from_dict(data: dict[str, Any] | None) -> ContentTags:
+    """Decode `content_to_dict`; a spec stored before tags existed has none (`NO_TAGS`)."""
+    if not data:
+        return NO_TAGS
+    category, style, camera = data.get("category"), data.get("style"), data.get("camera_motion")
+    human = data.get("has_human")
+    tags = ContentTags(
+        category=None if category is None else ContentCategory(category),
+        style=None if style is None else Style(style),
+        has_human=None if human is None else bool(human),
+        camera_motion=None if camera is None else CameraMotion(camera),
+    )
+    return NO_TAGS if tags == NO_TAGS else tags
 
 
 def spec_to_dict(spec: GenerationSpec) -> dict[str, Any]:
@@ -82,6 +112,7 @@ def spec_to_dict(spec: GenerationSpec) -> dict[str, Any]:
         },
         "service_class": spec.service_class.value,
         "priority": spec.priority,
+        "content": content_to_dict(spec.content),
     }
 
 
@@ -125,4 +156,5 @@ def spec_from_dict(data: dict[str, Any]) -> GenerationSpec:
         ),
         service_class=ServiceClass(data.get("service_class", "STANDARD")),
         priority=int(data.get("priority", 0)),
+        content=content_from_dict(data.get("content")),
     )

@@ -228,3 +228,16 @@ def classify_http_status(status: int, *, provider_contract_says_not_created: boo
     if status in _OVERLOAD_STATUSES:
         return ErrorClass.PROVIDER_OVERLOADED
     return ErrorClass.INTERNAL_RETRYABLE
+
+
+def may_retry_after_fix(error: ProviderError, *, repaired: bool) -> bool:
+    """Whether a refused request may be sent once more after the platform repaired its input.
+
+    The AFTER_FIX rows of the matrix (ASSET_UNAVAILABLE: re-sign or re-upload, 9.9.1) allow it
+    only for a definite refusal -- the provider's answer proves no job exists -- and only when
+    something was actually repaired: the same input would fail the same way."""
+    return (
+        repaired
+        and not error.provider_may_have_accepted
+        and HANDLING[error.error_class].retry_same is RetryRule.AFTER_FIX
+    )

@@ -13,14 +13,16 @@ What the normalized form keeps and drops:
 
 * **Kept: the whole intent**, including ``tenant_id`` (identical specs from two tenants never
   share a hash), ``user_id``/``project_id`` (a replay that changes who is billed is a different
-  request), routing constraints, priority and service class. Excluding anything that "does not
+  request), routing constraints, priority, service class and content tags (they choose the
+  quality bucket that routes the task). Excluding anything that "does not
   change the media" would let a reused key silently return a task with another budget or owner;
   refusing with a conflict is the safe failure (the same stance as Stripe's idempotency keys).
 * **Output fields are always present** (``fps``, ``sample_count``, ``with_audio`` materialized)
   because they define the media: a later change of a dataclass default must not alias them.
 * **Optional fields are omitted when empty** (``""``, ``None``, ``0``, ``[]``, the documented
-  default enums), so a field added to the schema later, at its default, leaves every stored hash
-  unchanged, and stating a default explicitly hashes like leaving it out.
+  default enums, content tags not said), so a field added to the schema later, at its default,
+  leaves every stored hash unchanged, and stating a default explicitly hashes like leaving it
+  out.
 * **https asset URLs lose their whole query string**; every URL loses its fragment; the scheme
   is lower-cased, and for https the host too (DNS is case-insensitive; bucket names and asset
   ids may not be) and ``:443`` is dropped. Signing parameters differ per store (``X-Amz-*``,
@@ -45,6 +47,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from vidroute_core.codec import content_to_dict
 from vidroute_core.spec import AssetRef, GenerationSpec, RoutingPolicy
 
 HASH_PREFIX = "sha256:"
@@ -64,6 +67,7 @@ _SPEC_ABSENT: Mapping[str, object] = {
     "routing": {},
     "service_class": "STANDARD",
     "priority": 0,
+    "content": {},
 }
 _ROUTING_ABSENT: Mapping[str, object] = {
     "mode": "AUTO",
@@ -196,6 +200,7 @@ def normalized_spec(spec: GenerationSpec) -> dict[str, Any]:
         "routing": _routing(spec.routing),
         "service_class": spec.service_class.value,
         "priority": spec.priority,
+        "content": {k: v for k, v in content_to_dict(spec.content).items() if v is not None},
     }
     return _without(doc, _SPEC_ABSENT)
 

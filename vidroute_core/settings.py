@@ -174,6 +174,12 @@ class ControlPlaneEnv(_Common):
     execution_tuning: str = Field("", description="JSON object overriding ExecutionConfig")
     safety_policy: FilePath | None = Field(None, description="platform safety policy YAML")
     routing_policy_file: FilePath | None = Field(None, description="routing policy until published")
+    tenants_file: FilePath | None = Field(
+        None, description="tenants document, published at start when its version is new"
+    )
+    accounts_file: FilePath | None = Field(
+        None, description="accounts document, published at start when its version is new"
+    )
     max_task_age_s: Seconds | None = Field(None, description="task deadline; 0: none")
     max_queue_delay_s: Seconds | None = Field(None, description="longest wait for a first attempt")
     worker_id: str = Field("", description="this replica's name in claims")

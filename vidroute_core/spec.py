@@ -38,6 +38,65 @@ class ServiceClass(enum.Enum):
     BATCH = "BATCH"
 
 
+class ContentCategory(enum.Enum):
+    """What the clip shows (a quality bucket dimension, design 9.14); a closed vocabulary."""
+
+    PEOPLE = "PEOPLE"
+    ANIMALS = "ANIMALS"
+    NATURE = "NATURE"
+    URBAN = "URBAN"
+    PRODUCT = "PRODUCT"
+    FOOD = "FOOD"
+    SPORTS = "SPORTS"
+    TEXT_GRAPHICS = "TEXT_GRAPHICS"
+    ABSTRACT = "ABSTRACT"
+    OTHER = "OTHER"
+
+
+class Style(enum.Enum):
+    """How the clip looks (a quality bucket dimension, design 9.14); a closed vocabulary."""
+
+    PHOTOREALISTIC = "PHOTOREALISTIC"
+    CINEMATIC = "CINEMATIC"
+    ANIME = "ANIME"
+    CARTOON = "CARTOON"
+    RENDER_3D = "RENDER_3D"
+    PAINTERLY = "PAINTERLY"
+    PIXEL_ART = "PIXEL_ART"
+    OTHER = "OTHER"
+
+
+class CameraMotion(enum.Enum):
+    """How the camera moves (a quality bucket dimension, design 9.14); a closed vocabulary."""
+
+    STATIC = "STATIC"
+    PAN = "PAN"
+    TILT = "TILT"
+    ZOOM = "ZOOM"
+    DOLLY = "DOLLY"
+    ORBIT = "ORBIT"
+    TRACKING = "TRACKING"
+    HANDHELD = "HANDHELD"
+    AERIAL = "AERIAL"
+    OTHER = "OTHER"
+
+
+@dataclass(frozen=True, slots=True)
+class ContentTags:
+    """The caller's optional description of the content (design 9.14): None means "not said".
+
+    Tags never reach a provider; they only pick the quality bucket whose evidence routes the
+    task, so a model good at anime and poor at people is judged per kind of clip."""
+
+    category: ContentCategory | None = None
+    style: Style | None = None
+    has_human: bool | None = None
+    camera_motion: CameraMotion | None = None
+
+
+NO_TAGS = ContentTags()
+
+
 @dataclass(frozen=True, slots=True)
 class AssetRef:
     """An input media asset. `object_uri` may carry a signing query string; hashes ignore it."""
@@ -96,6 +155,7 @@ class GenerationSpec:
     routing: RoutingPolicy = field(default_factory=RoutingPolicy)
     service_class: ServiceClass = ServiceClass.STANDARD
     priority: int = 0
+    content: ContentTags = NO_TAGS
 
     @property
     def duration_seconds(self) -> float:

@@ -9,7 +9,10 @@ health probe. A provider subclass supplies the wire details through a few hooks:
 * `submit_headers(...)`, `created_job(...)`, `submit_error(...)`: the create call.
 * `job_path(...)`, `job_status(...)`: polling.
 * `cancel_job`, `recover_submission`, `list_usage`: provider-specific operations.
-* `output_uri_allowed(uri)`: which output URIs FetchOutput may download with credentials.
+* `output_uri_allowed(uri)`: which output URIs FetchOutput may download with credentials;
+  `credential_origins()`: where the credentials may go (default: the base URL's origin).
+* `submit_url(plan, account)`: where the create call goes (default: the plan's path on the base
+  URL; an adapter with per-account hosts returns an absolute URL).
 
 FetchOutput (`fetch_output`) is generic: a GET of an output URI on the provider's own origin
 with the account's auth headers, redirects followed by hand so the credentials are only ever
@@ -157,8 +160,31 @@ class HttpAdapter:
         """Validate the spec, pick the entry and let the provider map it."""
         ensure_valid(request.spec)
         account = self.account(request.account)
-        cap = self.capability(account.name, request.model, request.model_version)
+        if request.capability is not None:
+            cap = self.routed_capability(account.name, request.model, request.capability)
+        else:
+            cap = self.capability(account.name, request.model, request.model_version)
         return self.compile_native(request.spec, cap)
+
+    def routed_capability(self, account: str, model: str, routed: Capability) -> Capability:
+        """The entry the control plane routed on, with this adapter's wire mapping of the model.
+
+        The catalog in the database is the one source of truth for what a model can do and
+        costs, so a version or price published there compiles here without a redeploy; how the
+        model is spelled on the wire (``native``) stays the adapter's, taken from its own entry
+        of the model (the same version when it has it, else its newest). A model the adapter
+        has no entry for is one it cannot map: `UnknownModel`."""
+        if (routed.provider, routed.account, routed.model) != (self.provider, account, model):
+            raise InvalidRequest(
+                f"the routed capability is {routed.provider}/{routed.account}/{routed.model},"
+                f" not this request's {self.provider}/{account}/{model}"
+            )
+        own = find(
+            self.capabilities, account=account, model=model, model_version=routed.model_version
+        ) or find(self.capabilities, account=account, model=model)
+        if own is None:
+            raise UnknownModel(f"{self.name} cannot map model {model} on account {account!r}")
+        return replace(routed, native=own.native)
 
     def compile_native(self, spec: GenerationSpec, cap: Capability) -> CompiledPlan:
         """Provider hook: map `spec` to a native request for `cap`."""
@@ -187,7 +213,7 @@ class HttpAdapter:
         headers = {"content-type": "application/json", **self.submit_headers(request, account)}
         http_request = self.client.build_request(
             "POST",
-            plan.endpoint.partition(" ")[2],
+            self.submit_url(plan, account),
             content=self.submit_body(request),
             headers=headers,
             timeout=self.submit_timeout,
@@ -208,6 +234,11 @@ class HttpAdapter:
             raw_status=raw_status,
             request_started_at=result.started_at,
         )
+
+    def submit_url(self, plan: CompiledPlan, account: Account) -> str:
+        """Provider hook: where the create call goes; by default the plan endpoint's path on
+        the provider base URL (an adapter with per-account hosts returns an absolute URL)."""
+        return plan.endpoint.partition(" ")[2]
 
     def submit_body(self, request: SubmitInput) -> bytes:
         """Provider hook: the bytes sent; by default exactly the plan's canonical JSON."""
@@ -279,7 +310,12 @@ class HttpAdapter:
         """Provider hook: may FetchOutput download `uri` with the account's credentials?
 
         By default only URIs on the provider base URL's own origin (scheme, host, port)."""
-        return origin(uri) == origin(httpx.URL(self.config.base_url))
+        return origin(uri) in self.credential_origins()
+
+    def credential_origins(self) -> frozenset[tuple[str, str, int | None]]:
+        """Provider hook: the origins the account's credentials may be sent to (FetchOutput);
+        by default only the provider base URL's."""
+        return frozenset({origin(httpx.URL(self.config.base_url))})
 
     async def fetch_output(self, request: FetchOutputInput) -> AsyncIterator[OutputChunk]:
         """Stream one output URI with the account's credentials (see the module docstring).
@@ -304,13 +340,13 @@ class HttpAdapter:
     async def _stream_output(
         self, url: httpx.URL, account: Account, limit: int
     ) -> AsyncIterator[OutputChunk]:
-        home = origin(httpx.URL(self.config.base_url))
+        home = self.credential_origins()
         target = url
         try:
             for _ in range(MAX_OUTPUT_REDIRECTS + 1):
                 # Credentials go to the provider's own origin only, never along a redirect
                 # to another host.
-                headers = self.auth_headers(account) if origin(target) == home else {}
+                headers = self.auth_headers(account) if origin(target) in home else {}
                 response = await self.client.send(
                     self.client.build_request("GET", target, headers=headers), stream=True
                 )

@@ -108,6 +108,18 @@ class _Entry:
         return next((o for o in self.outcomes if _is_absence(o)), None)
 
 
+def append_durably(path: Path, record: dict[str, Any]) -> None:
+    """Append `record` to the JSON-lines file at `path` (owner-only), one write and an fsync:
+    a journal entry must be on disk before what it records is reported."""
+    line = json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line.encode("utf-8"))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _is_absence(outcome: SubmitOutcome) -> bool:
     return outcome.error is not None and outcome.error.code == PROVEN_ABSENT
 
@@ -289,14 +301,7 @@ class SubmitJournal:
     def _append(self, record: dict[str, Any]) -> None:
         if self.path is None:
             return
-        line = json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n"
-        # One write + fsync per record: an outcome must be on disk before it is reported.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line.encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_durably(self.path, record)
         self._appended += 1
         if self._appended > max(_COMPACT_AFTER, self._compacted_lines):
             # Rewrite what the retention still keeps (this record included: the in-memory

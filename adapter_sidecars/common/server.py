@@ -127,6 +127,11 @@ class SidecarServer:
                 self._health_server.add_insecure_port, self.health_listen, fix=HEALTH_LISTEN_FIX
             )
             await self._health_server.start()
+        # An adapter that serves something of its own (the Cog backend's webhook receiver)
+        # starts it before the first RPC can depend on it; `aclose` stops it.
+        start_adapter = getattr(self.adapter, "start", None)
+        if start_adapter is not None:
+            await start_adapter()
         await self.server.start()
         await self.probe_once()
         self._prober = asyncio.get_running_loop().create_task(self._probe_forever())

@@ -47,6 +47,7 @@ from adapter_sidecars.common.types import (
     SubmitInput,
     UsageInput,
 )
+from vidroute.adapter.v1 import adapter_pb2
 from vidroute.adapter.v1 import adapter_service_pb2 as svc
 from vidroute.adapter.v1 import adapter_service_pb2_grpc as svc_grpc
 from vidroute_core.adapter import (
@@ -56,10 +57,12 @@ from vidroute_core.adapter import (
     SubmitKind,
     SubmitOutcome,
 )
+from vidroute_core.capabilities.loader import Capability, CapabilityLoadError
 from vidroute_core.errors import ErrorClass, make_error
 from vidroute_core.exceptions import InvalidSpec
 from vidroute_core.logs import add_ids, bind_ids
 from vidroute_core.wire import adapter as wire
+from vidroute_core.wire.capability import capability_from_proto
 from vidroute_core.wire.spec import spec_from_proto
 
 log = logging.getLogger(__name__)
@@ -130,8 +133,11 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
         spec, violations = spec_from_proto(request.spec)
         if violations:
             raise InvalidSpec(violations)
+        routed = None
+        if request.HasField("capability"):
+            routed = routed_capability(request.capability)
         plan = self.adapter.compile(
-            CompileInput(spec, request.model, request.account, request.model_version)
+            CompileInput(spec, request.model, request.account, request.model_version, routed)
         )
         return svc.CompileResponse(plan=wire.plan_to_proto(plan))
 
@@ -265,6 +271,14 @@ class AdapterServicer(svc_grpc.ProviderAdapterServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except AdapterRequestError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+
+
+def routed_capability(entry: adapter_pb2.CapabilityEntry) -> Capability:
+    """CompileRequest.capability as an entry; one that does not parse is INVALID_ARGUMENT."""
+    try:
+        return capability_from_proto(entry, "CompileRequest.capability")
+    except CapabilityLoadError as exc:
+        raise InvalidRequest(str(exc)) from exc
 
 
 def with_native(plan: CompiledPlan) -> CompiledPlan:

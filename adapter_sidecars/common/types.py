@@ -34,6 +34,7 @@ from vidroute_core.adapter import (
     SubmitOutcome,
     UsageResult,
 )
+from vidroute_core.capabilities.loader import Capability
 from vidroute_core.spec import GenerationSpec
 
 
@@ -59,12 +60,16 @@ class MalformedPlan(InvalidRequest):
 
 @dataclass(frozen=True, slots=True)
 class CompileInput:
-    """Input of `ProviderAdapter.compile`; empty account/version mean the defaults."""
+    """Input of `ProviderAdapter.compile`; empty account/version mean the defaults.
+
+    `capability` is the entry the control plane routed on (CompileRequest.capability): when
+    set, the adapter compiles against it rather than its own files' version of the model."""
 
     spec: GenerationSpec
     model: str
     account: str = ""
     model_version: str = ""
+    capability: Capability | None = None
 
 
 @dataclass(frozen=True, slots=True)

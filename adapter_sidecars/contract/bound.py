@@ -14,6 +14,7 @@ from adapter_sidecars.contract.suite import (
     GoldenContract,
     JobLifecycleContract,
     RecoveryContract,
+    RoutedCompileContract,
     SubmitBoundaryContract,
     UsageContract,
 )
@@ -25,6 +26,10 @@ class TestDescribe(DescribeContract):
 
 class TestCompile(CompileContract):
     """Compile contract."""
+
+
+class TestRoutedCompile(RoutedCompileContract):
+    """Compile against the routed catalog entry."""
 
 
 class TestGoldens(GoldenContract):

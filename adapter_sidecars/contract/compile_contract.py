@@ -59,6 +59,7 @@ class DescribeContract:
             "cancellation": profile.supports_cancel,
             "client_idempotency_key": profile.supports_idempotency_key,
             "task_search": profile.supports_task_search,
+            "usage_records": profile.supports_usage,
             "callback": profile.supports_callbacks,
         }
         for entry in self._entries(adapter):
@@ -204,6 +205,70 @@ class CompileContract:
         else:
             assert plan is not None
             assert not plan.submittable, plan_to_json(plan)
+
+
+class RoutedCompileContract:
+    """Compile against the entry the control plane routed on (CompileRequest.capability): the
+    catalog's version and price compile, whatever the adapter's own files say, with the
+    adapter's wire mapping; an entry that is not this request's, or a model the adapter cannot
+    map, is refused."""
+
+    def _routed(self, adapter: AdapterDriver) -> adapter_pb2.CapabilityEntry:
+        """The Describe entry of the profile's text-to-video model, as the catalog holds it."""
+        model = adapter.profile.model_for("TEXT_TO_VIDEO")
+        response = adapter.stub.Describe(adapter_service_pb2.DescribeRequest(), timeout=10)
+        entries = [e for e in response.capabilities if e.model == model]
+        mine = [e for e in entries if e.account == adapter.profile.account] or entries
+        assert mine, f"Describe has no entry of {model}"
+        entry = adapter_pb2.CapabilityEntry()
+        entry.CopyFrom(mine[0])
+        return entry
+
+    def _compile(
+        self, adapter: AdapterDriver, entry: adapter_pb2.CapabilityEntry, model: str = ""
+    ) -> adapter_pb2.CompilePlan:
+        request = adapter_service_pb2.CompileRequest(
+            spec=spec_from_json(adapter.profile.spec_json()),
+            account=entry.account,
+            model=model or entry.model,
+            capability=entry,
+        )
+        reply: adapter_service_pb2.CompileResponse = adapter.stub.Compile(request, timeout=10)
+        return reply.plan
+
+    def test_a_newly_published_version_and_price_compile(self, adapter: AdapterDriver) -> None:
+        """An entry under a capability version, model version and price the adapter's files
+        never had compiles to a submittable plan carrying that version and priced at it."""
+        entry = self._routed(adapter)
+        base = self._compile(adapter, entry)
+        entry.model_version = "2099-01-01"
+        entry.capability_version = f"{entry.capability_version}+contract"
+        entry.price.price_version = "contract-price"
+        entry.price.per_output_second.amount_micros += 11
+        plan = self._compile(adapter, entry)
+        assert plan.submittable, plan_to_json(plan)
+        assert (plan.model_version, plan.capability_version, plan.price_version) == (
+            "2099-01-01",
+            entry.capability_version,
+            "contract-price",
+        )
+        assert plan.estimated_cost.amount_micros > base.estimated_cost.amount_micros
+        # The wire mapping is the adapter's: the same spec sends the same body.
+        assert plan.native_request_json == base.native_request_json
+
+    def test_an_entry_for_another_model_is_invalid_argument(self, adapter: AdapterDriver) -> None:
+        """A routed entry that is not the request's model is refused as a malformed request."""
+        entry = self._routed(adapter)
+        code = grpc_code(lambda: self._compile(adapter, entry, model="contract-other-model"))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+
+    def test_a_model_the_adapter_cannot_map_is_not_found(self, adapter: AdapterDriver) -> None:
+        """A routed entry of a model the adapter has no wire mapping for (a typo in a published
+        catalog) is NOT_FOUND, so a dry run's sample compile can name it."""
+        entry = self._routed(adapter)
+        entry.model = "contract-no-such-model"
+        code = grpc_code(lambda: self._compile(adapter, entry))
+        assert code == grpc.StatusCode.NOT_FOUND
 
 
 class GoldenContract:

@@ -86,7 +86,7 @@ class FetchOutputContract:
             assert code == grpc.StatusCode.INVALID_ARGUMENT, f"{uri}: {code}"
         assert len(emulator.jobs()) == 1
 
-    @requires("fetch_through_adapter")
+    @requires("fetch_through_adapter", outcomes_from_webhooks=False)
     def test_expired_output_is_output_expired(
         self, adapter: AdapterDriver, emulator: EmulatorAdmin
     ) -> None:

@@ -108,8 +108,14 @@ class AdapterProfile:
       supports_usage: ListUsage returns the provider's usage records.
       fetch_through_adapter: outputs need the provider's credentials, so they are flagged
         ``fetch_through_adapter`` and downloaded with FetchOutput (Gemini file URIs).
+      outcomes_from_webhooks: the provider has no read of a job (a Cog server): GetJob and
+        FetchOutput answer from the webhooks the sidecar journaled, so a fault on a provider
+        read (an unknown status on the next poll, an expired output link) has nothing to hit.
 
     Behaviour facts:
+      submit_labels: top-level body field the adapter adds at Submit to carry the attempt's
+        identity (Vertex ``labels``), "" for none. The created job's body is then the plan's
+        request plus that field, which must hold the client_request_key (as a label value).
       progression: normalized states a plain job must show, in order, when polled to the end.
       failure_codes: provider failure code injected with ``fail_job`` -> expected ErrorClass
         name (``SAFETY_INPUT``); every code the adapter declares should be listed.
@@ -144,6 +150,8 @@ class AdapterProfile:
     output_expiry_known: bool = False
     supports_usage: bool = True
     fetch_through_adapter: bool = False
+    submit_labels: str = ""
+    outcomes_from_webhooks: bool = False
     progression: tuple[str, ...] = ("QUEUED", "RUNNING", "SUCCEEDED")
     failure_codes: Mapping[str, str] = field(default_factory=lambda: dict(_DEFAULT_FAILURE))
     rate_limit_classes: tuple[str, ...] = ("RATE_LIMITED", "QUOTA")
@@ -222,6 +230,7 @@ CAPABILITY_FLAGS = frozenset(
         "output_expiry_known",
         "supports_usage",
         "fetch_through_adapter",
+        "outcomes_from_webhooks",
         "supports_image_to_video",
         "supports_first_last",
         "conclusive_recovery",

@@ -108,9 +108,18 @@ class SubmitBoundaryContract:
         self._assert_truth(adapter, emulator, jobs=1, requests=1)
         job = emulator.jobs()[0]
         assert r.job.provider_job_id == job["id"]
-        assert job["body"] == json.loads(plan.native_request_json), (
-            "the adapter sent a different body"
-        )
+        body = dict(job["body"])
+        extra = adapter.profile.submit_labels
+        if extra:
+            labels = body.pop(extra, None)
+            assert isinstance(labels, dict), f"the create body has no {extra} object"
+            assert labels, f"the create body's {extra} are empty"
+            wanted = submitted.client_request_key.lower()
+            assert any(wanted[:40] in str(v) for v in labels.values()), (
+                f"no {extra} value carries the attempt's key {submitted.client_request_key}: "
+                f"{labels}"
+            )
+        assert body == json.loads(plan.native_request_json), "the adapter sent a different body"
         if adapter.profile.supports_idempotency_key:
             assert job["idempotency_key"] == submitted.client_request_key
 

@@ -14,6 +14,7 @@ from adapter_sidecars.contract.compile_contract import (
     CompileContract,
     DescribeContract,
     GoldenContract,
+    RoutedCompileContract,
 )
 from adapter_sidecars.contract.fetch_contract import FetchOutputContract
 from adapter_sidecars.contract.lifecycle_contract import (
@@ -28,6 +29,7 @@ from adapter_sidecars.contract.submit_contract import SubmitBoundaryContract
 ALL_CONTRACTS = (
     DescribeContract,
     CompileContract,
+    RoutedCompileContract,
     GoldenContract,
     SubmitBoundaryContract,
     RecoveryContract,
@@ -48,6 +50,7 @@ __all__ = [
     "GoldenContract",
     "JobLifecycleContract",
     "RecoveryContract",
+    "RoutedCompileContract",
     "SubmitBoundaryContract",
     "UsageContract",
 ]

@@ -271,11 +271,14 @@ class Emulator:
         return job
 
     def observe(self, request: Request, job: Job) -> str | None:
-        """Count a poll of `job`; return a THROTTLED / unknown status override set by a fault."""
+        """Count a poll of `job`; return a THROTTLED / unknown status override set by a fault.
+
+        A job that has ended (cancelled while throttled) reads as what it is: a provider
+        reports THROTTLED only for a job still waiting in its queue."""
         for rule in request.context.get("job_faults", []):
             job.faults.attach(rule)
         self.lifecycle.on_poll(job)
-        if job.faults.throttle_polls > 0:
+        if job.faults.throttle_polls > 0 and not job.phase.terminal:
             job.faults.throttle_polls -= 1
             return "THROTTLED"
         if job.faults.unknown_polls > 0:

@@ -198,12 +198,17 @@ class HttpServer:
                 return
             if conn.their_state is h11.SEND_BODY:
                 await read_body(None)
-            await _send(conn, writer, outcome)
+            _write(conn, writer, outcome)
             if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
                 return
             if self._server is None:  # refusing connections: don't keep this one alive
                 return
             conn.start_next_cycle()
+            # Idle from the moment its response is written, with no await in between: a
+            # refusal that starts while the response drains (or before this task runs again)
+            # drops this connection too, so a client can never reuse it into a reset.
+            self._idle.add(writer)
+            await writer.drain()
 
 
 class _BodyReader:
@@ -247,7 +252,8 @@ def _to_request(event: h11.Request) -> Request:
     )
 
 
-async def _send(conn: h11.Connection, writer: asyncio.StreamWriter, response: Response) -> None:
+def _write(conn: h11.Connection, writer: asyncio.StreamWriter, response: Response) -> None:
+    """Write `response` to the transport (its buffer drains afterwards)."""
     headers = [*response.headers]
     if response.status not in (204, 304):
         headers.append(("content-length", str(len(response.body))))
@@ -256,7 +262,6 @@ async def _send(conn: h11.Connection, writer: asyncio.StreamWriter, response: Re
         data += conn.send(h11.Data(data=response.body))
     data += conn.send(h11.EndOfMessage())
     writer.write(data)
-    await writer.drain()
 
 
 def _abort(writer: asyncio.StreamWriter, reset: bool) -> None:

@@ -105,6 +105,9 @@ class Job:
             "idempotency_key": self.idempotency_key,
             "client_key": self.client_key,
             "created_at": iso(self.created_at),
+            # When it reached a terminal phase (None while it runs): with created_at, the span
+            # the provider counted it against its concurrency.
+            "finished_at": iso(self.finished_at),
             "status": status,
             "phase": self.phase.value,
             "polls": self.polls,
@@ -157,8 +160,9 @@ class Lifecycle:
         self.finish(job)
 
     def tick(self, job: Job, now: float) -> None:
-        """Time mode: advance by the clock."""
-        if job.phase is Phase.QUEUED:
+        """Time mode: advance by the clock. A throttled job waits in the queue: the provider
+        holds it there until the throttle lifts (it then starts at once, its queue time spent)."""
+        if job.phase is Phase.QUEUED and job.faults.throttle_polls == 0:
             may_start = self._try_hold(job)
             if may_start and now - job.phase_since >= self.pace.queue_s:
                 self.start(job, now)

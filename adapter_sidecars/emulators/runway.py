@@ -5,6 +5,12 @@ PENDING/THROTTLED/RUNNING, ``cost`` on SUCCEEDED/FAILED/CANCELLED (0 when not bi
 ``POST /v1/uploads`` hands out a presigned-POST slot served by this emulator
 (``/upload-bucket/{token}``) and a ``runway://`` URI usable as ``promptImage``.
 
+Input assets (§1.7, §1.10): Runway fetches every https ``promptImage`` / ``videoUri`` itself at
+create time and refuses the create with 400 when it cannot (not https, an IP host, a non-2xx such
+as an expired presigned URL, the wrong type, over the URL size cap), so no task exists. With
+``fetch_assets`` on, this emulator does the same fetch (`assets.check_remote`); it is off by
+default only because suites use placeholder hosts (``assets.example.com``) that resolve nowhere.
+
 Emulator extension (not in Runway's public API), off unless named in
 ``RunwayConfig.extensions``: ``task_listing`` serves ``GET /v1/tasks?createdAfter=&createdBefore=``,
 tasks with their request bodies, so an adapter can search for an unknown submit.
@@ -21,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Literal
 
+from adapter_sidecars.emulators import assets
 from adapter_sidecars.emulators import runway_schema as schema
 from adapter_sidecars.emulators.core import Emulator, EmulatorConfig, parse_time
 from adapter_sidecars.emulators.faults import FaultRule
@@ -28,7 +35,12 @@ from adapter_sidecars.emulators.http import Request, Response
 from adapter_sidecars.emulators.jobs import Job, Phase, iso
 from adapter_sidecars.emulators.media import MediaSpec, fit_size
 from adapter_sidecars.emulators.runner import main as run
-from adapter_sidecars.emulators.uploads import UPLOAD_PREFIX, Uploads, validate_upload_request
+from adapter_sidecars.emulators.uploads import (
+    SLOT_TTL_S,
+    UPLOAD_PREFIX,
+    Uploads,
+    validate_upload_request,
+)
 
 DOC_URL = "https://docs.dev.runwayml.com/api"
 DEFAULT_PRICES = {
@@ -74,7 +86,11 @@ class RunwayConfig(EmulatorConfig):
     price table ("<model>/no_audio" when audio is false). delete_mode: "cancel" keeps a
     CANCELLED task, "delete" makes later GETs 404. extensions: {"task_listing"} serves the
     emulator-only GET /v1/tasks (off by default: the real API has no listing).
-    upload_max_bytes: size cap of one ephemeral upload.
+    upload_max_bytes: size cap of one ephemeral upload; upload_ttl_s: how long a slot takes
+    its file and its runway:// URI stays usable (a create naming it later is 400).
+    fetch_assets: fetch https input URLs at create like Runway (see the module docstring);
+    asset_ca_file: extra CA bundle trusted for those fetches (a test's private object store),
+    "" for the system store.
     """
 
     api_key: str = ""
@@ -87,6 +103,9 @@ class RunwayConfig(EmulatorConfig):
     delete_mode: Literal["cancel", "delete"] = "cancel"
     require_on_behalf_of: bool = False
     upload_max_bytes: int = 200 * 1024 * 1024
+    upload_ttl_s: float = SLOT_TTL_S
+    fetch_assets: bool = False
+    asset_ca_file: str = ""
 
 
 class RunwayEmulator(Emulator):
@@ -105,7 +124,9 @@ class RunwayEmulator(Emulator):
 
     def __init__(self, config: RunwayConfig | None = None) -> None:
         super().__init__(config or RunwayConfig())
-        self.uploads = Uploads(self.config.media_secret, self.config.upload_max_bytes)
+        self.uploads = Uploads(
+            self.config.media_secret, self.config.upload_max_bytes, self.config.upload_ttl_s
+        )
 
     def install_routes(self) -> None:
         for endpoint in (schema.T2V, schema.I2V, schema.V2V):
@@ -241,6 +262,12 @@ class RunwayEmulator(Emulator):
         estimate = self._price(body, duration)
         if (bad_upload := self._unknown_upload(body)) is not None:
             return bad_upload
+        if self.config.fetch_assets:
+            for uri in schema.media_uris(body):
+                if uri.startswith(("http://", "https://")):
+                    refusal = await assets.check_remote(uri, ca_file=self.config.asset_ca_file)
+                    if refusal is not None:
+                        return Response.json({"error": refusal}, 400)
         if self.config.credit_balance - self._spent() < estimate:
             return Response.json({"error": "You do not have enough credits to run this task."}, 400)
         ratio = schema.output_ratio(endpoint, body)

@@ -5,7 +5,8 @@
 ``uploadUrl``, the way ``runwayml``'s ``client.uploads.create_ephemeral`` does (a plain httpx
 client, no Runway auth: the fields are the credential, like an S3 presigned POST). The storage
 side lives on the emulator under `UPLOAD_PREFIX`, answers 204 like S3 and refuses wrong fields
-with S3's XML errors. A ``runway://`` URI is usable once its file arrived.
+with S3's XML errors (a file over the size cap or not an image or video is refused). A
+``runway://`` URI is usable once its file arrived, until the slot's lifetime ends.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from adapter_sidecars.emulators.http import Request, Response
 UPLOAD_PREFIX = "/upload-bucket/"
 #: How long a slot accepts its file, and how long an uploaded file stays usable.
 SLOT_TTL_S = 3600.0
+#: What an ephemeral upload may hold: the images and videos a task takes as input.
+UPLOAD_TYPES = ("image/", "video/")
 
 
 @dataclass
@@ -44,9 +47,10 @@ class Slot:
 class Uploads:
     """The slots handed out by ``POST /v1/uploads`` and the files posted to them."""
 
-    def __init__(self, secret: str, max_bytes: int) -> None:
+    def __init__(self, secret: str, max_bytes: int, ttl_s: float = SLOT_TTL_S) -> None:
         self._secret = secret.encode()
         self._max_bytes = max_bytes
+        self._ttl_s = ttl_s
         self._slots: dict[str, Slot] = {}
         self._by_uri: dict[str, Slot] = {}
 
@@ -60,7 +64,7 @@ class Uploads:
         policy = secrets.token_urlsafe(24)
         signature = hmac.new(self._secret, f"{key}\n{policy}".encode(), hashlib.sha256).hexdigest()
         fields = {"key": key, "policy": policy, "x-amz-signature": signature}
-        slot = Slot(token, filename, fields, f"runway://{token}", time.time() + SLOT_TTL_S)
+        slot = Slot(token, filename, fields, f"runway://{token}", time.time() + self._ttl_s)
         self._slots[token] = slot
         self._by_uri[slot.runway_uri] = slot
         return slot
@@ -87,6 +91,10 @@ class Uploads:
         if "file" not in form:
             return _s3_error(400, "InvalidArgument", "POST requires exactly one file upload")
         content_type, data = form["file"]
+        if not content_type.startswith(UPLOAD_TYPES):
+            return _s3_error(
+                400, "InvalidArgument", f"Policy Condition failed: Content-Type {content_type}"
+            )
         if len(data) > self._max_bytes:
             return _s3_error(400, "EntityTooLarge", "Your proposed upload exceeds the limit")
         slot.data, slot.content_type = data, content_type

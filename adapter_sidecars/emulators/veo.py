@@ -30,6 +30,10 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+from urllib.parse import parse_qsl, unquote
+
+from google.auth import exceptions as auth_exceptions
+from google.auth import jwt
 
 from adapter_sidecars.emulators import veo_schema as vs
 from adapter_sidecars.emulators.core import Emulator, EmulatorConfig, parse_time
@@ -41,6 +45,7 @@ from adapter_sidecars.emulators.runner import main as run
 
 GEMINI_TYPE = "type.googleapis.com/google.ai.generativelanguage.v1beta.PredictLongRunningResponse"
 VERTEX_TYPE = "type.googleapis.com/cloud.ai.large_models.vision.GenerateVideoResponse"
+TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"
 VERTEX_BASE = "/{version}/projects/{project}/locations/{location}/publishers/google/models/{model}"
 DEFAULT_PRICES = {
     "veo-3.1-generate-preview": 0.40,
@@ -62,6 +67,10 @@ class VeoConfig(EmulatorConfig):
     usd_per_second: billing export prices. retention_s: how long generated files download.
     rpm_limit / rpd_limit: per-model requests per minute / per day (0 = unlimited).
     files_origin: scheme and host put into generated file URIs (Google's by default).
+    service_accounts: client_email -> public key PEM of the service-account keys whose signed
+    assertions ``POST /token`` (the OAuth 2 token endpoint) exchanges for access tokens valid
+    ``token_ttl_s``. With service accounts or a vertex_token, Vertex and Cloud Storage calls need
+    one of those tokens; with neither, any non-empty bearer token passes.
     extensions: {"operation_list", "billing_export"} serve the emulator-only listing and billing
     export (off by default: the real Gemini API has neither).
     """
@@ -74,6 +83,8 @@ class VeoConfig(EmulatorConfig):
     rpm_limit: int = 0
     rpd_limit: int = 0
     files_origin: str = "https://generativelanguage.googleapis.com"
+    service_accounts: Mapping[str, str] = field(default_factory=dict)
+    token_ttl_s: float = 3600.0
 
 
 class VeoEmulator(Emulator):
@@ -95,6 +106,10 @@ class VeoEmulator(Emulator):
         super().__init__(config or VeoConfig())
         self._submits: dict[str, list[float]] = defaultdict(list)
         self._files: dict[str, tuple[Job, float]] = {}
+        #: Cloud Storage objects Vertex wrote: (bucket, object) -> (job, sample); None: deleted.
+        self._objects: dict[tuple[str, str], tuple[Job, int] | None] = {}
+        #: Access tokens the token endpoint issued -> (client_email, expiry).
+        self._tokens: dict[str, tuple[str, float]] = {}
 
     def install_routes(self) -> None:
         r = self.router
@@ -109,6 +124,10 @@ class VeoEmulator(Emulator):
             base = VERTEX_BASE.replace("{version}", version)
             r.add("POST", base + ":predictLongRunning", self._vertex_submit)
             r.add("POST", base + ":fetchPredictOperation", self._vertex_poll)
+            r.add("GET", f"/{version}/publishers/google/models/{{model}}", self._vertex_model)
+        # Other Google hosts this emulator stands in for (oauth2 / storage.googleapis.com).
+        r.add("POST", "/token", self._token)
+        r.add("GET", "/storage/v1/b/{bucket}/o/{object}", self._gcs_object)
 
     # -- hooks -----------------------------------------------------------------------------
     def raw_status(self, job: Job) -> str:
@@ -127,6 +146,8 @@ class VeoEmulator(Emulator):
                 if retry_after is not None
                 else (30.0 if per == "minute" else 8 * 3600.0)
             )
+            if rule is not None and "/projects/" in rule.route:
+                return vs.vertex_quota_error("veo", per).response(headers)
             return vs.quota_error("veo", per, 10, retry).response(headers)
         message = {
             404: "Requested entity was not found.",
@@ -143,6 +164,10 @@ class VeoEmulator(Emulator):
         return op
 
     def on_job_changed(self, job: Job) -> None:
+        if job.phase is Phase.SUCCEEDED and job.data.get("storage_uri"):
+            for sample, uri in enumerate(self._gcs_uris(job)):
+                bucket, _, obj = uri.removeprefix("gs://").partition("/")
+                self._objects[(bucket, obj)] = (job, sample)
         if job.phase is Phase.SUCCEEDED:
             for file_id in job.data["files"]:
                 self._files[file_id] = (
@@ -153,6 +178,7 @@ class VeoEmulator(Emulator):
     def on_reset(self) -> None:
         self._submits.clear()
         self._files.clear()
+        self._objects.clear()
 
     # -- shapes ----------------------------------------------------------------------------
     def operation_json(self, job: Job, expire: bool = False) -> dict[str, Any]:
@@ -191,14 +217,15 @@ class VeoEmulator(Emulator):
             return {"@type": GEMINI_TYPE, "generateVideoResponse": payload}
         return {"@type": VERTEX_TYPE, **payload}
 
-    def _videos(self, job: Job) -> list[dict[str, Any]]:
-        storage = job.data.get("storage_uri")
+    def _gcs_uris(self, job: Job) -> list[str]:
+        """Where Vertex writes the samples of a job with a storageUri."""
+        storage = str(job.data["storage_uri"]).rstrip("/")
         op_id = job.id.rsplit("/", 1)[1]
-        if storage:
-            return [
-                {"gcsUri": f"{storage.rstrip('/')}/{op_id}/sample_{i}.mp4", "mimeType": "video/mp4"}
-                for i in range(len(job.data["files"]))
-            ]
+        return [f"{storage}/{op_id}/sample_{i}.mp4" for i in range(len(job.data["files"]))]
+
+    def _videos(self, job: Job) -> list[dict[str, Any]]:
+        if job.data.get("storage_uri"):
+            return [{"gcsUri": uri, "mimeType": "video/mp4"} for uri in self._gcs_uris(job)]
         return [
             {
                 "bytesBase64Encoded": base64.b64encode(render_mp4(self._spec(job, i))).decode(),
@@ -215,13 +242,17 @@ class VeoEmulator(Emulator):
         return MediaSpec(prompt, job.data["duration"], w, h, 24)
 
     # -- submit ----------------------------------------------------------------------------
-    def _rate_limit(self, model: str) -> vs.GoogleError | None:
+    def _rate_limit(self, model: str, gemini: bool) -> vs.GoogleError | None:
         now, stamps = time.time(), self._submits[model]
         stamps[:] = [t for t in stamps if now - t < 86400]
         if self.config.rpd_limit and len(stamps) >= self.config.rpd_limit:
+            if not gemini:
+                return vs.vertex_quota_error(model, "day")
             return vs.quota_error(model, "day", self.config.rpd_limit, stamps[0] + 86400 - now)
         minute = [t for t in stamps if now - t < 60]
         if self.config.rpm_limit and len(minute) >= self.config.rpm_limit:
+            if not gemini:
+                return vs.vertex_quota_error(model)
             return vs.quota_error(model, "minute", self.config.rpm_limit, minute[0] + 60 - now)
         return None
 
@@ -234,7 +265,7 @@ class VeoEmulator(Emulator):
         try:
             models = dict(self.config.models)
             parsed = vs.validate(model, models, vs.camel_keys(body), gemini=gemini)
-            limited = self._rate_limit(model)
+            limited = self._rate_limit(model, gemini)
             if limited:
                 raise limited
         except vs.GoogleError as exc:
@@ -250,6 +281,7 @@ class VeoEmulator(Emulator):
             "files": [secrets.token_hex(8) for _ in range(parsed.samples)],
             "storage_uri": parsed.storage_uri,
             "user_metadata": parsed.user_metadata,
+            "labels": parsed.labels,
         }
         op_id = secrets.token_hex(6) if gemini else secrets.token_hex(16)
         job = Job(
@@ -289,6 +321,11 @@ class VeoEmulator(Emulator):
         if override is not None and not job.phase.terminal:
             return Response.json({"name": job.id, "done": False, "metadata": {"state": override}})
         expire = job.phase is Phase.SUCCEEDED and self.consume_expiry(job)
+        if expire and job.data.get("storage_uri"):
+            # A bucket lifecycle rule (or someone) deleted the outputs.
+            for key, entry in list(self._objects.items()):
+                if entry is not None and entry[0] is job:
+                    self._objects[key] = None
         if job.phase is Phase.SUCCEEDED and job.data["surface"] == "vertex":
             await asyncio.to_thread(render_mp4, self._spec(job))  # warm the cache off the loop
         return Response.json(self.operation_json(job, expire))
@@ -374,6 +411,75 @@ class VeoEmulator(Emulator):
                 )
         return Response.json({"rows": rows})
 
+    async def _vertex_model(self, request: Request) -> Response:
+        """The publisher model (what a health probe reads)."""
+        if (denied := self._vertex_auth(request)) is not None:
+            return denied
+        model = request.params["model"]
+        if model not in self.config.models:
+            return vs.GoogleError(404, f"Publisher Model `{model}` not found.").response()
+        return Response.json({"name": f"publishers/google/models/{model}"})
+
+    # -- OAuth 2 token endpoint and Cloud Storage -------------------------------------------
+    async def _token(self, request: Request) -> Response:
+        """RFC 7523 JWT bearer grant: verify the assertion's RS256 signature against the
+        service account's public key, its audience (Google's token endpoint URL, whatever
+        host serves it, as google-auth signs it), lifetime and scope."""
+        form = dict(parse_qsl(request.body.decode("utf-8", "replace")))
+        if form.get("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer":
+            return _oauth_error("unsupported_grant_type", "Invalid grant_type: ")
+        assertion = form.get("assertion", "")
+        try:
+            claims = jwt.decode(assertion, verify=False)  # type: ignore[no-untyped-call]  # unannotated
+        except (ValueError, auth_exceptions.GoogleAuthError):
+            return _oauth_error("invalid_grant", "Invalid JWT: malformed.")
+        email = str(claims.get("iss") or "")
+        public = self.config.service_accounts.get(email)
+        if public is None:
+            return _oauth_error("invalid_grant", "Invalid grant: account not found", 400)
+        try:
+            jwt.decode(assertion, certs=public, audience=TOKEN_AUDIENCE)  # type: ignore[no-untyped-call]  # unannotated
+        except (ValueError, auth_exceptions.GoogleAuthError) as exc:
+            text = str(exc)
+            why = (
+                "Invalid JWT Signature." if "signature" in text.lower() else f"Invalid JWT: {text}"
+            )
+            return _oauth_error("invalid_grant", why)
+        lifetime = int(claims.get("exp", 0)) - int(claims.get("iat", 0))
+        if lifetime > 3600 or lifetime <= 0:
+            return _oauth_error(
+                "invalid_grant", "Invalid JWT: Token must be a short-lived token (60 minutes)"
+            )
+        if "https://www.googleapis.com/auth/cloud-platform" not in str(claims.get("scope", "")):
+            return _oauth_error("invalid_scope", "Invalid OAuth scope or ID token audience.")
+        token = "ya29.emu-" + secrets.token_urlsafe(24)
+        self._tokens[token] = (email, time.time() + self.config.token_ttl_s)
+        ttl = max(1, int(self.config.token_ttl_s) - 1)
+        return Response.json({"access_token": token, "expires_in": ttl, "token_type": "Bearer"})
+
+    async def _gcs_object(self, request: Request) -> Response:
+        """Cloud Storage JSON API: object metadata, or its bytes with ``alt=media``."""
+        if (denied := self._vertex_auth(request, gcs=True)) is not None:
+            return denied
+        bucket, obj = request.params["bucket"], unquote(request.params["object"])
+        entry = self._objects.get((bucket, obj))
+        if entry is None:
+            return _gcs_error(404, f"No such object: {bucket}/{obj}", "notFound")
+        job, sample = entry
+        spec = self._spec(job, sample)
+        if request.query.get("alt") != "media":
+            return Response.json(
+                {
+                    "kind": "storage#object",
+                    "bucket": bucket,
+                    "name": obj,
+                    "contentType": "video/mp4",
+                    "size": str(len(await asyncio.to_thread(render_mp4, spec))),
+                }
+            )
+        data = await asyncio.to_thread(render_mp4, spec)
+        return Response(200, data, [("content-type", "video/mp4")])
+
     # -- auth ------------------------------------------------------------------------------
     def _gemini_auth(self, request: Request) -> Response | None:
         key = request.header("x-goog-api-key") or request.query.get("key")
@@ -395,15 +501,38 @@ class VeoEmulator(Emulator):
             ).response()
         return None
 
-    def _vertex_auth(self, request: Request) -> Response | None:
+    def _vertex_auth(self, request: Request, gcs: bool = False) -> Response | None:
         auth = request.header("authorization") or ""
         token = auth[7:] if auth.startswith("Bearer ") else ""
-        if not token or (self.config.vertex_token and token != self.config.vertex_token):
+        if not self._token_ok(token):
+            if gcs:
+                return _gcs_error(401, "Invalid Credentials", "authError")
             return vs.GoogleError(
                 401,
                 "Request had invalid authentication credentials. Expected OAuth 2 access token.",
             ).response()
         return None
+
+    def _token_ok(self, token: str) -> bool:
+        if not token:
+            return False
+        if self.config.vertex_token and token == self.config.vertex_token:
+            return True
+        issued = self._tokens.get(token)
+        if issued is not None:
+            return issued[1] > time.time()
+        return not self.config.vertex_token and not self.config.service_accounts
+
+
+def _oauth_error(error: str, description: str, status: int = 400) -> Response:
+    """The token endpoint's error shape (RFC 6749 §5.2), as Google's answers it."""
+    return Response.json({"error": error, "error_description": description}, status)
+
+
+def _gcs_error(code: int, message: str, reason: str) -> Response:
+    """Cloud Storage JSON API errors: the legacy ``errors[]`` list beside code/message."""
+    errors = [{"message": message, "domain": "global", "reason": reason}]
+    return Response.json({"error": {"code": code, "message": message, "errors": errors}}, code)
 
 
 def _is_rai(code: str) -> bool:

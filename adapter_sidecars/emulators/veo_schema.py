@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from adapter_sidecars.emulators.http import Response
@@ -159,6 +160,19 @@ def quota_error(model: str, per: str, limit: int, retry_s: float) -> GoogleError
     return GoogleError(429, message, details)
 
 
+def vertex_quota_error(model: str, per: str = "minute") -> GoogleError:
+    """Vertex AI's 429: a per-project, per-base-model quota named in the message, no RetryInfo
+    (provider-apis.md §2.3: Vertex 429s may carry the legacy ``errors[]`` list too)."""
+    metric = "aiplatform.googleapis.com/online_prediction_requests_per_base_model" + (
+        "_per_day" if per == "day" else ""
+    )
+    message = (
+        f"Quota exceeded for {metric} with base model: {model}. Please submit a quota "
+        "increase request. https://cloud.google.com/vertex-ai/docs/generative-ai/quotas-genai."
+    )
+    return GoogleError(429, message)
+
+
 @dataclass(frozen=True)
 class VeoRequest:
     """The parts of a validated request the emulator needs."""
@@ -171,6 +185,7 @@ class VeoRequest:
     storage_uri: str | None
     webhook_uris: list[str]
     user_metadata: Any
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 #: Values that are free-form JSON (google.protobuf.Struct / map fields): their keys are data.
@@ -308,6 +323,7 @@ def validate(model: str, models: dict[str, Any], body: Any, *, gemini: bool) -> 
     if not isinstance(samples, int) or not 1 <= samples <= max_samples:
         raise GoogleError(400, f"sampleCount must be between 1 and {max_samples}.")
     webhook = body.get("webhookConfig") or {}
+    labels = {} if gemini else _labels(body.get("labels"))
     return VeoRequest(
         prompt=prompt if isinstance(prompt, str) else "",
         duration_s=duration,
@@ -317,7 +333,29 @@ def validate(model: str, models: dict[str, Any], body: Any, *, gemini: bool) -> 
         storage_uri=params.get("storageUri"),
         webhook_uris=list(webhook.get("uris") or []),
         user_metadata=webhook.get("userMetadata"),
+        labels=labels,
     )
+
+
+_LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+_LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
+
+
+def _labels(value: Any) -> dict[str, str]:
+    """Vertex request labels: at most 64; keys start with a lowercase letter; keys and values
+    at most 63 characters of lowercase letters, digits, ``_`` and ``-``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise GoogleError(400, "labels must be a map of strings")
+    if len(value) > 64:
+        raise GoogleError(400, "At most 64 labels are allowed.")
+    for key, item in value.items():
+        if not _LABEL_KEY.fullmatch(str(key)):
+            raise GoogleError(400, f"Invalid label key: {key!r}.")
+        if not _LABEL_VALUE.fullmatch(item):
+            raise GoogleError(400, f"Invalid label value for key {key!r}: {item!r}.")
+    return dict(value)
 
 
 def _duration(value: Any, allowed: list[int]) -> int:

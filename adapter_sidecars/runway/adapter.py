@@ -8,16 +8,30 @@ returns each task's request body) the adapter declares ``task_search`` and match
 native request exactly. The verdict is NOT_FOUND only when the listing is complete, the window
 has settled (a request still in flight at Runway could yet create a task) and nothing matches.
 
+Inputs from the platform's object store (``provider.options.platform_store``, `runway.inputs`):
+Submit uploads each ``s3://`` input through Runway's uploads and sends the ``runway://`` URI. When
+Runway refuses the create because it could not fetch an input (400, ASSET_UNAVAILABLE: a 400
+proves no task was created) and an input is a presigned URL of that store, Submit signs a fresh
+URL and sends the create once more (`may_retry_after_fix`, design 9.9.1): the same attempt, one
+provider task at most. A task listing match then compares requests without their image URIs,
+since what Runway recorded (``runway://``, the fresh signature) is not the plan's URI.
+
 Usage (``POST /v1/organization/usage``) is daily credit totals per model: its records carry no
 provider job id, because a day's total identifies no job.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from adapter_sidecars.common import base
 from adapter_sidecars.common.base import HttpAdapter, payload_of, unreadable, with_raw
@@ -25,10 +39,10 @@ from adapter_sidecars.common.config import Account, SidecarConfig
 from adapter_sidecars.common.jobs import iso_z, parse_timestamp, scaled_int
 from adapter_sidecars.common.options import option_flag, with_task_search
 from adapter_sidecars.common.recovery import match_listing, settled
-from adapter_sidecars.common.transport import HttpReply, utcnow
-from adapter_sidecars.common.types import UsageInput
+from adapter_sidecars.common.transport import HttpReply, rejected, utcnow
+from adapter_sidecars.common.types import SubmitInput, UsageInput
 from adapter_sidecars.runway import compile as runway_compile
-from adapter_sidecars.runway import mapping
+from adapter_sidecars.runway import inputs, mapping
 from vidroute_core.adapter import (
     CancelResult,
     CompiledPlan,
@@ -37,13 +51,17 @@ from vidroute_core.adapter import (
     RecoverQuery,
     RecoverResult,
     RecoveryVerdict,
+    SubmitKind,
     SubmitOutcome,
     UsageRecord,
     UsageResult,
 )
 from vidroute_core.capabilities.loader import Capability
-from vidroute_core.errors import ProviderError
+from vidroute_core.errors import ProviderError, may_retry_after_fix
+from vidroute_core.hashing import canonical_json
 from vidroute_core.spec import GenerationSpec
+
+log = logging.getLogger(__name__)
 
 PACKAGE_DIR = Path(__file__).parent
 DEFAULT_API_VERSION = "2024-11-06"
@@ -59,6 +77,26 @@ class RunwayAdapter(HttpAdapter):
 
     name = "runway"
     provider = "runway"
+
+    def __init__(
+        self,
+        config: SidecarConfig,
+        capabilities: Sequence[Capability],
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        super().__init__(config, capabilities, client)
+        #: The platform's object store whose inputs Submit uploads or re-signs (None: none).
+        self.store = inputs.PlatformStore.from_options(config.provider_options)
+        #: Hosts Runway cannot reach whose inputs Submit downloads and uploads.
+        self.private = inputs.PrivateHosts.from_options(config.provider_options)
+
+    def submit_budget_s(self) -> float:
+        """With a platform store: reading and uploading inputs, and one re-sent create."""
+        one = super().submit_budget_s()
+        if self.store is None and not self.private.hosts:
+            return one
+        t = self.config.timeouts
+        return 2 * one + 3 * (t.pool + t.connect + t.write + t.read)
 
     @classmethod
     def from_config(cls, config: SidecarConfig) -> RunwayAdapter:
@@ -76,7 +114,63 @@ class RunwayAdapter(HttpAdapter):
 
     # -- hooks ---------------------------------------------------------------------------------
     def compile_native(self, spec: GenerationSpec, cap: Capability) -> CompiledPlan:
-        return runway_compile.build_request(spec, cap)
+        return runway_compile.build_request(spec, cap, self._stored)
+
+    def _stored(self, uri: str) -> bool:
+        return self.store is not None and self.store.key_of_s3(uri) is not None
+
+    def _rewritten(self, uri: str) -> bool:
+        """Whether Submit may send another URI than the plan's for this input."""
+        resignable = self.store is not None and self.store.key_of_url(uri) is not None
+        return self._stored(uri) or resignable or self.private.holds(uri)
+
+    async def submit(self, request: SubmitInput) -> SubmitOutcome:
+        """Upload store inputs, send the create; after a fetch refusal, re-sign and send once
+        more (module docstring). Without a platform store: the create call, once."""
+        account = self.check_plan(request.plan)
+        store, native = self.store, request.plan.native_request
+        if (store is None and not self.private.hosts) or native is None:
+            return await self.send_create(request, account)
+        body = await self._uploaded(native, account)
+        if isinstance(body, ProviderError):
+            return rejected(body, None)  # nothing was sent to create a task
+        outcome = await self.send_create(_with_body(request, body), account)
+        if outcome.kind is not SubmitKind.REJECTED or outcome.error is None or store is None:
+            return outcome
+        fixed = await _resigned(store, body)
+        if not may_retry_after_fix(outcome.error, repaired=fixed is not body):
+            return outcome
+        log.info(
+            "submit %s: Runway could not fetch an input (%s); re-signed, sending once more",
+            request.client_request_key,
+            outcome.error.code,
+        )
+        return await self.send_create(_with_body(request, fixed), account)
+
+    async def _uploaded(
+        self, body: Mapping[str, Any], account: Account
+    ) -> Mapping[str, Any] | ProviderError:
+        """`body` with each input Runway cannot fetch (an ``s3://`` object of the store, a URL
+        on a private host) replaced by its upload's URI."""
+        uploaded: dict[str, str] = {}
+        for item in inputs.image_slots(body):
+            uri = item["uri"]
+            key = self.store.key_of_s3(uri) if self.store is not None else None
+            if uri in uploaded or (key is None and not self.private.holds(uri)):
+                continue
+            if self.store is not None and key is not None:
+                stored = await self.store.read(key)
+            else:
+                stored = await inputs.download(uri, self.private.max_bytes, self.client.timeout)
+            if isinstance(stored, ProviderError):
+                return stored
+            runway_uri = await inputs.upload(self.client, self.auth_headers(account), stored)
+            if isinstance(runway_uri, ProviderError):
+                return runway_uri
+            uploaded[uri] = runway_uri
+        if not uploaded:
+            return body
+        return inputs.with_uris(body, lambda uri: uploaded.get(uri, uri))
 
     def auth_headers(self, account: Account) -> dict[str, str]:
         headers = {
@@ -177,9 +271,14 @@ class RunwayAdapter(HttpAdapter):
         body = payload_of(reply) or {}
         tasks = body.get("data")
         complete = isinstance(tasks, list) and body.get("hasMore") is False
+        listed, wanted = tasks if isinstance(tasks, list) else [], request.plan.native_request
+        if any(self._rewritten(i["uri"]) for i in inputs.image_slots(wanted)):
+            # Runway recorded the upload's URI or a fresh signature, never the plan's URI.
+            listed = [_without_images(t) for t in listed]
+            wanted = inputs.with_uris(wanted, lambda _: "<input>")
         verdict, task_id = match_listing(
-            tasks if isinstance(tasks, list) else [],
-            request.plan.native_request,
+            listed,
+            wanted,
             request_key="request",
             id_key="id",
             complete=complete and settled(request.submitted_before, self.config, now),
@@ -236,6 +335,34 @@ class RunwayAdapter(HttpAdapter):
             currency=currency,
             raw_json=json.dumps(used, sort_keys=True, separators=(",", ":")),
         )
+
+
+def _with_body(request: SubmitInput, body: Mapping[str, Any]) -> SubmitInput:
+    if body is request.plan.native_request:
+        return request
+    wire = canonical_json(body).decode("utf-8")
+    return replace(
+        request, plan=replace(request.plan, native_request=body, native_request_json=wire)
+    )
+
+
+async def _resigned(store: inputs.PlatformStore, body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`body` with a fresh signature on every URL of the store (`body` itself if none).
+
+    Signing is local, but boto3 may first resolve credentials (a metadata service): a thread."""
+    fresh: dict[str, str] = {}
+    for item in inputs.image_slots(body):
+        key = store.key_of_url(item["uri"])
+        if key is not None and item["uri"] not in fresh:
+            fresh[item["uri"]] = await asyncio.to_thread(store.presign, key)
+    return inputs.with_uris(body, lambda uri: fresh.get(uri, uri)) if fresh else body
+
+
+def _without_images(task: Any) -> Any:
+    """A listed task whose recorded request has its image URIs masked."""
+    if not isinstance(task, dict) or not isinstance(task.get("request"), dict):
+        return task
+    return {**task, "request": inputs.with_uris(task["request"], lambda _: "<input>")}
 
 
 def _has_time(when: datetime) -> bool:

@@ -9,11 +9,14 @@ Wire facts come from the entry's ``native`` block, never from code::
 
 Aspect ratio + resolution class -> pixel ratio is LOSSLESS (the ratio *is* that size class).
 Input frames go into ``promptImage`` with positions; Runway fetches them itself, so they must be
-https (or data:/runway:) URIs — anything else is REJECT here rather than a 400 later.
+https (or data:/runway:) URIs, or objects of the platform's store that Submit uploads
+(`stored`, see `runway.inputs`) — anything else is REJECT here rather than a 400 later. The plan
+keeps the object's ``s3://`` URI: the upload's ``runway://`` URI exists only at Submit.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from adapter_sidecars.common.compiling import Draft, Resolved, finish, resolve
@@ -43,15 +46,23 @@ def _ratio(resolved: Resolved, cap: Capability, draft: Draft) -> str | None:
     return str(ratio)
 
 
-def _image(asset: AssetRef, position: str, path: str, draft: Draft) -> dict[str, str] | None:
-    if not asset.object_uri.startswith(_FETCHABLE):
+def _nothing_stored(uri: str) -> bool:
+    return False
+
+
+def _image(
+    asset: AssetRef, position: str, path: str, draft: Draft, stored: Callable[[str], bool]
+) -> dict[str, str] | None:
+    if not (asset.object_uri.startswith(_FETCHABLE) or stored(asset.object_uri)):
         draft.add(path, TransformationKind.REJECT, "Runway fetches inputs itself: https URI needed")
         return None
     return {"uri": asset.object_uri, "position": position}
 
 
-def build_request(spec: GenerationSpec, cap: Capability) -> CompiledPlan:
-    """Compile `spec` for one Runway entry."""
+def build_request(
+    spec: GenerationSpec, cap: Capability, stored: Callable[[str], bool] = _nothing_stored
+) -> CompiledPlan:
+    """Compile `spec` for one Runway entry; `stored` says which URIs Submit can upload."""
     resolved, draft = resolve(spec, cap)
     endpoint = ENDPOINTS.get(spec.mode, "")
     if not endpoint:
@@ -66,9 +77,9 @@ def build_request(spec: GenerationSpec, cap: Capability) -> CompiledPlan:
     if spec.mode is not Mode.TEXT_TO_VIDEO:
         images = []
         if spec.first_frame is not None:
-            images.append(_image(spec.first_frame, "first", "first_frame", draft))
+            images.append(_image(spec.first_frame, "first", "first_frame", draft, stored))
         if spec.last_frame is not None and cap.supports_last_frame:
-            images.append(_image(spec.last_frame, "last", "last_frame", draft))
+            images.append(_image(spec.last_frame, "last", "last_frame", draft, stored))
         body["promptImage"] = [i for i in images if i is not None]
     if resolved.seed is not None:
         body["seed"] = resolved.seed

@@ -1,5 +1,7 @@
 """The self-hosted GPU adapter: our internal job API (provider-apis.md §3.4, design 9.21).
 
+``provider.options.backend: cog`` serves a Cog model server instead (`cog_adapter`).
+
 The job API honours ``Idempotency-Key`` (the attempt's client request key), which makes two
 things safe that are unsafe elsewhere:
 
@@ -26,13 +28,14 @@ from typing import Any
 
 from adapter_sidecars.common import base
 from adapter_sidecars.common.base import HttpAdapter, payload_of, unreadable, with_raw
-from adapter_sidecars.common.config import Account, SidecarConfig
+from adapter_sidecars.common.config import Account, ConfigError, SidecarConfig
 from adapter_sidecars.common.jobs import iso_z, parse_timestamp, scaled_int
 from adapter_sidecars.common.recovery import settled
 from adapter_sidecars.common.transport import HttpReply, utcnow
 from adapter_sidecars.common.types import SubmitInput, UsageInput
 from adapter_sidecars.selfhosted import compile as selfhosted_compile
 from adapter_sidecars.selfhosted import mapping
+from adapter_sidecars.selfhosted.cog_adapter import CogAdapter
 from vidroute_core.adapter import (
     CancelResult,
     CompiledPlan,
@@ -67,7 +70,10 @@ class SelfHostedAdapter(HttpAdapter):
 
     @classmethod
     def from_config(cls, config: SidecarConfig) -> SelfHostedAdapter:
-        """Build with the packaged (or configured) capability files."""
+        """Build with the packaged (or configured) capability files (backend ``jobs``)."""
+        backend = config.provider_options.get("backend", "jobs")
+        if backend != "jobs":
+            raise ConfigError(f"backend {backend!r} is not the job API: use build_adapter")
         return cls(config, base.load_capabilities(config, PACKAGE_DIR, cls.provider))
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -235,3 +241,14 @@ class SelfHostedAdapter(HttpAdapter):
             provider_job_id=str(row.get("job_id") or ""),
             client_request_key=str(row.get("idempotency_key") or ""),
         )
+
+
+def build_adapter(config: SidecarConfig) -> SelfHostedAdapter | CogAdapter:
+    """The configured backend (``provider.options.backend``): ``jobs`` (the job API above, the
+    default) or ``cog`` (a Cog model server, `adapter_sidecars.selfhosted.cog_adapter`)."""
+    backend = config.provider_options.get("backend", "jobs")
+    if backend == "cog":
+        return CogAdapter.from_config(config, PACKAGE_DIR)
+    if backend != "jobs":
+        raise ConfigError(f"provider.options.backend must be cog or jobs, not {backend!r}")
+    return SelfHostedAdapter.from_config(config)

@@ -13,6 +13,7 @@ says ``audio_optional: false`` and a silent request records a LOSSLESS strip.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from adapter_sidecars.common.compiling import Draft, finish, resolve
@@ -36,22 +37,37 @@ def _image(path: str, asset: AssetRef, draft: Draft) -> dict[str, str]:
     return assets.reference(uri, asset.mime_type, asset.checksum_sha256)
 
 
+def build_instance(
+    spec: GenerationSpec,
+    cap: Capability,
+    draft: Draft,
+    *,
+    image: Callable[[str, AssetRef, Draft], dict[str, str]],
+    video: Callable[[str], dict[str, str]],
+) -> dict[str, Any]:
+    """The ``instances[0]`` of a Veo predictLongRunning call, on either surface: the prompt,
+    the frames and references in the surface's `image` form, an extended video in its
+    `video` form (each surface reads images and videos its own way)."""
+    instance: dict[str, Any] = {"prompt": spec.prompt}
+    if spec.first_frame is not None:
+        instance["image"] = image("first_frame", spec.first_frame, draft)
+    if spec.last_frame is not None and cap.supports_last_frame:
+        instance["lastFrame"] = image("last_frame", spec.last_frame, draft)
+    if spec.references and cap.max_reference_images:
+        instance["referenceImages"] = [
+            {"image": image(f"references[{i}]", ref, draft), "referenceType": "asset"}
+            for i, ref in enumerate(spec.references)
+        ]
+    if spec.source_video is not None and spec.mode is Mode.EXTEND_VIDEO:
+        instance["video"] = video(spec.source_video.object_uri)
+    return instance
+
+
 def build_request(spec: GenerationSpec, cap: Capability) -> CompiledPlan:
     """Compile `spec` for one Veo entry."""
     resolved, draft = resolve(spec, cap)
     model = str(cap.native.get("model", cap.model))
-    instance: dict[str, Any] = {"prompt": spec.prompt}
-    if spec.first_frame is not None:
-        instance["image"] = _image("first_frame", spec.first_frame, draft)
-    if spec.last_frame is not None and cap.supports_last_frame:
-        instance["lastFrame"] = _image("last_frame", spec.last_frame, draft)
-    if spec.references and cap.max_reference_images:
-        instance["referenceImages"] = [
-            {"image": _image(f"references[{i}]", ref, draft), "referenceType": "asset"}
-            for i, ref in enumerate(spec.references)
-        ]
-    if spec.source_video is not None and spec.mode is Mode.EXTEND_VIDEO:
-        instance["video"] = {"uri": spec.source_video.object_uri}
+    instance = build_instance(spec, cap, draft, image=_image, video=lambda uri: {"uri": uri})
     parameters: dict[str, Any] = {
         "aspectRatio": resolved.aspect_ratio,
         "resolution": resolved.resolution,

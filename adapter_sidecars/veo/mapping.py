@@ -145,7 +145,8 @@ def http_error(reply: HttpReply, *, creating: bool = False) -> ProviderError:
     if reason == "API_KEY_INVALID":
         error_class = ErrorClass.AUTH
     elif reply.status == 429:
-        quota_text = " ".join(str(v) for d in details.values() for v in _flatten(d))
+        # Gemini names the quota in ErrorInfo/QuotaFailure details, Vertex only in the message.
+        quota_text = " ".join([message, *(str(v) for d in details.values() for v in _flatten(d))])
         daily = bool(_DAILY.search(quota_text)) or (wait or 0) >= LONG_RETRY_MS
         error_class = ErrorClass.QUOTA if daily else ErrorClass.RATE_LIMITED
     elif reply.status == 503:

@@ -11,6 +11,7 @@ import random
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -247,12 +248,31 @@ def is_terminal_event(event: pb.TaskEvent) -> bool:
 
 
 def capabilities_request(
-    document: str | bytes | Path, source: str, dry_run: bool
+    document: str | bytes | Path,
+    source: str,
+    dry_run: bool,
+    *,
+    version: str = "",
+    activate_at: datetime | None = None,
+    staged: bool = False,
+    force_reason: str = "",
 ) -> api.PublishCapabilitiesRequest:
-    """A capability document given as its text, its bytes or a path to its file."""
+    """A capability document given as its text, its bytes or a path to its file; a
+    `force_reason` forces the release past the serving check (recorded)."""
     if isinstance(document, Path):
         source = source or str(document)
         document = document.read_text(encoding="utf-8")
     elif isinstance(document, bytes):
         document = document.decode("utf-8")
-    return api.PublishCapabilitiesRequest(document=document, source=source, dry_run=dry_run)
+    request = api.PublishCapabilitiesRequest(
+        document=document,
+        source=source,
+        dry_run=dry_run,
+        version=version,
+        staged=staged,
+        force=bool(force_reason),
+        reason=force_reason,
+    )
+    if activate_at is not None:
+        request.activate_at.FromDatetime(activate_at.astimezone(UTC))
+    return request

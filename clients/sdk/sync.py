@@ -42,6 +42,7 @@ import builtins
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
@@ -303,10 +304,51 @@ class Client(RoutingCalls):
         return reply.breaker
 
     def publish_capabilities(
-        self, document: str | bytes | Path, *, source: str = "", dry_run: bool = False
+        self,
+        document: str | bytes | Path,
+        *,
+        source: str = "",
+        dry_run: bool = False,
+        version: str = "",
+        activate_at: datetime | None = None,
+        staged: bool = False,
+        force_reason: str = "",
     ) -> api.PublishCapabilitiesResponse:
-        """Admin: publish a capability document (text, bytes or a file path); `dry_run`
-        checks everything and writes nothing."""
-        return self._call(  # type: ignore[no-any-return]  # _call returns the stub's Any; the RPC's response type
-            self._stub.PublishCapabilities, c.capabilities_request(document, source, dry_run)
+        """Admin: publish a capability release (text, bytes or a file path): now, at
+        `activate_at`, or `staged`; `dry_run` checks everything and writes nothing;
+        `force_reason` forces it past the serving check (recorded)."""
+        request = c.capabilities_request(
+            document,
+            source,
+            dry_run,
+            version=version,
+            activate_at=activate_at,
+            staged=staged,
+            force_reason=force_reason,
         )
+        return self._call(self._stub.PublishCapabilities, request)  # type: ignore[no-any-return]  # _call returns the stub's Any; the RPC's response type
+
+    def activate_capabilities(
+        self, version: str, *, activate_at: datetime | None = None, force_reason: str = ""
+    ) -> api.ActivateCapabilitiesResponse:
+        """Admin: activate a staged capability release (now, or at `activate_at`)."""
+        request = api.ActivateCapabilitiesRequest(
+            version=version, force=bool(force_reason), reason=force_reason
+        )
+        if activate_at is not None:
+            request.activate_at.FromDatetime(activate_at.astimezone(UTC))
+        return self._call(self._stub.ActivateCapabilities, request)  # type: ignore[no-any-return]  # _call returns the stub's Any; the RPC's response type
+
+    def rollback_capabilities(
+        self, version: str = "", *, force_reason: str = ""
+    ) -> api.RollbackCapabilitiesResponse:
+        """Admin: return the catalog to an earlier release (empty: the one before)."""
+        request = api.RollbackCapabilitiesRequest(
+            version=version, force=bool(force_reason), reason=force_reason
+        )
+        return self._call(self._stub.RollbackCapabilities, request)  # type: ignore[no-any-return]  # _call returns the stub's Any; the RPC's response type
+
+    def capability_history(self) -> api.ListCapabilityHistoryResponse:
+        """Admin: every capability release and activation (who, when, what it replaced)."""
+        request = api.ListCapabilityHistoryRequest()
+        return self._call(self._stub.ListCapabilityHistory, request)  # type: ignore[no-any-return]  # _call returns the stub's Any; the RPC's response type

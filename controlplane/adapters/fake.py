@@ -45,6 +45,7 @@ from vidroute_core.adapter import (
     SubmitOutcome,
     UsageRecord,
 )
+from vidroute_core.capabilities.loader import Capability
 from vidroute_core.errors import ErrorClass, make_error
 from vidroute_core.spec import GenerationSpec
 
@@ -127,7 +128,13 @@ class FakeAdapterClient:
         return AdapterDescription(adapter="fake", adapter_version="0")
 
     async def compile(
-        self, spec: GenerationSpec, *, account: str, model: str, model_version: str = ""
+        self,
+        spec: GenerationSpec,
+        *,
+        account: str,
+        model: str,
+        model_version: str = "",
+        capability: Capability | None = None,
     ) -> CompiledPlan:
         raise NotImplementedError("the fake does not compile; build plans in the test")
 

@@ -51,10 +51,12 @@ from vidroute_core.adapter import (
     UsageRecord,
     UsageResult,
 )
+from vidroute_core.capabilities.loader import Capability
 from vidroute_core.errors import ErrorClass, ProviderError, make_error
 from vidroute_core.spec import GenerationSpec
 from vidroute_core.wire import adapter as wire
 from vidroute_core.wire import tracing as tracing_edge
+from vidroute_core.wire.capability import capability_to_proto
 from vidroute_core.wire.spec import spec_to_proto
 
 NO_RETRIES: list[tuple[str, str | int]] = [("grpc.enable_retries", 0)]
@@ -110,7 +112,13 @@ class AdapterClient(Protocol):
 
     async def describe(self) -> AdapterDescription: ...
     async def compile(
-        self, spec: GenerationSpec, *, account: str, model: str, model_version: str = ""
+        self,
+        spec: GenerationSpec,
+        *,
+        account: str,
+        model: str,
+        model_version: str = "",
+        capability: Capability | None = None,
     ) -> CompiledPlan: ...
     async def submit(
         self, plan: CompiledPlan, client_request_key: str, callback_url: str = ""
@@ -225,7 +233,13 @@ class GrpcAdapterClient:
         self.submit_deadline_s = deadline
 
     async def compile(
-        self, spec: GenerationSpec, *, account: str, model: str, model_version: str = ""
+        self,
+        spec: GenerationSpec,
+        *,
+        account: str,
+        model: str,
+        model_version: str = "",
+        capability: Capability | None = None,
     ) -> CompiledPlan:
         """The sidecar's plan; raises `CompileRefused` for its refusal of the request and
         `CompileUnavailable` when it gave no answer."""
@@ -236,6 +250,7 @@ class GrpcAdapterClient:
                     account=account,
                     model=model,
                     model_version=model_version,
+                    capability=None if capability is None else capability_to_proto(capability),
                 ),
                 timeout=self._timeout,
             )

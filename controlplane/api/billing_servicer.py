@@ -15,9 +15,11 @@ from typing import Any
 from google.protobuf import timestamp_pb2
 
 from controlplane.api.auth import require_caller
+from controlplane.domain.margins import Grouping
 from controlplane.domain.money import CreditKind
 from controlplane.domain.reconciliation import Discrepancy
 from controlplane.domain.unit_cost import UnitCost
+from controlplane.persistence.disputes import DisputeRow
 from controlplane.persistence.ledger import CreditEntry
 from controlplane.reconciliation import RunReport
 from controlplane.service.access import Caller, ensure_admin
@@ -26,6 +28,7 @@ from controlplane.service.billing import (
     BillingService,
     CreditInput,
     ListEntriesInput,
+    MarginsInput,
     UnitCostsInput,
 )
 from vidroute.scheduler.v1 import billing_pb2, billing_service_pb2, billing_service_pb2_grpc
@@ -105,6 +108,7 @@ def discrepancy_view(d: Discrepancy) -> billing_pb2.Discrepancy:
             {"record_ids": list(d.record_ids), **d.evidence}, sort_keys=True, default=str
         ),
         suggested_action=d.suggested_action,
+        row_id=_id(d.row_id),
     )
 
 
@@ -179,7 +183,14 @@ class BillingServicer(billing_service_pb2_grpc.BillingServiceServicer):
         self, request: billing_service_pb2.ListLedgerEntriesRequest, context: Any
     ) -> billing_service_pb2.ListLedgerEntriesResponse:
         entries, token = await self._billing.list_entries(
-            ListEntriesInput(request.tenant_id, request.page_size, request.page_token),
+            ListEntriesInput(
+                request.tenant_id,
+                request.page_size,
+                request.page_token,
+                request.task_id,
+                request.from_date,
+                request.to_date,
+            ),
             self._caller(),
         )
         return billing_service_pb2.ListLedgerEntriesResponse(
@@ -224,3 +235,79 @@ class BillingServicer(billing_service_pb2_grpc.BillingServiceServicer):
         return billing_service_pb2.GetReconciliationReportResponse(
             date=report.day.isoformat(), runs=[run_view(r) for r in runs]
         )
+
+    async def ListDisputes(
+        self, request: billing_service_pb2.ListDisputesRequest, context: Any
+    ) -> billing_service_pb2.ListDisputesResponse:
+        caller = self._caller()
+        ensure_admin(caller, "ListDisputes")
+        state = _DISPUTE_STATES_IN.get(request.state)
+        if state is None:
+            raise InvalidSpec([FieldViolation("state", "must be a DisputeState value")])
+        rows = await self._billing.disputes(state, request.from_date, request.to_date, caller)
+        return billing_service_pb2.ListDisputesResponse(disputes=[dispute_view(d) for d in rows])
+
+    async def GetMargins(
+        self, request: billing_service_pb2.GetMarginsRequest, context: Any
+    ) -> billing_service_pb2.GetMarginsResponse:
+        caller = self._caller()
+        ensure_admin(caller, "GetMargins")
+        by = _GROUPINGS.get(request.group_by)
+        if by is None:
+            raise InvalidSpec([FieldViolation("group_by", "must be a MarginGrouping value")])
+        rows = await self._billing.margins(
+            MarginsInput(request.from_date, request.to_date, by), caller
+        )
+        return billing_service_pb2.GetMarginsResponse(
+            rows=[
+                billing_pb2.MarginRow(
+                    key=r.key,
+                    currency=r.currency,
+                    revenue_micros=r.revenue_micros,
+                    provider_cost_micros=r.provider_cost_micros,
+                    platform_loss_micros=r.platform_loss_micros,
+                    margin_micros=r.margin_micros,
+                )
+                for r in rows
+            ]
+        )
+
+
+_DISPUTE_STATES_IN = {
+    billing_pb2.DISPUTE_STATE_UNSPECIFIED: "",
+    billing_pb2.DISPUTE_STATE_OPEN: "OPEN",
+    billing_pb2.DISPUTE_STATE_DISPUTED: "DISPUTED",
+    billing_pb2.DISPUTE_STATE_REFUNDED: "REFUNDED",
+    billing_pb2.DISPUTE_STATE_WRITTEN_OFF: "WRITTEN_OFF",
+}
+_DISPUTE_STATES_OUT = {v: k for k, v in _DISPUTE_STATES_IN.items() if v}
+_GROUPINGS = {
+    billing_pb2.MARGIN_GROUPING_UNSPECIFIED: Grouping.DAY,
+    billing_pb2.MARGIN_GROUPING_DAY: Grouping.DAY,
+    billing_pb2.MARGIN_GROUPING_TENANT: Grouping.TENANT,
+    billing_pb2.MARGIN_GROUPING_PROVIDER: Grouping.PROVIDER,
+    billing_pb2.MARGIN_GROUPING_MODEL: Grouping.MODEL,
+}
+
+
+def dispute_view(d: DisputeRow) -> billing_pb2.LossDispute:
+    return billing_pb2.LossDispute(
+        dispute_id=str(d.id),
+        row_id=str(d.discrepancy_id),
+        day=d.day,
+        kind=_DISCREPANCY_KINDS.get(d.kind, billing_pb2.DISCREPANCY_KIND_UNSPECIFIED),
+        provider=d.provider,
+        account=d.account,
+        model=d.model,
+        attempt_id=_id(d.attempt_id),
+        task_id=_id(d.task_id),
+        currency=d.currency,
+        billed_micros=d.billed_micros,
+        expected_micros=d.expected_micros,
+        confirmed_micros=d.confirmed_micros,
+        new_loss_micros=d.new_loss_micros,
+        refunded_micros=d.refunded_micros,
+        state=_DISPUTE_STATES_OUT.get(d.state, billing_pb2.DISPUTE_STATE_UNSPECIFIED),
+        created_at=_timestamp(d.created_at),
+        updated_at=_timestamp(d.updated_at),
+    )

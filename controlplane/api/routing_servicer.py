@@ -12,13 +12,12 @@ land) answer UNIMPLEMENTED with the reason, never a generic error.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, NoReturn
 
 import grpc
-from google.protobuf import timestamp_pb2
 
 from controlplane.api.auth import require_caller
+from controlplane.api.document_views import DocumentCalls, activation_view, ts
 from controlplane.api.replay_views import replay_input, replay_report
 from controlplane.domain.quality import Verdict
 from controlplane.domain.routing.canary import CanaryStatus
@@ -63,20 +62,12 @@ _CANARY_STATUS = {
 }
 
 
-def _ts(at: datetime | None) -> timestamp_pb2.Timestamp | None:
-    if at is None:
-        return None
-    out = timestamp_pb2.Timestamp()
-    out.FromDatetime(at)
-    return out
-
-
 def policy_view(row: PolicyRow) -> routing_pb2.RoutingPolicyVersion:
     return routing_pb2.RoutingPolicyVersion(
         version=row.version,
         document=row.document,
         active=row.active,
-        published_at=_ts(row.published_at),
+        published_at=ts(row.published_at),
         source=row.source,
     )
 
@@ -96,11 +87,11 @@ def canary_view(view: CanaryView) -> routing_pb2.CanaryState:
                 action=t.action,
                 reason=t.reason,
                 observed=t.observed,
-                at=_ts(t.at),
+                at=ts(t.at),
             )
             for t in view.history
         ],
-        updated_at=_ts(s.updated_at),
+        updated_at=ts(s.updated_at),
     )
 
 
@@ -125,6 +116,11 @@ class RoutingServicer(routing_service_pb2_grpc.RoutingServiceServicer):
     ) -> None:
         self._quality = quality
         self._policies = policies
+        self._policy_docs = (
+            None
+            if policies is None
+            else DocumentCalls(policies, policy_view, field="policy", default_caller=default_caller)
+        )
         self._replay = replay
         self._default_caller = default_caller  # only for a servicer driven without the server
 
@@ -166,20 +162,39 @@ class RoutingServicer(routing_service_pb2_grpc.RoutingServiceServicer):
     async def PublishRoutingPolicy(
         self, request: routing_service_pb2.PublishRoutingPolicyRequest, context: Any
     ) -> routing_service_pb2.PublishRoutingPolicyResponse:
-        if self._policies is None:
+        if self._policy_docs is None:
             await _unimplemented(context, "PublishRoutingPolicy", "routing policy publication")
-        row = await self._policies.publish(
-            request.document, request.source, request.dry_run, self._caller()
+        return routing_service_pb2.PublishRoutingPolicyResponse(
+            **await self._policy_docs.publish(request)
         )
-        return routing_service_pb2.PublishRoutingPolicyResponse(policy=policy_view(row))
 
     async def RollbackRoutingPolicy(
         self, request: routing_service_pb2.RollbackRoutingPolicyRequest, context: Any
     ) -> routing_service_pb2.RollbackRoutingPolicyResponse:
-        if self._policies is None:
+        if self._policy_docs is None:
             await _unimplemented(context, "RollbackRoutingPolicy", "routing policy publication")
-        row = await self._policies.rollback(request.version, self._caller())
-        return routing_service_pb2.RollbackRoutingPolicyResponse(policy=policy_view(row))
+        policy = await self._policy_docs.rollback(request)
+        return routing_service_pb2.RollbackRoutingPolicyResponse(policy=policy)
+
+    async def ActivateRoutingPolicy(
+        self, request: routing_service_pb2.ActivateRoutingPolicyRequest, context: Any
+    ) -> routing_service_pb2.ActivateRoutingPolicyResponse:
+        if self._policy_docs is None:
+            await _unimplemented(context, "ActivateRoutingPolicy", "routing policy publication")
+        policy = await self._policy_docs.activate(request)
+        return routing_service_pb2.ActivateRoutingPolicyResponse(policy=policy)
+
+    async def ListRoutingPolicyActivations(
+        self, request: routing_service_pb2.ListRoutingPolicyActivationsRequest, context: Any
+    ) -> routing_service_pb2.ListRoutingPolicyActivationsResponse:
+        if self._policies is None:
+            await _unimplemented(
+                context, "ListRoutingPolicyActivations", "routing policy publication"
+            )
+        rows = await self._policies.activations(self._caller())
+        return routing_service_pb2.ListRoutingPolicyActivationsResponse(
+            activations=[activation_view(r) for r in rows]
+        )
 
     async def ListRoutingPolicies(
         self, request: routing_service_pb2.ListRoutingPoliciesRequest, context: Any

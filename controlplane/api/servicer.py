@@ -13,13 +13,14 @@ from typing import Any
 
 import grpc
 
-from controlplane.api import provider_views, views
+from controlplane.api import capability_views, provider_views, views
 from controlplane.api.auth import require_caller
 from controlplane.domain.breaker import BreakerState
 from controlplane.domain.states import TaskState
 from controlplane.domain.webhooks import WebhookSubscription
 from controlplane.service.access import Caller, ensure_admin
-from controlplane.service.capability_publish import CapabilityPublishService, PublishInput
+from controlplane.service.capability_checks import Force
+from controlplane.service.capability_publish import CapabilityPublishService
 from controlplane.service.outputs import OutputService
 from controlplane.service.providers import ForceBreakerInput, ProviderAdminService
 from controlplane.service.tasks import (
@@ -255,17 +256,54 @@ class SchedulerServicer(scheduler_service_pb2_grpc.SchedulerServiceServicer):
         )
         return scheduler_service_pb2.ForceBreakerResponse(breaker=provider_views.breaker(status))
 
+    async def _capability_service(self, context: Any, method: str) -> CapabilityPublishService:
+        ensure_admin(self._caller(), method)
+        if self._capabilities is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{method}: no catalog")
+            raise AssertionError("unreachable")
+        return self._capabilities
+
     async def PublishCapabilities(
         self, request: scheduler_service_pb2.PublishCapabilitiesRequest, context: Any
     ) -> scheduler_service_pb2.PublishCapabilitiesResponse:
-        caller = self._caller()
-        ensure_admin(caller, "PublishCapabilities")
-        if self._capabilities is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "PublishCapabilities: no catalog")
-            raise AssertionError("unreachable")
-        result = await self._capabilities.publish(
-            PublishInput(request.document, request.source, request.dry_run), caller
+        service = await self._capability_service(context, "PublishCapabilities")
+        result = await service.publish(capability_views.publish_input(request), self._caller())
+        return capability_views.publish_response(result)
+
+    async def ActivateCapabilities(
+        self, request: scheduler_service_pb2.ActivateCapabilitiesRequest, context: Any
+    ) -> scheduler_service_pb2.ActivateCapabilitiesResponse:
+        service = await self._capability_service(context, "ActivateCapabilities")
+        result = await service.activate(
+            request.version,
+            activate_at=capability_views.when(request, "activate_at"),
+            force=Force(request.force, request.reason),
+            caller=self._caller(),
         )
-        return scheduler_service_pb2.PublishCapabilitiesResponse(
-            counts=dict(result.counts), dry_run=result.dry_run
+        history = await service.history(self._caller())
+        row = next(r for r in history.releases if r.version == result.version)
+        return scheduler_service_pb2.ActivateCapabilitiesResponse(
+            release=capability_views.release(row),
+            counts=dict(result.counts),
+            samples_compiled=result.samples_compiled,
         )
+
+    async def RollbackCapabilities(
+        self, request: scheduler_service_pb2.RollbackCapabilitiesRequest, context: Any
+    ) -> scheduler_service_pb2.RollbackCapabilitiesResponse:
+        service = await self._capability_service(context, "RollbackCapabilities")
+        result = await service.rollback(
+            request.version, force=Force(request.force, request.reason), caller=self._caller()
+        )
+        return scheduler_service_pb2.RollbackCapabilitiesResponse(
+            version=result.version,
+            changes=capability_views.changes(result.changes),
+            counts=dict(result.counts),
+            forced_reason=result.forced_reason,
+        )
+
+    async def ListCapabilityHistory(
+        self, request: scheduler_service_pb2.ListCapabilityHistoryRequest, context: Any
+    ) -> scheduler_service_pb2.ListCapabilityHistoryResponse:
+        service = await self._capability_service(context, "ListCapabilityHistory")
+        return capability_views.history(await service.history(self._caller()))

@@ -10,6 +10,7 @@ from typing import Any
 from google.protobuf import timestamp_pb2
 
 from controlplane.domain.outputs import stored_samples
+from controlplane.domain.routing.decision import candidate_inputs
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.domain.webhooks import DeliveryState
 from controlplane.persistence.records import (
@@ -128,6 +129,7 @@ def route_decision(rec: RouteDecisionRecord) -> pb.RouteDecision:
                 score=float(c.get("score", 0.0)),
                 components={k: float(v) for k, v in c.get("components", {}).items()},
                 penalties={k: float(v) for k, v in c.get("penalties", {}).items()},
+                inputs=candidate_inputs(snapshot, str(c.get("id", ""))),
                 estimated_cost=(
                     money_pb2.Money(amount_micros=int(cost), currency_code=c.get("currency", "USD"))
                     if cost is not None
@@ -144,6 +146,7 @@ def route_decision(rec: RouteDecisionRecord) -> pb.RouteDecision:
         reason_code=rec.reason_code,
         shadow_selected_candidate=str(snapshot.get("shadow_selected", "")),
         created_at=timestamp(rec.created_at),
+        selection_reason=str(snapshot.get("selection_reason", "") or ""),
     )
 
 

@@ -42,7 +42,7 @@ from vidroute_core.capabilities.loader import (
     Commercial,
     parse_entry,
 )
-from vidroute_core.wire.capability import capability_document
+from vidroute_core.wire.capability import capability_document, capability_to_proto
 
 PRICE_UNIT = "output_second"
 
@@ -100,6 +100,16 @@ def _plain(value: Any) -> Any:
     if isinstance(value, datetime | date):
         return value.isoformat()
     return value
+
+
+def canonical_document(doc: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The entry as Describe carries it: what two publications of one version must agree on
+    (a file's entry keeps its ``native`` wire facts and unit rate, Describe does not; neither
+    belongs to the catalog's version). A document that no longer parses is its own canon."""
+    try:
+        return capability_document(capability_to_proto(parse_entry(doc)))
+    except CapabilityLoadError:
+        return doc
 
 
 def documents_from_file(path: Path) -> list[dict[str, Any]]:
@@ -265,11 +275,14 @@ async def publish_documents(
     dry_run: bool = False,
 ) -> PublishCounts:
     """Check and write a batch; `PublishError` (nothing written) on any bad entry. `dry_run`
-    writes in a unit that is rolled back: the counts (and conflicts) are those of a real run."""
+    writes in a unit that is rolled back: the counts (and conflicts) are those of a real run.
+    A version already stored stays as it is (the sidecars' Describe at every start)."""
     plan = plan_publication(documents, accounts, effective_from=now, source=source)
     try:
         async with db.unit(now) as u:
-            counts = await u.publish(plan.accounts, plan.capabilities, plan.prices)
+            counts = await u.publish(
+                plan.accounts, plan.capabilities, plan.prices, canon=canonical_document
+            )
             await u.put_unit_rates(plan.unit_rates)
             if dry_run:
                 raise _DryRun(counts)

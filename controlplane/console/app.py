@@ -5,10 +5,19 @@ Pages: ``/tasks`` (filters: tenant, state, provider, created since/until; the ro
 events from ``TaskService.watch``, until the task is terminal; the stored output in a
 ``<video>``), ``/tasks/{id}/decisions`` (the explain table of every route decision),
 ``/providers`` (capability versions, prices, health windows, leases), ``/breakers`` (states and
-their history), ``/reconciliation`` (the stored report of a day). Every read goes through
-`ConsoleReads` and the other services with the signed-in caller, so the API's scoping holds: a
-tenant gets 404 for another tenant's task and 403 on the admin pages. htmx is vendored in
-``static/`` (no CDN: the console works offline).
+their history), ``/tenants`` (each tenant's entitlements, weights and caps against its use now,
+`TenantLimitsService`), ``/accounts`` (each provider account's limits against its use now,
+under the active accounts document), ``/reconciliation`` (the stored report of a day, its rows'
+ids and the losses booked from them with their dispute state). Every
+read goes through `ConsoleReads` and the other services with the signed-in caller, so the API's
+scoping holds: a tenant gets 404 for another tenant's task and 403 on the admin pages. htmx is
+vendored in ``static/`` (no CDN: the console works offline).
+
+One action besides signing in and out: an admin moves a booked loss's dispute from the
+reconciliation page (``POST /disputes/{id}/move``: disputed, refunded with the amount the
+provider credited, written off; a reason each time), through `BillingService.move_dispute`,
+the move ``vidroute disputes move`` makes. Like sign-out it is honoured only with the page's
+CSRF token (`controlplane.console.csrf`); a refused move changes nothing.
 """
 
 from __future__ import annotations
@@ -34,13 +43,16 @@ from controlplane.api.auth import Authenticator
 from controlplane.console import auth as session
 from controlplane.console import csrf, shaping
 from controlplane.console.headers import SecurityHeaders
+from controlplane.domain.disputes import DISPUTE_MACHINE
 from controlplane.domain.states import TASK_MACHINE, TaskState
 from controlplane.persistence.records import TaskEventRecord
 from controlplane.service.access import Caller
-from controlplane.service.billing import BillingService
+from controlplane.service.accounts import AccountConfigService
+from controlplane.service.billing import BillingService, DisputeMoveInput
 from controlplane.service.console_reads import ConsoleReads, TaskFilter
 from controlplane.service.outputs import OutputService
 from controlplane.service.tasks import parse_cursor, parse_task_id
+from controlplane.service.tenant_limits import TenantLimitsService
 from vidroute_core.exceptions import (
     InvalidSpec,
     NotFound,
@@ -68,8 +80,12 @@ class Console:
         *,
         outputs: OutputService | None = None,
         billing: BillingService | None = None,
+        tenants: TenantLimitsService | None = None,
+        accounts: AccountConfigService | None = None,
     ) -> None:
         self._auth, self._reads, self._outputs, self._billing = auth, reads, outputs, billing
+        self._tenants = tenants
+        self._accounts = accounts  # the accounts document and usage (None: no Accounts page)
         env = Environment(
             loader=FileSystemLoader(HERE / "templates"),
             autoescape=select_autoescape(),
@@ -87,10 +103,13 @@ class Console:
             ("/tasks/{task_id}/output/{sample}", self.output),
             ("/providers", self.providers),
             ("/breakers", self.breakers),
+            ("/tenants", self.tenants),
+            ("/accounts", self.accounts),
             ("/reconciliation", self.reconciliation),
         ]
         routes: list[BaseRoute] = [Route(path, self._guard(fn)) for path, fn in guarded]
         routes += [
+            Route("/disputes/{dispute_id}/move", self._guard(self.move_dispute), methods=["POST"]),
             Route("/", lambda r: RedirectResponse("/tasks", 303)),
             Route("/login", self.login, methods=["GET", "POST"]),
             Route("/logout", self.logout, methods=["POST"]),
@@ -294,12 +313,60 @@ class Console:
         page = await self._reads.breakers(caller, provider)
         return self._page(request, "breakers.html", caller=caller, page=page, provider=provider)
 
+    async def tenants(self, request: Request, caller: Caller) -> Response:
+        if self._tenants is None:
+            raise Unavailable("tenants")
+        page = await self._tenants.page(caller)
+        return self._page(request, "tenants.html", caller=caller, page=page)
+
+    async def accounts(self, request: Request, caller: Caller) -> Response:
+        """Each account's limits against its use now, under the active accounts document."""
+        if self._accounts is None:
+            raise Unavailable("accounts")
+        usage = await self._accounts.usage(caller)
+        active = await self._accounts.get(caller=caller)
+        return self._page(request, "accounts.html", caller=caller, usage=usage, active=active)
+
     async def reconciliation(self, request: Request, caller: Caller) -> Response:
         if self._billing is None:
             raise Unavailable("billing")
         day = request.query_params.get("date", "").strip()
         report = await self._billing.reconciliation_report(day, caller)
-        return self._page(request, "reconciliation.html", caller=caller, report=report, day=day)
+        on = report.day.isoformat()
+        disputes = await self._billing.disputes("", on, on, caller)
+        return self._page(
+            request,
+            "reconciliation.html",
+            caller=caller,
+            report=report,
+            day=day,
+            disputes=disputes,
+            moves={k.value: sorted(t.value for t in v) for k, v in DISPUTE_MACHINE.items()},
+        )
+
+    async def move_dispute(self, request: Request, caller: Caller) -> Response:
+        """An admin's dispute move from the reconciliation page (module doc); back to the day."""
+        if self._billing is None:
+            raise Unavailable("billing")
+        form = await _form(request)
+        if not csrf.accepted(request, form):
+            return self._error(
+                request,
+                caller,
+                403,
+                "This move did not come from a console page; nothing was changed.",
+            )
+        move = DisputeMoveInput(
+            dispute_id=_number(request.path_params["dispute_id"], "dispute_id"),
+            target=form.get("target", ""),
+            reason=form.get("reason", ""),
+            refunded_micros=_number(
+                form.get("refunded_micros", "").strip() or "0", "refunded_micros"
+            ),
+        )
+        moved = await self._billing.move_dispute(move, caller)
+        query = urlencode({"date": moved.day})
+        return RedirectResponse(f"/reconciliation?{query}#dispute-{moved.id}", 303)
 
 
 async def _sse(events: AsyncIterator[TaskEventRecord]) -> AsyncIterator[bytes]:
@@ -330,6 +397,13 @@ async def _form(request: Request) -> dict[str, str]:
 
 def _invalid(field: str, description: str) -> InvalidSpec:
     return InvalidSpec([FieldViolation(field, description)])
+
+
+def _number(raw: str, field: str) -> int:
+    """A whole number of at most 18 digits (an id, micros), else a field violation."""
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        raise _invalid(field, "must be a whole number")
+    return int(raw)
 
 
 def _index(raw: str) -> int:

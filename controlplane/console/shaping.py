@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controlplane.domain.outputs import stored_samples
+from controlplane.domain.routing.decision import candidate_inputs
 from controlplane.persistence.provider_observations import ProviderObservation
 from controlplane.persistence.records import RouteDecisionRecord, TaskDetail, TaskEventRecord
 
@@ -45,6 +46,7 @@ class CandidateRow:
     selected: bool
     shadow: bool
     penalties: tuple[tuple[str, float], ...] = ()  # subtracted from the score, by name
+    inputs: tuple[tuple[str, float], ...] = ()  # what the components read (`candidate_inputs`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,7 @@ class ExplainTable:
     created_at: datetime
     component_names: tuple[str, ...]
     rows: tuple[CandidateRow, ...]
+    selection_reason: str = ""  # why the selected one among the eligible
 
 
 def compact(value: Any) -> str:
@@ -197,6 +200,7 @@ def explain(decision: RouteDecisionRecord) -> ExplainTable:
                 cid == decision.selected_candidate,
                 bool(shadow) and cid == shadow,
                 tuple(sorted((str(k), float(v)) for k, v in (c.get("penalties") or {}).items())),
+                tuple(sorted(candidate_inputs(snapshot, cid).items())),
             )
         )
     return ExplainTable(
@@ -209,6 +213,7 @@ def explain(decision: RouteDecisionRecord) -> ExplainTable:
         decision.created_at,
         tuple(names),
         tuple(rows),
+        str(snapshot.get("selection_reason", "") or ""),
     )
 
 

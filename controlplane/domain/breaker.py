@@ -9,6 +9,7 @@ through ``force``.
 State machine (9.15.2)::
 
     CLOSED --(failure rate after min samples | N consecutive failures | slow calls)--> OPEN
+                  (slow calls: more than 5 % over 4x their baseline, `baselines`)
     OPEN --(cooldown elapsed)--> HALF_OPEN
     HALF_OPEN --(k probe successes)--> CLOSED     (cooldown ladder resets)
     HALF_OPEN --(any probe failure)--> OPEN       (next cooldown: 30s → 1m → 2m → 5m → 10m, capped)
@@ -207,9 +208,17 @@ class BreakerConfig:
     min_samples: int = 20
     failure_rate_threshold: float = 0.5
     consecutive_failures: int = 8
-    slow_call_threshold_ms: float | None = None
-    # Share of calls above the threshold that trips; 0.05 reads as "P95 above the threshold".
+    # Slow calls (9.15.1-9.15.2, `controlplane.domain.baselines`): a successful call slower
+    # than `slow_call_factor` x its learned baseline is recorded as TIMEOUT_OVER_BASELINE.
+    slow_call_factor: float = 4.0
+    # Share of the window's calls over the baseline that trips; 0.05 reads as "P95 above
+    # slow_call_factor x baseline" (9.15.2's "P95 提交延迟超过基线 4 倍").
     slow_call_rate: float = 0.05
+    # The baseline: this quantile of the operation's successful calls over 24 h, once it has
+    # this many, and never below the floor.
+    baseline_quantile: float = 0.5
+    baseline_min_samples: int = 20
+    baseline_floor_s: float = 0.25
     cooldowns_s: tuple[float, ...] = (30.0, 60.0, 120.0, 300.0, 600.0)
     half_open_max_probes: int = 1
     half_open_successes_to_close: int = 3
@@ -225,6 +234,10 @@ class BreakerConfig:
             raise ValueError("window, min_samples and consecutive_failures must be positive")
         if not 0 < self.failure_rate_threshold <= 1 or not 0 <= self.slow_call_rate < 1:
             raise ValueError("rates must lie in (0, 1]")
+        if self.slow_call_factor <= 1 or not 0 < self.baseline_quantile < 1:
+            raise ValueError("slow_call_factor must exceed 1 and baseline_quantile lie in (0, 1)")
+        if self.baseline_min_samples < 1 or self.baseline_floor_s < 0:
+            raise ValueError("baseline_min_samples must be positive, baseline_floor_s not negative")
         if not self.cooldowns_s or any(c <= 0 for c in self.cooldowns_s):
             raise ValueError("cooldowns_s must be a non-empty list of positive seconds")
         if self.half_open_max_probes < 1 or self.half_open_successes_to_close < 1:
@@ -377,8 +390,9 @@ class CircuitBreaker:
         return self._probe_result(outcome, successes)
 
     def probe_succeeded(self, outcome: CallOutcome) -> bool:
-        """Whether `outcome`, as a probe, counts toward closing (fast enough and successful)."""
-        return outcome.succeeded and not self._is_slow(outcome)
+        """Whether `outcome`, as a probe, counts toward closing: successful, which a call over
+        its baseline is not (it arrives as TIMEOUT_OVER_BASELINE)."""
+        return outcome.succeeded
 
     def trip(self, reason: str) -> BreakerTransition | None:
         """Open at once (an account fault, 9.15.1); from HALF_OPEN with the next cooldown."""
@@ -451,13 +465,14 @@ class CircuitBreaker:
         if n >= cfg.min_samples:
             if self._failures / n > cfg.failure_rate_threshold:
                 return self._move(BreakerState.OPEN, "failure_rate", level=0)
-            if cfg.slow_call_threshold_ms is not None and self._slow / n > cfg.slow_call_rate:
+            if self._slow / n > cfg.slow_call_rate:
                 return self._move(BreakerState.OPEN, "slow_calls", level=0)
         return None
 
-    def _is_slow(self, outcome: CallOutcome) -> bool:
-        limit = self.config.slow_call_threshold_ms
-        return limit is not None and outcome.latency_ms is not None and outcome.latency_ms > limit
+    @staticmethod
+    def _is_slow(outcome: CallOutcome) -> bool:
+        """Judged against its baseline before it got here (`baselines.judge_call`)."""
+        return outcome.failure == FailureKind.TIMEOUT_OVER_BASELINE
 
     def _is_current_probe(self, permit: Permit) -> bool:
         return (

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
 
-from controlplane.domain.states import AttemptState
+from controlplane.domain.states import MAYBE_BILLED_ATTEMPT_STATES, AttemptState
 from vidroute_core.errors import ErrorClass, ProviderError, may_fail_over, may_retry_same
 from vidroute_core.spec import RoutingMode
 
@@ -136,8 +136,6 @@ class AttemptCost:
 
 # Ended without delivering, though a provider job existed and may have been billed.
 _JOB_LOST = frozenset({AttemptState.FAILED, AttemptState.CANCELLED})
-# A submit whose fate is (or stayed) unknown: the provider may hold and bill a job.
-_MAYBE_BILLED = frozenset({AttemptState.ABANDONED, AttemptState.SUBMIT_UNKNOWN})
 
 
 def estimated_platform_loss(attempts: Iterable[AttemptCost]) -> int:
@@ -147,7 +145,7 @@ def estimated_platform_loss(attempts: Iterable[AttemptCost]) -> int:
     free); a rejected submit (no job) costs nothing."""
     loss = 0
     for a in attempts:
-        if (a.state in _JOB_LOST and a.had_job) or a.state in _MAYBE_BILLED:
+        if (a.state in _JOB_LOST and a.had_job) or a.state in MAYBE_BILLED_ATTEMPT_STATES:
             cost = (
                 a.actual_cost_micros
                 if a.actual_cost_micros is not None

@@ -86,6 +86,14 @@ def estimate_cost_units(
     """Expected provider seconds × resolution factor × samples.
 
     ``runtime_factor`` is the historical P50 provider seconds per output second of the model.
+    The dispatcher leaves it at 1.0 on purpose (issue 21, item 2): a queued task has no model
+    yet (AUTO routing picks one after the pop), and the only runtime the control plane keeps
+    is each candidate's mean wall time per job, provider queueing included, so feeding it
+    would charge a tenant for the provider's backlog rather than for its task's size, and an
+    absolute factor would rescale every cost against the quantum. The sound form, if wanted:
+    charge in `scheduling.round_charges` (where the chosen candidate is known) with the model's
+    P50 *running* seconds per output second divided by the fleet's median, so an average task
+    still costs its output seconds and the weights keep meaning shares of provider time.
     """
     if duration_s <= 0 or width <= 0 or height <= 0 or sample_count <= 0 or runtime_factor <= 0:
         raise ValueError("duration, size, samples and runtime_factor must be positive")

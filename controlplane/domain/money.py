@@ -17,7 +17,9 @@ module's AST for float literals, ``float()`` calls and true division).
   abandoned unknown submit the platform caused never reaches the tenant.
 * Platform loss (`platform_losses`): every other attempt of the task that a provider billed or
   may have billed (a job that existed, an ABANDONED or still SUBMIT_UNKNOWN submit), at its
-  actual cost when known else its estimate, with the cause as evidence.
+  actual cost when known else its estimate, with the cause as evidence; and the delivered
+  attempt's cost beyond its charge (`underpriced_loss`: a self-hosted base time no estimate
+  priced, a charge capped by a low reservation).
 * Provider-native units (`units_to_micros`): ``units * micros_per_unit / unit_divisor`` under a
   versioned rate, rounded HALF UP to a whole micro (amounts are never negative).
 * Billing policy (`BillingPolicy`): PREPAID needs available credit >= the reservation;
@@ -33,7 +35,7 @@ from datetime import datetime
 
 from controlplane.domain.routing.candidates import Candidate, RoutingContext
 from controlplane.domain.routing.filters import prefilter
-from controlplane.domain.states import AttemptState, TaskState
+from controlplane.domain.states import MAYBE_BILLED_ATTEMPT_STATES, AttemptState, TaskState
 from vidroute_core.exceptions import PreconditionFailed
 from vidroute_core.spec import GenerationSpec
 
@@ -59,6 +61,7 @@ __all__ = [
     "reservation_currency",
     "settle",
     "task_reservation",
+    "underpriced_loss",
     "units_for",
     "units_to_micros",
 ]
@@ -251,6 +254,7 @@ class LossCause(enum.Enum):
     DUPLICATE = "DUPLICATE"  # a second job for a task whose result came from another attempt
     UNKNOWN_SUBMIT = "UNKNOWN_SUBMIT"  # ABANDONED / SUBMIT_UNKNOWN: the provider may bill it
     UNDELIVERED = "UNDELIVERED"  # a job that failed or was cancelled: no result delivered
+    UNDERPRICED = "UNDERPRICED"  # the delivery cost more than the tenant was charged for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +276,6 @@ class Loss:
     actual: bool  # the amount is the provider's reported cost, not our estimate
 
 
-_MAYBE_BILLED = frozenset({AttemptState.ABANDONED, AttemptState.SUBMIT_UNKNOWN})
 _JOB_ENDED = frozenset({AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED})
 
 
@@ -286,9 +289,11 @@ def platform_losses(
     for a in attempts:
         if a.attempt_id == delivered_attempt_id:
             continue
-        if a.state in _MAYBE_BILLED and a.provider_job_id is None:
+        if a.state in MAYBE_BILLED_ATTEMPT_STATES and a.provider_job_id is None:
             cause = LossCause.UNKNOWN_SUBMIT
-        elif a.provider_job_id is not None and (a.state in _JOB_ENDED or a.state in _MAYBE_BILLED):
+        elif a.provider_job_id is not None and (
+            a.state in _JOB_ENDED or a.state in MAYBE_BILLED_ATTEMPT_STATES
+        ):
             cause = (
                 LossCause.DUPLICATE if delivered_attempt_id is not None else LossCause.UNDELIVERED
             )
@@ -300,6 +305,12 @@ def platform_losses(
         )
         out.append(Loss(a.attempt_id, max(0, amount), cause, actual))
     return out
+
+
+def underpriced_loss(delivered_cost_micros: int, charged_micros: int) -> int:
+    """What a delivery cost beyond what its tenant was charged (the charge is capped by the
+    reservation, itself an estimate): platform loss, 0 when the charge covered it."""
+    return max(0, delivered_cost_micros - charged_micros)
 
 
 def units_to_micros(units: int, micros_per_unit: int, unit_divisor: int = 1) -> int:

@@ -32,7 +32,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from controlplane.domain.polling import PollPhase
-from controlplane.domain.states import ATTEMPT_MACHINE, ATTEMPT_PHASE, AttemptState, TaskState
+from controlplane.domain.states import (
+    ATTEMPT_MACHINE,
+    ATTEMPT_PHASE,
+    SENDING_ATTEMPT_STATES,
+    AttemptState,
+    TaskState,
+)
 from vidroute_core.adapter import JobState
 from vidroute_core.errors import ErrorClass, ProviderError, make_error
 
@@ -70,7 +76,6 @@ _POLL_PHASE: Mapping[AttemptState, PollPhase] = {
 # A task waits on an attempt only while it is being submitted or run; SCHEDULING/QUEUED tasks
 # have let their attempt go (requeued), OUTPUT_FETCHING and the terminal ones have a result.
 _WAITING_TASK_STATES = frozenset({TaskState.SUBMITTING, TaskState.RUNNING})
-_UNSETTLED_SUBMIT = frozenset({_A.SUBMITTING, _A.SUBMIT_UNKNOWN})
 
 
 class IngestOutcome(enum.Enum):
@@ -155,7 +160,7 @@ def task_waits_on(
 
 def settles_submit(attempt_state: AttemptState, job_state: JobState) -> bool:
     """Whether an observation of the recorded job first settles the attempt's submit."""
-    return job_state is not JobState.UNRECOGNIZED and attempt_state in _UNSETTLED_SUBMIT
+    return job_state is not JobState.UNRECOGNIZED and attempt_state in SENDING_ATTEMPT_STATES
 
 
 def poll_phase_of(state: AttemptState) -> PollPhase | None:

@@ -13,6 +13,11 @@ with the phase the job is in::
 Every delay gets 10-30 % of positive jitter so thousands of jobs submitted together do not poll
 together, and every number is multiplied by `PollingPolicy.scale` so tests and ``make up`` can
 run the same schedule in milliseconds.
+
+The provider's p95 and the max plausible duration are learned per model (per candidate: the
+model on one account) from the 24-hour health window of finished jobs (`learned_durations`):
+the window's p95 once it holds `PollingPolicy.learn_min_samples` jobs, and `plausible_factor`
+times its p99, never below the configured maximum. Until then the configured figures hold.
 """
 
 from __future__ import annotations
@@ -22,7 +27,15 @@ from dataclasses import dataclass, field
 
 from vidroute_core.timescale import SECONDS
 
-__all__ = ["PollPhase", "PollPlan", "PollingPolicy", "next_poll_delay"]
+__all__ = [
+    "DurationEvidence",
+    "JobDurations",
+    "PollPhase",
+    "PollPlan",
+    "PollingPolicy",
+    "learned_durations",
+    "next_poll_delay",
+]
 
 
 class PollPhase(enum.Enum):
@@ -46,6 +59,10 @@ class PollingPolicy:
     # The "near p95" window opens at this fraction of the provider's p95 duration.
     near_p95_fraction: float = 0.8
     stuck_interval_s: float = 120.0
+    # Finished jobs in the 24-hour window before its p95 replaces the configured one, and the
+    # multiple of its p99 past which a job is implausibly long (never below the configured).
+    learn_min_samples: int = 20
+    plausible_factor: float = 3.0
     jitter_min: float = 0.10
     jitter_max: float = 0.30
     scale: float = 1.0
@@ -59,6 +76,8 @@ class PollingPolicy:
             raise ValueError("need 0 <= jitter_min <= jitter_max")
         if self.scale <= 0:
             raise ValueError("scale must be positive")
+        if self.learn_min_samples < 1 or self.plausible_factor < 1:
+            raise ValueError("learn_min_samples must be positive and plausible_factor >= 1")
 
     def steps(self, phase: PollPhase) -> tuple[float, ...]:
         return {
@@ -75,6 +94,45 @@ class PollPlan:
 
     delay_s: float
     stuck: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DurationEvidence:
+    """A model's finished jobs over a window: their p95 and p99 duration and how many (decayed)."""
+
+    p95_s: float | None
+    p99_s: float | None
+    samples: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobDurations:
+    """The two durations the schedule reads for one job's model."""
+
+    expected_p95_s: float | None
+    max_plausible_s: float | None
+
+
+def learned_durations(
+    policy: PollingPolicy,
+    evidence: DurationEvidence | None,
+    *,
+    configured_p95_s: float | None,
+    configured_max_s: float | None,
+) -> JobDurations:
+    """The provider's p95 and the max plausible duration for one model (9.18.2).
+
+    With at least ``learn_min_samples`` finished jobs the window's p95 is the expected p95 and
+    ``plausible_factor`` x its p99 (its p95 when higher) the max plausible duration, never below
+    `configured_max_s` (the floor: learning may give a slow model more time, never a fast
+    one less than the operators allowed). With less, the configured figures."""
+    if evidence is None or evidence.p95_s is None or evidence.samples < policy.learn_min_samples:
+        return JobDurations(configured_p95_s, configured_max_s)
+    tail = max(evidence.p95_s, evidence.p99_s or 0.0)
+    plausible = policy.plausible_factor * tail
+    if configured_max_s is not None:
+        plausible = max(plausible, configured_max_s)
+    return JobDurations(evidence.p95_s, plausible)
 
 
 def next_poll_delay(

@@ -5,22 +5,29 @@ reference images. Signals are therefore counted per (provider, model, mode, tag 
 task reads the scores of its own bucket only.
 
 **Tag bucket** (`bucket_key`): derived from the `GenerationSpec` alone, deterministically, from
-the 9.14 dimensions the spec carries (it has no content category, style or has_human labels):
+the 9.14 dimensions the spec carries: four from the output asked for, always present,
 
     audio=<true|false>,duration=<short|medium|long>,refs=<0|1|2+>,resolution=<480p|720p|1080p|4k>
 
+then the caller's content tags (`GenerationSpec.content`), each only when it was given, in this
+order: ``category=<...>,style=<...>,human=<true|false>,camera=<...>`` (the lower-cased values
+of the spec's closed vocabularies, `TAG_VALUES`). An untagged spec therefore keeps the key it
+had before tags existed (its stored evidence still counts), and "not said" is its own value:
+a task tagged ``style=anime`` never reads the evidence of untagged tasks, nor they its.
+
 ``duration``: short up to 5 s, medium up to 10 s, long beyond; ``refs``: the reference images;
-``resolution``: the output's short side (<=480, <=720, <=1080, beyond). Keys are sorted, so the
-same spec always lands in the same bucket and a bucket string parses back (`parse_bucket`).
+``resolution``: the output's short side (<=480, <=720, <=1080, beyond). The order is fixed, so
+the same spec always lands in the same bucket and a bucket string parses back (`parse_bucket`).
 The whole-mode aggregate has the empty bucket ``""`` (for the gauges and GetQuality): the sum of
 the mode's buckets, computed when the counters are read (none is stored).
 
 **Signals**: the output probe's technical check of every stored (or refused) output, defective
 or clean; the caller's verdict (accepted, rejected, regenerated: one per task, the latest).
 
-**Scores** (`estimate`), each a Beta posterior whose prior is the catalog's quality prior with the
-strength of `QualityConfig.prior_strength` pseudo-observations (shrinkage: few samples stay near
-the prior, many speak for themselves):
+**Scores** (`estimate`), each a Beta posterior whose prior is the model's quality prior (its
+capability document's ``quality_prior``, else the router's default 0.5) with the strength of
+`QualityConfig.prior_strength` pseudo-observations (shrinkage: few samples stay near the prior,
+many speak for themselves):
 
     technical_quality_score = (k * prior + clean outputs) / (k + checks)
     user_acceptance_score   = (k * prior + accepted) / (k + verdicts)
@@ -38,7 +45,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from vidroute_core.spec import GenerationSpec
+from vidroute_core.spec import CameraMotion, ContentCategory, GenerationSpec, Style
 
 WHOLE_MODE = ""  # the bucket of a model's whole mode
 
@@ -71,6 +78,14 @@ BUCKET_VALUES: Mapping[str, tuple[str, ...]] = {
     "refs": ("0", "1", "2+"),
     "resolution": ("480p", "720p", "1080p", "4k"),
 }
+# The content tags' dimensions, in key order; each appears only when the spec gives the tag.
+TAG_DIMENSIONS = ("category", "style", "human", "camera")
+TAG_VALUES: Mapping[str, tuple[str, ...]] = {
+    "category": tuple(c.value.lower() for c in ContentCategory),
+    "style": tuple(s.value.lower() for s in Style),
+    "human": ("false", "true"),
+    "camera": tuple(c.value.lower() for c in CameraMotion),
+}
 
 
 def _band(value: int, bands: tuple[tuple[int, str], ...], beyond: str) -> str:
@@ -90,16 +105,30 @@ def bucket_key(spec: GenerationSpec) -> str:
         "refs": "2+" if refs >= 2 else str(refs),
         "resolution": _band(min(out.width, out.height), _RESOLUTIONS, "4k"),
     }
-    return ",".join(f"{k}={values[k]}" for k in BUCKET_DIMENSIONS)
+    key = ",".join(f"{k}={values[k]}" for k in BUCKET_DIMENSIONS)
+    tags = spec.content
+    given = (
+        ("category", None if tags.category is None else tags.category.value.lower()),
+        ("style", None if tags.style is None else tags.style.value.lower()),
+        ("human", None if tags.has_human is None else str(tags.has_human).lower()),
+        ("camera", None if tags.camera_motion is None else tags.camera_motion.value.lower()),
+    )
+    return key + "".join(f",{k}={v}" for k, v in given if v is not None)
 
 
 def parse_bucket(key: str) -> dict[str, str]:
     """A bucket key's dimensions; ValueError for anything `bucket_key` cannot produce."""
     if key == WHOLE_MODE:
         return {}
-    parts = dict(p.partition("=")[::2] for p in key.split(","))
-    if tuple(parts) != BUCKET_DIMENSIONS or any(
-        v not in BUCKET_VALUES[k] for k, v in parts.items()
+    pairs = [p.partition("=")[::2] for p in key.split(",")]
+    parts = dict(pairs)
+    names = tuple(parts)
+    base, tags = names[: len(BUCKET_DIMENSIONS)], names[len(BUCKET_DIMENSIONS) :]
+    if (
+        len(parts) != len(pairs)
+        or base != BUCKET_DIMENSIONS
+        or tags != tuple(d for d in TAG_DIMENSIONS if d in tags)
+        or any(v not in {**BUCKET_VALUES, **TAG_VALUES}[k] for k, v in parts.items())
     ):
         raise ValueError(f"not a quality bucket: {key!r}")
     return parts
@@ -194,6 +223,25 @@ def estimate(
     return QualityEstimate(score=score, low=low, high=high, technical=t, user=u)
 
 
+def gate_pass_rate(checks: Iterable[tuple[str, bool]], min_checks: int) -> float | None:
+    """The canary quality gate's figure (9.13.5) over the routing buckets: the share of clean
+    technical checks, overall and in every bucket with at least `min_checks` checks, whichever
+    is lowest; None without any check. A canary good on untagged clips and poor at, say, anime
+    is judged by its anime, not by an average its untagged traffic dilutes; a bucket with fewer
+    checks speaks only through the overall share (a few defects there are noise)."""
+    per_bucket: dict[str, list[int]] = {}
+    for bucket, clean in checks:
+        tally = per_bucket.setdefault(bucket, [0, 0])
+        tally[0] += int(clean)
+        tally[1] += 1
+    total = sum(n for _, n in per_bucket.values())
+    if not total:
+        return None
+    rates = [sum(c for c, _ in per_bucket.values()) / total]
+    rates += [c / n for c, n in per_bucket.values() if n >= min_checks]
+    return min(rates)
+
+
 BucketId = tuple[str, str, str, str]  # (provider, model, mode, bucket)
 
 
@@ -201,7 +249,7 @@ class QualityTable:
     """The aggregates of one read, with each bucket's score computed once (pure, immutable).
 
     `scores` is what the dispatcher asks per task: the quality of each candidate's model in the
-    task's bucket, the prior where nothing was recorded."""
+    task's bucket, the model's prior where nothing was recorded."""
 
     def __init__(
         self,
@@ -232,14 +280,19 @@ class QualityTable:
 
     def scores(
         self,
-        candidates: Iterable[tuple[str, str, str]],
+        candidates: Iterable[tuple[str, str, str, float]],
         mode: str,
         bucket: str,
-        prior: float,
     ) -> dict[str, float]:
-        """``candidate id -> quality`` for (id, provider, model) triples in one bucket; ids
-        without any signal are left out (routing then uses its default, the same prior)."""
-        by_model = self._bucket(mode, bucket, prior)
-        if not by_model:
-            return {}
-        return {cid: q for cid, p, m in candidates if (q := by_model.get((p, m))) is not None}
+        """``candidate id -> quality`` for (id, provider, model, prior) in one bucket: the
+        bucket's evidence shrunk toward the model's own prior, the prior itself where the model
+        has no signal in this bucket (another bucket's evidence never counts here)."""
+        rows = self._index.get((mode, bucket), {})
+        out: dict[str, float] = {}
+        for cid, provider, model, prior in candidates:
+            out[cid] = (
+                self._bucket(mode, bucket, prior).get((provider, model), prior)
+                if (provider, model) in rows
+                else prior
+            )
+        return out

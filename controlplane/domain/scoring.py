@@ -59,6 +59,16 @@ def cost_score(predicted: float, min_candidate: float, max_acceptable: float) ->
     return _clamp01((max_acceptable - predicted) / (max_acceptable - min_candidate))
 
 
+def relative_cost_score(predicted: float, min_candidate: float) -> float:
+    """Cost with no maximum acceptable cost (no budget): the cheapest candidate's price over
+    this one's, so cost counts in proportion to price. A candidate 40x the cheapest scores
+    1/40; on a line stretched to 1.5x the dearest it scored ~0.8 and its price barely
+    mattered (issue 26). A free cheapest candidate leaves every priced one at 0."""
+    if predicted <= min_candidate or predicted <= 0:
+        return 1.0
+    return _clamp01(min_candidate / predicted)
+
+
 def capacity_score(available: float, maximum: float) -> float:
     """Squared free share: punishes nearly-full candidates so traffic does not pile onto them."""
     if maximum <= 0:
@@ -255,6 +265,91 @@ class Ewma:
         return self._sum * math.exp(-max(0.0, at - self._at) / self.window_s)
 
 
+_REBASE_EXPONENT = 300.0  # exp(300) ~ 1e130: far from overflow, rebased once per 300 windows
+
+
+class DecayedQuantiles:
+    """Quantiles of a time-decayed sample stream: a histogram over log-spaced buckets whose
+    weights decay like `Ewma`'s (``exp(-elapsed / window)``), so a quantile of the 15-minute
+    window reflects the last quarter hour as the mean does (9.13.2's predicted p95).
+
+    Buckets grow by `RATIO` from `LOW` seconds and a quantile is its bucket's geometric
+    middle (within half a bucket, about 7%, of the samples there); samples outside
+    ``[LOW, HIGH]`` count in the end buckets. Fixed memory per window, no sample kept, and the
+    same fold for this replica's observations and the ones another replica shared, so every
+    replica computes the same figure."""
+
+    LOW = 0.05
+    HIGH = 7 * 86_400.0
+    RATIO = 1.15
+    _LOG_RATIO = math.log(RATIO)
+    BUCKETS = math.ceil(math.log(HIGH / LOW) / _LOG_RATIO) + 1
+
+    def __init__(self, window_s: float) -> None:
+        if window_s <= 0:
+            raise ValueError("window must be positive")
+        self.window_s = window_s
+        # Weights are kept scaled by exp((at - base) / window) (`_scale`): a new sample adds
+        # the current scale instead of every bucket being decayed, so `observe` is O(1); the
+        # quantile only reads ratios. Rebased before the scale could overflow.
+        self._weights = [0.0] * self.BUCKETS
+        self._at: float | None = None
+        self._base = 0.0
+        self._scale = 1.0
+
+    @classmethod
+    def _bucket(cls, sample: float) -> int:
+        if sample <= cls.LOW:
+            return 0
+        return min(cls.BUCKETS - 1, int(math.log(sample / cls.LOW) / cls._LOG_RATIO) + 1)
+
+    def observe(self, sample: float, at: float) -> None:
+        if self._at is None:
+            self._base = at
+        if self._at is None or at > self._at:
+            self._at = at  # a late sample is folded in at the current time, as in `Ewma`
+            exponent = (at - self._base) / self.window_s
+            if exponent > _REBASE_EXPONENT:
+                factor = math.exp(-exponent)
+                self._weights = [w * factor for w in self._weights]
+                self._base, exponent = at, 0.0
+            self._scale = math.exp(exponent)
+        self._weights[self._bucket(sample)] += self._scale
+
+    def weight(self, at: float) -> float:
+        """The decayed number of samples at `at` (an effective sample count, as `Ewma.weight`)."""
+        if self._at is None:
+            return 0.0
+        elapsed = max(0.0, at - self._at)
+        return sum(self._weights) / self._scale * math.exp(-elapsed / self.window_s)
+
+    def quantile(self, q: float) -> float | None:
+        """The `q` quantile (0 < q < 1) of the decayed samples, None before any sample.
+        Decay scales every bucket alike, so the quantile does not depend on the time read."""
+        if not 0.0 < q < 1.0:
+            raise ValueError("q must be in (0, 1)")
+        total = sum(self._weights)
+        if total <= 0:
+            return None
+        target, seen = q * total, 0.0
+        last = 0
+        for i, weight in enumerate(self._weights):
+            if weight <= 0:
+                continue
+            last = i
+            seen += weight
+            if seen >= target:
+                break
+        return self._middle(last)
+
+    @classmethod
+    def _middle(cls, bucket: int) -> float:
+        """Bucket `bucket`'s geometric middle: within half a bucket of any sample in it."""
+        if bucket == 0:
+            return cls.LOW
+        return min(cls.HIGH, cls.LOW * math.pow(cls.RATIO, bucket - 0.5))
+
+
 @dataclass(frozen=True, slots=True)
 class WindowStats:
     success_rate: float | None
@@ -262,14 +357,17 @@ class WindowStats:
     effective_samples: float
     mean_latency_s: float | None
     cost_per_success_micros: float | None
+    p95_latency_s: float | None = None  # predicted p95 (`DecayedQuantiles`), 9.13.2
 
 
 class HealthWindows:
-    """Success, latency and cost-per-success EWMAs over the four 9.13.3 windows."""
+    """Success, latency (mean and predicted p95) and cost-per-success over the four 9.13.3
+    windows."""
 
     def __init__(self) -> None:
         self._success = {w: Ewma(w.seconds) for w in Window}
         self._latency = {w: Ewma(w.seconds) for w in Window}
+        self._latency_q = {w: DecayedQuantiles(w.seconds) for w in Window}
         self._cost = {w: Ewma(w.seconds) for w in Window}  # decayed spend; value is unused
 
     def observe(self, success: bool, latency_s: float | None, cost_micros: int, at: float) -> None:
@@ -278,7 +376,16 @@ class HealthWindows:
             self._success[w].observe(1.0 if success else 0.0, at)
             if latency_s is not None:
                 self._latency[w].observe(latency_s, at)
+                self._latency_q[w].observe(latency_s, at)
             self._cost[w].observe(float(cost_micros), at)
+
+    def latency_quantile(self, window: Window, q: float) -> float | None:
+        """The `q` quantile of `window`'s latencies (None before any)."""
+        return self._latency_q[window].quantile(q)
+
+    def latency_samples(self, window: Window, at: float) -> float:
+        """How many (decayed) outcomes of `window` carried a latency: finished jobs."""
+        return self._latency[window].weight(at)
 
     def stats(self, window: Window, at: float) -> WindowStats:
         total = self._success[window].weight(at)
@@ -291,7 +398,24 @@ class HealthWindows:
             mean_latency_s=self._latency[window].value,
             # Failed calls may still bill, so spend over all calls is divided by successes only.
             cost_per_success_micros=spend / successes if successes > 0 else None,
+            p95_latency_s=self._latency_q[window].quantile(0.95),
         )
+
+
+def routing_success(current: WindowStats, minute: WindowStats) -> float:
+    """The success component's figure (9.13.3): the routing window's Wilson lower bound,
+    unless the 1-minute window shows a burst, worse beyond doubt (its Wilson upper bound below
+    the routing window's lower bound): then the 1-minute lower bound, so a sudden error burst
+    penalises at once instead of when the 15-minute EWMA has moved. A few failures among few
+    calls are not beyond doubt, so one unlucky call does not move traffic."""
+    total = minute.effective_samples
+    if total <= 0 or minute.success_rate is None:
+        return current.success_lower_bound
+    failures = min(max(total * (1.0 - minute.success_rate), 0.0), total)
+    upper = 1.0 - wilson_lower_bound(failures, total)
+    if upper < current.success_lower_bound:
+        return minute.success_lower_bound
+    return current.success_lower_bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,6 +459,24 @@ def bucket(key: str, buckets: int) -> int:
         raise ValueError("buckets must be positive")
     digest = hashlib.sha256(key.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") % buckets
+
+
+def _weight(key: str, member: str) -> int:
+    digest = hashlib.sha256(f"{key}\x00{member}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def rendezvous(key: str, members: Sequence[str]) -> int:
+    """Index of the member `key` goes to by highest-random-weight (rendezvous) hashing (9.13.4).
+
+    Each (key, member) pair gets a stable pseudo-random weight and the heaviest member wins, so
+    a member joining a set of N takes about 1/(N+1) of the keys and leaves the others where
+    they were (a modulo over N would move about N/(N+1) of them), and the order of `members`
+    does not matter. Stable across processes and releases (sha256, never hash())."""
+    if not members:
+        raise ValueError("members must not be empty")
+    weights = [_weight(key, m) for m in members]
+    return weights.index(max(weights))
 
 
 def admit_to_canary(

@@ -20,6 +20,11 @@ __all__ = [
     "ATTEMPT_MACHINE",
     "ATTEMPT_PHASE",
     "IN_FLIGHT_ATTEMPT_STATES",
+    "IN_FLIGHT_TASK_STATES",
+    "MAYBE_BILLED_ATTEMPT_STATES",
+    "NOT_SENT_ATTEMPT_STATES",
+    "POLLABLE_ATTEMPT_STATES",
+    "SENDING_ATTEMPT_STATES",
     "TASK_MACHINE",
     "AttemptState",
     "IllegalTransition",
@@ -185,4 +190,31 @@ IN_FLIGHT_ATTEMPT_STATES: frozenset[AttemptState] = frozenset(
         _A.RUNNING,
         _A.CANCEL_REQUESTED,
     }
+)
+
+# Attempts nothing has been sent for yet: cancelling one needs no provider call, and only these
+# may be the first state a new attempt is written in.
+NOT_SENT_ATTEMPT_STATES: frozenset[AttemptState] = frozenset(
+    {_A.CREATED, _A.RESERVING, _A.READY_TO_SUBMIT}
+)
+
+# Attempts whose request may be with the provider and whose fate is not yet known: a cancel has
+# to wait for the submit to settle, an observation may settle it.
+SENDING_ATTEMPT_STATES: frozenset[AttemptState] = frozenset({_A.SUBMITTING, _A.SUBMIT_UNKNOWN})
+
+# Attempts that ended (or stayed) without our knowing whether the provider holds a job: the
+# provider may have billed one.
+MAYBE_BILLED_ATTEMPT_STATES: frozenset[AttemptState] = frozenset({_A.ABANDONED, _A.SUBMIT_UNKNOWN})
+
+# Attempts whose provider job exists and may still change: the poller asks the provider of these.
+POLLABLE_ATTEMPT_STATES: frozenset[AttemptState] = frozenset(
+    {_A.ACCEPTED, _A.PROVIDER_QUEUED, _A.PROVIDER_THROTTLED, _A.RUNNING, _A.CANCEL_REQUESTED}
+)
+
+# Tasks being dispatched or run: what a tenant's in-flight cap (9.12.1) counts.
+IN_FLIGHT_TASK_STATES: tuple[TaskState, ...] = (
+    _T.SCHEDULING,
+    _T.SUBMITTING,
+    _T.RUNNING,
+    _T.OUTPUT_FETCHING,
 )

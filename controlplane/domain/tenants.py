@@ -37,13 +37,13 @@ no I/O. `Tenants` answers the questions the rest of the system asks (`entry`, `w
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
 from controlplane.domain.documents import Checker, load_document
+from controlplane.domain.documents import join_path as _join
 from controlplane.domain.money import BillingPolicy
 from vidroute_core.exceptions import InvalidSpec, PermissionDenied
 from vidroute_core.spec import ServiceClass
@@ -183,47 +183,6 @@ def ensure_entitled(tenants: Tenants, tenant_id: str, service_class: ServiceClas
     )
 
 
-class _Check(Checker):
-    """`Checker` with this document's readers."""
-
-    def mapping(self, value: Any, path: str, allowed: frozenset[str] | None) -> dict[str, Any]:
-        if not isinstance(value, Mapping):
-            self.bad(path or "document", f"must be a mapping, got {type(value).__name__}")
-            return {}
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                self.bad(path or "document", f"key {key!r} must be a string")
-            elif allowed is not None and key not in allowed:
-                self.bad(_join(path, key), f"unknown field (known: {', '.join(sorted(allowed))})")
-            else:
-                out[key] = item
-        return out
-
-    def number(self, value: Any, path: str, lo: float, hi: float, *, open_lo: bool) -> float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            self.bad(path, f"must be a number, got {type(value).__name__}")
-            return hi
-        low_ok = value > lo if open_lo else value >= lo
-        if not math.isfinite(value) or not low_ok or value > hi:
-            bracket = "(" if open_lo else "["
-            self.bad(path, f"must be in {bracket}{lo:g}, {hi:g}], got {value!r}")
-            return hi
-        return float(value)
-
-    def identifier(self, value: Any, path: str) -> str:
-        if not isinstance(value, str) or not IDENTIFIER_RE.fullmatch(value):
-            self.bad(path, f"must match {IDENTIFIER_RE.pattern}, got {value!r}")
-            return ""
-        return value
-
-
-def _join(path: str, key: str) -> str:
-    simple = IDENTIFIER_RE.fullmatch(key) and "." not in key
-    step = f".{key}" if simple else f'["{key}"]'
-    return f"{path}{step}" if path else step.lstrip(".")
-
-
 def parse_tenants_document(text: str) -> Tenants:
     """The document in `text` (YAML or JSON) validated whole; `TenantsDocumentError` otherwise."""
     return tenants_from_mapping(load_document(text, MAX_DOCUMENT_CHARS, TenantsDocumentError))
@@ -231,24 +190,16 @@ def parse_tenants_document(text: str) -> Tenants:
 
 def tenants_from_mapping(data: Any) -> Tenants:
     """As `parse_tenants_document`, for a document already loaded."""
-    check = _Check()
-    top = check.mapping(data, "", _TOP)
-    version = ""
-    if "version" not in top:
-        check.bad("version", "is required")
-    else:
-        version = check.identifier(top["version"], "version")
-    description = top.get("description", "")
-    if not isinstance(description, str) or len(description) > 2000:
-        check.bad("description", "must be a string of at most 2000 characters")
-        description = ""
+    check = Checker()
+    top = check.fields(data, "", _TOP)
+    version, description = check.header(top)
     if "default" not in top:
         check.bad("default", "is required: the entry of every tenant the document does not list")
         default = TenantEntry()
     else:
         default = _entry(check, top["default"], "default", None)
     tenants: dict[str, TenantEntry] = {}
-    raw = check.mapping(top.get("tenants", {}), "tenants", None)
+    raw = check.fields(top.get("tenants", {}), "tenants", None)
     if len(raw) > MAX_TENANTS:
         check.bad("tenants", f"at most {MAX_TENANTS} tenants, got {len(raw)}")
     for tenant_id, body in raw.items():
@@ -262,9 +213,9 @@ def tenants_from_mapping(data: Any) -> Tenants:
     return Tenants(version, default, MappingProxyType(tenants), description)
 
 
-def _entry(check: _Check, value: Any, path: str, base: TenantEntry | None) -> TenantEntry:
+def _entry(check: Checker, value: Any, path: str, base: TenantEntry | None) -> TenantEntry:
     """One entry; a field it leaves out is `base`'s (``default``'s), or built-in for default."""
-    body = check.mapping(value, path, _ENTRY)
+    body = check.fields(value, path, _ENTRY)
     inherited = base or TenantEntry(create_rate=None)
     if "service_classes" in body:
         classes = _classes(check, body["service_classes"], _join(path, "service_classes"))
@@ -318,18 +269,18 @@ def _entry(check: _Check, value: Any, path: str, base: TenantEntry | None) -> Te
     return TenantEntry(classes, projects, regions, rate, preferred, billing, scenario, profile)
 
 
-def _classes(check: _Check, value: Any, path: str) -> Mapping[ServiceClass, ClassShare]:
+def _classes(check: Checker, value: Any, path: str) -> Mapping[ServiceClass, ClassShare]:
     known = frozenset(c.value for c in ServiceClass)
-    raw = check.mapping(value, path, known)
+    raw = check.fields(value, path, known)
     if isinstance(value, Mapping) and not value:
         check.bad(path, "must name at least one service class")
     out: dict[ServiceClass, ClassShare] = {}
     for name, body in raw.items():
         where = _join(path, name)
-        share = check.mapping({} if body is None else body, where, _CLASS)
+        share = check.fields({} if body is None else body, where, _CLASS)
         weight = 1.0
         if "weight" in share:
-            weight = check.number(share["weight"], f"{where}.weight", 0, MAX_WEIGHT, open_lo=True)
+            weight = check.bounded(share["weight"], f"{where}.weight", 0, MAX_WEIGHT, open_lo=True)
         caps: dict[str, int | None] = {"max_in_flight": None, "max_queued": None}
         for cap in caps:
             if cap in share:
@@ -338,8 +289,8 @@ def _classes(check: _Check, value: Any, path: str) -> Mapping[ServiceClass, Clas
     return MappingProxyType(out)
 
 
-def _projects(check: _Check, value: Any, path: str) -> Mapping[str, int]:
-    raw = check.mapping(value, path, None)
+def _projects(check: Checker, value: Any, path: str) -> Mapping[str, int]:
+    raw = check.fields(value, path, None)
     if len(raw) > MAX_PROJECTS:
         check.bad(path, f"at most {MAX_PROJECTS} projects, got {len(raw)}")
     out: dict[str, int] = {}
@@ -348,7 +299,7 @@ def _projects(check: _Check, value: Any, path: str) -> Mapping[str, int]:
         if not IDENTIFIER_RE.fullmatch(project):
             check.bad(where, f"project id must match {IDENTIFIER_RE.pattern}")
             continue
-        fields = check.mapping(body, where, _PROJECT)
+        fields = check.fields(body, where, _PROJECT)
         if "priority" not in fields:
             if isinstance(body, Mapping):
                 check.bad(f"{where}.priority", "is required")
@@ -359,7 +310,7 @@ def _projects(check: _Check, value: Any, path: str) -> Mapping[str, int]:
     return MappingProxyType(out)
 
 
-def _regions(check: _Check, value: Any, path: str) -> frozenset[str] | None:
+def _regions(check: Checker, value: Any, path: str) -> frozenset[str] | None:
     if not isinstance(value, list):
         check.bad(path, f"must be a list of region names, got {type(value).__name__}")
         return None
@@ -369,16 +320,16 @@ def _regions(check: _Check, value: Any, path: str) -> frozenset[str] | None:
     return frozenset(regions) or None
 
 
-def _rate(check: _Check, value: Any, path: str) -> CreateRate | None:
+def _rate(check: Checker, value: Any, path: str) -> CreateRate | None:
     if value is None:  # an explicit null: no limit (over a default that has one)
         return None
-    body = check.mapping(value, path, _RATE)
+    body = check.fields(value, path, _RATE)
     for key in sorted(_RATE - set(body)):
         if isinstance(value, Mapping):
             check.bad(f"{path}.{key}", "is required")
     per_second, burst = 1.0, 1
     if "per_second" in body:
-        per_second = check.number(
+        per_second = check.bounded(
             body["per_second"], f"{path}.per_second", 0, MAX_RATE, open_lo=True
         )
     if "burst" in body:

@@ -17,6 +17,12 @@ entries into the formula's terms are in one place (`job_terms`); the SQL aggrega
   is retry, so each micro is counted in exactly one term;
 - platform loss: any other attempt with a PLATFORM_LOSS entry: a second job whose result was not
   adopted (a duplicate), an ABANDONED or SUBMIT_UNKNOWN submit the provider may have billed;
+- a loss the bill confirmed (a ``confirmed-loss:`` PLATFORM_LOSS entry, booked from a
+  reconciliation row: the provider billed the attempt more than a correct bill charges, e.g.
+  its job twice, or a failed job it should have refunded) is money beyond the attempt's cost,
+  so it is platform loss on top of whichever term the attempt's own cost is (9.16.4, 9.23.4:
+  "the extra provider cost goes to platform loss"); the other PLATFORM_LOSS entries are
+  settlement's view of the attempt's own cost and never add to it;
 - anything else is still in flight and waits for its outcome (its row shows, with 0);
 - fetch and post-processing: no provider bills downloads and the platform runs no paid
   post-processing, so both are 0 today; the field is kept so the formula stays whole.
@@ -43,7 +49,10 @@ class JobUsage:
     attempt_state: str
     expected_micros: int | None = None
     actual_micros: int | None = None
+    #: Settlement's PLATFORM_LOSS entries (``loss:``, ``underpriced:``): the attempt's own cost.
     platform_loss_micros: int | None = None
+    #: Bill-confirmed losses (``confirmed-loss:`` PLATFORM_LOSS entries): beyond its cost.
+    confirmed_loss_micros: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +99,13 @@ def per_success(total_micros: int, successes: int) -> int:
     return (2 * total_micros + successes) // (2 * successes)
 
 
+def observed_cost(actual_micros: int | None, estimated_micros: int) -> int:
+    """What a finished job cost, as the routing health windows count it: the provider's figure
+    when it gave one (0 included), else the estimate, as the usage ledger assumes an accepted
+    job billed until the provider says otherwise (never 0 for a provider that reports none)."""
+    return estimated_micros if actual_micros is None else actual_micros
+
+
 def job_terms(job: JobUsage) -> JobTerms | None:
     """The rules of the module docstring for one attempt; None while it is in flight."""
     if job.actual_micros is not None:
@@ -99,12 +115,13 @@ def job_terms(job: JobUsage) -> JobTerms | None:
     else:
         cost = job.platform_loss_micros or 0
     cost = max(0, cost)
+    extra = job.confirmed_loss_micros or 0
     if job.delivered:
-        return JobTerms(cost, 0, 0, True)
+        return JobTerms(cost, 0, extra, True)
     if job.attempt_state in RETRY_STATES:
-        return JobTerms(0, cost, 0, False)
-    if job.platform_loss_micros is not None:
-        return JobTerms(0, 0, cost, False)
+        return JobTerms(0, cost, extra, False)
+    if job.platform_loss_micros is not None or job.confirmed_loss_micros is not None:
+        return JobTerms(0, 0, cost + extra, False)
     return None
 
 

@@ -26,7 +26,14 @@ from datetime import timedelta
 
 from controlplane.domain.breaker import Operation
 from controlplane.domain.outbox import Topic
-from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
+from controlplane.domain.states import (
+    ATTEMPT_MACHINE,
+    NOT_SENT_ATTEMPT_STATES,
+    SENDING_ATTEMPT_STATES,
+    TASK_MACHINE,
+    AttemptState,
+    TaskState,
+)
 from controlplane.execution.batching import run_batch
 from controlplane.execution.breakers import TRANSPORT_FAILURE
 from controlplane.execution.events import EventNormalizer, EventSource, Observation
@@ -44,8 +51,6 @@ from vidroute_core.exceptions import NotFound
 __all__ = ["CancelOutcome", "CancelService", "CancelWorker"]
 
 log = logging.getLogger(__name__)
-_NOT_SENT = frozenset({AttemptState.CREATED, AttemptState.RESERVING, AttemptState.READY_TO_SUBMIT})
-_SENDING = frozenset({AttemptState.SUBMITTING, AttemptState.SUBMIT_UNKNOWN})
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +96,7 @@ class CancelService:
                     return None  # the attempt moved on under us: look again
                 moved = await u.move_task(task, TaskState.CANCELLED, reason)
                 return None if moved is None else CancelOutcome(moved, None, False, "cancelled")
-            if attempt.state in _NOT_SENT:
+            if attempt.state in NOT_SENT_ATTEMPT_STATES:
                 gone = await u.move_attempt(attempt, AttemptState.CANCELLED, reason)
                 if gone is None:
                     return None
@@ -101,7 +106,7 @@ class CancelService:
                 if moved is None:
                     return None
                 result = CancelOutcome(moved, attempt.id, False, "cancelled before submit")
-            elif attempt.state in _SENDING:
+            elif attempt.state in SENDING_ATTEMPT_STATES:
                 await u.set_runtime(attempt.id, attempt.task_id, cancel_requested_at=u.now)
                 result = CancelOutcome(
                     task, attempt.id, True, "cancel waits for the submit outcome"

@@ -44,6 +44,9 @@ class ExecutionConfig:
     # Which provider progress readings become ``provider.progress`` task events.
     progress: ProgressThrottle = field(default_factory=ProgressThrottle)
     # Per model: the provider's p95 job duration, and the longest a job can plausibly take.
+    # Both are learned per candidate from the health windows once they hold enough finished
+    # jobs (`polling.learned_durations`); until then these hold, and `max_plausible_s` stays
+    # the floor of the learned one.
     expected_p95_s: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     max_plausible_s: float = 1800.0
 

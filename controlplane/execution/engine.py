@@ -27,7 +27,13 @@ from controlplane.execution.cancel import CancelService, CancelWorker
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.events import EventNormalizer
 from controlplane.execution.leasing import LeaseKeeper, LeaseSource
-from controlplane.execution.outcomes import AttemptEndObserver, ExecutionDeps, SubmitObserver
+from controlplane.execution.outcomes import (
+    AttemptEndObserver,
+    DurationSource,
+    ExecutionDeps,
+    SubmitObserver,
+    UsageDeclared,
+)
 from controlplane.execution.output_fetch import FetchRequest, FetchResult
 from controlplane.execution.output_step import FetchFn, OutputStep
 from controlplane.execution.poller import Poller
@@ -70,9 +76,15 @@ class ExecutionEngine:
         on_attempt_end: AttemptEndObserver | None = None,
         breakers: OperationBreakers | None = None,
         lease_source: LeaseSource | None = None,
+        durations: DurationSource | None = None,
+        usage_declared: UsageDeclared | None = None,
     ) -> None:
         """`lease_source` gives an attempt that lost its lease before the send a new one (the
-        dispatcher's request for its candidate); without it such an attempt fails unsent."""
+        dispatcher's request for its candidate); without it such an attempt fails unsent.
+        `durations` (the scheduler's health windows) gives the poller each model's learned p95
+        and max plausible duration; without it the configured ones hold. `usage_declared` says
+        whether an attempt's candidate declares usage records (recovery reads them only
+        there); without it every provider is asked."""
         self.config = config or ExecutionConfig()
         self.db = db
         self.deps = ExecutionDeps(
@@ -87,6 +99,8 @@ class ExecutionEngine:
             on_submit=on_submit,
             on_attempt_end=on_attempt_end,
             gate=OperationGate(breakers),
+            durations=durations,
+            usage_declared=usage_declared,
         )
         self._sleep = sleep
         self.normalizer = EventNormalizer(self.deps)

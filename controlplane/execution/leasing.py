@@ -19,7 +19,9 @@ of truth and the lease reconciler (9.11.2) repairs any counter a lost call leave
                                a new one for the same attempt through `LeaseSource` (the
                                dispatcher's request for its candidate), which the attempt records
                                in the transition that starts the send. No lease to be had: the
-                               attempt waits, unsent; it is never failed for it
+                               attempt waits, unsent; it is never failed for it. Then, where its
+                               account has rate windows, `stamp_send`: they count the submit from
+                               now (9.11); a full window makes it wait unsent the same way
 * ABANDONED                 -> nothing: the slot stays counted until the reconciler or the
                                lease's max term says otherwise (the job may still be running)
 """
@@ -71,6 +73,7 @@ class LeaseKeeper:
         self._source = source
         self.failures = 0
         self.relet = 0  # leases taken again for attempts that lost theirs before the send
+        self.window_waits = 0  # sends held back because a rate window was full at the send
         # Where a token's lease was last seen: (account, the lease's key), so the next find is
         # one point read (`lease_of`) instead of a snapshot of every lease of every account.
         # Only a hint: the record read is verified exactly as a scan's, and a miss scans.
@@ -148,7 +151,7 @@ class LeaseKeeper:
         ok either (nothing is sent on a lease nobody can vouch for); the caller tries later.
         """
         if await self.still_held(attempt):
-            return Secured(True)
+            return Secured(True) if await self._stamped(attempt) else Secured(False)
         if self._store is None or self._source is None:
             return Secured(False)
         try:
@@ -163,7 +166,37 @@ class LeaseKeeper:
         if lease is None:
             return Secured(False)
         self.relet += 1
+        if not await self._stamped(attempt):
+            await self.release_lease(lease)  # not sent now: not held for nothing
+            return Secured(False)
         return Secured(True, lease)
+
+    async def _stamped(self, attempt: AttemptRecord) -> bool:
+        """The account's rate windows count this send from now (`LeaseStore.stamp_send`); False
+        when one is full (the attempt waits unsent) or the store fails (nothing is vouched for).
+        Without a source or windows there is nothing to stamp."""
+        if self._store is None or self._source is None:
+            return True
+        try:
+            request = await self._source(attempt)
+            if request is None or request.windows is None:
+                return True
+            refusal = await self._store.stamp_send(request)
+        except LeaseError as exc:
+            return self._failed("stamp_send", attempt, exc)
+        except Exception:
+            log.warning("attempt %s: no lease request for it", attempt.id, exc_info=True)
+            return True  # its candidate left the catalog: no windows on terms nobody publishes
+        if refusal is not None:
+            log.info(
+                "attempt %s: %s window of %s full; waiting unsent",
+                attempt.id,
+                refusal.window,
+                refusal.account,
+            )
+            self.window_waits += 1
+            return False
+        return True
 
     async def release_lease(self, lease: Lease) -> bool:
         """Give back a lease `secure` took for an attempt that did not record it."""

@@ -23,6 +23,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.domain.failover import (
@@ -38,7 +39,7 @@ from controlplane.domain.failover import (
 )
 from controlplane.domain.observation import task_waits_on
 from controlplane.domain.outbox import Topic
-from controlplane.domain.polling import PollPhase, next_poll_delay
+from controlplane.domain.polling import DurationEvidence, PollPhase, next_poll_delay
 from controlplane.domain.requeue import ExcludedCandidate, RequeueRequest
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
 from controlplane.execution.bounds import as_failed, loss_after, platform_loss, requeue_refusal
@@ -65,6 +66,7 @@ from vidroute_core.errors import ErrorClass, ProviderError
 __all__ = [
     "PROVEN_ABSENT",
     "AfterCommit",
+    "DurationSource",
     "ExecutionDeps",
     "accept",
     "claim_batch",
@@ -82,6 +84,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PROVEN_ABSENT = "PROVEN_ABSENT"
+
+
+class DurationSource(Protocol):
+    """What the poller needs of the scheduler's `HealthMonitor` (its health windows)."""
+
+    def job_durations(self, provider: str, account: str, model: str) -> DurationEvidence | None: ...
 
 
 @dataclass
@@ -108,6 +116,12 @@ class ExecutionDeps:
     on_attempt_end: AttemptEndObserver | None = None
     # The operation breakers (POLL, CANCEL, DOWNLOAD_OUTPUT, USAGE_QUERY) around provider calls.
     gate: OperationGate = field(default_factory=OperationGate)
+    # The candidates' finished-job durations (the scheduler's health windows), from which the
+    # poller learns each model's p95 and max plausible duration (9.18.2); None: configured.
+    durations: DurationSource | None = None
+    # Whether the attempt's candidate declares usage records (Describe's
+    # `operations.usage_records`); None: not wired, every provider is asked.
+    usage_declared: UsageDeclared | None = None
 
     # Accounts by id, as read once (their identity is the table's unique key, never updated).
     _accounts: dict[int, AccountInfo] = field(default_factory=dict, init=False, repr=False)
@@ -122,6 +136,11 @@ class ExecutionDeps:
             found = self._accounts[account_id] = await reader.account(account_id)
         return found
 
+    async def lists_usage(self, attempt: AttemptRecord) -> bool:
+        """Whether recovery may read the attempt's provider's usage records: only where its
+        capability declares them (a provider without a usage route is never asked)."""
+        return self.usage_declared is None or await self.usage_declared(attempt)
+
     def adapter(self, account: AccountInfo) -> AdapterClient:
         try:
             return self.adapters[account.provider]
@@ -135,6 +154,7 @@ class ExecutionDeps:
         return f"{base}/callbacks/{account.provider}?attempt={attempt.id}"
 
 
+UsageDeclared = Callable[[AttemptRecord], Awaitable[bool]]
 SubmitObserver = Callable[[AccountInfo, AttemptRecord, SubmitOutcome, float], Awaitable[None]]
 AttemptEndObserver = Callable[[AccountInfo, AttemptRecord, JobSnapshot], Awaitable[None]]
 

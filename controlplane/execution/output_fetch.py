@@ -154,7 +154,10 @@ class ByteSource(Protocol):
 class FetchRequest:
     """One output of one attempt to copy. `source_uri` may carry a signature: kept out of repr.
 
-    `source` is where the bytes come from; None means an `HttpSource` GET of `source_uri`."""
+    `source` is where the bytes come from; None means an `HttpSource` GET of `source_uri`.
+    `via_adapter` marks an output the adapter downloads (``fetch_through_adapter``): its locator
+    is the provider's own and may be any scheme the adapter reads (Vertex ``gs://``); any other
+    locator must be http(s)."""
 
     task_id: str
     attempt_id: str
@@ -168,9 +171,11 @@ class FetchRequest:
     source: ByteSource | None = field(default=None, repr=False, compare=False)
     strip_audio: bool = False  # remove any audio track before storing (see the module doc)
     sample_index: int = 0  # which output of the job (a job may render several samples)
+    via_adapter: bool = False
 
     def __post_init__(self) -> None:
-        if urlsplit(self.source_uri).scheme not in ("http", "https"):
+        scheme = urlsplit(self.source_uri).scheme
+        if scheme not in ("http", "https") and not (self.via_adapter and scheme):
             raise ValueError("source_uri must be an http(s) URL")
         if self.max_bytes <= 0:
             raise ValueError("max_bytes must be positive")

@@ -137,6 +137,7 @@ def _request(
         # plan's LOSSLESS "stripped on delivery" happens here.
         strip_audio=not spec.output.with_audio,
         sample_index=index,
+        via_adapter=bool(output.get("fetch_through_adapter")),
     )
 
 

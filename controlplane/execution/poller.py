@@ -6,6 +6,8 @@ LOCKED`` by pushing their due time past a claim lease, so replicas never poll th
 at once and a crashed poller's claim simply expires. The snapshot goes to the one
 `EventNormalizer`; the next due time comes from the pure `controlplane.domain.polling` schedule.
 A job past its plausible duration is flagged stuck (``stuck_since``) and still polled, slowly.
+The provider's p95 and that plausible duration are learned per candidate from the scheduler's
+health windows when it has enough finished jobs (`polling.learned_durations`), else configured.
 A NOT_FOUND for the job we hold goes to `controlplane.execution.lost_jobs`, never to a status.
 While the POLL breaker of the job's endpoint refuses, the poll is not made and is due again
 after ``breaker_retry_s`` (9.15).
@@ -18,15 +20,16 @@ from datetime import timedelta
 
 from controlplane.domain.breaker import Operation
 from controlplane.domain.observation import poll_phase_of
-from controlplane.domain.polling import PollPhase, next_poll_delay
-from controlplane.domain.states import ATTEMPT_MACHINE
+from controlplane.domain.polling import JobDurations, PollPhase, learned_durations, next_poll_delay
+from controlplane.domain.states import ATTEMPT_MACHINE, POLLABLE_ATTEMPT_STATES
 from controlplane.execution.batching import run_batch
 from controlplane.execution.breakers import TRANSPORT_FAILURE
 from controlplane.execution.events import EventNormalizer, EventSource, Observation
 from controlplane.execution.lost_jobs import is_job_not_found, on_job_not_found, on_job_seen
 from controlplane.execution.outcomes import ExecutionDeps, job_ref
-from controlplane.persistence.execution import POLLABLE_STATES, Snapshot
+from controlplane.persistence.execution import Snapshot
 from controlplane.persistence.ports import UnitOfWork
+from controlplane.persistence.records import AttemptRecord
 from vidroute_core.adapter import PollResult
 from vidroute_core.logs import add_ids, bind_ids, ids_of
 
@@ -73,7 +76,7 @@ class Poller:
             return
         attempt, job, runtime = snap
         add_ids(**ids_of(attempt, job))
-        if job is None or attempt.state not in POLLABLE_STATES:
+        if job is None or attempt.state not in POLLABLE_ATTEMPT_STATES:
             return
         account = await self._deps.account(attempt.provider_account_id)
         await self._deps.leases.renew(attempt)
@@ -129,6 +132,23 @@ class Poller:
         async with self._deps.db.unit(self._deps.clock()) as u:
             await self._reschedule_in(u, attempt_id)
 
+    async def _durations(self, u: UnitOfWork, attempt: AttemptRecord) -> JobDurations:
+        """The p95 and max plausible duration of `attempt`'s candidate: learned from the
+        health windows, else the configured ones."""
+        cfg = self._deps.config
+        evidence = None
+        if self._deps.durations is not None:
+            account = await self._deps.account(attempt.provider_account_id, u)
+            evidence = self._deps.durations.job_durations(
+                account.provider, account.account_name, attempt.provider_model
+            )
+        return learned_durations(
+            cfg.polling,
+            evidence,
+            configured_p95_s=cfg.expected_p95_s.get(attempt.provider_model),
+            configured_max_s=cfg.max_plausible_s,
+        )
+
     async def _reschedule_in(self, u: UnitOfWork, attempt_id: int) -> None:
         """Set the attempt's next poll (none once it left the pollable states) in unit `u`."""
         cfg = self._deps.config
@@ -136,21 +156,25 @@ class Poller:
         if attempt is None:
             return
         runtime = await u.runtime(attempt_id)
-        if ATTEMPT_MACHINE.is_terminal(attempt.state) or attempt.state not in POLLABLE_STATES:
+        if (
+            ATTEMPT_MACHINE.is_terminal(attempt.state)
+            or attempt.state not in POLLABLE_ATTEMPT_STATES
+        ):
             await u.set_runtime(attempt_id, attempt.task_id, next_poll_at=None)
             return
         phase = poll_phase_of(attempt.state) or PollPhase.RUNNING
         same_phase = runtime is not None and runtime.poll_phase == phase.value
         polls_in_phase = runtime.polls_in_phase if runtime and same_phase else 0
         since = (runtime.accepted_at if runtime else None) or attempt.created_at
+        durations = await self._durations(u, attempt)
         plan = next_poll_delay(
             cfg.polling,
             phase,
             polls_in_phase=polls_in_phase,
             elapsed_since_submit_s=(u.now - since).total_seconds(),
             unit_random=self._deps.rng.random(),
-            expected_p95_s=cfg.expected_p95_s.get(attempt.provider_model),
-            max_plausible_s=cfg.max_plausible_s,
+            expected_p95_s=durations.expected_p95_s,
+            max_plausible_s=durations.max_plausible_s,
         )
         stuck_since = runtime.stuck_since if runtime else None
         if plan.stuck and stuck_since is None:

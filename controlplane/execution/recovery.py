@@ -221,7 +221,11 @@ class RecoveryWorker:
     async def usage_lookup(
         self, attempt: AttemptRecord, account: AccountInfo, started: datetime
     ) -> RecoverResult | None:
-        """FOUND when usage identifies this attempt's job; otherwise evidence is stored."""
+        """FOUND when usage identifies this attempt's job; otherwise evidence is stored. None
+        (nothing asked) where the capability declares no usage records (Veo: its spend is in
+        the Cloud Billing export, not behind an API)."""
+        if not await self._deps.lists_usage(attempt):
+            return None
         call = await self._deps.gate.begin(account, attempt.provider_model, Operation.USAGE_QUERY)
         if call is None:
             return None  # the USAGE_QUERY breaker refuses: this step stays inconclusive

@@ -30,6 +30,7 @@ from controlplane.leases.reconciler import (
     compute_drift,
     reconcile,
 )
+from controlplane.leases.windows import WindowEntry, WindowRefusal, WindowRequest, WindowUse
 
 __all__ = [
     "IN_FLIGHT_STATES",
@@ -49,6 +50,10 @@ __all__ = [
     "LeaseStore",
     "MemoryLeaseStore",
     "UnknownSlotsFullHook",
+    "WindowEntry",
+    "WindowRefusal",
+    "WindowRequest",
+    "WindowUse",
     "compute_drift",
     "reconcile",
     "unknown_slot_cap",

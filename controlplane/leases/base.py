@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from controlplane.leases.windows import WindowEntry, WindowRefusal, WindowRequest, WindowUse
 from vidroute_core.exceptions import Unavailable
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "LeaseMetrics",
     "LeaseRequest",
     "LeaseStore",
+    "LeaseStoreFactory",
     "UnknownSlotsFullHook",
     "unknown_slot_cap",
 ]
@@ -143,6 +145,8 @@ class LeaseRequest:
     `account` is the hash-tag scope, e.g. "runway:prod-us". List `dimensions` as account total
     first, then model, then modality or region. `unknown_slot_cap` and reconciliation read the first
     one as the account capacity. Renewals never push the expiry past `acquired_at + max_term_ms`.
+    `windows`, when given, are the account's rate and budget windows (`leases.windows`), checked
+    and taken in the same atomic step as the dimensions.
     """
 
     attempt_id: str
@@ -151,6 +155,7 @@ class LeaseRequest:
     slots: int = 1
     ttl_ms: int = 30_000
     max_term_ms: int = 3_600_000
+    windows: WindowRequest | None = None
 
     def __post_init__(self) -> None:
         if not self.attempt_id:
@@ -247,6 +252,7 @@ class LeaseMetrics:
     reacquired: int = 0
     rejected_no_capacity: int = 0
     rejected_not_live: int = 0
+    rejected_window: int = 0
     restored: int = 0
     released: int = 0
     renewed: int = 0
@@ -266,13 +272,6 @@ class LeaseStore(Protocol):
     """
 
     metrics: LeaseMetrics
-    fail_closed: bool
-    """Refuse acquires in accounts that are not live. Turn it on only where something restores."""
-    on_not_live: Callable[[str], None] | None
-    """Told the account whenever a fail-closed acquire is refused there: time to restore it."""
-    on_freed: Callable[[str], None] | None
-    """Told the account whenever slots there came back (a release, a reclaim of an expired
-    lease, also inside an acquire): the dispatcher wakes the tasks parked on it (9.12)."""
 
     async def now_ms(self) -> int:
         """Return the store's clock in ms: Redis server TIME, or the memory store's clock."""
@@ -294,8 +293,30 @@ class LeaseStore(Protocol):
         requests see the slots earlier ones took. The answer is aligned with `requests`."""
         ...
 
-    async def release_many(self, leases: Sequence[Lease]) -> list[bool]:
-        """`release` for every lease in ONE round trip; aligned with `leases`."""
+    async def admit_many(
+        self, requests: Sequence[LeaseRequest]
+    ) -> list[Lease | WindowRefusal | None]:
+        """`acquire_many` that says which window refused a request: a `WindowRefusal` where a
+        window of the request's account is full (checked before the dimensions), None where a
+        dimension is full or the account is not live."""
+        ...
+
+    async def release_many(self, leases: Sequence[Lease], *, unsent: bool = False) -> list[bool]:
+        """`release` for every lease in ONE round trip; aligned with `leases`. `unsent`: nothing
+        was sent under these leases (no attempt was written), so the window use their acquires
+        added goes back too (`leases.windows`)."""
+        ...
+
+    async def stamp_send(self, req: LeaseRequest) -> WindowRefusal | None:
+        """The attempt `req` names is being sent now: its rolling window entries count from now
+        (a submit counts from when it leaves, `leases.windows`), and a window that no longer
+        counts it (its admission is older than the span) must have room for it again: else the
+        refusal, and nothing changes. No windows in `req`: nothing to do."""
+        ...
+
+    async def window_usage(self, account: str) -> list[WindowUse]:
+        """Each window's use in `account` now (`windows.WINDOWS` order) and the limit the last
+        acquire there carried (None: none set, or no acquire with windows yet)."""
         ...
 
     async def renew(self, lease: Lease) -> Lease | None:
@@ -322,6 +343,7 @@ class LeaseStore(Protocol):
         ttl_ms: int,
         max_term_ms: int,
         unknown_cap: int | None = None,
+        windows: Sequence[WindowEntry] = (),
     ) -> list[str]:
         """Rebuild the leases of `holders` that the store lacks, then mark the account live.
 
@@ -329,7 +351,9 @@ class LeaseStore(Protocol):
         token and fencing token (expiring `ttl_ms` from now) and its slots counted, unsent holders
         only if the account was not live (see `HeldLease.sent`); holders whose record exists are
         left alone; the fence counter rises past every holder's token; the
-        unknown budget's cap is set when given. Returns the attempt ids whose lease was rebuilt.
+        unknown budget's cap is set when given; and, only if the account was not live, the
+        `windows` entries are counted in its windows (each attempt once, those of an earlier
+        month not in the spend). Returns the attempt ids whose lease was rebuilt.
         Counters the holders do not explain are the reconciler's to correct, not this call's.
         """
         ...
@@ -389,3 +413,25 @@ class LeaseStore(Protocol):
     async def adjust_unknown_used(self, account: str, delta: int) -> int:
         """Atomically add `delta` to the unknown budget counter, clamped at 0. Return the value."""
         ...
+
+
+class LeaseStoreFactory(Protocol):
+    """Builds a lease store whole, with what it reports given at construction (the scheduling
+    runtime passes its own hooks; both stores' classes, partially applied, are factories):
+
+    * `fail_closed`: refuse acquires in accounts that are not live (only where something
+      restores them);
+    * `on_not_live`: told the account whenever a fail-closed acquire is refused there (time to
+      restore it);
+    * `on_freed`: told the account whenever slots there came back (a release, a reclaim of an
+      expired lease, also inside an acquire): the dispatcher wakes the tasks parked on it
+      (9.12).
+    """
+
+    def __call__(
+        self,
+        *,
+        fail_closed: bool = False,
+        on_not_live: Callable[[str], None] | None = None,
+        on_freed: Callable[[str], None] | None = None,
+    ) -> LeaseStore: ...

@@ -28,6 +28,8 @@ from controlplane.leases.base import (
     validate_account,
     validate_restore,
 )
+from controlplane.leases.memory_windows import MemoryWindows
+from controlplane.leases.windows import WindowEntry, WindowRefusal, WindowUse
 
 __all__ = ["MemoryLeaseStore", "wall_clock_ms"]
 
@@ -46,14 +48,17 @@ class MemoryLeaseStore:
         clock: Callable[[], int] = wall_clock_ms,
         on_unknown_slots_full: UnknownSlotsFullHook | None = None,
         fail_closed: bool = False,
+        on_not_live: Callable[[str], None] | None = None,
+        on_freed: Callable[[str], None] | None = None,
     ) -> None:
         self.metrics = LeaseMetrics()
         self._clock = clock
         self._on_unknown_slots_full = on_unknown_slots_full
-        self.fail_closed = fail_closed
-        self.on_not_live: Callable[[str], None] | None = None
-        self.on_freed: Callable[[str], None] | None = None
+        self.fail_closed = fail_closed  # `base.LeaseStoreFactory` says what the three are
+        self._on_not_live = on_not_live
+        self._on_freed = on_freed
         self._lock = asyncio.Lock()
+        self._windows = MemoryWindows()
         self.forget_everything()
 
     def forget_everything(self) -> None:
@@ -68,6 +73,7 @@ class MemoryLeaseStore:
         self._unknown_refused: set[str] = set()
         self._accounts: set[str] = set()
         self._live: set[str] = set()
+        self._windows.forget()
 
     async def now_ms(self) -> int:
         """Return the injected clock."""
@@ -76,25 +82,47 @@ class MemoryLeaseStore:
     async def acquire(self, req: LeaseRequest) -> Lease | None:
         """Reserve every dimension or none. See `LeaseStore.acquire`."""
         async with self._lock:
-            return self._acquire(req)
+            got = self._acquire(req)
+        return got if isinstance(got, Lease) else None
 
     async def acquire_many(self, requests: Sequence[LeaseRequest]) -> list[Lease | None]:
-        """Every request in order under one hold of the lock. See `LeaseStore.acquire_many`."""
+        """`admit_many` with every refusal as None. See `LeaseStore.acquire_many`."""
+        return [g if isinstance(g, Lease) else None for g in await self.admit_many(requests)]
+
+    async def admit_many(
+        self, requests: Sequence[LeaseRequest]
+    ) -> list[Lease | WindowRefusal | None]:
+        """Every request in order under one hold of the lock. See `LeaseStore.admit_many`."""
         async with self._lock:
             return [self._acquire(req) for req in requests]
 
-    async def release_many(self, leases: Sequence[Lease]) -> list[bool]:
+    async def release_many(self, leases: Sequence[Lease], *, unsent: bool = False) -> list[bool]:
         """Every release under one hold of the lock. See `LeaseStore.release_many`."""
         async with self._lock:
-            return [self._release(lease) for lease in leases]
+            return [self._release(lease, unsent=unsent) for lease in leases]
 
-    def _acquire(self, req: LeaseRequest) -> Lease | None:
+    async def stamp_send(self, req: LeaseRequest) -> WindowRefusal | None:
+        """The attempt is sent now. See `LeaseStore.stamp_send`."""
+        if req.windows is None:
+            return None
+        async with self._lock:
+            refusal = self._windows.stamp(req.account, req.attempt_id, req.windows, self._clock())
+        if refusal is not None:
+            self.metrics.rejected_window += 1
+        return refusal
+
+    async def window_usage(self, account: str) -> list[WindowUse]:
+        """Each window's use now. See `LeaseStore.window_usage`."""
+        async with self._lock:
+            return self._windows.usage(account, self._clock())
+
+    def _acquire(self, req: LeaseRequest) -> Lease | WindowRefusal | None:
         now = self._clock()
         self._accounts.add(req.account)
         if self.fail_closed and req.account not in self._live:
             self.metrics.rejected_not_live += 1
-            if self.on_not_live is not None:
-                self.on_not_live(req.account)
+            if self._on_not_live is not None:
+                self._on_not_live(req.account)
             return None
         reclaimed = 0
         for lease in [v for (a, _), v in self._leases.items() if a == req.account]:
@@ -108,6 +136,11 @@ class MemoryLeaseStore:
         if existing is not None:
             self.metrics.reacquired += 1
             return existing
+        if req.windows is not None:
+            refusal = self._windows.admit(req.account, req.attempt_id, req.windows, now)
+            if refusal is not None:
+                self.metrics.rejected_window += 1
+                return refusal
         for dim in req.dimensions:
             if self._used.get((req.account, dim.key), 0) + req.slots > dim.capacity:
                 self.metrics.rejected_no_capacity += 1
@@ -116,6 +149,8 @@ class MemoryLeaseStore:
             ref = (req.account, dim.key)
             self._used[ref] = self._used.get(ref, 0) + req.slots
             self._capacity[ref] = dim.capacity
+        if req.windows is not None:
+            self._windows.take(req.account, req.attempt_id, req.windows, now)
         self._fence[req.account] = self._fence.get(req.account, 0) + 1
         lease = Lease(
             attempt_id=req.attempt_id,
@@ -152,20 +187,20 @@ class MemoryLeaseStore:
         async with self._lock:
             return self._release(lease)
 
-    def _release(self, lease: Lease) -> bool:
+    def _release(self, lease: Lease, *, unsent: bool = False) -> bool:
         record = self._leases.get((lease.account, lease.attempt_id))
         if record is None or not _same_holder(record, lease):
             return False
         if record.dimensions != lease.dimensions:
             raise InvalidLeaseRequest("release: lease dimensions differ from the record")
-        self._drop(record)
+        self._drop(record, unsent=unsent)
         self.metrics.released += 1
         self._freed(record.account)
         return True
 
     def _freed(self, account: str) -> None:
-        if self.on_freed is not None:
-            self.on_freed(account)
+        if self._on_freed is not None:
+            self._on_freed(account)
 
     async def mark_unknown(self, lease: Lease, unknown_cap: int) -> bool:
         """Move the slots into the unknown budget unless full. See `LeaseStore.mark_unknown`."""
@@ -240,6 +275,7 @@ class MemoryLeaseStore:
         ttl_ms: int,
         max_term_ms: int,
         unknown_cap: int | None = None,
+        windows: Sequence[WindowEntry] = (),
     ) -> list[str]:
         """Rebuild missing holders' leases and mark the account live. See `LeaseStore.restore`."""
         validate_restore(account, ttl_ms, max_term_ms)
@@ -248,6 +284,8 @@ class MemoryLeaseStore:
             self._accounts.add(account)
             restored: list[str] = []
             was_live = account in self._live
+            if not was_live:
+                self._windows.restore(account, list(windows), now)
             for h in holders:
                 if h.account != account:
                     raise InvalidLeaseRequest(f"holder {h.attempt_id} is in {h.account}")
@@ -358,7 +396,8 @@ class MemoryLeaseStore:
             return None
         return record
 
-    def _drop(self, record: Lease) -> None:
+    def _drop(self, record: Lease, *, unsent: bool = False) -> None:
+        self._windows.dropped(record.account, record.attempt_id, unsent=unsent)
         for dim in record.dimensions:
             ref = (record.account, dim.key)
             self._used[ref] = max(0, self._used.get(ref, 0) - record.slots)

@@ -11,6 +11,11 @@ Key layout, all keys of one account in one Redis Cluster hash slot (`{account}` 
     {ns}dims:{runway:prod-us}                 set   dimension keys ever used (for snapshots)
     {ns}unknown:{runway:prod-us}              hash  used, cap, refused (unknown budget, 9.11.3)
     {ns}live:{runway:prod-us}                 str   set by `restore`: the leases were rebuilt
+    {ns}win:{runway:prod-us}:minute           zset  attempt -> admitted at (`windows`)
+    {ns}win:{runway:prod-us}:day              zset  attempt -> admitted at
+    {ns}win:{runway:prod-us}                  hash  minute, day (weight sums), day:<attempt>
+                                                    (a weight other than 1), limits, spans
+    {ns}spend:{runway:prod-us}:<month start>  hash  attempt -> cost micros, _sum (one per month)
     {ns}accounts                              set   accounts in use (untagged, only iterated)
 
 Nothing about Redis's contents is cached in this process: a flush, a restart without persistence or
@@ -21,26 +26,32 @@ hash tag, so it cannot join the account's scripts on Redis Cluster). With `fail_
 account from PostgreSQL every acquire there is refused.
 
 Writes that must be atomic go through the Lua scripts in `_lua`. Redis errors are translated into
-`LeaseBackendError` in this module, so callers never see redis exception types.
+`LeaseBackendError` (`_redis_wire.translated`), so callers never see redis exception types.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError, WatchError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import NoScriptError, WatchError
 
 from controlplane.leases import _lua
+from controlplane.leases import windows as win
+from controlplane.leases._redis_wire import (
+    RedisClientConfig,
+    accepts_new,
+    decode_dims,
+    encode_dims,
+    lease_from,
+    record,
+    redis_client,
+    text,
+    translated,
+)
 from controlplane.leases.base import (
     AccountSnapshot,
     Dimension,
@@ -51,92 +62,16 @@ from controlplane.leases.base import (
     LeaseLostError,
     LeaseMetrics,
     LeaseRequest,
-    LeaseStoreUnavailable,
     UnknownSlotsFullHook,
     validate_account,
     validate_restore,
 )
+from controlplane.leases.windows import WindowEntry, WindowRefusal, WindowUse
 
 __all__ = ["RedisClientConfig", "RedisLeaseStore", "redis_client"]
 
 _RECLAIM_BATCH = 200
 _SNAPSHOT_ATTEMPTS = 32
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _encode_dims(dims: Iterable[Dimension]) -> str:
-    return json.dumps([[d.key, d.capacity] for d in dims], separators=(",", ":"))
-
-
-def _decode_dims(raw: str) -> tuple[Dimension, ...]:
-    return tuple(Dimension(str(key), int(cap)) for key, cap in json.loads(raw))
-
-
-def _record(raw: Any) -> dict[str, str]:
-    """Normalise an HGETALL answer (a flat list from Lua, or a dict from redis-py) to str -> str."""
-    if isinstance(raw, Mapping):
-        return {_text(k): _text(v) for k, v in raw.items()}
-    items = [_text(v) for v in raw]
-    return dict(zip(items[::2], items[1::2], strict=True))
-
-
-def _lease_from(record: Mapping[str, str]) -> Lease:
-    return Lease(
-        attempt_id=record["attempt_id"],
-        account=record["account"],
-        token=record["token"],
-        fencing_token=int(record["fence"]),
-        dimensions=_decode_dims(record["dims"]),
-        slots=int(record["slots"]),
-        acquired_at_ms=int(record["acquired_at"]),
-        expires_at_ms=int(record["expires_at"]),
-        ttl_ms=int(record["ttl"]),
-        max_term_ms=int(record["max_term"]),
-        unknown=record["unknown"] == "1",
-    )
-
-
-def _accepting(used: int, cap: int | None, refused: bool) -> bool:
-    return not refused and (cap is None or used < cap)
-
-
-@asynccontextmanager
-async def _translated(operation: str) -> AsyncIterator[None]:
-    """Turn redis exceptions into ours, keeping the cause."""
-    try:
-        yield
-    except ResponseError as exc:
-        if "LEASE_DIMENSIONS_MISMATCH" in str(exc):
-            raise InvalidLeaseRequest(
-                f"{operation}: lease dimensions differ from the record"
-            ) from exc
-        raise LeaseBackendError(f"{operation}: {exc}") from exc
-    except (RedisConnectionError, RedisTimeoutError) as exc:
-        # Redis down, restarting or cut off: the kernel's Unavailable (UNAVAILABLE at the edge).
-        raise LeaseStoreUnavailable(f"{operation}: {exc}") from exc
-    except RedisError as exc:
-        raise LeaseBackendError(f"{operation}: {exc}") from exc
-
-
-@dataclass(frozen=True, slots=True)
-class RedisClientConfig:
-    """How the Redis client retries a command whose connection failed: redis-py's defaults,
-    named here so that the one time-scale factor compresses them with every other duration (a
-    backoff of production length would outlast a compressed reconcile period after a restart)."""
-
-    retries: int = 10
-    retry_base_s: float = 0.01
-    retry_cap_s: float = 1.0
-
-
-def redis_client(url: str, config: RedisClientConfig | None = None) -> Redis:
-    """A client for `url` that retries connection errors with `config`'s backoff."""
-    cfg = config or RedisClientConfig()
-    backoff = ExponentialWithJitterBackoff(cap=cfg.retry_cap_s, base=cfg.retry_base_s)
-    return Redis.from_url(url, retry=Retry(backoff, cfg.retries))
 
 
 class RedisLeaseStore:
@@ -156,6 +91,8 @@ class RedisLeaseStore:
         retain_ms: int = 600_000,
         on_unknown_slots_full: UnknownSlotsFullHook | None = None,
         fail_closed: bool = False,
+        on_not_live: Callable[[str], None] | None = None,
+        on_freed: Callable[[str], None] | None = None,
     ) -> None:
         if "{" in namespace or "}" in namespace:
             raise InvalidLeaseRequest(
@@ -166,21 +103,31 @@ class RedisLeaseStore:
         self._ns = namespace
         self._retain_ms = retain_ms
         self._on_unknown_slots_full = on_unknown_slots_full
-        self.fail_closed = fail_closed
-        self.on_not_live: Callable[[str], None] | None = None
-        self.on_freed: Callable[[str], None] | None = None
+        self.fail_closed = fail_closed  # `base.LeaseStoreFactory` says what the three are
+        self._on_not_live = on_not_live
+        self._on_freed = on_freed
         self._acquire = client.register_script(_lua.ACQUIRE)
         self._drop = client.register_script(_lua.DROP)
         self._renew = client.register_script(_lua.RENEW)
         self._unknown = client.register_script(_lua.UNKNOWN)
         self._adjust = client.register_script(_lua.ADJUST)
         self._restore = client.register_script(_lua.RESTORE)
+        self._usage = client.register_script(_lua.USAGE)
+        self._stamp = client.register_script(_lua.STAMP)
 
     # -- key layout --
 
     def _key(self, kind: str, account: str, suffix: str | None = None) -> str:
         key = f"{self._ns}{kind}:{{{account}}}"
         return key if suffix is None else f"{key}:{suffix}"
+
+    def _window_keys(self, account: str) -> list[str]:
+        """The minute and day zsets and the window hash: declared keys of every script."""
+        return [
+            self._key("win", account, "minute"),
+            self._key("win", account, "day"),
+            self._key("win", account),
+        ]
 
     def _capacity_keys(self, account: str, dims: Iterable[Dimension]) -> list[str]:
         return [self._key("capacity", account, d.key) for d in dims]
@@ -194,21 +141,28 @@ class RedisLeaseStore:
 
     async def now_ms(self) -> int:
         """Return Redis server TIME in milliseconds."""
-        async with _translated("now_ms"):
+        async with translated("now_ms"):
             seconds, micros = await self._redis.time()
         return int(seconds) * 1000 + int(micros) // 1000
 
     async def acquire(self, req: LeaseRequest) -> Lease | None:
         """Reserve every dimension or none in one script. See `LeaseStore.acquire`."""
         keys, args = self._acquire_call(req)
-        async with _translated("acquire"):
+        async with translated("acquire"):
             await self._register(req.account)
             reply = await self._acquire(keys=keys, args=args)
-        return self._acquired(req, str(args[1]), reply)
+        got = self._acquired(req, str(args[1]), reply)
+        return got if isinstance(got, Lease) else None
 
     async def acquire_many(self, requests: Sequence[LeaseRequest]) -> list[Lease | None]:
+        """`admit_many` with every refusal as None. See `LeaseStore.acquire_many`."""
+        return [g if isinstance(g, Lease) else None for g in await self.admit_many(requests)]
+
+    async def admit_many(
+        self, requests: Sequence[LeaseRequest]
+    ) -> list[Lease | WindowRefusal | None]:
         """One pipeline (one round trip): the accounts' registrations, then one ACQUIRE script
-        call per request in order. See `LeaseStore.acquire_many`.
+        call per request in order. See `LeaseStore.admit_many`.
 
         Each script is atomic per account (its keys share the hash tag), so the batch stays
         correct on Redis Cluster, where the pipeline is split per node.
@@ -219,7 +173,7 @@ class RedisLeaseStore:
             validate_account(req.account)
         calls = [self._acquire_call(req) for req in requests]
         accounts = sorted({req.account for req in requests})
-        async with _translated("acquire_many"):
+        async with translated("acquire_many"):
             replies = await self._evalsha_batch(
                 self._acquire,
                 calls,
@@ -230,7 +184,7 @@ class RedisLeaseStore:
             for req, call, reply in zip(requests, calls, replies, strict=True)
         ]
 
-    async def release_many(self, leases: Sequence[Lease]) -> list[bool]:
+    async def release_many(self, leases: Sequence[Lease], *, unsent: bool = False) -> list[bool]:
         """One pipeline of DROP script calls. See `LeaseStore.release_many`."""
         if not leases:
             return []
@@ -243,10 +197,11 @@ class RedisLeaseStore:
                 mode="release",
                 now_ms=None,
                 fence=str(lease.fencing_token),
+                unsent=unsent,
             )
             for lease in leases
         ]
-        async with _translated("release_many"):
+        async with translated("release_many"):
             replies = await self._evalsha_batch(self._drop, calls)
         done = [int(r) == 1 for r in replies]
         self.metrics.released += sum(done)
@@ -288,8 +243,8 @@ class RedisLeaseStore:
         raise LeaseBackendError("the script could not be loaded")
 
     def _freed(self, account: str) -> None:
-        if self.on_freed is not None:
-            self.on_freed(account)
+        if self._on_freed is not None:
+            self._on_freed(account)
 
     def _acquire_call(self, req: LeaseRequest) -> tuple[list[str], list[str | int]]:
         keys = [
@@ -299,6 +254,7 @@ class RedisLeaseStore:
             self._key("dims", req.account),
             self._key("unknown", req.account),
             self._key("live", req.account),
+            *self._window_keys(req.account),
             *self._capacity_keys(req.account, req.dimensions),
         ]
         args: list[str | int] = [
@@ -308,33 +264,37 @@ class RedisLeaseStore:
             req.ttl_ms,
             req.max_term_ms,
             self._retain_ms,
-            _encode_dims(req.dimensions),
+            encode_dims(req.dimensions),
             req.account,
             "1" if self.fail_closed else "0",
             self._key("lease", req.account, ""),
             self._key("capacity", req.account, ""),
             _RECLAIM_BATCH,
+            "" if req.windows is None else json.dumps(req.windows.encode()),
+            self._key("spend", req.account, ""),
         ]
         for dim in req.dimensions:
             args += [dim.key, dim.capacity]
         return keys, args
 
-    def _acquired(self, req: LeaseRequest, token: str, reply: Any) -> Lease | None:
+    def _acquired(self, req: LeaseRequest, token: str, reply: Any) -> Lease | WindowRefusal | None:
         code = int(reply[0])
         self.metrics.reclaimed += int(reply[2])
         if int(reply[2]):
             self._freed(req.account)
         if code == 4:
             self.metrics.rejected_not_live += 1
-            if self.on_not_live is not None:
-                self.on_not_live(req.account)
+            if self._on_not_live is not None:
+                self._on_not_live(req.account)
             return None
         if code == 0:
             self.metrics.rejected_no_capacity += 1
             return None
+        if code == 5:
+            return self._refusal(req, reply[1])
         if code == 2:
             self.metrics.reacquired += 1
-            return _lease_from(_record(reply[1]))
+            return lease_from(record(reply[1]))
         self.metrics.acquired += 1
         fence, acquired_at, expires_at = (int(v) for v in reply[1])
         return Lease(
@@ -350,13 +310,25 @@ class RedisLeaseStore:
             max_term_ms=req.max_term_ms,
         )
 
+    def _refusal(self, req: LeaseRequest, raw: Any) -> WindowRefusal:
+        self.metrics.rejected_window += 1
+        name, limit, used, requested, reopens = raw
+        return WindowRefusal(
+            req.account,
+            text(name),
+            int(limit),
+            int(used),
+            int(requested),
+            None if int(reopens) < 0 else int(reopens),
+        )
+
     async def renew(self, lease: Lease) -> Lease | None:
         """Extend the expiry, capped at the max term. See `LeaseStore.renew`."""
         keys = [
             self._key("lease", lease.account, lease.attempt_id),
             self._key("leases", lease.account),
         ]
-        async with _translated("renew"):
+        async with translated("renew"):
             reply = await self._renew(
                 keys=keys,
                 args=[lease.token, lease.attempt_id, self._retain_ms, lease.fencing_token],
@@ -365,11 +337,11 @@ class RedisLeaseStore:
             self.metrics.renew_failed += 1
             return None
         self.metrics.renewed += 1
-        return _lease_from(_record(reply[1]))
+        return lease_from(record(reply[1]))
 
     async def release(self, lease: Lease) -> bool:
         """Return the slots once, if the token matches. See `LeaseStore.release`."""
-        async with _translated("release"):
+        async with translated("release"):
             released = await self._drop_lease(
                 lease.account,
                 lease.attempt_id,
@@ -404,17 +376,17 @@ class RedisLeaseStore:
 
     async def accepting_new(self, account: str) -> bool:
         """False while the unknown budget is full. See `LeaseStore.accepting_new`."""
-        async with _translated("accepting_new"):
+        async with translated("accepting_new"):
             used, cap, refused = await self._redis.hmget(
                 self._key("unknown", account), ["used", "cap", "refused"]
             )
-        return _accepting(int(used or 0), None if cap is None else int(cap), refused is not None)
+        return accepts_new(int(used or 0), None if cap is None else int(cap), refused is not None)
 
     async def reclaim_expired(self, now_ms: int | None = None) -> list[str]:
         """Return expired leases' slots, all accounts. See `LeaseStore.reclaim_expired`."""
         reclaimed: list[str] = []
         freed: set[str] = set()
-        async with _translated("reclaim_expired"):
+        async with translated("reclaim_expired"):
             now = await self.now_ms() if now_ms is None else now_ms
             for account in await self.accounts():
                 index = self._key("leases", account)
@@ -423,7 +395,7 @@ class RedisLeaseStore:
                         index, "-inf", now, start=0, num=_RECLAIM_BATCH
                     )
                     for raw_id in due:
-                        attempt_id = _text(raw_id)
+                        attempt_id = text(raw_id)
                         if await self._reclaim_one(account, attempt_id, now_ms):
                             reclaimed.append(attempt_id)
                             freed.add(account)
@@ -436,7 +408,7 @@ class RedisLeaseStore:
 
     async def is_live(self, account: str) -> bool:
         """Whether the account's live marker exists. See `LeaseStore.is_live`."""
-        async with _translated("is_live"):
+        async with translated("is_live"):
             return bool(await self._redis.exists(self._key("live", account)))
 
     async def restore(
@@ -447,6 +419,7 @@ class RedisLeaseStore:
         ttl_ms: int,
         max_term_ms: int,
         unknown_cap: int | None = None,
+        windows: Sequence[WindowEntry] = (),
     ) -> list[str]:
         """Rebuild missing holders' leases and mark the account live. See `LeaseStore.restore`."""
         validate_restore(account, ttl_ms, max_term_ms)
@@ -456,6 +429,7 @@ class RedisLeaseStore:
             self._key("dims", account),
             self._key("unknown", account),
             self._key("live", account),
+            *self._window_keys(account),
         ]
         rows: list[list[str]] = []
         for h in holders:
@@ -468,7 +442,7 @@ class RedisLeaseStore:
                     h.attempt_id,
                     h.token,
                     str(h.fencing_token),
-                    _encode_dims(h.dimensions),
+                    encode_dims(h.dimensions),
                     str(h.slots),
                     "1" if h.unknown else "0",
                     "1" if h.sent else "0",
@@ -481,36 +455,71 @@ class RedisLeaseStore:
             account,
             "" if unknown_cap is None else unknown_cap,
             json.dumps(rows, separators=(",", ":")),
+            json.dumps(
+                [[e.attempt_id, e.at_ms, e.generations, e.cost_micros] for e in windows],
+                separators=(",", ":"),
+            ),
+            self._key("spend", account, ""),
         ]
-        async with _translated("restore"):
+        async with translated("restore"):
             await self._register(account)
             reply = await self._restore(keys=keys, args=args)
-        restored = [_text(r) for r in reply]
+        restored = [text(r) for r in reply]
         self.metrics.restored += len(restored)
         return restored
 
+    async def stamp_send(self, req: LeaseRequest) -> WindowRefusal | None:
+        """The attempt is sent now: its windows count it from now. See `LeaseStore.stamp_send`."""
+        if req.windows is None:
+            return None
+        async with translated("stamp_send"):
+            reply = await self._stamp(
+                keys=self._window_keys(req.account),
+                args=[
+                    req.attempt_id,
+                    json.dumps(req.windows.encode()),
+                    self._key("spend", req.account, ""),
+                ],
+            )
+        if int(reply[0]) != 5:
+            return None
+        return self._refusal(req, reply[1])
+
+    async def window_usage(self, account: str) -> list[WindowUse]:
+        """Each window's use now and its last seen limit. See `LeaseStore.window_usage`."""
+        validate_account(account)
+        async with translated("window_usage"):
+            reply = await self._usage(
+                keys=self._window_keys(account), args=[self._key("spend", account, "")]
+            )
+        values = [int(v) for v in reply]
+        return [
+            WindowUse(name, values[i], None if values[3 + i] < 0 else values[3 + i])
+            for i, name in enumerate(win.WINDOWS)
+        ]
+
     async def used(self, account: str, dimension_key: str) -> int:
         """Slots counted in one dimension."""
-        async with _translated("used"):
+        async with translated("used"):
             value = await self._redis.hget(self._key("capacity", account, dimension_key), "used")
         return int(value or 0)
 
     async def unknown_used(self, account: str) -> int:
         """Slots counted in the unknown budget."""
-        async with _translated("unknown_used"):
+        async with translated("unknown_used"):
             value = await self._redis.hget(self._key("unknown", account), "used")
         return int(value or 0)
 
     async def snapshot(self, account: str) -> AccountSnapshot:
         """Read counters and leases in one MULTI, retried while the key set changes under it."""
         index, dims_set = self._key("leases", account), self._key("dims", account)
-        async with _translated("snapshot"), self._redis.pipeline(transaction=True) as pipe:
+        async with translated("snapshot"), self._redis.pipeline(transaction=True) as pipe:
             for _ in range(_SNAPSHOT_ATTEMPTS):
                 try:
                     # WATCH fails the EXEC if a lease or dimension came or went since listing.
                     await pipe.watch(index, dims_set)
-                    attempt_ids = [_text(a) for a in await pipe.zrange(index, 0, -1)]
-                    dim_keys = sorted(_text(d) for d in await pipe.smembers(dims_set))
+                    attempt_ids = [text(a) for a in await pipe.zrange(index, 0, -1)]
+                    dim_keys = sorted(text(d) for d in await pipe.smembers(dims_set))
                     pipe.multi()  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
                     for key in dim_keys:
                         pipe.hmget(self._key("capacity", account, key), ["used", "capacity"])
@@ -528,15 +537,15 @@ class RedisLeaseStore:
     async def lease_of(self, account: str, attempt_id: str) -> Lease | None:
         """The stored record of one lease, one HGETALL (`LeaseKeeper`'s fast path; a snapshot
         reads every lease of the account)."""
-        async with _translated("lease_of"):
+        async with translated("lease_of"):
             raw = await self._redis.hgetall(self._key("lease", account, attempt_id))
-        return _lease_from(_record(raw)) if raw else None
+        return lease_from(record(raw)) if raw else None
 
     async def accounts(self) -> list[str]:
         """Accounts ever used with this namespace."""
-        async with _translated("accounts"):
+        async with translated("accounts"):
             members = await self._redis.smembers(f"{self._ns}accounts")
-        return sorted(_text(m) for m in members)
+        return sorted(text(m) for m in members)
 
     async def set_used(self, account: str, dimension_key: str, value: int) -> None:
         """Overwrite a dimension counter."""
@@ -586,20 +595,23 @@ class RedisLeaseStore:
         mode: str,
         now_ms: int | None,
         fence: str = "",
+        unsent: bool = False,
     ) -> tuple[list[str], list[str | int]]:
         keys = [
             self._key("lease", account, attempt_id),
             self._key("leases", account),
             self._key("unknown", account),
+            *self._window_keys(account),
             *self._capacity_keys(account, dims),
         ]
         args: list[str | int] = [
             token,
             attempt_id,
-            _encode_dims(dims),
+            encode_dims(dims),
             mode,
             "" if now_ms is None else str(now_ms),
             fence,
+            "1" if unsent else "0",
         ]
         return keys, args
 
@@ -615,8 +627,8 @@ class RedisLeaseStore:
         return await self._drop_lease(
             account,
             attempt_id,
-            _text(token),
-            _decode_dims(_text(dims)),
+            text(token),
+            decode_dims(text(dims)),
             mode="reclaim",
             now_ms=now_ms,
         )
@@ -626,7 +638,7 @@ class RedisLeaseStore:
             self._key("lease", lease.account, lease.attempt_id),
             self._key("unknown", lease.account),
         ]
-        async with _translated(f"{mode}_unknown"):
+        async with translated(f"{mode}_unknown"):
             code, accepting = await self._unknown(
                 keys=keys, args=[lease.token, mode, cap, lease.fencing_token]
             )
@@ -643,7 +655,7 @@ class RedisLeaseStore:
         else:
             keys = [self._key("capacity", account, dimension_key), self._key("dims", account)]
             args = [mode, value, "0", dimension_key]
-        async with _translated("adjust"):
+        async with translated("adjust"):
             await self._register(account)
             new = int(await self._adjust(keys=keys, args=args))
         self.metrics.counters_adjusted += 1
@@ -658,7 +670,7 @@ class RedisLeaseStore:
             used[key] = int(raw_used or 0)
             if raw_cap is not None:
                 capacity[key] = int(raw_cap)
-        leases = tuple(_lease_from(_record(raw)) for raw in results[len(dim_keys) : -1] if raw)
+        leases = tuple(lease_from(record(raw)) for raw in results[len(dim_keys) : -1] if raw)
         unknown_used, unknown_cap, refused = results[-1]
         cap = None if unknown_cap is None else int(unknown_cap)
         return AccountSnapshot(
@@ -667,6 +679,6 @@ class RedisLeaseStore:
             capacity=capacity,
             unknown_used=int(unknown_used or 0),
             unknown_cap=cap,
-            accepting_new=_accepting(int(unknown_used or 0), cap, refused is not None),
+            accepting_new=accepts_new(int(unknown_used or 0), cap, refused is not None),
             leases=leases,
         )

@@ -8,6 +8,10 @@ another one does). `database.Database` owns the engine and opens the two ways in
   ``create_attempt``, ``record_decision``, ``insert_job``, ``enqueue``, ``claim_messages``,
   ``complete_message``, ``publish``, ...), with the locked reads a writer decides from. The task
   compare-and-set + event + outbox step is written once, there.
+* **named reads**: ``async with db.reads() as r:`` opens one read connection behind
+  `reads.SqlReads`, whose methods are every read a service makes outside a unit (policy
+  snapshots, documents, canary windows, balances, reconciliation runs, ...); no module above
+  persistence holds a connection.
 * **reads**: the query modules, read-only: `tasks` (a task with its history, pages, events),
   `catalog` (accounts, effective capabilities and prices, history, queued tasks, health events),
   `execution` (attempt snapshots, provider events, crashed submits), `exclusions` (failover

@@ -1,18 +1,26 @@
 """The CreateTask write: a QUEUED task, its first event, its ``task.queued`` outbox message and,
 with a reservation, its RESERVE entry, in the fewest round trips the database allows.
 
-PostgreSQL: ONE statement. ``INSERT ... ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
-RETURNING id`` is a data-modifying CTE the event, outbox and reserve inserts select from, so a
+ONE function writes it, for any number of creates: `insert_many` (the group commit of
+`creates`); `insert_task`, a single create, is that function given one item, as
+`transitions.move_tasks` is the set-based form of the unit's single move.
+
+PostgreSQL: ONE statement however many creates. The rows arrive as one array per column
+(``unnest ... WITH ORDINALITY``) into ``INSERT ... ON CONFLICT (tenant_id, idempotency_key) DO
+NOTHING RETURNING``, a data-modifying CTE the event, outbox and reserve inserts select from, so a
 replayed key inserts nothing at all (no savepoint, no read before the write). A key that already
 exists (committed, or committed by a concurrent creator the ON CONFLICT waited for) returns no
 row, and one read by key then returns the stored task (READ COMMITTED: that read's snapshot is
-newer than the winner's commit). A policy with a floor (prepaid) locks the tenant and checks
-its available credit after the insert (`ledger.check_and_lock`), then reserves: a refusal rolls
-the unit back.
+newer than the winner's commit).
 
 SQLite: the same INSERT ... ON CONFLICT DO NOTHING RETURNING (no data-modifying CTEs there), then
-the event, outbox and reserve inserts: statements are local calls, and ``BEGIN IMMEDIATE`` holds
-the single write lock for the transaction anyway.
+one multi-row insert each for the new tasks' events, outbox messages and RESERVE entries:
+statements are local calls, and ``BEGIN IMMEDIATE`` holds the single write lock anyway.
+
+A reservation under a policy with a floor (prepaid) is not written inline: after the insert the
+tenant is locked and its available credit checked (`ledger.check_and_lock`), then the RESERVE
+entry written, in the unit's transaction (never `one_statement`); a refusal raises and the whole
+unit rolls back. The group commit sends no such create (`creates`).
 
 The stored task is returned as built here (status QUEUED, version 0, nothing adopted), not read
 back: the row is exactly these values.
@@ -48,7 +56,7 @@ from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TaskState
 from controlplane.domain.webhooks import WebhookSubscription
 from controlplane.persistence import _reads, _sql, ledger
-from controlplane.persistence.coltypes import JsonDoc, UtcDateTime
+from controlplane.persistence.coltypes import JsonDoc
 from controlplane.persistence.errors import StoreUnavailable
 from controlplane.persistence.models import credit_ledger as C
 from controlplane.persistence.models import generation_tasks as T
@@ -62,26 +70,6 @@ __all__ = ["NewTask", "insert_many", "insert_task"]
 
 _KEY = ["tenant_id", "idempotency_key"]
 _QUEUED_EVENT = _sql.state_payload(TaskState.QUEUED, 0)
-_TASK_COLUMNS = (
-    "tenant_id",
-    "user_id",
-    "project_id",
-    "idempotency_key",
-    "spec",
-    "normalized_spec_hash",
-    "service_class",
-    "priority",
-    "status",
-    "status_version",
-    "last_event_seq",
-    "queue_deadline_at",
-    "deadline_at",
-    "trace_context",
-    "webhook_url",
-    "webhook_events",
-    "created_at",
-    "updated_at",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,82 +85,6 @@ class NewTask:
     webhook: WebhookSubscription | None = None  # the caller webhook (its own or the default)
 
 
-def _task_insert(dialect: Any) -> Any:
-    values = {name: bindparam(f"t_{name}", type_=T.c[name].type) for name in _TASK_COLUMNS}
-    return dialect.insert(T).values(values).on_conflict_do_nothing(index_elements=_KEY)
-
-
-def _pg_statement(*, reserve: bool) -> Executable:
-    """The one-statement create (see the module docstring); parameters bound per call."""
-    ins = (
-        _task_insert(postgresql)
-        .returning(T.c.id, T.c.tenant_id, T.c.service_class, T.c.priority)
-        .cte("ins")
-    )
-    now = bindparam("now", type_=UtcDateTime)
-    event = insert(E).from_select(
-        ["task_id", "seq", "kind", "payload", "created_at"],
-        select(
-            ins.c.id,
-            literal(1),
-            literal("task.queued"),
-            bindparam("event_payload", type_=JsonDoc),
-            now,
-        ),
-    )
-    message = insert(O).from_select(
-        ["topic", "aggregate_id", "payload", "created_at", "available_at", "attempts"],
-        select(
-            literal(str(Topic.QUEUED)),
-            cast(ins.c.id, Text),
-            func.jsonb_build_object(
-                "task_id",
-                ins.c.id,
-                "tenant_id",
-                ins.c.tenant_id,
-                "service_class",
-                ins.c.service_class,
-                "priority",
-                ins.c.priority,
-            ),
-            now,
-            now,
-            literal(0),
-        ),
-    )
-    ctes = [event.cte("ev"), message.cte("ob")]
-    if reserve:
-        entry = insert(C).from_select(
-            [
-                "tenant_id",
-                "kind",
-                "amount_micros",
-                "currency",
-                "task_id",
-                "idempotency_key",
-                "actor",
-                "reason",
-                "created_at",
-            ],
-            select(
-                ins.c.tenant_id,
-                literal(CreditKind.RESERVE.value),
-                bindparam("r_amount", type_=BigInteger),
-                bindparam("r_currency", type_=Text),
-                ins.c.id,
-                literal("reserve:") + cast(ins.c.id, Text),
-                literal(ledger.SYSTEM_ACTOR),
-                bindparam("r_reason", type_=Text),
-                now,
-            ),
-        )
-        ctes.append(entry.cte("res"))
-    return select(ins.c.id).add_cte(*ctes)
-
-
-_PG_CREATE = _pg_statement(reserve=False)
-_PG_CREATE_RESERVING = _pg_statement(reserve=True)
-_SQLITE_INSERT = _task_insert(sqlite).returning(T.c.id)
 _SQLITE_MANY = (
     sqlite.insert(T)
     .on_conflict_do_nothing(index_elements=_KEY)
@@ -180,27 +92,28 @@ _SQLITE_MANY = (
 )
 
 
-def _task_params(new: NewTask, now: datetime) -> dict[str, Any]:
+def _task_row(new: NewTask, now: datetime) -> dict[str, Any]:
+    """The task's row as stored: every column of ``generation_tasks`` a create writes."""
     spec = new.spec
     return {
-        "t_tenant_id": spec.tenant_id,
-        "t_user_id": spec.user_id,
-        "t_project_id": spec.project_id,
-        "t_idempotency_key": new.idempotency_key,
-        "t_spec": spec_to_dict(spec),
-        "t_normalized_spec_hash": new.spec_hash,
-        "t_service_class": spec.service_class.value,
-        "t_priority": spec.priority,
-        "t_status": TaskState.QUEUED.value,
-        "t_status_version": 0,
-        "t_last_event_seq": 1,
-        "t_queue_deadline_at": new.queue_deadline_at,
-        "t_deadline_at": new.deadline_at,
-        "t_trace_context": new.trace_context,
-        "t_webhook_url": new.webhook.url if new.webhook else None,
-        "t_webhook_events": new.webhook.mask if new.webhook else None,
-        "t_created_at": now,
-        "t_updated_at": now,
+        "tenant_id": spec.tenant_id,
+        "user_id": spec.user_id,
+        "project_id": spec.project_id,
+        "idempotency_key": new.idempotency_key,
+        "spec": spec_to_dict(spec),
+        "normalized_spec_hash": new.spec_hash,
+        "service_class": spec.service_class.value,
+        "priority": spec.priority,
+        "status": TaskState.QUEUED.value,
+        "status_version": 0,
+        "last_event_seq": 1,
+        "queue_deadline_at": new.queue_deadline_at,
+        "deadline_at": new.deadline_at,
+        "trace_context": new.trace_context,
+        "webhook_url": new.webhook.url if new.webhook else None,
+        "webhook_events": new.webhook.mask if new.webhook else None,
+        "created_at": now,
+        "updated_at": now,
     }
 
 
@@ -238,58 +151,11 @@ async def insert_task(
     conn: AsyncConnection, new: NewTask, reservation: Reservation | None, now: datetime
 ) -> tuple[TaskRecord, bool]:
     """``(task, created)``: the new task, or the one this key already stored (``created`` False;
-    another spec hash under the key is `IdempotencyConflict`). See the module docstring."""
-    spec = new.spec
-    floor = reservation is not None and reservation.policy.floor_micros() is not None
-    params = _task_params(new, now)
-    if conn.dialect.name == "postgresql":
-        params.update(
-            now=now,
-            event_payload=_QUEUED_EVENT,
-        )
-        inline = reservation is not None and not floor
-        if inline:
-            assert reservation is not None
-            params.update(
-                r_amount=reservation.amount_micros,
-                r_currency=reservation.currency,
-                r_reason=_reason(reservation),
-            )
-        statement = _PG_CREATE_RESERVING if inline else _PG_CREATE
-        task_id = await conn.scalar(statement, params)
-    else:
-        task_id = await conn.scalar(_SQLITE_INSERT, params)
-        if task_id is not None:
-            await _sql.append_event(conn, task_id, 1, "task.queued", _QUEUED_EVENT, now=now)
-            await conn.execute(
-                insert(O).values(
-                    topic=str(Topic.QUEUED),
-                    aggregate_id=str(task_id),
-                    payload={
-                        "task_id": task_id,
-                        "tenant_id": spec.tenant_id,
-                        "service_class": spec.service_class.value,
-                        "priority": spec.priority,
-                    },
-                    created_at=now,
-                    available_at=now,
-                    attempts=0,
-                )
-            )
-    if task_id is None:
-        existing = await _reads.task_by_key(conn, spec.tenant_id, new.idempotency_key)
-        if existing is None:  # the conflicting creator rolled back between the two statements
-            raise StoreUnavailable("a concurrent CreateTask of this key rolled back", 0.1)
-        return _sql.replay(existing, new.spec_hash), False
-    record = _record(int(task_id), new, now)
-    if reservation is not None and (floor or conn.dialect.name != "postgresql"):
-        # The check and the RESERVE entry need the unit's transaction (not `one_statement`).
-        if conn.sync_connection is not None:
-            options = conn.sync_connection.get_execution_options()
-            assert options.get("isolation_level") != "AUTOCOMMIT", "a floor needs a transaction"
-        await ledger.check_and_lock(conn, record.tenant_id, reservation)
-        await _reserve(conn, record, reservation, now)
-    return record, True
+    another spec hash under the key is `IdempotencyConflict`): `insert_many` of one create."""
+    [result] = await insert_many(conn, [(new, reservation, now)])
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 async def _reserve(
@@ -459,21 +325,23 @@ def _many_params(
 async def insert_many(
     conn: AsyncConnection, items: list[tuple[NewTask, Reservation | None, datetime]]
 ) -> list[tuple[TaskRecord, bool] | BaseException]:
-    """`insert_task` for several creates at once, none needing a credit check: on PostgreSQL
-    one statement, on SQLite one multi-row INSERT per table in the unit's transaction; per item
-    ``(task, created)`` or its `IdempotencyConflict`. The first of the items sharing a key is
-    the one written; the others replay it."""
+    """The create write (see the module docstring) of any number of creates: per item
+    ``(task, created)`` or its own error (`IdempotencyConflict`); the first of the items
+    sharing a key is the one written, the others replay it. A floor's refusal
+    (`InsufficientCredit`) is raised: the unit rolls back, every item with it."""
     first: dict[tuple[str, str], int] = {}
     rows: list[dict[str, Any]] = []
     reserves: list[tuple[str, str, int, str, str]] = []
+    floors: dict[tuple[str, str], Reservation] = {}
     for i, (new, reservation, now) in enumerate(items):
         key = (new.spec.tenant_id, new.idempotency_key)
         if key in first:
             continue
         first[key] = i
-        rows.append({k.removeprefix("t_"): v for k, v in _task_params(new, now).items()})
-        if reservation is not None:
-            assert reservation.policy.floor_micros() is None, "a floor needs its own transaction"
+        rows.append(_task_row(new, now))
+        if reservation is not None and reservation.policy.floor_micros() is not None:
+            floors[key] = reservation  # checked and written after the insert, below
+        elif reservation is not None:
             reserves.append(
                 (*key, reservation.amount_micros, reservation.currency, _reason(reservation))
             )
@@ -493,12 +361,27 @@ async def insert_many(
                 results.append((made[key], True))
                 continue
             existing = made.get(key) or await _reads.task_by_key(conn, *key)
-            if existing is None:
+            if existing is None:  # the conflicting creator rolled back between the statements
                 raise StoreUnavailable("a concurrent CreateTask of this key rolled back", 0.1)
             results.append((_sql.replay(existing, new.spec_hash), False))
         except Exception as exc:  # this create's own outcome (a conflict), not the batch's
             results.append(exc)
+    for key, reservation in floors.items():
+        if key in made:  # a replay reserves nothing again
+            await _reserve_checked(conn, made[key], reservation, items[first[key]][2])
     return results
+
+
+async def _reserve_checked(
+    conn: AsyncConnection, record: TaskRecord, reservation: Reservation, now: datetime
+) -> None:
+    """A floor's RESERVE entry: the tenant locked and its credit checked first, last in the
+    transaction so the lock is held as little as possible."""
+    if conn.sync_connection is not None:
+        options = conn.sync_connection.get_execution_options()
+        assert options.get("isolation_level") != "AUTOCOMMIT", "a floor needs a transaction"
+    await ledger.check_and_lock(conn, record.tenant_id, reservation)
+    await _reserve(conn, record, reservation, now)
 
 
 async def _sqlite_many(

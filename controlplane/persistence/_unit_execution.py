@@ -11,10 +11,9 @@ from sqlalchemy import Table, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from controlplane.domain.states import AttemptState
+from controlplane.domain.states import POLLABLE_ATTEMPT_STATES, AttemptState
 from controlplane.persistence import _rows, _sql
 from controlplane.persistence.errors import DuplicateRecord
-from controlplane.persistence.execution import POLLABLE_STATES
 from controlplane.persistence.models import attempt_runtime as R
 from controlplane.persistence.models import provider_events as E
 from controlplane.persistence.models import provider_jobs
@@ -186,7 +185,9 @@ class ExecutionWrites:
 
     async def claim_polls(self, worker: str, *, limit: int, lease_s: float) -> list[int]:
         """Attempts whose poll is due, claimed with SKIP LOCKED (PostgreSQL)."""
-        return await self._claim(R.c.next_poll_at, POLLABLE_STATES, limit=limit, lease_s=lease_s)
+        return await self._claim(
+            R.c.next_poll_at, POLLABLE_ATTEMPT_STATES, limit=limit, lease_s=lease_s
+        )
 
     async def claim_recoveries(self, worker: str, *, limit: int, lease_s: float) -> list[int]:
         """SUBMIT_UNKNOWN attempts whose recovery step is due, claimed like polls."""

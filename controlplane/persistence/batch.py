@@ -8,11 +8,13 @@ work (`Database.unit`):
    is the round's only if its row was free to lock AND its version is still the one the round
    routed: a second dispatcher (two leaders by force, a slow old leader) either skips the locked
    row or finds the version moved, so a task never gets two attempts.
-2. `write_selected`: for the claimed SELECTED tasks, one UPDATE (QUEUED -> SCHEDULING ->
-   SUBMITTING: version + 2, three event numbers), one multi-row INSERT each into
-   route_decisions, task_attempts, task_events and outbox. The numbers (attempt_no,
-   decision_no) were read with `numbers` before the round leased: the claimed version proves no
-   decision or attempt was added since (both are only ever written with a task CAS).
+2. `write_selected`: for the claimed SELECTED tasks, the bulk transition of `transitions`
+   (QUEUED -> SCHEDULING -> SUBMITTING, each edge asked of `TASK_MACHINE`, one UPDATE, the
+   events the single path writes, three event numbers), one multi-row INSERT each into
+   route_decisions, task_attempts, task_events (with the caller-webhook messages) and outbox.
+   The numbers (attempt_no, decision_no) were read with `numbers` before the round leased: the
+   claimed version proves no decision or attempt was added since (both are only ever written
+   with a task CAS).
 
 Statements per batch do not grow with the batch: 2 reads + 5 writes, whatever its size; on
 PostgreSQL each INSERT binds one array per column (`_bulk`), not one value per cell.
@@ -25,19 +27,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TaskState
-from controlplane.persistence import _bulk, webhooks
+from controlplane.persistence import _bulk
 from controlplane.persistence.errors import ConcurrentModification
 from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.models import outbox as O
 from controlplane.persistence.models import route_decisions as D
 from controlplane.persistence.models import task_attempts as A
-from controlplane.persistence.models import task_events as E
 from controlplane.persistence.records import NewAttempt, NewRouteDecision
+from controlplane.persistence.transitions import TaskMove, TaskStep, cas_many, insert_events
 
 __all__ = ["Numbers", "SelectedTask", "Written", "claim", "numbers", "write_selected"]
 
@@ -99,6 +101,12 @@ class Written:
 
     attempt_id: int
     route_decision_id: int
+    # Whether a caller-webhook message may have been written (the delivery worker's wake-up).
+    announced: bool = False
+
+
+# A dispatch: the same two steps the single path takes (`move_task`, then `create_attempt`).
+DISPATCH = (TaskStep(TaskState.SCHEDULING, "dispatch"), TaskStep(TaskState.SUBMITTING))
 
 
 async def write_selected(
@@ -113,24 +121,10 @@ async def write_selected(
     if not items:
         return {}
     by_id = {i.task_id: i for i in items}
-    moved = await conn.execute(
-        update(T)
-        .where(T.c.id.in_(sorted(by_id)), T.c.status == TaskState.QUEUED.value)
-        .values(
-            status=TaskState.SUBMITTING.value,
-            status_version=T.c.status_version + 2,
-            last_event_seq=T.c.last_event_seq + 3,
-            updated_at=now,
-        )
-        .returning(T.c.id, T.c.status_version, T.c.last_event_seq)
-    )
-    seqs: dict[int, int] = {}
-    for task_id, version, seq in moved:
-        if by_id[int(task_id)].expected_version + 2 != int(version):
-            raise ConcurrentModification(f"task {task_id} moved under the batch's claim")
-        seqs[int(task_id)] = int(seq)
-    if len(seqs) != len(by_id):
-        raise ConcurrentModification(f"tasks {sorted(set(by_id) - set(seqs))} left QUEUED")
+    moves = [TaskMove(i.task_id, TaskState.QUEUED, i.expected_version, DISPATCH) for i in items]
+    moved = await cas_many(conn, moves, now, extra_events=1)  # + attempt.created
+    if len(moved) != len(by_id):
+        raise ConcurrentModification(f"tasks {sorted(set(by_id) - set(moved))} moved")
     decision_rows = await _bulk.insert_rows(
         conn,
         D,
@@ -159,33 +153,25 @@ async def write_selected(
     events: list[dict[str, Any]] = []
     messages: list[dict[str, Any]] = []
     for i in items:
-        seq, v, attempt_id = seqs[i.task_id], i.expected_version, attempt_ids[i.task_id]
-        a = i.attempt
-        for offset, kind, payload in (
-            (2, "task.state_changed", _state(TaskState.SCHEDULING, v + 1, "dispatch")),
-            (1, "task.state_changed", _state(TaskState.SUBMITTING, v + 2, "")),
-            (
-                0,
-                "attempt.created",
-                {
-                    "attempt_id": attempt_id,
-                    "attempt_no": i.numbers.attempt_no + 1,
-                    "state": a.initial_state.value,
-                    "status_version": 0,
-                    "provider_account_id": a.provider_account_id,
-                    "provider_model": a.provider_model,
-                },
-            ),
-        ):
-            events.append(
-                {
-                    "task_id": i.task_id,
-                    "seq": seq - offset,
-                    "kind": kind,
-                    "payload": payload,
-                    "created_at": now,
-                }
-            )
+        done, attempt_id, a = moved[i.task_id], attempt_ids[i.task_id], i.attempt
+        events += done.events
+        created = {
+            "attempt_id": attempt_id,
+            "attempt_no": i.numbers.attempt_no + 1,
+            "state": a.initial_state.value,
+            "status_version": 0,
+            "provider_account_id": a.provider_account_id,
+            "provider_model": a.provider_model,
+        }
+        events.append(
+            {
+                "task_id": i.task_id,
+                "seq": done.last_seq,
+                "kind": "attempt.created",
+                "payload": created,
+                "created_at": now,
+            }
+        )
         body = {**i.outbox_payload, "task_id": i.task_id, "attempt_id": attempt_id}
         messages.append(
             {
@@ -197,17 +183,9 @@ async def write_selected(
                 "attempts": 0,
             }
         )
-    await _bulk.insert_rows(conn, E, events)
-    await webhooks.enqueue_many(conn, events, now)  # subscribed tasks' caller webhooks
+    announced = await insert_events(conn, events, now)  # with subscribed tasks' webhooks
     await _bulk.insert_rows(conn, O, messages)
-    return {t: Written(a, decision_ids[t]) for t, a in attempt_ids.items()}
-
-
-def _state(state: TaskState, version: int, reason: str) -> dict[str, Any]:
-    payload: dict[str, Any] = {"state": state.value, "status_version": version}
-    if reason:
-        payload["reason"] = reason
-    return payload
+    return {t: Written(a, decision_ids[t], announced) for t, a in attempt_ids.items()}
 
 
 def _attempt_row(item: SelectedTask, decision_id: int, now: datetime) -> dict[str, Any]:

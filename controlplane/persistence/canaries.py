@@ -280,12 +280,19 @@ async def window_by_candidate(
 
 async def quality_by_candidate(
     conn: AsyncConnection, since: datetime, *, only: Sequence[str] = ()
-) -> dict[str, list[tuple[datetime, bool]]]:
+) -> dict[str, list[tuple[datetime, bool, str]]]:
     """The output probe's technical checks since `since` per candidate (only those of `only`
-    when given): (checked at, clean), newest first; the canary's quality evidence (9.14,
-    9.13.5)."""
+    when given): (checked at, clean, quality bucket), newest first; the canary's quality
+    evidence (9.14, 9.13.5)."""
     query = (
-        select(A.c.provider, A.c.account_name, TA.c.provider_model, Q.c.created_at, Q.c.defects)
+        select(
+            A.c.provider,
+            A.c.account_name,
+            TA.c.provider_model,
+            Q.c.created_at,
+            Q.c.defects,
+            Q.c.bucket,
+        )
         .select_from(
             Q.join(TA, TA.c.id == Q.c.attempt_id).join(A, A.c.id == TA.c.provider_account_id)
         )
@@ -295,8 +302,8 @@ async def quality_by_candidate(
     )
     if only:
         query = query.where(_of_candidates(only))
-    out: dict[str, list[tuple[datetime, bool]]] = {}
+    out: dict[str, list[tuple[datetime, bool, str]]] = {}
     for r in await conn.execute(query):
         cid = f"{r.provider}/{r.provider_model}/{r.account_name}"
-        out.setdefault(cid, []).append((r.created_at, not r.defects))
+        out.setdefault(cid, []).append((r.created_at, not r.defects, r.bucket))
     return out

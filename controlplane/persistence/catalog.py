@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import and_, func, or_, select
 
 from controlplane.domain.requeue import RequeueFacts
-from controlplane.domain.states import TaskState
+from controlplane.domain.states import AttemptState, TaskState
 from controlplane.persistence import _rows, exclusions
 from controlplane.persistence.errors import PersistenceError
 from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.models import (
     provider_accounts,
     provider_health_events,
+    provider_jobs,
     provider_model_capabilities,
     provider_price_versions,
     task_attempts,
@@ -39,12 +40,6 @@ PA, PMC, PPV, PHE = (
     provider_model_capabilities,
     provider_price_versions,
     provider_health_events,
-)
-IN_FLIGHT_TASK_STATES = (
-    TaskState.SCHEDULING,
-    TaskState.SUBMITTING,
-    TaskState.RUNNING,
-    TaskState.OUTPUT_FETCHING,
 )
 
 
@@ -160,6 +155,27 @@ def _effective(table: Any, at: datetime) -> Any:
     return and_(
         table.c.effective_from <= at, or_(table.c.effective_to.is_(None), table.c.effective_to > at)
     )
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedJob:
+    """A provider job that ended: what the routing health windows learn from it (9.13.3)."""
+
+    job_id: int  # ours (provider_jobs.id): the page key with `completed_at`
+    provider: str
+    account_name: str
+    model: str
+    succeeded: bool
+    started_at: datetime  # the submit's start (else the attempt's creation)
+    completed_at: datetime
+    actual_cost_micros: int | None
+    estimated_cost_micros: int
+
+
+# The states a provider job ends in (its `normalized_status` is its attempt's state).
+_ENDED_JOB_STATES = tuple(
+    s.value for s in (AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.CANCELLED)
+)
 
 
 class CatalogQueries:
@@ -320,6 +336,56 @@ class CatalogQueries:
                     r["reason"],
                     dict(r["metrics_snapshot"]),
                     r["occurred_at"],
+                )
+                for r in rows.mappings()
+            ]
+
+    async def finished_jobs(
+        self, since: datetime, after: tuple[datetime, int] | None = None, limit: int = 10_000
+    ) -> list[FinishedJob]:
+        """Provider jobs that ended at or after `since`, oldest first, one page of `limit`
+        after the (completed_at, job id) key `after` (the last job of the previous page): the
+        history the health windows are rebuilt from at start."""
+        PJ, TA = provider_jobs, task_attempts
+        query = (
+            select(
+                PJ.c.id,
+                PA.c.provider,
+                PA.c.account_name,
+                TA.c.provider_model,
+                PJ.c.normalized_status,
+                func.coalesce(TA.c.request_started_at, TA.c.created_at).label("started_at"),
+                PJ.c.completed_at,
+                TA.c.actual_cost_micros,
+                TA.c.estimated_cost_micros,
+            )
+            .join(TA, TA.c.id == PJ.c.attempt_id)
+            .join(PA, PA.c.id == PJ.c.provider_account_id)
+            .where(
+                PJ.c.completed_at >= since,
+                PJ.c.normalized_status.in_(_ENDED_JOB_STATES),
+            )
+            .order_by(PJ.c.completed_at, PJ.c.id)
+            .limit(limit)
+        )
+        if after is not None:
+            at, job_id = after
+            query = query.where(
+                or_(PJ.c.completed_at > at, and_(PJ.c.completed_at == at, PJ.c.id > job_id))
+            )
+        async with self._db.reading() as conn:
+            rows = await conn.execute(query)
+            return [
+                FinishedJob(
+                    r["id"],
+                    r["provider"],
+                    r["account_name"],
+                    r["provider_model"],
+                    r["normalized_status"] == AttemptState.SUCCEEDED.value,
+                    r["started_at"],
+                    r["completed_at"],
+                    r["actual_cost_micros"],
+                    r["estimated_cost_micros"],
                 )
                 for r in rows.mappings()
             ]

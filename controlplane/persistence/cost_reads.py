@@ -4,7 +4,8 @@ One statement folds every `provider_usage_ledger` entry written in a window into
 `controlplane.domain.unit_cost` (its docstring states the rules; `job_terms` is the reference
 this SQL must agree with, and a test checks it on random ledgers):
 
-1. per attempt: EXPECTED, ACTUAL and PLATFORM_LOSS sums and whether each kind occurs;
+1. per attempt: EXPECTED, ACTUAL, settlement's PLATFORM_LOSS and bill-confirmed
+   (``confirmed-loss:``) PLATFORM_LOSS sums and whether each occurs;
 2. joined to the attempt's state and its task (delivered: the task SUCCEEDED with this attempt
    adopted), folded per provider/model/currency into successes, generation, retry and loss.
 
@@ -17,11 +18,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, and_, case, cast, func, literal, select
+from sqlalchemy import BigInteger, and_, case, cast, func, literal, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ColumnElement
 
 from controlplane.domain.unit_cost import RETRY_STATES, UnitCost, add_up
+from controlplane.persistence.finance_reads import CONFIRMED_LOSS_PREFIX
 from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.models import provider_usage_ledger as U
 from controlplane.persistence.models import task_attempts as A
@@ -29,12 +31,22 @@ from controlplane.persistence.models import task_attempts as A
 __all__ = ["unit_costs"]
 
 
+def _is(kind: str) -> ColumnElement[bool]:
+    """An entry of `kind`; PLATFORM_LOSS is settlement's, CONFIRMED the bill-confirmed one."""
+    confirmed = U.c.idempotency_key.startswith(CONFIRMED_LOSS_PREFIX)
+    if kind == "CONFIRMED":
+        return and_(U.c.kind == "PLATFORM_LOSS", confirmed)
+    if kind == "PLATFORM_LOSS":
+        return and_(U.c.kind == kind, ~confirmed)
+    return U.c.kind == kind
+
+
 def _sum_of(kind: str) -> ColumnElement[Any]:
-    return func.sum(case((U.c.kind == kind, U.c.amount_micros), else_=literal(0)))
+    return func.sum(case((_is(kind), U.c.amount_micros), else_=literal(0)))
 
 
 def _count_of(kind: str) -> ColumnElement[Any]:
-    return func.sum(case((U.c.kind == kind, 1), else_=0))
+    return func.sum(case((_is(kind), 1), else_=0))
 
 
 def _total(expr: ColumnElement[Any]) -> ColumnElement[Any]:
@@ -69,6 +81,8 @@ async def unit_costs(
             _count_of("ACTUAL").label("n_actual"),
             _sum_of("PLATFORM_LOSS").label("loss"),
             _count_of("PLATFORM_LOSS").label("n_loss"),
+            _sum_of("CONFIRMED").label("confirmed"),
+            _count_of("CONFIRMED").label("n_confirmed"),
         )
         .where(*where)
         .group_by(U.c.provider, U.c.model, U.c.currency, U.c.attempt_id, U.c.task_id)
@@ -88,9 +102,9 @@ async def unit_costs(
             _total(case((delivered, literal(0)), (retry, cost), else_=literal(0))),
             _total(
                 case(
-                    (delivered, literal(0)),
-                    (retry, literal(0)),
-                    (j.n_loss > 0, cost),
+                    (delivered, j.confirmed),
+                    (retry, j.confirmed),
+                    (or_(j.n_loss > 0, j.n_confirmed > 0), cost + j.confirmed),
                     else_=literal(0),
                 )
             ),

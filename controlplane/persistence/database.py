@@ -1,15 +1,18 @@
 """`Database`: the one handle on the control plane's database (PostgreSQL or SQLite).
 
-It owns the engine and hands out the two ways in: `unit(now)`, the one transaction every
-write goes through (`unit.SqlUnitOfWork`), and `reading()`, a plain connection for the
-read-only query modules (`tasks`, `catalog`, `execution`, `leases`, `snapshot`). Both turn a
-database outage into `errors.StoreUnavailable` (`errors.translate_outage`), so callers above
-see one exception for "down, try again" whatever the driver.
+It owns the engine and hands out the ways in: `unit(now)`, the one transaction every write goes
+through (`unit.SqlUnitOfWork`), `reads()`, one connection behind the named reads of the services
+(`reads.SqlReads`), and `reading()`, a plain connection for persistence's own query modules
+(`tasks`, `catalog`, `execution`, `leases`, `snapshot`) and for tests; no module above
+persistence calls it (``tests/unit/test_sql_boundary.py``). All turn a database outage into
+`errors.StoreUnavailable` (`errors.translate_outage`), so callers above see one exception for
+"down, try again" whatever the driver.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -20,29 +23,37 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.endings import log_endings
 from controlplane.persistence.errors import translate_outage
+from controlplane.persistence.reads import SqlReads
 from controlplane.persistence.unit import SqlUnitOfWork
 
-__all__ = ["Connection", "Database"]
-
-# What `Database.reading()` yields, named for code outside persistence that passes one through
-# to a query module without importing sqlalchemy (tests/unit/test_sql_boundary.py).
-Connection = AsyncConnection
+__all__ = ["Database"]
 
 
 class Database:
     """The engine and its units of work; safe to share between tasks and coroutines."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(
+        self, engine: AsyncEngine, *, after_commit: Callable[[set[str]], None] | None = None
+    ) -> None:
+        """`after_commit` is called with the outbox topics a unit wrote, once it committed (the
+        wake-up relay, `controlplane.wakeups`); it must not raise. None: no one to wake."""
         self._engine = engine
         self._writer = asyncio.Lock() if engine.dialect.name == "sqlite" else None
-        # Called with the outbox topics a unit wrote, once it committed (the wake-up relay,
-        # `controlplane.wakeups`); must not raise. None: no one to wake.
-        self.after_commit: Callable[[set[str]], None] | None = None
+        self._after_commit = after_commit
 
     @classmethod
-    def from_url(cls, url: str) -> Database:
+    def from_url(
+        cls, url: str, *, after_commit: Callable[[set[str]], None] | None = None
+    ) -> Database:
         """A database on a new engine for `url` (the backend settings of `db.create_engine`)."""
-        return cls(create_engine(url))
+        return cls(create_engine(url), after_commit=after_commit)
+
+    def notifying(self, after_commit: Callable[[set[str]], None] | None) -> Database:
+        """This database (its engine and SQLite writer queue) handing its commits' topics to
+        `after_commit` instead: a second replica's writer in one process (tests)."""
+        other = copy.copy(self)
+        other._after_commit = after_commit
+        return other
 
     @property
     def engine(self) -> AsyncEngine:
@@ -63,8 +74,8 @@ class Database:
                 yield unit
         if unit.endings:
             log_endings(unit.endings)
-        if unit.topics and self.after_commit is not None:
-            self.after_commit(unit.topics)
+        if unit.topics and self._after_commit is not None:
+            self._after_commit(unit.topics)
 
     @asynccontextmanager
     async def _begin(self, one_statement: bool = False) -> AsyncIterator[AsyncConnection]:
@@ -83,8 +94,15 @@ class Database:
             yield conn
 
     @asynccontextmanager
+    async def reads(self) -> AsyncIterator[SqlReads]:
+        """Named reads on one connection, for the services (writers use `unit`)."""
+        async with self.reading() as conn:
+            yield SqlReads(conn)
+
+    @asynccontextmanager
     async def reading(self) -> AsyncIterator[AsyncConnection]:
-        """A connection for reads (the query modules; writers use `unit`)."""
+        """A connection for reads: persistence's query modules and tests only (`reads` for the
+        services above persistence; writers use `unit`)."""
         with translate_outage():
             async with self._engine.connect() as conn:
                 yield conn

@@ -36,19 +36,9 @@ from controlplane.persistence.records import (
 if TYPE_CHECKING:
     from controlplane.persistence.database import Database
 
-__all__ = ["POLLABLE_STATES", "ExecutionQueries", "Snapshot"]
+__all__ = ["ExecutionQueries", "Snapshot"]
 
 Snapshot = tuple[AttemptRecord, ProviderJobRecord | None, AttemptRuntime | None]
-
-POLLABLE_STATES = frozenset(
-    {
-        AttemptState.ACCEPTED,
-        AttemptState.PROVIDER_QUEUED,
-        AttemptState.PROVIDER_THROTTLED,
-        AttemptState.RUNNING,
-        AttemptState.CANCEL_REQUESTED,
-    }
-)
 
 
 class ExecutionQueries:

@@ -1,7 +1,8 @@
 """Lease facts from PostgreSQL for the lease rebuild and reconciliation (design 9.11.2).
 
 Read-only: which attempts hold provider capacity (by state) or what became of given attempts
-(by client request key), with the lease and fencing tokens they were admitted under. The
+(by client request key), with the lease and fencing tokens they were admitted under; and what the
+attempts of the last day and month took of their accounts' rate and budget windows. The
 drift corrections are written through the unit of work (`record_lease_drifts`).
 """
 
@@ -9,16 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from controlplane.persistence.models import task_attempts
+from controlplane.persistence.models import generation_tasks, task_attempts
 
 if TYPE_CHECKING:
     from controlplane.persistence.database import Database
 
-__all__ = ["LeaseHolder", "attempts_in_states", "attempts_with_keys"]
+__all__ = ["LeaseHolder", "WindowFact", "attempts_in_states", "attempts_with_keys", "window_facts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +33,7 @@ class LeaseHolder:
     status: str
     lease_token: str | None
     fencing_token: int | None
+    mode: str = ""  # its task's generation mode: the modality it holds a slot of
 
 
 _c = task_attempts.c
@@ -41,6 +44,7 @@ _COLUMNS = (
     _c.status,
     _c.lease_token,
     _c.fencing_token,
+    generation_tasks.c.spec["mode"].as_string(),
 )
 
 
@@ -56,5 +60,49 @@ async def attempts_with_keys(db: Database, keys: Iterable[str]) -> list[LeaseHol
 
 async def _holders(db: Database, where: object) -> list[LeaseHolder]:
     async with db.reading() as conn:
-        rows = (await conn.execute(select(*_COLUMNS).where(where))).all()  # type: ignore[arg-type]  # where is a SQL clause; object keeps callers sqlalchemy-free
-    return [LeaseHolder(*row) for row in rows]
+        query = select(*_COLUMNS).join(generation_tasks, generation_tasks.c.id == _c.task_id)
+        rows = (await conn.execute(query.where(where))).all()  # type: ignore[arg-type]  # where is a SQL clause; object keeps callers sqlalchemy-free
+    return [LeaseHolder(*row[:-1], mode=row[-1] or "") for row in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowFact:
+    """An attempt admitted since a given instant, as the rate and budget windows count it
+    (9.11): its key, account, when it went out (its send, else its admission), its generations
+    (the task's sample_count) and its estimated cost."""
+
+    key: str
+    account_id: int
+    at: datetime
+    generations: int
+    cost_micros: int
+
+
+async def window_facts(db: Database, since: datetime) -> list[WindowFact]:
+    """Every attempt created at or after `since`, whatever its state: a window counts what was
+    admitted, and an ended attempt's submit happened (or may have)."""
+    t = generation_tasks.c
+    query = (
+        select(
+            _c.client_request_key,
+            _c.provider_account_id,
+            _c.created_at,
+            _c.request_started_at,
+            _c.estimated_cost_micros,
+            t.spec,
+        )
+        .join(generation_tasks, t.id == _c.task_id)
+        .where(_c.created_at >= since)
+    )
+    async with db.reading() as conn:
+        rows = (await conn.execute(query)).all()
+    return [
+        WindowFact(key, account_id, sent or created, _samples(spec), int(cost or 0))
+        for key, account_id, created, sent, cost, spec in rows
+    ]
+
+
+def _samples(spec: Any) -> int:
+    output = spec.get("output") if isinstance(spec, dict) else None
+    count = output.get("sample_count") if isinstance(output, dict) else None
+    return max(1, int(count)) if isinstance(count, int) else 1

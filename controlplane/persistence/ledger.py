@@ -25,7 +25,8 @@ CreateTask, `settle_task` at a task's terminal transition (its PLATFORM_LOSS row
 idempotency key (``ON CONFLICT DO NOTHING``), and the partial UNIQUE indexes of revision 0006
 refuse a second reserve or settlement of a task even from a writer that skips these functions.
 Idempotency keys: ``reserve:<task_id>``, ``settle:<task_id>``, ``expected:<attempt_id>``,
-``actual:<attempt_id>``, ``loss:<attempt_id>``.
+``actual:<attempt_id>``, ``loss:<attempt_id>``, ``underpriced:<attempt_id>`` (the delivered
+attempt's cost beyond its charge).
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ from sqlalchemy.sql import Select
 from controlplane.domain.money import (
     AttemptBill,
     CreditKind,
+    LossCause,
     Reservation,
     UsageKind,
     check_reserve,
     platform_losses,
     settle,
+    underpriced_loss,
 )
 from controlplane.domain.states import TASK_MACHINE, AttemptState, TaskState
 from controlplane.persistence.advisory import xact_lock
@@ -343,15 +346,25 @@ async def derived_balance(conn: AsyncConnection, tenant_id: str, currency: str) 
 
 
 async def list_entries(
-    conn: AsyncConnection, tenant_id: str, after_id: int = 0, limit: int = 100
+    conn: AsyncConnection,
+    tenant_id: str,
+    after_id: int = 0,
+    limit: int = 100,
+    *,
+    task_id: int | None = None,
+    start: datetime | None = None,
+    end: datetime | None = None,
 ) -> list[CreditEntry]:
-    """The tenant's entries with ``id > after_id``, oldest first, at most `limit`."""
-    rows = await conn.execute(
-        select(C)
-        .where(C.c.tenant_id == tenant_id, C.c.id > after_id)
-        .order_by(C.c.id)
-        .limit(max(0, limit))
-    )
+    """The tenant's entries with ``id > after_id`` (of `task_id`, written in ``[start, end)``
+    when given), oldest first, at most `limit`."""
+    query = select(C).where(C.c.tenant_id == tenant_id, C.c.id > after_id)
+    if task_id is not None:
+        query = query.where(C.c.task_id == task_id)
+    if start is not None:
+        query = query.where(C.c.created_at >= start)
+    if end is not None:
+        query = query.where(C.c.created_at < end)
+    rows = await conn.execute(query.order_by(C.c.id).limit(max(0, limit)))
     return [_credit(m) for m in rows.mappings()]
 
 
@@ -748,4 +761,31 @@ async def settle_task(
             ),
             now,
         )
+    if delivered is not None and cost is not None and outcome.kind is CreditKind.CHARGE:
+        short = underpriced_loss(cost, outcome.amount_micros)
+        if short > 0:
+            await record_usage(
+                conn,
+                NewUsage(
+                    attempt_id=delivered["id"],
+                    task_id=task_id,
+                    provider=delivered["provider"],
+                    provider_account_id=delivered["provider_account_id"],
+                    model=delivered["provider_model"],
+                    kind=UsageKind.PLATFORM_LOSS,
+                    amount_micros=short,
+                    currency=delivered["currency"],
+                    price_version=delivered["price_version"],
+                    idempotency_key=f"underpriced:{delivered['id']}",
+                    provider_job_id=delivered["provider_job_id"],
+                    evidence={
+                        "cause": LossCause.UNDERPRICED.value,
+                        "cost_micros": cost,
+                        "charged_micros": outcome.amount_micros,
+                        "reserved_micros": held.amount_micros,
+                        "amount_is_actual": delivered["actual_cost_micros"] is not None,
+                    },
+                ),
+                now,
+            )
     return await settlement_of(conn, task_id)

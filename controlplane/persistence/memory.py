@@ -27,11 +27,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from controlplane.domain.requeue import RequeueRequest
-from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
+from controlplane.domain.states import (
+    ATTEMPT_MACHINE,
+    POLLABLE_ATTEMPT_STATES,
+    TASK_MACHINE,
+    AttemptState,
+    TaskState,
+)
 from controlplane.persistence import _sql
 from controlplane.persistence.endings import Ending, log_endings
 from controlplane.persistence.errors import DuplicateRecord
-from controlplane.persistence.execution import POLLABLE_STATES
 from controlplane.persistence.ledger import NewUsage, UnitRate
 from controlplane.persistence.quality import NewCheck
 from controlplane.persistence.records import (
@@ -373,7 +378,7 @@ class MemoryUnitOfWork:
         return True
 
     async def claim_polls(self, worker: str, *, limit: int, lease_s: float) -> list[int]:
-        return self._claim("next_poll_at", POLLABLE_STATES, limit, lease_s)
+        return self._claim("next_poll_at", POLLABLE_ATTEMPT_STATES, limit, lease_s)
 
     async def claim_recoveries(self, worker: str, *, limit: int, lease_s: float) -> list[int]:
         return self._claim("next_recovery_at", {AttemptState.SUBMIT_UNKNOWN}, limit, lease_s)

@@ -29,11 +29,13 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     func,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from controlplane.domain.disputes import DisputeState
 from controlplane.domain.money import CreditKind, UsageKind
 from controlplane.domain.quality import Verdict
 from controlplane.domain.reconciliation import DiscrepancyKind
@@ -102,6 +104,7 @@ class ProviderModelCapability(Base):
             "model",
             "model_version",
             "capability_version",
+            "effective_from",  # a rollback re-opens a version as a new interval (0019)
             name="uq_provider_model_capabilities_version",
         ),
         CheckConstraint(
@@ -130,6 +133,7 @@ class ProviderPriceVersion(Base):
             "provider_account_id",
             "model",
             "price_version",
+            "effective_from",  # a rollback re-opens a version as a new interval (0019)
             name="uq_provider_price_versions_version",
         ),
         CheckConstraint("price_micros_per_unit >= 0", name="price_non_negative"),
@@ -611,75 +615,69 @@ fair_queue_state = Table(
     Column("updated_at", UtcDateTime, nullable=False),
 )
 
-# Routing policies (revision 0013, design 9.25.5): every published version, one of them active;
-# the canary of each candidate a policy names (9.13.5) and every transition of it.
 _WHERE_ACTIVE = text("active")
-routing_policy_versions = Table(
-    "routing_policy_versions",
-    Base.metadata,
-    Column("id", BigIntPK, primary_key=True),
-    Column("version", Text, nullable=False, unique=True),
-    Column("document", Text, nullable=False),  # the file as published, byte for byte
-    Column("source", Text, nullable=False),
-    Column("active", Boolean, nullable=False),
-    Column("published_at", UtcDateTime, nullable=False),
-    Column("activated_at", UtcDateTime, nullable=True),
-    Index(
-        "uq_routing_policy_versions_one_active",
-        "active",
-        unique=True,
-        postgresql_where=_WHERE_ACTIVE,
-        sqlite_where=_WHERE_ACTIVE,
-    ),
-)
+_ACTIVATION_ACTIONS = "action IN ('PUBLISHED', 'ROLLED_BACK', 'SCHEDULED', 'ACTIVATED')"
 
-# Every activation of a routing policy version, who made it and when (revision 0016, 9.25.5's
-# audit of effective times): a publication, or a rollback to an earlier version.
-routing_policy_activations = Table(
-    "routing_policy_activations",
-    Base.metadata,
-    Column("id", BigIntPK, primary_key=True),
-    Column("version", Text, nullable=False),
-    Column("previous_version", Text, nullable=True),  # the version it replaced; None: the first
-    Column("action", Text, nullable=False),  # PUBLISHED or ROLLED_BACK
-    Column("actor", Text, nullable=False),  # the caller's name
-    Column("at", UtcDateTime, nullable=False),
-    CheckConstraint("action IN ('PUBLISHED', 'ROLLED_BACK')", name="action_enum"),
-)
 
-# Tenants documents (revision 0017, design 9.12.1, 9.25.5): every published version, one of them
-# active, and every activation with the version it replaced, the caller and the time.
-tenant_config_versions = Table(
-    "tenant_config_versions",
-    Base.metadata,
-    Column("id", BigIntPK, primary_key=True),
-    Column("version", Text, nullable=False, unique=True),
-    Column("document", Text, nullable=False),  # the file as published, byte for byte
-    Column("source", Text, nullable=False),
-    Column("active", Boolean, nullable=False),
-    Column("published_at", UtcDateTime, nullable=False),
-    Column("activated_at", UtcDateTime, nullable=True),
-    Index(
-        "uq_tenant_config_versions_one_active",
-        "active",
-        unique=True,
-        postgresql_where=_WHERE_ACTIVE,
-        sqlite_where=_WHERE_ACTIVE,
-    ),
-)
+def _document_versions(name: str) -> Table:
+    """Every published version of one kind of document (routing policies, tenants, accounts),
+    one active."""
+    return Table(
+        name,
+        Base.metadata,
+        Column("id", BigIntPK, primary_key=True),
+        Column("version", Text, nullable=False, unique=True),
+        Column("document", Text, nullable=False),  # the file as published, byte for byte
+        Column("source", Text, nullable=False),
+        Column("active", Boolean, nullable=False),
+        Column("published_at", UtcDateTime, nullable=False),
+        Column("activated_at", UtcDateTime, nullable=True),
+        Index(
+            f"uq_{name}_one_active",
+            "active",
+            unique=True,
+            postgresql_where=_WHERE_ACTIVE,
+            sqlite_where=_WHERE_ACTIVE,
+        ),
+    )
 
-tenant_config_activations = Table(
-    "tenant_config_activations",
-    Base.metadata,
-    Column("id", BigIntPK, primary_key=True),
-    Column("version", Text, nullable=False),
-    Column("previous_version", Text, nullable=True),  # the version it replaced; None: the first
-    Column("action", Text, nullable=False),  # PUBLISHED or ROLLED_BACK
-    Column("actor", Text, nullable=False),  # the caller's name
-    Column("at", UtcDateTime, nullable=False),
-    CheckConstraint("action IN ('PUBLISHED', 'ROLLED_BACK')", name="action_enum"),
-)
 
+def _document_activations(name: str) -> Table:
+    """Every activation of one kind of document: what it replaced, who, when asked, when
+    effective, and why."""
+    return Table(
+        name,
+        Base.metadata,
+        Column("id", BigIntPK, primary_key=True),
+        Column("version", Text, nullable=False),
+        Column("previous_version", Text, nullable=True),  # what it replaced; None: the first
+        Column("action", Text, nullable=False),  # _ACTIVATION_ACTIONS
+        Column("actor", Text, nullable=False),  # the caller's name
+        # Effective time; while `pending`, the time a scheduled activation was asked for (0018).
+        Column("at", UtcDateTime, nullable=False),
+        Column("pending", Boolean, nullable=False, server_default=false()),
+        Column("requested_at", UtcDateTime, nullable=True),  # when asked; None: the same as `at`
+        Column("reason", Text, nullable=True),  # the operator's, optional
+        CheckConstraint(_ACTIVATION_ACTIONS, name="action_enum"),
+    )
+
+
+# Routing policies (revision 0013, design 9.25.5): every published version, one of them active,
+# and every activation of one, who made it and when (revision 0016, 9.25.5's audit of effective
+# times). Their canaries are below.
+routing_policy_versions = _document_versions("routing_policy_versions")
+routing_policy_activations = _document_activations("routing_policy_activations")
+
+
+# Tenants documents (revision 0017, 0018) and accounts documents (revision 0019, design 9.11,
+# 9.19.1: provider accounts' limits, regions and credential references), kept alike.
+tenant_config_versions = _document_versions("tenant_config_versions")
+tenant_config_activations = _document_activations("tenant_config_activations")
+account_config_versions = _document_versions("account_config_versions")
+account_config_activations = _document_activations("account_config_activations")
+
+# The canary of each candidate a routing policy names (revision 0013, 9.13.5) and every
+# transition of it.
 canary_states = Table(
     "canary_states",
     Base.metadata,
@@ -889,6 +887,91 @@ reconciliation_discrepancies = Table(
     Index("ix_reconciliation_discrepancies_attempt_id", "attempt_id"),
 )
 
+cloud_billing_imports = Table(
+    "cloud_billing_imports",
+    Base.metadata,
+    # A provider bill file `vidroute usage import` read (revision 0021): Google's Cloud Billing
+    # export for Veo, raw and immutable (a trigger), once per (provider, account, sha256), with
+    # the SKU map it was read with and the UTC days it covers (ISO dates, inclusive).
+    Column("id", BigIntPK, primary_key=True),
+    Column("provider", Text, nullable=False),
+    Column("account", Text, nullable=False),
+    Column("file_name", Text, nullable=False),
+    Column("format", Text, nullable=False),
+    Column("payload", Text, nullable=False),
+    Column("payload_sha256", Text, nullable=False),
+    Column("sku_map", JsonDoc, nullable=False),
+    Column("covers_from", Text, nullable=False),
+    Column("covers_to", Text, nullable=False),
+    Column("row_count", Integer, nullable=False),
+    Column("ours_count", Integer, nullable=False),
+    Column("cost_micros", BigInteger, nullable=False),
+    Column("currency", CHAR(3), nullable=False),
+    Column("imported_at", UtcDateTime, nullable=False),
+    UniqueConstraint(
+        "provider", "account", "payload_sha256", name="uq_cloud_billing_imports_payload"
+    ),
+    CheckConstraint(
+        "length(covers_from) = 10 AND length(covers_to) = 10 AND covers_from <= covers_to",
+        name="days",
+    ),
+    Index(
+        "ix_cloud_billing_imports_account_days", "provider", "account", "covers_from", "covers_to"
+    ),
+)
+
+loss_disputes = Table(
+    "loss_disputes",
+    Base.metadata,
+    # A reconciliation row booked as a confirmed loss and the dispute that follows it
+    # (revision 0021, `controlplane.domain.disputes`): one per row. ``new_loss_micros`` is what
+    # booking added as platform loss (a PLATFORM_LOSS usage entry when the row names an
+    # attempt), ``refunded_micros`` what the provider gave back.
+    Column("id", BigIntPK, primary_key=True),
+    Column(
+        "discrepancy_id", BigInteger, ForeignKey("reconciliation_discrepancies.id"), nullable=False
+    ),
+    Column("day", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("provider", Text, nullable=False),
+    Column("account", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("attempt_id", BigInteger, nullable=True),
+    Column("task_id", BigInteger, nullable=True),
+    Column("billed_micros", BigInteger, nullable=False),
+    Column("expected_micros", BigInteger, nullable=False),
+    Column("confirmed_micros", BigInteger, nullable=False),
+    Column("new_loss_micros", BigInteger, nullable=False),
+    Column("refunded_micros", BigInteger, nullable=False),
+    Column("currency", CHAR(3), nullable=False),
+    Column("state", Text, nullable=False),
+    Column("evidence", JsonDoc, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    UniqueConstraint("discrepancy_id", name="uq_loss_disputes_discrepancy_id"),
+    one_of("state", DisputeState, "state_enum"),
+    CheckConstraint(
+        "new_loss_micros >= 0 AND refunded_micros >= 0 AND refunded_micros <= confirmed_micros",
+        name="amounts",
+    ),
+    Index("ix_loss_disputes_created_at", "created_at"),
+)
+
+loss_dispute_events = Table(
+    "loss_dispute_events",
+    Base.metadata,
+    # Every move of a dispute (booking included: from NULL to OPEN), who and why; append-only.
+    Column("id", BigIntPK, primary_key=True),
+    Column("dispute_id", BigInteger, ForeignKey("loss_disputes.id"), nullable=False),
+    Column("from_state", Text, nullable=True),
+    Column("to_state", Text, nullable=False),
+    Column("refunded_micros", BigInteger, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("at", UtcDateTime, nullable=False),
+    Index("ix_loss_dispute_events_dispute_id", "dispute_id"),
+)
+
 # Caller webhooks (revision 0010): the durable outbox of messages to callers, written in the
 # transaction of the task event each announces, and every delivery attempt of them.
 _WHERE_PENDING = text("state = 'PENDING'")
@@ -983,4 +1066,40 @@ quality_aggregates = Table(
     Column("technical_checks", BigInteger, nullable=False),
     Column("technical_defects", BigInteger, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
+)
+
+# Capability releases (revision 0019, design 9.25.5): every published capability document, its
+# state (STAGED, or APPLIED: its rows are in the catalog from `effective_from`, maybe ahead), the
+# force reason, its diff; and every activation with what it replaced, who, when, and why.
+capability_releases = Table(
+    "capability_releases",
+    Base.metadata,
+    Column("id", BigIntPK, primary_key=True),
+    Column("version", Text, nullable=False, unique=True),
+    Column("document", Text, nullable=False),  # the document as published, byte for byte
+    Column("source", Text, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("state", Text, nullable=False),  # STAGED or APPLIED
+    Column("published_at", UtcDateTime, nullable=False),
+    Column("effective_from", UtcDateTime, nullable=True),  # None while STAGED
+    Column("forced_reason", Text, nullable=True),
+    Column("changes", JsonDoc, nullable=False),
+    CheckConstraint("state IN ('STAGED', 'APPLIED')", name="state_enum"),
+)
+
+capability_release_activations = Table(
+    "capability_release_activations",
+    Base.metadata,
+    Column("id", BigIntPK, primary_key=True),
+    Column("version", Text, nullable=False),
+    Column("previous_version", Text, nullable=True),  # the release it replaced; None: the first
+    Column("action", Text, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("at", UtcDateTime, nullable=False),
+    Column("effective_from", UtcDateTime, nullable=False),
+    Column("reason", Text, nullable=True),  # the recorded reason of a forced activation
+    Column("replaced", JsonDoc, nullable=False),  # per model: the versions it replaced
+    CheckConstraint(
+        "action IN ('PUBLISHED', 'SCHEDULED', 'ACTIVATED', 'ROLLED_BACK')", name="action_enum"
+    ),
 )

@@ -1,8 +1,9 @@
 """Quality signals in the database (design 9.14): writes inside a caller's transaction, one read.
 
-Every write takes the connection of a transaction its caller opened (`Database.unit`'s
-``u.conn``), so a signal and its counters commit together with the step that produced it: the
-technical check with the stored output (or the refused one), the verdict alone in its own unit.
+Every write takes the connection of a transaction the unit of work opened (callers reach them
+through the unit: ``u.record_quality_checks``, ``u.record_feedback``), so a signal and its
+counters commit together with the step that produced it: the technical check with the stored
+output (or the refused one), the verdict alone in its own unit.
 Each signal bumps one counter row of ``quality_aggregates``, its tag bucket's, by one upsert
 (``ON CONFLICT DO UPDATE``, both databases; a step's checks of one subject by one upsert
 together). A model's whole mode (bucket ``""``) is not stored: `aggregates` sums its buckets

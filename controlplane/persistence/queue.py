@@ -317,6 +317,9 @@ async def _count_by_class(
     return {(tenant, str(sc)): int(n) for tenant, sc, n in result}
 
 
+count_by_class = _count_by_class  # also the tenants' limits view (`tenant_configs.tenant_use`)
+
+
 def oldest_by_class(heads: Iterable[QueueHead], now: datetime) -> dict[str, float]:
     """Seconds the oldest queued task of each service class has waited (groups are FIFO, so
     the heads hold each class's oldest)."""

@@ -5,12 +5,15 @@ the local facts the matcher needs, runs and their discrepancy rows.
   records, once: the same payload for the same account and window returns the stored import.
 * `expectations` reads the account's attempts around a day (task_attempts, provider_jobs,
   attempt_runtime's late-found job id, and provider_usage_ledger's EXPECTED / ACTUAL rows:
-  a succeeded attempt's ACTUAL wins, any other's estimate is its would-be cost; the ledger's
-  whole units become thousandths) as `controlplane.domain.reconciliation.Expectation`.
+  a succeeded attempt's ACTUAL wins, any other's estimate is its would-be cost and its ACTUAL
+  its measured cost; the ledger's whole units become thousandths), with the billing rules and
+  the other price versions of its model (`reconciliation_prices`), as
+  `controlplane.domain.reconciliation.Expectation`.
 * `settlements` reads the credit ledger's settlement entries of the tasks settled in a window.
 * `save_run` stores a run's result unless the current run of (day, provider, account) has the
   same result digest; a different result supersedes it (``superseded_by``), in one transaction.
-* `current_runs` / `discrepancies_of` read the report back.
+* `current_runs` / `discrepancies_of` read the report back; `discrepancy_counts` counts the rows
+  written since a row id, by provider and kind (the metric).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from controlplane.domain.reconciliation import (
 )
 from controlplane.persistence.models import attempt_runtime as RT
 from controlplane.persistence.models import credit_ledger as C
+from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.models import provider_accounts as PA
 from controlplane.persistence.models import provider_jobs as J
 from controlplane.persistence.models import provider_usage_ledger as U
@@ -45,6 +49,7 @@ from controlplane.persistence.models import raw_usage_imports as RAW
 from controlplane.persistence.models import reconciliation_discrepancies as RD
 from controlplane.persistence.models import reconciliation_runs as RR
 from controlplane.persistence.models import task_attempts as A
+from controlplane.persistence.reconciliation_prices import price_book
 
 __all__ = [
     "NewRecord",
@@ -54,6 +59,7 @@ __all__ = [
     "accounts_of",
     "current_runs",
     "discrepancies_of",
+    "discrepancy_counts",
     "expectations",
     "save_run",
     "schema_ready",
@@ -234,9 +240,11 @@ async def expectations(
             J.c.submitted_at,
             J.c.completed_at,
             RT.c.late_found_job_id,
+            T.c.spec,
         )
         .select_from(
             A.join(PA, PA.c.id == A.c.provider_account_id)
+            .join(T, T.c.id == A.c.task_id)
             .outerjoin(J, J.c.attempt_id == A.c.id)
             .outerjoin(RT, RT.c.attempt_id == A.c.id)
         )
@@ -251,10 +259,12 @@ async def expectations(
     )
     rows = list((await conn.execute(query)).mappings())
     ledger = await _ledger_of(conn, [r["id"] for r in rows])
+    prices = await price_book(conn, provider, account)
     out = []
     for r in rows:
         state = str(r["status"])
         entries = ledger.get(r["id"], {})
+        measured = entries.get("ACTUAL", {})
         # What the provider should bill: a succeeded attempt's ACTUAL cost (else EXPECTED, else
         # the estimate); any other attempt's would-be cost is its estimate (what a wrongful
         # charge would amount to), never its ACTUAL 0.
@@ -270,6 +280,7 @@ async def expectations(
         # The ledger counts whole units of its rate's unit (`money.units_for`); records count
         # thousandths.
         units = entry.get("provider_units")
+        version = str(entry.get("price_version") or r["price_version"] or "")
         submitted = r["submitted_at"] or r["request_started_at"] or r["created_at"]
         ended = r["completed_at"] or r["updated_at"]
         moment = submitted if state in UNKNOWN_STATES else ended
@@ -289,9 +300,15 @@ async def expectations(
                 provider_request_id=r["provider_request_id"] or "",
                 client_request_key=r["client_request_key"] or "",
                 expected_milliunits=int(units) * 1000 if units else 0,
-                unit=str(entry.get("provider_unit_name") or ""),
-                price_version=str(entry.get("price_version") or r["price_version"] or ""),
+                unit=str(
+                    entry.get("provider_unit_name") or measured.get("provider_unit_name") or ""
+                ),
+                price_version=version,
                 conversion_rate_version=str(entry.get("conversion_rate_version") or ""),
+                rules=prices.rules(r["provider_model"], version),
+                measured_micros=measured.get("amount_micros"),
+                measured_milliunits=int(measured.get("provider_units") or 0) * 1000,
+                alternatives=prices.alternatives(r["provider_model"], version, r["spec"]),
             )
         )
     return out
@@ -499,20 +516,40 @@ async def discrepancies_of(
                 provider_job_id=m["provider_job_id"],
                 record_ids=tuple(m["record_ids"] or ()),
                 evidence=dict(m["evidence"] or {}),
+                row_id=int(m["id"]),
             )
         )
     return out
 
 
-async def accounts_of(conn: AsyncConnection, providers: Sequence[str]) -> list[tuple[str, str]]:
-    """(provider, account name) of every configured account of `providers`, sorted."""
+async def accounts_of(conn: AsyncConnection) -> list[tuple[str, str]]:
+    """(provider, account name) of every configured provider account, sorted: the accounts a
+    day's reconciliation must read, whatever adapter serves them."""
     rows = await conn.execute(
         select(PA.c.provider, PA.c.account_name)
-        .where(PA.c.provider.in_(list(providers)))
         .distinct()
         .order_by(PA.c.provider, PA.c.account_name)
     )
     return [(str(p), str(a)) for p, a in rows.all()]
+
+
+async def discrepancy_counts(
+    conn: AsyncConnection, after_id: int
+) -> tuple[dict[tuple[str, str], int], int]:
+    """Rows written after row `after_id`, counted by (the run's provider, kind), and the last
+    row id seen (`after_id` when none): one grouped query, however many rows."""
+    rows = await conn.execute(
+        select(RR.c.provider, RD.c.kind, func.count(), func.max(RD.c.id))
+        .select_from(RD.join(RR, RR.c.id == RD.c.run_id))
+        .where(RD.c.id > after_id)
+        .group_by(RR.c.provider, RD.c.kind)
+    )
+    counts: dict[tuple[str, str], int] = {}
+    last = after_id
+    for provider, kind, n, top in rows.all():
+        counts[(str(provider), str(kind))] = int(n)
+        last = max(last, int(top))
+    return counts, last
 
 
 async def schema_ready(url: str) -> bool:

@@ -1,6 +1,7 @@
 """Routing policy versions in the database (design 9.25.5); their canaries: `canaries`.
 
-Writes take the connection of a transaction their caller opened (`Database.unit`'s ``u.conn``):
+Writes take the connection of a transaction the unit of work opened (callers above persistence
+reach them through the unit: ``u.documents(kind)``, ``u.start_changed_canaries``):
 a publication deactivates the active version and inserts the new one active in one unit, with
 the canaries it starts; every activation (publication or rollback) is a row of
 ``routing_policy_activations`` with the version it replaced, the caller and the time (the
@@ -26,6 +27,7 @@ from controlplane.persistence.models import routing_policy_activations as P
 from controlplane.persistence.models import routing_policy_versions as V
 
 __all__ = [
+    "DOCUMENTS",
     "ActivationRow",
     "ActiveSnapshot",
     "PolicyRow",
@@ -68,7 +70,7 @@ async def active_snapshot(conn: AsyncConnection) -> ActiveSnapshot | None:
     return ActiveSnapshot(rows[0].version, canaries)
 
 
-_DOCS = Documents(V, P, "routing-policy-publication")
+DOCUMENTS = _DOCS = Documents(V, P, "routing-policy-publication")
 
 
 async def version(conn: AsyncConnection, name: str) -> PolicyRow | None:

@@ -16,7 +16,9 @@ where ``allowed_from`` comes from `TASK_MACHINE` / `ATTEMPT_MACHINE`; the unit e
 transition tables but makes no decisions of its own. A change that wins its CAS appends a
 ``task_events`` row (numbered by ``generation_tasks.last_event_seq``, which the same UPDATE
 bumps, so the row lock orders concurrent writers) and its outbox messages in the same
-transaction: `_move_task` is the only place that writes that step.
+transaction: `_move_task` is the only place that writes that step for one task, and
+`transitions` (`move_tasks`, the dispatcher's `write_selected`) its set-based form for many,
+checked against it row for row by a differential test.
 
 The execution side's writes (jobs, runtime rows, provider events, claims) are in
 `_unit_execution`, the catalog's (accounts, versions, health and lease-audit rows) in
@@ -37,9 +39,26 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from controlplane.domain.money import Reservation
 from controlplane.domain.outbox import Topic
 from controlplane.domain.requeue import RequeueRequest
-from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
+from controlplane.domain.states import (
+    ATTEMPT_MACHINE,
+    NOT_SENT_ATTEMPT_STATES,
+    TASK_MACHINE,
+    AttemptState,
+    TaskState,
+)
 from controlplane.domain.webhooks import WebhookSubscription, outputs_of
-from controlplane.persistence import _create, _reads, _rows, _sql, exclusions, ledger, quality
+from controlplane.persistence import (
+    _create,
+    _reads,
+    _rows,
+    _sql,
+    batch,
+    exclusions,
+    ledger,
+    quality,
+    transitions,
+)
+from controlplane.persistence._unit_admin import AdminWrites
 from controlplane.persistence._unit_catalog import CatalogWrites
 from controlplane.persistence._unit_execution import ExecutionWrites
 from controlplane.persistence.endings import Ending
@@ -65,10 +84,6 @@ from vidroute_core.spec import GenerationSpec
 
 __all__ = ["SqlUnitOfWork"]
 
-_INITIAL_ATTEMPT_STATES = frozenset(
-    {AttemptState.CREATED, AttemptState.RESERVING, AttemptState.READY_TO_SUBMIT}
-)
-
 
 @dataclass(frozen=True, slots=True)
 class _Moved:
@@ -77,7 +92,7 @@ class _Moved:
     decision: RouteDecisionRecord | None
 
 
-class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
+class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
     """One open transaction (see the module docstring); made by `Database.unit`."""
 
     def __init__(self, conn: AsyncConnection, now: datetime) -> None:
@@ -251,7 +266,9 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         outbox: Sequence[NewOutboxMessage] = (),
         decision: NewRouteDecision | None = None,
     ) -> _Moved | None:
-        """The task CAS + its event + its outbox messages: the one place this step is written.
+        """The task CAS + its event + its outbox messages: the one place this step is written
+        for one task (`move_tasks` is its bulk form, checked against it row for row by
+        tests/integration/persistence/test_transition_paths.py).
 
         None if the CAS lost. A `decision` is stored after the CAS won, and its number goes into
         the event."""
@@ -290,6 +307,38 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
             self.endings.append(Ending(task_id, target.value, reason, failure))
         return _Moved(stored)
 
+    # ---- a dispatch round in bulk (`batch`) -------------------------------------------------
+
+    async def claim_queued(self, expected: Mapping[int, int]) -> set[int]:
+        """Lock the QUEUED tasks of `expected` (id -> routed version) no other transaction
+        holds; those still at the routed version are this unit's (`batch.claim`)."""
+        return await batch.claim(self.conn, expected)
+
+    async def write_selected(self, items: Sequence[batch.SelectedTask]) -> dict[int, batch.Written]:
+        """The claimed SELECTED tasks of a round, written set-based (`batch.write_selected`)."""
+        written = await batch.write_selected(self.conn, items, self.now)
+        if written:  # the after-commit wake-up relay (controlplane.wakeups)
+            self.topics.add(str(Topic.SUBMIT))
+        if any(w.announced for w in written.values()):
+            self.topics.add(str(Topic.WEBHOOK))
+        return written
+
+    async def move_tasks(self, moves: Sequence[transitions.TaskMove]) -> set[int]:
+        """The bulk form of `move_task`: every edge of every move asked of `TASK_MACHINE`
+        (`IllegalTransition` before any write), the CAS set-based, the same events, webhook
+        messages and, for a move that ends the task, its settlement (`transitions`). The ids
+        whose CAS won; a lost one is left as it was, like the single path's."""
+        moved = await transitions.cas_many(self.conn, moves, self.now)
+        events = [e for m in moved.values() for e in m.events]
+        if events and await transitions.insert_events(self.conn, events, self.now):
+            self.topics.add(str(Topic.WEBHOOK))
+        for m in moves:
+            if m.task_id in moved and TASK_MACHINE.is_terminal(m.final):
+                # 9.23.1: the terminal state and the tenant's settlement commit together.
+                await ledger.settle_task(self.conn, m.task_id, m.final, self.now)
+                self.endings.append(Ending(m.task_id, m.final.value, m.steps[-1].reason, None))
+        return set(moved)
+
     # ---- attempts -------------------------------------------------------------------------
 
     async def create_attempt(
@@ -310,7 +359,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites):
         `ConcurrentModification` if the task CAS loses and `DuplicateRecord` if the ``(account,
         client_request_key)`` is taken; either way nothing is written (a savepoint).
         """
-        if attempt.initial_state not in _INITIAL_ATTEMPT_STATES:
+        if attempt.initial_state not in NOT_SENT_ATTEMPT_STATES:
             raise ValueError(f"an attempt cannot start in {attempt.initial_state.value}")
         try:
             async with self.conn.begin_nested():

@@ -182,21 +182,24 @@ _ENQUEUE_MANY = _enqueue_unnest()
 
 async def enqueue_many(
     conn: AsyncConnection, events: Iterable[Mapping[str, Any]], now: datetime
-) -> None:
+) -> int:
     """The messages of task events inserted in bulk (``task_events`` row dicts): one statement
-    on PostgreSQL (arrays), one executemany on SQLite; events no webhook announces are skipped."""
+    on PostgreSQL (arrays), one executemany on SQLite; events no webhook announces are skipped.
+    How many of the events are of a kind a webhook may announce (the statement itself keeps
+    only subscribed tasks'): a wake-up hint for the delivery worker, not a count of rows."""
     params = [
         p
         for e in events
         if (p := enqueue_params(e["task_id"], e["seq"], e["kind"], e["payload"], now))
     ]
     if not params:
-        return
+        return 0
     if conn.dialect.name != "postgresql":
         await conn.execute(ENQUEUE, params)
-        return
+        return len(params)
     arrays: dict[str, Any] = {f"a{name}": [p[name] for p in params] for name, _ in _ARRAYS}
     await conn.execute(_ENQUEUE_MANY, {**arrays, "w_now": now})
+    return len(params)
 
 
 @dataclass(frozen=True, slots=True)

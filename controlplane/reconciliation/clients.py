@@ -5,6 +5,7 @@ the Deployment does."""
 from __future__ import annotations
 
 from controlplane import bootstrap
+from controlplane.adapters.connect import adapter_client
 from controlplane.adapters.grpc_client import GrpcAdapterClient
 from vidroute_core.timescale import scaled_defaults
 
@@ -14,8 +15,7 @@ __all__ = ["adapter_clients"]
 def adapter_clients(settings: bootstrap.Settings) -> dict[str, GrpcAdapterClient]:
     """A client per configured sidecar (``VIDROUTE_ADAPTERS``); the caller closes them."""
     timing = scaled_defaults(GrpcAdapterClient, settings.time_scale)
-    build = bootstrap._adapter_client  # the one builder of sidecar clients
     return {
-        name: build(settings.adapter_tls, address, timing)
+        name: adapter_client(settings.adapter_tls, address, timing)
         for name, address in settings.adapters.items()
     }

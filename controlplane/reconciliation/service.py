@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from controlplane.domain.reconciliation import (
     SUBMISSION_WINDOW,
@@ -22,12 +22,15 @@ from controlplane.domain.reconciliation import (
 )
 from controlplane.persistence import reconciliation_store as store
 from controlplane.persistence.database import Database
-from vidroute_core.adapter import UsageRecord, UsageResult
+from controlplane.reconciliation import bills
+from vidroute_core.adapter import AdapterDescription, UsageRecord, UsageResult
 from vidroute_core.hashing import canonical_json
 
 __all__ = [
     "TENANT_SIDE",
     "AccountError",
+    "DiscrepancyCounter",
+    "NothingToReconcile",
     "ReconciliationReport",
     "RunReport",
     "UsageSource",
@@ -48,6 +51,18 @@ class UsageSource(Protocol):
     """What reconciliation needs of an adapter client (`GrpcAdapterClient.usage_result`)."""
 
     async def usage_result(self, account: str, start: datetime, end: datetime) -> UsageResult: ...
+
+
+@runtime_checkable
+class _Describing(Protocol):
+    """A source that says which accounts it serves (`GrpcAdapterClient.describe`)."""
+
+    async def describe(self) -> AdapterDescription: ...
+
+
+class NothingToReconcile(Exception):
+    """No provider adapter or no provider account is configured: there is no bill to read,
+    which is an error, never a clean day (nothing is stored)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,27 +164,29 @@ async def run_day(
     ledger's settlements of the day; returns the day's report (package doc)."""
     now = now or datetime.now(UTC)
     start, end = day_window(day)
-    async with db.reading() as conn:
-        accounts = await store.accounts_of(conn, sorted(sources))
+    if not sources:
+        raise NothingToReconcile("no provider adapter is configured (VIDROUTE_ADAPTERS)")
+    async with db.reads() as reads:
+        accounts = await reads.billed_accounts()
+    if not accounts:
+        raise NothingToReconcile("no provider account is configured")
+    serving, away = await _serving(sources, accounts)
     errors: list[AccountError] = []
     written: list[int] = []
     for provider, account in accounts:
-        try:
-            result = await sources[provider].usage_result(account, start, end)
-        except Exception as exc:  # a sidecar away: report it, store nothing
-            log.warning("reconcile %s/%s %s: ListUsage failed: %r", provider, account, day, exc)
-            errors.append(AccountError(provider, account, "UNAVAILABLE", str(exc)[:300]))
-            continue
-        if result.error is not None:
-            errors.append(
-                AccountError(
-                    provider, account, result.error.error_class.name, result.error.message[:300]
-                )
-            )
-            continue
+        imported = await bills.imported_records(db, provider, account, day)
+        if imported is not None:
+            # A bill file imported for the day (Google's Cloud Billing export) is the bill.
+            records: Sequence[UsageRecord] = imported[1]
+        else:
+            read = await _read_usage(serving, away, provider, account, day)
+            if isinstance(read, AccountError):
+                errors.append(read)
+                continue
+            records = read
         run_id = await _retrying(
             functools.partial(
-                _reconcile_account, db, provider, account, day, start, end, result.records, now
+                _reconcile_account, db, provider, account, day, start, end, records, now
             ),
             window,
         )
@@ -180,6 +197,69 @@ async def run_day(
         written.append(tenant_run)
     report = await read_report(db, day)
     return ReconciliationReport(report.day, report.runs, tuple(errors), tuple(written))
+
+
+async def _read_usage(
+    serving: Mapping[tuple[str, str], UsageSource],
+    away: Mapping[str, str],
+    provider: str,
+    account: str,
+    day: date,
+) -> Sequence[UsageRecord] | AccountError:
+    """The account's usage of `day` from the adapter serving it, or why it could not be read."""
+    source = serving.get((provider, account))
+    if source is None:
+        return _no_source(provider, account, away)
+    start, end = day_window(day)
+    try:
+        result = await source.usage_result(account, start, end)
+    except Exception as exc:  # a sidecar away: report it, store nothing
+        log.warning("reconcile %s/%s %s: ListUsage failed: %r", provider, account, day, exc)
+        return AccountError(provider, account, "UNAVAILABLE", str(exc)[:300])
+    if result.error is not None:
+        message = result.error.message[:300]
+        if result.error.error_class.name == "UNSUPPORTED_CAPABILITY":
+            message += " (import the provider's bill: vidroute usage import FILE)"
+        return AccountError(provider, account, result.error.error_class.name, message)
+    return result.records
+
+
+async def _serving(
+    sources: Mapping[str, UsageSource], accounts: Sequence[tuple[str, str]]
+) -> tuple[dict[tuple[str, str], UsageSource], dict[str, str]]:
+    """Which source serves each (provider, account): what each adapter's Describe names,
+    whatever its key (``make up`` keys them ``veo`` / ``selfhosted`` while the accounts say
+    ``google`` / ``self_hosted``). A source that cannot describe itself (away, or a plain
+    usage source) serves the accounts of the provider its key names, if any; its failure is
+    kept (adapter key -> error) to explain the accounts nobody serves."""
+    serving: dict[tuple[str, str], UsageSource] = {}
+    away: dict[str, str] = {}
+    for key, source in sorted(sources.items()):
+        described: set[tuple[str, str]] | None = None
+        if isinstance(source, _Describing):
+            try:
+                reply = await source.describe()
+                docs = reply.capability_documents
+                described = {(str(d["provider"]), str(d["account"])) for d in docs}
+            except Exception as exc:  # a sidecar away: its accounts are not read, and said so
+                log.warning("reconcile: adapter %s did not describe itself: %r", key, exc)
+                away[key] = str(exc)[:200]
+        for pair in accounts:
+            mine = pair in described if described is not None else pair[0] == key
+            if mine:
+                serving.setdefault(pair, source)
+    return serving, away
+
+
+def _no_source(provider: str, account: str, away: Mapping[str, str]) -> AccountError:
+    if away:
+        names = ", ".join(f"{k} ({v})" for k, v in sorted(away.items()))
+        return AccountError(
+            provider, account, "UNAVAILABLE", f"no reachable adapter serves it; away: {names}"[:300]
+        )
+    return AccountError(
+        provider, account, "NO_ADAPTER", "no configured adapter serves this account"
+    )
 
 
 async def _retrying(run: Callable[[Any], Awaitable[int | None]], arg: Any) -> int | None:
@@ -223,9 +303,7 @@ async def _reconcile_account(  # noqa: PLR0917 - one call site, all named by pos
         for r in records
     ]
     async with db.unit(now) as unit:
-        conn = unit.conn
-        imported = await store.store_import(
-            conn,
+        imported = await unit.store_usage_import(
             provider=provider,
             account=account,
             window_start=start,
@@ -233,10 +311,9 @@ async def _reconcile_account(  # noqa: PLR0917 - one call site, all named by pos
             payload=payload.decode("utf-8"),
             payload_sha256=sha,
             records=new,
-            now=now,
         )
-        local = await store.expectations(
-            conn, provider=provider, account=account, start=start, end=end, window=window
+        local = await unit.usage_expectations(
+            provider=provider, account=account, start=start, end=end, window=window
         )
         outcome = reconcile(imported.records, local, window=window)
         statuses = {str(rid): s.value for rid, s in sorted(outcome.statuses.items())}
@@ -252,8 +329,7 @@ async def _reconcile_account(  # noqa: PLR0917 - one call site, all named by pos
             "billed": outcome.billed_micros,
             "expected": outcome.expected_micros,
         }
-        run, created = await store.save_run(
-            conn,
+        run, created = await unit.save_reconciliation_run(
             day=day.isoformat(),
             provider=provider,
             account=account,
@@ -265,7 +341,6 @@ async def _reconcile_account(  # noqa: PLR0917 - one call site, all named by pos
             currency=currency,
             statuses=statuses,
             rows=outcome.discrepancies,
-            now=now,
         )
     return run.id if created else None
 
@@ -274,11 +349,9 @@ async def _reconcile_tenants(
     db: Database, day: date, start: datetime, end: datetime, now: datetime
 ) -> int | None:
     async with db.unit(now) as unit:
-        conn = unit.conn
-        rows = settled_twice(await store.settlements(conn, start, end))
+        rows = settled_twice(await unit.settlements(start, end))
         result = {"rows": [_row_json(d) for d in rows]}
-        run, created = await store.save_run(
-            conn,
+        run, created = await unit.save_reconciliation_run(
             day=day.isoformat(),
             provider=TENANT_SIDE,
             account="",
@@ -290,16 +363,15 @@ async def _reconcile_tenants(
             currency=rows[0].currency if rows else DEFAULT_CURRENCY,
             statuses={},
             rows=rows,
-            now=now,
         )
     return run.id if created else None
 
 
 async def read_report(db: Database, day: date) -> ReconciliationReport:
     """The current runs of `day` with their rows (empty when the day was never reconciled)."""
-    async with db.reading() as conn:
-        runs = await store.current_runs(conn, day.isoformat())
-        rows = await store.discrepancies_of(conn, [r.id for r in runs])
+    async with db.reads() as reads:
+        runs = await reads.current_runs(day.isoformat())
+        rows = await reads.discrepancies_of([r.id for r in runs])
     return ReconciliationReport(
         day,
         tuple(
@@ -324,10 +396,26 @@ async def read_report(db: Database, day: date) -> ReconciliationReport:
 async def delta_by_provider(db: Database) -> dict[str, int]:
     """Billed minus expected micros per provider, summed over its accounts' current runs of the
     latest reconciled day (``provider_reconciliation_delta_micros{provider}``)."""
-    async with db.reading() as conn:
-        runs = await store.current_runs(conn, None)
+    async with db.reads() as reads:
+        runs = await reads.current_runs(None)
     out: dict[str, int] = {}
     for r in runs:
         if r.provider != TENANT_SIDE:
             out[r.provider] = out.get(r.provider, 0) + r.delta_micros
     return out
+
+
+class DiscrepancyCounter:
+    """The rows written since the last call, by (provider, kind), for the counter
+    ``provider_reconciliation_discrepancies_total``: the first call counts every row stored
+    (a restarted control plane's counter starts at the total; ``increase()`` sees a reset),
+    later calls only the new ones (one grouped query on the row id)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._last_id = 0
+
+    async def __call__(self) -> dict[tuple[str, str], int]:
+        async with self._db.reads() as reads:
+            counts, self._last_id = await reads.discrepancy_counts(self._last_id)
+        return counts

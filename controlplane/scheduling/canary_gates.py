@@ -8,7 +8,9 @@ window (the busiest non-canary candidate: the one carrying the traffic the canar
 the state and records the transition with the observed figures in one unit, guarded so a step
 is applied once even if two replicas believed they led. Dispatchers see the new stage on their
 next round (`PolicyBook`). Quality is the share of the output probe's technical checks of the
-canary's outputs since its stage began that found no defect (absent until one exists). Three
+canary's outputs since its stage began that found no defect (absent until one exists), read in
+the routing's quality buckets (9.14): the lowest of the overall share and the share of each
+bucket with at least ``quality_bucket_min_checks`` checks (`domain.quality.gate_pass_rate`). Three
 reads per evaluation, whatever the number of canaries: the incumbents' newest attempts, the
 canaries' own (apart, so the incumbents' traffic never crowds them out) and their checks.
 """
@@ -23,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
+from controlplane.domain.quality import gate_pass_rate
 from controlplane.domain.routing.canary import CanaryStatus, GateVerdict, evaluate
 from controlplane.domain.routing.policy_document import (
     CanarySpec,
@@ -51,6 +54,8 @@ class CanaryGateConfig:
     # VIDROUTE_TIME_SCALE: a document's p95 gate is production seconds while attempts last
     # scaled ones, so the gate is scaled as well before it is compared.
     time_scale: float = 1.0
+    # A bucket's own clean share gates the canary once it holds this many checks.
+    quality_bucket_min_checks: int = 10
 
 
 def _utcnow() -> datetime:
@@ -65,11 +70,14 @@ def _p95(values: Sequence[float]) -> float:
 
 
 def metrics_of(
-    attempts: Sequence[canary_store.WindowAttempt], checks: Sequence[bool] = ()
+    attempts: Sequence[canary_store.WindowAttempt],
+    checks: Sequence[tuple[str, bool]] = (),
+    min_bucket_checks: int = 10,
 ) -> CanaryMetrics:
     """Gate figures of finished attempts: success rate, p95 of their durations, safety
     failures, spend per success (inf with no success), and the share of the output probe's
-    technical checks that found nothing wrong (None without a check)."""
+    technical checks, (bucket, clean) pairs, that found nothing wrong, overall and per well
+    sampled bucket (`gate_pass_rate`; None without a check)."""
     n = len(attempts)
     ok = sum(1 for a in attempts if a.status == "SUCCEEDED")
     spend = sum(a.cost_micros for a in attempts)
@@ -82,7 +90,7 @@ def metrics_of(
         if n
         else 0.0,
         cost_per_success_micros=spend / ok if ok else math.inf,
-        quality_pass_rate=sum(checks) / len(checks) if checks else None,
+        quality_pass_rate=gate_pass_rate(checks, min_bucket_checks),
     )
 
 
@@ -125,14 +133,14 @@ class CanaryGatekeeper:
 
     async def evaluate_once(self) -> list[tuple[str, GateVerdict]]:
         """One evaluation of every ACTIVE canary; returns what was decided for each."""
-        async with self._db.reading() as conn:
-            active = await store.active(conn)
+        async with self._db.reads() as reads:
+            active = await reads.documents(store.DOCUMENTS).active()
             doc = None if active is None else self._document(active)
             if doc is None or not doc.canaries:
                 return []
             rows = [
                 r
-                for r in await canary_store.canaries(conn)
+                for r in await reads.canaries()
                 if r.status is CanaryStatus.ACTIVE and r.candidate_id in doc.canaries
             ]
             if not rows:
@@ -141,9 +149,9 @@ class CanaryGatekeeper:
             ids = [r.candidate_id for r in rows]
             # The canaries' own attempts apart: a 0.5 % share of the newest attempts of all
             # would never reach ``min_samples`` on a busy platform.
-            window = await canary_store.window_by_candidate(conn, since, exclude=list(doc.canaries))
-            window.update(await canary_store.window_by_candidate(conn, since, only=ids))
-            quality = await canary_store.quality_by_candidate(conn, since, only=ids)
+            window = await reads.attempt_window(since, exclude=list(doc.canaries))
+            window.update(await reads.attempt_window(since, only=ids))
+            quality = await reads.quality_window(since, only=ids)
         now = self._clock()
         out = []
         for row in rows:
@@ -157,8 +165,9 @@ class CanaryGatekeeper:
             ]
             busiest = max(others, key=len, default=[])
             incumbent = metrics_of(busiest) if busiest else None
-            clean = [ok for at, ok in quality.get(row.candidate_id, ()) if at >= start]
-            verdict = evaluate(spec, row.stage, metrics_of(mine, clean), incumbent)
+            checks = [(b, ok) for at, ok, b in quality.get(row.candidate_id, ()) if at >= start]
+            metrics = metrics_of(mine, checks, self.config.quality_bucket_min_checks)
+            verdict = evaluate(spec, row.stage, metrics, incumbent)
             await self._apply(row, spec.percents, verdict, now)
             out.append((row.candidate_id, verdict))
         return out
@@ -173,13 +182,11 @@ class CanaryGatekeeper:
         gates = dict(verdict.gates)
         async with self._db.unit(now) as u:
             if verdict.action is CanaryAction.HOLD:
-                await canary_store.note_gates(u.conn, row.candidate_id, gates, now)
+                await u.note_canary_gates(row.candidate_id, gates)
                 return
             status = _NEXT_STATUS[verdict.action]
             stage = row.stage if verdict.next_stage is None else verdict.next_stage
-            if not await canary_store.move_canary(
-                u.conn, row, stage=stage, status=status, gates=gates, now=now
-            ):
+            if not await u.move_canary(row, stage=stage, status=status, gates=gates):
                 return  # another evaluation moved it first
             current = percents[row.stage] if row.stage < len(percents) else 0.0
             to = {
@@ -187,8 +194,7 @@ class CanaryGatekeeper:
                 CanaryAction.PROMOTE: 100.0,
                 CanaryAction.ROLLBACK: 0.0,
             }[verdict.action]
-            await canary_store.record_transition(
-                u.conn,
+            await u.record_canary_transition(
                 row.candidate_id,
                 policy_version=row.policy_version,
                 action=verdict.action.value,
@@ -196,7 +202,6 @@ class CanaryGatekeeper:
                 from_percent=current,
                 to_percent=to,
                 observed=dict(verdict.observed),
-                now=now,
             )
         log.warning(
             "canary %s: %s (%s) %s%% -> %s%%",

@@ -33,7 +33,8 @@ def count_decision(
         c = catalog.by_id(chosen)
         if c is None:
             return
-        metrics.decision(c.provider, c.model, decision.selection_reason or "selected")
+        score = decision.verdict(chosen).score
+        metrics.decision(c.provider, c.model, decision.selection_reason or "selected", score)
         if facts.attempts_so_far > 0:  # a requeued task routed again: a failover (9.16)
             metrics.failover(_previous(facts, catalog), c.provider, facts.error_class)
         return

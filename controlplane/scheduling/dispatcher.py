@@ -28,6 +28,9 @@ over when the leader's database session dies. Each round (`tick`):
    own counter read or the recheck interval wakes it; its decision row is written only when
    the outcome changed (QUEUED -> SCHEDULING -> QUEUED with the decision).
    NO_ELIGIBLE_CANDIDATE records the decision and fails the task with every candidate's reason.
+   A candidate whose account's rate or budget window is full (9.11: the store refuses it at
+   acquire, `scheduling.windows`) is skipped like a full one; a task left with nothing but
+   closed windows is parked until the earliest reopening, and a timer wakes the round then.
 
 A batch of one (`dispatch_batch([task], ...)`) is the way to dispatch a single task: there is
 one path.
@@ -39,11 +42,13 @@ import asyncio
 import contextlib
 import dataclasses
 import enum
+import functools
+import heapq
 import logging
 import secrets
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -51,21 +56,23 @@ from typing import Any, TypeVar
 from controlplane.adapters.grpc_client import AdapterClient
 from controlplane.capabilities.catalog import CapabilityCatalog, load_catalog
 from controlplane.domain import fairqueue as fq
+from controlplane.domain.accounts import AccountLimits, Accounts
 from controlplane.domain.breaker import BreakerKey, BreakerState, account_key
-from controlplane.domain.outbox import Topic
 from controlplane.domain.quality import QualityTable, bucket_key
 from controlplane.domain.requeue import RequeueFacts
-from controlplane.domain.routing.candidates import Incumbent, RoutingContext
+from controlplane.domain.routing.candidates import Candidate, Incumbent, RoutingContext
 from controlplane.domain.routing.decision import Outcome, RouteDecisionSnapshot
 from controlplane.domain.routing.filters import Reason, screen
 from controlplane.domain.routing.load import LoadView
 from controlplane.domain.routing.selection import RouterConfig, route
-from controlplane.domain.states import TaskState
+from controlplane.domain.states import IN_FLIGHT_TASK_STATES, TaskState
 from controlplane.domain.tenants import Tenants
-from controlplane.leases.base import Lease, LeaseRequest, LeaseStore
+from controlplane.leases.base import Dimension, Lease, LeaseRequest, LeaseStore
+from controlplane.leases.windows import WindowRefusal
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.persistence import batch
-from controlplane.persistence.catalog import IN_FLIGHT_TASK_STATES, CatalogQueries
+from controlplane.persistence import leases as lease_facts
+from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.queue import GroupKey, QueueHead, QueueHeads, QueueQueries
 from controlplane.persistence.queue import oldest_by_class as queue_ages
@@ -73,12 +80,13 @@ from controlplane.persistence.records import Failure, NewAttempt, NewRouteDecisi
 from controlplane.scheduling.dispatch_metrics import count_decision
 from controlplane.scheduling.expiry import settle_overdue
 from controlplane.scheduling.gather import (
+    NO_LIMITS,
     CompileCache,
     CompileJob,
     RoundCapacity,
+    candidate_dimensions,
     compile_key,
     compile_many,
-    lease_dimensions,
 )
 from controlplane.scheduling.health import HealthMonitor, submit_key
 from controlplane.scheduling.leader import LeaderLock
@@ -88,9 +96,19 @@ from controlplane.scheduling.policy_book import PolicyBook
 from controlplane.scheduling.quality_book import QualityBook
 from controlplane.scheduling.reachability import AdapterReachability
 from controlplane.scheduling.readiness import CatalogReadiness
+from controlplane.scheduling.round_charges import RoundPops
+from controlplane.scheduling.windows import (
+    LimitsFor,
+    WindowBook,
+    full_window,
+    window_request,
+)
+from controlplane.service.accounts import DISPATCH_MAX_AGE_S as ACCOUNTS_MAX_AGE_S
+from controlplane.service.accounts import AccountBook
 from controlplane.service.tenants import DISPATCH_MAX_AGE_S, TenantBook
 from vidroute_core import tracing
 from vidroute_core.logs import bind_ids
+from vidroute_core.spec import GenerationSpec
 
 log = logging.getLogger(__name__)
 _Tenanted = TypeVar("_Tenanted", TaskRecord, QueueHead)
@@ -121,6 +139,11 @@ class DispatcherConfig:
     default_concurrency: int = 4
     lease_ttl_ms: int = 600_000
     lease_max_term_ms: int = 6 * 3_600_000
+    # The rolling spans of the accounts' rate windows (9.11; scaled with every duration), and how
+    # long after its admission a submit still counts in them (it leaves later: `leases.windows`).
+    window_minute_ms: int = 60_000
+    window_day_ms: int = 86_400_000
+    window_send_allowance_ms: int = 5_000
     fair_queue: fq.FairQueueConfig = field(default_factory=fq.FairQueueConfig)
     allowed_regions: Mapping[str, frozenset[str]] = field(default_factory=dict)  # per tenant
     canary_stages: Mapping[str, int] = field(default_factory=dict)  # candidate id -> stage
@@ -142,6 +165,10 @@ class DispatchResult:
 
 
 _MOVED_ON = (DispatchOutcome.SELECTED, DispatchOutcome.FAILED)
+# A round's view reuses the accounts document its tick read a moment before (about 2 ms a read
+# on PostgreSQL); a batch dispatched on its own reads it when older than this (a publication
+# in this process invalidates it at once).
+VIEW_ACCOUNTS_MAX_AGE_S = 1.0
 _WAITS_ON_BREAKER = frozenset({Reason.CIRCUIT_OPEN.value, Reason.COMPILE_UNAVAILABLE.value})
 
 
@@ -163,8 +190,26 @@ class Dispatcher:
         quality: QualityBook | None = None,
         reachability: AdapterReachability | None = None,
         tenants: TenantBook | None = None,
+        accounts: AccountBook | None = None,
+        limits_for: LimitsFor | None = None,
+        loads: LoadBook | None = None,
+        policies: PolicyBook | None = None,
+        readiness: CatalogReadiness | None = None,
+        before_admit: Callable[[], Awaitable[object]] | None = None,
+        metrics: ControlPlaneMetrics | None = None,
     ) -> None:
+        """Every collaborator is a keyword here; nothing is assigned after construction.
+
+        `loads`: model-server load (9.21), read once per round. `policies`: the published
+        routing policy and canary stages, re-read once per round (None: `router` and
+        ``config.canary_stages`` as given). `readiness`: the adapters the catalog must cover
+        before a round admits anything (None: none named). `before_admit`: run before each
+        round admits anything (the lease rebuild of 9.11.2). `metrics`: the process's (None:
+        a private set)."""
         self._db, self._catalogs, self._leases = db, catalogs, leases
+        # Each provider account's limits injected as a lookup (a test's); None: the accounts
+        # document's (`limits_for`), asked per lease request so a change counts from the next.
+        self._limits_for = limits_for
         # Told whether each Compile got an answer (per-provider readiness); None: not kept.
         self.reachability = reachability
         # The published tenants document (per-class weights and caps, project priorities,
@@ -172,15 +217,19 @@ class Dispatcher:
         # the next one; None: ``config.fair_queue`` and ``config.allowed_regions`` as given.
         self._tenants = tenants
         self._round_tenants: Tenants | None = None
+        # The published accounts document (limits, enabled, regions), re-read every round like
+        # the tenants one; None: every account as before accounts were configuration.
+        self._accounts = accounts
+        self._round_accounts: Accounts | None = None
         # The quality aggregates (9.14), read at most once per refresh, never per task.
         self.quality = quality
         # Model-server load (9.21), refreshed by its own loop; read once per round.
-        self.loads: LoadBook | None = None
+        self.loads = loads
         self._adapters, self.monitor, self.router = adapters, monitor, router
         self.leader, self.config, self._clock = leader, config or DispatcherConfig(), clock
         # The published routing policy and canary stages, re-read once per round (PolicyBook);
         # None: `router` and ``config.canary_stages`` as given.
-        self.policies: PolicyBook | None = None
+        self.policies = policies
         self.canary_stages: Mapping[str, int] = self.config.canary_stages
         self._catalog: CapabilityCatalog | None = None
         self._catalog_at = 0.0
@@ -194,6 +243,9 @@ class Dispatcher:
         self._incumbents: dict[tuple[str, str, str], Incumbent] = monitor.incumbents
         self._wake = asyncio.Event()
         self.parking = Parking(time.monotonic, recheck_s=self.config.park_recheck_s)
+        self.windows = WindowBook(time.monotonic, clock, recheck_s=self.config.park_recheck_s)
+        self._window_timer: tuple[float, asyncio.TimerHandle] | None = None
+        self._reopenings: list[float] = []  # heap of parked windows' reopenings (monotonic)
         self.compile_cache = CompileCache(
             self.config.compile_cache_size, self.config.compile_cache_bytes
         )
@@ -201,12 +253,21 @@ class Dispatcher:
         self.leading = False
         self.dispatched = 0
         self.progressed = 0  # tasks the last round moved on (an attempt or a failure)
-        self.readiness = CatalogReadiness()  # the composition root names the adapters
+        self.readiness = readiness or CatalogReadiness()  # the composition root names them
         self.skipped_rounds = 0
         self._unready_reason: str | None = None
-        # Runs before each round admits anything; the runtime wires the lease rebuild here (9.11.2).
-        self.before_admit: Callable[[], Awaitable[object]] | None = None
-        self.metrics = ControlPlaneMetrics()  # the composition root shares the process's
+        # Runs before each round admits anything: the lease rebuild (9.11.2).
+        self.before_admit = before_admit
+        self.metrics = metrics or ControlPlaneMetrics()
+
+    @property
+    def adapters(self) -> Mapping[str, AdapterClient]:
+        """The sidecar clients this dispatcher compiles on (a release's sample check uses them)."""
+        return self._adapters
+
+    def now(self) -> datetime:
+        """The dispatcher's clock (injected; tests fix it)."""
+        return self._clock()
 
     # ---- loop ---------------------------------------------------------------------------------
 
@@ -320,6 +381,9 @@ class Dispatcher:
             self.skipped_rounds += 1
             log.debug("dispatch round skipped: %s", reason)
             return 0
+        # The round's one read of the accounts document, before the lease rebuild that leases
+        # by its limits; the round's view below reuses it.
+        await self._read_accounts(ACCOUNTS_MAX_AGE_S)
         if self.before_admit is not None:
             await self.before_admit()
         await self.monitor.sync()
@@ -329,7 +393,7 @@ class Dispatcher:
         planned = await self._plan_round()
         if planned is None:
             return 0
-        picked, by_id, facts, queue = planned
+        picked, by_id, facts, queue, pops = planned
         throttled = Counter[tuple[str, str]]()
         tasks = [by_id[item.task_id] for item in picked]
         results = await self.dispatch_batch(tasks, facts, catalog=catalog, view=view)
@@ -339,6 +403,9 @@ class Dispatcher:
             count_decision(self.metrics, result.decision, task_facts, catalog, throttled)
         done = len(tasks)
         self.metrics.throttled_round(throttled)
+        went = {str(r.task_id) for r in results if r.outcome in _MOVED_ON}
+        if len(went) < len(picked):  # some stay queued (parked): their tenants do not pay
+            queue = pops.charged_for(went)
         self._fq_snapshot = queue.snapshot()
         self._cursors = self._next_cursors
         if done:
@@ -359,7 +426,13 @@ class Dispatcher:
     async def _plan_round(
         self,
     ) -> (
-        tuple[list[fq.QueuedTask], dict[str, TaskRecord], dict[int, RequeueFacts], fq.FairQueue]
+        tuple[
+            list[fq.QueuedTask],
+            dict[str, TaskRecord],
+            dict[int, RequeueFacts],
+            fq.FairQueue,
+            RoundPops,
+        ]
         | None
     ):
         """Read the group heads (9.12.4), settle the overdue, and pop this round's take."""
@@ -391,15 +464,19 @@ class Dispatcher:
         if self._tenants is not None:
             self._round_tenants = await self._tenants.current(DISPATCH_MAX_AGE_S)
             fair_queue = dataclasses.replace(fair_queue, tenants=self._round_tenants)
-        queue = fq.FairQueue.rebuild(
-            fair_queue,
-            time.time,
-            items,
-            snapshot=self._fq_snapshot,
-            in_flight_counts=heads.in_flight,
-            class_in_flight_counts=heads.in_flight_by_class,
-            partial=heads.partial,
+        pops = RoundPops(
+            functools.partial(
+                fq.FairQueue.rebuild,
+                fair_queue,
+                time.time,
+                items,
+                snapshot=self._fq_snapshot,
+                in_flight_counts=heads.in_flight,
+                class_in_flight_counts=heads.in_flight_by_class,
+                partial=heads.partial,
+            )
         )
+        queue = pops.rebuild()
         now = self._clock()
 
         parking = self.parking
@@ -409,13 +486,13 @@ class Dispatcher:
             nb = facts.get(task_id, RequeueFacts()).not_before
             return (nb is None or nb <= now) and not parking.waiting(task_id, now)
 
-        picked = await self._pop_round(queue, queued, facts, eligible, now)
+        picked = await self._pop_round(queue, queued, facts, eligible, now, pops=pops)
         ready = {h.group for h, item in zip(queued, items, strict=True) if eligible(item)}
         self._next_cursors = _advance_cursors(self._cursors, heads, ready, picked)
         # Full rows (the spec) only for the take; one cancelled meanwhile is just left out.
         records = await self._queue.tasks([int(t.task_id) for t in picked])
         take = [t for t in picked if int(t.task_id) in records]
-        return take, {str(i): r for i, r in records.items()}, facts, queue
+        return take, {str(i): r for i, r in records.items()}, facts, queue, pops
 
     async def _pop_round(
         self,
@@ -424,6 +501,8 @@ class Dispatcher:
         facts: dict[int, RequeueFacts],
         eligible: fq.Eligible,
         now: datetime,
+        *,
+        pops: RoundPops,
     ) -> list[fq.QueuedTask]:
         """Pop the round; a drained partial group gets its next rows read and pushed (at most
         one read per pop), so its tenant keeps its share instead of the round ending early."""
@@ -444,7 +523,9 @@ class Dispatcher:
             facts.update(
                 await self._catalogs.requeue_facts([t.id for t in kept if t.status_version > 0])
             )
-            queue.refill(group, [_queued(t) for t in kept], partial=len(more) >= limit)
+            rows, partial = [_queued(t) for t in kept], len(more) >= limit
+            pops.refilled(group, rows, partial)
+            queue.refill(group, rows, partial=partial)
             picked += queue.pop_batch(size - len(picked), eligible)
         return picked
 
@@ -479,8 +560,13 @@ class Dispatcher:
             elif (reason := await self.monitor.refusal(compile_key(c))) is not None:
                 # Its sidecar did not answer Compile lately: no call until a probe may go.
                 circuit_open[c.id] = f"COMPILE {reason}: the {c.provider} sidecar did not answer"
+        await self._read_accounts(VIEW_ACCOUNTS_MAX_AGE_S)
         capacity = await RoundCapacity.read(
-            self._leases, catalog.candidates, self.config.default_concurrency
+            self._leases,
+            catalog.candidates,
+            self.config.default_concurrency,
+            self.limits_for,
+            {account: c.detail for account, c in self.windows.closed().items()},
         )
         if len(self.parking):
             by_id = {c.id: c for c in catalog.candidates}
@@ -522,8 +608,8 @@ class Dispatcher:
             return [DispatchResult(t.id, DispatchOutcome.SKIPPED) for t in tasks]
         view = view or await self._round_view(catalog)
         now = self._clock()
-        async with self._db.reading() as conn:
-            numbers = await batch.numbers(conn, [t.id for t in tasks])
+        async with self._db.reads() as r:
+            numbers = await r.task_numbers([t.id for t in tasks])
         prepared: list[tuple[TaskRecord, RequeueFacts, RoutingContext, Any, list[Any]]] = []
         jobs: list[CompileJob] = []
         for task in tasks:
@@ -549,10 +635,11 @@ class Dispatcher:
                     if self._round_tenants is None
                     else self._round_tenants.routing_scenario(task.tenant_id)
                 ),
+                accounts=self._round_accounts,
             )
             screened = screen(spec, catalog.candidates, ctx, catalog.version)
             survivors = screened.survivors()
-            start = {c.id: view.capacity.view(c) for c in survivors}
+            start = {c.id: view.capacity.view(c, spec.mode.value) for c in survivors}
             jobs.append((spec, task.spec_hash, screened.survivors(start)))
             prepared.append((task, f, ctx, screened, survivors))
         compiled = await compile_many(
@@ -589,13 +676,31 @@ class Dispatcher:
             await self._lease_batch(picks, catalog, view)
             for p in picks:
                 if p.lease is None:
-                    d = p.decision.after_leasing(None, p.refused)
+                    d = p.decision.after_leasing(None, p.refused, p.why)
                     others.append(_Other(p.task, d, TaskState.QUEUED, p.facts))
             leased = [p for p in picks if p.lease is not None]
             return await self._commit_batch(leased, others, catalog)
         finally:
             for p in picks:
                 p.span.end()
+
+    async def _read_accounts(self, max_age_s: float) -> None:
+        if self._accounts is not None:
+            self._round_accounts = await self._accounts.current(max_age_s)
+
+    async def attempt_mode(self, client_request_key: str) -> str:
+        """An attempt's task's generation mode (the modality it leases); "" when unknown."""
+        rows = await lease_facts.attempts_with_keys(self._db, [client_request_key])
+        return rows[0].mode if rows else ""
+
+    def limits_for(self, provider: str, account: str) -> AccountLimits:
+        """The account's limits in the accounts document this round read (`LimitsFor`), or the
+        injected lookup's."""
+        if self._limits_for is not None:
+            return self._limits_for(provider, account)
+        if self._round_accounts is None:
+            return NO_LIMITS
+        return self._round_accounts.limits(provider, account)
 
     def _allowed_regions(self, tenant_id: str) -> frozenset[str] | None:
         """The tenants document's regions for the tenant when it names any, else the config's."""
@@ -616,18 +721,9 @@ class Dispatcher:
         task, facts, ctx, screened, survivors = prepared
         verdicts, plans = compiled
         spec = task.spec
-        capacity = {c.id: view.capacity.view(c) for c in survivors}
+        capacity = {c.id: view.capacity.view(c, spec.mode.value) for c in survivors}
         health = {c.id: h for c in survivors if (h := self.monitor.health_view(c.id)) is not None}
-        quality = (
-            {}
-            if view.quality is None or not view.quality.counts
-            else view.quality.scores(
-                ((c.id, c.provider, c.model) for c in survivors),
-                spec.mode.value,
-                bucket_key(spec),
-                self.router.default_quality,
-            )
-        )
+        quality = _quality_of(view.quality, survivors, spec, self.router.default_quality)
         ctx = _with(
             ctx, capacity=capacity, health=health, circuit_open=view.circuit_open, quality=quality
         )
@@ -664,7 +760,8 @@ class Dispatcher:
             c = catalog.by_id(cid)
             if c is None:
                 continue
-            room = view.capacity.view(c)
+            mode = pick.task.spec.mode.value
+            room = view.capacity.view(c, mode)
             if room.available <= 0 or not room.accepting_new:
                 pick.refused.append(cid)
                 continue
@@ -675,7 +772,7 @@ class Dispatcher:
             if not admitted:
                 pick.refused.append(cid)
                 continue
-            view.capacity.take(c)
+            view.capacity.take(c, mode=mode)
             pick.cid = cid
             return True
         pick.cid = None
@@ -710,25 +807,32 @@ class Dispatcher:
                 for p in pending:
                     c = catalog.by_id(p.cid or "")
                     assert c is not None
+                    plan = p.plans[c.id]
                     requests.append(
-                        LeaseRequest(
-                            attempt_id=p.key,
-                            account=c.lease_account,
-                            dimensions=lease_dimensions(c, self.config.default_concurrency),
-                            ttl_ms=self.config.lease_ttl_ms,
-                            max_term_ms=self.config.lease_max_term_ms,
+                        self.lease_request(
+                            c,
+                            p.key,
+                            p.task.spec.output.sample_count,
+                            plan.estimated_cost_micros,
+                            dimensions=view.capacity.dimensions(c, p.task.spec.mode.value),
                         )
                     )
-                got = await self._leases.acquire_many(requests)
+                got = await self._leases.admit_many(requests)
                 again = []
                 for p, lease in zip(pending, got, strict=True):
-                    if lease is not None:
+                    if isinstance(lease, Lease):
                         p.lease = lease
                         continue
                     c = catalog.by_id(p.cid or "")
                     assert c is not None
                     await self.monitor.release(submit_key(c), p.key)
-                    view.capacity.full(c)
+                    if isinstance(lease, WindowRefusal):  # skipped like a full one, and waited for
+                        closure = self.windows.refused(lease)
+                        self.metrics.window_refused(c.provider, c.account, lease.window)
+                        view.capacity.window_closed(c, closure.detail)
+                        p.why[c.id] = closure.detail
+                    else:
+                        view.capacity.full(c, p.task.spec.mode.value)
                     p.refused.append(c.id)
                     if await self._next_candidate(p, catalog, view):
                         again.append(p)
@@ -742,8 +846,9 @@ class Dispatcher:
         without an attempt is a leak."""
         held = [p for p in picks if p.lease is not None]
         try:
-            if held:
-                await self._leases.release_many([p.lease for p in held if p.lease is not None])
+            if held:  # no attempt was written: nothing was sent, the window use goes back too
+                leases = [p.lease for p in held if p.lease is not None]
+                await self._leases.release_many(leases, unsent=True)
         finally:
             for p in picks:
                 c = catalog.by_id(p.cid or "")
@@ -768,11 +873,8 @@ class Dispatcher:
         selected = self._selected_rows(picks, catalog)
         try:
             async with self._db.unit(now) as u:
-                claimed = await batch.claim(u.conn, expected)
-                mine = [s for s in selected if s.task_id in claimed]
-                written_ids = await batch.write_selected(u.conn, mine, now)
-                if mine:  # the after-commit wake-up relay (controlplane.wakeups)
-                    u.topics.add(str(Topic.SUBMIT))
+                claimed = await u.claim_queued(expected)
+                written_ids = await u.write_selected([s for s in selected if s.task_id in claimed])
                 for o in writes:
                     if o.task.id in claimed:
                         await self._write_other(u, o)
@@ -828,7 +930,7 @@ class Dispatcher:
             c = catalog.by_id(p.cid or "")
             assert c is not None
             assert p.lease is not None
-            p.final = p.decision.after_leasing(c.id, p.refused)
+            p.final = p.decision.after_leasing(c.id, p.refused, p.why)
             plan = p.plans[c.id]
             selected.append(
                 batch.SelectedTask(
@@ -888,8 +990,13 @@ class Dispatcher:
 
     def _park(self, o: _Other, catalog: CapabilityCatalog) -> None:
         full, breakers, accounts = [], [], set()
+        reopens: list[float] = []
         for v in o.decision.verdicts:
-            if v.reason == Reason.NO_CAPACITY.value:
+            if v.reason == Reason.NO_CAPACITY.value and (
+                (until := self.windows.until(v.candidate.lease_account)) is not None
+            ):
+                reopens.append(until)  # a release does not reopen a window: no wake on it
+            elif v.reason == Reason.NO_CAPACITY.value:
                 full.append(v.candidate.id)
                 accounts.add(v.candidate.lease_account)
             elif v.reason in _WAITS_ON_BREAKER:
@@ -905,6 +1012,68 @@ class Dispatcher:
             breakers=breakers,
             catalog_version=catalog.version,
             until=min(later) if later else None,
+            reopens=min(reopens) if reopens else None,
+        )
+        if reopens:
+            self._wake_at(min(reopens))
+
+    def _wake_at(self, at: float) -> None:
+        """A round when a parked window reopens (monotonic `at`), not a poll later: one timer,
+        for the earliest of the pending reopenings (a heap, so each is served in turn)."""
+        if at not in self._reopenings:
+            heapq.heappush(self._reopenings, at)
+        self._arm_window_timer()
+
+    def _arm_window_timer(self) -> None:
+        if not self._reopenings:
+            return
+        first = self._reopenings[0]
+        if self._window_timer is not None:
+            if self._window_timer[0] == first:
+                return
+            self._window_timer[1].cancel()
+        delay = max(0.0, first - time.monotonic())
+        handle = asyncio.get_running_loop().call_later(delay, self._window_due)
+        self._window_timer = (first, handle)
+
+    def _window_due(self) -> None:
+        self._window_timer = None
+        now = time.monotonic()
+        while self._reopenings and self._reopenings[0] <= now:
+            heapq.heappop(self._reopenings)
+        self.wake()
+        self._arm_window_timer()
+
+    def lease_request(
+        self,
+        c: Candidate,
+        key: str,
+        generations: int = 1,
+        cost_micros: int = 0,
+        *,
+        mode: str = "",
+        dimensions: tuple[Dimension, ...] | None = None,
+    ) -> LeaseRequest:
+        """The lease an attempt on `c` keyed `key` for a task of generation `mode` asks for: its
+        dimensions (`dimensions` when the round already built them) and, where the account
+        limits any, its windows (also the re-let of a lease lost before the send)."""
+        cfg = self.config
+        if dimensions is None:
+            dimensions = candidate_dimensions(c, cfg.default_concurrency, self.limits_for, mode)
+        return LeaseRequest(
+            attempt_id=key,
+            account=c.lease_account,
+            dimensions=dimensions,
+            ttl_ms=cfg.lease_ttl_ms,
+            max_term_ms=cfg.lease_max_term_ms,
+            windows=window_request(
+                self.limits_for(c.provider, c.account),
+                generations=generations,
+                cost_micros=cost_micros,
+                minute_ms=cfg.window_minute_ms,
+                day_ms=cfg.window_day_ms,
+                send_allowance_ms=cfg.window_send_allowance_ms,
+            ),
         )
 
     def _remember(self, group: tuple[str, str, str], chosen: str) -> None:
@@ -927,6 +1096,21 @@ def _ending_class(decision: RouteDecisionSnapshot, error_class: str) -> str:
     failure (its class, e.g. INTERNAL_PERMANENT), not for a capability it never lacked."""
     by_failover = any(v.reason == Reason.EXCLUDED_BY_FAILOVER.value for v in decision.verdicts)
     return error_class if by_failover and error_class else "UNSUPPORTED_CAPABILITY"
+
+
+def _quality_of(
+    table: QualityTable | None, survivors: Iterable[Candidate], spec: GenerationSpec, default: float
+) -> dict[str, float]:
+    """Each survivor's quality in the task's bucket (9.14): its evidence there shrunk toward its
+    model's prior (the capability document's ``quality_prior``, else `default`), the prior
+    alone without evidence. Empty (everyone at `default`) when there is nothing to say."""
+    rows = [
+        (c.id, c.provider, c.model, default if (q := c.capability.quality_prior) is None else q)
+        for c in survivors
+    ]
+    if table is not None and table.counts:
+        return table.scores(rows, spec.mode.value, bucket_key(spec))
+    return {cid: prior for cid, _, _, prior in rows if prior != default}
 
 
 def _with(ctx: RoutingContext, **changes: Any) -> RoutingContext:
@@ -1029,6 +1213,7 @@ class _Pick:
     carrier: dict[str, str]
     rest: list[str] = field(default_factory=list)  # ranked candidates not tried yet
     refused: list[str] = field(default_factory=list)
+    why: dict[str, str] = field(default_factory=dict)  # refused candidate -> a full window
     cid: str | None = None
     lease: Lease | None = None
     final: RouteDecisionSnapshot | None = None
@@ -1048,5 +1233,5 @@ class _Other:
 def _signature(decision: RouteDecisionSnapshot) -> Signature:
     return (
         decision.outcome.value,
-        tuple((v.candidate.id, v.reason) for v in decision.verdicts),
+        tuple((v.candidate.id, v.reason + full_window(v.detail)) for v in decision.verdicts),
     )

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from controlplane.adapters.grpc_client import AdapterClient, CompileRefused, CompileUnavailable
+from controlplane.domain.accounts import AccountLimits
 from controlplane.domain.breaker import BreakerKey, Operation
 from controlplane.domain.routing.candidates import (
     Candidate,
@@ -32,10 +33,13 @@ from controlplane.domain.routing.candidates import (
     TransformKind,
 )
 from controlplane.leases.base import Dimension, LeaseError, LeaseStore
+from controlplane.scheduling.windows import LimitsFor, no_limits
 from vidroute_core.adapter import CompiledPlan
 from vidroute_core.spec import GenerationSpec
 
 log = logging.getLogger(__name__)
+
+NO_LIMITS = AccountLimits()
 
 #: What a Compile that got no answer reports to its breaker.
 NO_ANSWER = "TRANSIENT_NETWORK"
@@ -73,14 +77,39 @@ class Reachability(Protocol):
     def lost(self, provider: str, why: str) -> None: ...
 
 
-def lease_dimensions(candidate: Candidate, default_concurrency: int) -> tuple[Dimension, ...]:
-    """Account total first (the lease store reads it as the account capacity), then the model."""
+def lease_dimensions(
+    candidate: Candidate,
+    default_concurrency: int,
+    limits: AccountLimits | None = None,
+    mode: str = "",
+) -> tuple[Dimension, ...]:
+    """The slots an attempt of `candidate` holds: the account total first (the lease store
+    reads it as the account capacity), then the model, then the task's modality (`mode`, the
+    spec's generation mode) and the candidate's region when the accounts document limits them.
+
+    The account total is the document's ``max_concurrency``, else max(model cap, default) as
+    before accounts were configuration; the model's is the smaller of the document's and the
+    capability's ``max_concurrency``. Every one is checked in the same atomic acquire."""
+    limits = limits or NO_LIMITS
     model_cap = candidate.capability.max_concurrency or default_concurrency
-    account_cap = max(model_cap, default_concurrency)
-    return (
+    account_cap = limits.max_concurrency or max(model_cap, default_concurrency)
+    configured = limits.model_concurrency.get(candidate.model)
+    dims = [
         Dimension("account", account_cap),
-        Dimension(f"model:{candidate.model}", model_cap),
-    )
+        Dimension(f"model:{candidate.model}", min(model_cap, configured or model_cap)),
+    ]
+    if mode and (slots := limits.modality_concurrency.get(mode)) is not None:
+        dims.append(Dimension(f"modality:{mode}", slots))
+    if (slots := limits.region_concurrency.get(candidate.region)) is not None:
+        dims.append(Dimension(f"region:{candidate.region}", slots))
+    return tuple(dims)
+
+
+def candidate_dimensions(
+    c: Candidate, default_concurrency: int, limits_for: LimitsFor, mode: str = ""
+) -> tuple[Dimension, ...]:
+    """`lease_dimensions` with the candidate's account limits looked up."""
+    return lease_dimensions(c, default_concurrency, limits_for(c.provider, c.account), mode)
 
 
 def compile_result(plan: CompiledPlan) -> CompileResult:
@@ -200,7 +229,11 @@ class _Calls:
             return unavailable(f"COMPILE breaker of {c.provider} refuses calls for now"), None
         try:
             plan = await adapter.compile(
-                spec, account=c.account, model=c.model, model_version=c.model_version
+                spec,
+                account=c.account,
+                model=c.model,
+                model_version=c.model_version,
+                capability=c.capability,  # the version routed on is the version compiled
             )
         except CompileRefused as exc:  # the sidecar's verdict on this request
             await self.report(key, c, None)
@@ -320,33 +353,48 @@ class RoundCapacity:
     """One round's view of the lease counters: read once (`read`), then moved in memory as the
     round assigns its batch, so the batch's tasks do not all pick the last free slot; the
     leases themselves are acquired afterwards in one round trip (`LeaseStore.acquire_many`),
-    which stays the judge (a slot another process took meanwhile is refused there)."""
+    which stays the judge (a slot another process took meanwhile is refused there).
+
+    A view is per candidate and task mode (a modality limit counts only the tasks of its mode);
+    mode "" reads every dimension but the modalities (the parking's wake check)."""
 
     def __init__(
         self,
         used: dict[tuple[str, str], int],
         accepting: Mapping[str, bool | None],
         default_concurrency: int,
+        limits_for: LimitsFor = no_limits,
+        closed: Mapping[str, str] | None = None,
     ) -> None:
         self._used, self._accepting, self._default = used, accepting, default_concurrency
+        self._limits_for = limits_for
+        # Lease accounts with a full rate or budget window: why (`scheduling.windows`).
+        self._closed: dict[str, str] = dict(closed or {})
         # A round asks ~10 views per task: each candidate's dimensions and view are kept, the
         # view until a take/give/full in its account (`_moved`) changes what it reads.
-        self._dims: dict[str, tuple[Dimension, ...]] = {}
-        self._views: dict[str, tuple[int, CapacityView]] = {}
+        self._dims: dict[tuple[str, str], tuple[Dimension, ...]] = {}
+        self._views: dict[tuple[str, str], tuple[int, CapacityView]] = {}
         self._moved: dict[str, int] = {}
 
     @classmethod
     async def read(
-        cls, leases: LeaseStore, candidates: Sequence[Candidate], default_concurrency: int
+        cls,
+        leases: LeaseStore,
+        candidates: Sequence[Candidate],
+        default_concurrency: int,
+        limits_for: LimitsFor = no_limits,
+        closed: Mapping[str, str] | None = None,
     ) -> RoundCapacity:
         """Every account's accepting flag and every (account, dimension) counter, concurrently.
-        A lease store error reads as "no free slot" (fail safe)."""
+        A lease store error reads as "no free slot" (fail safe). `closed`: the accounts whose
+        window is full, and why; their candidates read as without a slot."""
         accounts = sorted({c.lease_account for c in candidates})
         refs = sorted(
             {
                 (c.lease_account, d.key)
                 for c in candidates
-                for d in lease_dimensions(c, default_concurrency)
+                for mode in ("", *limits_for(c.provider, c.account).modality_concurrency)
+                for d in candidate_dimensions(c, default_concurrency, limits_for, mode)
             }
         )
 
@@ -374,31 +422,37 @@ class RoundCapacity:
             {r: n for r, n in zip(refs, counts, strict=True) if n is not None},
             accept,
             default_concurrency,
+            limits_for,
+            closed,
         )
 
-    def _dimensions(self, c: Candidate) -> tuple[Dimension, ...]:
-        dims = self._dims.get(c.id)
+    def dimensions(self, c: Candidate, mode: str = "") -> tuple[Dimension, ...]:
+        """What an attempt of `c` for a task of `mode` holds (`candidate_dimensions`)."""
+        dims = self._dims.get((c.id, mode))
         if dims is None:
-            dims = self._dims[c.id] = lease_dimensions(c, self._default)
+            dims = candidate_dimensions(c, self._default, self._limits_for, mode)
+            self._dims[(c.id, mode)] = dims
         return dims
 
-    def view(self, c: Candidate) -> CapacityView:
+    def view(self, c: Candidate, mode: str = "") -> CapacityView:
         account = c.lease_account
         moved = self._moved.get(account, 0)
-        cached = self._views.get(c.id)
+        cached = self._views.get((c.id, mode))
         if cached is not None and cached[0] == moved:
             return cached[1]
-        dims = self._dimensions(c)
+        dims = self.dimensions(c, mode)
         open_ = self._accepting.get(account)
-        if open_ is None:
-            view = CapacityView(0, dims[-1].capacity)
+        if account in self._closed:
+            view = CapacityView(0, dims[1].capacity, bool(open_), self._closed[account])
+        elif open_ is None:
+            view = CapacityView(0, dims[1].capacity)
         else:
             used = self._used
             free = dims[0].capacity - used.get((account, dims[0].key), 0)
             for d in dims[1:]:
                 free = min(free, d.capacity - used.get((account, d.key), 0))
-            view = CapacityView(max(0, free), dims[-1].capacity, open_)
-        self._views[c.id] = (moved, view)
+            view = CapacityView(max(0, free), dims[1].capacity, open_)
+        self._views[(c.id, mode)] = (moved, view)
         return view
 
     def free_accounts(self, candidates: Sequence[Candidate]) -> set[str]:
@@ -409,18 +463,23 @@ class RoundCapacity:
             if (v := self.view(c)).accepting_new and v.available > 0
         }
 
-    def take(self, c: Candidate, slots: int = 1) -> None:
-        for d in self._dimensions(c):
+    def take(self, c: Candidate, slots: int = 1, mode: str = "") -> None:
+        for d in self.dimensions(c, mode):
             ref = (c.lease_account, d.key)
             self._used[ref] = self._used.get(ref, 0) + slots
         self._moved[c.lease_account] = self._moved.get(c.lease_account, 0) + 1
 
-    def give(self, c: Candidate, slots: int = 1) -> None:
-        self.take(c, -slots)
+    def give(self, c: Candidate, slots: int = 1, mode: str = "") -> None:
+        self.take(c, -slots, mode)
 
-    def full(self, c: Candidate) -> None:
+    def window_closed(self, c: Candidate, why: str) -> None:
+        """The store refused a window of this candidate's account: no slot there this round."""
+        self._closed[c.lease_account] = why
+        self._moved[c.lease_account] = self._moved.get(c.lease_account, 0) + 1
+
+    def full(self, c: Candidate, mode: str = "") -> None:
         """The store refused this candidate: another process took the slot; stop offering it."""
-        for d in self._dimensions(c):
+        for d in self.dimensions(c, mode):
             self._used[(c.lease_account, d.key)] = max(
                 d.capacity, self._used.get((c.lease_account, d.key), 0)
             )

@@ -27,6 +27,7 @@ Clock: wall-clock seconds, so OPEN-until instants mean the same thing on every r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import secrets
@@ -36,6 +37,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TypeVar
 
+from controlplane.domain.baselines import (
+    JUDGED_OPERATIONS,
+    BaselineKey,
+    CallBaselines,
+    judge_call,
+)
 from controlplane.domain.breaker import (
     DISABLES_ACCOUNT,
     BreakerKey,
@@ -48,8 +55,10 @@ from controlplane.domain.breaker import (
     Permit,
     account_key,
 )
+from controlplane.domain.polling import DurationEvidence
 from controlplane.domain.routing.candidates import Candidate, HealthView, Incumbent
-from controlplane.domain.scoring import HealthWindows, Window, WindowStats
+from controlplane.domain.scoring import HealthWindows, Window, WindowStats, routing_success
+from controlplane.domain.unit_cost import observed_cost
 from controlplane.persistence.catalog import CatalogQueries, HealthEvent
 from controlplane.persistence.database import Database
 from controlplane.scheduling.shared_state import (
@@ -61,6 +70,8 @@ from controlplane.scheduling.shared_state import (
 )
 
 T = TypeVar("T")
+
+REBUILD_RETRY_S = 30.0  # a failed rebuild of the windows from PostgreSQL is tried again after
 
 log = logging.getLogger(__name__)
 
@@ -87,15 +98,13 @@ class SharedIncumbents(dict[Group, Incumbent]):
     """The dispatcher's incumbents; a new one is also written to the shared state, and `sync`
     merges what other replicas wrote (the later `since_s` wins)."""
 
-    def __init__(self, monitor: HealthMonitor) -> None:
+    def __init__(self, share: Callable[[str, Incumbent], None]) -> None:
         super().__init__()
-        self._monitor = monitor
+        self._share = share  # writes one to the shared state, in the background (the monitor)
 
     def __setitem__(self, group: Group, incumbent: Incumbent) -> None:
         super().__setitem__(group, incumbent)
-        raw = json.dumps(list(group), separators=(",", ":"))
-        put = self._monitor._shared.put_incumbent(raw, incumbent.candidate_id, incumbent.since_s)
-        self._monitor._background("incumbent", put)
+        self._share(json.dumps(list(group), separators=(",", ":")), incumbent)
 
     def merge(self, shared: dict[str, tuple[str, float]]) -> None:
         for raw, (cid, since) in shared.items():
@@ -116,27 +125,38 @@ class HealthMonitor:
         db: Database | None = None,
         shared: SharedBreakerState | None = None,
         clock: Callable[[], float] = time.time,
+        on_transition: Callable[[BreakerTransition], None] | None = None,
+        on_recovered: Callable[[BreakerKey], None] | None = None,
     ) -> None:
+        """`on_transition` is told every breaker transition here (e.g. the metrics);
+        `on_recovered` the key whenever a breaker closes or goes HALF_OPEN here (the
+        dispatchers' wake for the tasks parked on it)."""
         self.registry = registry
         self._db = db
         self._shared = shared or InProcessSharedState()
         self._clock = clock
         self._windows: dict[str, HealthWindows] = {}
+        # Call latencies per (provider, model, operation): the slow-call baselines (9.15.1).
+        self.baselines = CallBaselines()
         self._forced: dict[BreakerKey, BreakerState] = {}
         self._applied: dict[BreakerKey, int] = {}
         self._account_ids: dict[tuple[str, str, str], int] = {}
         self.persist_failures = 0
-        self.on_transition: Callable[[BreakerTransition], None] | None = None  # e.g. the metrics
-        # Told the key whenever a breaker closes or goes HALF_OPEN here (the dispatchers' wake).
-        self.on_recovered: Callable[[BreakerKey], None] | None = None
+        self._on_transition = on_transition
+        self._on_recovered = on_recovered
         self.origin = secrets.token_hex(8)  # this replica, on the observations it shares
-        self.incumbents = SharedIncumbents(self)
+        self.incumbents = SharedIncumbents(self._share_incumbent)
         self._unsent: list[Observation] = []
         self._flushing: asyncio.Task[None] | None = None
         self._cursor: str | None = None  # the shared observations read so far
         self.windows_sync_s = 1.0
         self.incumbents_sync_s = 30.0
         self._windows_read_at = self._incumbents_read_at = -float("inf")
+        # The windows are rebuilt from PostgreSQL's finished jobs before the first sync (24 h
+        # and 7 d survive a restart); shared generation observations up to then are in it.
+        self._rebuild_due = db is not None
+        self._rebuild_retry_at = -float("inf")
+        self._rebuilt_until = -float("inf")
         self._pending: set[asyncio.Task[None]] = set()
 
     def set_account_ids(self, ids: Iterable[tuple[tuple[str, str, str], int]]) -> None:
@@ -158,17 +178,43 @@ class HealthMonitor:
         """Feed one call result: `error_class` None is success, else a 9.9 class / FailureKind.
 
         `holder` is the one `admit` was given: in HALF_OPEN only the admitted probes' results
-        count. A disabling error (AUTH, PERMISSION) opens the account's breaker at once.
+        count. A disabling error (AUTH, PERMISSION) opens the account's breaker at once. A
+        successful call slower than 4x its baseline reaches `key`'s breaker as
+        TIMEOUT_OVER_BASELINE (`baselines.judge_call`); its account and the health windows
+        hear what it was (a slow accepted submit is still an accepted submit).
         """
         outcome = CallOutcome(error_class, None if latency_s is None else latency_s * 1000)
         if key.operation is Operation.SUBMIT or error_class in DISABLES_ACCOUNT:
             await self._record_account(account_key(key), outcome, holder)
-        result = await self._record_one(key, outcome, holder, permit)
+        judged, baseline = self._judged(key, outcome)
+        result = await self._record_one(key, judged, holder, permit, baseline)
         if key.operation is Operation.SUBMIT and not outcome.neutral and not outcome.succeeded:
             # A refused submit is a failed attempt of this candidate. Accepted submits are
             # counted when their generation ends (`observe_generation`), with its real duration.
             self._observe(_candidate_id(key), False, None, cost_micros)
         return result
+
+    def _judged(self, key: BreakerKey, outcome: CallOutcome) -> tuple[CallOutcome, float | None]:
+        """`outcome` against its baseline as it was before this call, and that baseline; a
+        successful call then joins the baseline's window."""
+        at = self._clock()
+        held = BaselineKey(key.provider, key.model, key.operation)
+        config = self.registry.get(key).config
+        baseline = self.baselines.baseline_s(held, at, config)
+        judged = judge_call(outcome, key.operation, baseline, config)
+        if (
+            outcome.succeeded
+            and outcome.latency_ms is not None
+            and key.operation in JUDGED_OPERATIONS
+        ):
+            self.baselines.observe(held, outcome.latency_ms / 1000.0, at)
+        return judged, baseline
+
+    def baseline_s(self, key: BreakerKey) -> float | None:
+        """The learned call-latency baseline of `key`'s (provider, model, operation), or None
+        before it has enough calls (the console, tests)."""
+        baseline = BaselineKey(key.provider, key.model, key.operation)
+        return self.baselines.baseline_s(baseline, self._clock(), self.registry.get(key).config)
 
     def observe_generation(
         self, key: BreakerKey, *, succeeded: bool, duration_s: float, cost_micros: int = 0
@@ -213,13 +259,14 @@ class HealthMonitor:
         if not force and now - self._windows_read_at < self.windows_sync_s:
             return 0
         self._windows_read_at = now
+        await self._rebuild_from_history(now)
         await self.flush_observations()
         folded = 0
         try:
             while True:
                 batch, self._cursor = await self._shared.read_observations(self._cursor)
                 for o in batch:
-                    if o.origin != self.origin:
+                    if o.origin != self.origin and not self._in_history(o):
                         window = self._windows.setdefault(o.candidate_id, HealthWindows())
                         window.observe(o.succeeded, o.latency_s, o.cost_micros, o.at)
                         folded += 1
@@ -231,6 +278,51 @@ class HealthMonitor:
         except Exception:
             log.warning("shared health windows not read; using this replica's", exc_info=True)
         return folded
+
+    async def _rebuild_from_history(self, now: float) -> None:
+        """Once, before the first read of the shared observations: every provider job that
+        ended in the last 7 days, from PostgreSQL, folded into the windows at its own time
+        (as `observe_generation` would have), so a restarted control plane routes on the
+        24-hour and 7-day windows it had, whatever the shared stream still holds. A failed
+        read is retried after `REBUILD_RETRY_S`; routing goes on meanwhile."""
+        if not self._rebuild_due or now < self._rebuild_retry_at or self._db is None:
+            return
+        until = self._clock()
+        since = datetime.fromtimestamp(until - Window.SEVEN_DAYS.seconds, UTC)
+        windows: dict[str, HealthWindows] = {}
+        after, jobs = None, 0
+        queries = CatalogQueries(self._db)
+        try:
+            while page := await queries.finished_jobs(since, after):
+                for job in page:
+                    candidate = f"{job.provider}/{job.model}/{job.account_name}"
+                    windows.setdefault(candidate, HealthWindows()).observe(
+                        job.succeeded,
+                        max(0.0, (job.completed_at - job.started_at).total_seconds()),
+                        observed_cost(job.actual_cost_micros, job.estimated_cost_micros),
+                        job.completed_at.timestamp(),
+                    )
+                jobs += len(page)
+                after = (page[-1].completed_at, page[-1].job_id)
+        except Exception:
+            self._rebuild_retry_at = now + REBUILD_RETRY_S
+            log.warning("health windows not rebuilt from PostgreSQL (retrying)", exc_info=True)
+            return
+        # A job this replica saw end before its first sync is in the history too: the rebuilt
+        # windows replace its own (a refused submit it saw meanwhile is the only sample lost).
+        self._windows.update(windows)
+        self._rebuild_due, self._rebuilt_until = False, until
+        log.info("health windows rebuilt from %d provider jobs of the last 7 days", jobs)
+
+    def _in_history(self, o: Observation) -> bool:
+        """Whether the rebuild already holds `o`: a generation outcome (it has a latency) that
+        ended before the rebuild read PostgreSQL. Refused submits are not jobs: always folded."""
+        return o.latency_s is not None and o.at <= self._rebuilt_until
+
+    def _share_incumbent(self, group: str, incumbent: Incumbent) -> None:
+        """Write a group's new incumbent to the shared state (`SharedIncumbents`)."""
+        put = self._shared.put_incumbent(group, incumbent.candidate_id, incumbent.since_s)
+        self._background("incumbent", put)
 
     def _background(self, what: str, call: Awaitable[None]) -> None:
         async def run() -> None:
@@ -328,10 +420,22 @@ class HealthMonitor:
         if stats.effective_samples < 1:
             stats = windows.stats(Window.ONE_DAY, now)
         return HealthView(
-            stats.success_lower_bound,
+            routing_success(stats, windows.stats(Window.ONE_MINUTE, now)),
             stats.effective_samples,
             stats.mean_latency_s,
             stats.success_rate,
+            stats.p95_latency_s,
+        )
+
+    def job_durations(self, provider: str, account: str, model: str) -> DurationEvidence | None:
+        """The candidate's finished jobs over the 24-hour window, for the poller (9.18.2)."""
+        windows = self._windows.get(f"{provider}/{model}/{account}")
+        if windows is None:
+            return None
+        return DurationEvidence(
+            windows.latency_quantile(Window.ONE_DAY, 0.95),
+            windows.latency_quantile(Window.ONE_DAY, 0.99),
+            windows.latency_samples(Window.ONE_DAY, self._clock()),
         )
 
     def window_stats(self) -> dict[str, dict[Window, WindowStats]]:
@@ -451,7 +555,12 @@ class HealthMonitor:
             await self._finish(breaker, holder, False)
 
     async def _record_one(
-        self, key: BreakerKey, outcome: CallOutcome, holder: str | None, permit: Permit | None
+        self,
+        key: BreakerKey,
+        outcome: CallOutcome,
+        holder: str | None,
+        permit: Permit | None,
+        baseline_s: float | None = None,
     ) -> BreakerTransition | None:
         breaker = await self._fresh(key)
         if breaker.state is BreakerState.HALF_OPEN and holder is not None:
@@ -459,6 +568,11 @@ class HealthMonitor:
             result = breaker.record_probe(outcome, finish.successes) if finish.was_probe else None
         else:
             result = breaker.record(outcome, permit)
+        if result is not None and baseline_s is not None:
+            # The audit row says what "slow" meant when it moved (9.19.6 metrics).
+            result = dataclasses.replace(
+                result, metrics={**result.metrics, "baseline_s": round(baseline_s, 6)}
+            )
         await self._emit(result)
         return result
 
@@ -490,10 +604,10 @@ class HealthMonitor:
             transition.new.value,
             transition.reason,
         )
-        if self.on_transition is not None:
-            self.on_transition(transition)
-        if self.on_recovered is not None and transition.new is not BreakerState.OPEN:
-            self.on_recovered(transition.key)  # parked tasks may run now (dispatcher)
+        if self._on_transition is not None:
+            self._on_transition(transition)
+        if self._on_recovered is not None and transition.new is not BreakerState.OPEN:
+            self._on_recovered(transition.key)  # parked tasks may run now (dispatcher)
         if publish:
             breaker = self.registry.get(transition.key)
             published = self._shared.publish(

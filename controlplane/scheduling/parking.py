@@ -2,8 +2,10 @@
 
 A round that finds no capacity for a task parks it with what it waits for: the lease accounts
 whose candidates were full (a release or an expiry there may free a slot), the candidates whose
-breaker refused (a close or a free probe slot admits it), the instant a retry backoff ends, and
-the catalog version it was routed against. Until one of those changes the fair queue passes the
+breaker refused (a close or a free probe slot admits it), the instant a retry backoff ends, the
+instant the earliest full rate or budget window of its candidates reopens (`reopens`, 9.11; a
+release does not reopen a window, so those candidates are not among the full ones), and the
+catalog version it was routed against. Until one of those changes the fair queue passes the
 task over: no routing, no compile call, no decision row, no event (WatchTask is not flooded).
 
 Wakes come from the code paths that change the facts, in process (`freed` from the lease
@@ -40,6 +42,7 @@ class Park:
     catalog_version: str
     not_after: float  # monotonic seconds: routed again by then whatever (the safety net)
     until: datetime | None = None  # a retry backoff's end (RETRY_BACKOFF), if any
+    reopens: float | None = None  # monotonic seconds: the earliest window reopening, if any
 
 
 class Parking:
@@ -69,6 +72,7 @@ class Parking:
         breakers: Iterable[str],
         catalog_version: str,
         until: datetime | None = None,
+        reopens: float | None = None,
     ) -> None:
         self.unpark(task_id)
         entry = Park(
@@ -78,6 +82,7 @@ class Parking:
             catalog_version,
             self._clock() + self.recheck_s,
             until,
+            reopens,
         )
         self._parked[task_id] = entry
         for a in entry.accounts:
@@ -108,7 +113,12 @@ class Parking:
         entry = self._parked.get(task_id)
         if entry is None:
             return False
-        if self._clock() >= entry.not_after or (entry.until is not None and now >= entry.until):
+        mono = self._clock()
+        if (
+            mono >= entry.not_after
+            or (entry.until is not None and now >= entry.until)
+            or (entry.reopens is not None and mono >= entry.reopens)
+        ):
             self.unpark(task_id)
             self.woken += 1
             return False

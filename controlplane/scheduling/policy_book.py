@@ -31,7 +31,8 @@ from controlplane.domain.routing.policy_document import PolicyDocument, parse_po
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.scoring import RoutingPolicy
 from controlplane.persistence import routing_policies as store
-from controlplane.persistence.database import Connection, Database
+from controlplane.persistence.database import Database
+from controlplane.persistence.reads import DocumentReads
 from controlplane.scheduling.gather import compile_many
 from vidroute_core.exceptions import InvalidSpec, Unavailable
 from vidroute_core.hashing import normalized_spec_hash
@@ -80,13 +81,13 @@ class PolicyBook:
 
     async def refresh(self) -> tuple[RouterConfig, Mapping[str, int]]:
         """The router config and the canary stages (candidate id -> stage; -1 rolled back)."""
-        async with self._db.reading() as conn:
-            snap = await store.active_snapshot(conn)
+        async with self._db.reads() as reads:
+            snap = await reads.policy_snapshot()
             if snap is None:
                 self._version, self._document, self._router = None, None, self.fallback
                 return self.fallback, _EMPTY
             if snap.version != self._version:
-                await self._load(conn, snap.version)
+                await self._load(reads.documents(store.DOCUMENTS), snap.version)
         doc = self._document
         if doc is None or not doc.canaries:
             return self._router, _EMPTY
@@ -97,15 +98,15 @@ class PolicyBook:
             stages[cid] = ROLLED_BACK_STAGE if status is CanaryStatus.ROLLED_BACK else stage
         return self._router, stages
 
-    async def _load(self, conn: Connection, name: str) -> None:
-        row = await store.version(conn, name)
+    async def _load(self, versions: DocumentReads, name: str) -> None:
+        row = await versions.version(name)
         if row is None:
             return
         try:
             doc = parse_policy_document(row.document)
             shadow = doc.shadow
             if shadow is None and doc.shadow_version:
-                other = await store.version(conn, doc.shadow_version)
+                other = await versions.version(doc.shadow_version)
                 shadow = None if other is None else parse_policy_document(other.document).policy
         except InvalidSpec:  # validated at publication; a bad row must not stop dispatching
             log.exception("routing policy %s does not parse; keeping %s", name, self.version)
@@ -139,7 +140,7 @@ class SampleCheck:
         if not doc.samples:
             return found
         cfg = dataclasses.replace(d.router, policy=doc.policy, shadow_policy=shadow)
-        now = d._clock()
+        now = d.now()
         stages = dict.fromkeys(doc.canaries, 0)
         jobs, screens = [], []
         for spec in doc.samples:
@@ -148,7 +149,7 @@ class SampleCheck:
             jobs.append((spec, normalized_spec_hash(spec), screened.survivors()))
             screens.append((ctx, screened))
         compiled = await compile_many(
-            d._adapters,
+            d.adapters,
             jobs,
             d.compile_cache,
             timeout_s=d.config.compile_timeout_s,

@@ -20,7 +20,6 @@ from controlplane.domain.quality import (
     QualityCounts,
     QualityTable,
 )
-from controlplane.persistence import quality as store
 from controlplane.persistence.database import Database
 
 log = logging.getLogger(__name__)
@@ -69,8 +68,8 @@ class QualityBook:
             return self._table
         self._read_at = now
         try:
-            async with self._db.reading() as conn:
-                counts = await store.aggregates(conn)
+            async with self._db.reads() as reads:
+                counts = await reads.quality_aggregates()
         except Exception:  # keep routing on the last figures
             log.warning("quality aggregates could not be read; using the last ones", exc_info=True)
             return self._table

@@ -3,8 +3,9 @@
 The execution engine's `LeaseKeeper.secure` asks for it when an attempt lost its lease before its
 send (expired in a long backlog, lost with Redis's data): the attempt takes a new lease on the
 same terms as the dispatcher's (its candidate's lease account and dimensions, the dispatcher's
-TTL and maximum term, keyed by the attempt's client request key, so an acquire finds a lease the
-store still holds for it), instead of failing unsent and going back to the queue.
+TTL and maximum term, its account's windows, keyed by the attempt's client request key, so an
+acquire finds a lease the store still holds for it), instead of failing unsent and going back
+to the queue.
 """
 
 from __future__ import annotations
@@ -14,28 +15,40 @@ from collections.abc import Awaitable, Callable
 from controlplane.leases.base import LeaseRequest
 from controlplane.persistence.records import AttemptRecord
 from controlplane.scheduling.dispatcher import Dispatcher
-from controlplane.scheduling.gather import lease_dimensions
 
-__all__ = ["lease_source"]
+__all__ = ["lease_source", "usage_declared"]
 
 
 def lease_source(
     dispatcher: Dispatcher,
 ) -> Callable[[AttemptRecord], Awaitable[LeaseRequest | None]]:
     """`LeaseSource` over `dispatcher`'s catalog and lease terms."""
-    config = dispatcher.config
 
     async def request(attempt: AttemptRecord) -> LeaseRequest | None:
         catalog = await dispatcher.catalog()
+        mode = await dispatcher.attempt_mode(attempt.client_request_key)
         for c in catalog.candidates:
             if c.account_id == attempt.provider_account_id and c.model == attempt.provider_model:
-                return LeaseRequest(
-                    attempt_id=attempt.client_request_key,
-                    account=c.lease_account,
-                    dimensions=lease_dimensions(c, config.default_concurrency),
-                    ttl_ms=config.lease_ttl_ms,
-                    max_term_ms=config.lease_max_term_ms,
+                # Its windows too: still counted from its admission (keyed by the same attempt),
+                # or, admitted longer ago than a span, counted again now that it is sent.
+                return dispatcher.lease_request(
+                    c, attempt.client_request_key, 1, attempt.estimated_cost_micros, mode=mode
                 )
         return None  # its candidate left the catalog: no lease on terms nobody publishes
 
     return request
+
+
+def usage_declared(dispatcher: Dispatcher) -> Callable[[AttemptRecord], Awaitable[bool]]:
+    """Whether an attempt's candidate declares usage records (Describe's
+    `operations.usage_records`, as published in the catalog), for recovery: a candidate that
+    left the catalog declares nothing, so its provider is not asked."""
+
+    async def declared(attempt: AttemptRecord) -> bool:
+        catalog = await dispatcher.catalog()
+        for c in catalog.candidates:
+            if c.account_id == attempt.provider_account_id and c.model == attempt.provider_model:
+                return c.capability.operations.usage_records
+        return False
+
+    return declared

@@ -1,6 +1,6 @@
 """Wiring of the scheduler for the composition root: one call to start, one to stop.
 
-    runtime = build_scheduling(engine=engine, database_url=url, leases=lease_store,
+    runtime = build_scheduling(engine=engine, database_url=url, leases=lease_store_factory,
                                adapters={"runway": runway_client, ...},
                                redis_client=redis_or_none, policy=example_policy("router-v1"))
     await runtime.publish_capabilities(directories, accounts)   # optional, at start-up
@@ -8,6 +8,7 @@
     servicer = SchedulerServicer(tasks, runtime.admin)
     execution -> runtime.monitor.record_outcome(key, error_class | None, latency_s)
     task.queued / task.requeue consumers -> runtime.wake()   (wired to the wake-up bus)
+    execution, metrics, console -> runtime.leases   (the store built with the runtime's hooks)
     await runtime.stop()
 
 Scale-out: with ``config.shard_count`` N > 1 the runtime holds one dispatcher per shard, all
@@ -32,16 +33,20 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.adapters.grpc_client import AdapterClient
+from controlplane.capabilities.catalog import CapabilityCatalog
 from controlplane.capabilities.publish import (
     AccountConfig,
     documents_from_directory,
     publish_documents,
 )
-from controlplane.domain.breaker import BreakerConfig, BreakerRegistry
+from controlplane.domain.accounts import AccountLimits
+from controlplane.domain.breaker import BreakerConfig, BreakerRegistry, BreakerTransition
 from controlplane.domain.routing.policy_document import PolicyDocument
 from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import RoutingPolicy
-from controlplane.leases.base import LeaseStore
+from controlplane.leases.base import LeaseStore, LeaseStoreFactory
+from controlplane.metrics import ControlPlaneMetrics
+from controlplane.metrics_state import drift_deltas
 from controlplane.persistence.catalog import CatalogQueries, PublishCounts
 from controlplane.persistence.database import Database
 from controlplane.persistence.db import is_sqlite
@@ -56,6 +61,8 @@ from controlplane.scheduling.reachability import AdapterReachability
 from controlplane.scheduling.readiness import CatalogReadiness
 from controlplane.scheduling.shared_state import InProcessSharedState, RedisSharedState
 from controlplane.scheduling.upkeep import QUEUE_TOPICS, Upkeep, UpkeepConfig
+from controlplane.scheduling.windows import LimitsFor
+from controlplane.service.accounts import AccountBook
 from controlplane.service.providers import ProviderAdminService
 from controlplane.service.tenants import TenantBook
 from controlplane.wakeups import WakeBus
@@ -70,6 +77,7 @@ class SchedulingRuntime:
     admin: ProviderAdminService
     db: Database
     upkeep: Upkeep
+    leases: LeaseStore  # built here, fail closed, with the dispatchers' and upkeep's hooks
     dispatchers: list[Dispatcher] = field(default_factory=list)  # one per shard
     leadership: ShardLeadership | None = None
     loads: LoadBook | None = None  # model-server load (GetLoad per adapter per interval)
@@ -107,14 +115,6 @@ class SchedulingRuntime:
         """Wake the dispatchers on the bus's queue wake-ups (``task.queued``/``task.requeue``)."""
         for topic in QUEUE_TOPICS:
             bus.subscribe(topic, self.wake)
-
-    def set_readiness(self, readiness: CatalogReadiness) -> None:
-        for d in self.dispatchers:
-            d.readiness = readiness
-
-    def set_metrics(self, metrics: Any) -> None:
-        for d in self.dispatchers:
-            d.metrics = metrics
 
     def start(self) -> None:
         """Run the dispatcher loops (each waits for its shard's leadership) and upkeep."""
@@ -166,7 +166,7 @@ def build_scheduling(
     *,
     db: Database,
     database_url: str,
-    leases: LeaseStore,
+    leases: LeaseStoreFactory,
     adapters: Mapping[str, AdapterClient],
     policy: RoutingPolicy,
     shadow_policy: RoutingPolicy | None = None,
@@ -181,19 +181,55 @@ def build_scheduling(
     policy_transform: Callable[[RoutingPolicy], RoutingPolicy] | None = None,
     canary_config: CanaryGateConfig | None = None,
     tenants: TenantBook | None = None,
+    time_scale: float = 1.0,
+    limits_for: LimitsFor | None = None,
+    accounts: AccountBook | None = None,
+    readiness: CatalogReadiness | None = None,
+    metrics: ControlPlaneMetrics | None = None,
 ) -> SchedulingRuntime:
-    """Wire queries, breakers (shared through Redis when given), leader locks and dispatchers."""
+    """Wire queries, breakers (shared through Redis when given), leader locks and dispatchers.
+
+    `time_scale` scales the router's own durations (its latency thresholds) like every other
+    timing; `policy`, `config` and the other configs arrive already scaled. `readiness` (the
+    adapters the catalog must cover) and `metrics` (the process's) are every shard's.
+
+    Each part gets its collaborators at construction: the upkeep, the load book, the health
+    monitor and the lease store (built here by `leases`, a `LeaseStoreFactory`, as
+    `runtime.leases`) reach the dispatchers and the upkeep through closures over what they are
+    built into (shard 0's catalog and leadership), so nothing is assigned onto any part
+    afterwards."""
     config = config or DispatcherConfig()
     if config.shard_count < 1 or not 0 <= config.shard < config.shard_count:
         raise ValueError(f"shard {config.shard} of shard_count {config.shard_count}")
     catalogs = CatalogQueries(db)
     shared = RedisSharedState(redis_client) if redis_client is not None else InProcessSharedState()
+    dispatchers: list[Dispatcher] = []  # filled below; the closures read it when they run
+    upkeep: Upkeep | None = None  # likewise
+    # No round admits work while the lease store has lost an account (9.11.2): the store refuses
+    # acquires there (fail closed) and the dispatcher rebuilds before its round; a refusal kicks
+    # the upkeep. Fail closed is switched on here because this is what runs the rebuild that
+    # lifts it. Released or expired slots wake the tasks parked on them (9.12), in process; each
+    # round's own reads are the safety net.
+    store = leases(
+        fail_closed=True,
+        on_not_live=lambda account: upkeep.kick(account) if upkeep is not None else None,
+        on_freed=lambda account: _each(dispatchers, lambda d: d.capacity_freed(account)),
+    )
     monitor = HealthMonitor(
         BreakerRegistry(breaker_config or BreakerConfig(), time.time),
         db=db,
         shared=shared,
+        on_transition=None if metrics is None else _transitions_to(metrics),
+        # Parked capacity waits (9.12): a recovered breaker wakes the tasks parked on it, in
+        # process; each round's own reads are the safety net.
+        on_recovered=lambda key: _each(dispatchers, lambda d: d.breaker_recovered(key)),
     )
-    router = RouterConfig(policy=policy, shadow_policy=shadow_policy)
+    defaults = RouterConfig(policy=policy, shadow_policy=shadow_policy)
+    router = dataclasses.replace(
+        defaults,
+        latency_good_s=defaults.latency_good_s * time_scale,
+        latency_bad_s=defaults.latency_bad_s * time_scale,
+    )
     reachability = AdapterReachability(adapters)
     leadership = None
     locks: list[tuple[DispatcherConfig, LeaderLock]]
@@ -211,23 +247,14 @@ def build_scheduling(
         ]
     else:  # one shard: the one named by the config
         locks = [(config, leader_lock_for(database_url, f"shard-{config.shard}"))]
-    dispatchers = [
-        Dispatcher(
-            db=db,
-            catalogs=catalogs,
-            leases=leases,
-            adapters=adapters,
-            monitor=monitor,
-            router=router,
-            leader=lock,
-            config=shard_config,
-            quality=quality,
-            reachability=reachability,
-            tenants=tenants,
-        )
-        for shard_config, lock in locks
-    ]
-    dispatcher = dispatchers[0]
+    readiness = readiness or CatalogReadiness()
+
+    async def catalog() -> CapabilityCatalog:
+        return await dispatchers[0].catalog()
+
+    def account_limits(provider: str, account: str) -> AccountLimits:
+        return dispatchers[0].limits_for(provider, account)
+
     # Model-server load (9.21): one GetLoad per adapter per interval, by shard 0's leader when
     # Redis shares the reports (the others read them), else by each replica; every shard's
     # dispatcher reads the same book once per round.
@@ -237,12 +264,10 @@ def build_scheduling(
         share=RedisLoadShare(redis_client) if redis_client is not None else None,
         is_leader=lambda: dispatchers[0].leading,
     )
-    for d in dispatchers[1:]:
-        d.readiness = dispatcher.readiness
     upkeep = Upkeep(
         db=db,
-        leases=leases,
-        catalog=dispatcher.catalog,
+        leases=store,
+        catalog=catalog,
         # Lease reconciliation is one replica's job: shard 0's leader (the only leader unsharded).
         is_leader=lambda: dispatchers[0].leading,
         wake=lambda: _wake_all(dispatchers),
@@ -252,26 +277,42 @@ def build_scheduling(
             upkeep_config or UpkeepConfig(default_concurrency=config.default_concurrency),
             lease_ttl_ms=config.lease_ttl_ms,
             lease_max_term_ms=config.lease_max_term_ms,
+            window_horizon_ms=config.window_day_ms + config.window_send_allowance_ms,
+        ),
+        limits_for=account_limits,
+        on_drifts=(
+            None if metrics is None else lambda drifts: metrics.reconcile_pass(drift_deltas(drifts))
         ),
     )
-    # No round admits work while the lease store has lost an account (9.11.2): the store refuses
-    # acquires there (fail closed) and the dispatcher rebuilds before its round. Fail closed is
-    # switched on here because this is what runs the rebuild that lifts it.
-    leases.fail_closed = True
-    leases.on_not_live = upkeep.kick
-    # Parked capacity waits (9.12): released or expired slots and recovered breakers wake the
-    # tasks parked on them, in process; each round's own reads are the safety net.
-    leases.on_freed = lambda account: _each(dispatchers, lambda d: d.capacity_freed(account))
-    monitor.on_recovered = lambda key: _each(dispatchers, lambda d: d.breaker_recovered(key))
     # The published policy (else `policy_file`, else `policy`) and canary stages, per round;
     # shard 0's leader evaluates the canaries' gates.
     policies = PolicyBook(
         db, router, fallback=policy_file, transform=policy_transform or (lambda p: p)
     )
-    for d in dispatchers:
-        d.before_admit = upkeep.ensure_leases_live
-        d.loads = loads
-        d.policies = policies
+    dispatchers += [
+        Dispatcher(
+            db=db,
+            catalogs=catalogs,
+            leases=store,
+            adapters=adapters,
+            monitor=monitor,
+            router=router,
+            leader=lock,
+            config=shard_config,
+            quality=quality,
+            reachability=reachability,
+            tenants=tenants,
+            limits_for=limits_for,
+            accounts=accounts,
+            loads=loads,
+            policies=policies,
+            readiness=readiness,
+            before_admit=upkeep.ensure_leases_live,
+            metrics=metrics,
+        )
+        for shard_config, lock in locks
+    ]
+    dispatcher = dispatchers[0]
     canaries = CanaryGatekeeper(db, is_leader=lambda: dispatchers[0].leading, config=canary_config)
     return SchedulingRuntime(
         dispatcher,
@@ -279,6 +320,7 @@ def build_scheduling(
         ProviderAdminService(catalogs, monitor),
         db,
         upkeep,
+        store,
         dispatchers=dispatchers,
         leadership=leadership,
         loads=loads,
@@ -286,6 +328,15 @@ def build_scheduling(
         canaries=canaries,
         reachability=reachability,
     )
+
+
+def _transitions_to(metrics: ControlPlaneMetrics) -> Callable[[BreakerTransition], None]:
+    """Count each breaker transition in the metrics."""
+
+    def count(t: BreakerTransition) -> None:
+        metrics.circuit_transition(t.key.provider, t.key.model, t.key.operation.value, t.new.value)
+
+    return count
 
 
 def _wake_all(dispatchers: Sequence[Dispatcher]) -> None:

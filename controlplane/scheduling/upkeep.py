@@ -39,6 +39,7 @@ from controlplane.leases.reconciler import Drift, reconcile
 from controlplane.persistence.database import Database
 from controlplane.persistence.records import LeaseDrift
 from controlplane.scheduling.lease_rebuild import HOLDING_STATES, in_flight_facts, restore_holders
+from controlplane.scheduling.windows import LimitsFor, no_limits
 
 log = logging.getLogger(__name__)
 QUEUE_TOPICS = (Topic.QUEUED, Topic.REQUEUE)
@@ -55,6 +56,9 @@ class UpkeepConfig:
     batch: int = 500
     lease_ttl_ms: int = 600_000
     lease_max_term_ms: int = 6 * 3_600_000
+    # How far back a lost account's rolling windows are rebuilt from (the dispatcher's day span
+    # plus its send allowance); the calendar month's spend always is.
+    window_horizon_ms: int = 86_400_000 + 5_000
 
 
 class Upkeep:
@@ -71,10 +75,17 @@ class Upkeep:
         worker_id: str,
         config: UpkeepConfig | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        limits_for: LimitsFor = no_limits,
+        on_drifts: Callable[[list[Drift]], None] | None = None,
     ) -> None:
+        """`on_drifts` is told the drifts each reconciliation pass corrected (e.g. the
+        metrics)."""
         self._db = db
         self._leases = leases
         self._catalog = catalog
+        # The accounts document's limits (the dispatcher's `limits_for`): rebuilt leases and
+        # reconciled counters have the dimensions the dispatcher's acquire gave them.
+        self._limits_for = limits_for
         self._is_leader = is_leader
         self._wake = wake
         self._worker = worker_id
@@ -85,7 +96,7 @@ class Upkeep:
         self.drifts_corrected = 0
         self.leases_restored = 0
         self.rebuilds = 0
-        self.on_drifts: Callable[[list[Drift]], None] | None = None  # e.g. the metrics
+        self._on_drifts = on_drifts
 
     async def drain_queue_messages(self) -> int:
         """Complete wake-up messages and wake the dispatcher if there were any."""
@@ -127,16 +138,16 @@ class Upkeep:
             await self._leases.reclaim_expired()
             await self._restore_holders(catalog)
             dc = self.config.default_concurrency
-            facts = await in_flight_facts(self._db, catalog, dc)
+            facts = await in_flight_facts(self._db, catalog, dc, self._limits_for)
             drifts = await reconcile(
                 self._leases,
                 facts,
                 self._audit,
-                confirm=lambda: in_flight_facts(self._db, catalog, dc),
+                confirm=lambda: in_flight_facts(self._db, catalog, dc, self._limits_for),
             )
             self.drifts_corrected += len(drifts)
-            if self.on_drifts is not None:
-                self.on_drifts(drifts)
+            if self._on_drifts is not None:
+                self._on_drifts(drifts)
             return drifts
 
     async def _restore_holders(self, catalog: CapabilityCatalog) -> None:
@@ -147,6 +158,8 @@ class Upkeep:
             default_concurrency=self.config.default_concurrency,
             ttl_ms=self.config.lease_ttl_ms,
             max_term_ms=self.config.lease_max_term_ms,
+            window_horizon_ms=self.config.window_horizon_ms,
+            limits_for=self._limits_for,
         )
         self.leases_restored += len(rebuild.restored)
         if rebuild.corrections:

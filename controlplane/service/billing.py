@@ -6,7 +6,9 @@ domain values out, domain errors raised. The scoping rules are `controlplane.ser
 - a tenant caller reads only its own balance and ledger; naming another tenant is
   `PermissionDenied` (the request names a tenant, as ListTasks' filter does; no id is walked);
 - `credit` (CreditTenant), `unit_costs` and `reconciliation_report` (provider cost is the
-  platform's, not a tenant's) need the admin role, checked before anything else.
+  platform's, not a tenant's) need the admin role, checked before anything else; so do the
+  disputes, read and moved (`move_dispute`: the console's action, the same move as
+  ``vidroute disputes move``, `controlplane.reconciliation.disputes.move_dispute`).
 
 Bad input is `InvalidSpec` (INVALID_ARGUMENT with field violations) before any read or write. A
 credit is idempotent by its key: the same key with the same amount, currency and reason returns
@@ -30,10 +32,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
+from controlplane.domain.disputes import DisputeState
+from controlplane.domain.margins import Grouping, MarginRow, margins
 from controlplane.domain.unit_cost import UnitCost
-from controlplane.persistence import cost_reads, ledger
+from controlplane.persistence import ledger
 from controlplane.persistence.database import Database
+from controlplane.persistence.disputes import DisputeRow
 from controlplane.reconciliation import ReconciliationReport, read_report
+from controlplane.reconciliation import disputes as dispute_book
+from controlplane.reconciliation.disputes import list_disputes
 from controlplane.service.access import SYSTEM, Caller, ensure_admin, ensure_own_tenant
 from controlplane.service.tasks import text_violations
 from vidroute_core.exceptions import IdempotencyConflict, InvalidSpec
@@ -71,6 +78,15 @@ class ListEntriesInput:
     tenant_id: str = ""
     page_size: int = 0
     page_token: str = ""
+    #: Filters (empty: none): a task id, and UTC days (inclusive) the entries were written on.
+    task_id: str = ""
+    from_date: str = ""
+    to_date: str = ""
+
+    def scope(self, tenant: str) -> str:
+        """What a page token is bound to: the tenant, and the filters when any."""
+        filters = (self.task_id, self.from_date, self.to_date)
+        return tenant if not any(filters) else "\x1f".join((tenant, *filters))
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,22 +192,46 @@ class BillingService:
         violations = _currency_violations(currency, required=False)
         tenant = _scoped_tenant(caller, tenant_id, violations)
         now = self._clock()
-        async with self._db.reading() as conn:
-            figures = await ledger.balance(conn, tenant, currency or DEFAULT_CURRENCY)
+        async with self._db.reads() as reads:
+            figures = await reads.balance(tenant, currency or DEFAULT_CURRENCY)
         return BalanceView(tenant, figures, now)
 
     async def list_entries(
         self, query: ListEntriesInput, caller: Caller = SYSTEM
     ) -> tuple[list[ledger.CreditEntry], str | None]:
         """One page of the tenant's entries (increasing id) and the next page's token."""
-        tenant = _scoped_tenant(caller, query.tenant_id, [])
-        after = decode_page_token(query.page_token, tenant) if query.page_token else 0
+        violations: list[FieldViolation] = []
+        tenant = _scoped_tenant(caller, query.tenant_id, violations)
+        task_id: int | None = None
+        if query.task_id:
+            if query.task_id.isascii() and query.task_id.isdigit() and len(query.task_id) < 19:
+                task_id = int(query.task_id)
+            else:
+                violations.append(FieldViolation("task_id", "must be a decimal task id"))
+        bounds: list[datetime | None] = []
+        for name, raw, shift in (("from_date", query.from_date, 0),
+                                 ("to_date", query.to_date, 1)):  # fmt: skip
+            try:
+                day = _optional_day(name, raw)
+            except InvalidSpec as exc:
+                violations.extend(exc.violations)
+                day = None
+            bounds.append(
+                None if day is None
+                else datetime.combine(day + timedelta(days=shift), datetime.min.time(), tzinfo=UTC)
+            )  # fmt: skip
+        if violations:
+            raise InvalidSpec(violations)
+        scope = query.scope(tenant)
+        after = decode_page_token(query.page_token, scope) if query.page_token else 0
         size = DEFAULT_PAGE_SIZE if query.page_size <= 0 else min(query.page_size, MAX_PAGE_SIZE)
-        async with self._db.reading() as conn:
-            rows = await ledger.list_entries(conn, tenant, after, size + 1)
+        async with self._db.reads() as reads:
+            rows = await reads.credit_entries(
+                tenant, after, size + 1, task_id=task_id, start=bounds[0], end=bounds[1]
+            )
         page = list(rows[:size])
         more = len(rows) > size
-        return page, (encode_page_token(page[-1].id, tenant) if more else None)
+        return page, (encode_page_token(page[-1].id, scope) if more else None)
 
     async def credit(
         self, cmd: CreditInput, caller: Caller = SYSTEM
@@ -215,9 +255,9 @@ class BillingService:
         key = CREDIT_KEY_PREFIX + cmd.idempotency_key
         try:
             async with self._db.unit(now) as u:
-                entry, created = await ledger.append_credit(
-                    u.conn, cmd.tenant_id, cmd.amount_micros, cmd.currency, key,
-                    caller.name, cmd.reason, now,
+                entry, created = await u.append_credit(
+                    cmd.tenant_id, cmd.amount_micros, cmd.currency, key,
+                    actor=caller.name, reason=cmd.reason,
                 )  # fmt: skip
         except ledger.CreditKeyConflict as exc:  # the key holds another amount or currency
             entry, created = exc.stored, False
@@ -248,9 +288,9 @@ class BillingService:
             raise InvalidSpec(violations)
         end = query.end or self._clock()
         start = end - window
-        async with self._db.reading() as conn:
-            rows = await cost_reads.unit_costs(
-                conn, start, end, provider=query.provider or None, model=query.model or None
+        async with self._db.reads() as reads:
+            rows = await reads.unit_costs(
+                start, end, provider=query.provider or None, model=query.model or None
             )
         return UnitCostReport(tuple(rows), start, end)
 
@@ -263,6 +303,101 @@ class BillingService:
         a day never reconciled is an empty report."""
         ensure_admin(caller, "GetReconciliationReport")
         return await read_report(self._db, parse_day(day, self._clock()))
+
+    async def disputes(
+        self, state: str, first: str, last: str, caller: Caller = SYSTEM
+    ) -> list[DisputeRow]:
+        """Booked losses and their disputes (``vidroute disputes`` writes them), oldest first;
+        `state` empty means all, `first` / `last` bound the bill days (empty: unbounded)."""
+        ensure_admin(caller, "ListDisputes")
+        start = _optional_day("from_date", first)
+        end = _optional_day("to_date", last)
+        return await list_disputes(self._db, state=state, start=start, end=end)
+
+    async def move_dispute(self, move: DisputeMoveInput, caller: Caller = SYSTEM) -> DisputeRow:
+        """Move a booked loss's dispute (OPEN -> DISPUTED -> REFUNDED | WRITTEN_OFF) with its
+        event, the caller as the actor; an illegal move or a refund out of range is refused
+        by the domain (`controlplane.domain.disputes.move`) with nothing written."""
+        ensure_admin(caller, "MoveDispute")
+        violations = []
+        targets = {s.value for s in DisputeState} - {DisputeState.OPEN.value}
+        target = move.target.strip().upper()
+        if target not in targets:
+            violations.append(
+                FieldViolation("target", f"must be one of {', '.join(sorted(targets))}")
+            )
+        reason = move.reason.strip()
+        if not reason:
+            violations.append(FieldViolation("reason", "required: why the dispute moves"))
+        violations += text_violations("reason", reason, MAX_REASON)
+        if move.refunded_micros < 0:
+            violations.append(FieldViolation("refunded_micros", "must not be negative"))
+        if violations:
+            raise InvalidSpec(violations)
+        actor = caller.name or caller.role.value
+        return await dispute_book.move_dispute(
+            self._db,
+            move.dispute_id,
+            DisputeState(target),
+            actor=f"console:{actor}",
+            reason=reason,
+            refunded_micros=move.refunded_micros,
+            now=self._clock(),
+        )
+
+    async def margins(self, query: MarginsInput, caller: Caller = SYSTEM) -> list[MarginRow]:
+        """Revenue, provider cost, platform loss and margin over UTC days (inclusive), grouped
+        (`controlplane.domain.margins`)."""
+        ensure_admin(caller, "GetMargins")
+        violations = []
+        days = []
+        for name, raw in (("from_date", query.first), ("to_date", query.last)):
+            try:
+                if not _DAY_RE.fullmatch(raw):
+                    raise ValueError(raw)
+                days.append(date.fromisoformat(raw))
+            except ValueError:
+                violations.append(FieldViolation(name, "must be a date YYYY-MM-DD"))
+        if not violations and not timedelta(0) <= days[1] - days[0] <= MAX_WINDOW:
+            violations.append(
+                FieldViolation("to_date", f"must be 0..{MAX_WINDOW.days} days after from_date")
+            )
+        if violations:
+            raise InvalidSpec(violations)
+        start = datetime.combine(days[0], datetime.min.time(), tzinfo=UTC)
+        end = datetime.combine(days[1] + timedelta(days=1), datetime.min.time(), tzinfo=UTC)
+        async with self._db.reads() as reads:
+            facts = await reads.money_facts(start, end)
+        return margins(facts, query.by)
+
+
+@dataclass(frozen=True, slots=True)
+class DisputeMoveInput:
+    """One dispute move: `target` DISPUTED, REFUNDED or WRITTEN_OFF (any case); a refund
+    records `refunded_micros` (1..the booked loss), every other move 0."""
+
+    dispute_id: int
+    target: str
+    reason: str
+    refunded_micros: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MarginsInput:
+    first: str
+    last: str
+    by: Grouping = Grouping.DAY
+
+
+def _optional_day(name: str, raw: str) -> date | None:
+    if not raw:
+        return None
+    try:
+        if not _DAY_RE.fullmatch(raw):
+            raise ValueError(raw)
+        return date.fromisoformat(raw)
+    except ValueError as exc:
+        raise InvalidSpec([FieldViolation(name, "must be a date YYYY-MM-DD")]) from exc
 
 
 def parse_day(raw: str, now: datetime) -> date:

@@ -4,7 +4,9 @@
 come from the unit-cost aggregate of the provider usage ledger over a rolling window
 (`controlplane.persistence.cost_reads`, rules in `controlplane.domain.unit_cost`);
 ``provider_reconciliation_delta_micros{provider}`` from the latest daily reconciliation (billed
-minus expected micros, `controlplane.reconciliation.delta_by_provider`).
+minus expected micros, `controlplane.reconciliation.delta_by_provider`), and the counter
+``provider_reconciliation_discrepancies_total{provider,kind}`` from the discrepancy rows written
+since the last pass (`controlplane.reconciliation.DiscrepancyCounter`).
 
 `CostGaugeRefresher` reads both once per period (one grouped query each, whatever the traffic)
 and hands the figures to a `CostSink` (`ControlPlaneMetrics`), so a scrape only reads the last
@@ -18,12 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from controlplane.domain.unit_cost import gauge_figures
-from controlplane.persistence import cost_reads
 from controlplane.persistence.database import Database
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,9 @@ class CostSink(Protocol):
     def reconciliation_deltas(self, deltas: Mapping[str, int]) -> None:
         """``provider -> billed - expected`` micros of the latest reconciled day."""
 
+    def reconciliation_discrepancies_written(self, counts: Mapping[tuple[str, str], int]) -> None:
+        """``(provider, kind) -> discrepancy rows`` written since the last call."""
+
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
@@ -57,28 +61,42 @@ class CostGaugeRefresher:
         window: timedelta = DEFAULT_WINDOW,
         interval_s: float = DEFAULT_INTERVAL_S,
         deltas: Callable[[], Awaitable[Mapping[str, int]]] | None = None,
+        discrepancies: Callable[[], Awaitable[Mapping[tuple[str, str], int]]] | None = None,
         clock: Callable[[], datetime] = _utcnow,
+        also: Sequence[Callable[[], Awaitable[None]]] = (),
     ) -> None:
         self._db, self._sink = db, sink
         self._window, self._interval = window, interval_s
         self._deltas, self._clock = deltas, clock
+        # Other gauges refreshed on the same period (e.g. the tenants' limits and use).
+        self._also = tuple(also)
+        self._discrepancies = discrepancies
         self._task: asyncio.Task[None] | None = None
 
     async def refresh(self) -> None:
         """One pass; a failing source keeps its last figures (logged), never raises."""
         end = self._clock()
         try:
-            async with self._db.reading() as conn:
-                rows = await cost_reads.unit_costs(conn, end - self._window, end)
+            async with self._db.reads() as reads:
+                rows = await reads.unit_costs(end - self._window, end)
             self._sink.unit_costs(gauge_figures(rows))
         except Exception:  # an outage must not stop the loop; the next pass retries
             log.warning("unit costs for metrics unavailable", exc_info=True)
-        if self._deltas is None:
-            return
-        try:
-            self._sink.reconciliation_deltas(await self._deltas())
-        except Exception:
-            log.warning("reconciliation deltas for metrics unavailable", exc_info=True)
+        if self._deltas is not None:
+            try:
+                self._sink.reconciliation_deltas(await self._deltas())
+            except Exception:
+                log.warning("reconciliation deltas for metrics unavailable", exc_info=True)
+        for refresh in self._also:
+            try:
+                await refresh()
+            except Exception:
+                log.warning("gauges for metrics unavailable", exc_info=True)
+        if self._discrepancies is not None:
+            try:
+                self._sink.reconciliation_discrepancies_written(await self._discrepancies())
+            except Exception:  # the counter source keeps its place: the next pass catches up
+                log.warning("reconciliation discrepancies for metrics unavailable", exc_info=True)
 
     async def _loop(self) -> None:
         while True:

@@ -5,7 +5,9 @@ field violations, before anything is read), then in one unit of work: the task m
 the caller's tenant (another tenant's task is NOT_FOUND, like a missing one) and be SUCCEEDED
 (else FAILED_PRECONDITION ``TASK_NOT_SUCCEEDED`` with its state); the verdict is attributed to
 the model of the adopted attempt, in the task's tag bucket (`domain.quality.bucket_key`).
-`get_quality` (admin) reads the aggregates and scores each bucket against the prior.
+`get_quality` (admin) reads the aggregates and scores each bucket against its model's prior (the
+effective capability entries' ``quality_prior``, the default where none is given; when a
+model's accounts give different priors, the lowest, since the aggregates are per model).
 
 The dispatcher's cached view of the same aggregates is `controlplane.scheduling.quality_book`.
 """
@@ -26,6 +28,7 @@ from controlplane.domain.quality import (
 )
 from controlplane.domain.states import TaskState
 from controlplane.persistence import quality as store
+from controlplane.persistence.catalog import CapabilityRecord, CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.service.access import Caller, ensure_admin, ensure_visible
 from controlplane.service.tasks import parse_task_id, text_violations
@@ -35,7 +38,7 @@ from vidroute_core.validation import FieldViolation
 MAX_TAGS = 16
 MAX_TAG_CHARS = 64
 MAX_COMMENT_CHARS = 1000
-DEFAULT_PRIOR = 0.5  # the capability catalog carries no quality prior yet (RouterConfig's default)
+DEFAULT_PRIOR = 0.5  # a model whose capability entry gives none (RouterConfig's default)
 
 
 def _utcnow() -> datetime:
@@ -123,8 +126,7 @@ class QualityService:
                 account.provider, attempt.provider_model, task.spec.mode.value,
                 bucket_key(task.spec),
             )  # fmt: skip
-            return await store.record_feedback(
-                u.conn,
+            return await u.record_feedback(
                 store.NewFeedback(
                     task_id=task_id,
                     tenant_id=task.tenant_id,
@@ -132,8 +134,7 @@ class QualityService:
                     verdict=request.verdict,
                     tags=request.tags,
                     comment=request.comment,
-                ),
-                u.now,
+                )
             )
 
     async def get_quality(self, model: str, caller: Caller) -> list[BucketView]:
@@ -141,9 +142,22 @@ class QualityService:
         ensure_admin(caller, "GetQuality")
         if problems := text_violations("model", model, 256):
             raise InvalidSpec(problems)
-        async with self._db.reading() as conn:
-            rows = await store.aggregates(conn, model)
+        async with self._db.reads() as reads:
+            rows = await reads.quality_aggregates(model)
+        priors = model_priors(await CatalogQueries(self._db).effective_capabilities(self._clock()))
         return [
-            BucketView(*key, counts, estimate(counts, self._prior, self._cfg))
+            BucketView(*key, counts, estimate(counts, priors.get(key[:2], self._prior), self._cfg))
             for key, counts in sorted(rows.items())
         ]
+
+
+def model_priors(records: list[CapabilityRecord]) -> dict[tuple[str, str], float]:
+    """``(provider, model) -> quality prior`` of the entries that give one (the lowest when a
+    model's accounts disagree)."""
+    out: dict[tuple[str, str], float] = {}
+    for r in records:
+        prior = r.document.get("quality_prior")
+        if isinstance(prior, int | float):
+            key = (r.account.provider, r.model)
+            out[key] = min(float(prior), out.get(key, 1.0))
+    return out

@@ -20,7 +20,7 @@ from controlplane.domain import scoring
 from controlplane.domain.routing.policy_document import PolicyDocument, parse_policy_document
 from controlplane.domain.routing.replay import Recorded, ReplayReport, ReplayTally
 from controlplane.persistence.database import Database
-from controlplane.persistence.replay_reads import Cursor, decision_page
+from controlplane.persistence.replay_reads import Cursor
 from controlplane.service.access import SYSTEM, Caller, ensure_admin
 from vidroute_core.exceptions import InvalidSpec
 from vidroute_core.validation import IDENTIFIER_RE, FieldViolation
@@ -81,9 +81,8 @@ class ReplayService:
         tally = ReplayTally(policy)
         after: Cursor | None = None
         while True:
-            async with self._db.reading() as conn:
-                page = await decision_page(
-                    conn,
+            async with self._db.reads() as reads:
+                page = await reads.decision_page(
                     since=query.since,
                     until=until,
                     tenant_id=query.tenant_id,

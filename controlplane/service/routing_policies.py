@@ -12,8 +12,12 @@ with the canaries it starts: a candidate whose canary is new, or whose stages or
 starts at its first stage; an unchanged one keeps its state (a republish never resets a canary).
 A dry run checks everything and writes nothing.
 
-RollbackRoutingPolicy makes a published version active again (empty: the one published before
-the active version), with its canaries reconciled as a publication of it would: one whose
+Publication, activation and rollback go through the path every versioned document shares
+(`service.versioned`: the diff against the active version, activation now, scheduled or staged,
+the audit of each); every activation, whichever its cause, reconciles the canaries in its unit.
+
+RollbackRoutingPolicy makes a published version active again (empty: the one before the active
+version that was ever active), with its canaries reconciled as a publication of it would: one whose
 state another version's configuration left (other stages or gates) restarts at its first stage,
 an unchanged one keeps its state; the dispatchers of every replica use it on their next round.
 """
@@ -37,9 +41,10 @@ from controlplane.domain.scoring import RoutingPolicy
 from controlplane.persistence import canaries as canary_store
 from controlplane.persistence import routing_policies as store
 from controlplane.persistence.database import Database
+from controlplane.persistence.unit import SqlUnitOfWork
 from controlplane.service.access import SYSTEM, Caller, ensure_admin
-from controlplane.service.documents import checked_source, same_text
-from vidroute_core.exceptions import InvalidSpec, NotFound, PreconditionFailed
+from controlplane.service.versioned import DocumentService, VersionedDocuments
+from vidroute_core.exceptions import InvalidSpec, PreconditionFailed
 from vidroute_core.validation import FieldViolation
 
 log = logging.getLogger(__name__)
@@ -84,7 +89,9 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class RoutingPolicyService:
+class RoutingPolicyService(DocumentService):
+    default_source = DEFAULT_SOURCE
+
     def __init__(
         self,
         db: Database,
@@ -93,11 +100,22 @@ class RoutingPolicyService:
         on_published: Callable[[], None] | None = None,
         clock: Callable[[], datetime] = _utcnow,
         require_check: bool = False,
+        on_schedule: Callable[[], None] | None = None,
     ) -> None:
         self._db, self._check, self._clock = db, sample_check, clock
-        self._on_published = on_published
         # An API-only replica: no catalog and adapters to check samples and canaries against.
         self._require_check = require_check
+        self.documents = VersionedDocuments(
+            db,
+            store.DOCUMENTS,
+            noun="routing policy",
+            reason_key="ROUTING_POLICY",
+            rpc="RoutingPolicy",
+            clock=clock,
+            on_activate=self._reconcile_canaries,
+            on_change=on_published,
+            on_schedule=on_schedule,
+        )
 
     async def validate(self, text: str) -> tuple[PolicyDocument, RoutingPolicy | None]:
         """The document and its resolved shadow, or `InvalidSpec` naming every problem."""
@@ -105,8 +123,8 @@ class RoutingPolicyService:
         shadow = doc.shadow
         found: list[FieldViolation] = []
         if doc.shadow_version:
-            async with self._db.reading() as conn:
-                row = await store.version(conn, doc.shadow_version)
+            async with self._db.reads() as reads:
+                row = await reads.documents(store.DOCUMENTS).version(doc.shadow_version)
             if row is None:
                 found.append(
                     FieldViolation("shadow", f"version {doc.shadow_version!r} not published")
@@ -126,89 +144,36 @@ class RoutingPolicyService:
             raise InvalidSpec(found)
         return doc, shadow
 
-    async def publish(
-        self, text: str, source: str = "", dry_run: bool = False, caller: Caller = SYSTEM
-    ) -> store.PolicyRow:
-        ensure_admin(caller, "PublishRoutingPolicy")
-        source = checked_source(source, DEFAULT_SOURCE)
-        doc, _ = await self.validate(text)
-        name, now = doc.policy.version, self._clock()
-        async with self._db.reading() as conn:
-            existing = await store.version(conn, name)
-        if existing is not None:
-            return same_text(existing, text)  # a retried publish: nothing changes
-        if dry_run:
-            return store.PolicyRow(name, text, source, False, now, None)
-        async with self._db.unit(now) as u:
-            await store.lock_publication(u.conn)
-            if (existing := await store.version(u.conn, name)) is not None:
-                return same_text(existing, text)  # published meanwhile
-            row = await store.insert_active(u.conn, name, text, source, now, actor=caller.name)
-            await canary_store.start_changed(
-                u.conn, wanted_canaries(doc), policy_version=name, now=now, reason="published"
-            )
-        log.info("routing policy %s published by %s from %s", name, caller.name, source)
-        if self._on_published is not None:
-            self._on_published()
-        return row
+    async def _reconcile_canaries(
+        self, u: SqlUnitOfWork, version: str, text: str, now: datetime, why: str
+    ) -> None:
+        """In the activating unit: a canary whose stages or gates this version changes (or
+        that is new) starts at its first stage; an unchanged one keeps its state (a state means
+        something only with its own stages and gates)."""
+        await u.start_changed_canaries(
+            wanted_canaries(parse_policy_document(text)), policy_version=version, reason=why
+        )
 
-    async def rollback(self, version: str = "", caller: Caller = SYSTEM) -> store.PolicyRow:
-        ensure_admin(caller, "RollbackRoutingPolicy")
-        now = self._clock()
-        async with self._db.unit(now) as u:
-            await store.lock_publication(u.conn)
-            current = await store.active(u.conn, lock=True)
-            if version:
-                target = await store.version(u.conn, version)
-                if target is None:
-                    raise NotFound("routing policy version", version)
-            else:
-                if current is None:
-                    raise PreconditionFailed(
-                        "no routing policy is published; nothing to roll back",
-                        {"published_versions": 0},
-                        reason="NO_ACTIVE_ROUTING_POLICY",
-                    )
-                target = await store.before(u.conn, current.version)
-                if target is None:
-                    raise PreconditionFailed(
-                        f"{current.version} is the first published version; nothing before it",
-                        {"published_versions": 1},
-                        reason="NO_EARLIER_ROUTING_POLICY",
-                    )
-            if current is None or current.version != target.version:
-                await store.activate(u.conn, target.version, now, actor=caller.name)
-                # A canary another version reconfigured since restarts at its first stage (a
-                # state means something only with its own stages and gates).
-                await canary_store.start_changed(
-                    u.conn,
-                    wanted_canaries(parse_policy_document(target.document)),
-                    policy_version=target.version,
-                    now=now,
-                    reason=f"rollback to {target.version}",
-                )
-        log.warning(
-            "routing policy rolled back by %s: %s -> %s",
-            caller.name,
-            current and current.version,
-            target.version,
-        )
-        if self._on_published is not None:
-            self._on_published()
-        return store.PolicyRow(
-            target.version, target.document, target.source, True, target.published_at, now
-        )
+    async def validated(self, text: str) -> str:
+        """The policy's version once `validate` passes it."""
+        doc, _ = await self.validate(text)
+        return doc.policy.version
+
+    async def activations(self, caller: Caller = SYSTEM) -> list[store.ActivationRow]:
+        """Every activation, oldest first (pending scheduled ones included)."""
+        ensure_admin(caller, "ListRoutingPolicyActivations")
+        return list((await self.documents.history()).activations)
 
     async def list_policies(self, caller: Caller = SYSTEM) -> list[store.PolicyRow]:
         ensure_admin(caller, "ListRoutingPolicies")
-        async with self._db.reading() as conn:
-            return await store.versions(conn)
+        async with self._db.reads() as reads:
+            return await reads.documents(store.DOCUMENTS).versions()
 
     async def list_canaries(self, caller: Caller = SYSTEM) -> list[CanaryView]:
         ensure_admin(caller, "ListCanaries")
-        async with self._db.reading() as conn:
-            states = await canary_store.canaries(conn)
-            history = await canary_store.transitions(conn)
+        async with self._db.reads() as reads:
+            states = await reads.canaries()
+            history = await reads.canary_transitions()
         by: dict[str, list[canary_store.TransitionRow]] = {}
         for t in history:
             by.setdefault(t.candidate_id, []).append(t)

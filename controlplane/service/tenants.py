@@ -1,11 +1,12 @@
 """Tenants as configuration, transport-neutral (design 9.12.1-9.12.3, 9.25.5).
 
-`TenantConfigService` publishes, rolls back and lists tenants documents the way routing policies
-are (`service.routing_policies`): the document is validated whole (`domain.tenants`; every
-problem an `InvalidSpec` field violation, nothing written), a version is immutable (the same
-text again is a retried publish, another text is refused), publishing makes it active in one
-unit with its activation recorded (who, when, the version it replaced), a rollback makes an
-earlier version active again, audited the same way, and a dry run writes nothing. Admin only.
+`TenantConfigService` validates a tenants document whole (`domain.tenants`; every problem an
+`InvalidSpec` field violation, nothing written) and publishes it through the path every
+versioned document shares (`service.versioned`): a version is immutable (the same text again is
+a retried publish, another text is refused), a publication returns its diff against the active
+version and takes effect now, at a scheduled time or when a staged version is activated, a
+rollback makes an earlier version active again, each activation is audited (who, when asked and
+effective, the version it replaced, why), and a dry run writes nothing. Admin only.
 
 `TenantBook` is the active document as every reader sees it: re-read when older than the
 reader's bound (the dispatcher: every round; CreateTask: at most once a second per replica), and
@@ -22,10 +23,8 @@ it refuses.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from controlplane.domain.safety import SafetyPolicy
@@ -41,13 +40,17 @@ from controlplane.domain.tenants import (
 )
 from controlplane.persistence import tenant_configs as store
 from controlplane.persistence.database import Database
-from controlplane.persistence.documents import ActivationRow, DocumentRow
+from controlplane.persistence.documents import DocumentRow
 from controlplane.rate_limits import InProcessRateLimiter, RateLimiter
 from controlplane.service.access import SYSTEM, Caller, ensure_admin
-from controlplane.service.documents import checked_source, same_text
+from controlplane.service.documents import (
+    DocumentBook,
+    DocumentKind,
+    version_or_builtin,
+)
+from controlplane.service.versioned import DocumentHistory, DocumentService, VersionedDocuments
 from vidroute_core.exceptions import (
     InvalidSpec,
-    NotFound,
     PreconditionFailed,
     RateLimited,
 )
@@ -65,56 +68,29 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class TenantBook:
+TENANTS: DocumentKind[Tenants] = DocumentKind(
+    "tenants", store.DOCUMENTS, parse_tenants_document, BUILTIN
+)
+
+
+class TenantBook(DocumentBook[Tenants]):
     """The active tenants document, re-read when older than the caller's bound."""
 
     def __init__(self, db: Database, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._db, self._clock = db, clock
-        self._tenants = BUILTIN
-        self._read_at = -math.inf
-
-    def invalidate(self) -> None:
-        """A publish or rollback happened here: the next read goes to the database."""
-        self._read_at = -math.inf
+        super().__init__(db, TENANTS, clock=clock)
 
     async def current(self, max_age_s: float = CREATE_MAX_AGE_S) -> Tenants:
-        now = self._clock()
-        if now - self._read_at <= max_age_s:
-            return self._tenants
-        async with self._db.reading() as conn:
-            name = await store.DOCUMENTS.active_version(conn)
-            if name is None:
-                self._tenants = BUILTIN
-            elif name != self._tenants.version:
-                row = await store.DOCUMENTS.version(conn, name)
-                if row is not None:
-                    self._load(row)
-        self._read_at = now
-        return self._tenants
-
-    def _load(self, row: DocumentRow) -> None:
-        try:
-            self._tenants = parse_tenants_document(row.document)
-        except InvalidSpec:  # validated at publication; a bad row must not stop the service
-            log.exception("tenants %s does not parse; keeping %s", row.version, self.version)
-            return
-        log.info("tenants %s active", row.version)
-
-    @property
-    def version(self) -> str:
-        return self._tenants.version
+        return await super().current(max_age_s)
 
 
-@dataclass(frozen=True, slots=True)
-class TenantHistory:
-    """Every published version (newest first) and every activation (oldest first)."""
-
-    versions: tuple[DocumentRow, ...]
-    activations: tuple[ActivationRow, ...]
+# Every published version (newest first) and every activation (oldest first).
+TenantHistory = DocumentHistory
 
 
-class TenantConfigService:
-    """Publish, roll back, read and list tenants documents (admin)."""
+class TenantConfigService(DocumentService):
+    """Publish, activate, roll back, read and list tenants documents (admin)."""
+
+    default_source = DEFAULT_SOURCE
 
     def __init__(
         self,
@@ -123,31 +99,32 @@ class TenantConfigService:
         *,
         clock: Callable[[], datetime] = _utcnow,
         safety: SafetyPolicy | None = None,
+        on_schedule: Callable[[], None] | None = None,
     ) -> None:
         self._db, self._book, self._clock = db, book, clock
         # The safety policy this process enforces: a document naming a profile it lacks is
         # refused at publication (None: not checked, as in tools and tests).
         self._safety = safety
+        self.documents = VersionedDocuments(
+            db,
+            store.DOCUMENTS,
+            noun="tenants",
+            reason_key="TENANT_CONFIG",
+            rpc="TenantConfig",
+            clock=clock,
+            on_change=book.invalidate,
+            on_schedule=on_schedule,
+        )
 
     async def get(self, version: str = "", caller: Caller = SYSTEM) -> DocumentRow:
         """The named version, else the active one, else the built-in document (never stored)."""
         ensure_admin(caller, "GetTenantConfig")
-        async with self._db.reading() as conn:
-            row = await (
-                store.DOCUMENTS.version(conn, version) if version else store.DOCUMENTS.active(conn)
-            )
-        if row is None and version and version != BUILTIN_VERSION:
-            raise NotFound("tenants version", version)
-        if row is None:
-            at = datetime.fromtimestamp(0, UTC)
-            return DocumentRow(BUILTIN_VERSION, BUILTIN_DOCUMENT, "built in", not version, at, None)
-        return row
+        builtin = (BUILTIN_VERSION, BUILTIN_DOCUMENT)
+        return await version_or_builtin(self._db, store.DOCUMENTS, version, builtin, "tenants")
 
-    async def publish(
-        self, text: str, source: str = "", dry_run: bool = False, caller: Caller = SYSTEM
-    ) -> DocumentRow:
-        ensure_admin(caller, "PublishTenantConfig")
-        source = checked_source(source, DEFAULT_SOURCE)
+    async def validated(self, text: str) -> str:
+        """The tenants document's version; with a safety policy, every profile it names must
+        be one of the policy's."""
         tenants = parse_tenants_document(text)
         ensure_publishable(tenants)
         if self._safety is not None:
@@ -159,67 +136,7 @@ class TenantConfigService:
             ]
             if unknown:
                 raise InvalidSpec(unknown)
-        name, now = tenants.version, self._clock()
-        async with self._db.reading() as conn:
-            existing = await store.DOCUMENTS.version(conn, name)
-        if existing is not None:
-            return same_text(existing, text)  # a retried publish: nothing changes
-        if dry_run:
-            return DocumentRow(name, text, source, False, now, None)
-        async with self._db.unit(now) as u:
-            await store.DOCUMENTS.lock_publication(u.conn)
-            if (existing := await store.DOCUMENTS.version(u.conn, name)) is not None:
-                return same_text(existing, text)  # published meanwhile
-            row = await store.DOCUMENTS.insert_active(
-                u.conn, name, text, source, now, actor=caller.name
-            )
-        self._book.invalidate()
-        log.info("tenants %s published by %s from %s", name, caller.name, source)
-        return row
-
-    async def rollback(self, version: str = "", caller: Caller = SYSTEM) -> DocumentRow:
-        ensure_admin(caller, "RollbackTenantConfig")
-        now = self._clock()
-        async with self._db.unit(now) as u:
-            await store.DOCUMENTS.lock_publication(u.conn)
-            current = await store.DOCUMENTS.active(u.conn, lock=True)
-            if version:
-                target = await store.DOCUMENTS.version(u.conn, version)
-                if target is None:
-                    raise NotFound("tenants version", version)
-            else:
-                if current is None:
-                    raise PreconditionFailed(
-                        "no tenants document is published; nothing to roll back",
-                        {"published_versions": 0},
-                        reason="NO_ACTIVE_TENANT_CONFIG",
-                    )
-                target = await store.DOCUMENTS.before(u.conn, current.version)
-                if target is None:
-                    raise PreconditionFailed(
-                        f"{current.version} is the first published version; nothing before it",
-                        {"published_versions": 1},
-                        reason="NO_EARLIER_TENANT_CONFIG",
-                    )
-            if current is None or current.version != target.version:
-                await store.DOCUMENTS.activate(u.conn, target.version, now, actor=caller.name)
-        self._book.invalidate()
-        log.warning(
-            "tenants rolled back by %s: %s -> %s",
-            caller.name,
-            current and current.version,
-            target.version,
-        )
-        return DocumentRow(
-            target.version, target.document, target.source, True, target.published_at, now
-        )
-
-    async def history(self, caller: Caller = SYSTEM) -> TenantHistory:
-        ensure_admin(caller, "ListTenantConfigHistory")
-        async with self._db.reading() as conn:
-            versions = await store.DOCUMENTS.versions(conn)
-            activations = await store.DOCUMENTS.activations(conn)
-        return TenantHistory(tuple(versions), tuple(activations))
+        return tenants.version
 
 
 class TenantAdmission:
@@ -255,8 +172,8 @@ class TenantAdmission:
                     },
                 )
         if share.max_queued is not None:
-            async with self._db.reading() as conn:
-                queued = await store.queued_count(conn, tenant, spec.service_class.value)
+            async with self._db.reads() as reads:
+                queued = await reads.queued_count(tenant, spec.service_class.value)
             if queued >= share.max_queued:
                 raise PreconditionFailed(
                     f"tenant {tenant!r} has {queued} {spec.service_class.value} tasks queued,"

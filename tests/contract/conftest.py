@@ -3,8 +3,11 @@
 Without ``--adapter`` this conftest stands up, per provider, the provider emulator and the
 adapter sidecar as separate processes (``python -m adapter_sidecars.<name> --config ...
 --port-file ...``), plus a second sidecar whose provider host is ``nonexistent.invalid`` for the
-DNS boundary, and parametrizes the suite over runway, veo and selfhosted. Processes live for one
-provider's tests at a time (session-scoped, parametrized fixture) and are stopped afterwards.
+DNS boundary, and parametrizes the suite over runway, veo (Gemini API), vertex (Veo on Vertex
+AI: a throwaway service-account key is generated per run, its public half given to the
+emulator's token endpoint), selfhosted and selfhosted_cog (the self-hosted sidecar on a real
+Cog server). Processes live for one provider's tests at a time (session-scoped, parametrized
+fixture) and are stopped afterwards.
 With ``--vidroute-adapter/--vidroute-emulator/--vidroute-profile`` it tests that one
 already-running adapter instead.
 
@@ -36,6 +39,7 @@ from adapter_sidecars.contract.plugin import option
 from adapter_sidecars.contract.profile import AdapterProfile, load_profile
 from adapter_sidecars.contract.target import ContractTarget, Endpoints
 from adapter_sidecars.contract.timings import with_timings
+from tests.support.service_account import new_service_account
 
 ROOT = Path(__file__).resolve().parents[2]
 UNRESOLVABLE_URL = "http://nonexistent.invalid:8080"
@@ -49,10 +53,28 @@ class LocalProvider:
     emulator_module: str
     sidecar_module: str
     provider_options: dict[str, Any] = field(default_factory=dict)
+    #: The account's ``options`` (Vertex: surface, project, location, output bucket).
+    account_options: dict[str, Any] = field(default_factory=dict)
 
-    def config(self, base_url: str) -> dict[str, Any]:
+    @property
+    def vertex(self) -> bool:
+        return self.account_options.get("surface") == "vertex"
+
+    def config(
+        self,
+        base_url: str,
+        *,
+        credential_ref: str = "",
+        provider_options: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """The sidecar configuration CI runs this provider's adapter with."""
-        return sidecar_config(base_url, provider_options=self.provider_options)
+        options = {**self.provider_options, **(provider_options or {})}
+        cfg = sidecar_config(base_url, provider_options=options)
+        if credential_ref:
+            cfg["accounts"][0]["credential_ref"] = credential_ref
+        if self.account_options:
+            cfg["accounts"][0]["options"] = dict(self.account_options)
+        return cfg
 
 
 PROVIDERS: dict[str, LocalProvider] = {
@@ -66,10 +88,28 @@ PROVIDERS: dict[str, LocalProvider] = {
         "adapter_sidecars.veo",
         {"recovery_settle_seconds": 0},
     ),
+    "vertex": LocalProvider(
+        "adapter_sidecars.emulators.veo",
+        "adapter_sidecars.veo",
+        {"recovery_settle_seconds": 0},
+        {
+            "surface": "vertex",
+            "project": "vidroute-contract",
+            "location": "us-central1",
+            "output_uri": "gs://vidroute-contract-out/runs",
+        },
+    ),
     "selfhosted": LocalProvider(
         "adapter_sidecars.emulators.selfhosted",
         "adapter_sidecars.selfhosted",
         {"recovery_settle_seconds": 0},
+    ),
+    # The same sidecar on its Cog backend against a real Cog server (the front starts coglet
+    # with models/cog_video and only adds faults and truth around it).
+    "selfhosted_cog": LocalProvider(
+        "adapter_sidecars.emulators.cog_front",
+        "adapter_sidecars.selfhosted",
+        {"backend": "cog", "recovery_settle_seconds": 0, "slots": 4},
     ),
 }
 
@@ -112,12 +152,22 @@ def contract_endpoints(
     workdir = tmp_path_factory.mktemp(f"contract-{name}")
     started: list[ManagedProcess] = []
     try:
-        emulator_options = contract_target.profile.emulator_options
+        emulator_options = dict(contract_target.profile.emulator_options)
+        account = new_service_account("contract") if local.vertex else None
+        if account is not None:
+            emulator_options["service_accounts"] = {account.email: account.public_pem}
         emulator = start_emulator(local.emulator_module, workdir, emulator_options, cwd=ROOT)
         started.append(emulator)
+        settings: dict[str, Any] = {}
+        if account is not None:
+            key = account.write(workdir / "service-account.json", f"{emulator.url}/token")
+            settings = {
+                "credential_ref": f"file:{key}",
+                "provider_options": {"storage_base_url": emulator.url},
+            }
         configs = {
-            f"{name}-sidecar": local.config(emulator.url),
-            f"{name}-dns-sidecar": local.config(UNRESOLVABLE_URL),
+            f"{name}-sidecar": local.config(emulator.url, **settings),
+            f"{name}-dns-sidecar": local.config(UNRESOLVABLE_URL, **settings),
         }
         sidecars = {}
         for label, cfg in configs.items():

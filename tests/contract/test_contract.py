@@ -14,6 +14,7 @@ from adapter_sidecars.contract.bound import (
     TestGoldens,
     TestJobLifecycle,
     TestRecovery,
+    TestRoutedCompile,
     TestSubmitBoundaries,
     TestUsage,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "TestGoldens",
     "TestJobLifecycle",
     "TestRecovery",
+    "TestRoutedCompile",
     "TestSubmitBoundaries",
     "TestUsage",
 ]

@@ -1,8 +1,8 @@
 // Drives the web console in Debian's chromium with playwright-core (tests/e2e/test_console_browser.py
 // runs it): signs in, prints READY and reads the id of the task the test then creates, watches it
 // appear in the live list and its open timeline follow it to the end, reads the failed-over
-// timeline, its decisions, the breakers and providers pages, screenshots each into ARTIFACTS, and
-// prints what it saw as one JSON line.
+// timeline, its decisions, the breakers, providers and tenants pages, screenshots each into
+// ARTIFACTS, and prints what it saw as one JSON line.
 import { createInterface } from "node:readline";
 import { chromium } from "playwright-core";
 
@@ -135,6 +135,15 @@ try {
   await page.waitForURL(/\/providers$/);
   seen.healthRows = await page.locator("#health tbody tr").count();
   await page.screenshot({ path: `${ARTIFACTS}/05-providers.png`, fullPage: true });
+
+  await page.click('a[href="/tenants"]');
+  await page.waitForURL(/\/tenants$/);
+  const acme = page.locator('#tenants tbody tr[data-tenant="acme"]');
+  seen.tenantClasses = await acme.evaluateAll((rows) =>
+    rows.map((r) => [r.dataset.class, r.querySelector("td.entitled").innerText.trim()]),
+  );
+  seen.tenantRate = (await acme.locator("td.rate").allInnerTexts()).join(" ");
+  await page.screenshot({ path: `${ARTIFACTS}/06-tenants.png`, fullPage: true });
 } finally {
   stdin.close();
   await browser.close();

@@ -6,7 +6,7 @@ refusal, the task requeued with its reason, a second attempt SUCCEEDED elsewhere
 signs in with the admin token before the task exists, sees it appear in the open list, opens its
 timeline while it runs and watches it reach SUCCEEDED without a reload (server-sent task events),
 then reads both attempts and the reason, the stored clip (playable, ranged reads 206), the
-decision table, the breakers and the providers pages, and keeps a screenshot of each in the
+decision table, the breakers, providers and tenants pages, and keeps a screenshot of each in the
 artifacts directory it prints (``$VIDROUTE_TEST_ARTIFACTS/console_browser`` when set, else under
 the test's tmp_path).
 
@@ -151,7 +151,8 @@ def test_console_shows_a_failed_over_task_in_a_real_browser(
 ) -> None:
     """The browser sees the new task appear in the open list and its open timeline follow it live
     to SUCCEEDED; then both attempts and the failover reason, the decision table with every
-    candidate, the breakers page with a forced breaker and its history, and a playable clip."""
+    candidate, the breakers page with a forced breaker and its history, a playable clip, and the
+    task's tenant on the tenants page (the built-in document's default entry: every class)."""
     farm, cp, port = stack
     # An operator's override first: an OPEN breaker, its recorded transition (routing skips it).
     forced = api.ForceBreakerRequest(
@@ -190,7 +191,15 @@ def test_console_shows_a_failed_over_task_in_a_real_browser(
     _check_timeline(seen, task)
     _check_decisions_and_breakers(seen)
     assert seen["healthRows"] >= 4
-    for name in ("01-task-list", "02-timeline-failover", "03-decisions", "04-breakers"):
+    assert seen["tenantClasses"] == [["INTERACTIVE", "yes"], ["STANDARD", "yes"], ["BATCH", "yes"]]
+    assert "(no limit)" in seen["tenantRate"], seen["tenantRate"]
+    for name in (
+        "01-task-list",
+        "02-timeline-failover",
+        "03-decisions",
+        "04-breakers",
+        "06-tenants",
+    ):
         shot = artifacts / f"{name}.png"
         assert shot.stat().st_size > 5_000, shot
 

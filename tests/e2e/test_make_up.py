@@ -58,9 +58,9 @@ def _cli_as(workdir: Path, token: str, *args: str) -> subprocess.CompletedProces
 
 
 def test_vidroute_up_runs_a_cli_submitted_task_to_a_stored_mp4(tmp_path: Path) -> None:
-    """`vidroute up` serves with the example tenants published; `vidroute submit` creates a 4 s
-    task; `vidroute get` shows it SUCCEEDED; the stored file is an MP4 of 4 s within one frame;
-    the callback ingress answers.
+    """`vidroute up` serves with the example tenants and accounts published; `vidroute submit`
+    creates a 4 s task; `vidroute get` shows it SUCCEEDED; the stored file is an MP4 of 4 s
+    within one frame; the callback ingress answers.
     """
     # The dev defaults (SQLite under ./var, in-process leases) are what `make up` uses.
     inherited = {k: "" for k in os.environ if k.startswith("VIDROUTE_")}
@@ -111,6 +111,13 @@ def test_vidroute_up_runs_a_cli_submitted_task_to_a_stored_mp4(tmp_path: Path) -
         assert _cli(tmp_path, "tenants", "get", "--target", target)["version"] == (
             "tenants-example-1"
         )
+        # And the example account limits (controlplane/accounts.example.yaml), with their use.
+        assert _cli(tmp_path, "accounts", "get", "--target", target)["version"] == (
+            "accounts-example-1"
+        )
+        usage = _cli(tmp_path, "accounts", "usage", "--target", target)["dimensions"]
+        total = {(d["provider"], d["account"], d["dimension"]): d for d in usage}
+        assert total[("runway", "prod-us", "account")]["limit"] == "3", usage
 
         def succeeded() -> dict[str, Any] | None:
             task = _cli(tmp_path, "get", task_id, "--target", target)

@@ -175,6 +175,9 @@ def test_scraped_families_match_the_workload(
     assert delta("provider_submit_total", provider="self_hosted", outcome="ACCEPTED") == 1 + resent
     assert delta("scheduler_failover_total", to="self_hosted") == 2
     assert delta("scheduler_decision_total", provider="self_hosted") == 4  # 1 + 1 + 2 requeues
+    # Each of those decisions' scores, observed once (the shipped weights sum to 1).
+    assert delta("scheduler_route_score_count", provider="self_hosted") == 4
+    assert 0 < delta("scheduler_route_score_sum", provider="self_hosted") <= 4
     submit_breaker = {"provider": "self_hosted", "operation": "SUBMIT"}
     model = tasks[refused].attempts[-1].model
     assert delta("provider_circuit_transitions_total", **submit_breaker, to="OPEN") >= 1

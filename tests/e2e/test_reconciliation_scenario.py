@@ -10,14 +10,18 @@ leases, every duration times one factor. The scenario:
 * a Veo create whose answer is corrupt although Google accepted it: the attempt is
   SUBMIT_UNKNOWN, then ABANDONED, and its job is billed (COST_AFTER_UNKNOWN, tied back to that
   attempt by account + model + window + amount: 9.17.5's background reconciliation);
+* two Veo creates of 8 s cut off mid-body (Google never got them; the platform cannot know):
+  both SUBMIT_UNKNOWN, then ABANDONED; then Google bills one 8 s operation the platform never
+  heard of: it fits both lost attempts equally (model, window, amount), so it is
+  AMBIGUOUS_MATCH listing both, adopted by neither;
 * in the usage export: one Veo job billed twice (DUPLICATE_CHARGE), one charge with no job
   (CHARGE_WITHOUT_LOCAL_JOB), one job billed at another USD/second (WRONG_PRICE_VERSION), one
   self-hosted job's GPU seconds converted at another rate (WRONG_CONVERSION_RATE).
 
 ``vidroute reconcile --date D --json`` runs as operators run it (a process with the control
-plane's environment). Its rows equal the injected truth row for row (kind, provider, attempt,
-amounts): none missed, none invented. Running the same day again writes nothing and prints the
-same report.
+plane's environment; exit 1: discrepancies found, 2: an account unread). Its rows equal the
+injected truth row for row (kind, provider, attempt, amounts): none missed, none invented.
+Running the same day again writes nothing and prints the same report.
 """
 
 from __future__ import annotations
@@ -37,12 +41,12 @@ import httpx
 import pytest
 
 from tests.conftest import PostgresServer
-from tests.support.module_stack import module_database
-from tests.support.stack import ControlPlane, ProviderFarm, RedisDb, describe, wait_for
+from tests.support.module_stack import module_database, started_platform
+from tests.support.stack import ControlPlane, ProviderFarm, describe, wait_for
 from tests.support.workload import SUBMIT_ROUTE
 from vidroute.scheduler.v1 import scheduler_pb2 as sp
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(600)]
 
 TIME_SCALE = 0.02
 DURATION_S = 4
@@ -55,6 +59,10 @@ GPU_RATE, GPU_WRONG_RATE = 350, 500
 RUNWAY_CREDITS_PER_S, RUNWAY_MICROS_PER_CREDIT = 12, 10_000  # gen4.5; 1 credit = USD 0.01
 RUNWAY_UNKNOWN_S, RUNWAY_FAILED_S = 3, 5
 ORPHAN = {"model": "veo-3.1-generate-preview", "seconds": 6, "usd": 2.4, "ref": "ghost-operation"}
+#: Two Veo creates lost alike (8 s: no other Veo attempt or charge of the day costs 3.2 USD),
+#: and the one 8 s operation Google bills that fits both.
+LOST_TWINS, LOST_S = ("veo_lost_a", "veo_lost_b"), 8
+LOST_CHARGE = {"model": "veo-3.1-generate-preview", "seconds": 8, "usd": 3.2, "ref": "lost-op"}
 LATE_ORPHAN = {"model": "veo-3.1-generate-preview", "seconds": 2, "usd": 0.8, "ref": "late-op"}
 
 
@@ -109,14 +117,14 @@ def _fired(farm: ProviderFarm, provider: str, index: int) -> bool:
 
 
 def _reconcile(
-    farm: ProviderFarm, cp: ControlPlane, day: str, *, adapters: str = "", rc: int = 0
+    farm: ProviderFarm, cp: ControlPlane, day: str, *, adapters: str = "", rc: int = 1
 ) -> dict[str, Any]:
     [report] = _reconcile_together(farm, cp, day, adapters=adapters, rc=rc, n=1)
     return report
 
 
 def _reconcile_together(
-    farm: ProviderFarm, cp: ControlPlane, day: str, *, adapters: str = "", rc: int = 0, n: int
+    farm: ProviderFarm, cp: ControlPlane, day: str, *, adapters: str = "", rc: int = 1, n: int
 ) -> list[dict[str, Any]]:
     """`n` ``vidroute reconcile`` processes started at once (two CronJob pods, say)."""
     env = {
@@ -169,6 +177,7 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Scenario:
     for name, provider, fault, seconds in (
         ("veo_unknown", "google", "corrupt_json", DURATION_S),
         ("runway_unknown", "runway", "drop_after_body", RUNWAY_UNKNOWN_S),
+        *((name, "google", "drop_after_partial_body", LOST_S) for name in LOST_TWINS),
     ):
         index = _arm(farm, provider, {"action": fault})
         create(name, provider, seconds)
@@ -196,7 +205,7 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Scenario:
     tasks = {name: cp.wait_terminal(task_id, timeout_s=120) for name, task_id in created.items()}
     for name in plain:
         assert tasks[name].state == sp.TASK_STATE_SUCCEEDED, describe(tasks[name])
-    for name in ("veo_unknown", "runway_unknown"):
+    for name in ("veo_unknown", "runway_unknown", *LOST_TWINS):
         unknown = tasks[name]
         assert [a.state for a in unknown.attempts] == [sp.ATTEMPT_STATE_ABANDONED], describe(
             unknown
@@ -214,6 +223,8 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Scenario:
     billed_failed = _job_of(farm, "google", prompts["veo_failed"], phase="failed")
     _usage_fault(farm, "google", {"kind": "charge_failed", "job_id": billed_failed["id"]})
     _usage_fault(farm, "google", {"kind": "orphan", **ORPHAN})
+    # Billed after both lost submits were sent: it fits either.
+    _usage_fault(farm, "google", {"kind": "orphan", **LOST_CHARGE})
     converted = _job_of(farm, "self_hosted", prompts["gpu_rate"])["id"]
     _usage_fault(
         farm,
@@ -237,6 +248,7 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Scenario:
         ("google", "FAILED_TASK_CHARGED", attempt("veo_failed"), VEO_MICROS, 0),
         ("google", "WRONG_PRICE_VERSION", attempt("veo_price"), 300_000 * DURATION_S, VEO_MICROS),
         ("google", "CHARGE_WITHOUT_LOCAL_JOB", None, 2_400_000, 0),
+        ("google", "AMBIGUOUS_MATCH", None, 400_000 * LOST_S, 0),
         (
             "self_hosted",
             "WRONG_CONVERSION_RATE",
@@ -251,12 +263,12 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Scenario:
     _usage_fault(farm, "google", {"kind": "orphan", **LATE_ORPHAN})
     third = _reconcile(farm, cp, day)
     runs, delta = asyncio.run(_stored_runs(cp.database_url))
-    # The Runway sidecar away: exit 1, Runway not reconciled, nothing else written or changed.
+    # The Runway sidecar away: exit 2, Runway not reconciled, nothing else written or changed.
     away = ",".join(
         f"{name}=127.0.0.1:1" if name == "runway" else f"{name}={proc.address}"
         for name, proc in farm.sidecars.items()
     )
-    unreachable = _reconcile(farm, cp, day, adapters=away, rc=1)
+    unreachable = _reconcile(farm, cp, day, adapters=away, rc=2)
     # Two runs at once over a changed import: one new run between them, the same report.
     _usage_fault(farm, "google", {"kind": "orphan", **LATE_ORPHAN, "ref": "later-op"})
     together = _reconcile_together(farm, cp, day, n=2)
@@ -290,19 +302,16 @@ def scenario(
     workdir = tmp_path_factory.mktemp("reconciliation")
     with (
         module_database(postgres_server, "postgresql", workdir) as url,
-        ProviderFarm(
-            workdir / "farm", time_scale=TIME_SCALE, extensions={"google": ["billing_export"]}
-        ) as farm,
-        RedisDb(redis_server_url) as redis,
+        started_platform(
+            workdir,
+            url,
+            redis_server_url,
+            time_scale=TIME_SCALE,
+            extensions={"google": ["billing_export"]},
+        ) as (farm, cp, _),
     ):
-        (workdir / "cp").mkdir()
-        cp = ControlPlane(workdir / "cp", farm, database_url=url, redis_url=redis.url)
-        cp.start()
-        try:
-            cp.wait_capabilities()
-            yield _run(farm, cp)
-        finally:
-            cp.kill()
+        cp.wait_capabilities()
+        yield _run(farm, cp)
 
 
 def _rows(report: dict[str, Any]) -> list[tuple[str, str, int | None, int, int]]:
@@ -369,6 +378,26 @@ def test_unknown_submit_cost_links_back_to_the_abandoned_attempt(scenario: Scena
     assert not scenario.cp.get_task(task.task_id).attempts[0].provider_job.provider_job_id
 
 
+def test_a_charge_two_lost_submits_fit_alike_lists_both(scenario: Scenario) -> None:
+    """An 8 s operation billed under an id we never learned fits both 8 s lost submits
+    (model, window, amount): the row names no attempt, lists both as candidates, and neither
+    attempt adopts the job."""
+    lost = {int(scenario.tasks[n].attempts[0].attempt_id) for n in LOST_TWINS}
+    [row] = [
+        d
+        for run in scenario.first["runs"]
+        for d in run["discrepancies"]
+        if d["kind"] == "AMBIGUOUS_MATCH"
+    ]
+    assert row["attempt_id"] is None
+    assert row["provider_job_id"] == LOST_CHARGE["ref"]
+    assert row["evidence"]["matched_by"] == "window_amount"
+    assert {c["attempt_id"] for c in row["evidence"]["candidates"]} == lost
+    for name in LOST_TWINS:
+        task = scenario.cp.get_task(scenario.tasks[name].task_id)
+        assert not task.attempts[0].provider_job.provider_job_id
+
+
 def test_runway_daily_total_pins_the_lost_submit_only_by_its_unique_cost(
     scenario: Scenario,
 ) -> None:
@@ -420,7 +449,7 @@ def test_a_changed_import_supersedes_the_run_visibly(scenario: Scenario) -> None
 
 
 def test_a_sidecar_away_is_reported_not_taken_for_an_empty_bill(scenario: Scenario) -> None:
-    """ListUsage failing is an error of that account (exit 1), never "billed nothing": no run is
+    """ListUsage failing is an error of that account (exit 2), never "billed nothing": no run is
     written, and the report still shows the last good runs of every account."""
     report = scenario.unreachable
     assert [(e["provider"], e["error_class"]) for e in report["errors"]] == [

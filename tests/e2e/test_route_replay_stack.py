@@ -33,7 +33,9 @@ from vidroute.scheduler.v1 import routing_service_pb2_grpc
 from vidroute.scheduler.v1 import scheduler_pb2 as sp
 from vidroute.scheduler.v1 import scheduler_service_pb2 as api
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis]
+# A hang guard, not a speed target: the run took over 110 s beside a loaded suite, past the
+# suite's 120 s default.
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres, pytest.mark.redis, pytest.mark.timeout(300)]
 
 TASKS = 6
 SUBMIT = "POST /v1/jobs"

@@ -460,6 +460,7 @@ def test_veo_output_is_stored(stack: Stack) -> None:
     stack.assert_clean()
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("provider", ["runway", "self_hosted"])
 def test_refusal_past_the_retry_policy_fails_with_its_true_class(
     stack: Stack, provider: str
@@ -474,7 +475,9 @@ def test_refusal_past_the_retry_policy_fails_with_its_true_class(
     task_id = stack.cp.create_task(provider, prompt=f"refused long {secrets.token_hex(4)}")
     started = time.monotonic()
     try:
-        task = stack.cp.wait_terminal(task_id, 60)
+        # Three attempts' sends, requeues and the breaker's cooldown: seconds when scaled, but
+        # each refused send still costs real CPU in three processes (120 s at load 20).
+        task = stack.cp.wait_terminal(task_id, 120)
         assert stack.farm.truth(provider) == []
         assert task.state == sp.TASK_STATE_FAILED, describe(task)
         assert task.failure.error_class == errors_pb2.ERROR_CLASS_TRANSIENT_NETWORK, describe(task)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -39,11 +39,15 @@ def started_platform(
     *,
     time_scale: float,
     providers: Iterable[str] = PROVIDERS,
+    extensions: Mapping[str, Iterable[str]] | None = None,
 ) -> Iterator[tuple[ProviderFarm, ControlPlane, RedisDb]]:
-    """Emulators and sidecars, a Redis database of their own and one started control plane;
-    the control plane is killed, then the farm stopped and Redis flushed, on exit."""
+    """Emulators (with their `extensions`) and sidecars, a Redis database of their own and one
+    started control plane; the control plane is killed, then the farm stopped and Redis
+    flushed, on exit."""
     with (
-        ProviderFarm(workdir / "farm", time_scale=time_scale, providers=providers) as farm,
+        ProviderFarm(
+            workdir / "farm", time_scale=time_scale, providers=providers, extensions=extensions
+        ) as farm,
         RedisDb(redis_server_url) as redis,
     ):
         (workdir / "cp").mkdir()

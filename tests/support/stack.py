@@ -30,6 +30,7 @@ Every wait polls a condition with a deadline; nothing sleeps a fixed time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -158,6 +159,15 @@ PROVIDERS: dict[str, Provider] = {
 }
 
 
+@dataclass(frozen=True)
+class ProviderSetup:
+    """A provider run another way than `PROVIDERS` says (a farm's ``setups``): its own emulator
+    factory (time scale, extensions) and sidecar config (emulator URL, workdir) -> config."""
+
+    emulator: Callable[[float, frozenset[str]], Any]
+    sidecar_config: Callable[[str, Path], dict[str, Any]]
+
+
 def shipped_sidecar_config(
     provider: str, *, base_url: str, extensions: Iterable[str] = ()
 ) -> dict[str, Any]:
@@ -210,9 +220,17 @@ class ProviderFarm:
         providers: Iterable[str] = PROVIDERS,
         extensions: Mapping[str, Iterable[str]] | None = None,
         sidecar_env: Mapping[str, str] | None = None,
+        emulator_options: Mapping[str, Mapping[str, Any]] | None = None,
+        sidecar_options: Mapping[str, Mapping[str, Any]] | None = None,
+        setups: Mapping[str, ProviderSetup] | None = None,
     ) -> None:
         self.workdir = workdir
+        self.setups = dict(setups or {})  # e.g. Veo on Vertex AI instead of the Gemini API
         self.sidecar_env = dict(sidecar_env or {})  # e.g. the VIDROUTE_TLS_* files
+        # Per provider: emulator config fields (a test's store CA) and sidecar
+        # ``provider.options`` (an operator's setting such as ``platform_store``).
+        self.emulator_options = {p: dict(o) for p, o in (emulator_options or {}).items()}
+        self.sidecar_options = {p: dict(o) for p, o in (sidecar_options or {}).items()}
         self.time_scale = time_scale
         self._base_urls = dict(base_urls or {})
         self.providers = list(providers)
@@ -244,7 +262,12 @@ class ProviderFarm:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         for name in self.providers:
-            emulator = PROVIDERS[name].emulator(self.time_scale, self.extensions[name])
+            setup = self.setups.get(name)
+            factory = setup.emulator if setup else PROVIDERS[name].emulator
+            emulator = factory(self.time_scale, self.extensions[name])
+            if self.emulator_options.get(name):
+                config = dataclasses.replace(emulator.config, **self.emulator_options[name])
+                emulator = type(emulator)(config)
             self.emulators[name] = EmulatorThread(emulator)
             self.emulators[name].start()
         pending = {name: self._spawn_sidecar(name) for name in self.providers}
@@ -253,11 +276,15 @@ class ProviderFarm:
             expect_time_scale(self.sidecars[name], self.time_scale, f"sidecar {name}")
 
     def _spawn_sidecar(self, name: str, port: int = 0) -> tuple[Any, Path, Path]:
-        config = shipped_sidecar_config(
-            name,
-            base_url=self._base_urls.get(name) or self.emulators[name].url,
-            extensions=self.extensions[name],
-        )
+        base_url = self._base_urls.get(name) or self.emulators[name].url
+        setup = self.setups.get(name)
+        if setup is not None:
+            config = setup.sidecar_config(base_url, self.workdir)
+        else:
+            config = shipped_sidecar_config(
+                name, base_url=base_url, extensions=self.extensions[name]
+            )
+        config["provider"]["options"].update(self.sidecar_options.get(name, {}))
         if port:  # a restart: the control plane knows the sidecar at its old address
             config["listen"] = f"127.0.0.1:{port}"
         path = self.workdir / f"sidecar-{name}.yaml"
@@ -431,9 +458,13 @@ class RedisDb:
 
 
 def spec_for(
-    provider: str, prompt: str = "a red kite over a green hill", duration_s: int = 4
+    provider: str,
+    prompt: str = "a red kite over a green hill",
+    duration_s: int = 4,
+    model: str = "",
 ) -> gen.GenerationSpec:
-    """A text-to-video spec pinned to `provider` and its model (STRICT_MODEL)."""
+    """A text-to-video spec pinned to `provider` and `model` (default: the provider's test
+    model; STRICT_MODEL)."""
     return gen.GenerationSpec(
         tenant_id="acme",
         prompt=prompt,
@@ -442,7 +473,7 @@ def spec_for(
         routing=gen.RoutingPolicy(
             mode=gen.ROUTING_MODE_STRICT_MODEL,
             required_provider=provider,
-            required_model=PROVIDERS[provider].model,
+            required_model=model or PROVIDERS[provider].model,
         ),
     )
 
@@ -567,10 +598,11 @@ class ControlPlane:
         prompt: str = "a red kite over a green hill",
         duration_s: int = 4,
         idempotency_key: str | None = None,
+        model: str = "",
     ) -> str:
-        """CreateTask pinned to `provider` (STRICT_MODEL); returns the task id."""
+        """CreateTask pinned to `provider` (and `model`; STRICT_MODEL); returns the task id."""
         request = api.CreateTaskRequest(
-            spec=spec_for(provider, prompt, duration_s),
+            spec=spec_for(provider, prompt, duration_s, model),
             idempotency_key=idempotency_key or uuid.uuid4().hex,
         )
         return self._call(lambda s: s.CreateTask(request, timeout=RPC_GUARD_S)).task.task_id

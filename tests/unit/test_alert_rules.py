@@ -114,3 +114,18 @@ def test_promtool_accepts_the_rules(command: list[str]) -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_bill_alert_reads_discrepancies_by_kind_not_the_net_delta() -> None:
+    """The bill alert counts discrepancy rows per provider and kind (an offsetting duplicate
+    and missing charge both fire; promtool's case in alerts.test.yaml), never the net delta."""
+    [rule] = [r for r in rules() if r["alert"] == "VidrouteBillUnmatchedCharges"]
+    names = metric_names(rule["expr"])
+    assert names == {"provider_reconciliation_discrepancies_total"}, names
+    assert re.search(r"by \(provider, kind\)", rule["expr"]), rule["expr"]
+    cases = (MONITORING / "alerts.test.yaml").read_text(encoding="utf-8")
+    for kind in ("DUPLICATE_CHARGE", "LOCAL_SUCCESS_WITHOUT_CHARGE"):
+        assert (
+            f'provider_reconciliation_discrepancies_total{{provider="runway",kind="{kind}"}}'
+            in cases
+        )

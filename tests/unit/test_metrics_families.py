@@ -6,12 +6,15 @@ so a family added later with a task, job or attempt id as a label fails here.
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry
 
 from controlplane.domain.breaker import BreakerKey, BreakerState, Operation
+from controlplane.leases import Dimension, LeaseRequest, MemoryLeaseStore, WindowRequest
 from controlplane.leases.reconciler import Drift
 from controlplane.metrics import (
     FORBIDDEN_LABELS,
@@ -19,6 +22,7 @@ from controlplane.metrics import (
     ControlPlaneMetrics,
     circuit_gauges,
     drift_deltas,
+    window_gauges,
 )
 
 # The 9.24 families, plus the breaker transitions and the gRPC server families.
@@ -42,6 +46,14 @@ DESIGN_FAMILIES = {
     "provider_reconciliation_delta_micros",
     "provider_circuit_transitions_total",  # beyond 9.24: a transition outlives a scrape
     "provider_lease_reconcile_passes_total",  # beyond 9.24: a Redis loss measured in passes
+    "tenant_limit",  # 9.12's limits beside their use
+    "tenant_use",
+    "provider_window_refusals_total",  # beyond 9.24: the rate and budget windows of 9.11
+    "provider_window_used",
+    "provider_window_limit",
+    # beyond 9.24: discrepancies by kind, since the net delta hides offsetting errors
+    "provider_reconciliation_discrepancies_total",
+    "scheduler_route_score",  # issue 26: the selected candidate's score, no id labels
     "grpc_server_started_total",
     "grpc_server_handled_total",
     "grpc_server_handling_seconds",
@@ -77,10 +89,13 @@ def filled() -> ControlPlaneMetrics:
     m.generation("runway", "gen4", succeeded=False, seconds=20, cost_micros=100_000)
     m.unit_costs({("runway", "gen4"): (600_000, 100_000)})  # the ledgers' figures
     m.reconciliation_deltas({"runway": -250_000})
+    m.reconciliation_discrepancies_written({("runway", "DUPLICATE_CHARGE"): 1})
     m.circuit_transition("runway", "gen4", "SUBMIT", "OPEN")
+    m.tenant_limits({("acme", "STANDARD", "weight"): 2.0}, {("acme", "STANDARD", "queued"): 3.0})
     m.rpc_handled.labels("svc", "Get", "OK").inc()
     m.rpc_latency.labels("svc", "Get").observe(0.01)
     m.state.circuits = lambda: [CircuitGauge("runway", "gen4", "SUBMIT", "OPEN")]
+    m.window_refused("runway", "prod-us", "submits_per_minute")
     return m
 
 
@@ -161,3 +176,55 @@ def test_cost_gauges_come_from_the_ledger_figures_only() -> None:
     m.reconciliation_deltas({"veo": 5})
     m.reconciliation_deltas({})
     assert m.reconciliation_delta.labels("veo")._value.get() == 0
+
+
+def test_window_gauges_report_use_and_limit_per_account_window() -> None:
+    """A store's windows become provider_window_used / _limit series per (provider, account,
+    window), read at scrape time on the control plane's loop; an account without windows has
+    none, and a window without a limit has no limit series."""
+    store = MemoryLeaseStore()
+
+    async def fill() -> None:
+        windows = WindowRequest(submits_per_minute=3, cost_micros=40)
+        await store.acquire(LeaseRequest("a1", "runway:prod-us", (Dimension("account", 4),)))
+        await store.acquire(
+            LeaseRequest("a2", "runway:prod-us", (Dimension("account", 4),), windows=windows)
+        )
+        await store.acquire(LeaseRequest("b1", "veo:x", (Dimension("account", 4),)))
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(fill(), loop).result(5)
+        m = ControlPlaneMetrics()
+        m.state.loop = loop
+        m.state.windows = lambda: window_gauges(store)
+        values = {
+            (n, tuple(sorted(labels.items()))): v
+            for n, labels, v in exposed(m.registry)
+            if n.startswith("provider_window_")
+        }
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+    minute = (("account", "prod-us"), ("provider", "runway"), ("window", "submits_per_minute"))
+    spend = (("account", "prod-us"), ("provider", "runway"), ("window", "spend_per_month"))
+    assert values[("provider_window_used", minute)] == 1
+    assert values[("provider_window_limit", minute)] == 3
+    assert values[("provider_window_used", spend)] == 40
+    assert ("provider_window_limit", spend) not in values
+    assert not any(dict(k[1]).get("provider") == "veo" for k in values)
+
+
+def test_discrepancies_are_counted_by_provider_and_kind() -> None:
+    """Each pass adds the rows written since the last one; offsetting kinds both count."""
+    m = ControlPlaneMetrics()
+    m.reconciliation_discrepancies_written(
+        {("runway", "DUPLICATE_CHARGE"): 1, ("runway", "LOCAL_SUCCESS_WITHOUT_CHARGE"): 1}
+    )
+    m.reconciliation_discrepancies_written({("runway", "DUPLICATE_CHARGE"): 2})
+    counter = m.reconciliation_discrepancies
+    assert counter.labels("runway", "DUPLICATE_CHARGE")._value.get() == 3
+    assert counter.labels("runway", "LOCAL_SUCCESS_WITHOUT_CHARGE")._value.get() == 1

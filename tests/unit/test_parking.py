@@ -80,3 +80,17 @@ def test_outcomes_are_remembered_until_the_task_is_done() -> None:
     assert p.outcome(1) == sig
     p.done(1)
     assert p.outcome(1) is None
+
+
+def test_a_task_parked_on_a_window_waits_for_its_reopening_not_for_releases() -> None:
+    """A window wait is not woken by a release nor by rounds before the reopening, and is
+    routed again once the (monotonic) reopening passes."""
+    clock = Clock()
+    p = Parking(clock, recheck_s=30.0)
+    p.park(7, accounts=(), full=(), breakers=(), catalog_version="v1", reopens=clock.now + 2.5)
+    assert p.freed("runway:a") == 0
+    assert p.wake_changed(lambda cid: True, {}, "v1") == 0
+    assert p.waiting(7, NOW)
+    clock.now += 2.5
+    assert not p.waiting(7, NOW)
+    assert 7 not in p

@@ -87,3 +87,42 @@ def test_json_has_every_row_field() -> None:
 def test_a_future_day_is_refused_before_anything_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["reconcile", "--date", "2999-01-01"]) == 2
     assert "after today" in capsys.readouterr().err
+
+
+def _report(*, rows: bool, errors: bool) -> ReconciliationReport:
+    run = REPORT.runs[0]
+    clean = RunReport(**{**{f: getattr(run, f) for f in run.__slots__}, "discrepancies": ()})
+    return ReconciliationReport(
+        REPORT.day,
+        (run if rows else clean,),
+        REPORT.errors if errors else (),
+        (),
+    )
+
+
+@pytest.mark.parametrize(
+    ("rows", "errors", "code", "verdict"),
+    [
+        (False, False, 0, "result: clean"),
+        (True, False, 1, "result: discrepancies found"),
+        (False, True, 2, "result: NOT RECONCILED"),
+        (True, True, 2, "result: NOT RECONCILED"),
+    ],
+)
+def test_exit_codes_clean_0_rows_1_unread_2(
+    rows: bool, errors: bool, code: int, verdict: str
+) -> None:
+    """A clean day exits 0, a day with rows 1, and any unread account 2 even with rows (never
+    0 with an account unread); the table and the JSON say the same verdict."""
+    report = _report(rows=rows, errors=errors)
+    assert reconcile_cli.exit_code(report) == code
+    assert any(line.startswith(verdict) for line in reconcile_cli.report_lines(report))
+    assert reconcile_cli.report_json(report)["exit_code"] == code
+
+
+def test_an_unsupported_provider_is_not_reconciled() -> None:
+    """The Gemini API's Veo has no usage export: its account is unread, so the day exits 2."""
+    unsupported = AccountError("google", "main", "UNSUPPORTED_CAPABILITY", "no usage export")
+    report = ReconciliationReport(REPORT.day, (), (unsupported,), ())
+    assert reconcile_cli.exit_code(report) == 2
+    assert "NOT RECONCILED: UNSUPPORTED_CAPABILITY" in "\n".join(reconcile_cli.report_lines(report))

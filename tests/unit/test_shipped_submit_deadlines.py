@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 import yaml
 
-from adapter_sidecars.common.base import HttpAdapter
 from adapter_sidecars.common.config import SidecarConfig, parse_config
+from adapter_sidecars.common.types import ProviderAdapter
 from adapter_sidecars.runway.adapter import RunwayAdapter
-from adapter_sidecars.selfhosted.adapter import SelfHostedAdapter
-from adapter_sidecars.veo.adapter import VeoAdapter
+from adapter_sidecars.selfhosted.adapter import build_adapter as build_selfhosted
+from adapter_sidecars.veo.surfaces import build_adapter as build_veo
+from adapter_sidecars.veo.vertex import VertexAdapter
 from clients.devstack import DEV_TIME_SCALE
 from controlplane.adapters.grpc_client import (
     GrpcAdapterClient,
@@ -32,18 +33,28 @@ from controlplane.execution.config import ExecutionConfig
 from vidroute_core.timescale import scale_durations, scaled_defaults
 
 ROOT = Path(__file__).resolve().parents[2]
-ADAPTERS: dict[str, Callable[[SidecarConfig], HttpAdapter]] = {
+# The adapter each sidecar builds from its config, as its `__main__` does.
+ADAPTERS: dict[str, Callable[[SidecarConfig], ProviderAdapter]] = {
     "runway": RunwayAdapter.from_config,
-    "veo": VeoAdapter.from_config,
-    "selfhosted": SelfHostedAdapter.from_config,
+    "veo": build_veo,  # the k8s ConfigMap holds a Gemini and a Vertex account
+    "selfhosted": build_selfhosted,  # the k8s ConfigMap runs the Cog backend
+    "vertex": VertexAdapter.from_config,  # the Veo sidecar's Vertex AI example (no ConfigMap)
+    "cog": build_selfhosted,  # the self-hosted sidecar's Cog example (its ConfigMap: above)
+}
+#: Adapters whose example is not ``<name>/config.example.yaml``.
+EXAMPLES = {
+    "vertex": Path("adapter_sidecars/veo/config.vertex.example.yaml"),
+    "cog": Path("adapter_sidecars/selfhosted/config.cog.example.yaml"),
 }
 
 
 def _shipped() -> list[tuple[str, str, dict[str, Any]]]:
     found = []
     for name in ADAPTERS:
-        example = ROOT / "adapter_sidecars" / name / "config.example.yaml"
+        example = ROOT / EXAMPLES.get(name, Path("adapter_sidecars", name, "config.example.yaml"))
         found.append((name, str(example.relative_to(ROOT)), yaml.safe_load(example.read_text())))
+        if name in EXAMPLES:
+            continue
         configmap = ROOT / "k8s" / "base" / f"adapter-{name}" / "configmap.yaml"
         embedded = yaml.safe_load(configmap.read_text())["data"]["config.yaml"]
         found.append((name, str(configmap.relative_to(ROOT)), yaml.safe_load(embedded)))
@@ -59,7 +70,7 @@ def _budget(name: str, data: dict[str, Any], scale: float) -> tuple[float, float
     config = parse_config(data, {"VIDROUTE_TIME_SCALE": str(scale)})
     adapter = ADAPTERS[name](config)
     try:
-        return adapter.submit_budget_s(), config.submit_journal_retention_s
+        return adapter.describe().submit_budget_s, config.submit_journal_retention_s
     finally:
         asyncio.run(adapter.aclose())
 

@@ -44,6 +44,8 @@ class Operations:
     cancellation: bool = False
     client_idempotency_key: bool = False
     task_search: bool = False
+    # ListUsage returns the provider's usage records (recovery's last evidence, 9.17.4).
+    usage_records: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,11 @@ class Commercial:
     provider_milliunits_per_output_second: int = 0
     provider_milliunits_per_output_second_with_audio: int | None = None
     micros_per_provider_unit: int = 0
+    #: Provider units (thousandths) every generation costs besides its output seconds.
+    provider_milliunits_per_generation: int = 0
+    #: The schema's ``billing`` block as written (empty: failures billed nothing, per job);
+    #: read by reconciliation (`controlplane.domain.billing_rules.BillingRules`).
+    billing: Mapping[str, Any] = field(default_factory=dict)
 
     def micros_per_second(self, with_audio: bool) -> int:
         """Price of one output second, with the audio price when audio is generated."""
@@ -109,6 +116,8 @@ class Capability:
     constraints: tuple[Constraint, ...] = ()
     max_concurrency: int = 0
     output_url_ttl_seconds: int = 0
+    #: The model's quality score before evidence (9.14); None: the router's default prior.
+    quality_prior: float | None = None
     self_hosted: SelfHostedProfile | None = None
     native: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""
@@ -177,6 +186,7 @@ def parse_entry(doc: Mapping[str, Any], where: str = "<memory>") -> Capability:
         raise CapabilityLoadError(f"{where}: {exc}") from exc
     version = str(data["version"])
     hosted = data.get("self_hosted")
+    prior = data.get("quality_prior")
     return Capability(
         provider=data["provider"],
         account=data.get("account", ANY_ACCOUNT),
@@ -205,6 +215,7 @@ def parse_entry(doc: Mapping[str, Any], where: str = "<memory>") -> Capability:
         commercial=Commercial(**com),
         max_concurrency=int(data.get("max_concurrency", 0)),
         output_url_ttl_seconds=int(data.get("output_url_ttl_seconds", 0)),
+        quality_prior=None if prior is None else float(prior),
         self_hosted=SelfHostedProfile(**hosted) if hosted else None,
         native=dict(data.get("native", {})),
         source=where,

@@ -3,6 +3,7 @@ plane's ListProviders share, and its way back into a schema document."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -10,7 +11,7 @@ from google.protobuf import json_format, timestamp_pb2
 
 from vidroute.adapter.v1 import adapter_pb2 as pb
 from vidroute.common.v1 import generation_pb2, money_pb2
-from vidroute_core.capabilities.loader import Capability
+from vidroute_core.capabilities.loader import Capability, parse_entry
 
 
 def _timestamp(when: datetime | None) -> timestamp_pb2.Timestamp | None:
@@ -29,6 +30,45 @@ def _lifecycle(name: str) -> pb.Lifecycle.ValueType:
     return pb.Lifecycle.Value(f"LIFECYCLE_{name.upper()}")
 
 
+def _billing(block: Mapping[str, Any]) -> pb.BillingRules:
+    """A schema ``billing`` block as the wire message (names upper-cased into enum values)."""
+    return pb.BillingRules(
+        failed=pb.FailureCharge.Value(f"FAILURE_CHARGE_{block.get('failed', 'nothing').upper()}"),
+        cancelled=pb.FailureCharge.Value(
+            f"FAILURE_CHARGE_{block.get('cancelled', 'nothing').upper()}"
+        ),
+        failed_fixed_micros=int(block.get("failed_fixed_micros", 0)),
+        cancelled_fixed_micros=int(block.get("cancelled_fixed_micros", 0)),
+        granularity=pb.BillingGranularity.Value(
+            f"BILLING_GRANULARITY_{block.get('granularity', 'job').upper()}"
+        ),
+    )
+
+
+def _billing_document(rules: pb.BillingRules) -> dict[str, Any]:
+    """The wire message back as a schema block (an unset enum is its documented default)."""
+
+    def charge(value: pb.FailureCharge.ValueType) -> str:
+        if value == pb.FAILURE_CHARGE_UNSPECIFIED:
+            return "nothing"
+        return pb.FailureCharge.Name(value).removeprefix("FAILURE_CHARGE_").lower()
+
+    block: dict[str, Any] = {
+        "failed": charge(rules.failed),
+        "cancelled": charge(rules.cancelled),
+        "granularity": "job"
+        if rules.granularity == pb.BILLING_GRANULARITY_UNSPECIFIED
+        else pb.BillingGranularity.Name(rules.granularity)
+        .removeprefix("BILLING_GRANULARITY_")
+        .lower(),
+    }
+    if rules.failed_fixed_micros:
+        block["failed_fixed_micros"] = rules.failed_fixed_micros
+    if rules.cancelled_fixed_micros:
+        block["cancelled_fixed_micros"] = rules.cancelled_fixed_micros
+    return block
+
+
 def capability_to_proto(cap: Capability) -> pb.CapabilityEntry:
     """A loaded capability entry as the Describe message."""
     com = cap.commercial
@@ -38,6 +78,8 @@ def capability_to_proto(cap: Capability) -> pb.CapabilityEntry:
         provider_unit=com.provider_unit,
         provider_milliunits_per_output_second=com.provider_milliunits_per_output_second,
     )
+    if com.billing:
+        price.billing.CopyFrom(_billing(com.billing))
     if com.price_micros_per_output_second_with_audio is not None:
         price.per_output_second_with_audio.CopyFrom(
             _money(com.price_micros_per_output_second_with_audio, com.currency)
@@ -72,10 +114,12 @@ def capability_to_proto(cap: Capability) -> pb.CapabilityEntry:
             cancellation=cap.operations.cancellation,
             client_idempotency_key=cap.operations.client_idempotency_key,
             task_search=cap.operations.task_search,
+            usage_records=cap.operations.usage_records,
         ),
         price=price,
         max_concurrency=cap.max_concurrency,
         output_url_ttl_seconds=cap.output_url_ttl_seconds,
+        quality_prior=cap.quality_prior,
     )
     hosted = cap.self_hosted
     if hosted is not None:
@@ -133,11 +177,14 @@ def capability_document(entry: pb.CapabilityEntry) -> dict[str, Any]:
                 "cancellation",
                 "client_idempotency_key",
                 "task_search",
+                "usage_records",
             )
         },
         "max_concurrency": entry.max_concurrency,
         "output_url_ttl_seconds": entry.output_url_ttl_seconds,
     }
+    if entry.HasField("quality_prior"):
+        doc["quality_prior"] = entry.quality_prior
     if entry.region:
         doc["region"] = entry.region
     if entry.HasField("sunset_at"):
@@ -155,5 +202,13 @@ def capability_document(entry: pb.CapabilityEntry) -> dict[str, Any]:
             commercial["price_micros_per_output_second_with_audio"] = (
                 p.per_output_second_with_audio.amount_micros
             )
+        if p.HasField("billing"):
+            commercial["billing"] = _billing_document(p.billing)
         doc["commercial"] = commercial
     return doc
+
+
+def capability_from_proto(entry: pb.CapabilityEntry, where: str = "capability") -> Capability:
+    """A Describe-shaped entry back as a loaded capability, through the schema and constraint
+    parser (`CapabilityLoadError` when it is not a valid entry)."""
+    return parse_entry(capability_document(entry), where)

@@ -14,13 +14,18 @@ from typing import TypeVar
 from vidroute.common.v1 import generation_pb2 as gen_pb
 from vidroute.common.v1 import money_pb2
 from vidroute_core.spec import (
+    NO_TAGS,
     AssetRef,
+    CameraMotion,
+    ContentCategory,
+    ContentTags,
     GenerationSpec,
     Mode,
     OutputSpec,
     RoutingMode,
     RoutingPolicy,
     ServiceClass,
+    Style,
 )
 from vidroute_core.validation import FieldViolation, validate_spec
 
@@ -55,6 +60,50 @@ def _asset(msg: gen_pb.AssetRef, present: bool) -> AssetRef | None:
         checksum_sha256=msg.checksum_sha256,
         asset_id=msg.asset_id,
     )
+
+
+# The content tags: (field, proto enum, domain enum, value prefix).
+_TAG_ENUMS: tuple[tuple[str, str, type[enum.Enum], str], ...] = (
+    ("category", "ContentCategory", ContentCategory, "CONTENT_CATEGORY_"),
+    ("style", "Style", Style, "STYLE_"),
+    ("camera_motion", "CameraMotion", CameraMotion, "CAMERA_MOTION_"),
+)
+
+
+def _content(msg: gen_pb.ContentTags, violations: list[FieldViolation]) -> ContentTags:
+    """The tags of a spec; a number outside a tag's vocabulary is a violation (proto3 enums
+    are open on the wire, so a client built from another schema can send one)."""
+    values: dict[str, enum.Enum | None] = {}
+    for name, descriptor, domain, prefix in _TAG_ENUMS:
+        number = getattr(msg, name)
+        value = proto_enum_to_domain(number, domain, descriptor, prefix)
+        if value is None and number != 0:
+            names = ", ".join(m.name for m in domain)
+            violations.append(
+                FieldViolation(f"content.{name}", f"unknown value {number}; one of {names}")
+            )
+        values[name] = value
+    category, style, camera = values["category"], values["style"], values["camera_motion"]
+    tags = ContentTags(
+        category=category if isinstance(category, ContentCategory) else None,
+        style=style if isinstance(style, Style) else None,
+        has_human=msg.has_human if msg.HasField("has_human") else None,
+        camera_motion=camera if isinstance(camera, CameraMotion) else None,
+    )
+    return NO_TAGS if tags == NO_TAGS else tags
+
+
+def _content_to_proto(tags: ContentTags) -> gen_pb.ContentTags | None:
+    if tags == NO_TAGS:
+        return None
+    msg = gen_pb.ContentTags()
+    for name, _, _, prefix in _TAG_ENUMS:
+        value = getattr(tags, name)
+        if value is not None:
+            setattr(msg, name, f"{prefix}{value.value}")
+    if tags.has_human is not None:
+        msg.has_human = tags.has_human
+    return msg
 
 
 def spec_from_proto(msg: gen_pb.GenerationSpec) -> tuple[GenerationSpec, list[FieldViolation]]:
@@ -108,6 +157,7 @@ def spec_from_proto(msg: gen_pb.GenerationSpec) -> tuple[GenerationSpec, list[Fi
         ),
         service_class=service_class,
         priority=msg.priority,
+        content=_content(msg.content, violations),
     )
     domain_violations = validate_spec(spec)
     if mode is None:
@@ -172,6 +222,7 @@ def spec_to_proto(spec: GenerationSpec) -> gen_pb.GenerationSpec:
             domain_enum_to_proto(spec.service_class, "SERVICE_CLASS_")
         ),
         priority=spec.priority,
+        content=_content_to_proto(spec.content),
     )
     if spec.seed is not None:
         msg.seed = spec.seed

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from vidroute_core.spec import GenerationSpec
 
 if TYPE_CHECKING:  # the loader pulls in YAML/JSON Schema; the domain only reads the fields
+    from controlplane.domain.accounts import Accounts
     from controlplane.domain.routing.load import LoadView
     from vidroute_core.capabilities.loader import Capability
 
@@ -74,6 +75,30 @@ class Candidate:
     #: verdict). Derived once; `decision.Verdict.to_json` copies it. Never mutate it.
     explain_keys: dict[str, Any] = field(init=False, repr=False, compare=False)
 
+    @classmethod
+    def from_capability(cls, cap: Capability, account_id: int) -> Candidate:
+        """The candidate of a capability entry expanded for its account, at the entry's own
+        commercial price (no catalog row: a release check before it is written, tests)."""
+        com = cap.commercial
+        return cls(
+            provider=cap.provider,
+            account=cap.account,
+            account_id=account_id,
+            region=cap.region,
+            model=cap.model,
+            model_version=cap.model_version,
+            capability_version=cap.capability_version,
+            lifecycle=cap.lifecycle,
+            sunset_at=cap.sunset_at,
+            capability=cap,
+            price=Price(
+                com.price_version,
+                com.currency,
+                com.price_micros_per_output_second,
+                com.price_micros_per_output_second_with_audio,
+            ),
+        )
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "id", f"{self.provider}/{self.model}/{self.account}")
         keys = {
@@ -118,11 +143,15 @@ class CompileResult:
 
 @dataclass(frozen=True, slots=True)
 class CapacityView:
-    """Lease pre-check: free slots of the tightest dimension, and whether new work is accepted."""
+    """Lease pre-check: free slots of the tightest dimension, and whether new work is accepted.
+
+    `closed` names a rate or budget window of the account that is full (its limit and reopening,
+    9.11): no slot is free however many the dimensions have, until it reopens."""
 
     available: int
     maximum: int
     accepting_new: bool = True
+    closed: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +162,12 @@ class HealthView:
     samples: float
     mean_latency_s: float | None = None
     success_rate: float | None = None  # the point estimate; replay's expected success
+    p95_latency_s: float | None = None  # predicted p95 (9.13.2): the latency score reads it
+
+    @property
+    def latency_s(self) -> float | None:
+        """The latency the score reads: the predicted p95, else the mean (older records)."""
+        return self.p95_latency_s if self.p95_latency_s is not None else self.mean_latency_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +200,13 @@ class RoutingContext:
     # The tenant's routing scenario (9.13's table, e.g. AD_PRODUCTION): the policy's weight set
     # of that name scores the task when it has one; "" or unknown: the service class's.
     scenario: str = ""
+    # The active accounts document: a disabled account's candidates are ACCOUNT_DISABLED, an
+    # account's regions bound where its candidates run; None: every account enabled everywhere.
+    accounts: Accounts | None = None
+
+    @property
+    def accounts_version(self) -> str:
+        return "" if self.accounts is None else self.accounts.version
 
 
 def catalog_version(candidates: Sequence[Candidate]) -> str:

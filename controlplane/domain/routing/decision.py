@@ -156,7 +156,13 @@ class DecisionFacts:
             "incumbent": None if inc is None else [inc.candidate_id, inc.since_s],
             "pinned": sorted(self.pinned),
             "health": {
-                cid: [h.success_lower_bound, h.samples, h.mean_latency_s, h.success_rate]
+                cid: [
+                    h.success_lower_bound,
+                    h.samples,
+                    h.mean_latency_s,
+                    h.success_rate,
+                    h.p95_latency_s,
+                ]
                 for cid, h in self.health.items()
             },
         }
@@ -175,7 +181,8 @@ class DecisionFacts:
             incumbent=None if inc is None else Incumbent(str(inc[0]), float(inc[1])),
             pinned=frozenset(data.get("pinned", ())),
             health={
-                cid: HealthView(float(h[0]), float(h[1]), h[2], h[3])
+                # A record from before the p95 (four fields) scored on the mean.
+                cid: HealthView(float(h[0]), float(h[1]), h[2], h[3], h[4] if len(h) > 4 else None)
                 for cid, h in dict(data.get("health", {})).items()
             },
         )
@@ -212,9 +219,15 @@ class RouteDecisionSnapshot:
         chosen = self.selected
         return self.verdict(chosen).candidate.capability_version if chosen else self.catalog_version
 
-    def after_leasing(self, leased: str | None, refused: Sequence[str]) -> RouteDecisionSnapshot:
-        """Record the lease outcome: refused candidates become NO_CAPACITY; `leased` is selected.
-        The head of the ranking leased at once changes nothing: the snapshot itself (a value)."""
+    def after_leasing(
+        self,
+        leased: str | None,
+        refused: Sequence[str],
+        why: Mapping[str, str] | None = None,
+    ) -> RouteDecisionSnapshot:
+        """Record the lease outcome: refused candidates become NO_CAPACITY (with `why`'s detail
+        when the store said why, e.g. a full window); `leased` is selected. The head of the
+        ranking leased at once changes nothing: the snapshot itself (a value)."""
         if not refused and not self.lease_refused and self.ranked[:1] == (leased,):
             return self
         gone = set(refused)
@@ -223,7 +236,7 @@ class RouteDecisionSnapshot:
                 v,
                 eligible=False,
                 reason=Reason.NO_CAPACITY.value,
-                detail="lease refused at acquire",
+                detail=(why or {}).get(v.candidate.id, "lease refused at acquire"),
             )
             if v.candidate.id in gone
             else v
@@ -286,3 +299,32 @@ class RouteDecisionSnapshot:
         if self.facts is not None:
             data["facts"] = self.facts.to_json()
         return data
+
+
+# The health window's figures of a stored decision (``facts.health``), in their stored order.
+_HEALTH_INPUTS = (
+    "success_lower_bound",
+    "window_samples",
+    "mean_latency_s",
+    "success_rate",
+    "p95_latency_s",
+)
+
+
+def candidate_inputs(snapshot: Mapping[str, Any], candidate_id: str) -> dict[str, float]:
+    """What `candidate_id`'s score components read, from a stored decision's snapshot: the
+    routing window's success lower bound and rate, its effective samples (evidence: few
+    samples mean the prior still counts), mean and predicted p95 latency, and a self-hosted
+    model server's load (``load_*``). Empty for a candidate without evidence (it scored on
+    the priors) and for records from before facts were kept."""
+    facts = snapshot.get("facts") or {}
+    out: dict[str, float] = {}
+    health = (facts.get("health") or {}).get(candidate_id)
+    for name, value in zip(_HEALTH_INPUTS, health or (), strict=False):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[name] = float(value)
+    load = (facts.get("load") or {}).get(candidate_id) or {}
+    for name, value in load.items():
+        if isinstance(value, int | float):
+            out[f"load_{name}"] = float(value)
+    return out

@@ -7,7 +7,8 @@ The order is the design's, first failing filter wins:
    mode: "must run the task", never a preference), lifecycle (no
    new work on SUNSET), mode, inputs (last frame, references, samples),
    aspect/resolution/duration through the capability's constraint expressions;
-4. region and tenant policy;
+4. account (disabled by the accounts document: ACCOUNT_DISABLED), region and tenant policy
+   (the task's region, the tenant's allowed regions, the account's regions);
 5. budget against the catalog price (and again against the compiled estimate);
 6. circuit breaker (OPEN refuses; HALF_OPEN probes are admitted by execution);
 7. capacity (lease pre-check: no free slot, or the unknown-submit budget is full); then the
@@ -79,6 +80,7 @@ class Reason(StrEnum):
     COMPILE_UNAVAILABLE = "COMPILE_UNAVAILABLE"
     DEGRADE_NOT_ALLOWED = "DEGRADE_NOT_ALLOWED"
     CANARY_NOT_ADMITTED = "CANARY_NOT_ADMITTED"
+    ACCOUNT_DISABLED = "ACCOUNT_DISABLED"
 
 
 #: Reasons that may clear by themselves: a task rejected only for these waits, never fails.
@@ -268,6 +270,11 @@ def _static_reject(
         return Reason.STRICT_MODEL_MISMATCH, f"failover keeps model {ctx.same_model_only}"
     if e.lifecycle == "sunset" or (e.sunset_at is not None and e.sunset_at <= ctx.now):
         return Reason.SUNSET, f"lifecycle {e.lifecycle}, sunset {e.sunset_at}"
+    account = None if ctx.accounts is None else ctx.accounts.entry(e.provider, e.account)
+    if account is not None and not account.enabled:
+        return Reason.ACCOUNT_DISABLED, (
+            f"account {e.provider}/{e.account} is disabled (accounts {ctx.accounts_version})"
+        )
     cap = e.capability
     key = id(cap)  # candidates of equal capability content share one check
     if key in seen:
@@ -287,6 +294,10 @@ def _static_reject(
         return Reason.REGION_NOT_ALLOWED, f"task requires region {t.region}, candidate {e.region}"
     if ctx.allowed_regions is not None and e.region not in ctx.allowed_regions:
         return Reason.REGION_NOT_ALLOWED, f"tenant policy excludes region {e.region}"
+    if account is not None and account.regions and e.region not in account.regions:
+        return Reason.REGION_NOT_ALLOWED, (
+            f"account {e.provider}/{e.account} runs in {', '.join(account.regions)} only"
+        )
     if t.budget > 0:
         per_s = e.micros_per_second
         if t.with_audio and e.micros_per_second_with_audio is not None:
@@ -306,6 +317,8 @@ def capacity_reject(cap: CapacityView | None) -> Rejection | None:
     """The last hard filter, the lease pre-check; None when a slot is free (or unknown)."""
     if cap is None:
         return None
+    if cap.closed:
+        return Reason.NO_CAPACITY, cap.closed
     if not cap.accepting_new:
         return Reason.NO_CAPACITY, "unknown-submission budget full; not accepting new work"
     if cap.available <= 0:
@@ -369,6 +382,7 @@ class Screen:
             and s.soft_excluded == ctx.soft_excluded
             and s.same_model_only == ctx.same_model_only
             and s.allowed_regions == ctx.allowed_regions
+            and s.accounts is ctx.accounts
             and s.circuit_open == ctx.circuit_open
         )
 

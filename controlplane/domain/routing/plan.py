@@ -78,6 +78,7 @@ class CandidatePlan:
     account_id: int
     exclusion_key: tuple[int, str]  # (account_id, model): the failover exclusions' key
     provider: str
+    account: str
     model: str
     region: str
     lifecycle: str
@@ -166,6 +167,7 @@ def build_plan(candidates: Sequence[Candidate], version: str = "") -> CatalogPla
                 account_id=c.account_id,
                 exclusion_key=(c.account_id, c.model),
                 provider=c.provider,
+                account=c.account,
                 model=c.model,
                 region=c.region,
                 lifecycle=c.lifecycle,

@@ -98,14 +98,14 @@ class _Row:
 
 
 def _with_load(
-    view: LoadView, mean_latency_s: float | None, free: float, bad: float, span: float
+    view: LoadView, latency_s: float | None, free: float, bad: float, span: float
 ) -> tuple[float, float]:
     """(latency, capacity) components with a model server's load (`load`): the predicted
     latency adds its cold start and queue wait; capacity is the smaller of lease and server."""
     if span <= 0:
         raise ValueError("latency bad must exceed good")
-    if mean_latency_s is not None:
-        lat = (bad - (mean_latency_s + view.extra_s)) / span
+    if latency_s is not None:
+        lat = (bad - (latency_s + view.extra_s)) / span
     else:
         lat = 0.5 - view.extra_s / span
     if not 0.0 <= lat <= 1.0:
@@ -153,9 +153,10 @@ def _score(  # noqa: PLR0915 - one loop per decision on purpose: the hot path
     the policy and the shadow policy: min(sum of weighted parts, sum of weights) - penalty."""
     costs = [float(r.cost) for r in eligible] or [0.0]
     budget = spec.routing.max_estimated_cost_micros
-    # The cheapest eligible candidate scores 1; the budget (or 1.5x the dearest) scores 0.
+    # The cheapest eligible candidate scores 1. Under a budget, 9.13.2's line from there to
+    # the budget (0); without one, `scoring.relative_cost_score`: in proportion to price.
     lo = min(costs)
-    hi = float(budget) if budget > 0 else max(costs) * 1.5 + 1.0
+    hi = float(budget) if budget > 0 else 0.0
     span = hi - lo
     good, bad = cfg.latency_good_s, cfg.latency_bad_s
     health, capacity, quality, load = ctx.health, ctx.capacity, ctx.quality, ctx.load
@@ -183,13 +184,16 @@ def _score(  # noqa: PLR0915 - one loop per decision on purpose: the hot path
             ok = h.success_lower_bound
             if not 0.0 <= ok <= 1.0:
                 raise ValueError(f"component success={ok} outside [0, 1]")
-            if h.mean_latency_s is not None:
+            predicted = h.latency_s  # the window's p95 (9.13.2), else its mean
+            if predicted is not None:
                 if latency_span <= 0:
                     raise ValueError("latency bad must exceed good")
-                lat = (bad - h.mean_latency_s) / latency_span
+                lat = (bad - predicted) / latency_span
                 if not 0.0 <= lat <= 1.0:
                     lat = 1.0 if lat > 1.0 else 0.0
-        if span <= 0:
+        if budget <= 0:
+            cost = lo / row.cost if row.cost > lo else 1.0
+        elif span <= 0:
             cost = 1.0 if row.cost <= hi else 0.0
         else:
             cost = (hi - row.cost) / span
@@ -217,8 +221,9 @@ def _score(  # noqa: PLR0915 - one loop per decision on purpose: the hot path
             pref = 1.0
         cut = penalty if e.deprecated else 0.0
         if load and (view_load := load.get(cid)) is not None:
-            mean = h.mean_latency_s if h is not None else None
-            lat, free = _with_load(view_load, mean, free, bad, latency_span)
+            lat, free = _with_load(
+                view_load, None if h is None else h.latency_s, free, bad, latency_span
+            )
             row.load_cut, row.dep_cut = view_load.penalty, cut
             cut += view_load.penalty
         row.parts = parts = (q, ok, lat, cost, free, region, pref)
@@ -258,7 +263,7 @@ def _select(
     band = [cid for cid, s in ranked if s >= best - policy.hysteresis_delta]
     if len(band) == 1:
         return band[0], "best_score", None
-    slot = scoring.bucket(facts.group_key, len(band))
+    slot = scoring.rendezvous(facts.group_key, band)
     return band[slot], "bucketed_near_tie", slot
 
 

@@ -15,7 +15,11 @@ from controlplane.api.servicer import SchedulerServicer
 from controlplane.persistence.database import Database
 from controlplane.server import start_server
 from controlplane.service.tasks import TaskService
-from vidroute.scheduler.v1 import routing_service_pb2_grpc, tenant_service_pb2_grpc
+from vidroute.scheduler.v1 import (
+    account_service_pb2_grpc,
+    routing_service_pb2_grpc,
+    tenant_service_pb2_grpc,
+)
 
 
 @asynccontextmanager
@@ -25,6 +29,7 @@ async def admin_server(
     *,
     routing: routing_service_pb2_grpc.RoutingServiceServicer | None = None,
     tenants: tenant_service_pb2_grpc.TenantServiceServicer | None = None,
+    accounts: account_service_pb2_grpc.AccountServiceServicer | None = None,
 ) -> AsyncIterator[str]:
     """The server's ``host:port``, with ``VIDROUTE_TOKEN`` set to its admin token."""
     token = new_token()
@@ -43,6 +48,7 @@ async def admin_server(
         auth=Authenticator(parse_entries([f"{hash_token(token)}=admin"])),
         routing=routing,
         tenants=tenants,
+        accounts=accounts,
     )
     yield f"127.0.0.1:{running.port}"
     await running.stop(grace=1)

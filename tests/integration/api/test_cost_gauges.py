@@ -16,7 +16,7 @@ import pytest
 from controlplane.bootstrap import Settings, start_control_plane
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.persistence.database import Database
-from controlplane.reconciliation import delta_by_provider, run_day
+from controlplane.reconciliation import DiscrepancyCounter, delta_by_provider, run_day
 from controlplane.service.cost_gauges import CostGaugeRefresher
 from tests.integration.api.test_billing_api import CLOCK, _Bill, _script_usage
 
@@ -86,7 +86,10 @@ async def test_the_control_plane_process_serves_the_ledger_figures(tmp_path: Pat
             listen="127.0.0.1:0",
             api_only=True,  # no adapters: the ledger figures need none
             metrics_listen=f"127.0.0.1:{port}",
-            time_scale=0.005,  # the 60 s refresh period becomes 0.3 s
+            # The 60 s refresh period becomes 1.2 s. Not less: every periodic loop of the
+            # control plane scales alike, and on SQLite each of their reads takes the file's
+            # write lock, which this test's own writer then has to win (it lost for 30 s at 0.005).
+            time_scale=0.02,
         )
     )
     db = Database.from_url(url)
@@ -99,3 +102,27 @@ async def test_the_control_plane_process_serves_the_ledger_figures(tmp_path: Pat
     finally:
         await db.dispose()
         await server.stop(grace=1.0)
+
+
+async def test_discrepancy_rows_are_counted_once_by_provider_and_kind(db: Database) -> None:
+    """The counter adds each stored discrepancy row once (by the run's provider and the row's
+    kind), however many passes read it; a new day's rows add to it."""
+    await _script_usage(db)
+    await run_day(db, {"runway": _Bill()}, CLOCK.date() - timedelta(days=1), now=CLOCK)
+    metrics = ControlPlaneMetrics()
+    refresher = CostGaugeRefresher(
+        db, metrics, discrepancies=DiscrepancyCounter(db), clock=lambda: CLOCK
+    )
+    name, labels = (
+        "provider_reconciliation_discrepancies_total",
+        {
+            "provider": "runway",
+            "kind": "CHARGE_WITHOUT_LOCAL_JOB",
+        },
+    )
+    await refresher.refresh()
+    await refresher.refresh()
+    assert _value(metrics, name, **labels) == 1
+    await run_day(db, {"runway": _Bill()}, CLOCK.date() - timedelta(days=2), now=CLOCK)
+    await refresher.refresh()
+    assert _value(metrics, name, **labels) == 2

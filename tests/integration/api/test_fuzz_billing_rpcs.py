@@ -31,6 +31,7 @@ from controlplane.persistence.migrate import upgrade
 from controlplane.server import start_server
 from controlplane.service.billing import BillingService
 from controlplane.service.tasks import TaskService
+from vidroute.scheduler.v1 import billing_pb2 as bpb
 from vidroute.scheduler.v1 import billing_service_pb2 as api
 from vidroute.scheduler.v1 import billing_service_pb2_grpc
 
@@ -82,6 +83,19 @@ def _request(rng: random.Random, method: str) -> Any:
                 timestamp_pb2.Timestamp(seconds=rng.choice(INT64), nanos=rng.choice([0, -5]))
             )
         return req
+    if method == "ListDisputes":
+        return api.ListDisputesRequest(
+            # out-of-range enum numbers too: an open enum carries them on the wire
+            state=bpb.DisputeState.ValueType(rng.choice([0, 1, 4, 5, -1, 2**31 - 1])),
+            from_date=rng.choice(["", "2026-11-28", _text(rng)]),
+            to_date=rng.choice(["", _text(rng)]),
+        )
+    if method == "GetMargins":
+        return api.GetMarginsRequest(
+            from_date=rng.choice(["2026-11-01", _text(rng)]),
+            to_date=rng.choice(["2026-11-30", "2028-01-01", _text(rng)]),
+            group_by=bpb.MarginGrouping.ValueType(rng.choice([0, 2, 4, 7, -3])),
+        )
     return api.GetReconciliationReportRequest(date=_text(rng))
 
 

@@ -13,11 +13,9 @@ from typing import Any
 
 import grpc
 import pytest
-from google.rpc import error_details_pb2, status_pb2
 
-from controlplane.api.auth import Authenticator, hash_token, new_token, parse_entries
+from controlplane.api.auth import hash_token, new_token
 from controlplane.api.routing_servicer import RoutingServicer
-from controlplane.api.servicer import SchedulerServicer
 from controlplane.domain import scoring
 from controlplane.domain.routing.canary import ROLLED_BACK_STAGE, CanaryStatus
 from controlplane.domain.routing.selection import RouterConfig
@@ -25,10 +23,9 @@ from controlplane.persistence import canaries as canary_store
 from controlplane.persistence import routing_policies as store
 from controlplane.persistence.database import Database
 from controlplane.scheduling.policy_book import PolicyBook
-from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.replay import ReplayInput, ReplayService
 from controlplane.service.routing_policies import RoutingPolicyService
-from controlplane.service.tasks import TaskService
+from tests.integration.api.admin_api import api_channel, field_violations, rpc_error
 from vidroute.scheduler.v1 import routing_pb2 as rpb
 from vidroute.scheduler.v1 import routing_service_pb2 as api
 from vidroute.scheduler.v1 import routing_service_pb2_grpc
@@ -85,38 +82,14 @@ class Api:
 @pytest.fixture
 async def routing(db: Database) -> AsyncIterator[Api]:
     tokens = {"alpha": new_token(), "admin": new_token()}
-    entries = parse_entries(
-        [f"{hash_token(tokens['alpha'])}=tenant:alpha", f"{hash_token(tokens['admin'])}=admin"]
-    )
-
-    async def probe() -> bool:
-        await db.ping()
-        return True
+    entries = [
+        f"{hash_token(tokens['alpha'])}=tenant:alpha",
+        f"{hash_token(tokens['admin'])}=admin",
+    ]
 
     service = RoutingPolicyService(db, clock=lambda: CLOCK)
-    running: ControlPlaneServer = await start_server(
-        SchedulerServicer(TaskService(db)),
-        listen="127.0.0.1:0",
-        probe=probe,
-        auth=Authenticator(entries),
-        routing=RoutingServicer(policies=service),
-    )
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+    async with api_channel(db, entries, routing=RoutingServicer(policies=service)) as channel:
         yield Api(routing_service_pb2_grpc.RoutingServiceStub(channel), tokens, db)
-    await running.stop(grace=1)
-
-
-async def _error(call: Any) -> grpc.aio.AioRpcError:
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await call
-    return info.value
-
-
-def _violations(exc: grpc.aio.AioRpcError) -> dict[str, str]:
-    raw = dict(exc.trailing_metadata() or ())["grpc-status-details-bin"]
-    bad = error_details_pb2.BadRequest()
-    assert status_pb2.Status.FromString(raw).details[0].Unpack(bad)
-    return {v.field: v.description for v in bad.field_violations}
 
 
 async def test_publish_versions_one_active_and_rollback_is_one_call(routing: Api) -> None:
@@ -131,11 +104,11 @@ async def test_publish_versions_one_active_and_rollback_is_one_call(routing: Api
     assert (await routing.rollback()).version == "v2"
     assert await routing.active() == [("v3", False), ("v2", True), ("v1", False)]
     assert (await routing.rollback()).version == "v1"
-    exc = await _error(routing.rollback())
+    exc = await rpc_error(routing.rollback())
     assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert (await routing.rollback("v3")).version == "v3"
     assert await routing.active() == [("v3", True), ("v2", False), ("v1", False)]
-    exc = await _error(routing.rollback("v9"))
+    exc = await rpc_error(routing.rollback("v9"))
     assert exc.code() == grpc.StatusCode.NOT_FOUND
 
 
@@ -144,14 +117,14 @@ async def test_bad_documents_are_refused_and_change_nothing(routing: Api) -> Non
     and a tenant caller are refused; a dry run and a retried publish write nothing."""
     await routing.publish(document("v1"))
     bad = document("v2", hysteresis_delta=3, canaries={CANARY: {"stages": [5, 2]}})
-    exc = await _error(routing.publish(bad))
+    exc = await rpc_error(routing.publish(bad))
     assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert set(_violations(exc)) == {"hysteresis_delta", f'canaries["{CANARY}"].stages[1]'}
-    exc = await _error(routing.publish(document("v1", min_dwell_s=5)))
-    assert "immutable" in _violations(exc)["version"]
-    exc = await _error(routing.publish(document("v2", shadow="nope")))
-    assert "not published" in _violations(exc)["shadow"]
-    exc = await _error(routing.publish(document("v2"), who="alpha"))
+    assert set(field_violations(exc)) == {"hysteresis_delta", f'canaries["{CANARY}"].stages[1]'}
+    exc = await rpc_error(routing.publish(document("v1", min_dwell_s=5)))
+    assert "immutable" in field_violations(exc)["version"]
+    exc = await rpc_error(routing.publish(document("v2", shadow="nope")))
+    assert "not published" in field_violations(exc)["shadow"]
+    exc = await rpc_error(routing.publish(document("v2"), who="alpha"))
     assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
     dry = await routing.publish(document("v2"), dry_run=True)
     assert (dry.version, dry.active) == ("v2", False)

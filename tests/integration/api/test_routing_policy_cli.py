@@ -52,13 +52,16 @@ async def test_publish_list_rollback_and_canaries(
     """Publish twice, list (active marked), roll back to the first, list the canary."""
     t = ("--target", target)
     first = policy_file(tmp_path, "v1", canaries={CANARY: {"stages": [1, 5]}})
-    assert await run(capsys, "routing", "publish", first, *t) == (
-        0,
-        "v1: published and active\n",
-        "",
-    )
+    code, out, _ = await run(capsys, "routing", "publish", first, *t)
+    assert (code, out.splitlines()[0]) == (0, "v1: published and active")
+    assert "  version: (absent) -> v1" in out.splitlines()
     dry = await run(capsys, "routing", "publish", policy_file(tmp_path, "v2"), "--dry-run", *t)
-    assert dry[:2] == (0, "v2: valid, not published (dry run)\n")
+    assert dry[:2] == (
+        0,
+        "v2: valid, not published (dry run)\n"
+        '  canaries: {"runway/gen4.5/prod-us": {"stages": [1, 5]}} -> (absent)\n'
+        "  version: v1 -> v2\n",
+    )
     await run(capsys, "routing", "publish", policy_file(tmp_path, "v2"), *t)
     code, out, _ = await run(capsys, "routing", "policies", *t)
     assert code == 0
@@ -67,7 +70,9 @@ async def test_publish_list_rollback_and_canaries(
     assert "v2.yaml" in out.splitlines()[0]
     assert await run(capsys, "routing", "rollback", *t) == (0, "v1: active\n", "")
     again = await run(capsys, "routing", "publish", policy_file(tmp_path, "v2"), *t)
-    assert again[1] == "v2: already published, not active (vidroute routing rollback v2)\n"
+    assert again[1].splitlines()[0] == (
+        "v2: already published, not active (vidroute routing rollback v2)"
+    )
     code, out, _ = await run(capsys, "routing", "policies", "--json", *t)
     active = [p["version"] for p in json.loads(out)["policies"] if p.get("active")]
     assert active == ["v1"]
@@ -91,3 +96,27 @@ async def test_a_bad_file_is_one_line_per_violation(
     assert any(line.startswith("error: min_dwell_s: ") for line in lines), err
     code, out, _ = await run(capsys, "routing", "policies", "--target", target)
     assert "no routing policy published" in out
+
+
+async def test_staged_activate_and_history(
+    target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A staged policy is not active until `routing activate`; `routing history` lists each
+    activation with who, what it replaced and the reason."""
+    t = ("--target", target)
+    await run(capsys, "routing", "publish", policy_file(tmp_path, "v1"), *t)
+    _, out, _ = await run(capsys, "routing", "publish", policy_file(tmp_path, "v2"), "--staged", *t)
+    assert out.splitlines() == [
+        "v2: published, staged (vidroute routing activate v2)",
+        "  version: v1 -> v2",
+    ]
+    assert await run(capsys, "routing", "activate", "v2", "--reason", "go", *t) == (
+        0,
+        "v2: active\n",
+        "",
+    )
+    _code, out, _ = await run(capsys, "routing", "history", *t)
+    lines = out.splitlines()
+    assert len(lines) == 2, out
+    assert lines[0].endswith("published v1")
+    assert lines[1].endswith("activated v2 (replacing v1)  -- go")

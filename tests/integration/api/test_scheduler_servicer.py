@@ -167,6 +167,46 @@ def test_same_key_other_spec_is_already_exists(server: grpc_testing.Server) -> N
     assert len(listed.tasks) == 1
 
 
+def test_a_tag_outside_its_vocabulary_is_invalid_argument(server: grpc_testing.Server) -> None:
+    """A content tag number no vocabulary lists is INVALID_ARGUMENT naming the tag's field path,
+    alongside the spec's other violations, and nothing is written."""
+    spec = _valid_spec()
+    # A client built from another schema can send any number: proto3 enums are open.
+    spec.content.category = gen.ContentCategory.ValueType(99)
+    spec.content.camera_motion = gen.CAMERA_MOTION_ORBIT
+    spec.content.style = gen.Style.ValueType(42)
+    _, trailing, code, _ = _unary(
+        server, "CreateTask", api.CreateTaskRequest(spec=spec, idempotency_key="tags")
+    )
+    assert code is grpc.StatusCode.INVALID_ARGUMENT
+    fields = _violations(trailing)
+    assert set(fields) == {"content.category", "content.style"}
+    assert "unknown value 99" in fields["content.category"]
+    listed, _, _, _ = _unary(server, "ListTasks", api.ListTasksRequest())
+    assert list(listed.tasks) == []
+
+
+def test_content_tags_are_kept_and_part_of_the_request(server: grpc_testing.Server) -> None:
+    """Tags come back as sent; one key reused with other tags is ALREADY_EXISTS (another spec)."""
+    spec = _valid_spec()
+    spec.content.style = gen.STYLE_ANIME
+    spec.content.has_human = False
+    first, _, code, _ = _unary(
+        server, "CreateTask", api.CreateTaskRequest(spec=spec, idempotency_key="tagged")
+    )
+    assert code is grpc.StatusCode.OK
+    got, _, _, _ = _unary(server, "GetTask", api.GetTaskRequest(task_id=first.task.task_id))
+    assert got.task.spec.content.style == gen.STYLE_ANIME
+    assert got.task.spec.content.HasField("has_human")
+    assert not got.task.spec.content.has_human
+    assert got.task.spec.content.category == gen.CONTENT_CATEGORY_UNSPECIFIED
+    spec.content.has_human = True
+    _, _, code, _ = _unary(
+        server, "CreateTask", api.CreateTaskRequest(spec=spec, idempotency_key="tagged")
+    )
+    assert code is grpc.StatusCode.ALREADY_EXISTS
+
+
 def test_unknown_task_is_not_found(server: grpc_testing.Server) -> None:
     """GetTask of an id that does not exist is NOT_FOUND; a malformed id is INVALID_ARGUMENT."""
     _, _, code, _ = _unary(server, "GetTask", api.GetTaskRequest(task_id="999"))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import grpc
@@ -16,16 +16,16 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 from sqlalchemy import func, select
 
-from controlplane.api.auth import Authenticator, hash_token, new_token, parse_entries
+from controlplane.api.auth import hash_token, new_token
 from controlplane.api.servicer import SchedulerServicer
 from controlplane.api.tenant_servicer import TenantServicer
 from controlplane.domain.safety import SafetyPolicy
 from controlplane.persistence.database import Database
 from controlplane.persistence.models import generation_tasks
 from controlplane.rate_limits import InProcessRateLimiter
-from controlplane.server import ControlPlaneServer, start_server
 from controlplane.service.tasks import TaskService
 from controlplane.service.tenants import TenantAdmission, TenantBook, TenantConfigService
+from tests.integration.api.admin_api import api_channel, rpc_error
 from vidroute.common.v1 import generation_pb2 as gen
 from vidroute.scheduler.v1 import scheduler_service_pb2 as sapi
 from vidroute.scheduler.v1 import scheduler_service_pb2_grpc, tenant_service_pb2_grpc
@@ -110,31 +110,18 @@ class Api:
 @pytest.fixture
 async def stack(db: Database) -> AsyncIterator[Api]:
     tokens = {name: new_token() for name in ("greedy", "honest", "vip", "admin")}
-    entries = parse_entries(
-        [f"{hash_token(tokens[t])}=tenant:{t}" for t in ("greedy", "honest", "vip")]
-        + [f"{hash_token(tokens['admin'])}=admin"]
-    )
-
-    async def probe() -> bool:
-        await db.ping()
-        return True
+    entries = [f"{hash_token(tokens[t])}=tenant:{t}" for t in ("greedy", "honest", "vip")]
+    entries.append(f"{hash_token(tokens['admin'])}=admin")
 
     clock = Clock()
     book = TenantBook(db)
-    running: ControlPlaneServer = await start_server(
-        SchedulerServicer(
-            TaskService(
-                db,
-                safety=SAFETY,
-                tenants=TenantAdmission(db, book, limiter=InProcessRateLimiter(clock=clock)),
-            )
-        ),
-        listen="127.0.0.1:0",
-        probe=probe,
-        auth=Authenticator(entries),
+    admission = TenantAdmission(db, book, limiter=InProcessRateLimiter(clock=clock))
+    async with api_channel(
+        db,
+        entries,
+        scheduler=SchedulerServicer(TaskService(db, safety=SAFETY, tenants=admission)),
         tenants=TenantServicer(TenantConfigService(db, book, clock=lambda: CLOCK, safety=SAFETY)),
-    )
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+    ) as channel:
         yield Api(
             tenant_service_pb2_grpc.TenantServiceStub(channel),
             scheduler_service_pb2_grpc.SchedulerServiceStub(channel),
@@ -142,13 +129,6 @@ async def stack(db: Database) -> AsyncIterator[Api]:
             db,
             clock,
         )
-    await running.stop(grace=1)
-
-
-async def _error(call: Any) -> grpc.aio.AioRpcError:
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await call
-    return info.value
 
 
 def _details(exc: grpc.aio.AioRpcError) -> list[Any]:
@@ -188,25 +168,25 @@ async def test_builtin_then_publish_rollback_and_an_audited_history(stack: Api) 
     ]
     assert {a.actor.partition(":")[0] for a in history.activations} == {"admin"}
     assert history.activations[0].at.ToDatetime(UTC) == CLOCK
-    assert (await _error(stack.rollback("t9"))).code() == grpc.StatusCode.NOT_FOUND
-    assert (await _error(stack.get("t9"))).code() == grpc.StatusCode.NOT_FOUND
+    assert (await rpc_error(stack.rollback("t9"))).code() == grpc.StatusCode.NOT_FOUND
+    assert (await rpc_error(stack.get("t9"))).code() == grpc.StatusCode.NOT_FOUND
 
 
 async def test_bad_documents_and_callers_are_refused_and_change_nothing(stack: Api) -> None:
     """Field violations by path, an immutable version, a tenant caller and an empty rollback
     are refused; a dry run and a retried publish write nothing."""
-    exc = await _error(stack.rollback())
+    exc = await rpc_error(stack.rollback())
     assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
     await stack.publish(document("t1"))
     bad = document("t2", acme={"service_classes": {"STANDARD": {"weight": -1}}, "colour": 1})
-    exc = await _error(stack.publish(bad))
+    exc = await rpc_error(stack.publish(bad))
     assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
     fields = {v.field for v in _unpack(exc, error_details_pb2.BadRequest).field_violations}
     assert fields == {"tenants.acme.service_classes.STANDARD.weight", "tenants.acme.colour"}
-    exc = await _error(stack.publish(document("t1", acme={})))
+    exc = await rpc_error(stack.publish(document("t1", acme={})))
     assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "immutable" in (exc.details() or "")
-    exc = await _error(stack.publish(document("t2"), who="greedy"))
+    exc = await rpc_error(stack.publish(document("t2"), who="greedy"))
     assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
     dry = await stack.publish(document("t2"), dry_run=True)
     assert (dry.version, dry.active) == ("t2", False)
@@ -225,7 +205,7 @@ async def test_a_class_the_tenant_is_not_entitled_to_is_refused_with_nothing_wri
     assert (await stack.create("greedy", "k0", gen.SERVICE_CLASS_INTERACTIVE)).created
     vip = {"service_classes": {"INTERACTIVE": {"weight": 4}, "STANDARD": {"weight": 4}}}
     await stack.publish(document("t1", vip=vip))
-    exc = await _error(stack.create("greedy", "k1", gen.SERVICE_CLASS_INTERACTIVE))
+    exc = await rpc_error(stack.create("greedy", "k1", gen.SERVICE_CLASS_INTERACTIVE))
     assert exc.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "entitled: STANDARD, BATCH" in (exc.details() or "")
     info = _unpack(exc, error_details_pb2.ErrorInfo)
@@ -247,7 +227,7 @@ async def test_a_flooding_tenant_is_rate_limited_and_others_are_not(stack: Api) 
     await stack.publish(document("t1", greedy=rate))
     for i in range(3):
         assert (await stack.create("greedy", f"g{i}")).created
-    exc = await _error(stack.create("greedy", "g3"))
+    exc = await rpc_error(stack.create("greedy", "g3"))
     assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     retry = _unpack(exc, error_details_pb2.RetryInfo)
     assert retry.retry_delay.ToNanoseconds() == 1_000_000_000
@@ -267,7 +247,7 @@ async def test_a_full_class_queue_is_failed_precondition_with_the_numbers(stack:
     await stack.publish(document("t1", greedy=capped))
     for i in range(2):
         assert (await stack.create("greedy", f"g{i}")).created
-    exc = await _error(stack.create("greedy", "g2"))
+    exc = await rpc_error(stack.create("greedy", "g2"))
     assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
     info = _unpack(exc, error_details_pb2.ErrorInfo)
     assert (info.reason, info.metadata["queued"], info.metadata["max_queued"]) == (
@@ -283,13 +263,56 @@ async def test_a_safety_profile_tightens_a_tenants_rules(stack: Api) -> None:
     """A profile the safety policy lacks is refused at publication by its path; with greedy on
     the strict profile (2 s at most) its 4 s task is SAFETY_POLICY_VIOLATION, nothing written,
     while honest's 4 s task is created."""
-    exc = await _error(stack.publish(document("t1", greedy={"safety_profile": "lenient"})))
+    exc = await rpc_error(stack.publish(document("t1", greedy={"safety_profile": "lenient"})))
     assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
     fields = {v.field for v in _unpack(exc, error_details_pb2.BadRequest).field_violations}
     assert fields == {"tenants.greedy.safety_profile"}
     await stack.publish(document("t2", greedy={"safety_profile": "strict"}))
-    exc = await _error(stack.create("greedy", "g0"))
+    exc = await rpc_error(stack.create("greedy", "g0"))
     assert exc.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert _unpack(exc, error_details_pb2.ErrorInfo).reason == "SAFETY_POLICY_VIOLATION"
     assert await stack.rows() == 0
     assert (await stack.create("honest", "h0")).created
+
+
+async def test_the_release_options_over_grpc(stack: Api) -> None:
+    """Publish returns the diff by path; staged is activated by ActivateTenantConfig with its
+    reason; activate_at schedules (a pending SCHEDULED activation in the history); a past
+    activate_at is INVALID_ARGUMENT naming it; a tenant caller may not activate."""
+    await stack.publish(document("t1", acme={"service_classes": {"STANDARD": {"weight": 2}}}))
+    staged = api.PublishTenantConfigRequest(
+        document=document("t2", acme={"service_classes": {"STANDARD": {"weight": 5}}}),
+        staged=True,
+        reason="heavier acme",
+    )
+    reply = await stack.tenants.PublishTenantConfig(staged, metadata=stack.md())
+    assert not reply.config.active
+    assert not reply.HasField("activate_at")
+    assert [(c.path, c.before, c.after) for c in reply.changes] == [
+        ("tenants.acme.service_classes.STANDARD.weight", "2", "5"),
+        ("version", "t1", "t2"),
+    ]
+    activate = api.ActivateTenantConfigRequest(version="t2", reason="go")
+    denied = await rpc_error(stack.tenants.ActivateTenantConfig(activate, metadata=stack.md("vip")))
+    assert denied.code() == grpc.StatusCode.PERMISSION_DENIED
+    done = await stack.tenants.ActivateTenantConfig(activate, metadata=stack.md())
+    assert done.config.active
+    later = api.PublishTenantConfigRequest(document=document("t3"))
+    later.activate_at.FromDatetime(CLOCK + timedelta(hours=1))
+    reply = await stack.tenants.PublishTenantConfig(later, metadata=stack.md())
+    assert reply.activate_at.ToDatetime(UTC) == CLOCK + timedelta(hours=1)
+    assert not reply.config.active
+    past = api.PublishTenantConfigRequest(document=document("t4"))
+    past.activate_at.FromDatetime(CLOCK - timedelta(seconds=1))
+    refused = await rpc_error(stack.tenants.PublishTenantConfig(past, metadata=stack.md()))
+    assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    violations = _unpack(refused, error_details_pb2.BadRequest).field_violations
+    assert [v.field for v in violations] == ["activate_at"]
+    history = await stack.history()
+    assert [(a.version, a.action, a.pending, a.reason) for a in history.activations] == [
+        ("t1", tpb.TENANT_CONFIG_ACTION_PUBLISHED, False, ""),
+        ("t2", tpb.TENANT_CONFIG_ACTION_ACTIVATED, False, "go"),
+        ("t3", tpb.TENANT_CONFIG_ACTION_SCHEDULED, True, ""),
+    ]
+    assert history.activations[2].requested_at.ToDatetime(UTC) == CLOCK
+    assert (await stack.get()).version == "t2"

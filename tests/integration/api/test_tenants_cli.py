@@ -52,13 +52,10 @@ async def test_get_publish_rollback_and_history(
     assert (code, out.splitlines()[0]) == (0, "# tenants-builtin (active; built in)")
     code, out, _ = await run(capsys, "tenants", "history", *t)
     assert out == "no tenants document published (the built-in one is in use)\n"
-    assert await run(capsys, "tenants", "publish", tenants_file(tmp_path, "t1"), *t) == (
-        0,
-        "t1: published and active\n",
-        "",
-    )
+    code, out, _ = await run(capsys, "tenants", "publish", tenants_file(tmp_path, "t1"), *t)
+    assert (code, out.splitlines()[0]) == (0, "t1: published and active")
     dry = await run(capsys, "tenants", "publish", tenants_file(tmp_path, "t2"), "--dry-run", *t)
-    assert dry[:2] == (0, "t2: valid, not published (dry run)\n")
+    assert dry[:2] == (0, "t2: valid, not published (dry run)\n  version: t1 -> t2\n")
     await run(capsys, "tenants", "publish", tenants_file(tmp_path, "t2", acme={}), *t)
     code, out, _ = await run(capsys, "tenants", "history", *t)
     lines = out.splitlines()
@@ -104,3 +101,60 @@ async def test_vidroute_up_publishes_the_example_tenants_once(
     assert await publish_example_tenants(database_url) is None
     history = await TenantConfigService(db, TenantBook(db)).history()
     assert [(a.version, a.actor) for a in history.activations] == [(example.version, "vidroute up")]
+
+
+async def test_diff_staged_scheduled_activate_and_reasons(
+    target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """publish prints the per-path diff; --staged publishes inactive until `activate`; --at
+    schedules (history shows it pending, with its time); --reason is recorded and shown."""
+    t = ("--target", target)
+    one = {"service_classes": {"STANDARD": {"weight": 2}}}
+    five = {"service_classes": {"STANDARD": {"weight": 5}}}
+    await run(capsys, "tenants", "publish", tenants_file(tmp_path, "t1", acme=one), *t)
+    code, out, _ = await run(
+        capsys, "tenants", "publish", tenants_file(tmp_path, "t2", acme=five), "--staged", *t
+    )
+    assert (code, out.splitlines()) == (
+        0,
+        [
+            "t2: published, staged (vidroute tenants activate t2)",
+            "  tenants.acme.service_classes.STANDARD.weight: 2 -> 5",
+            "  version: t1 -> t2",
+        ],
+    )
+    assert (await run(capsys, "tenants", "get", *t))[1].startswith("# t1 (active")
+    activated = await run(capsys, "tenants", "activate", "t2", "--reason", "weights", *t)
+    assert activated == (0, "t2: active\n", "")
+    code, out, _ = await run(
+        capsys, "tenants", "publish", tenants_file(tmp_path, "t3"), "--at", "+1h", *t
+    )
+    assert code == 0
+    assert out.splitlines()[0].startswith("t3: published, active at "), out
+    assert (await run(capsys, "tenants", "rollback", "--reason", "oops", *t))[1] == "t1: active\n"
+    code, out, _ = await run(capsys, "tenants", "history", *t)
+    tail = out.splitlines()[-3:]
+    assert tail[0].endswith("activated t2 (replacing t1)  -- weights"), out
+    assert "PENDING: t3 to be active at this time  [asked " in tail[1], out
+    assert tail[2].endswith("rolled back t1 (replacing t2)  -- oops"), out
+    code, out, _ = await run(capsys, "tenants", "history", "--json", *t)
+    pending = [a for a in json.loads(out)["activations"] if a.get("pending")]
+    assert [(a["version"], a["action"]) for a in pending] == [
+        ("t3", "TENANT_CONFIG_ACTION_SCHEDULED")
+    ]
+
+
+async def test_a_bad_activation_time_is_refused_before_the_call(
+    target: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--at without a time zone is a usage error naming it (exit 2); nothing is published."""
+    path = tenants_file(tmp_path, "t1")
+    code, out, err = await run(
+        capsys, "tenants", "publish", path, "--at", "2030-01-01T10:00", "--target", target
+    )
+    assert (code, out) == (2, "")
+    assert "has no time zone" in err
+    assert (
+        "no tenants document published"
+        in (await run(capsys, "tenants", "history", "--target", target))[1]
+    )

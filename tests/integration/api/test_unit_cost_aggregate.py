@@ -3,7 +3,8 @@
 `controlplane.persistence.cost_reads.unit_costs` folds the provider usage ledger in one grouped
 statement; `controlplane.domain.unit_cost.unit_costs` states the same rules per attempt in
 Python. For random attempts (state, delivered or not, any mix of EXPECTED / ACTUAL /
-PLATFORM_LOSS entries, several providers, models and currencies) both give the same table.
+PLATFORM_LOSS entries, settlement's and bill-confirmed, several providers, models and
+currencies) both give the same table.
 Each example writes into its own day of one migrated database and reads only that day.
 Example count: ``VIDROUTE_MONEY_EXAMPLES`` (default 12).
 """
@@ -48,6 +49,7 @@ class Plan:
     expected: int | None
     actual: int | None
     loss: int | None
+    confirmed: int | None = None
 
 
 amounts = st.one_of(st.none(), st.sampled_from([0, 1, 250_000]), st.integers(0, 10**9))
@@ -61,6 +63,7 @@ plans = st.builds(
     expected=amounts,
     actual=amounts,
     loss=amounts,
+    confirmed=amounts,
 )
 
 
@@ -101,10 +104,12 @@ async def _write(db: Database, day: datetime, attempts: list[Plan]) -> None:
                     .where(generation_tasks.c.id == a.task_id)
                     .values(status="SUCCEEDED", adopted_attempt_id=a.id)
                 )
-            for kind, micros in (
-                (UsageKind.EXPECTED, plan.expected),
-                (UsageKind.ACTUAL, plan.actual),
-                (UsageKind.PLATFORM_LOSS, plan.loss),
+            for kind, micros, key in (
+                (UsageKind.EXPECTED, plan.expected, f"expected:{a.id}"),
+                (UsageKind.ACTUAL, plan.actual, f"actual:{a.id}"),
+                (UsageKind.PLATFORM_LOSS, plan.loss, f"loss:{a.id}"),
+                # booked from a reconciliation row (`reconciliation.disputes.book_loss`)
+                (UsageKind.PLATFORM_LOSS, plan.confirmed, f"confirmed-loss:{a.id}"),
             ):
                 if micros is None:
                     continue
@@ -120,7 +125,7 @@ async def _write(db: Database, day: datetime, attempts: list[Plan]) -> None:
                         amount_micros=micros,
                         currency=plan.currency,
                         price_version="p1",
-                        idempotency_key=f"{kind.value}:{a.id}",
+                        idempotency_key=key,
                     ),
                     day + timedelta(hours=1),
                 )
@@ -137,10 +142,19 @@ async def _compare(url: str, attempts: list[Plan]) -> None:
         await db.dispose()
     expected = unit_costs(
         JobUsage(
-            p.provider, p.model, p.currency, p.delivered, p.state, p.expected, p.actual, p.loss
+            p.provider,
+            p.model,
+            p.currency,
+            p.delivered,
+            p.state,
+            p.expected,
+            p.actual,
+            p.loss,
+            p.confirmed,
         )
         for p in attempts
-        if (p.expected, p.actual, p.loss) != (None, None, None)  # no entry: not in the ledger
+        # no entry: not in the ledger
+        if (p.expected, p.actual, p.loss, p.confirmed) != (None, None, None, None)
     )
     assert got == expected
 

@@ -21,6 +21,8 @@ from controlplane.service.billing import BillingService
 from controlplane.service.console_reads import ConsoleReads
 from controlplane.service.outputs import OutputService
 from controlplane.service.tasks import CreateTaskInput, TaskService
+from controlplane.service.tenant_limits import TenantLimitsService
+from controlplane.service.tenants import TenantBook
 from controlplane.storage import FilesystemObjectStore
 from tests.integration.persistence.builders import make_spec
 from tests.support.stack import free_port
@@ -47,7 +49,8 @@ def console_for(db: Database, auth: Authenticator, objects: Path) -> Console:
     tasks = TaskService(db)
     outputs = OutputService(tasks, FilesystemObjectStore(objects))
     reads = ConsoleReads(tasks, db)
-    return Console(auth, reads, outputs=outputs, billing=BillingService(db))
+    tenants = TenantLimitsService(db, TenantBook(db))
+    return Console(auth, reads, outputs=outputs, billing=BillingService(db), tenants=tenants)
 
 
 async def create(db: Database, tenant: str) -> int:
@@ -132,11 +135,13 @@ async def test_the_time_filter_keeps_the_tasks_created_in_the_window(site: Site)
 
 
 async def test_provider_pages_need_the_admin_role(site: Site) -> None:
-    """Providers, breakers and reconciliation are 403 for a tenant and 200 for the admin."""
+    """Providers, breakers, tenants and reconciliation are 403 for a tenant and 200 for the
+    admin."""
     async with site.client("alpha") as alpha, site.client("admin") as admin:
         for path in (
             "/providers",
             "/breakers",
+            "/tenants",
             "/reconciliation",
             "/reconciliation?date=2026-06-01",
         ):

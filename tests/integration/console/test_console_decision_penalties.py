@@ -63,3 +63,50 @@ async def test_the_decision_table_shows_each_candidates_penalties(db: Database) 
         for row in rows
     }
     assert cells == {SELECTED: "", LOADED: "GPU_UTILIZATION -0.2500"}
+
+
+async def test_the_decision_table_shows_why_and_what_each_score_read(db: Database) -> None:
+    """A stored decision's selection reason is shown beside the selected candidate, and each
+    candidate's inputs cell lists the window figures its components read (samples, mean and
+    p95 latency); a candidate without evidence has an empty cell."""
+    build = Scenario(db)
+    account = await build.account()
+    task = await build.scheduling_task()
+    decision = NewRouteDecision(
+        policy_version="router-v17",
+        reason_code="SELECTED",
+        candidate_snapshot={
+            "selected": SELECTED,
+            "selection_reason": "bucketed_near_tie",
+            "candidates": [
+                {"id": SELECTED, "eligible": True, "score": 0.61, "components": {"latency": 0.9}},
+                {"id": LOADED, "eligible": True, "score": 0.60, "components": {"latency": 0.5}},
+            ],
+            "facts": {"health": {SELECTED: [0.8, 42.0, 95.5, 0.9, 130.25]}},
+        },
+        selected_candidate=SELECTED,
+    )
+    async with db.unit(NOW + timedelta(seconds=1)) as u:
+        await u.create_attempt(task.id, task.status_version, build.new_attempt(account), decision)
+    console = Console(Authenticator({}), ConsoleReads(TaskService(db), db))
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=console.app), base_url="http://console.test"
+    ) as browser:
+        page = await browser.get(f"/tasks/{task.id}/decisions")
+    assert page.status_code == 200, page.text[:300]
+    assert f"<strong>{SELECTED}</strong> (<code>bucketed_near_tie</code>)" in page.text
+    rows = re.findall(r"<tr class=\"[^\"]*\">(.*?)</tr>", page.text, re.S)
+    cells = {
+        re.findall(r"<td>([^<✔]+)", row)[0].strip(): re.findall(
+            r"<td class=\"inputs\">(.*?)</td>", row, re.S
+        )[0]
+        for row in rows
+    }
+    assert cells[LOADED] == ""
+    assert cells[SELECTED].split("<br>") == [
+        "mean_latency_s 95.5",
+        "p95_latency_s 130.2",
+        "success_lower_bound 0.8",
+        "success_rate 0.9",
+        "window_samples 42",
+    ]

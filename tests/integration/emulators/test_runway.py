@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 
 import av
@@ -146,6 +147,37 @@ async def test_delete_cancels_and_is_not_billed(rw: httpx.AsyncClient) -> None:
     assert (await rw.delete(f"/v1/tasks/{task_id}")).status_code == 204
     assert (await rw.get(f"/v1/tasks/{task_id}")).json()["status"] == "CANCELLED"
     assert (await rw.post("/v1/organization/usage", json={})).json()["results"] == []
+
+
+async def test_a_throttled_task_cancelled_reads_cancelled(
+    runway: RunwayEmulator, rw: httpx.AsyncClient
+) -> None:
+    """A task held THROTTLED and then deleted reads CANCELLED: THROTTLED describes a task still
+    waiting in the queue, never one that has ended."""
+    runway.add_faults({"route": "POST /v1/text_to_video", "action": "throttle_polls", "n": 100})
+    task_id = await _create(rw)
+    assert (await rw.get(f"/v1/tasks/{task_id}")).json()["status"] == "THROTTLED"
+    assert (await rw.delete(f"/v1/tasks/{task_id}")).status_code == 204
+    assert (await rw.get(f"/v1/tasks/{task_id}")).json()["status"] == "CANCELLED"
+
+
+@pytest.mark.parametrize(
+    "runway_config", [RunwayConfig(advance="time", queue_s=0.0, run_s=0.05, tick_s=0.01)]
+)
+async def test_in_time_mode_a_throttled_task_waits_in_the_queue(
+    runway: RunwayEmulator, rw: httpx.AsyncClient
+) -> None:
+    """In time mode the clock does not run a throttled task: it waits queued (never started)
+    for as long as it is throttled, then runs to SUCCEEDED once the throttle lifts."""
+    runway.add_faults({"route": "POST /v1/text_to_video", "action": "throttle_polls", "n": 3})
+    task_id = await _create(rw)
+    job = runway.jobs[task_id]
+    await asyncio.sleep(0.2)  # four run times: an unheld task would have finished
+    assert job.started_at is None
+    assert not job.phase.terminal
+    statuses = [(await rw.get(f"/v1/tasks/{task_id}")).json()["status"] for _ in range(3)]
+    assert statuses == ["THROTTLED"] * 3
+    await poll_until(rw, f"/v1/tasks/{task_id}", "status", {"SUCCEEDED"})
 
 
 @pytest.mark.parametrize("runway_config", [RunwayConfig(delete_mode="delete")])

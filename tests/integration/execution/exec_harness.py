@@ -23,6 +23,7 @@ from controlplane.domain.requeue import ExcludedCandidate
 from controlplane.domain.states import TaskState
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.engine import ExecutionEngine
+from controlplane.execution.outcomes import UsageDeclared
 from controlplane.execution.output_fetch import FetchRequest, FetchResult, StoredAsset
 from controlplane.leases.base import Dimension, LeaseRequest, LeaseStore
 from controlplane.leases.memory_store import MemoryLeaseStore
@@ -110,7 +111,11 @@ class Harness:
         return TaskQueries(self.db)
 
     def engine(
-        self, adapters: Mapping[str, AdapterClient] | None = None, **overrides: Any
+        self,
+        adapters: Mapping[str, AdapterClient] | None = None,
+        *,
+        usage_declared: UsageDeclared | None = None,
+        **overrides: Any,
     ) -> ExecutionEngine:
         """An engine over the fake adapter (or real `adapters`), with config `overrides`."""
         config = ExecutionConfig(**{**_config_fields(self.config), **overrides})
@@ -123,6 +128,7 @@ class Harness:
             clock=self.clock,
             sleep=_yield,
             rng=random.Random(7),
+            usage_declared=usage_declared,
         )
         self.engines.append(engine)
         return engine

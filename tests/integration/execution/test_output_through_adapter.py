@@ -144,3 +144,27 @@ async def _more(lite: Harness, rounds: int) -> None:
     for _ in range(rounds):
         lite.clock.advance(120)
         await engine.run_until_idle()
+
+
+async def test_gs_output_through_the_adapter_is_stored(lite: Harness, tmp_path: Path) -> None:
+    """A flagged ``gs://`` locator (Veo on Vertex AI) is a usable source: the adapter streams
+    it and the MP4 is stored; the locator's scheme is the adapter's business."""
+    gcs = "gs://vidroute-out/runs/op1/sample_0.mp4"
+    lite.fake.set_job("job-v", _done(gcs))
+    lite.fake.set_output(gcs, CLIP)
+    task_id, _ = await _run(lite, tmp_path)
+    detail = await lite.detail(task_id)
+    assert detail.task.state is TaskState.SUCCEEDED, detail.task
+    assert [c[1] for c in lite.fake.fetch_output_calls] == [gcs]
+
+
+async def test_unflagged_gs_output_is_an_unusable_locator(lite: Harness, tmp_path: Path) -> None:
+    """Without the flag a ``gs://`` locator cannot be fetched by us: OUTPUT_EXPIRED as an
+    unusable locator, and the adapter is never asked."""
+    gcs = "gs://vidroute-out/runs/op1/sample_0.mp4"
+    lite.fake.set_job("job-v", _done(gcs, through_adapter=False))
+    task_id, _ = await _run(lite, tmp_path)
+    detail = await lite.detail(task_id)
+    assert lite.fake.fetch_output_calls == []
+    assert detail.task.failure is not None
+    assert "http(s)" in detail.task.failure.message

@@ -104,11 +104,18 @@ async def test_two_workers_batch_claims_never_take_one_attempt_twice(
         await _set_due(harness, {attempt_id: -float(i % 13) for i, attempt_id in enumerate(ids)})
         workers = [Database.from_url(fresh_postgres_url) for _ in range(2)]
         claimed: list[list[int]] = [[], []]
+        holding = [asyncio.Event(), asyncio.Event()]
 
         async def claim_all(n: int) -> None:
             while True:
                 async with workers[n].unit(harness.clock()) as u:
                     got = await u.claim_polls(f"w{n}", limit=7, lease_s=600.0)
+                    if not holding[n].is_set():
+                        # The first batches overlap for sure: each worker keeps its row locks
+                        # until the other one has claimed too (a loaded machine would otherwise
+                        # let one worker take everything before the other starts).
+                        holding[n].set()
+                        await asyncio.wait_for(holding[1 - n].wait(), timeout=60)
                     await asyncio.sleep(0)  # hold the row locks while the other one claims
                 if not got:
                     return

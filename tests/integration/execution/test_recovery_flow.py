@@ -11,6 +11,7 @@ from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.events import EventSource, Observation
 from controlplane.persistence.database import Database
+from controlplane.persistence.records import AttemptRecord
 from tests.integration.execution.exec_harness import ACCOUNT, Harness
 from vidroute_core.adapter import (
     JobRef,
@@ -142,30 +143,54 @@ async def test_idempotent_provider_resends_with_the_same_key(lite: Harness) -> N
     assert detail.attempts[0].state is AttemptState.ACCEPTED
 
 
+def _usage_naming(attempt: AttemptRecord, lite: Harness) -> UsageRecord:
+    """A usage record of job "job-usage" that carries `attempt`'s client request key."""
+    return UsageRecord(
+        "job-usage",
+        "gen4.5",
+        lite.clock.now,
+        1000,
+        "s",
+        250_000,
+        "USD",
+        "{}",
+        client_request_key=attempt.client_request_key,
+    )
+
+
 async def test_usage_records_are_the_last_resort(lite: Harness) -> None:
     """When queries stay inconclusive, the one usage job carrying this attempt's client request
     key is adopted."""
     attempt = await lite.task_with_attempt()
     lite.fake.script_submit(_unknown())
-    lite.fake.usage.append(
-        UsageRecord(
-            "job-usage",
-            "gen4.5",
-            lite.clock.now,
-            1000,
-            "s",
-            250_000,
-            "USD",
-            "{}",
-            client_request_key=attempt.client_request_key,
-        )
-    )
+    lite.fake.usage.append(_usage_naming(attempt, lite))
     engine = lite.engine(usage_lookup_after_queries=1)
     await engine.run_until_idle()
     lite.clock.advance(10)
     await engine.run_until_idle()
     detail = await lite.detail(attempt.task_id)
     assert [j.provider_job_id for j in detail.provider_jobs] == ["job-usage"]
+
+
+async def test_usage_is_never_asked_where_the_capability_declares_none(lite: Harness) -> None:
+    """A provider whose capability declares no usage records (Veo) is never asked for them:
+    the same job in its usage stays unread and the attempt stays unknown, INCONCLUSIVE."""
+    attempt = await lite.task_with_attempt()
+    lite.fake.script_submit(_unknown())
+    lite.fake.usage.append(_usage_naming(attempt, lite))
+
+    async def declares_none(_attempt: AttemptRecord) -> bool:
+        return False
+
+    engine = lite.engine(usage_declared=declares_none, usage_lookup_after_queries=1)
+    await engine.run_until_idle()
+    lite.clock.advance(10)
+    await engine.run_until_idle()
+    assert lite.fake.usage_calls == []
+    assert lite.fake.recover_calls  # recovery ran: only the usage step was left out
+    detail = await lite.detail(attempt.task_id)
+    assert not detail.provider_jobs
+    assert detail.attempts[0].state is AttemptState.SUBMIT_UNKNOWN
 
 
 class FlakyDatabase(Database):

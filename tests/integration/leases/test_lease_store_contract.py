@@ -35,6 +35,7 @@ from controlplane.leases import (
     reconcile,
     unknown_slot_cap,
 )
+from controlplane.leases.base import LeaseStoreFactory
 from controlplane.leases.redis_store import RedisLeaseStore
 
 ACCOUNT = "runway:prod-us"
@@ -57,7 +58,7 @@ class Backend:
     store: LeaseStore
     advance: Callable[[int], Awaitable[None]]
     flush: Callable[[], Awaitable[None]]
-    build: Callable[[bool], LeaseStore]
+    build: LeaseStoreFactory  # a new store of the backend, with the hooks it is given
     full_events: list[str] = field(default_factory=list)
 
 
@@ -95,9 +96,16 @@ def memory_backend() -> Backend:
         assert isinstance(made.store, MemoryLeaseStore)
         made.store.forget_everything()
 
-    def build(fail_closed: bool) -> LeaseStore:
+    def build(
+        *,
+        fail_closed: bool = False,
+        on_not_live: Callable[[str], None] | None = None,
+        on_freed: Callable[[str], None] | None = None,
+    ) -> LeaseStore:
         # The memory store's data lives in the instance, so the backend's store becomes the new one.
-        made.store = MemoryLeaseStore(clock=clock, fail_closed=fail_closed)
+        made.store = MemoryLeaseStore(
+            clock=clock, fail_closed=fail_closed, on_not_live=on_not_live, on_freed=on_freed
+        )
         return made.store
 
     made = Backend("memory", store, advance, flush, build, events)
@@ -120,8 +128,19 @@ def redis_backend(redis_client: Redis, redis_namespace: str) -> Backend:
         if keys:
             await redis_client.delete(*keys)
 
-    def build(fail_closed: bool) -> LeaseStore:
-        return RedisLeaseStore(redis_client, namespace=redis_namespace, fail_closed=fail_closed)
+    def build(
+        *,
+        fail_closed: bool = False,
+        on_not_live: Callable[[str], None] | None = None,
+        on_freed: Callable[[str], None] | None = None,
+    ) -> LeaseStore:
+        return RedisLeaseStore(
+            redis_client,
+            namespace=redis_namespace,
+            fail_closed=fail_closed,
+            on_not_live=on_not_live,
+            on_freed=on_freed,
+        )
 
     return Backend("redis", store, advance, flush, build, events)
 
@@ -515,9 +534,8 @@ async def test_after_a_flush_the_account_is_found_reclaimed_and_reconciled(
 async def test_fail_closed_store_refuses_acquires_until_restored(backend: Backend) -> None:
     """A fail-closed store admits nothing in an account until restore (and says so), nor after a
     flush."""
-    store = backend.build(True)
     told: list[str] = []
-    store.on_not_live = told.append
+    store = backend.build(fail_closed=True, on_not_live=told.append)
     assert await store.is_live(ACCOUNT) is False
     assert await store.acquire(request_for("a-1")) is None
     assert store.metrics.rejected_not_live == 1
@@ -534,7 +552,7 @@ async def test_fail_closed_store_refuses_acquires_until_restored(backend: Backen
 
 async def test_restore_rebuilds_held_leases_with_their_tokens(backend: Backend) -> None:
     """Restored holders count against capacity, keep their tokens, and release as before."""
-    store = backend.build(True)
+    store = backend.build(fail_closed=True)
     await store.restore(ACCOUNT, [], ttl_ms=LONG_TTL, max_term_ms=600_000)
     before = await must_acquire(store, request_for("a-1", (ALL_VIDEO, GEN45)))
     unknown = await must_acquire(store, request_for("a-2", (ALL_VIDEO, GEN45)))
@@ -563,7 +581,7 @@ async def test_restore_rebuilds_held_leases_with_their_tokens(backend: Backend) 
 
 async def test_restore_into_a_live_account_leaves_unsent_holders_out(backend: Backend) -> None:
     """A live account gets back only its sent holders; an unsent one's lease expired for good."""
-    store = backend.build(True)
+    store = backend.build(fail_closed=True)
     await store.restore(ACCOUNT, [], ttl_ms=LONG_TTL, max_term_ms=600_000)
     sent = HeldLease("a-sent", ACCOUNT, "t-sent", 1, (GEN45,))
     unsent = HeldLease("a-unsent", ACCOUNT, "t-unsent", 2, (GEN45,), sent=False)
@@ -646,9 +664,8 @@ async def test_release_many_returns_every_slot_once_and_reports_the_accounts(
 ) -> None:
     """Releasing a batch gives back each lease's slots exactly once (a second release of the
     same leases changes nothing) and tells `on_freed` every account that got slots back."""
-    store = backend.store
     freed: list[str] = []
-    store.on_freed = freed.append
+    store = backend.build(on_freed=freed.append)
     got = await store.acquire_many(
         [
             request_for("r0"),

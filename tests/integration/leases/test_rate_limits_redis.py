@@ -83,3 +83,48 @@ async def test_a_redis_that_never_answers_costs_a_create_at_most_the_timeout() -
         assert time.monotonic() - started < 1.0
     finally:
         await client.aclose()
+
+
+class CountingRedis:
+    """The real client, counting the calls of its registered scripts."""
+
+    def __init__(self, client: Redis) -> None:
+        self.client, self.calls = client, 0
+
+    def register_script(self, source: str) -> Any:
+        script = self.client.register_script(source)
+
+        async def call(**kwargs: Any) -> Any:
+            self.calls += 1
+            return await script(**kwargs)
+
+        return call
+
+
+async def test_a_refusal_is_answered_in_process_until_its_bucket_can_refill(
+    redis_client: Redis, redis_namespace: str
+) -> None:
+    """Once Redis refused a tenant, its next creates before the retry time are refused without
+    a Redis call, with the remaining delay; a changed rate asks Redis at once; once the retry
+    time passed, Redis is asked again and lets the create through."""
+    counting = CountingRedis(redis_client)
+    clock = [0.0]
+    limiter = RedisRateLimiter(
+        cast(Redis, counting), namespace=redis_namespace, clock=lambda: clock[0]
+    )
+    assert (await limiter.take("flood", 0.5, 1)).allowed
+    first = await limiter.take("flood", 0.5, 1)
+    assert not first.allowed
+    assert 0.0 < first.retry_after_s <= 2.0
+    assert counting.calls == 2
+    clock[0] = first.retry_after_s / 2
+    again = [await limiter.take("flood", 0.5, 1) for _ in range(50)]
+    assert not any(v.allowed for v in again)
+    assert again[0].retry_after_s == pytest.approx(first.retry_after_s / 2)
+    assert counting.calls == 2, "a remembered refusal went to Redis"
+    await limiter.take("flood", 1.0, 1)  # a republished rate: Redis decides
+    assert counting.calls == 3
+    await asyncio.sleep(first.retry_after_s)  # Redis's own clock refills the bucket
+    clock[0] = first.retry_after_s
+    assert (await limiter.take("flood", 0.5, 1)).allowed
+    assert counting.calls == 4

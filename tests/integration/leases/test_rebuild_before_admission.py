@@ -12,6 +12,7 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy import select
 
+from controlplane.capabilities.catalog import CapabilityCatalog
 from controlplane.domain.states import IN_FLIGHT_ATTEMPT_STATES, AttemptState, TaskState
 from controlplane.execution.leasing import LeaseKeeper
 from controlplane.leases.redis_store import RedisLeaseStore
@@ -56,18 +57,34 @@ async def _flush(redis_client: Redis, namespace: str) -> None:
     await redis_client.delete(*keys)
 
 
-def _wired(db: Database, leases: RedisLeaseStore, dispatcher: Dispatcher) -> Upkeep:
+def wired(
+    db: Database,
+    leases: RedisLeaseStore,
+    make_dispatcher: DispatcherFactory,
+    *,
+    rebuild_first: bool = True,
+) -> tuple[Dispatcher, Upkeep]:
+    """A dispatcher and an upkeep over `leases`, the upkeep's rebuild run before each round
+    (unless not `rebuild_first`) as the runtime wires them: both whole when built."""
+    built: list[Dispatcher] = []
+
+    async def catalog() -> CapabilityCatalog:
+        return await built[0].catalog()
+
+    def wake() -> None:
+        built[0].wake()
+
     upkeep = Upkeep(
         db=db,
         leases=leases,
-        catalog=dispatcher.catalog,
+        catalog=catalog,
         is_leader=lambda: True,
-        wake=dispatcher.wake,
+        wake=wake,
         worker_id="rebuild-test",
         clock=lambda: NOW,
     )
-    dispatcher.before_admit = upkeep.ensure_leases_live
-    return upkeep
+    built.append(make_dispatcher(before_admit=upkeep.ensure_leases_live if rebuild_first else None))
+    return built[0], upkeep
 
 
 async def _attempts(db: Database, task_ids: list[int]) -> list[AttemptRecord]:
@@ -100,8 +117,7 @@ async def test_flush_then_rebuild_keeps_in_flight_within_capacity(
     redis_namespace: str,
 ) -> None:
     """After a flush the next round rebuilds the holders' leases first and admits nothing over."""
-    dispatcher = make_dispatcher()
-    upkeep = _wired(db, leases, dispatcher)
+    dispatcher, upkeep = wired(db, leases, make_dispatcher)
     first = [(await new_task(db, make_spec(**strict("gen4.5")), f"k{i}")).id for i in range(2)]
     assert await dispatcher.tick() == 2
     running, unknown = await _attempts(db, first)
@@ -151,10 +167,8 @@ async def test_fail_closed_store_admits_nothing_until_rebuilt(
     redis_namespace: str,
 ) -> None:
     """Without the rebuild, a round after the flush leases nothing and the tasks stay queued."""
-    dispatcher = make_dispatcher()
-    upkeep = _wired(db, leases, dispatcher)
+    dispatcher, upkeep = wired(db, leases, make_dispatcher, rebuild_first=False)
     await upkeep.ensure_leases_live()
-    dispatcher.before_admit = None
     first = [(await new_task(db, make_spec(**strict("gen4.5")), f"k{i}")).id for i in range(2)]
     assert await dispatcher.tick() == 2
     for attempt in await _attempts(db, first):

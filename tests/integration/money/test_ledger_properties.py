@@ -8,7 +8,12 @@ concurrent reserve and settle calls (``asyncio.gather`` over separate pooled con
 * the sum of the entries equals the derived balance, and the cached balance equals both;
 * no prepaid tenant's available balance goes below zero; a postpaid one stays above its overdraft;
 * platform loss equals the cost of the platform-caused duplicates and unknown submits the model
-  predicts, attempt by attempt.
+  predicts, attempt by attempt, and a delivery's cost beyond its charge (capped by the
+  reservation) is booked on the delivered attempt;
+* a charge the bill then confirms for an attempt (issue 23: a cost after an unknown submit, a
+  duplicate at the provider), booked as a loss by two racing admins, is one dispute and adds
+  only what settlement had not booked: the attempt's loss becomes max(booked, billed); its
+  dispute moves to written off or refunded (at most the confirmed loss), each move an event.
 
 Example count: ``VIDROUTE_MONEY_EXAMPLES`` (default 12; a soak takes e.g. 500).
 """
@@ -27,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
+from controlplane.domain.disputes import DisputeState, IllegalDisputeMove
 from controlplane.domain.money import (
     BillingMode,
     BillingPolicy,
@@ -35,19 +41,24 @@ from controlplane.domain.money import (
     Reservation,
     UsageKind,
 )
+from controlplane.domain.reconciliation import Discrepancy, DiscrepancyKind
 from controlplane.domain.states import AttemptState, TaskState
-from controlplane.persistence import ledger
+from controlplane.persistence import ledger, reconciliation_store
 from controlplane.persistence.database import Database
 from controlplane.persistence.db import create_engine
 from controlplane.persistence.migrate import upgrade
 from controlplane.persistence.models import credit_ledger as C
+from controlplane.persistence.models import loss_dispute_events as DE
+from controlplane.persistence.models import loss_disputes as D
 from controlplane.persistence.models import provider_usage_ledger as U
+from controlplane.persistence.models import reconciliation_discrepancies as RD
 from controlplane.persistence.records import (
     AttemptChanges,
     NewAttempt,
     NewProviderJob,
     NewRouteDecision,
 )
+from controlplane.reconciliation.disputes import book_loss, move_dispute
 from tests.conftest import PostgresServer
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
@@ -65,6 +76,8 @@ class AttemptPlan:
     fate: str
     estimate: int
     actual: int | None  # the provider's reported cost, if any
+    bill: int | None = None  # an extra charge the bill confirms for the attempt, if any
+    refunded: bool = False  # its dispute ends refunded (else written off)
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,9 @@ class TaskPlan:
 class Expected:
     loss: dict[int, int] = field(default_factory=dict)  # attempt id -> loss micros
     charged: dict[int, int] = field(default_factory=dict)  # task id -> charge micros
+    ended: list[tuple[int, int, AttemptPlan]] = field(default_factory=list)  # task, attempt
+    # delivered attempt id -> its cost beyond the charge (capped by the reservation)
+    underpriced: dict[int, int] = field(default_factory=dict)
 
 
 attempt_plans = st.builds(
@@ -86,6 +102,8 @@ attempt_plans = st.builds(
     fate=st.sampled_from(ATTEMPT_FATES),
     estimate=st.integers(0, 5_000_000),
     actual=st.one_of(st.none(), st.integers(0, 5_000_000)),
+    bill=st.one_of(st.none(), st.integers(1, 6_000_000)),
+    refunded=st.booleans(),
 )
 task_plans = st.builds(
     TaskPlan,
@@ -217,6 +235,7 @@ async def _run_attempts(
             )
             assert done is not None
             ended.append((done.id, ap))
+            expected.ended.append((task_id, done.id, ap))
             if i < len(plan.attempts) - 1:
                 # Back to the scheduler for the next attempt (the task is SUBMITTING/RUNNING).
                 task = await u.task(task_id)
@@ -234,6 +253,8 @@ async def _run_attempts(
         ap = dict(ended)[delivered]
         cost = ap.actual if ap.actual is not None else ap.estimate
         expected.charged[task_id] = min(cost, plan.reservation)
+        if cost > plan.reservation:
+            expected.underpriced[delivered] = cost - plan.reservation
     return delivered
 
 
@@ -293,6 +314,7 @@ async def _scenario(url: str, tenants: list[tuple[str, int, list[TaskPlan]]]) ->
             await _finish(db, task_id, plan, delivered)
         for name in names:
             await _check_balance(db, name, policies[name], settled=True)
+        await _book_confirmed_losses(db, expected)
         await _check_charges_and_losses(db, [t for t in ids if t is not None], expected)
     finally:
         await engine.dispose()
@@ -344,7 +366,100 @@ async def _check_charges_and_losses(db: Database, task_ids: list[int], expected:
         assert settlements == 1, f"task {task_id} settled {settlements} times"
     charged = {t: int(total) for t, k, _, total in per_task if k == "CHARGE"}
     assert charged == expected.charged
-    assert dict((a, int(m)) for a, m in losses) == expected.loss
+    per_attempt: dict[int, int] = {}
+    for a, m in losses:
+        per_attempt[a] = per_attempt.get(a, 0) + int(m)
+    want = dict(expected.loss)
+    for a, m in expected.underpriced.items():
+        want[a] = want.get(a, 0) + m
+    assert {a: m for a, m in per_attempt.items() if m} == {a: m for a, m in want.items() if m}
+
+
+async def _book_confirmed_losses(db: Database, expected: Expected) -> None:
+    """The bill confirms each planned extra charge: one reconciliation run of rows, each row
+    booked by two racing admins, then its dispute moved to its end."""
+    billed = [(t, a, ap) for t, a, ap in expected.ended if ap.bill is not None]
+    if not billed:
+        return
+    account = f"acct-{secrets.token_hex(4)}"
+    rows = [
+        Discrepancy(
+            kind=DiscrepancyKind.COST_AFTER_UNKNOWN
+            if ap.fate == "UNKNOWN"
+            else DiscrepancyKind.DUPLICATE_CHARGE,
+            provider="runway",
+            account=account,
+            model="gen4.5",
+            billed_micros=int(ap.bill or 0),
+            expected_micros=0,
+            currency="USD",
+            attempt_id=a,
+            task_id=t,
+        )
+        for t, a, ap in billed
+    ]
+    async with db.unit(NOW) as u:
+        run, _ = await reconciliation_store.save_run(
+            u.conn,
+            day="2026-12-01",
+            provider="runway",
+            account=account,
+            import_id=None,
+            result_sha256=secrets.token_hex(8),
+            record_count=0,
+            billed_micros=sum(r.billed_micros for r in rows),
+            expected_micros=0,
+            currency="USD",
+            statuses={},
+            rows=rows,
+            now=NOW,
+        )
+    async with db.reading() as conn:
+        row_ids = list(
+            (
+                await conn.execute(select(RD.c.id).where(RD.c.run_id == run.id).order_by(RD.c.seq))
+            ).scalars()
+        )
+    for row_id, (_, attempt_id, ap) in zip(row_ids, billed, strict=True):
+        bill = int(ap.bill or 0)
+        booked = await asyncio.gather(
+            *(book_loss(db, row_id, actor=f"admin-{n}", reason="bill") for n in range(2))
+        )
+        assert sum(b.created for b in booked) == 1
+        assert {b.dispute.id for b in booked} == {booked[0].dispute.id}
+        dispute = booked[0].dispute
+        before = expected.loss.get(attempt_id, 0)
+        assert dispute.confirmed_micros == bill
+        assert dispute.new_loss_micros == max(0, bill - before)
+        expected.loss[attempt_id] = max(before, bill)
+        moved = await move_dispute(
+            db, dispute.id, DisputeState.DISPUTED, actor="admin", reason="claim sent"
+        )
+        if ap.refunded:
+            moved = await move_dispute(
+                db,
+                dispute.id,
+                DisputeState.REFUNDED,
+                actor="admin",
+                reason="credited",
+                refunded_micros=bill,
+            )
+            assert moved.refunded_micros == bill
+        else:
+            moved = await move_dispute(
+                db, dispute.id, DisputeState.WRITTEN_OFF, actor="admin", reason="kept"
+            )
+        with pytest.raises(IllegalDisputeMove):
+            await move_dispute(db, dispute.id, DisputeState.OPEN, actor="admin", reason="again")
+    async with db.reading() as conn:
+        events = (
+            await conn.execute(
+                select(func.count())
+                .select_from(DE)
+                .where(DE.c.dispute_id.in_(select(D.c.id).where(D.c.discrepancy_id.in_(row_ids))))
+            )
+        ).scalar_one()
+    assert events == 3 * len(row_ids)  # booked, disputed, ended: no event of a refused move
 
 
 @settings(

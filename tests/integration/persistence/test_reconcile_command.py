@@ -29,14 +29,16 @@ def test_database_away_is_unavailable(
     assert "UNAVAILABLE" in capsys.readouterr().err
 
 
-def test_migrated_database_without_adapters_reconciles_the_tenant_side(
+def test_migrated_database_without_adapters_is_not_a_clean_day(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Without VIDROUTE_ADAPTERS no bill can be read: exit 2, NOT RECONCILED, no report (it
+    once printed the tenant side alone, "discrepancies: 0", and exited 0)."""
     url = f"sqlite+aiosqlite:///{tmp_path / 'vidroute.db'}"
     asyncio.run(upgrade(url))
     monkeypatch.setenv("VIDROUTE_DATABASE_URL", url)
     monkeypatch.delenv("VIDROUTE_ADAPTERS", raising=False)
-    assert cli.main(["reconcile", "--date", "2026-11-30", "--json"]) == 0
-    out = capsys.readouterr().out
-    assert '"provider": "credit_ledger"' in out
-    assert '"discrepancies": []' in out
+    assert cli.main(["reconcile", "--date", "2026-11-30", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "NOT RECONCILED" in captured.err

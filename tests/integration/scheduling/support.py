@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -9,13 +10,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from adapter_sidecars.common.compiling import finish, resolve
-from controlplane.capabilities.publish import AccountConfig
+from controlplane.capabilities.publish import AccountConfig, documents_from_directory
+from controlplane.domain.routing.selection import RouterConfig
+from controlplane.domain.scoring import example_policy
 from vidroute_core.adapter import CompiledPlan, Transformation, TransformationKind
 from vidroute_core.capabilities.loader import Capability, expand_for_accounts, load_file
+from vidroute_core.hashing import normalized_spec_hash
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec, RoutingMode, RoutingPolicy
 
 if TYPE_CHECKING:
     from controlplane.domain.requeue import RequeueFacts
+    from controlplane.persistence.database import Database
     from controlplane.persistence.records import TaskRecord
     from controlplane.scheduling.dispatcher import Dispatcher, DispatchResult
 
@@ -88,7 +93,13 @@ class CompilingAdapter:
         return next(c for c in self.capabilities if c.account == account and c.model == model)
 
     async def compile(
-        self, spec: GenerationSpec, *, account: str, model: str, model_version: str = ""
+        self,
+        spec: GenerationSpec,
+        *,
+        account: str,
+        model: str,
+        model_version: str = "",
+        capability: Capability | None = None,
     ) -> CompiledPlan:
         self.compile_calls.append((account, model))
         if model in self.fail_models:
@@ -121,3 +132,52 @@ class CompilingAdapter:
 
     def for_providers(self, providers: Iterable[str]) -> dict[str, CompilingAdapter]:
         return {p: self for p in providers}
+
+
+# -- two equal self-hosted models behind one sidecar (the load-aware routing tests) ---------
+
+LOAD_ROUTER = RouterConfig(
+    policy=example_policy("router-load"), latency_good_s=0.0, latency_bad_s=2.0
+)
+LOAD_MODELS = ("wan-a", "wan-b")
+
+
+def two_model_documents() -> list[dict[str, Any]]:
+    """The shipped wan2.2-t2v entry twice, as wan-a and wan-b at the same price: only the load
+    the sidecar reports can tell them apart."""
+    shipped = documents_from_directory(ROOT / "adapter_sidecars/selfhosted/capabilities")
+    base = next(d for d in shipped if d["model"] == "wan2.2-t2v")
+    out = []
+    for name in LOAD_MODELS:
+        doc = copy.deepcopy(base)
+        doc["model"] = name
+        doc["capability_version"] = f"self_hosted/{name}/2026-06-01"
+        doc["commercial"]["price_version"] = f"gpu-{name}"
+        doc["max_concurrency"] = 1000  # lease capacity ~1 for both: only the load differs
+        doc["native"]["model"] = name
+        out.append(doc)
+    return out
+
+
+def fox_spec(tenant: str) -> GenerationSpec:
+    return GenerationSpec(
+        tenant_id=tenant,
+        prompt="a red fox in snow",
+        mode=Mode.TEXT_TO_VIDEO,
+        output=OutputSpec(width=1280, height=720, duration_ms=4000),
+    )
+
+
+async def route_new_task(dispatcher: Dispatcher, db: Database, tenant: str) -> dict[str, Any]:
+    """Create one task of `tenant`, dispatch it alone, return its decision's explain JSON."""
+    from controlplane.scheduling.dispatcher import DispatchOutcome
+
+    s = fox_spec(tenant)
+    async with db.unit(NOW) as u:
+        task, _ = await u.create_task(
+            s, idempotency_key=f"load-{tenant}", spec_hash=normalized_spec_hash(s)
+        )
+    result = await dispatch_one(dispatcher, task)
+    assert result.outcome is DispatchOutcome.SELECTED
+    assert result.decision is not None
+    return result.decision.to_json()

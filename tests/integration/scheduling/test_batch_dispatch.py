@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,11 +13,17 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy import func, select, text
 
-from controlplane.domain.breaker import BreakerKey, BreakerState
+from controlplane.domain.breaker import (
+    BreakerConfig,
+    BreakerKey,
+    BreakerRegistry,
+    BreakerState,
+)
 from controlplane.domain.breaker import Operation as Op
 from controlplane.leases.base import Lease, LeaseRequest
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.leases.redis_store import RedisLeaseStore
+from controlplane.leases.windows import WindowRefusal
 from controlplane.persistence.database import Database
 from controlplane.persistence.models import generation_tasks, route_decisions, task_attempts
 from controlplane.persistence.models import task_events as events_table
@@ -75,15 +82,17 @@ async def fill(leases: MemoryLeaseStore, dispatcher: Dispatcher, model: str) -> 
 
 async def test_a_parked_task_writes_nothing_until_a_lease_is_released(
     db: Database,
-    leases: MemoryLeaseStore,
     adapter: CompilingAdapter,
     make_dispatcher: DispatcherFactory,
 ) -> None:
     """A task whose only model is full gets one NO_CAPACITY decision; further rounds route,
     compile and write nothing (no decision, no event); when one holder releases its lease the
     dispatcher, sleeping an hour-long poll interval, is woken and dispatches it at once."""
-    dispatcher = make_dispatcher(config=QUIET)
-    leases.on_freed = dispatcher.capacity_freed
+    # The store tells the dispatcher (built next) of freed slots, as `build_scheduling` wires it.
+    leases = MemoryLeaseStore(
+        on_freed=lambda account: dispatcher.capacity_freed(account)  # noqa: PLW0108 - built next
+    )
+    dispatcher = make_dispatcher(config=QUIET, leases=leases)
     held = await fill(leases, dispatcher, "gen4.5")
     task = await new_task(db, make_spec(**strict("gen4.5")))
     assert await dispatcher.tick() == 1
@@ -151,13 +160,19 @@ async def test_a_woken_task_finding_the_same_wait_stores_no_second_decision(
 
 
 async def test_a_task_parked_on_an_open_breaker_is_woken_when_it_closes(
-    db: Database, monitor: HealthMonitor, make_dispatcher: DispatcherFactory
+    db: Database, make_dispatcher: DispatcherFactory
 ) -> None:
     """A task pinned to a model whose breaker is forced OPEN waits parked (rounds pass it
     over); closing the breaker wakes it through the monitor's hook and the next round
     dispatches it."""
-    dispatcher = make_dispatcher(config=QUIET)
-    monitor.on_recovered = dispatcher.breaker_recovered
+    # The monitor tells the dispatcher (built next) of recovered breakers, as `build_scheduling`
+    # wires it.
+    monitor = HealthMonitor(
+        BreakerRegistry(BreakerConfig(), clock=time.time),
+        db=db,
+        on_recovered=lambda key: dispatcher.breaker_recovered(key),  # noqa: PLW0108 - built next
+    )
+    dispatcher = make_dispatcher(config=QUIET, monitor=monitor)
     await dispatcher.catalog()
     await monitor.force(GEN45, BreakerState.OPEN, "incident")
     task = await new_task(db, make_spec(**strict("gen4.5")))
@@ -178,10 +193,12 @@ class SlowLeases(MemoryLeaseStore):
         self.gate = asyncio.Event()
         self.entered = asyncio.Event()
 
-    async def acquire_many(self, requests: Sequence[LeaseRequest]) -> list[Lease | None]:
+    async def admit_many(
+        self, requests: Sequence[LeaseRequest]
+    ) -> list[Lease | WindowRefusal | None]:
         self.entered.set()
         await self.gate.wait()
-        return await super().acquire_many(requests)
+        return await super().admit_many(requests)
 
 
 async def doubled(db: Database) -> list[tuple[int, int]]:
@@ -294,14 +311,14 @@ async def test_a_batch_whose_transaction_fails_releases_every_lease_it_took(
     try:
         dispatcher = make_dispatcher(leases=store)
         taken: list[int] = []
-        original = store.acquire_many
+        original = store.admit_many
 
-        async def spying(requests: Sequence[LeaseRequest]) -> list[Lease | None]:
+        async def spying(requests: Sequence[LeaseRequest]) -> list[Lease | WindowRefusal | None]:
             got = await original(requests)
-            taken.append(sum(1 for g in got if g is not None))
+            taken.append(sum(1 for g in got if isinstance(g, Lease)))
             return got
 
-        store.acquire_many = spying  # type: ignore[method-assign]  # the test swaps in a recording or failing double
+        store.admit_many = spying  # type: ignore[method-assign]  # the test swaps in a recording or failing double
         with pytest.raises(Exception, match="injected"):
             await dispatcher.tick()
         assert sum(taken) == len(tasks)  # the whole batch was leased before the write

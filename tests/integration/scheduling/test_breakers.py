@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from controlplane.api import provider_views
 from controlplane.domain.breaker import BreakerConfig, BreakerKey, BreakerRegistry, BreakerState
 from controlplane.domain.breaker import Operation as Op
+from controlplane.domain.scoring import Window
 from controlplane.domain.states import TaskState
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.persistence.catalog import CatalogQueries
@@ -25,6 +26,7 @@ from tests.integration.scheduling.conftest import DispatcherFactory
 from tests.integration.scheduling.support import dispatch_one, make_spec, strict
 from tests.integration.scheduling.test_dispatcher import new_task
 from vidroute_core.exceptions import InvalidSpec
+from vidroute_core.spec import RoutingMode
 
 GEN45 = BreakerKey("runway", "prod-us", "us", "gen4.5", Op.SUBMIT)
 
@@ -140,12 +142,35 @@ async def test_generation_outcomes_feed_the_health_windows() -> None:
     healthy = monitor.health_view(candidate)
     assert healthy is not None
     assert healthy.mean_latency_s == pytest.approx(40.0)
+    assert healthy.p95_latency_s == pytest.approx(40.0, rel=0.08)  # half a bucket
     for _ in range(8):
         await monitor.record_outcome(GEN45, "PROVIDER_OVERLOADED", 0.2)
     degraded = monitor.health_view(candidate)
     assert degraded is not None
     assert degraded.success_lower_bound < healthy.success_lower_bound
     assert degraded.mean_latency_s == pytest.approx(40.0)
+
+
+async def test_an_error_burst_lowers_a_candidates_success_within_the_minute() -> None:
+    """Half an hour of finished jobs, then a burst of refused submits within 20 s: the health
+    view the router reads drops to the 1-minute window's figure at once, where the 15-minute
+    window alone would still give most of its trust."""
+    clock = [time.time()]
+    monitor = HealthMonitor(BreakerRegistry(BreakerConfig(), time.time), clock=lambda: clock[0])
+    candidate = "runway/gen4.5/prod-us"
+    for _ in range(60):
+        monitor.observe_generation(GEN45, succeeded=True, duration_s=40.0)
+        clock[0] += 30.0
+    before = monitor.health_view(candidate)
+    assert before is not None
+    for _ in range(8):
+        await monitor.record_outcome(GEN45, "PROVIDER_OVERLOADED", 0.2)
+        clock[0] += 2.5
+    after = monitor.health_view(candidate)
+    assert after is not None
+    fifteen = monitor.window_stats()[candidate][Window.FIFTEEN_MINUTES]
+    assert fifteen.success_lower_bound > 0.5
+    assert after.success_lower_bound < 0.3 < before.success_lower_bound
 
 
 # ---- HALF_OPEN probes, account breakers (9.15.2, 9.15.1) ------------------------------------
@@ -237,14 +262,18 @@ async def test_half_open_admits_exactly_the_configured_probes(
 async def test_tasks_the_probe_limit_turns_away_go_to_other_candidates(
     db: Database, catalogs: CatalogQueries, make_dispatcher: DispatcherFactory
 ) -> None:
-    """With the top-ranked candidate HALF_OPEN, one of 6 unpinned tasks probes it (its capacity
-    would take 2) and the other 5 are placed on other candidates in the same round."""
+    """With the top-ranked candidate HALF_OPEN, one of 6 tasks (PREFERRED, not pinned) probes it
+    (its capacity would take 2) and the other 5 are placed on other candidates in the same
+    round."""
     clock = ManualClock()
     monitor = probing_monitor(db, clock)
     dispatcher = make_dispatcher(monitor=monitor)
     await dispatcher.catalog()
     await trip_to_half_open(monitor, clock)
-    ids = [(await new_task(db, make_spec(), key=f"auto{i}")).id for i in range(6)]
+    # PREFERRED runway: gen4.5 is the cheaper of Runway's two models and ranks first, so all 6
+    # ask for it first; turned away, they fall back to the others (Runway's veo3.1 first).
+    spec = make_spec("tenant-b", mode=RoutingMode.PREFERRED, preferred_providers=("runway",))
+    ids = [(await new_task(db, spec, key=f"auto{i}")).id for i in range(6)]
     assert await dispatcher.tick() == 6
     details = [d for i in ids if (d := await TaskQueries(db).get_task(i)) is not None]
     assert all(len(d.attempts) == 1 for d in details)
@@ -432,3 +461,52 @@ async def test_breakers_keep_working_locally_while_redis_is_unreachable() -> Non
         assert breaker.state is BreakerState.HALF_OPEN  # type: ignore[comparison-overlap]  # the call above changed it; mypy keeps the old narrowing
     finally:
         await client.aclose()
+
+
+# ---- slow calls (9.15.1-9.15.2) ------------------------------------------------------------
+
+
+async def test_a_slow_provider_opens_its_submit_breaker(
+    db: Database, catalogs: CatalogQueries, make_dispatcher: DispatcherFactory
+) -> None:
+    """Thirty accepted submits at 1 s give gen4.5 a SUBMIT baseline; two accepted submits at
+    5 s (over 4x it) are TIMEOUT_OVER_BASELINE and open the breaker as slow_calls, audited and
+    blocking routing. The account breaker and the health windows hear accepted submits."""
+    await make_dispatcher().catalog()
+    clock = ManualClock()
+    monitor = HealthMonitor(BreakerRegistry(BreakerConfig(), clock), db=db, clock=clock)
+    for _ in range(30):
+        await monitor.record_outcome(GEN45, None, 1.0)
+        clock.now += 1.0
+    assert monitor.baseline_s(GEN45) == pytest.approx(1.0, rel=0.08)
+    assert monitor.open_reason(GEN45) is None
+    await monitor.record_outcome(GEN45, None, 5.0)
+    clock.now += 1.0
+    assert monitor.open_reason(GEN45) is None  # one slow call in 31 is under 5 %
+    await monitor.record_outcome(GEN45, None, 5.0)
+    assert monitor.open_reason(GEN45) is not None
+    (event,) = await catalogs.health_events()
+    assert (event.operation, event.new_state, event.reason) == ("SUBMIT", "OPEN", "slow_calls")
+    assert event.metrics["slow_calls"] == 2
+    assert event.metrics["baseline_s"] == pytest.approx(1.0, rel=0.08)
+    account = BreakerKey("runway", "prod-us", "us", "", Op.SUBMIT)
+    assert monitor.registry.get(account).state is BreakerState.CLOSED
+    assert monitor.health_view("runway/gen4.5/prod-us") is None  # accepted: no failed attempt
+
+
+async def test_slow_polls_open_the_poll_breaker_only() -> None:
+    """Polls slower than 4x the POLL baseline open the POLL breaker; the SUBMIT breaker of the
+    same model, whose calls stay fast, stays closed: baselines are per operation."""
+    clock = ManualClock()
+    monitor = HealthMonitor(BreakerRegistry(BreakerConfig(), clock), clock=clock)
+    poll = BreakerKey("runway", "prod-us", "us", "gen4.5", Op.POLL)
+    for _ in range(25):
+        await monitor.record_outcome(poll, None, 0.3)
+        await monitor.record_outcome(GEN45, None, 2.0)
+        clock.now += 1.0
+    for _ in range(3):
+        await monitor.record_outcome(poll, None, 3.0)  # fast for a submit, slow for a poll
+        await monitor.record_outcome(GEN45, None, 2.0)
+        clock.now += 1.0
+    assert monitor.registry.get(poll).state is BreakerState.OPEN
+    assert monitor.registry.get(GEN45).state is BreakerState.CLOSED

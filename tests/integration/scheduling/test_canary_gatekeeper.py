@@ -62,9 +62,11 @@ class Stack:
         failed: int = 0,
         cost: int = 1000,
         defective: int = 0,
+        bucket: str = "",
     ) -> None:
         """`ok` SUCCEEDED and `failed` FAILED attempts of `cid` created at `at`, 30 s long;
-        the output probe checked each success, the first `defective` found frozen frames."""
+        the output probe checked each success (in quality `bucket`), the first `defective`
+        found frozen frames."""
         for i in range(ok + failed):
             self.n += 1
             spec = GenerationSpec(
@@ -93,7 +95,7 @@ class Stack:
                         )
                     ).one()
                     provider, model, _ = cid.split("/")
-                    subject = Subject(provider, model, "TEXT_TO_VIDEO", "")
+                    subject = Subject(provider, model, "TEXT_TO_VIDEO", bucket)
                     defects = (Defect.FROZEN_FRAMES,) if i < defective else ()
                     check = NewCheck(task.id, attempt_id, 0, subject, defects)
                     await quality_store.record_checks(u.conn, [check], at)
@@ -238,6 +240,36 @@ async def test_outputs_the_probe_finds_defective_fail_the_quality_gate(db: Datab
     ((_, verdict),) = await keeper(db, T0 + timedelta(seconds=10)).evaluate_once()
     assert verdict.action is CanaryAction.ADVANCE  # the restarted canary: 4 clean outputs
     assert verdict.gates["quality_pass_rate"] is True
+
+
+async def test_the_quality_gate_reads_the_routing_buckets(db: Database) -> None:
+    """27 of the canary's 30 outputs are clean (0.9, the gate), but its 10 anime outputs hold
+    all 3 defects: the anime bucket's 0.7 rolls it back; with fewer anime checks than the
+    bucket minimum the overall share alone decides and it advances."""
+    plain = "audio=false,duration=short,refs=0,resolution=720p"
+    anime = plain + ",style=anime"
+    s = Stack(db)
+    await s.setup()
+    await RoutingPolicyService(db, clock=lambda: T0).publish(document("v1", min_samples=30))
+    await s.attempts(CANARY, T0 + timedelta(seconds=1), ok=20, bucket=plain)
+    await s.attempts(CANARY, T0 + timedelta(seconds=1), ok=10, defective=3, bucket=anime)
+    at = T0 + timedelta(seconds=5)
+    lenient = CanaryGatekeeper(
+        db,
+        is_leader=lambda: True,
+        config=CanaryGateConfig(quality_bucket_min_checks=11),
+        clock=lambda: at,
+    )
+    ((_, verdict),) = await lenient.evaluate_once()
+    assert verdict.action is CanaryAction.ADVANCE, verdict
+    assert verdict.observed["quality_pass_rate"] == 0.9
+    await RoutingPolicyService(db, clock=lambda: at).publish(document("v2", min_samples=30))
+    await s.attempts(CANARY, at + timedelta(seconds=1), ok=20, bucket=plain)
+    await s.attempts(CANARY, at + timedelta(seconds=1), ok=10, defective=3, bucket=anime)
+    ((_, verdict),) = await keeper(db, at + timedelta(seconds=5)).evaluate_once()
+    assert verdict.action is CanaryAction.ROLLBACK
+    assert verdict.reason == "gate failed: quality_pass_rate"
+    assert verdict.observed["quality_pass_rate"] == 0.7
 
 
 async def test_the_incumbents_traffic_never_crowds_the_canarys_attempts_out(

@@ -13,6 +13,7 @@ from tests.integration.scheduling.conftest import DispatcherFactory
 from tests.integration.scheduling.support import CompilingAdapter, make_spec
 from tests.integration.scheduling.test_dispatcher import new_task
 from vidroute_core.adapter import CompiledPlan
+from vidroute_core.capabilities.loader import Capability
 from vidroute_core.spec import GenerationSpec
 
 
@@ -23,7 +24,13 @@ class HangingAdapter(CompilingAdapter):
     hang_model: str = "gen4.5"
 
     async def compile(
-        self, spec: GenerationSpec, *, account: str, model: str, model_version: str = ""
+        self,
+        spec: GenerationSpec,
+        *,
+        account: str,
+        model: str,
+        model_version: str = "",
+        capability: Capability | None = None,
     ) -> CompiledPlan:
         if model == self.hang_model:
             await asyncio.Event().wait()

@@ -20,6 +20,7 @@ from tests.integration.scheduling.conftest import DispatcherFactory
 from tests.integration.scheduling.support import CompilingAdapter, dispatch_one, make_spec, strict
 from tests.integration.scheduling.test_dispatcher import new_task
 from vidroute_core.adapter import CompiledPlan
+from vidroute_core.capabilities.loader import Capability
 from vidroute_core.spec import GenerationSpec
 
 PINNED = "self_hosted/wan2.2-t2v/gpu-a"
@@ -41,7 +42,13 @@ class FlakyAdapter(CompilingAdapter):
     refused: set[str] = field(default_factory=set)  # models the sidecar refuses (NOT_FOUND)
 
     async def compile(
-        self, spec: GenerationSpec, *, account: str, model: str, model_version: str = ""
+        self,
+        spec: GenerationSpec,
+        *,
+        account: str,
+        model: str,
+        model_version: str = "",
+        capability: Capability | None = None,
     ) -> CompiledPlan:
         if model in self.away:
             self.compile_calls.append((account, model))

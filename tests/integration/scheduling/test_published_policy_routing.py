@@ -110,8 +110,8 @@ async def routing(db: Database, catalogs: CatalogQueries, monitor: HealthMonitor
         leader=LocalLock("published-policy"),
         config=DispatcherConfig(),
         clock=lambda: NOW,
+        policies=PolicyBook(db, router),
     )
-    dispatcher.policies = PolicyBook(db, router)
     return Routing(db, dispatcher)
 
 

@@ -27,7 +27,11 @@ from tests.integration.scheduling.test_dispatcher import new_task
 
 
 def bare_dispatcher(
-    db: Database, catalogs: CatalogQueries, monitor: HealthMonitor, adapter: CompilingAdapter
+    db: Database,
+    catalogs: CatalogQueries,
+    monitor: HealthMonitor,
+    adapter: CompilingAdapter,
+    readiness: CatalogReadiness | None = None,
 ) -> Dispatcher:
     """A dispatcher over a catalog nobody has published into yet."""
     return Dispatcher(
@@ -41,6 +45,7 @@ def bare_dispatcher(
         leader=LocalLock("readiness"),
         config=DispatcherConfig(),
         clock=lambda: NOW,
+        readiness=readiness,
     )
 
 
@@ -78,8 +83,9 @@ async def test_the_catalog_must_hold_what_every_configured_adapter_described(
     """A published catalog is still not ready while a configured adapter has not described
     itself, or described an entry the catalog lacks; direct dispatches are skipped too."""
     await publish_all(db)
-    dispatcher = bare_dispatcher(db, catalogs, monitor, adapter)
-    dispatcher.readiness = CatalogReadiness(frozenset({"runway", "veo"}))
+    dispatcher = bare_dispatcher(
+        db, catalogs, monitor, adapter, CatalogReadiness(frozenset({"runway", "veo"}))
+    )
     await dispatcher.catalog()
     assert dispatcher.not_ready() == "waiting for the capabilities of adapter(s) runway, veo"
     task = await new_task(db, make_spec())

@@ -10,11 +10,9 @@ Without the load the two are a near tie. The explain snapshot names both models'
 from __future__ import annotations
 
 import asyncio
-import copy
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -29,23 +27,24 @@ from controlplane.adapters.fake import FakeAdapterClient
 from controlplane.adapters.grpc_client import GrpcAdapterClient
 from controlplane.capabilities.publish import (
     AccountConfig,
-    documents_from_directory,
     publish_documents,
 )
-from controlplane.domain.routing.selection import RouterConfig
 from controlplane.domain.scoring import example_policy
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
-from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig, DispatchOutcome
+from controlplane.scheduling.dispatcher import Dispatcher, DispatcherConfig
 from controlplane.scheduling.health import HealthMonitor
 from controlplane.scheduling.leader import LocalLock
 from controlplane.scheduling.load_book import LoadBook, LoadConfig, RedisLoadShare
 from controlplane.scheduling.runtime import build_scheduling
-from tests.integration.scheduling.support import NOW, ROOT, dispatch_one
+from tests.integration.scheduling.support import (
+    LOAD_ROUTER,
+    NOW,
+    route_new_task,
+    two_model_documents,
+)
 from vidroute_core.adapter import LoadReport, ModelLoad
-from vidroute_core.hashing import normalized_spec_hash
-from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
 pytestmark = pytest.mark.timeout(120)
 A, B = "self_hosted/wan-a/gpu-a", "self_hosted/wan-b/gpu-a"
@@ -62,22 +61,6 @@ SERVER = SelfHostedConfig(
     preload=False,
     models=("wan-a", "wan-b"),
 )
-ROUTER = RouterConfig(policy=example_policy("router-load"), latency_good_s=0.0, latency_bad_s=2.0)
-
-
-def _documents() -> list[dict[str, Any]]:
-    shipped = documents_from_directory(ROOT / "adapter_sidecars/selfhosted/capabilities")
-    base = next(d for d in shipped if d["model"] == "wan2.2-t2v")
-    out = []
-    for name in ("wan-a", "wan-b"):
-        doc = copy.deepcopy(base)
-        doc["model"] = name
-        doc["capability_version"] = f"self_hosted/{name}/2026-06-01"
-        doc["commercial"]["price_version"] = f"gpu-{name}"
-        doc["max_concurrency"] = 1000  # lease capacity ~1 for both: only the load differs
-        doc["native"]["model"] = name
-        out.append(doc)
-    return out
 
 
 @pytest.fixture
@@ -89,7 +72,7 @@ async def server() -> AsyncIterator[SelfHostedEmulator]:
 @pytest.fixture
 async def client(server: SelfHostedEmulator, tmp_path: Path) -> AsyncIterator[GrpcAdapterClient]:
     """A real self-hosted sidecar (capability files for wan-a/wan-b) and a gRPC client to it."""
-    for doc in _documents():
+    for doc in two_model_documents():
         (tmp_path / f"{doc['model']}.yaml").write_text(yaml.safe_dump(doc))
     config = parse_config(
         {
@@ -132,23 +115,6 @@ async def _warm(server: SelfHostedEmulator, model: str) -> None:
             await asyncio.sleep(0.05)
 
 
-async def _route(dispatcher: Dispatcher, db: Database, tenant: str) -> dict[str, Any]:
-    s = GenerationSpec(
-        tenant_id=tenant,
-        prompt="a red fox in snow",
-        mode=Mode.TEXT_TO_VIDEO,
-        output=OutputSpec(width=1280, height=720, duration_ms=4000),
-    )
-    async with db.unit(NOW) as u:
-        task, _ = await u.create_task(
-            s, idempotency_key=f"load-{tenant}", spec_hash=normalized_spec_hash(s)
-        )
-    result = await dispatch_one(dispatcher, task)
-    assert result.outcome is DispatchOutcome.SELECTED
-    assert result.decision is not None
-    return result.decision.to_json()
-
-
 async def test_dispatcher_routes_to_the_warm_model_from_getload(
     db: Database,
     catalogs: CatalogQueries,
@@ -160,23 +126,28 @@ async def test_dispatcher_routes_to_the_warm_model_from_getload(
     without load the same tasks are near ties; explain shows the load of both."""
     await publish_documents(
         db,
-        _documents(),
+        two_model_documents(),
         [AccountConfig("self_hosted", "gpu-a", "us", "kms://gpu/a", "127.0.0.1:7003")],
         now=NOW,
         source="test",
     )
-    dispatcher = Dispatcher(
-        db=db,
-        catalogs=catalogs,
-        leases=MemoryLeaseStore(),
-        adapters={"self_hosted": client},
-        monitor=monitor,
-        router=ROUTER,
-        leader=LocalLock("selfhosted-load"),
-        config=DispatcherConfig(),
-        clock=lambda: NOW,
-    )
-    blind = [await _route(dispatcher, db, f"blind-{n}") for n in range(3)]
+
+    def dispatcher_with(loads: LoadBook | None) -> Dispatcher:
+        return Dispatcher(
+            db=db,
+            catalogs=catalogs,
+            leases=MemoryLeaseStore(),
+            adapters={"self_hosted": client},
+            monitor=monitor,
+            router=LOAD_ROUTER,
+            leader=LocalLock("selfhosted-load"),
+            config=DispatcherConfig(),
+            clock=lambda: NOW,
+            loads=loads,
+        )
+
+    dispatcher = dispatcher_with(None)
+    blind = [await route_new_task(dispatcher, db, f"blind-{n}") for n in range(3)]
     assert {d["selection_reason"] for d in blind} == {"bucketed_near_tie"}
     assert "load" not in blind[0]["facts"]
 
@@ -185,9 +156,9 @@ async def test_dispatcher_routes_to_the_warm_model_from_getload(
     await book.refresh()
     assert book.report("self_hosted")["wan-b"].warm
     assert not book.report("self_hosted")["wan-a"].warm
-    dispatcher.loads = book
+    dispatcher = dispatcher_with(book)
     for n in range(4):
-        decision = await _route(dispatcher, db, f"seen-{n}")
+        decision = await route_new_task(dispatcher, db, f"seen-{n}")
         assert decision["selected"] == B
         assert decision["selection_reason"] == "best_score"
     load = decision["facts"]["load"]
@@ -241,7 +212,7 @@ async def test_runtime_runs_the_load_refresh_for_every_dispatcher(
     runtime = build_scheduling(
         db=db,
         database_url=database_url,
-        leases=MemoryLeaseStore(),
+        leases=MemoryLeaseStore,
         adapters=fakes,
         policy=example_policy("router-load"),
         # Reports kept for 60 s: this test is about the loop, the age-out has its own test

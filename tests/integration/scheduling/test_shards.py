@@ -54,11 +54,13 @@ def tenants_covering_every_shard(per_shard: int = 2) -> list[str]:
 def replica(
     name: str, db: Database, pg_url: str, leases: MemoryLeaseStore, adapter: CompilingAdapter
 ) -> SchedulingRuntime:
-    """One control-plane replica's scheduling, as `bootstrap` wires it (in process)."""
+    """One control-plane replica's scheduling, as `bootstrap` wires it (in process), on the
+    replicas' one shared `leases` (as two processes on one Redis; built fail closed like the
+    runtime's own, whose wake-up hooks are each process's and not modelled here)."""
     runtime = build_scheduling(
         db=db,
         database_url=pg_url,
-        leases=leases,
+        leases=lambda **_hooks: leases,
         adapters=adapter.for_providers(["runway", "google", "self_hosted"]),  # type: ignore[arg-type]  # a compile-only double of AdapterClient
         policy=example_policy("router-v17"),
         config=DispatcherConfig(shard_count=SHARDS, poll_interval_s=0.05, leader_retry_s=0.1),
@@ -83,7 +85,7 @@ def taken(runtime: SchedulingRuntime) -> dict[int, int]:
 async def test_two_replicas_split_the_shards_and_dispatch_each_task_once_by_its_leader(
     pg_url: str, db: Database, published: None, adapter: CompilingAdapter
 ) -> None:
-    leases = MemoryLeaseStore()
+    leases = MemoryLeaseStore(fail_closed=True)
     a = replica("a", db, pg_url, leases, adapter)
     b = replica("b", db, pg_url, leases, adapter)
     try:
@@ -102,6 +104,9 @@ async def test_two_replicas_split_the_shards_and_dispatch_each_task_once_by_its_
             a.wake()
             b.wake()
             await eventually(lambda: {t.id for t in tasks} <= set(watch.counts))
+        # A dispatcher counts what it took after its round's transaction committed: the
+        # attempts can be seen a moment before the counters.
+        await eventually(lambda: sum(taken(a).values()) + sum(taken(b).values()) >= len(tasks))
         counts = await attempt_counts(db)
         assert all(counts[t.id] == 1 for t in tasks), counts  # each task dispatched once
         assert led(a) == a_shards
@@ -116,7 +121,7 @@ async def test_two_replicas_split_the_shards_and_dispatch_each_task_once_by_its_
                 assert taken(other)[shard] == 0
 
         # A stops: its session ends, its advisory locks go, and B leads every shard.
-        before = taken(a)
+        before, before_b = taken(a), taken(b)
         await a.stop()
         await eventually(lambda: led(b) == set(range(SHARDS)))
         async with AttemptWatch(db, leases) as watch:
@@ -127,6 +132,7 @@ async def test_two_replicas_split_the_shards_and_dispatch_each_task_once_by_its_
             ]
             b.wake()
             await eventually(lambda: {t.id for t in late} <= set(watch.counts))
+        await eventually(lambda: sum(taken(b).values()) - sum(before_b.values()) >= len(late))
         counts = await attempt_counts(db)
         assert all(counts[t.id] == 1 for t in late)
         assert taken(a) == before
@@ -144,7 +150,7 @@ async def test_a_killed_replica_session_frees_its_shards(
     the other replica takes them without any unlock."""
     from tests.integration.scheduling.test_leader import kill_session
 
-    leases = MemoryLeaseStore()
+    leases = MemoryLeaseStore(fail_closed=True)
     a = replica("a", db, pg_url, leases, adapter)
     b = replica("b", db, pg_url, leases, adapter)
     try:
@@ -245,7 +251,7 @@ def test_on_sqlite_one_process_dispatches_every_tenant_whatever_the_shard_count(
     runtime = build_scheduling(
         db=db,
         database_url=database_url,
-        leases=MemoryLeaseStore(),
+        leases=MemoryLeaseStore,
         adapters=adapter.for_providers(["runway"]),  # type: ignore[arg-type]  # a compile-only double of AdapterClient
         policy=example_policy("router-v17"),
         config=DispatcherConfig(shard_count=SHARDS),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from controlplane.persistence.records import TaskRecord
 from controlplane.scheduling.dispatcher import DispatcherConfig, DispatchOutcome
 from controlplane.service.tasks import CreateTaskInput, TaskService
 from controlplane.service.tenants import TenantAdmission, TenantBook, TenantConfigService
+from controlplane.service.versioned import Release
 from tests.integration.scheduling.conftest import DispatcherFactory
 from tests.integration.scheduling.support import NOW, make_spec
 from tests.integration.scheduling.test_fair_dispatch import (
@@ -42,6 +44,16 @@ def document(version: str, tenants: dict[str, Any]) -> str:
             "tenants": tenants,
         }
     )
+
+
+class Clock:
+    """A wall clock the test moves (the tenants service's)."""
+
+    def __init__(self) -> None:
+        self.now: datetime = NOW
+
+    def __call__(self) -> datetime:
+        return self.now
 
 
 def weighted(version: str) -> str:
@@ -110,6 +122,28 @@ async def test_a_class_cap_holds_and_lifts_on_rollback_without_a_restart(
     await service.rollback()
     assert await dispatcher.tick() == 8
     assert (await states_by_tenant(db))[("A", TaskState.QUEUED.value)] == 0
+
+
+async def test_a_scheduled_cap_reaches_the_next_round_at_its_time(
+    db: Database, make_dispatcher: DispatcherFactory
+) -> None:
+    """A capped version scheduled for later changes nothing before its time; once the activator
+    applies it, the dispatcher's next round (its per-round re-read) holds A to the cap."""
+    clock = Clock()
+    book = TenantBook(db)
+    service = TenantConfigService(db, book, clock=clock)
+    await service.publish(document("open", {}))
+    capped = {"A": {"service_classes": {"STANDARD": {"max_in_flight": 2}}}}
+    at = NOW + timedelta(minutes=5)
+    await service.release(document("capped", capped), release=Release(activate_at=at))
+    await bulk_queue(db, "A", 10)
+    dispatcher = make_dispatcher(config=DispatcherConfig(batch_size=4), tenants=book)
+    assert await service.documents.apply_due() == []
+    assert await dispatcher.tick() == 4  # still open: a whole batch
+    clock.now = at
+    assert [a.version for a in await service.documents.apply_due()] == ["capped"]
+    assert await dispatcher.tick() == 0  # A holds 4 >= its new cap of 2
+    assert book.version == "capped"
 
 
 async def test_allowed_and_preferred_regions_reach_routing(

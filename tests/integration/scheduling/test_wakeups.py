@@ -1,6 +1,6 @@
 """Wake-ups over a real NATS broker (a private ``nats-server`` each test starts on a free port).
 
-Two replicas in one process: the writer's (`Database.after_commit` -> its bus) and the
+Two replicas in one process: the writer's (the `after_commit` of its `Database` -> its bus) and the
 dispatcher's (its bus -> `Dispatcher.wake`), so a wake-up reaches the dispatcher only through
 the broker. Polling stays what is relied on: with the broker killed under load every task is
 still dispatched within a poll interval, once, and the wake-ups resume when it is back.
@@ -114,7 +114,7 @@ async def wakes_the_other_replica(
         leader=LocalLock(f"wake-{id(writer)}"), config=DispatcherConfig(poll_interval_s=poll)
     )
     dispatcher_side.subscribe(Topic.QUEUED, d.wake)
-    db.after_commit = writer.notify
+    db = db.notifying(writer.notify)  # the writer replica's commits
     stop = asyncio.Event()
     run = None
     watch = AttemptWatch(db, leases)
@@ -139,7 +139,6 @@ async def wakes_the_other_replica(
         stop.set()
         if run is not None:
             await run
-        db.after_commit = None
         await writer.close()
         await dispatcher_side.close()
 
@@ -174,7 +173,7 @@ async def test_broker_killed_under_load_loses_nothing_and_wakeups_resume(
     )
     writer, dispatcher_side = NatsWakeBus(nats.url), NatsWakeBus(nats.url)
     dispatcher_side.subscribe(Topic.QUEUED, d.wake)
-    db.after_commit = writer.notify
+    db = db.notifying(writer.notify)  # the writer replica's commits
     stop = asyncio.Event()
     created: dict[int, float] = {}
     run = None
@@ -208,16 +207,18 @@ async def test_broker_killed_under_load_loses_nothing_and_wakeups_resume(
         # Nothing lost, nothing dispatched twice: one attempt per task.
         attempts = await attempt_counts(db)
         assert all(attempts[t] == 1 for t in created), attempts
-        # Every task within about one poll interval (plus a round) of its creation.
+        # Every task within about one poll interval (plus a round) of its creation. A round on
+        # SQLite beside a 3-worker suite has taken up to 2.5 s (five tasks waited 3.4-3.5 s in
+        # one CI run, with nothing lost): the bound is the poll plus such a round; a task left
+        # without a wake-up and without the poll would never be seen at all.
         waits = sorted(watch.first_seen[t] - created[t] for t in created)
-        assert waits[-1] < poll + 2.0, waits[-5:]
+        assert waits[-1] < poll + 3.0, waits[-5:]
         assert dispatcher_side.received > received_before  # wake-ups resumed after the outage
     finally:
         await watch.__aexit__()
         stop.set()
         if run is not None:
             await run
-        db.after_commit = None
         await writer.close()
         await dispatcher_side.close()
 

@@ -77,8 +77,8 @@ async def test_async_client_runs_a_task_end_to_end(stack: Stack, tmp_path: Path)
 
 async def test_async_admin_calls(stack: Stack) -> None:
     """providers, health, force_breaker (forced and released) and publish_capabilities: a dry
-    run of a new version of the shipped Runway file counts its rows; republishing a stored
-    version with other content is rejected with the entry named."""
+    run of a new version of the shipped Runway file counts its rows; the shipped file itself
+    changes nothing; a stored version with other content is rejected with the version named."""
     async with AsyncClient(stack.target, token=stack.token) as client:
         runway = next(p for p in await client.providers() if p.provider == "runway")
         model = runway.capabilities[0].model
@@ -97,8 +97,13 @@ async def test_async_admin_calls(stack: Stack) -> None:
         dry = await client.publish_capabilities(newer, source="runway-2099.yaml", dry_run=True)
         assert dry.dry_run
         assert sum(dry.counts.values()) > 0
+        same = await client.publish_capabilities(RUNWAY_CAPABILITIES, dry_run=True)
+        assert {c.kind for c in same.changes} == {"UNCHANGED"}  # what the sidecar described
+        other = shipped.replace(
+            "modes: [TEXT_TO_VIDEO, IMAGE_TO_VIDEO]", "modes: [IMAGE_TO_VIDEO]", 1
+        )
         with pytest.raises(errors.InvalidArgument) as bad:
-            await client.publish_capabilities(RUNWAY_CAPABILITIES, dry_run=True)
+            await client.publish_capabilities(other, dry_run=True)
         assert "runway/gen4.5/2026-06-01" in bad.value.field_violations[0].description
 
 

@@ -159,10 +159,11 @@ def test_list_iterates_every_page(stack: Stack) -> None:
 
 def test_cancel_of_a_running_task_is_requested_then_already_finished(stack: Stack) -> None:
     """A task at the provider is REQUESTED (not yet CANCELLED), ends CANCELLED once the provider
-    confirms, and cancelling it again is ALREADY_FINISHED with nothing changed. (The job is held
-    THROTTLED for its next 8 polls, so it cannot succeed before the cancel reaches it.)"""
+    confirms, and cancelling it again is ALREADY_FINISHED with nothing changed. (Runway holds
+    the job THROTTLED in its queue from its create on, for more polls than the test can make,
+    so it cannot succeed before the cancel reaches it, however slow the machine.)"""
     stack.farm.emulator("runway").add_faults(
-        {"route": "GET /v1/tasks/*", "times": 1, "action": "throttle_polls", "n": 8}
+        {"route": "POST /v1/text_to_video", "times": 1, "action": "throttle_polls", "n": 10**6}
     )
     try:
         with Client(stack.target, token=stack.token) as client:

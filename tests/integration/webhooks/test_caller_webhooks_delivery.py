@@ -271,7 +271,7 @@ async def test_a_committed_message_wakes_the_idle_worker(db: Database) -> None:
     """The terminal event's commit wakes the delivery worker through the wake-up bus: with a
     30 s idle pause the message still arrives within seconds."""
     bus = LocalWakeBus()
-    db.after_commit = bus.notify
+    db = db.notifying(bus.notify)
     await bus.start()
     pol = policy(allow_private=True)
     slow_poll = dataclasses.replace(FAST, idle_s=30.0)

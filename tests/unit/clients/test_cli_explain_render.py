@@ -39,3 +39,33 @@ def test_explain_prints_each_candidates_penalties(capsys: pytest.CaptureFixture[
         "0.420",
         "COLD_START=-0.050,GPU_UTILIZATION=-0.250",
     ]
+
+
+def test_explain_prints_the_selection_reason_and_each_candidates_inputs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The selected line names why it was chosen; below the table each eligible candidate with
+    evidence lists what its components read (the p95 among them); one without lists nothing."""
+    decision = scheduler_pb2.RouteDecision(
+        decision_no=1,
+        reason_code="SELECTED",
+        selection_reason="beats_incumbent_by_delta",
+        selected_candidate="runway/gen4.5/prod-us",
+        candidates=[
+            scheduler_pb2.CandidateScore(
+                candidate_id="runway/gen4.5/prod-us",
+                eligible=True,
+                score=0.61,
+                inputs={"p95_latency_s": 130.25, "window_samples": 42.0},
+            ),
+            scheduler_pb2.CandidateScore(
+                candidate_id="google/veo-3.1-generate-preview/veo-prod-us", eligible=True, score=0.5
+            ),
+        ],
+    )
+    cli_render.print_explain([decision], "7")
+    out = capsys.readouterr().out
+    assert "selected: runway/gen4.5/prod-us (beats_incumbent_by_delta)" in out
+    lines = [line.strip() for line in out.splitlines()]
+    assert "runway/gen4.5/prod-us: p95_latency_s=130.2  window_samples=42" in lines
+    assert not [line for line in lines if line.startswith("google/") and "=" in line]

@@ -24,7 +24,8 @@ def test_flags_fill_every_spec_field() -> None:
             samples=2, seed=7, safety_profile="strict", routing="preferred", provider="google",
             model="veo-3.1-generate-preview", prefer=("google", "runway"), max_cost="0.50USD",
             max_queue_delay_s=1.5, region="us", degrade=True, service_class="interactive",
-            priority=-5, idempotency_key="k1", webhook_url="https://hooks.example.com/v",
+            priority=-5, category="people", style="render-3d", has_human=False,
+            camera_motion="orbit", idempotency_key="k1", webhook_url="https://hooks.example.com/v",
             webhook_events=("task.progress",), first_frame="https://cdn.example.com/a.png",
             last_frame="https://cdn.example.com/b.jpg", references=("s3://bucket/ref.webp",),
         )
@@ -52,6 +53,11 @@ def test_flags_fill_every_spec_field() -> None:
     assert r.allow_semantic_degrade
     assert spec.service_class == gen.SERVICE_CLASS_INTERACTIVE
     assert spec.priority == -5
+    c = spec.content
+    assert (c.category, c.style) == (gen.CONTENT_CATEGORY_PEOPLE, gen.STYLE_RENDER_3D)
+    assert c.HasField("has_human")
+    assert not c.has_human
+    assert c.camera_motion == gen.CAMERA_MOTION_ORBIT
     assert (spec.first_frame.object_uri, spec.first_frame.mime_type) == (
         "https://cdn.example.com/a.png",
         "image/png",
@@ -90,10 +96,13 @@ def test_a_yaml_spec_file_is_read_and_flags_override_it(tmp_path: Path) -> None:
         "tenant_id: acme\nprompt: from the file\nmode: MODE_IMAGE_TO_VIDEO\n"
         "first_frame: {object_uri: 'https://cdn.example.com/f.png', mime_type: image/png}\n"
         "output: {width: 720, height: 1280, duration_ms: 5000}\n"
-        "routing: {mode: ROUTING_MODE_STRICT_MODEL, required_model: gen4.5}\n",
+        "routing: {mode: ROUTING_MODE_STRICT_MODEL, required_model: gen4.5}\n"
+        "content: {style: STYLE_ANIME, has_human: true}\n",
         encoding="utf-8",
     )
     spec = build_request(SubmitFlags(spec_file=path, prompt="from the flag", duration_s=6)).spec
+    assert spec.content.style == gen.STYLE_ANIME
+    assert spec.content.has_human
     assert spec.prompt == "from the flag"
     assert spec.tenant_id == "acme"
     assert spec.mode == gen.MODE_IMAGE_TO_VIDEO

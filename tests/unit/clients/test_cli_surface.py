@@ -29,7 +29,9 @@ def test_every_command_and_option_has_help() -> None:
         "vidroute up", "vidroute serve", "vidroute migrate", "vidroute submit", "vidroute get",
         "vidroute list", "vidroute cancel", "vidroute watch", "vidroute explain",
         "vidroute providers", "vidroute breakers", "vidroute health",
-        "vidroute capabilities publish", "vidroute download", "vidroute url", "vidroute balance",
+        "vidroute capabilities publish", "vidroute capabilities activate",
+        "vidroute capabilities rollback", "vidroute capabilities history", "vidroute download",
+        "vidroute url", "vidroute balance",
         "vidroute ledger", "vidroute credit", "vidroute costs", "vidroute reconcile",
         "vidroute feedback", "vidroute quality", "vidroute routing canaries",
     } <= names  # fmt: skip

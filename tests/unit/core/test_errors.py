@@ -17,6 +17,7 @@ from vidroute_core.errors import (
     classify_http_status,
     make_error,
     may_fail_over,
+    may_retry_after_fix,
     may_retry_same,
 )
 
@@ -168,3 +169,16 @@ def test_classify_http_status_rejects_non_errors(status: int) -> None:
     """Only 4xx and 5xx statuses are classified; anything else is a caller bug."""
     with pytest.raises(ValueError, match="not an error"):
         classify_http_status(status, provider_contract_says_not_created=True)
+
+
+@given(st.sampled_from(list(ErrorClass)), st.booleans())
+def test_a_retry_after_fix_needs_an_after_fix_class_a_refusal_and_a_repair(
+    error_class: ErrorClass, repaired: bool
+) -> None:
+    """Only an AFTER_FIX class (ASSET_UNAVAILABLE), definitely refused, and actually repaired may
+    be sent once more; a possibly accepted submit never is, whatever was repaired."""
+    error = make_error(error_class, "X", "m")
+    allowed = may_retry_after_fix(error, repaired=repaired)
+    assert allowed == (repaired and error_class is E.ASSET_UNAVAILABLE)
+    if error.provider_may_have_accepted:
+        assert not allowed

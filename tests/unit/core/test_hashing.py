@@ -25,13 +25,18 @@ from vidroute_core.hashing import (
     request_hash,
 )
 from vidroute_core.spec import (
+    NO_TAGS,
     AssetRef,
+    CameraMotion,
+    ContentCategory,
+    ContentTags,
     GenerationSpec,
     Mode,
     OutputSpec,
     RoutingMode,
     RoutingPolicy,
     ServiceClass,
+    Style,
 )
 from vidroute_core.validation import validate_spec
 
@@ -80,6 +85,13 @@ routings = st.builds(
     allow_semantic_degrade=st.booleans(),
     region=st.just("") | ids,
 )
+contents = st.builds(
+    ContentTags,
+    category=st.none() | st.sampled_from(ContentCategory),
+    style=st.none() | st.sampled_from(Style),
+    has_human=st.none() | st.booleans(),
+    camera_motion=st.none() | st.sampled_from(CameraMotion),
+)
 specs = st.builds(
     GenerationSpec,
     tenant_id=ids,
@@ -98,6 +110,7 @@ specs = st.builds(
     routing=routings,
     service_class=st.sampled_from(ServiceClass),
     priority=st.integers(-100, 100),
+    content=st.just(NO_TAGS) | contents,
 )
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | texts,
@@ -117,6 +130,7 @@ OPTIONAL: dict[str, object] = {
     "safety_profile": "",
     "service_class": "STANDARD",
     "priority": 0,
+    "content": {"category": None, "style": None, "has_human": None, "camera_motion": None},
 }
 OPTIONAL_OUTPUT: dict[str, object] = {"fps": 24, "with_audio": False, "sample_count": 1}
 OPTIONAL_ROUTING = spec_to_dict(GenerationSpec("t", "p", Mode.TEXT_TO_VIDEO, OutputSpec(2, 2, 1)))[
@@ -318,6 +332,22 @@ def test_spec_hash_changes_with_prompt(spec: GenerationSpec, prompt: str) -> Non
     nfc = unicodedata.normalize
     assume(nfc("NFC", prompt) != nfc("NFC", spec.prompt))
     assert normalized_spec_hash(replace(spec, prompt=prompt)) != normalized_spec_hash(spec)
+
+
+@given(specs, contents)
+def test_spec_hash_changes_with_content_tags(spec: GenerationSpec, tags: ContentTags) -> None:
+    """The same request with other content tags is another spec (it routes on other quality)."""
+    assume(tags != spec.content)
+    assert normalized_spec_hash(replace(spec, content=tags)) != normalized_spec_hash(spec)
+
+
+@given(specs)
+def test_codec_round_trips_content_tags(spec: GenerationSpec) -> None:
+    """Stored specs keep their tags; a spec stored before tags existed decodes untagged."""
+    assert spec_from_dict(spec_to_dict(spec)) == spec
+    legacy = spec_to_dict(replace(spec, content=NO_TAGS))
+    del legacy["content"]
+    assert spec_from_dict(legacy).content == NO_TAGS
 
 
 @given(specs, st.integers(1, 600_000))

@@ -53,6 +53,8 @@ NOT_DURATIONS = frozenset(
         "bad_signature",
         "stale",
         "unknown_provider",
+        "baseline_min_samples",  # BreakerConfig: calls before a slow-call baseline exists
+        "baseline_quantile",  # ... and which quantile of them it is (a ratio)
         "buckets",
         "hysteresis_delta",
         "max_cost_per_success_micros",
@@ -74,6 +76,7 @@ NOT_DURATIONS = frozenset(
         "half_open_max_probes",
         "half_open_successes_to_close",
         "jitter_max",
+        "learn_min_samples",  # PollingPolicy: finished jobs before their p95 is learned
         "jitter_min",
         "max_aging_bonus",
         "max_cancel_calls",
@@ -92,11 +95,13 @@ NOT_DURATIONS = frozenset(
         "min_samples",
         "min_step",  # ProgressThrottle: a fraction of progress, not time
         "near_p95_fraction",
+        "plausible_factor",  # PollingPolicy: max plausible as a multiple of the p99
         "quantum",
         "scale",  # PollingPolicy's own multiplier, left at 1: the time scale replaces it
         "scan_limit",
         "shard",
         "shard_count",
+        "slow_call_factor",  # BreakerConfig: slow = over this multiple of the baseline
         "slow_call_rate",
         "time_scale",
         "usage_lookup_after_queries",

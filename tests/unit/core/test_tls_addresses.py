@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.bootstrap import _adapter_client
+from controlplane.adapters.connect import adapter_client
 from vidroute_core.tls import TlsConfigError, TlsSettings, host_of, is_loopback
 
 
@@ -35,7 +35,7 @@ async def test_plaintext_to_a_remote_sidecar_is_refused_unless_tls_is_off() -> N
     """Without certificate files the control plane dials only loopback sidecars, unless
     VIDROUTE_TLS=off says plaintext is intended."""
     with pytest.raises(TlsConfigError, match="VIDROUTE_TLS=off"):
-        _adapter_client(TlsSettings(), "adapter-runway:50061", {})
+        adapter_client(TlsSettings(), "adapter-runway:50061", {})
     off = TlsSettings.from_env({"VIDROUTE_TLS": "off"})
     for settings, address in ((TlsSettings(), "127.0.0.1:50061"), (off, "adapter-runway:50061")):
-        await _adapter_client(settings, address, {}).close()  # built: nothing dialled yet
+        await adapter_client(settings, address, {}).close()  # built: nothing dialled yet

@@ -272,7 +272,11 @@ def _components(
         quality=min(1.0, max(0.0, ctx.quality.get(c.id, cfg.default_quality))),
         success=health.success_lower_bound if health is not None else 0.0,
         latency=latency,
-        cost=scoring.cost_score(float(v.estimated_cost_micros or 0), *cost_range),
+        cost=(
+            scoring.cost_score(float(v.estimated_cost_micros or 0), *cost_range)
+            if cost_range[1] > 0
+            else scoring.relative_cost_score(float(v.estimated_cost_micros or 0), cost_range[0])
+        ),
         capacity=scoring.capacity_score(cap.available, cap.maximum) if cap else 1.0,
         region=scoring.region_score(c.region, ctx.preferred_regions),
         preference=scoring.preference_score(c.provider, preferred) if preferred else 0.5,
@@ -290,8 +294,8 @@ def _score_all(
     out: dict[str, scoring.ScoreBreakdown] = {}
     costs = [float(e.estimated_cost_micros or 0) for e in eligible] or [0.0]
     budget = spec.routing.max_estimated_cost_micros
-    # The cheapest eligible candidate scores 1; the budget (or 1.5x the dearest) scores 0.
-    cost_range = (min(costs), float(budget) if budget > 0 else max(costs) * 1.5 + 1.0)
+    # The cheapest eligible candidate scores 1; the budget scores 0; no budget: relative.
+    cost_range = (min(costs), float(budget) if budget > 0 else 0.0)
     for v in eligible:
         penalties = []
         if v.candidate.lifecycle == "deprecated":
@@ -330,7 +334,7 @@ def _select(
     band = [cid for cid, s in ranked if s >= best - cfg.policy.hysteresis_delta]
     if len(band) == 1:
         return band[0], "best_score", None
-    slot = scoring.bucket(_group_key(task_id, spec), len(band))
+    slot = scoring.rendezvous(_group_key(task_id, spec), band)
     return band[slot], "bucketed_near_tie", slot
 
 

@@ -128,16 +128,34 @@ def test_success_resets_consecutive_failures() -> None:
     assert breaker.state is BreakerState.CLOSED
 
 
+SLOW = CallOutcome.failed(FailureKind.TIMEOUT_OVER_BASELINE, latency_ms=9_000)
+
+
 def test_opens_on_slow_calls() -> None:
-    """More than slow_call_rate of calls above the slow threshold opens the breaker."""
-    breaker, _ = make(BreakerConfig(slow_call_threshold_ms=4_000, slow_call_rate=0.05))
+    """More than slow_call_rate of calls over their baseline (TIMEOUT_OVER_BASELINE, 9.15.1)
+    opens the breaker as slow_calls: the window's p95 is over the slow threshold (9.15.2)."""
+    breaker, _ = make(BreakerConfig(slow_call_rate=0.05))
     for _ in range(19):
         assert breaker.record(CallOutcome.ok(latency_ms=1_000)) is None
-    transition = breaker.record(CallOutcome.ok(latency_ms=9_000))  # 1/20 = 5%: not above
+    transition = breaker.record(SLOW)  # 1/20 = 5%: not above
     assert transition is None
-    transition = breaker.record(CallOutcome.ok(latency_ms=9_000))  # 2/21 > 5%
+    transition = breaker.record(SLOW)  # 2/21 > 5%
     assert transition is not None
     assert transition.reason == "slow_calls"
+    assert transition.metrics["slow_calls"] == 2
+
+
+def test_a_slow_probe_reopens_the_breaker() -> None:
+    """In HALF_OPEN a probe that answered but over its baseline is no success: it reopens."""
+    breaker, clock = make()
+    trip(breaker)
+    clock.advance(30)
+    probe = breaker.try_acquire()
+    assert isinstance(probe, Permit)
+    assert not breaker.probe_succeeded(SLOW)
+    transition = breaker.record(SLOW, probe)
+    assert transition is not None
+    assert (transition.new, transition.reason) == (BreakerState.OPEN, "probe_failed")
 
 
 def test_open_rejects_until_cooldown_then_half_opens() -> None:
@@ -285,7 +303,7 @@ def test_remote_open_is_adopted_until_deadline() -> None:
 @pytest.mark.parametrize("failure", EXCLUDED)
 def test_excluded_errors_never_trip_in_long_runs(failure: str) -> None:
     """Thousands of user-side failures (input, safety, cancel, unsupported) never trip it."""
-    breaker, clock = make(BreakerConfig(slow_call_threshold_ms=1_000))
+    breaker, clock = make(BreakerConfig(slow_call_rate=0.0))
     for _ in range(5_000):
         outcome = CallOutcome.failed(failure, latency_ms=60_000)
         assert breaker.record(outcome, permit(breaker)) is None

@@ -10,14 +10,26 @@ from hypothesis import strategies as st
 
 from controlplane.domain.quality import (
     BUCKET_VALUES,
+    TAG_VALUES,
     QualityConfig,
     QualityCounts,
     QualityTable,
     bucket_key,
     estimate,
+    gate_pass_rate,
     parse_bucket,
 )
-from vidroute_core.spec import AssetRef, GenerationSpec, Mode, OutputSpec
+from vidroute_core.spec import (
+    NO_TAGS,
+    AssetRef,
+    CameraMotion,
+    ContentCategory,
+    ContentTags,
+    GenerationSpec,
+    Mode,
+    OutputSpec,
+    Style,
+)
 
 REF = AssetRef(object_uri="s3://bucket/ref.png", mime_type="image/png")
 
@@ -29,6 +41,7 @@ def spec(  # noqa: PLR0917 - a test builder: positional defaults read best at th
     audio: bool = False,
     refs: int = 0,
     prompt: str = "a fox",
+    content: ContentTags = NO_TAGS,
 ) -> GenerationSpec:
     return GenerationSpec(
         tenant_id="t",
@@ -36,9 +49,17 @@ def spec(  # noqa: PLR0917 - a test builder: positional defaults read best at th
         mode=Mode.TEXT_TO_VIDEO,
         output=OutputSpec(width=width, height=height, duration_ms=ms, with_audio=audio),
         references=(REF,) * refs,
+        content=content,
     )
 
 
+tags = st.builds(
+    ContentTags,
+    category=st.none() | st.sampled_from(ContentCategory),
+    style=st.none() | st.sampled_from(Style),
+    has_human=st.none() | st.booleans(),
+    camera_motion=st.none() | st.sampled_from(CameraMotion),
+)
 specs = st.builds(
     spec,
     width=st.integers(16, 8192),
@@ -47,6 +68,7 @@ specs = st.builds(
     audio=st.booleans(),
     refs=st.integers(0, 4),
     prompt=st.text(max_size=20),
+    content=tags,
 )
 counts = st.builds(
     lambda a, r, g, checks, d: QualityCounts(a, r, g, checks, min(d, checks)),
@@ -75,6 +97,7 @@ def test_bucket_key_is_deterministic_and_parses_back(s: GenerationSpec) -> None:
     key = bucket_key(s)
     parts = parse_bucket(key)
     assert all(parts[k] in values for k, values in BUCKET_VALUES.items())
+    assert all(parts[k] in values for k, values in TAG_VALUES.items() if k in parts)
     assert bucket_key(dataclasses.replace(s, prompt=s.prompt + "!")) == key
 
 
@@ -148,15 +171,92 @@ def test_counts_refuse_more_defects_than_checks() -> None:
 
 
 def test_table_scores_only_the_asked_bucket() -> None:
-    """A table answers for the task's bucket only: another bucket of the same model is absent."""
+    """A table answers from the task's bucket only: another bucket's evidence leaves the model at
+    its prior, and each model's own prior is where its score starts."""
     x, y = (
         "audio=false,duration=short,refs=0,resolution=720p",
         "audio=false,duration=medium,refs=0,resolution=720p",
     )
     table = QualityTable({("p", "a", "TEXT_TO_VIDEO", x): QualityCounts(rejected=30)})
-    cands = [("p/a/acct", "p", "a"), ("p/b/acct", "p", "b")]
-    in_x = table.scores(cands, "TEXT_TO_VIDEO", x, 0.5)
-    assert set(in_x) == {"p/a/acct"}
+    cands = [("p/a/acct", "p", "a", 0.5), ("p/b/acct", "p", "b", 0.8)]
+    in_x = table.scores(cands, "TEXT_TO_VIDEO", x)
     assert in_x["p/a/acct"] < 0.5
-    assert table.scores(cands, "TEXT_TO_VIDEO", y, 0.5) == {}
-    assert table.scores(cands, "IMAGE_TO_VIDEO", x, 0.5) == {}
+    assert in_x["p/b/acct"] == 0.8
+    assert table.scores(cands, "TEXT_TO_VIDEO", y) == {"p/a/acct": 0.5, "p/b/acct": 0.8}
+    assert table.scores(cands, "IMAGE_TO_VIDEO", x) == {"p/a/acct": 0.5, "p/b/acct": 0.8}
+
+
+def test_evidence_is_shrunk_toward_the_models_own_prior() -> None:
+    """The same evidence scores higher for a model whose capability prior is higher."""
+    x = "audio=false,duration=short,refs=0,resolution=720p"
+    evidence = QualityCounts(accepted=3, rejected=3)
+    table = QualityTable(
+        {
+            ("p", "a", "TEXT_TO_VIDEO", x): evidence,
+            ("p", "b", "TEXT_TO_VIDEO", x): evidence,
+        }
+    )
+    got = table.scores([("A", "p", "a", 0.3), ("B", "p", "b", 0.9)], "TEXT_TO_VIDEO", x)
+    assert got["A"] < got["B"]
+    assert got["A"] == pytest.approx(estimate(evidence, 0.3).score)
+
+
+def test_content_tags_extend_the_bucket_key_only_when_given() -> None:
+    """An untagged spec keeps its pre-tag key; each given tag appends its dimension in order."""
+    base = "audio=false,duration=short,refs=0,resolution=720p"
+    assert bucket_key(spec()) == base
+    tagged = ContentTags(
+        category=ContentCategory.PEOPLE,
+        style=Style.ANIME,
+        has_human=True,
+        camera_motion=CameraMotion.ORBIT,
+    )
+    assert bucket_key(spec(content=tagged)) == (
+        base + ",category=people,style=anime,human=true,camera=orbit"
+    )
+    assert bucket_key(spec(content=ContentTags(has_human=False))) == base + ",human=false"
+    assert bucket_key(spec(content=ContentTags(style=Style.RENDER_3D))) == (
+        base + ",style=render_3d"
+    )
+
+
+@given(tags, tags)
+def test_different_tags_are_different_buckets(a: ContentTags, b: ContentTags) -> None:
+    """Two specs alike but for their tags share a bucket exactly when their tags are equal."""
+    assert (bucket_key(spec(content=a)) == bucket_key(spec(content=b))) == (a == b)
+
+
+def test_parse_bucket_refuses_tags_out_of_order_or_vocabulary() -> None:
+    """A tag outside its vocabulary, repeated or out of its fixed order is not a bucket."""
+    base = "audio=false,duration=short,refs=0,resolution=720p"
+    assert parse_bucket(base + ",style=anime,camera=static")["camera"] == "static"
+    for bad in (
+        base + ",style=watercolour",
+        base + ",camera=static,style=anime",
+        base + ",style=anime,style=anime",
+        base + ",human=maybe",
+        base + ",mood=happy",
+    ):
+        with pytest.raises(ValueError, match="not a quality bucket"):
+            parse_bucket(bad)
+
+
+def test_the_canary_gate_reads_each_well_sampled_bucket() -> None:
+    """The gate's pass rate is the lowest of the overall share and each bucket's with enough
+    checks: 27 of 30 clean overall, but 7 of 10 in the anime bucket, gates at 0.7; a bucket
+    below the minimum speaks only through the overall share; no check is None."""
+    plain, anime = "audio=false,duration=short,refs=0,resolution=720p", "...,style=anime"
+    checks = [(plain, True)] * 20 + [(anime, True)] * 7 + [(anime, False)] * 3
+    assert gate_pass_rate(checks, min_checks=10) == pytest.approx(0.7)
+    assert gate_pass_rate(checks, min_checks=11) == pytest.approx(0.9)
+    assert gate_pass_rate([], min_checks=10) is None
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.booleans()), min_size=1), st.integers(1, 20))
+def test_the_canary_gate_is_never_above_the_overall_share(
+    checks: list[tuple[str, bool]], min_checks: int
+) -> None:
+    """Buckets can only make the gate stricter than the pooled clean share."""
+    rate = gate_pass_rate(checks, min_checks)
+    assert rate is not None
+    assert rate <= sum(ok for _, ok in checks) / len(checks)

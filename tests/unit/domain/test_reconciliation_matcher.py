@@ -6,15 +6,20 @@ import ast
 import dataclasses
 import inspect
 from datetime import UTC, datetime, timedelta
+from types import ModuleType
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from controlplane.domain import reconciliation as rec
+from controlplane.domain import reconciliation_aggregates, reconciliation_types
+from controlplane.domain.billing_rules import BillingRules, FailureCharge, Granularity
 from controlplane.domain.reconciliation import (
     Billed,
     DiscrepancyKind,
     Expectation,
+    PricedAs,
     RecordStatus,
     Settlement,
     reconcile,
@@ -163,10 +168,13 @@ def test_money_kind_by_unit_class() -> None:
     line = bill(1, provider_job_id="op-1", unit="gpu_seconds", milliunits=42_000)
     out = reconcile([dataclasses.replace(line, cost_micros=21_000)], [gpu])
     assert kinds(out) == [(K.WRONG_CONVERSION_RATE, 1)]
-    # Credits: other count -> price version; same count, other money -> conversion rate.
+    # Credits: other count -> price version when a published version gives that count, else an
+    # amount mismatch; same count, other money -> conversion rate.
     cr = exp(1, unit="credits", expected_milliunits=48_000, expected_micros=480_000)
     line = bill(1, provider_job_id="op-1", unit="credits", milliunits=60_000, cost_micros=600_000)
-    assert kinds(reconcile([line], [cr])) == [(K.WRONG_PRICE_VERSION, 1)]
+    assert kinds(reconcile([line], [cr])) == [(K.AMOUNT_MISMATCH, 1)]
+    old = dataclasses.replace(cr, alternatives=(PricedAs("runway-2026-01", 600_000, 60_000),))
+    assert kinds(reconcile([line], [old])) == [(K.WRONG_PRICE_VERSION, 1)]
     line = bill(1, provider_job_id="op-1", unit="credits", milliunits=48_000, cost_micros=960_000)
     assert kinds(reconcile([line], [cr])) == [(K.WRONG_CONVERSION_RATE, 1)]
 
@@ -226,9 +234,13 @@ def test_aggregate_difference_attributed_only_when_one_attempt_explains_it() -> 
 
 
 def test_aggregate_same_credits_other_money_is_conversion() -> None:
+    """The same credits at other money is the conversion rate's fault: pinned on the day's one
+    attempt when there is one, else on the day."""
     out = reconcile([rw_day(1, 48, micros_per_credit=12_000)], [rw_exp(1, 48)])
-    assert kinds(out) == [(K.WRONG_CONVERSION_RATE, None)]
+    assert kinds(out) == [(K.WRONG_CONVERSION_RATE, 1)]
     assert out.discrepancies[0].delta_micros == 48 * 2_000
+    out = reconcile([rw_day(1, 96, micros_per_credit=12_000)], [rw_exp(1, 48), rw_exp(2, 48)])
+    assert kinds(out) == [(K.WRONG_CONVERSION_RATE, None)]
 
 
 def test_aggregate_for_a_model_without_local_jobs() -> None:
@@ -274,9 +286,10 @@ def test_every_record_gets_a_status_and_the_run_is_deterministic(
         assert isinstance(row.expected_micros, int)
 
 
-def test_no_float_in_the_rules() -> None:
+@pytest.mark.parametrize("module", [rec, reconciliation_aggregates, reconciliation_types])
+def test_no_float_in_the_rules(module: ModuleType) -> None:
     """Money here is integers: no float literal, no true division, no float() call."""
-    tree = ast.parse(inspect.getsource(rec))
+    tree = ast.parse(inspect.getsource(module))
     for node in ast.walk(tree):
         assert not (isinstance(node, ast.Constant) and isinstance(node.value, float)), node.lineno
         assert not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div)), node.lineno
@@ -285,3 +298,174 @@ def test_no_float_in_the_rules() -> None:
             and isinstance(node.func, ast.Name)
             and node.func.id == "float"
         ), node.lineno
+
+
+# -- billing rules as data (issue 23 items 1 and 2) -----------------------------------------------
+GPU_RULES = BillingRules(
+    failed=FailureCharge.USAGE, cancelled=FailureCharge.USAGE, price_version="gpu-l40s-2026-06"
+)
+
+
+def gpu_failed(rules: BillingRules = GPU_RULES, **kw: object) -> Expectation:
+    """A self-hosted job that failed after 21 GPU s (7,350 micros measured, ACTUAL entry)."""
+    base: dict[str, object] = {
+        "provider": "self_hosted",
+        "model": "wan2.2-t2v",
+        "unit": "gpu_seconds",
+        "state": "FAILED",
+        "expected_micros": 14_700,
+        "expected_milliunits": 42_000,
+        "measured_micros": 7_350,
+        "measured_milliunits": 21_000,
+        "rules": rules,
+    }
+    base.update(kw)
+    return exp(1, **base)
+
+
+def gpu_line(**kw: object) -> Billed:
+    base: dict[str, object] = {
+        "provider": "self_hosted",
+        "model": "wan2.2-t2v",
+        "unit": "gpu_seconds",
+        "provider_job_id": "op-1",
+        "milliunits": 21_000,
+        "cost_micros": 7_350,
+    }
+    base.update(kw)
+    return bill(1, **base)
+
+
+def test_a_failed_gpu_job_billed_its_gpu_seconds_is_a_correct_bill() -> None:
+    """Under a rule that bills failures their usage, the measured GPU seconds are no
+    discrepancy, and the day's delta is zero."""
+    out = reconcile([gpu_line()], [gpu_failed()])
+    assert out.discrepancies == ()
+    assert out.statuses == {1: RecordStatus.MATCHED}
+    assert (out.billed_micros, out.expected_micros, out.delta_micros) == (7_350, 7_350, 0)
+
+
+def test_the_same_charge_under_a_refunding_rule_is_failed_task_charged() -> None:
+    """Runway's rule (failures billed nothing) makes the same line a disputed charge."""
+    out = reconcile([gpu_line()], [gpu_failed(BillingRules())])
+    assert kinds(out) == [(K.FAILED_TASK_CHARGED, 1)]
+    assert out.discrepancies[0].evidence["billing_rules"]["failed"] == "nothing"
+
+
+def test_a_usage_rule_still_checks_the_amount_and_the_rate() -> None:
+    """Billed GPU seconds other than measured are AMOUNT_MISMATCH; the measured seconds at
+    another rate are WRONG_CONVERSION_RATE; both against the measured cost."""
+    out = reconcile([gpu_line(milliunits=30_000, cost_micros=10_500)], [gpu_failed()])
+    assert kinds(out) == [(K.AMOUNT_MISMATCH, 1)]
+    assert (out.discrepancies[0].billed_micros, out.discrepancies[0].expected_micros) == (
+        10_500,
+        7_350,
+    )
+    out = reconcile([gpu_line(cost_micros=10_500)], [gpu_failed()])
+    assert kinds(out) == [(K.WRONG_CONVERSION_RATE, 1)]
+
+
+def test_a_fixed_failure_fee_and_a_cancellation_billed_nothing() -> None:
+    """A fixed part per failed generation is expected exactly; a cancelled job under a rule
+    that bills cancellations nothing is still FAILED_TASK_CHARGED when billed."""
+    rules = BillingRules(failed=FailureCharge.FIXED, failed_fixed_micros=5_000)
+    assert (
+        reconcile([gpu_line(cost_micros=5_000, milliunits=0)], [gpu_failed(rules)]).discrepancies
+        == ()
+    )
+    cancelled = gpu_failed(BillingRules(failed=FailureCharge.USAGE), state="CANCELLED")
+    assert kinds(reconcile([gpu_line()], [cancelled])) == [(K.FAILED_TASK_CHARGED, 1)]
+
+
+def test_rules_read_from_a_commercial_block_and_default_to_refunds() -> None:
+    """The capability entry's ``commercial.billing`` block is the rules; without one a failure
+    is billed nothing, per job."""
+    com = {
+        "price_version": "gpu-l40s-2026-06",
+        "billing": {"failed": "usage", "cancelled": "usage", "granularity": "job"},
+    }
+    assert BillingRules.from_commercial(com) == GPU_RULES
+    assert BillingRules.from_commercial({"price_version": "v"}) == BillingRules(price_version="v")
+    day = BillingRules.from_commercial({"billing": {"granularity": "model_day"}})
+    assert day.granularity is Granularity.MODEL_DAY
+
+
+VEO31 = {"provider": "runway", "model": "veo3.1", "unit": "credits"}
+OLD_PRICE = "runway-2026-01"  # veo3.1 at 25 credits/s
+
+
+def veo31(attempt: int, seconds: int, *, old: bool = True, **kw: object) -> Expectation:
+    credits = 20 * seconds
+    alternatives = (PricedAs(OLD_PRICE, 25 * seconds * 10_000, 25 * seconds * 1000),) if old else ()
+    return exp(
+        attempt,
+        **{
+            **VEO31,
+            "expected_milliunits": credits * 1000,
+            "expected_micros": credits * 10_000,
+            "price_version": "runway-2026-06",
+            "alternatives": alternatives,
+            **kw,
+        },
+    )
+
+
+def veo31_day(credits: int) -> Billed:
+    return bill(
+        1,
+        **VEO31,
+        usage_time=T0.replace(hour=0),
+        milliunits=credits * 1000,
+        cost_micros=credits * 10_000,
+    )
+
+
+def test_the_model_days_one_attempt_billed_off_price_is_named() -> None:
+    """100 credits for the day's only veo3.1 job (4 s, 80 credits): AMOUNT_MISMATCH on that
+    attempt when no published version gives 100, WRONG_PRICE_VERSION naming the version that
+    does; the row's delta is the day's."""
+    out = reconcile([veo31_day(100)], [veo31(7, 4, old=False)])
+    assert kinds(out) == [(K.AMOUNT_MISMATCH, 7)]
+    [row] = out.discrepancies
+    assert (row.billed_micros, row.expected_micros) == (1_000_000, 800_000)
+    out = reconcile([veo31_day(100)], [veo31(7, 4)])
+    assert kinds(out) == [(K.WRONG_PRICE_VERSION, 7)]
+    assert out.discrepancies[0].evidence["billed_price_version"] == OLD_PRICE
+    assert out.discrepancies[0].delta_micros == out.delta_micros == 200_000
+
+
+def test_one_re_pricing_explains_a_day_of_several_attempts() -> None:
+    """Of a 4 s and a 3 s job, only the 4 s one at the old price gives 160 credits; both at
+    the old price give 175: a row per re-priced attempt, deltas summing to the day's."""
+    jobs = [veo31(1, 4), veo31(2, 3)]
+    assert kinds(reconcile([veo31_day(100 + 60)], jobs)) == [(K.WRONG_PRICE_VERSION, 1)]
+    out = reconcile([veo31_day(175)], jobs)
+    assert kinds(out) == [(K.WRONG_PRICE_VERSION, 1), (K.WRONG_PRICE_VERSION, 2)]
+    assert sum(d.delta_micros for d in out.discrepancies) == out.delta_micros
+
+
+def test_a_truly_ambiguous_difference_lists_its_candidates() -> None:
+    """Two identical jobs, one of them re-priced: either could be it, so the day is an
+    AGGREGATE_MISMATCH naming no attempt but listing both as candidates."""
+    out = reconcile([veo31_day(100 + 80)], [veo31(1, 4), veo31(2, 4)])
+    assert kinds(out) == [(K.AGGREGATE_MISMATCH, None)]
+    candidates = out.discrepancies[0].evidence["candidates"]
+    assert [c["attempt_id"] for c in candidates] == [1, 2]
+
+
+def test_a_failed_job_billed_by_usage_counts_in_the_model_day() -> None:
+    """A day total that includes a failed job's usage, as its rules say, is clean."""
+    failed = gpu_failed(provider_job_id="", attempt_id=2)
+    ok = exp(
+        3,
+        provider="self_hosted",
+        model="wan2.2-t2v",
+        unit="gpu_seconds",
+        expected_micros=14_700,
+        expected_milliunits=42_000,
+        rules=GPU_RULES,
+    )
+    total = gpu_line(provider_job_id="", milliunits=63_000, cost_micros=22_050)
+    out = reconcile([total], [failed, ok])
+    assert out.discrepancies == ()
+    assert out.delta_micros == 0

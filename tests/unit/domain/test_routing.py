@@ -17,16 +17,20 @@ from controlplane.domain.routing.candidates import (
     CompileResult,
     HealthView,
     Incumbent,
-    Price,
     RoutingContext,
     TransformKind,
 )
-from controlplane.domain.routing.decision import Outcome, RouteDecisionSnapshot
+from controlplane.domain.routing.decision import (
+    DecisionFacts,
+    Outcome,
+    RouteDecisionSnapshot,
+    candidate_inputs,
+)
 from controlplane.domain.routing.filters import Reason, prefilter
 from controlplane.domain.routing.selection import RouterConfig, route
 from controlplane.domain.scoring import example_policy
 from tests.support.sizes import examples
-from vidroute_core.capabilities.loader import Capability, expand_for_accounts, load_file
+from vidroute_core.capabilities.loader import expand_for_accounts, load_file
 from vidroute_core.spec import (
     AssetRef,
     GenerationSpec,
@@ -52,30 +56,8 @@ def _catalog() -> tuple[Candidate, ...]:
         entries = load_file(path)
         accounts = ACCOUNTS[entries[0].provider]
         for cap in expand_for_accounts(entries, accounts):
-            out.append(_candidate(cap, len(out) + 1))
+            out.append(Candidate.from_capability(cap, len(out) + 1))
     return tuple(out)
-
-
-def _candidate(cap: Capability, account_id: int) -> Candidate:
-    com = cap.commercial
-    return Candidate(
-        provider=cap.provider,
-        account=cap.account,
-        account_id=account_id,
-        region=cap.region,
-        model=cap.model,
-        model_version=cap.model_version,
-        capability_version=cap.capability_version,
-        lifecycle=cap.lifecycle,
-        sunset_at=cap.sunset_at,
-        capability=cap,
-        price=Price(
-            com.price_version,
-            com.currency,
-            com.price_micros_per_output_second,
-            com.price_micros_per_output_second_with_audio,
-        ),
-    )
 
 
 CATALOG = _catalog()
@@ -450,6 +432,86 @@ def test_hysteresis_keeps_incumbent_within_delta() -> None:
     if best - (base.verdict(worst).score or 0.0) >= CFG.policy.hysteresis_delta:
         assert moved.selected != worst
         assert moved.selection_reason == "beats_incumbent_by_delta"
+
+
+def test_a_tailed_latency_ranks_below_a_steady_one_with_the_same_mean() -> None:
+    """Two accounts of one Veo model, equal but for latency: the same mean, one with a 4x p95.
+    The latency score reads the predicted p95 (9.13.2), so the steady account ranks first."""
+    spec = make_spec(preferred_providers=("google",))
+    model = "veo-3.1-generate-preview"
+    veo = [v.candidate.id for v in decide(spec).verdicts if v.eligible and model in v.candidate.id]
+    assert len(veo) == 2, veo  # its two accounts
+    steady, tailed = veo
+    ctx = RoutingContext(
+        now=NOW,
+        health={
+            steady: HealthView(0.9, 50.0, 120.0, 0.95, 120.0),
+            tailed: HealthView(0.9, 50.0, 120.0, 0.95, 480.0),
+        },
+    )
+    decision = decide(spec, ctx)
+    assert (decision.verdict(steady).score or 0.0) > (decision.verdict(tailed).score or 0.0)
+    components = decision.verdict(tailed).components, decision.verdict(steady).components
+    assert components[0]["latency"] < components[1]["latency"]
+    swapped = dataclasses.replace(
+        ctx,
+        health={steady: ctx.health[tailed], tailed: ctx.health[steady]},
+    )
+    again = decide(spec, swapped)
+    assert (again.verdict(tailed).score or 0.0) > (again.verdict(steady).score or 0.0)
+
+
+def test_cost_counts_in_proportion_to_price_without_a_budget() -> None:
+    """Without a budget the cost component is the cheapest price over the candidate's, so the
+    self-hosted model at ~1/40 of Runway's gen4.5 wins although gen4.5's success bound is
+    higher (issue 26: on a line to 1.5x the dearest, 40x cheaper gained +0.035 and lost)."""
+    spec = dataclasses.replace(
+        make_spec(), output=OutputSpec(width=1280, height=720, duration_ms=4000)
+    )
+    eligible = [v for v in decide(spec).verdicts if v.eligible]
+    cheap = next(v for v in eligible if v.candidate.model == "wan2.2-t2v")
+    gen45 = next(v for v in eligible if v.candidate.model == "gen4.5")
+    cheap_micros, gen45_micros = cheap.estimated_cost_micros, gen45.estimated_cost_micros
+    assert cheap_micros is not None
+    assert gen45_micros is not None
+    assert cheap_micros * 40 <= gen45_micros
+    health = {v.candidate.id: HealthView(0.95, 500.0, 60.0, 0.97, 90.0) for v in eligible}
+    health[cheap.candidate.id] = HealthView(0.80, 500.0, 60.0, 0.85, 90.0)
+    decision = decide(spec, RoutingContext(now=NOW, health=health))
+    assert decision.ranked[0] == cheap.candidate.id
+    ratio = cheap_micros / gen45_micros
+    assert decision.verdict(gen45.candidate.id).components["cost"] == pytest.approx(ratio, abs=1e-6)
+    assert decision.verdict(cheap.candidate.id).components["cost"] == 1.0
+    # under a budget the design's line from the cheapest (1) to the budget (0) still holds
+    budgeted = dataclasses.replace(
+        spec, routing=RoutingPolicy(max_estimated_cost_micros=2 * gen45_micros)
+    )
+    line = decide(budgeted).verdict(gen45.candidate.id).components["cost"]
+    budget = 2 * gen45_micros
+    expected = (budget - gen45_micros) / (budget - cheap_micros)
+    assert line == pytest.approx(expected, abs=1e-6)
+
+
+def test_a_decisions_inputs_keep_the_p95_and_read_older_records() -> None:
+    """The stored facts carry each candidate's p95 and read back equal (replay scores the
+    same); `candidate_inputs` lists them by name, and a record from before the p95 (four
+    health fields) reads without one."""
+    steady = "runway/gen4.5/prod-us"
+    ctx = RoutingContext(now=NOW, health={steady: HealthView(0.9, 50.0, 120.0, 0.95, 150.0)})
+    stored = decide(make_spec(), ctx).to_json()
+    facts = DecisionFacts.from_json(stored["facts"])
+    assert facts.health[steady] == ctx.health[steady]
+    assert candidate_inputs(stored, steady) == {
+        "success_lower_bound": 0.9,
+        "window_samples": 50.0,
+        "mean_latency_s": 120.0,
+        "success_rate": 0.95,
+        "p95_latency_s": 150.0,
+    }
+    stored["facts"]["health"][steady] = stored["facts"]["health"][steady][:4]
+    assert DecisionFacts.from_json(stored["facts"]).health[steady].p95_latency_s is None
+    assert "p95_latency_s" not in candidate_inputs(stored, steady)
+    assert candidate_inputs(stored, "google/veo-3.1-generate-preview/veo-prod-us") == {}
 
 
 def test_bucketing_is_stable_per_tenant() -> None:

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from controlplane.domain.scoring import (
@@ -16,6 +16,7 @@ from controlplane.domain.scoring import (
     CanaryConfig,
     CanaryMetrics,
     CanaryPlan,
+    DecayedQuantiles,
     Ewma,
     HealthWindows,
     Penalty,
@@ -32,9 +33,13 @@ from controlplane.domain.scoring import (
     latency_score,
     preference_score,
     region_score,
+    relative_cost_score,
+    rendezvous,
+    routing_success,
     score,
     wilson_lower_bound,
 )
+from tests.support.sizes import examples
 
 unit = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 finite = st.floats(min_value=-1e9, max_value=1e9, allow_nan=False)
@@ -89,6 +94,14 @@ def test_linear_scores_clamp() -> None:
     assert cost_score(100, min_candidate=100, max_acceptable=100) == 1.0
 
 
+def test_relative_cost_is_in_proportion_to_price() -> None:
+    """With no maximum acceptable cost, the score is the cheapest price over this one's."""
+    assert relative_cost_score(100, min_candidate=100) == 1.0
+    assert relative_cost_score(4000, min_candidate=100) == pytest.approx(1 / 40)
+    assert relative_cost_score(200, min_candidate=0) == 0.0
+    assert relative_cost_score(0, min_candidate=0) == 1.0
+
+
 def test_capacity_score_is_squared() -> None:
     """Capacity is the squared free share, so half-full scores 0.25 and full scores 0."""
     assert capacity_score(5, 10) == pytest.approx(0.25)
@@ -123,6 +136,7 @@ def test_every_normaliser_lands_in_unit_interval(  # noqa: PLR0917 - one arg per
     values = [
         latency_score(p95, good, bad),
         cost_score(cost, lo, hi),
+        relative_cost_score(cost, lo),
         capacity_score(avail, cap),
         wilson_lower_bound(min(extra, cap), cap),
     ]
@@ -213,6 +227,89 @@ def test_health_windows_one_minute_sees_burst_first() -> None:
     assert 0 < week.success_lower_bound < week.success_rate
 
 
+def test_health_windows_predict_the_p95_not_the_mean() -> None:
+    """Two streams with the same mean latency, one steady and one with a 10% tail 6x as slow:
+    the means agree, the predicted p95 of the tail is about 4x the steady one's."""
+    steady, tailed = HealthWindows(), HealthWindows()
+    for i in range(400):
+        steady.observe(True, latency_s=100.0, cost_micros=0, at=float(i))
+        tailed.observe(True, latency_s=400.0 if i % 10 == 0 else 200.0 / 3, cost_micros=0, at=i)
+    a, b = steady.stats(Window.FIFTEEN_MINUTES, 400.0), tailed.stats(Window.FIFTEEN_MINUTES, 400.0)
+    assert a.mean_latency_s == pytest.approx(100.0, rel=0.02)
+    assert b.mean_latency_s == pytest.approx(100.0, rel=0.02)
+    assert a.p95_latency_s == pytest.approx(100.0, rel=0.08)  # half a bucket
+    assert b.p95_latency_s == pytest.approx(400.0, rel=0.08)
+
+
+def test_a_decayed_p95_forgets_an_old_tail_like_its_window() -> None:
+    """A slow spell ages out of the 1-minute quantiles within minutes and stays in the day's."""
+    health = HealthWindows()
+    for i in range(100):
+        health.observe(True, latency_s=600.0, cost_micros=0, at=float(i))
+    t = 100.0
+    for _ in range(300):
+        health.observe(True, latency_s=30.0, cost_micros=0, at=t)
+        t += 1.0
+    minute, day = health.stats(Window.ONE_MINUTE, t), health.stats(Window.ONE_DAY, t)
+    assert minute.p95_latency_s == pytest.approx(30.0, rel=0.08)
+    assert day.p95_latency_s == pytest.approx(600.0, rel=0.08)
+
+
+@settings(max_examples=examples(60, long=300), deadline=None)
+@given(
+    samples=st.lists(st.floats(0.01, 1e6, allow_nan=False), min_size=1, max_size=200),
+    q=st.floats(0.01, 0.99),
+)
+def test_decayed_quantiles_stay_within_a_bucket_of_the_exact_quantile(
+    samples: list[float], q: float
+) -> None:
+    """Samples at one instant (no decay): the estimate lies within half a bucket of the
+    exact order statistics around q (half a bucket), clamped to the histogram's range, and
+    grows with q."""
+    sketch = DecayedQuantiles(60.0)
+    for x in samples:
+        sketch.observe(x, 0.0)
+    got = sketch.quantile(q)
+    assert got is not None
+    ordered = sorted(min(max(x, DecayedQuantiles.LOW), DecayedQuantiles.HIGH) for x in samples)
+    rank = q * len(ordered)
+    lo = ordered[max(0, math.ceil(rank) - 1)]
+    hi = ordered[min(len(ordered) - 1, math.ceil(rank))]
+    half = math.sqrt(DecayedQuantiles.RATIO)
+    assert lo / half <= got * (1 + 1e-9)
+    assert got <= hi * half * (1 + 1e-9)
+    assert sketch.quantile(min(0.99, q + 0.005)) >= got  # type: ignore[operator]  # not None: samples exist
+
+
+def test_an_error_burst_moves_the_success_figure_before_the_routing_window_does() -> None:
+    """An hour of successes, then six failures within 30 s: the 15-minute window's lower bound
+    has barely moved, but `routing_success` reads the 1-minute window's and drops near 0; one
+    failure among a few calls, or a quiet minute, leaves the routing window's figure."""
+    health = HealthWindows()
+    t = 0.0
+    for _ in range(120):
+        health.observe(True, latency_s=60, cost_micros=0, at=t)
+        t += 30
+    calm = routing_success(
+        health.stats(Window.FIFTEEN_MINUTES, t), health.stats(Window.ONE_MINUTE, t)
+    )
+    assert calm == health.stats(Window.FIFTEEN_MINUTES, t).success_lower_bound
+    one_off = HealthWindows()
+    for i in range(60):
+        one_off.observe(i != 59, latency_s=60, cost_micros=0, at=float(i))
+    fifteen = one_off.stats(Window.FIFTEEN_MINUTES, 60.0)
+    assert routing_success(fifteen, one_off.stats(Window.ONE_MINUTE, 60.0)) == (
+        fifteen.success_lower_bound
+    )
+    for _ in range(6):
+        t += 5
+        health.observe(False, latency_s=None, cost_micros=0, at=t)
+    fifteen, minute = health.stats(Window.FIFTEEN_MINUTES, t), health.stats(Window.ONE_MINUTE, t)
+    assert fifteen.success_lower_bound > 0.6  # the routing window alone still trusts it
+    assert routing_success(fifteen, minute) == minute.success_lower_bound
+    assert routing_success(fifteen, minute) < 0.3
+
+
 def test_hysteresis_keeps_incumbent_within_delta() -> None:
     """A rival better by less than delta keeps the incumbent; by delta or more it switches."""
     kw = {"delta": 0.05, "dwell_s": 60.0, "now": 1_000.0, "incumbent_since": 0.0}
@@ -254,6 +351,33 @@ def test_bucket_is_stable_and_spread() -> None:
 def test_bucket_in_range(key: str, buckets: int) -> None:
     """Every key maps into [0, buckets)."""
     assert 0 <= bucket(key, buckets) < buckets
+
+
+_KEYS = [f"tenant-{i}" for i in range(10_000)]
+
+
+@settings(max_examples=examples(20, long=100), deadline=None)
+@given(
+    st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=6, unique=True),
+    st.text(min_size=1, max_size=12),
+)
+def test_a_near_tie_newcomer_takes_only_its_share_of_keys(band: list[str], newcomer: str) -> None:
+    """Adding one candidate to a near-tie band of N moves about 1/(N+1) of 10,000 tenant keys,
+    every one of them to the newcomer (a modulo over the band moved about N/(N+1))."""
+    assume(newcomer not in band)
+    before = [band[rendezvous(k, band)] for k in _KEYS]
+    grown = [*band, newcomer]
+    after = [grown[rendezvous(k, grown)] for k in _KEYS]
+    moved = [(b, a) for b, a in zip(before, after, strict=True) if b != a]
+    assert all(a == newcomer for _, a in moved)
+    assert len(moved) / len(_KEYS) <= 1 / (len(band) + 1) + 0.03
+
+
+@given(st.text(max_size=40), st.lists(st.text(max_size=8), min_size=1, max_size=8, unique=True))
+def test_rendezvous_ignores_the_order_of_the_band(key: str, band: list[str]) -> None:
+    """The member a key goes to does not depend on how the band was ordered."""
+    chosen = band[rendezvous(key, band)]
+    assert list(reversed(band))[rendezvous(key, list(reversed(band)))] == chosen
 
 
 def test_canary_shares_follow_ladder() -> None:

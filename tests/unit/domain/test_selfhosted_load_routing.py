@@ -14,7 +14,6 @@ from controlplane.domain.routing.candidates import (
     Candidate,
     CompileResult,
     HealthView,
-    Price,
     RoutingContext,
     TransformKind,
 )
@@ -43,29 +42,8 @@ def _twins() -> tuple[Candidate, ...]:
         )
         if e.model == "wan2.2-t2v"
     ]
-    out = []
-    for i, cap in enumerate(expand_for_accounts(entries, [("gpu-a", "us"), ("gpu-b", "us")])):
-        com = cap.commercial
-        out.append(
-            Candidate(
-                provider=cap.provider,
-                account=cap.account,
-                account_id=i + 1,
-                region=cap.region,
-                model=cap.model,
-                model_version=cap.model_version,
-                capability_version=cap.capability_version,
-                lifecycle=cap.lifecycle,
-                sunset_at=cap.sunset_at,
-                capability=cap,
-                price=Price(
-                    com.price_version,
-                    com.currency,
-                    com.price_micros_per_output_second,
-                    com.price_micros_per_output_second_with_audio,
-                ),
-            )
-        )
+    pairs = expand_for_accounts(entries, [("gpu-a", "us"), ("gpu-b", "us")])
+    out = [Candidate.from_capability(cap, i + 1) for i, cap in enumerate(pairs)]
     return tuple(out)
 
 

@@ -16,6 +16,10 @@ from controlplane.domain.states import (
     ATTEMPT_MACHINE,
     ATTEMPT_PHASE,
     IN_FLIGHT_ATTEMPT_STATES,
+    IN_FLIGHT_TASK_STATES,
+    NOT_SENT_ATTEMPT_STATES,
+    POLLABLE_ATTEMPT_STATES,
+    SENDING_ATTEMPT_STATES,
     TASK_MACHINE,
     AttemptState,
     IllegalTransition,
@@ -256,3 +260,26 @@ TestAttemptWriters.__doc__ = (
     "Racing CAS writers never move an attempt to a lower phase (except documented rewinds) "
     "nor out of a terminal state."
 )
+
+
+def test_attempt_state_sets_partition_the_live_states_by_what_the_provider_has() -> None:
+    """Not sent, sending and pollable attempts are the live states, each in exactly one set,
+    ordered by phase: nothing sent precedes SUBMITTING, every pollable one has a provider job."""
+    sending = SENDING_ATTEMPT_STATES
+    live = {s for s in AttemptState if not ATTEMPT_MACHINE.is_terminal(s)}
+    assert NOT_SENT_ATTEMPT_STATES | sending | POLLABLE_ATTEMPT_STATES == live
+    assert not NOT_SENT_ATTEMPT_STATES & (sending | POLLABLE_ATTEMPT_STATES)
+    assert not sending & POLLABLE_ATTEMPT_STATES
+    assert sending | POLLABLE_ATTEMPT_STATES == IN_FLIGHT_ATTEMPT_STATES
+    submitting = ATTEMPT_PHASE[AttemptState.SUBMITTING]
+    assert all(ATTEMPT_PHASE[s] < submitting for s in NOT_SENT_ATTEMPT_STATES)
+    assert all(
+        ATTEMPT_PHASE[s] > ATTEMPT_PHASE[AttemptState.SUBMIT_UNKNOWN]
+        for s in POLLABLE_ATTEMPT_STATES
+    )
+
+
+def test_in_flight_tasks_are_the_live_states_past_the_queue() -> None:
+    """A tenant's in-flight cap counts every live task state except QUEUED."""
+    live = {s for s in TaskState if not TASK_MACHINE.is_terminal(s)}
+    assert set(IN_FLIGHT_TASK_STATES) == live - {TaskState.QUEUED}

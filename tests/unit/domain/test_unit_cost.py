@@ -10,6 +10,7 @@ from controlplane.domain.unit_cost import (
     UnitCost,
     gauge_figures,
     job_terms,
+    observed_cost,
     per_success,
     unit_costs,
 )
@@ -52,6 +53,42 @@ def test_hand_computed_table() -> None:
     assert row == UnitCost("runway", "gen4_turbo", "USD", 3, 750_000, 100_000, 0, 500_000)
     assert row.total_micros == 1_350_000
     assert row.cost_per_success_micros == 450_000
+
+
+def test_losses_the_bill_confirmed_raise_the_cost_per_success() -> None:
+    """A delivery billed twice and a refunded failure billed anyway, both booked from the
+    bill: their extra is platform loss on top of the attempts' own costs, so the cost per
+    success grows by it; settlement's losses still count once."""
+    ok = {"delivered": True, "attempt_state": "SUCCEEDED"}
+    before = [
+        _job(**ok, expected_micros=480_000, actual_micros=480_000),
+        _job(**ok, expected_micros=480_000, actual_micros=480_000),
+        _job(expected_micros=600_000, actual_micros=0, platform_loss_micros=0),
+        _job(attempt_state="ABANDONED", platform_loss_micros=360_000),
+    ]
+    after = [
+        # the first delivery's job billed a second time, confirmed and booked
+        _job(**ok, expected_micros=480_000, actual_micros=480_000, confirmed_loss_micros=480_000),
+        before[1],
+        # the failure the provider should have refunded, billed in full
+        _job(expected_micros=600_000, actual_micros=0, platform_loss_micros=0,
+             confirmed_loss_micros=600_000),
+        # the unknown submit's job billed 40 000 above its estimate: only the extra is new
+        _job(attempt_state="ABANDONED", platform_loss_micros=360_000,
+             confirmed_loss_micros=40_000),
+    ]  # fmt: skip
+    [was] = unit_costs(before)
+    [now] = unit_costs(after)
+    assert (was.generation_micros, was.retry_micros, was.platform_loss_micros) == (
+        960_000,
+        0,
+        360_000,
+    )
+    assert (now.generation_micros, now.retry_micros) == (960_000, 0)
+    assert now.platform_loss_micros == 360_000 + 480_000 + 600_000 + 40_000
+    assert now.cost_per_success_micros - was.cost_per_success_micros == 1_120_000 // 2
+    only_confirmed = _job(attempt_state="ABANDONED", confirmed_loss_micros=40_000)
+    assert job_terms(only_confirmed) is not None
 
 
 def test_rows_per_provider_model_currency_sorted() -> None:
@@ -114,3 +151,11 @@ def test_gauge_figures_pick_one_currency_per_model() -> None:
         ("runway", "gen4_turbo"): (300_000, 120_000),
         ("veo", "veo-3.1"): (0, 400_000),
     }
+
+
+def test_a_job_without_a_provider_figure_costs_its_estimate() -> None:
+    """The health windows count the provider's cost when given (0 included), else the estimate:
+    Veo, which reports none, is not a free provider per success."""
+    assert observed_cost(None, 600_000) == 600_000
+    assert observed_cost(0, 600_000) == 0
+    assert observed_cost(450_000, 600_000) == 450_000

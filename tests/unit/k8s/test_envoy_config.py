@@ -43,8 +43,16 @@ RETRIED_SCHEDULER = {
     "GetOutput",
     "GetOutputUrl",
     "ListWebhookDeliveries",
+    "ListCapabilityHistory",
 }
-NEVER_RETRIED_SCHEDULER = {"CreateTask", "CancelTask", "ForceBreaker", "PublishCapabilities"}
+NEVER_RETRIED_SCHEDULER = {
+    "CreateTask",
+    "CancelTask",
+    "ForceBreaker",
+    "PublishCapabilities",
+    "ActivateCapabilities",
+    "RollbackCapabilities",
+}
 RETRIED_ADAPTER = {
     "Describe",
     "Compile",

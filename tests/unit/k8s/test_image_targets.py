@@ -27,6 +27,8 @@ TARGETS = {
     "vidroute-controlplane": ("controlplane", {"core", "client", "controlplane"}),
     "vidroute-adapter": ("adapter", {"core", "adapters"}),
 }
+# The stand-in self-hosted model on a Cog server (k8s/base/model-cog-video): no vidroute wheel.
+MODEL_IMAGE, MODEL_TARGET = "vidroute-model-cog-video", "model-cog-video"
 
 
 def stages() -> dict[str, str]:
@@ -69,9 +71,37 @@ def deployment_commands() -> dict[str, list[list[str]]]:
 
 
 def test_the_manifests_name_exactly_the_images_the_dockerfile_builds() -> None:
-    assert set(deployment_commands()) == set(TARGETS)
+    assert set(deployment_commands()) == set(TARGETS) | {MODEL_IMAGE}
     for target, _ in TARGETS.values():
         assert target in stages()
+
+
+def test_the_model_server_image_runs_the_stand_in_model_on_the_pinned_cog() -> None:
+    """vidroute-model-cog-video: coglet and the predictor's packages from constraints.txt, the
+    models/cog_video predictor (let through the .dockerignore), its venv first on PATH (coglet
+    spawns the worker with that python), and the manifest's command is coglet's server."""
+    stage = stages()[MODEL_TARGET]
+    venv = re.search(r"COPY --from=(\S+) /opt/vidroute /opt/vidroute", stage)
+    assert venv
+    install = stages()[venv.group(1)]
+    assert "-c /tmp/constraints.txt" in install
+    pins = (ROOT / "constraints.txt").read_text()
+    model_needs = yaml.safe_load((ROOT / "models/cog_video/cog.yaml").read_text())
+    for package in [
+        "cog",
+        "coglet",
+        *(p.split("==")[0] for p in model_needs["build"]["python_packages"]),
+    ]:
+        assert re.search(rf"\b{package}\b", install), package
+        assert re.search(rf"^{package}==", pins, re.MULTILINE), package
+    assert "COPY models/cog_video /srv/model" in stage
+    assert "COG_PREDICT_TYPE_STUB=/srv/model/predict.py:Predictor" in stage
+    assert "FROM runtime AS model-cog-video" in (K8S / "Dockerfile").read_text()  # venv on PATH
+    ignore = (K8S / "Dockerfile.dockerignore").read_text().splitlines()
+    assert "!models/cog_video/" in ignore
+    assert deployment_commands()[MODEL_IMAGE] == [
+        ["python", "-m", "cog.server.http", "--host", "0.0.0.0"]
+    ]
 
 
 @pytest.mark.parametrize("image", sorted(TARGETS))

@@ -5,14 +5,19 @@ environment every program accepts at start (declared names, valid values)."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
 from controlplane.bootstrap import Settings
+from controlplane.domain.accounts import parse_accounts_document
+from controlplane.domain.tenants import parse_tenants_document
 from tests.unit.k8s.test_manifests import (
+    DOCUMENTS,
     ENVOY,
+    MODEL_SERVER,
     OTEL,
     OVERLAYS,
     RECONCILE,
@@ -79,12 +84,12 @@ def test_the_documented_webhooks_secret_is_what_the_control_plane_reads(tmp_path
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_every_vidroute_pod_exports_traces_to_the_collector(overlay: str) -> None:
-    """Every vidroute container (not Envoy) takes the OTEL_* ConfigMap, which turns OTLP export
-    on towards one collector endpoint and names the environment."""
+    """Every vidroute container (not Envoy, not the Cog model server) takes the OTEL_* ConfigMap,
+    which turns OTLP export on towards one collector endpoint and names the environment."""
     docs = rendered(overlay)
     otel_name, data = _otel(docs)
     for name, pod in workloads(docs).items():
-        if name == ENVOY:
+        if name in (ENVOY, MODEL_SERVER):
             continue
         for container in _containers(pod):
             assert {"configMapRef": {"name": otel_name}} in container.get("envFrom", []), name
@@ -129,7 +134,7 @@ def test_every_program_accepts_its_rendered_environment(overlay: str) -> None:
     its program's declarations (file paths aside: they exist only in the pod)."""
     docs = rendered(overlay)
     for name, pod in workloads(docs).items():
-        if name == ENVOY:
+        if name in (ENVOY, MODEL_SERVER):  # not vidroute programs
             continue
         program = ControlPlaneEnv if name in CONTROL_PLANE_PODS else SidecarEnv
         for container in _containers(pod):
@@ -137,3 +142,55 @@ def test_every_program_accepts_its_rendered_environment(overlay: str) -> None:
             check_names(dict.fromkeys(names, "set"))
             values = {k: v for k, v in _plain_env(container).items() if not k.endswith("_FILE")}
             program.load(values)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_tenants_and_accounts_documents_ship_as_a_mounted_configmap(overlay: str) -> None:
+    """VIDROUTE_TENANTS_FILE and VIDROUTE_ACCOUNTS_FILE name the files of the generated
+    `vidroute-documents` ConfigMap, mounted read-only in the control plane and its reconcile
+    job; each file is a document the control plane accepts at start."""
+    docs = rendered(overlay)
+    [(configmap_name, configmap)] = [
+        (n, d) for n, d in by_kind(docs, "ConfigMap").items() if n.startswith(f"{DOCUMENTS}-")
+    ]
+    parsers: dict[str, Callable[[str], object]] = {
+        "VIDROUTE_TENANTS_FILE": parse_tenants_document,
+        "VIDROUTE_ACCOUNTS_FILE": parse_accounts_document,
+    }
+    for name, pod in workloads(docs).items():
+        if name not in CONTROL_PLANE_PODS:
+            continue
+        [container] = _containers(pod)
+        for variable, parse in parsers.items():
+            path = Path(_plain_env(container)[variable])
+            [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == str(path.parent)]
+            assert mount["readOnly"] is True
+            volume = {v["name"]: v for v in pod["volumes"]}[mount["name"]]
+            assert volume["configMap"]["name"] == configmap_name
+            parse(configmap["data"][path.name])  # raises on a document the start refuses
+
+
+def test_shipped_account_documents_name_the_shipped_sidecar_accounts() -> None:
+    """Every account the example accounts document lists is one a shipped example sidecar
+    config configures, and every account of the k8s document one the k8s sidecar ConfigMaps
+    configure, under the provider name its capabilities publish (a typo would limit nothing)."""
+    root = Path(__file__).resolve().parents[3]
+    examples, in_cluster = set(), set()
+    for package in ("runway", "veo", "selfhosted"):
+        sidecar = root / "adapter_sidecars" / package
+        [capabilities] = sidecar.glob("capabilities/*.yaml")
+        provider = next(yaml.safe_load_all(capabilities.read_text()))["provider"]
+        config = yaml.safe_load((sidecar / "config.example.yaml").read_text())
+        examples |= {(provider, a["name"]) for a in config["accounts"]}
+        configmap = yaml.safe_load(
+            (root / "k8s" / "base" / f"adapter-{package}" / "configmap.yaml").read_text()
+        )
+        config = yaml.safe_load(configmap["data"]["config.yaml"])
+        in_cluster |= {(provider, a["name"]) for a in config["accounts"]}
+    for path, configured in (
+        (root / "controlplane" / "accounts.example.yaml", examples),
+        (root / "k8s" / "base" / "controlplane" / "documents" / "accounts.yaml", in_cluster),
+    ):
+        accounts = parse_accounts_document(path.read_text())
+        listed = {(k.provider, k.account) for k in accounts.accounts}
+        assert listed == configured, path

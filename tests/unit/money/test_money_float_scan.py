@@ -30,6 +30,14 @@ MONEY_GLOBS = (
     "controlplane/reconciliation/**/*.py",
     # the billing API and unit costs (issue 11's RPCs, CLI and cost metrics)
     "controlplane/domain/unit_cost.py",
+    # imported bills (issue 23): the file's money is read as decimals, kept as micros
+    "controlplane/persistence/bill_imports.py",
+    "clients/usage_cli.py",
+    "clients/disputes_cli.py",
+    "controlplane/domain/disputes.py",
+    "controlplane/persistence/disputes.py",
+    "controlplane/domain/margins.py",
+    "controlplane/persistence/finance_reads.py",
     "controlplane/persistence/cost_reads.py",
     "controlplane/service/billing.py",
     "controlplane/api/billing_servicer.py",

@@ -227,6 +227,58 @@ RECOVERY_VERDICT_INCONCLUSIVE: RecoveryVerdict.ValueType  # 3
 """The search could not decide (provider cannot search, window too old, errors)."""
 Global___RecoveryVerdict: _TypeAlias = RecoveryVerdict  # noqa: Y015
 
+class _FailureCharge:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _FailureChargeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FailureCharge.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FAILURE_CHARGE_UNSPECIFIED: _FailureCharge.ValueType  # 0
+    """Not set: treated as FAILURE_CHARGE_NOTHING."""
+    FAILURE_CHARGE_NOTHING: _FailureCharge.ValueType  # 1
+    """Billed nothing (refunded), e.g. Runway's failed and cancelled tasks."""
+    FAILURE_CHARGE_USAGE: _FailureCharge.ValueType  # 2
+    """Billed what it used, e.g. the GPU seconds a failed self-hosted job ran."""
+    FAILURE_CHARGE_FIXED: _FailureCharge.ValueType  # 3
+    """Billed a fixed amount per generation (BillingRules.*_fixed_micros)."""
+
+class FailureCharge(_FailureCharge, metaclass=_FailureChargeEnumTypeWrapper):
+    """What a generation that did not succeed is billed."""
+
+FAILURE_CHARGE_UNSPECIFIED: FailureCharge.ValueType  # 0
+"""Not set: treated as FAILURE_CHARGE_NOTHING."""
+FAILURE_CHARGE_NOTHING: FailureCharge.ValueType  # 1
+"""Billed nothing (refunded), e.g. Runway's failed and cancelled tasks."""
+FAILURE_CHARGE_USAGE: FailureCharge.ValueType  # 2
+"""Billed what it used, e.g. the GPU seconds a failed self-hosted job ran."""
+FAILURE_CHARGE_FIXED: FailureCharge.ValueType  # 3
+"""Billed a fixed amount per generation (BillingRules.*_fixed_micros)."""
+Global___FailureCharge: _TypeAlias = FailureCharge  # noqa: Y015
+
+class _BillingGranularity:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _BillingGranularityEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BillingGranularity.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    BILLING_GRANULARITY_UNSPECIFIED: _BillingGranularity.ValueType  # 0
+    """Not set: treated as BILLING_GRANULARITY_JOB."""
+    BILLING_GRANULARITY_JOB: _BillingGranularity.ValueType  # 1
+    """One usage line per job (it names the job or the request)."""
+    BILLING_GRANULARITY_MODEL_DAY: _BillingGranularity.ValueType  # 2
+    """One total per model and day, naming no job (Runway's organization usage)."""
+
+class BillingGranularity(_BillingGranularity, metaclass=_BillingGranularityEnumTypeWrapper):
+    """How a provider's bill is itemised."""
+
+BILLING_GRANULARITY_UNSPECIFIED: BillingGranularity.ValueType  # 0
+"""Not set: treated as BILLING_GRANULARITY_JOB."""
+BILLING_GRANULARITY_JOB: BillingGranularity.ValueType  # 1
+"""One usage line per job (it names the job or the request)."""
+BILLING_GRANULARITY_MODEL_DAY: BillingGranularity.ValueType  # 2
+"""One total per model and day, naming no job (Runway's organization usage)."""
+Global___BillingGranularity: _TypeAlias = BillingGranularity  # noqa: Y015
+
 @_typing.final
 class CapabilityConstraint(_message.Message):
     """A constraint between capability values, in the declarative language of design 9.6.3."""
@@ -268,6 +320,7 @@ class OperationSupport(_message.Message):
     CANCELLATION_FIELD_NUMBER: _builtins.int
     CLIENT_IDEMPOTENCY_KEY_FIELD_NUMBER: _builtins.int
     TASK_SEARCH_FIELD_NUMBER: _builtins.int
+    USAGE_RECORDS_FIELD_NUMBER: _builtins.int
     polling: _builtins.bool
     """Job status can be polled."""
     callback: _builtins.bool
@@ -278,6 +331,12 @@ class OperationSupport(_message.Message):
     """The provider honours a client idempotency key on create."""
     task_search: _builtins.bool
     """Recent jobs of the account can be searched (used to recover unknown submits)."""
+    usage_records: _builtins.bool
+    """ListUsage returns the provider's own usage records for the account (per job or per day),
+    so recovery may look for an unknown submit's job there. False: the provider has no usage
+    route the adapter can read (Veo's spend is in the Cloud Billing export), and recovery does
+    not ask.
+    """
     def __init__(
         self,
         *,
@@ -286,10 +345,11 @@ class OperationSupport(_message.Message):
         cancellation: _builtins.bool = ...,
         client_idempotency_key: _builtins.bool = ...,
         task_search: _builtins.bool = ...,
+        usage_records: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["callback", b"callback", "cancellation", b"cancellation", "client_idempotency_key", b"client_idempotency_key", "polling", b"polling", "task_search", b"task_search"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["callback", b"callback", "cancellation", b"cancellation", "client_idempotency_key", b"client_idempotency_key", "polling", b"polling", "task_search", b"task_search", "usage_records", b"usage_records"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -356,6 +416,7 @@ class Price(_message.Message):
     PER_OUTPUT_SECOND_WITH_AUDIO_FIELD_NUMBER: _builtins.int
     PROVIDER_UNIT_FIELD_NUMBER: _builtins.int
     PROVIDER_MILLIUNITS_PER_OUTPUT_SECOND_FIELD_NUMBER: _builtins.int
+    BILLING_FIELD_NUMBER: _builtins.int
     price_version: _builtins.str
     """Version of the price record, e.g. "runway-2026-06"."""
     provider_unit: _builtins.str
@@ -370,6 +431,13 @@ class Price(_message.Message):
     def per_output_second_with_audio(self) -> _money_pb2.Money:
         """Price of one second of output video with native audio; unset means same as without."""
 
+    @_builtins.property
+    def billing(self) -> Global___BillingRules:
+        """How the provider bills generations that do not succeed and how its bill is itemised,
+        versioned with this price (reconciliation classifies the bill against it). Unset means
+        failed and cancelled generations are billed nothing and the bill is itemised per job.
+        """
+
     def __init__(
         self,
         *,
@@ -378,14 +446,53 @@ class Price(_message.Message):
         per_output_second_with_audio: _money_pb2.Money | None = ...,
         provider_unit: _builtins.str = ...,
         provider_milliunits_per_output_second: _builtins.int = ...,
+        billing: Global___BillingRules | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["per_output_second", b"per_output_second", "per_output_second_with_audio", b"per_output_second_with_audio"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["billing", b"billing", "per_output_second", b"per_output_second", "per_output_second_with_audio", b"per_output_second_with_audio"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["per_output_second", b"per_output_second", "per_output_second_with_audio", b"per_output_second_with_audio", "price_version", b"price_version", "provider_milliunits_per_output_second", b"provider_milliunits_per_output_second", "provider_unit", b"provider_unit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["billing", b"billing", "per_output_second", b"per_output_second", "per_output_second_with_audio", b"per_output_second_with_audio", "price_version", b"price_version", "provider_milliunits_per_output_second", b"provider_milliunits_per_output_second", "provider_unit", b"provider_unit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Price: _TypeAlias = Price  # noqa: Y015
+
+@_typing.final
+class BillingRules(_message.Message):
+    """A provider account's billing rules for one price version (design 9.16.4, 9.23)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FAILED_FIELD_NUMBER: _builtins.int
+    CANCELLED_FIELD_NUMBER: _builtins.int
+    FAILED_FIXED_MICROS_FIELD_NUMBER: _builtins.int
+    CANCELLED_FIXED_MICROS_FIELD_NUMBER: _builtins.int
+    GRANULARITY_FIELD_NUMBER: _builtins.int
+    failed: Global___FailureCharge.ValueType
+    """What a failed generation is billed."""
+    cancelled: Global___FailureCharge.ValueType
+    """What a cancelled generation is billed."""
+    failed_fixed_micros: _builtins.int
+    """Micros (in the price's currency) per failed generation when failed is FIXED; else 0."""
+    cancelled_fixed_micros: _builtins.int
+    """Micros (in the price's currency) per cancelled generation when cancelled is FIXED; else 0."""
+    granularity: Global___BillingGranularity.ValueType
+    """How the bill is itemised."""
+    def __init__(
+        self,
+        *,
+        failed: Global___FailureCharge.ValueType = ...,
+        cancelled: Global___FailureCharge.ValueType = ...,
+        failed_fixed_micros: _builtins.int = ...,
+        cancelled_fixed_micros: _builtins.int = ...,
+        granularity: Global___BillingGranularity.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled", b"cancelled", "cancelled_fixed_micros", b"cancelled_fixed_micros", "failed", b"failed", "failed_fixed_micros", b"failed_fixed_micros", "granularity", b"granularity"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BillingRules: _TypeAlias = BillingRules  # noqa: Y015
 
 @_typing.final
 class CapabilityEntry(_message.Message):
@@ -418,6 +525,7 @@ class CapabilityEntry(_message.Message):
     MAX_CONCURRENCY_FIELD_NUMBER: _builtins.int
     OUTPUT_URL_TTL_SECONDS_FIELD_NUMBER: _builtins.int
     SELF_HOSTED_FIELD_NUMBER: _builtins.int
+    QUALITY_PRIOR_FIELD_NUMBER: _builtins.int
     provider: _builtins.str
     """Provider name, e.g. "runway", "google", "self_hosted"."""
     account: _builtins.str
@@ -450,6 +558,11 @@ class CapabilityEntry(_message.Message):
     """Provider concurrency for this model on this account; 0 means unknown."""
     output_url_ttl_seconds: _builtins.int
     """Output URL lifetime in seconds; 0 means unknown."""
+    quality_prior: _builtins.float
+    """The model's quality prior in [0, 1] (design 9.14): the score routing uses for the model in
+    a quality bucket before evidence arrives, and the centre evidence is shrunk toward. Unset
+    means the router's default (0.5).
+    """
     @_builtins.property
     def sunset_at(self) -> _timestamp_pb2.Timestamp:
         """Sunset time, when announced."""
@@ -514,12 +627,15 @@ class CapabilityEntry(_message.Message):
         max_concurrency: _builtins.int = ...,
         output_url_ttl_seconds: _builtins.int = ...,
         self_hosted: Global___SelfHostedProfile | None = ...,
+        quality_prior: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["operations", b"operations", "price", b"price", "self_hosted", b"self_hosted", "sunset_at", b"sunset_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_quality_prior", b"_quality_prior", "operations", b"operations", "price", b"price", "quality_prior", b"quality_prior", "self_hosted", b"self_hosted", "sunset_at", b"sunset_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account", b"account", "aspect_ratios", b"aspect_ratios", "capability_version", b"capability_version", "constraints", b"constraints", "durations_seconds", b"durations_seconds", "lifecycle", b"lifecycle", "max_concurrency", b"max_concurrency", "max_prompt_chars", b"max_prompt_chars", "max_reference_images", b"max_reference_images", "max_sample_count", b"max_sample_count", "model", b"model", "model_version", b"model_version", "modes", b"modes", "native_audio", b"native_audio", "operations", b"operations", "output_url_ttl_seconds", b"output_url_ttl_seconds", "price", b"price", "provider", b"provider", "region", b"region", "resolutions", b"resolutions", "self_hosted", b"self_hosted", "sunset_at", b"sunset_at", "supports_last_frame", b"supports_last_frame", "supports_negative_prompt", b"supports_negative_prompt", "supports_seed", b"supports_seed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_quality_prior", b"_quality_prior", "account", b"account", "aspect_ratios", b"aspect_ratios", "capability_version", b"capability_version", "constraints", b"constraints", "durations_seconds", b"durations_seconds", "lifecycle", b"lifecycle", "max_concurrency", b"max_concurrency", "max_prompt_chars", b"max_prompt_chars", "max_reference_images", b"max_reference_images", "max_sample_count", b"max_sample_count", "model", b"model", "model_version", b"model_version", "modes", b"modes", "native_audio", b"native_audio", "operations", b"operations", "output_url_ttl_seconds", b"output_url_ttl_seconds", "price", b"price", "provider", b"provider", "quality_prior", b"quality_prior", "region", b"region", "resolutions", b"resolutions", "self_hosted", b"self_hosted", "sunset_at", b"sunset_at", "supports_last_frame", b"supports_last_frame", "supports_negative_prompt", b"supports_negative_prompt", "supports_seed", b"supports_seed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__quality_prior: _TypeAlias = _typing.Literal["quality_prior"]  # noqa: Y015
+    _WhichOneofArgType__quality_prior: _TypeAlias = _typing.Literal["_quality_prior", b"_quality_prior"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__quality_prior) -> _WhichOneofReturnType__quality_prior | None: ...
 
 Global___CapabilityEntry: _TypeAlias = CapabilityEntry  # noqa: Y015
 

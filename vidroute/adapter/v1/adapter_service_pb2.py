@@ -28,7 +28,7 @@ from vidroute.common.v1 import error_pb2 as vidroute_dot_common_dot_v1_dot_error
 from vidroute.common.v1 import generation_pb2 as vidroute_dot_common_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)vidroute/adapter/v1/adapter_service.proto\x12\x13vidroute.adapter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!vidroute/adapter/v1/adapter.proto\x1a\x1evidroute/common/v1/error.proto\x1a#vidroute/common/v1/generation.proto\"\x10\n\x0eGetLoadRequest\"r\n\x0fGetLoadResponse\x12.\n\x06models\x18\x01 \x03(\x0b\x32\x1e.vidroute.adapter.v1.ModelLoad\x12/\n\x0bobserved_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x11\n\x0f\x44\x65scribeRequest\"\xe1\x01\n\x10\x44\x65scribeResponse\x12\x0f\n\x07\x61\x64\x61pter\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x02 \x01(\t\x12:\n\x0c\x63\x61pabilities\x18\x03 \x03(\x0b\x32$.vidroute.adapter.v1.CapabilityEntry\x12\x1d\n\x15submit_budget_seconds\x18\x04 \x01(\x01\x12(\n submit_journal_retention_seconds\x18\x05 \x01(\x01\x12\x1e\n\x16submit_journal_durable\x18\x06 \x01(\x08\"y\n\x0e\x43ompileRequest\x12\x30\n\x04spec\x18\x01 \x01(\x0b\x32\".vidroute.common.v1.GenerationSpec\x12\x0f\n\x07\x61\x63\x63ount\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"A\n\x0f\x43ompileResponse\x12.\n\x04plan\x18\x01 \x01(\x0b\x32 .vidroute.adapter.v1.CompilePlan\"q\n\rSubmitRequest\x12.\n\x04plan\x18\x01 \x01(\x0b\x32 .vidroute.adapter.v1.CompilePlan\x12\x1a\n\x12\x63lient_request_key\x18\x02 \x01(\t\x12\x14\n\x0c\x63\x61llback_url\x18\x03 \x01(\t\"\xa4\x02\n\x0eSubmitResponse\x12\x34\n\x04kind\x18\x01 \x01(\x0e\x32&.vidroute.adapter.v1.SubmitOutcomeKind\x12(\n\x03job\x18\x02 \x01(\x0b\x32\x1b.vidroute.adapter.v1.JobRef\x12\x12\n\nraw_status\x18\x03 \x01(\t\x12(\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x19.vidroute.common.v1.Error\x12<\n\x0ftransport_stage\x18\x05 \x01(\x0e\x32#.vidroute.adapter.v1.TransportStage\x12\x36\n\x12request_started_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"9\n\rGetJobRequest\x12(\n\x03job\x18\x01 \x01(\x0b\x32\x1b.vidroute.adapter.v1.JobRef\"j\n\x0eGetJobResponse\x12.\n\x06status\x18\x01 \x01(\x0b\x32\x1e.vidroute.adapter.v1.JobStatus\x12(\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.vidroute.common.v1.Error\"<\n\x10\x43\x61ncelJobRequest\x12(\n\x03job\x18\x01 \x01(\x0b\x32\x1b.vidroute.adapter.v1.JobRef\"\x83\x01\n\x11\x43\x61ncelJobResponse\x12\x14\n\x0c\x61\x63knowledged\x18\x01 \x01(\x08\x12.\n\x06status\x18\x02 \x01(\x0b\x32\x1e.vidroute.adapter.v1.JobStatus\x12(\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x19.vidroute.common.v1.Error\"\xdc\x02\n\x18RecoverSubmissionRequest\x12\x0f\n\x07\x61\x63\x63ount\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1a\n\x12\x63lient_request_key\x18\x03 \x01(\t\x12\x14\n\x0crequest_hash\x18\x04 \x01(\t\x12\x1b\n\x13provider_request_id\x18\x05 \x01(\t\x12\x33\n\x0fsubmitted_after\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10submitted_before\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x04plan\x18\x08 \x01(\x0b\x32 .vidroute.adapter.v1.CompilePlan\x12\x36\n\x12request_started_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb6\x01\n\x19RecoverSubmissionResponse\x12\x35\n\x07verdict\x18\x01 \x01(\x0e\x32$.vidroute.adapter.v1.RecoveryVerdict\x12(\n\x03job\x18\x02 \x01(\x0b\x32\x1b.vidroute.adapter.v1.JobRef\x12\x0e\n\x06method\x18\x03 \x01(\t\x12(\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x19.vidroute.common.v1.Error\"\x81\x01\n\x10ListUsageRequest\x12\x0f\n\x07\x61\x63\x63ount\x18\x01 \x01(\t\x12.\n\nstart_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"p\n\x11ListUsageResponse\x12\x31\n\x07records\x18\x01 \x03(\x0b\x32 .vidroute.adapter.v1.UsageRecord\x12(\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.vidroute.common.v1.Error\"^\n\x12\x46\x65tchOutputRequest\x12(\n\x03job\x18\x01 \x01(\x0b\x32\x1b.vidroute.adapter.v1.JobRef\x12\x0b\n\x03uri\x18\x02 \x01(\t\x12\x11\n\tmax_bytes\x18\x03 \x01(\x03\"|\n\x13\x46\x65tchOutputResponse\x12\x14\n\x0c\x63ontent_type\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontent_length\x18\x02 \x01(\x03\x12\r\n\x05\x63hunk\x18\x03 \x01(\x0c\x12(\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x19.vidroute.common.v1.Error2\xfb\x06\n\x16ProviderAdapterService\x12\\\n\x08\x44\x65scribe\x12$.vidroute.adapter.v1.DescribeRequest\x1a%.vidroute.adapter.v1.DescribeResponse\"\x03\x90\x02\x01\x12Y\n\x07\x43ompile\x12#.vidroute.adapter.v1.CompileRequest\x1a$.vidroute.adapter.v1.CompileResponse\"\x03\x90\x02\x01\x12Q\n\x06Submit\x12\".vidroute.adapter.v1.SubmitRequest\x1a#.vidroute.adapter.v1.SubmitResponse\x12V\n\x06GetJob\x12\".vidroute.adapter.v1.GetJobRequest\x1a#.vidroute.adapter.v1.GetJobResponse\"\x03\x90\x02\x01\x12_\n\tCancelJob\x12%.vidroute.adapter.v1.CancelJobRequest\x1a&.vidroute.adapter.v1.CancelJobResponse\"\x03\x90\x02\x02\x12w\n\x11RecoverSubmission\x12-.vidroute.adapter.v1.RecoverSubmissionRequest\x1a..vidroute.adapter.v1.RecoverSubmissionResponse\"\x03\x90\x02\x01\x12_\n\tListUsage\x12%.vidroute.adapter.v1.ListUsageRequest\x1a&.vidroute.adapter.v1.ListUsageResponse\"\x03\x90\x02\x01\x12g\n\x0b\x46\x65tchOutput\x12\'.vidroute.adapter.v1.FetchOutputRequest\x1a(.vidroute.adapter.v1.FetchOutputResponse\"\x03\x90\x02\x01\x30\x01\x12Y\n\x07GetLoad\x12#.vidroute.adapter.v1.GetLoadRequest\x1a$.vidroute.adapter.v1.GetLoadResponse\"\x03\x90\x02\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)vidroute/adapter/v1/adapter_service.proto\x12\x13vidroute.adapter.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a!vidroute/adapter/v1/adapter.proto\x1a\x1evidroute/common/v1/error.proto\x1a#vidroute/common/v1/generation.proto\"\x10\n\x0eGetLoadRequest\"r\n\x0fGetLoadResponse\x12.\n\x06models\x18\x01 \x03(\x0b\x32\x1e.vidroute.adapter.v1.ModelLoad\x12/\n\x0bobserved_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x11\n\x0f\x44\x65scribeRequest\"\xe1\x01\n\x10\x44\x65scribeResponse\x12\x0f\n\x07\x61\x64\x61pter\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x64\x61pter_version\x18\x02 \x01(\t\x12:\n\x0c\x63\x61pabilities\x18\x03 \x03(\x0b\x32$.vidroute.adapter.v1.CapabilityEntry\x12\x1d\n\x15submit_budget_seconds\x18\x04 \x01(\x01\x12(\n submit_journal_retention_seconds\x18\x05 \x01(\x01\x12\x1e\n\x16submit_journal_durable\x18\x06 \x01(\x08\"\xb3\x01\n\x0e\x43ompileRequest\x12\x30\n\x04spec\x18\x01 \x01(\x0b\x32\".vidroute.common.v1.GenerationSpec\x12\x0f\n\x07\x61\x63\x63ount\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\x12\x38\n\ncapability\x18\x05 \x01(\x0b\x32$.vidroute.adapter.v1.CapabilityEntry\"A\n\x0f\x43ompileResponse\x12.\n\x04plan\x18\x01 \x01(\x0b\x32 .vidroute.adapter.v1.CompilePlan\"q\n\rSubmitRequest\x12.\n\x04plan\x18\x01 \x01(\x0b\x32 .vidroute.adapter.v1.CompilePlan\x12\x1a\n\x12\x63lient_request_key\x18\x02 \x01(\t\x12\x14\n\x0c\x63\x61llback_url\x18\x03 \x01(\t\"\xa4\x02\n\x0eSubmitResponse\x12\x34\n\x04kind\x18\x01 \x01(\x0e\x32&.vidroute.adapter.v1.SubmitOutcomeKind\x12(\n\x03job\x18\x02 \x01(\x0b\x32\x1b.vidroute.adapter.v1.JobRef\x12\x12\n\nraw_status\x18\x03 \x01(\t\x12(\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x19.vidroute.common.v1.Error\x12<\n\x0ftransport_stage\x18\x05 \x01(\x0e\x32#.vidroute.adapter.v1.TransportStage\x12\x36\n\x12request_started_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"9\n\rGetJobRequest\x12(\n\x03job\x18\x01 \x01(\x0b\x32\x1b.vidroute.adapter.v1.JobRef\"j\n\x0eGetJobResponse\x12.\n\x06status\x18\x01 \x01(\x0b\x32\x1e.vidroute.adapter.v1.JobStatus\x12(\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.vidroute.common.v1.Error\"<\n\x10\x43\x61ncelJobRequest\x12(\n\x03job\x18\x01 \x01(\x0b\x32\x1b.vidroute.adapter.v1.JobRef\"\x83\x01\n\x11\x43\x61ncelJobResponse\x12\x14\n\x0c\x61\x63knowledged\x18\x01 \x01(\x08\x12.\n\x06status\x18\x02 \x01(\x0b\x32\x1e.vidroute.adapter.v1.JobStatus\x12(\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x19.vidroute.common.v1.Error\"\xdc\x02\n\x18RecoverSubmissionRequest\x12\x0f\n\x07\x61\x63\x63ount\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x1a\n\x12\x63lient_request_key\x18\x03 \x01(\t\x12\x14\n\x0crequest_hash\x18\x04 \x01(\t\x12\x1b\n\x13provider_request_id\x18\x05 \x01(\t\x12\x33\n\x0fsubmitted_after\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x34\n\x10submitted_before\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\x04plan\x18\x08 \x01(\x0b\x32 .vidroute.adapter.v1.CompilePlan\x12\x36\n\x12request_started_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb6\x01\n\x19RecoverSubmissionResponse\x12\x35\n\x07verdict\x18\x01 \x01(\x0e\x32$.vidroute.adapter.v1.RecoveryVerdict\x12(\n\x03job\x18\x02 \x01(\x0b\x32\x1b.vidroute.adapter.v1.JobRef\x12\x0e\n\x06method\x18\x03 \x01(\t\x12(\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x19.vidroute.common.v1.Error\"\x81\x01\n\x10ListUsageRequest\x12\x0f\n\x07\x61\x63\x63ount\x18\x01 \x01(\t\x12.\n\nstart_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"p\n\x11ListUsageResponse\x12\x31\n\x07records\x18\x01 \x03(\x0b\x32 .vidroute.adapter.v1.UsageRecord\x12(\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x19.vidroute.common.v1.Error\"^\n\x12\x46\x65tchOutputRequest\x12(\n\x03job\x18\x01 \x01(\x0b\x32\x1b.vidroute.adapter.v1.JobRef\x12\x0b\n\x03uri\x18\x02 \x01(\t\x12\x11\n\tmax_bytes\x18\x03 \x01(\x03\"|\n\x13\x46\x65tchOutputResponse\x12\x14\n\x0c\x63ontent_type\x18\x01 \x01(\t\x12\x16\n\x0e\x63ontent_length\x18\x02 \x01(\x03\x12\r\n\x05\x63hunk\x18\x03 \x01(\x0c\x12(\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x19.vidroute.common.v1.Error2\xfb\x06\n\x16ProviderAdapterService\x12\\\n\x08\x44\x65scribe\x12$.vidroute.adapter.v1.DescribeRequest\x1a%.vidroute.adapter.v1.DescribeResponse\"\x03\x90\x02\x01\x12Y\n\x07\x43ompile\x12#.vidroute.adapter.v1.CompileRequest\x1a$.vidroute.adapter.v1.CompileResponse\"\x03\x90\x02\x01\x12Q\n\x06Submit\x12\".vidroute.adapter.v1.SubmitRequest\x1a#.vidroute.adapter.v1.SubmitResponse\x12V\n\x06GetJob\x12\".vidroute.adapter.v1.GetJobRequest\x1a#.vidroute.adapter.v1.GetJobResponse\"\x03\x90\x02\x01\x12_\n\tCancelJob\x12%.vidroute.adapter.v1.CancelJobRequest\x1a&.vidroute.adapter.v1.CancelJobResponse\"\x03\x90\x02\x02\x12w\n\x11RecoverSubmission\x12-.vidroute.adapter.v1.RecoverSubmissionRequest\x1a..vidroute.adapter.v1.RecoverSubmissionResponse\"\x03\x90\x02\x01\x12_\n\tListUsage\x12%.vidroute.adapter.v1.ListUsageRequest\x1a&.vidroute.adapter.v1.ListUsageResponse\"\x03\x90\x02\x01\x12g\n\x0b\x46\x65tchOutput\x12\'.vidroute.adapter.v1.FetchOutputRequest\x1a(.vidroute.adapter.v1.FetchOutputResponse\"\x03\x90\x02\x01\x30\x01\x12Y\n\x07GetLoad\x12#.vidroute.adapter.v1.GetLoadRequest\x1a$.vidroute.adapter.v1.GetLoadResponse\"\x03\x90\x02\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -59,34 +59,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBEREQUEST']._serialized_end=354
   _globals['_DESCRIBERESPONSE']._serialized_start=357
   _globals['_DESCRIBERESPONSE']._serialized_end=582
-  _globals['_COMPILEREQUEST']._serialized_start=584
-  _globals['_COMPILEREQUEST']._serialized_end=705
-  _globals['_COMPILERESPONSE']._serialized_start=707
-  _globals['_COMPILERESPONSE']._serialized_end=772
-  _globals['_SUBMITREQUEST']._serialized_start=774
-  _globals['_SUBMITREQUEST']._serialized_end=887
-  _globals['_SUBMITRESPONSE']._serialized_start=890
-  _globals['_SUBMITRESPONSE']._serialized_end=1182
-  _globals['_GETJOBREQUEST']._serialized_start=1184
-  _globals['_GETJOBREQUEST']._serialized_end=1241
-  _globals['_GETJOBRESPONSE']._serialized_start=1243
-  _globals['_GETJOBRESPONSE']._serialized_end=1349
-  _globals['_CANCELJOBREQUEST']._serialized_start=1351
-  _globals['_CANCELJOBREQUEST']._serialized_end=1411
-  _globals['_CANCELJOBRESPONSE']._serialized_start=1414
-  _globals['_CANCELJOBRESPONSE']._serialized_end=1545
-  _globals['_RECOVERSUBMISSIONREQUEST']._serialized_start=1548
-  _globals['_RECOVERSUBMISSIONREQUEST']._serialized_end=1896
-  _globals['_RECOVERSUBMISSIONRESPONSE']._serialized_start=1899
-  _globals['_RECOVERSUBMISSIONRESPONSE']._serialized_end=2081
-  _globals['_LISTUSAGEREQUEST']._serialized_start=2084
-  _globals['_LISTUSAGEREQUEST']._serialized_end=2213
-  _globals['_LISTUSAGERESPONSE']._serialized_start=2215
-  _globals['_LISTUSAGERESPONSE']._serialized_end=2327
-  _globals['_FETCHOUTPUTREQUEST']._serialized_start=2329
-  _globals['_FETCHOUTPUTREQUEST']._serialized_end=2423
-  _globals['_FETCHOUTPUTRESPONSE']._serialized_start=2425
-  _globals['_FETCHOUTPUTRESPONSE']._serialized_end=2549
-  _globals['_PROVIDERADAPTERSERVICE']._serialized_start=2552
-  _globals['_PROVIDERADAPTERSERVICE']._serialized_end=3443
+  _globals['_COMPILEREQUEST']._serialized_start=585
+  _globals['_COMPILEREQUEST']._serialized_end=764
+  _globals['_COMPILERESPONSE']._serialized_start=766
+  _globals['_COMPILERESPONSE']._serialized_end=831
+  _globals['_SUBMITREQUEST']._serialized_start=833
+  _globals['_SUBMITREQUEST']._serialized_end=946
+  _globals['_SUBMITRESPONSE']._serialized_start=949
+  _globals['_SUBMITRESPONSE']._serialized_end=1241
+  _globals['_GETJOBREQUEST']._serialized_start=1243
+  _globals['_GETJOBREQUEST']._serialized_end=1300
+  _globals['_GETJOBRESPONSE']._serialized_start=1302
+  _globals['_GETJOBRESPONSE']._serialized_end=1408
+  _globals['_CANCELJOBREQUEST']._serialized_start=1410
+  _globals['_CANCELJOBREQUEST']._serialized_end=1470
+  _globals['_CANCELJOBRESPONSE']._serialized_start=1473
+  _globals['_CANCELJOBRESPONSE']._serialized_end=1604
+  _globals['_RECOVERSUBMISSIONREQUEST']._serialized_start=1607
+  _globals['_RECOVERSUBMISSIONREQUEST']._serialized_end=1955
+  _globals['_RECOVERSUBMISSIONRESPONSE']._serialized_start=1958
+  _globals['_RECOVERSUBMISSIONRESPONSE']._serialized_end=2140
+  _globals['_LISTUSAGEREQUEST']._serialized_start=2143
+  _globals['_LISTUSAGEREQUEST']._serialized_end=2272
+  _globals['_LISTUSAGERESPONSE']._serialized_start=2274
+  _globals['_LISTUSAGERESPONSE']._serialized_end=2386
+  _globals['_FETCHOUTPUTREQUEST']._serialized_start=2388
+  _globals['_FETCHOUTPUTREQUEST']._serialized_end=2482
+  _globals['_FETCHOUTPUTRESPONSE']._serialized_start=2484
+  _globals['_FETCHOUTPUTRESPONSE']._serialized_end=2608
+  _globals['_PROVIDERADAPTERSERVICE']._serialized_start=2611
+  _globals['_PROVIDERADAPTERSERVICE']._serialized_end=3502
 # @@protoc_insertion_point(module_scope)

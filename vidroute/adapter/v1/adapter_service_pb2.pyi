@@ -146,6 +146,7 @@ class CompileRequest(_message.Message):
     ACCOUNT_FIELD_NUMBER: _builtins.int
     MODEL_FIELD_NUMBER: _builtins.int
     MODEL_VERSION_FIELD_NUMBER: _builtins.int
+    CAPABILITY_FIELD_NUMBER: _builtins.int
     account: _builtins.str
     """Provider account name; empty means the adapter's default account."""
     model: _builtins.str
@@ -156,6 +157,18 @@ class CompileRequest(_message.Message):
     def spec(self) -> _generation_pb2.GenerationSpec:
         """The spec to compile; must be valid."""
 
+    @_builtins.property
+    def capability(self) -> _adapter_pb2.CapabilityEntry:
+        """The capability entry the control plane routed on (the published catalog version, as
+        Describe carries an entry), so the routed version and the compiled one are the same. When
+        set, the adapter compiles against it instead of its own files: its provider, account and
+        model must be this adapter's provider, the request's account (resolved: empty means the
+        default) and `model` (else INVALID_ARGUMENT), and the adapter's own wire mapping of the
+        model (its files' provider-specific facts) still applies, so a model it cannot map is
+        NOT_FOUND. Unset: the adapter looks the entry up in its own files by account, model and
+        model_version, as before.
+        """
+
     def __init__(
         self,
         *,
@@ -163,10 +176,11 @@ class CompileRequest(_message.Message):
         account: _builtins.str = ...,
         model: _builtins.str = ...,
         model_version: _builtins.str = ...,
+        capability: _adapter_pb2.CapabilityEntry | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["spec", b"spec"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability", "spec", b"spec"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account", b"account", "model", b"model", "model_version", b"model_version", "spec", b"spec"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account", b"account", "capability", b"capability", "model", b"model", "model_version", b"model_version", "spec", b"spec"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

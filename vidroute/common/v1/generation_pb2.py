@@ -25,25 +25,33 @@ _sym_db = _symbol_database.Default()
 from vidroute.common.v1 import money_pb2 as vidroute_dot_common_dot_v1_dot_money__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#vidroute/common/v1/generation.proto\x12\x12vidroute.common.v1\x1a\x1evidroute/common/v1/money.proto\"p\n\x08\x41ssetRef\x12\x10\n\x08\x61sset_id\x18\x01 \x01(\t\x12\x12\n\nobject_uri\x18\x02 \x01(\t\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x17\n\x0f\x63hecksum_sha256\x18\x05 \x01(\t\"w\n\nOutputSpec\x12\r\n\x05width\x18\x01 \x01(\r\x12\x0e\n\x06height\x18\x02 \x01(\r\x12\x13\n\x0b\x64uration_ms\x18\x03 \x01(\r\x12\x0b\n\x03\x66ps\x18\x04 \x01(\r\x12\x12\n\nwith_audio\x18\x05 \x01(\x08\x12\x14\n\x0csample_count\x18\x06 \x01(\r\"\x91\x02\n\rRoutingPolicy\x12-\n\x04mode\x18\x01 \x01(\x0e\x32\x1f.vidroute.common.v1.RoutingMode\x12\x19\n\x11required_provider\x18\x02 \x01(\t\x12\x16\n\x0erequired_model\x18\x03 \x01(\t\x12\x1b\n\x13preferred_providers\x18\x04 \x03(\t\x12\x35\n\x12max_estimated_cost\x18\x05 \x01(\x0b\x32\x19.vidroute.common.v1.Money\x12\x1a\n\x12max_queue_delay_ms\x18\x06 \x01(\r\x12\x1e\n\x16\x61llow_semantic_degrade\x18\x07 \x01(\x08\x12\x0e\n\x06region\x18\x08 \x01(\t\"\xc7\x04\n\x0eGenerationSpec\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x12\n\nproject_id\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x17\n\x0fnegative_prompt\x18\x05 \x01(\t\x12&\n\x04mode\x18\x06 \x01(\x0e\x32\x18.vidroute.common.v1.Mode\x12\x31\n\x0b\x66irst_frame\x18\x07 \x01(\x0b\x32\x1c.vidroute.common.v1.AssetRef\x12\x30\n\nlast_frame\x18\x08 \x01(\x0b\x32\x1c.vidroute.common.v1.AssetRef\x12\x32\n\x0csource_video\x18\t \x01(\x0b\x32\x1c.vidroute.common.v1.AssetRef\x12\x30\n\nreferences\x18\n \x03(\x0b\x32\x1c.vidroute.common.v1.AssetRef\x12.\n\x06output\x18\x0b \x01(\x0b\x32\x1e.vidroute.common.v1.OutputSpec\x12\x11\n\x04seed\x18\x0c \x01(\x03H\x00\x88\x01\x01\x12\x16\n\x0esafety_profile\x18\r \x01(\t\x12\x32\n\x07routing\x18\x0e \x01(\x0b\x32!.vidroute.common.v1.RoutingPolicy\x12\x37\n\rservice_class\x18\x0f \x01(\x0e\x32 .vidroute.common.v1.ServiceClass\x12\x10\n\x08priority\x18\x10 \x01(\x05\x42\x07\n\x05_seed*\x9b\x01\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12MODE_TEXT_TO_VIDEO\x10\x01\x12\x17\n\x13MODE_IMAGE_TO_VIDEO\x10\x02\x12\x1c\n\x18MODE_FIRST_LAST_TO_VIDEO\x10\x03\x12\x17\n\x13MODE_VIDEO_TO_VIDEO\x10\x04\x12\x15\n\x11MODE_EXTEND_VIDEO\x10\x05*\x81\x01\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x1d\n\x19SERVICE_CLASS_INTERACTIVE\x10\x01\x12\x1a\n\x16SERVICE_CLASS_STANDARD\x10\x02\x12\x17\n\x13SERVICE_CLASS_BATCH\x10\x03*}\n\x0bRoutingMode\x12\x1c\n\x18ROUTING_MODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19ROUTING_MODE_STRICT_MODEL\x10\x01\x12\x1a\n\x16ROUTING_MODE_PREFERRED\x10\x02\x12\x15\n\x11ROUTING_MODE_AUTO\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#vidroute/common/v1/generation.proto\x12\x12vidroute.common.v1\x1a\x1evidroute/common/v1/money.proto\"\xcd\x01\n\x0b\x43ontentTags\x12\x35\n\x08\x63\x61tegory\x18\x01 \x01(\x0e\x32#.vidroute.common.v1.ContentCategory\x12(\n\x05style\x18\x02 \x01(\x0e\x32\x19.vidroute.common.v1.Style\x12\x16\n\thas_human\x18\x03 \x01(\x08H\x00\x88\x01\x01\x12\x37\n\rcamera_motion\x18\x04 \x01(\x0e\x32 .vidroute.common.v1.CameraMotionB\x0c\n\n_has_human\"p\n\x08\x41ssetRef\x12\x10\n\x08\x61sset_id\x18\x01 \x01(\t\x12\x12\n\nobject_uri\x18\x02 \x01(\t\x12\x11\n\tmime_type\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x17\n\x0f\x63hecksum_sha256\x18\x05 \x01(\t\"w\n\nOutputSpec\x12\r\n\x05width\x18\x01 \x01(\r\x12\x0e\n\x06height\x18\x02 \x01(\r\x12\x13\n\x0b\x64uration_ms\x18\x03 \x01(\r\x12\x0b\n\x03\x66ps\x18\x04 \x01(\r\x12\x12\n\nwith_audio\x18\x05 \x01(\x08\x12\x14\n\x0csample_count\x18\x06 \x01(\r\"\x91\x02\n\rRoutingPolicy\x12-\n\x04mode\x18\x01 \x01(\x0e\x32\x1f.vidroute.common.v1.RoutingMode\x12\x19\n\x11required_provider\x18\x02 \x01(\t\x12\x16\n\x0erequired_model\x18\x03 \x01(\t\x12\x1b\n\x13preferred_providers\x18\x04 \x03(\t\x12\x35\n\x12max_estimated_cost\x18\x05 \x01(\x0b\x32\x19.vidroute.common.v1.Money\x12\x1a\n\x12max_queue_delay_ms\x18\x06 \x01(\r\x12\x1e\n\x16\x61llow_semantic_degrade\x18\x07 \x01(\x08\x12\x0e\n\x06region\x18\x08 \x01(\t\"\xf9\x04\n\x0eGenerationSpec\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x12\n\nproject_id\x18\x03 \x01(\t\x12\x0e\n\x06prompt\x18\x04 \x01(\t\x12\x17\n\x0fnegative_prompt\x18\x05 \x01(\t\x12&\n\x04mode\x18\x06 \x01(\x0e\x32\x18.vidroute.common.v1.Mode\x12\x31\n\x0b\x66irst_frame\x18\x07 \x01(\x0b\x32\x1c.vidroute.common.v1.AssetRef\x12\x30\n\nlast_frame\x18\x08 \x01(\x0b\x32\x1c.vidroute.common.v1.AssetRef\x12\x32\n\x0csource_video\x18\t \x01(\x0b\x32\x1c.vidroute.common.v1.AssetRef\x12\x30\n\nreferences\x18\n \x03(\x0b\x32\x1c.vidroute.common.v1.AssetRef\x12.\n\x06output\x18\x0b \x01(\x0b\x32\x1e.vidroute.common.v1.OutputSpec\x12\x11\n\x04seed\x18\x0c \x01(\x03H\x00\x88\x01\x01\x12\x16\n\x0esafety_profile\x18\r \x01(\t\x12\x32\n\x07routing\x18\x0e \x01(\x0b\x32!.vidroute.common.v1.RoutingPolicy\x12\x37\n\rservice_class\x18\x0f \x01(\x0e\x32 .vidroute.common.v1.ServiceClass\x12\x10\n\x08priority\x18\x10 \x01(\x05\x12\x30\n\x07\x63ontent\x18\x11 \x01(\x0b\x32\x1f.vidroute.common.v1.ContentTagsB\x07\n\x05_seed*\x9b\x01\n\x04Mode\x12\x14\n\x10MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12MODE_TEXT_TO_VIDEO\x10\x01\x12\x17\n\x13MODE_IMAGE_TO_VIDEO\x10\x02\x12\x1c\n\x18MODE_FIRST_LAST_TO_VIDEO\x10\x03\x12\x17\n\x13MODE_VIDEO_TO_VIDEO\x10\x04\x12\x15\n\x11MODE_EXTEND_VIDEO\x10\x05*\x81\x01\n\x0cServiceClass\x12\x1d\n\x19SERVICE_CLASS_UNSPECIFIED\x10\x00\x12\x1d\n\x19SERVICE_CLASS_INTERACTIVE\x10\x01\x12\x1a\n\x16SERVICE_CLASS_STANDARD\x10\x02\x12\x17\n\x13SERVICE_CLASS_BATCH\x10\x03*\xdc\x02\n\x0f\x43ontentCategory\x12 \n\x1c\x43ONTENT_CATEGORY_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43ONTENT_CATEGORY_PEOPLE\x10\x01\x12\x1c\n\x18\x43ONTENT_CATEGORY_ANIMALS\x10\x02\x12\x1b\n\x17\x43ONTENT_CATEGORY_NATURE\x10\x03\x12\x1a\n\x16\x43ONTENT_CATEGORY_URBAN\x10\x04\x12\x1c\n\x18\x43ONTENT_CATEGORY_PRODUCT\x10\x05\x12\x19\n\x15\x43ONTENT_CATEGORY_FOOD\x10\x06\x12\x1b\n\x17\x43ONTENT_CATEGORY_SPORTS\x10\x07\x12\"\n\x1e\x43ONTENT_CATEGORY_TEXT_GRAPHICS\x10\x08\x12\x1d\n\x19\x43ONTENT_CATEGORY_ABSTRACT\x10\t\x12\x1a\n\x16\x43ONTENT_CATEGORY_OTHER\x10\n*\xc1\x01\n\x05Style\x12\x15\n\x11STYLE_UNSPECIFIED\x10\x00\x12\x18\n\x14STYLE_PHOTOREALISTIC\x10\x01\x12\x13\n\x0fSTYLE_CINEMATIC\x10\x02\x12\x0f\n\x0bSTYLE_ANIME\x10\x03\x12\x11\n\rSTYLE_CARTOON\x10\x04\x12\x13\n\x0fSTYLE_RENDER_3D\x10\x05\x12\x13\n\x0fSTYLE_PAINTERLY\x10\x06\x12\x13\n\x0fSTYLE_PIXEL_ART\x10\x07\x12\x0f\n\x0bSTYLE_OTHER\x10\x08*\xab\x02\n\x0c\x43\x61meraMotion\x12\x1d\n\x19\x43\x41MERA_MOTION_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43\x41MERA_MOTION_STATIC\x10\x01\x12\x15\n\x11\x43\x41MERA_MOTION_PAN\x10\x02\x12\x16\n\x12\x43\x41MERA_MOTION_TILT\x10\x03\x12\x16\n\x12\x43\x41MERA_MOTION_ZOOM\x10\x04\x12\x17\n\x13\x43\x41MERA_MOTION_DOLLY\x10\x05\x12\x17\n\x13\x43\x41MERA_MOTION_ORBIT\x10\x06\x12\x1a\n\x16\x43\x41MERA_MOTION_TRACKING\x10\x07\x12\x1a\n\x16\x43\x41MERA_MOTION_HANDHELD\x10\x08\x12\x18\n\x14\x43\x41MERA_MOTION_AERIAL\x10\t\x12\x17\n\x13\x43\x41MERA_MOTION_OTHER\x10\n*}\n\x0bRoutingMode\x12\x1c\n\x18ROUTING_MODE_UNSPECIFIED\x10\x00\x12\x1d\n\x19ROUTING_MODE_STRICT_MODEL\x10\x01\x12\x1a\n\x16ROUTING_MODE_PREFERRED\x10\x02\x12\x15\n\x11ROUTING_MODE_AUTO\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'vidroute.common.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MODE']._serialized_start=1189
-  _globals['_MODE']._serialized_end=1344
-  _globals['_SERVICECLASS']._serialized_start=1347
-  _globals['_SERVICECLASS']._serialized_end=1476
-  _globals['_ROUTINGMODE']._serialized_start=1478
-  _globals['_ROUTINGMODE']._serialized_end=1603
-  _globals['_ASSETREF']._serialized_start=91
-  _globals['_ASSETREF']._serialized_end=203
-  _globals['_OUTPUTSPEC']._serialized_start=205
-  _globals['_OUTPUTSPEC']._serialized_end=324
-  _globals['_ROUTINGPOLICY']._serialized_start=327
-  _globals['_ROUTINGPOLICY']._serialized_end=600
-  _globals['_GENERATIONSPEC']._serialized_start=603
-  _globals['_GENERATIONSPEC']._serialized_end=1186
+  _globals['_MODE']._serialized_start=1447
+  _globals['_MODE']._serialized_end=1602
+  _globals['_SERVICECLASS']._serialized_start=1605
+  _globals['_SERVICECLASS']._serialized_end=1734
+  _globals['_CONTENTCATEGORY']._serialized_start=1737
+  _globals['_CONTENTCATEGORY']._serialized_end=2085
+  _globals['_STYLE']._serialized_start=2088
+  _globals['_STYLE']._serialized_end=2281
+  _globals['_CAMERAMOTION']._serialized_start=2284
+  _globals['_CAMERAMOTION']._serialized_end=2583
+  _globals['_ROUTINGMODE']._serialized_start=2585
+  _globals['_ROUTINGMODE']._serialized_end=2710
+  _globals['_CONTENTTAGS']._serialized_start=92
+  _globals['_CONTENTTAGS']._serialized_end=297
+  _globals['_ASSETREF']._serialized_start=299
+  _globals['_ASSETREF']._serialized_end=411
+  _globals['_OUTPUTSPEC']._serialized_start=413
+  _globals['_OUTPUTSPEC']._serialized_end=532
+  _globals['_ROUTINGPOLICY']._serialized_start=535
+  _globals['_ROUTINGPOLICY']._serialized_end=808
+  _globals['_GENERATIONSPEC']._serialized_start=811
+  _globals['_GENERATIONSPEC']._serialized_end=1444
 # @@protoc_insertion_point(module_scope)

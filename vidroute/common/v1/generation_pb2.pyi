@@ -84,6 +84,172 @@ SERVICE_CLASS_BATCH: ServiceClass.ValueType  # 3
 """Bulk work: cost per success and throughput matter most."""
 Global___ServiceClass: _TypeAlias = ServiceClass  # noqa: Y015
 
+class _ContentCategory:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ContentCategoryEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ContentCategory.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONTENT_CATEGORY_UNSPECIFIED: _ContentCategory.ValueType  # 0
+    """Not said; the task lands in its bucket's untagged category."""
+    CONTENT_CATEGORY_PEOPLE: _ContentCategory.ValueType  # 1
+    """People are the subject (portraits, dialogue, dance)."""
+    CONTENT_CATEGORY_ANIMALS: _ContentCategory.ValueType  # 2
+    """Animals are the subject."""
+    CONTENT_CATEGORY_NATURE: _ContentCategory.ValueType  # 3
+    """Landscapes, weather, plants, water."""
+    CONTENT_CATEGORY_URBAN: _ContentCategory.ValueType  # 4
+    """Streets, buildings, interiors, vehicles."""
+    CONTENT_CATEGORY_PRODUCT: _ContentCategory.ValueType  # 5
+    """A product shot (packshots, advertising)."""
+    CONTENT_CATEGORY_FOOD: _ContentCategory.ValueType  # 6
+    """Food and drink."""
+    CONTENT_CATEGORY_SPORTS: _ContentCategory.ValueType  # 7
+    """Sport and fast action."""
+    CONTENT_CATEGORY_TEXT_GRAPHICS: _ContentCategory.ValueType  # 8
+    """Legible text, logos, titles, charts."""
+    CONTENT_CATEGORY_ABSTRACT: _ContentCategory.ValueType  # 9
+    """Abstract shapes, particles, patterns."""
+    CONTENT_CATEGORY_OTHER: _ContentCategory.ValueType  # 10
+    """Something none of the above names."""
+
+class ContentCategory(_ContentCategory, metaclass=_ContentCategoryEnumTypeWrapper):
+    """What a clip shows: a content tag (design 9.14). A closed vocabulary: a number not listed here
+    is INVALID_ARGUMENT at CreateTask (field `content.category`).
+    """
+
+CONTENT_CATEGORY_UNSPECIFIED: ContentCategory.ValueType  # 0
+"""Not said; the task lands in its bucket's untagged category."""
+CONTENT_CATEGORY_PEOPLE: ContentCategory.ValueType  # 1
+"""People are the subject (portraits, dialogue, dance)."""
+CONTENT_CATEGORY_ANIMALS: ContentCategory.ValueType  # 2
+"""Animals are the subject."""
+CONTENT_CATEGORY_NATURE: ContentCategory.ValueType  # 3
+"""Landscapes, weather, plants, water."""
+CONTENT_CATEGORY_URBAN: ContentCategory.ValueType  # 4
+"""Streets, buildings, interiors, vehicles."""
+CONTENT_CATEGORY_PRODUCT: ContentCategory.ValueType  # 5
+"""A product shot (packshots, advertising)."""
+CONTENT_CATEGORY_FOOD: ContentCategory.ValueType  # 6
+"""Food and drink."""
+CONTENT_CATEGORY_SPORTS: ContentCategory.ValueType  # 7
+"""Sport and fast action."""
+CONTENT_CATEGORY_TEXT_GRAPHICS: ContentCategory.ValueType  # 8
+"""Legible text, logos, titles, charts."""
+CONTENT_CATEGORY_ABSTRACT: ContentCategory.ValueType  # 9
+"""Abstract shapes, particles, patterns."""
+CONTENT_CATEGORY_OTHER: ContentCategory.ValueType  # 10
+"""Something none of the above names."""
+Global___ContentCategory: _TypeAlias = ContentCategory  # noqa: Y015
+
+class _Style:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _StyleEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Style.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    STYLE_UNSPECIFIED: _Style.ValueType  # 0
+    """Not said."""
+    STYLE_PHOTOREALISTIC: _Style.ValueType  # 1
+    """Indistinguishable from camera footage."""
+    STYLE_CINEMATIC: _Style.ValueType  # 2
+    """Film look: grading, shallow depth of field, lens effects."""
+    STYLE_ANIME: _Style.ValueType  # 3
+    """Japanese animation."""
+    STYLE_CARTOON: _Style.ValueType  # 4
+    """2D cartoon."""
+    STYLE_RENDER_3D: _Style.ValueType  # 5
+    """3D render (CGI, claymation look)."""
+    STYLE_PAINTERLY: _Style.ValueType  # 6
+    """Painting, watercolour, illustration."""
+    STYLE_PIXEL_ART: _Style.ValueType  # 7
+    """Pixel art."""
+    STYLE_OTHER: _Style.ValueType  # 8
+    """Something none of the above names."""
+
+class Style(_Style, metaclass=_StyleEnumTypeWrapper):
+    """How a clip looks: a content tag (design 9.14). A closed vocabulary: a number not listed here
+    is INVALID_ARGUMENT at CreateTask (field `content.style`).
+    """
+
+STYLE_UNSPECIFIED: Style.ValueType  # 0
+"""Not said."""
+STYLE_PHOTOREALISTIC: Style.ValueType  # 1
+"""Indistinguishable from camera footage."""
+STYLE_CINEMATIC: Style.ValueType  # 2
+"""Film look: grading, shallow depth of field, lens effects."""
+STYLE_ANIME: Style.ValueType  # 3
+"""Japanese animation."""
+STYLE_CARTOON: Style.ValueType  # 4
+"""2D cartoon."""
+STYLE_RENDER_3D: Style.ValueType  # 5
+"""3D render (CGI, claymation look)."""
+STYLE_PAINTERLY: Style.ValueType  # 6
+"""Painting, watercolour, illustration."""
+STYLE_PIXEL_ART: Style.ValueType  # 7
+"""Pixel art."""
+STYLE_OTHER: Style.ValueType  # 8
+"""Something none of the above names."""
+Global___Style: _TypeAlias = Style  # noqa: Y015
+
+class _CameraMotion:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CameraMotionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CameraMotion.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CAMERA_MOTION_UNSPECIFIED: _CameraMotion.ValueType  # 0
+    """Not said."""
+    CAMERA_MOTION_STATIC: _CameraMotion.ValueType  # 1
+    """A locked-off camera."""
+    CAMERA_MOTION_PAN: _CameraMotion.ValueType  # 2
+    """Horizontal rotation."""
+    CAMERA_MOTION_TILT: _CameraMotion.ValueType  # 3
+    """Vertical rotation."""
+    CAMERA_MOTION_ZOOM: _CameraMotion.ValueType  # 4
+    """Zoom in or out."""
+    CAMERA_MOTION_DOLLY: _CameraMotion.ValueType  # 5
+    """The camera travels toward or away from the subject."""
+    CAMERA_MOTION_ORBIT: _CameraMotion.ValueType  # 6
+    """The camera circles the subject."""
+    CAMERA_MOTION_TRACKING: _CameraMotion.ValueType  # 7
+    """The camera follows a moving subject."""
+    CAMERA_MOTION_HANDHELD: _CameraMotion.ValueType  # 8
+    """Handheld shake."""
+    CAMERA_MOTION_AERIAL: _CameraMotion.ValueType  # 9
+    """Drone or aerial shot."""
+    CAMERA_MOTION_OTHER: _CameraMotion.ValueType  # 10
+    """Something none of the above names."""
+
+class CameraMotion(_CameraMotion, metaclass=_CameraMotionEnumTypeWrapper):
+    """How the camera moves: a content tag (design 9.14). A closed vocabulary: a number not listed
+    here is INVALID_ARGUMENT at CreateTask (field `content.camera_motion`).
+    """
+
+CAMERA_MOTION_UNSPECIFIED: CameraMotion.ValueType  # 0
+"""Not said."""
+CAMERA_MOTION_STATIC: CameraMotion.ValueType  # 1
+"""A locked-off camera."""
+CAMERA_MOTION_PAN: CameraMotion.ValueType  # 2
+"""Horizontal rotation."""
+CAMERA_MOTION_TILT: CameraMotion.ValueType  # 3
+"""Vertical rotation."""
+CAMERA_MOTION_ZOOM: CameraMotion.ValueType  # 4
+"""Zoom in or out."""
+CAMERA_MOTION_DOLLY: CameraMotion.ValueType  # 5
+"""The camera travels toward or away from the subject."""
+CAMERA_MOTION_ORBIT: CameraMotion.ValueType  # 6
+"""The camera circles the subject."""
+CAMERA_MOTION_TRACKING: CameraMotion.ValueType  # 7
+"""The camera follows a moving subject."""
+CAMERA_MOTION_HANDHELD: CameraMotion.ValueType  # 8
+"""Handheld shake."""
+CAMERA_MOTION_AERIAL: CameraMotion.ValueType  # 9
+"""Drone or aerial shot."""
+CAMERA_MOTION_OTHER: CameraMotion.ValueType  # 10
+"""Something none of the above names."""
+Global___CameraMotion: _TypeAlias = CameraMotion  # noqa: Y015
+
 class _RoutingMode:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -117,6 +283,48 @@ required_model still bind: they are hard filters in every mode.
 ROUTING_MODE_AUTO: RoutingMode.ValueType  # 3
 """The platform chooses among all eligible candidates."""
 Global___RoutingMode: _TypeAlias = RoutingMode  # noqa: Y015
+
+@_typing.final
+class ContentTags(_message.Message):
+    """The caller's optional description of the content (design 9.14). Tags are never sent to a
+    provider: they pick the quality bucket whose evidence routes the task (quality is kept per
+    model and bucket), so a model good at anime and poor at people is judged per kind of clip.
+    Every tag is optional; an unset tag is its own "untagged" value in the bucket. Tags are part
+    of the normalized spec: the same request with other tags is another request (an idempotency
+    key reused with other tags is ALREADY_EXISTS, like any other field).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CATEGORY_FIELD_NUMBER: _builtins.int
+    STYLE_FIELD_NUMBER: _builtins.int
+    HAS_HUMAN_FIELD_NUMBER: _builtins.int
+    CAMERA_MOTION_FIELD_NUMBER: _builtins.int
+    category: Global___ContentCategory.ValueType
+    """What the clip shows; unspecified means not said."""
+    style: Global___Style.ValueType
+    """How it looks; unspecified means not said."""
+    has_human: _builtins.bool
+    """Whether people appear in the clip; unset means not said."""
+    camera_motion: Global___CameraMotion.ValueType
+    """How the camera moves; unspecified means not said."""
+    def __init__(
+        self,
+        *,
+        category: Global___ContentCategory.ValueType = ...,
+        style: Global___Style.ValueType = ...,
+        has_human: _builtins.bool | None = ...,
+        camera_motion: Global___CameraMotion.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_has_human", b"_has_human", "has_human", b"has_human"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_has_human", b"_has_human", "camera_motion", b"camera_motion", "category", b"category", "has_human", b"has_human", "style", b"style"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__has_human: _TypeAlias = _typing.Literal["has_human"]  # noqa: Y015
+    _WhichOneofArgType__has_human: _TypeAlias = _typing.Literal["_has_human", b"_has_human"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__has_human) -> _WhichOneofReturnType__has_human | None: ...
+
+Global___ContentTags: _TypeAlias = ContentTags  # noqa: Y015
 
 @_typing.final
 class AssetRef(_message.Message):
@@ -282,6 +490,7 @@ class GenerationSpec(_message.Message):
     ROUTING_FIELD_NUMBER: _builtins.int
     SERVICE_CLASS_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
+    CONTENT_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Tenant that owns the task; required. Fairness and quotas are per tenant."""
     user_id: _builtins.str
@@ -331,6 +540,12 @@ class GenerationSpec(_message.Message):
     def routing(self) -> Global___RoutingPolicy:
         """Routing constraints."""
 
+    @_builtins.property
+    def content(self) -> Global___ContentTags:
+        """Content tags (category, style, has_human, camera motion); optional, each from a closed
+        vocabulary. They choose the quality bucket routing reads, never the provider request.
+        """
+
     def __init__(
         self,
         *,
@@ -350,10 +565,11 @@ class GenerationSpec(_message.Message):
         routing: Global___RoutingPolicy | None = ...,
         service_class: Global___ServiceClass.ValueType = ...,
         priority: _builtins.int = ...,
+        content: Global___ContentTags | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "first_frame", b"first_frame", "last_frame", b"last_frame", "output", b"output", "routing", b"routing", "seed", b"seed", "source_video", b"source_video"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "content", b"content", "first_frame", b"first_frame", "last_frame", b"last_frame", "output", b"output", "routing", b"routing", "seed", b"seed", "source_video", b"source_video"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "first_frame", b"first_frame", "last_frame", b"last_frame", "mode", b"mode", "negative_prompt", b"negative_prompt", "output", b"output", "priority", b"priority", "project_id", b"project_id", "prompt", b"prompt", "references", b"references", "routing", b"routing", "safety_profile", b"safety_profile", "seed", b"seed", "service_class", b"service_class", "source_video", b"source_video", "tenant_id", b"tenant_id", "user_id", b"user_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "content", b"content", "first_frame", b"first_frame", "last_frame", b"last_frame", "mode", b"mode", "negative_prompt", b"negative_prompt", "output", b"output", "priority", b"priority", "project_id", b"project_id", "prompt", b"prompt", "references", b"references", "routing", b"routing", "safety_profile", b"safety_profile", "seed", b"seed", "service_class", b"service_class", "source_video", b"source_video", "tenant_id", b"tenant_id", "user_id", b"user_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015

@@ -121,6 +121,70 @@ DISCREPANCY_KIND_AMBIGUOUS_MATCH: DiscrepancyKind.ValueType  # 11
 """A billed record fits more than one attempt."""
 Global___DiscrepancyKind: _TypeAlias = DiscrepancyKind  # noqa: Y015
 
+class _DisputeState:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DisputeStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DisputeState.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DISPUTE_STATE_UNSPECIFIED: _DisputeState.ValueType  # 0
+    """Not set; as a ListDisputes filter: every state."""
+    DISPUTE_STATE_OPEN: _DisputeState.ValueType  # 1
+    """Booked as platform loss; nothing asked of the provider yet."""
+    DISPUTE_STATE_DISPUTED: _DisputeState.ValueType  # 2
+    """The claim is with the provider."""
+    DISPUTE_STATE_REFUNDED: _DisputeState.ValueType  # 3
+    """The provider credited refunded_micros back (terminal)."""
+    DISPUTE_STATE_WRITTEN_OFF: _DisputeState.ValueType  # 4
+    """The platform keeps the loss (terminal)."""
+
+class DisputeState(_DisputeState, metaclass=_DisputeStateEnumTypeWrapper):
+    """State of a booked loss's dispute with its provider (`vidroute disputes`)."""
+
+DISPUTE_STATE_UNSPECIFIED: DisputeState.ValueType  # 0
+"""Not set; as a ListDisputes filter: every state."""
+DISPUTE_STATE_OPEN: DisputeState.ValueType  # 1
+"""Booked as platform loss; nothing asked of the provider yet."""
+DISPUTE_STATE_DISPUTED: DisputeState.ValueType  # 2
+"""The claim is with the provider."""
+DISPUTE_STATE_REFUNDED: DisputeState.ValueType  # 3
+"""The provider credited refunded_micros back (terminal)."""
+DISPUTE_STATE_WRITTEN_OFF: DisputeState.ValueType  # 4
+"""The platform keeps the loss (terminal)."""
+Global___DisputeState: _TypeAlias = DisputeState  # noqa: Y015
+
+class _MarginGrouping:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _MarginGroupingEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MarginGrouping.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    MARGIN_GROUPING_UNSPECIFIED: _MarginGrouping.ValueType  # 0
+    """Not set: by day."""
+    MARGIN_GROUPING_DAY: _MarginGrouping.ValueType  # 1
+    """By UTC day ("YYYY-MM-DD")."""
+    MARGIN_GROUPING_TENANT: _MarginGrouping.ValueType  # 2
+    """By tenant."""
+    MARGIN_GROUPING_PROVIDER: _MarginGrouping.ValueType  # 3
+    """By provider."""
+    MARGIN_GROUPING_MODEL: _MarginGrouping.ValueType  # 4
+    """By provider and model ("provider/model")."""
+
+class MarginGrouping(_MarginGrouping, metaclass=_MarginGroupingEnumTypeWrapper):
+    """How GetMargins groups its rows."""
+
+MARGIN_GROUPING_UNSPECIFIED: MarginGrouping.ValueType  # 0
+"""Not set: by day."""
+MARGIN_GROUPING_DAY: MarginGrouping.ValueType  # 1
+"""By UTC day ("YYYY-MM-DD")."""
+MARGIN_GROUPING_TENANT: MarginGrouping.ValueType  # 2
+"""By tenant."""
+MARGIN_GROUPING_PROVIDER: MarginGrouping.ValueType  # 3
+"""By provider."""
+MARGIN_GROUPING_MODEL: MarginGrouping.ValueType  # 4
+"""By provider and model ("provider/model")."""
+Global___MarginGrouping: _TypeAlias = MarginGrouping  # noqa: Y015
+
 @_typing.final
 class Balance(_message.Message):
     """A tenant's money in one currency, derived from its credit ledger entries."""
@@ -312,6 +376,7 @@ class Discrepancy(_message.Message):
     PROVIDER_JOB_ID_FIELD_NUMBER: _builtins.int
     EVIDENCE_JSON_FIELD_NUMBER: _builtins.int
     SUGGESTED_ACTION_FIELD_NUMBER: _builtins.int
+    ROW_ID_FIELD_NUMBER: _builtins.int
     kind: Global___DiscrepancyKind.ValueType
     """What differs."""
     provider: _builtins.str
@@ -340,6 +405,8 @@ class Discrepancy(_message.Message):
     """
     suggested_action: _builtins.str
     """What an operator should do about it."""
+    row_id: _builtins.str
+    """The stored row's id, a decimal integer: what `vidroute disputes open` books."""
     def __init__(
         self,
         *,
@@ -356,14 +423,153 @@ class Discrepancy(_message.Message):
         provider_job_id: _builtins.str = ...,
         evidence_json: _builtins.str = ...,
         suggested_action: _builtins.str = ...,
+        row_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["account", b"account", "attempt_id", b"attempt_id", "billed_micros", b"billed_micros", "currency", b"currency", "delta_micros", b"delta_micros", "evidence_json", b"evidence_json", "expected_micros", b"expected_micros", "kind", b"kind", "model", b"model", "provider", b"provider", "provider_job_id", b"provider_job_id", "suggested_action", b"suggested_action", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account", b"account", "attempt_id", b"attempt_id", "billed_micros", b"billed_micros", "currency", b"currency", "delta_micros", b"delta_micros", "evidence_json", b"evidence_json", "expected_micros", b"expected_micros", "kind", b"kind", "model", b"model", "provider", b"provider", "provider_job_id", b"provider_job_id", "row_id", b"row_id", "suggested_action", b"suggested_action", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Discrepancy: _TypeAlias = Discrepancy  # noqa: Y015
+
+@_typing.final
+class LossDispute(_message.Message):
+    """A reconciliation row booked as a confirmed loss, and its dispute."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISPUTE_ID_FIELD_NUMBER: _builtins.int
+    ROW_ID_FIELD_NUMBER: _builtins.int
+    DAY_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    PROVIDER_FIELD_NUMBER: _builtins.int
+    ACCOUNT_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    ATTEMPT_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    BILLED_MICROS_FIELD_NUMBER: _builtins.int
+    EXPECTED_MICROS_FIELD_NUMBER: _builtins.int
+    CONFIRMED_MICROS_FIELD_NUMBER: _builtins.int
+    NEW_LOSS_MICROS_FIELD_NUMBER: _builtins.int
+    REFUNDED_MICROS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    dispute_id: _builtins.str
+    """Dispute id, a decimal integer."""
+    row_id: _builtins.str
+    """The reconciliation row booked (Discrepancy.row_id)."""
+    day: _builtins.str
+    """The bill's UTC day, "YYYY-MM-DD"."""
+    kind: Global___DiscrepancyKind.ValueType
+    """The row's kind."""
+    provider: _builtins.str
+    """Provider."""
+    account: _builtins.str
+    """Provider account."""
+    model: _builtins.str
+    """Provider model; empty when the row names none."""
+    attempt_id: _builtins.str
+    """The attempt the row is tied to; empty when none is."""
+    task_id: _builtins.str
+    """The task the row is tied to; empty when none is."""
+    currency: _builtins.str
+    """ISO 4217 currency code of the amounts."""
+    billed_micros: _builtins.int
+    """What the provider billed, in micros."""
+    expected_micros: _builtins.int
+    """What a correct bill charges, in micros."""
+    confirmed_micros: _builtins.int
+    """The confirmed loss: billed_micros - expected_micros."""
+    new_loss_micros: _builtins.int
+    """The part of it booking added as platform loss (the rest settlement had booked already)."""
+    refunded_micros: _builtins.int
+    """What the provider credited back, in micros (REFUNDED only)."""
+    state: Global___DisputeState.ValueType
+    """Where the dispute stands."""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was booked."""
+
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp:
+        """When it last moved."""
+
+    def __init__(
+        self,
+        *,
+        dispute_id: _builtins.str = ...,
+        row_id: _builtins.str = ...,
+        day: _builtins.str = ...,
+        kind: Global___DiscrepancyKind.ValueType = ...,
+        provider: _builtins.str = ...,
+        account: _builtins.str = ...,
+        model: _builtins.str = ...,
+        attempt_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        currency: _builtins.str = ...,
+        billed_micros: _builtins.int = ...,
+        expected_micros: _builtins.int = ...,
+        confirmed_micros: _builtins.int = ...,
+        new_loss_micros: _builtins.int = ...,
+        refunded_micros: _builtins.int = ...,
+        state: Global___DisputeState.ValueType = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["account", b"account", "attempt_id", b"attempt_id", "billed_micros", b"billed_micros", "confirmed_micros", b"confirmed_micros", "created_at", b"created_at", "currency", b"currency", "day", b"day", "dispute_id", b"dispute_id", "expected_micros", b"expected_micros", "kind", b"kind", "model", b"model", "new_loss_micros", b"new_loss_micros", "provider", b"provider", "refunded_micros", b"refunded_micros", "row_id", b"row_id", "state", b"state", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LossDispute: _TypeAlias = LossDispute  # noqa: Y015
+
+@_typing.final
+class MarginRow(_message.Message):
+    """Revenue against provider cost for one group and currency. All amounts integer micros."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    REVENUE_MICROS_FIELD_NUMBER: _builtins.int
+    PROVIDER_COST_MICROS_FIELD_NUMBER: _builtins.int
+    PLATFORM_LOSS_MICROS_FIELD_NUMBER: _builtins.int
+    MARGIN_MICROS_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    """The group: a day, a tenant, a provider or "provider/model"."""
+    currency: _builtins.str
+    """ISO 4217 currency code of the amounts."""
+    revenue_micros: _builtins.int
+    """What tenants were charged (CHARGE minus REFUND entries)."""
+    provider_cost_micros: _builtins.int
+    """What providers cost: each attempt's ACTUAL (else EXPECTED) entry, plus losses the bill
+    confirmed, minus dispute refunds.
+    """
+    platform_loss_micros: _builtins.int
+    """The part of the provider cost no tenant was charged for (PLATFORM_LOSS minus refunds)."""
+    margin_micros: _builtins.int
+    """revenue_micros - provider_cost_micros."""
+    def __init__(
+        self,
+        *,
+        key: _builtins.str = ...,
+        currency: _builtins.str = ...,
+        revenue_micros: _builtins.int = ...,
+        provider_cost_micros: _builtins.int = ...,
+        platform_loss_micros: _builtins.int = ...,
+        margin_micros: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["currency", b"currency", "key", b"key", "margin_micros", b"margin_micros", "platform_loss_micros", b"platform_loss_micros", "provider_cost_micros", b"provider_cost_micros", "revenue_micros", b"revenue_micros"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___MarginRow: _TypeAlias = MarginRow  # noqa: Y015
 
 @_typing.final
 class ReconciliationRun(_message.Message):

@@ -27,7 +27,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from vidroute.scheduler.v1 import billing_pb2 as vidroute_dot_scheduler_dot_v1_dot_billing__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+vidroute/scheduler/v1/billing_service.proto\x12\x15vidroute.scheduler.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a#vidroute/scheduler/v1/billing.proto\"8\n\x11GetBalanceRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08\x63urrency\x18\x02 \x01(\t\"E\n\x12GetBalanceResponse\x12/\n\x07\x62\x61lance\x18\x01 \x01(\x0b\x32\x1e.vidroute.scheduler.v1.Balance\"T\n\x18ListLedgerEntriesRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"i\n\x19ListLedgerEntriesResponse\x12\x33\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\".vidroute.scheduler.v1.LedgerEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"z\n\x13\x43reditTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x15\n\ramount_micros\x18\x02 \x01(\x03\x12\x10\n\x08\x63urrency\x18\x03 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"Z\n\x14\x43reditTenantResponse\x12\x31\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\".vidroute.scheduler.v1.LedgerEntry\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x8f\x01\n\x13GetUnitCostsRequest\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12)\n\x06window\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\x08\x65nd_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xad\x01\n\x14GetUnitCostsResponse\x12\x33\n\nunit_costs\x18\x01 \x03(\x0b\x32\x1f.vidroute.scheduler.v1.UnitCost\x12\x30\n\x0cwindow_start\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nwindow_end\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\".\n\x1eGetReconciliationReportRequest\x12\x0c\n\x04\x64\x61te\x18\x01 \x01(\t\"g\n\x1fGetReconciliationReportResponse\x12\x0c\n\x04\x64\x61te\x18\x01 \x01(\t\x12\x36\n\x04runs\x18\x02 \x03(\x0b\x32(.vidroute.scheduler.v1.ReconciliationRun2\xe1\x04\n\x0e\x42illingService\x12\x66\n\nGetBalance\x12(.vidroute.scheduler.v1.GetBalanceRequest\x1a).vidroute.scheduler.v1.GetBalanceResponse\"\x03\x90\x02\x01\x12{\n\x11ListLedgerEntries\x12/.vidroute.scheduler.v1.ListLedgerEntriesRequest\x1a\x30.vidroute.scheduler.v1.ListLedgerEntriesResponse\"\x03\x90\x02\x01\x12l\n\x0c\x43reditTenant\x12*.vidroute.scheduler.v1.CreditTenantRequest\x1a+.vidroute.scheduler.v1.CreditTenantResponse\"\x03\x90\x02\x02\x12l\n\x0cGetUnitCosts\x12*.vidroute.scheduler.v1.GetUnitCostsRequest\x1a+.vidroute.scheduler.v1.GetUnitCostsResponse\"\x03\x90\x02\x01\x12\x8d\x01\n\x17GetReconciliationReport\x12\x35.vidroute.scheduler.v1.GetReconciliationReportRequest\x1a\x36.vidroute.scheduler.v1.GetReconciliationReportResponse\"\x03\x90\x02\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+vidroute/scheduler/v1/billing_service.proto\x12\x15vidroute.scheduler.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a#vidroute/scheduler/v1/billing.proto\"m\n\x13ListDisputesRequest\x12\x32\n\x05state\x18\x01 \x01(\x0e\x32#.vidroute.scheduler.v1.DisputeState\x12\x11\n\tfrom_date\x18\x02 \x01(\t\x12\x0f\n\x07to_date\x18\x03 \x01(\t\"L\n\x14ListDisputesResponse\x12\x34\n\x08\x64isputes\x18\x01 \x03(\x0b\x32\".vidroute.scheduler.v1.LossDispute\"p\n\x11GetMarginsRequest\x12\x11\n\tfrom_date\x18\x01 \x01(\t\x12\x0f\n\x07to_date\x18\x02 \x01(\t\x12\x37\n\x08group_by\x18\x03 \x01(\x0e\x32%.vidroute.scheduler.v1.MarginGrouping\"D\n\x12GetMarginsResponse\x12.\n\x04rows\x18\x01 \x03(\x0b\x32 .vidroute.scheduler.v1.MarginRow\"8\n\x11GetBalanceRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08\x63urrency\x18\x02 \x01(\t\"E\n\x12GetBalanceResponse\x12/\n\x07\x62\x61lance\x18\x01 \x01(\x0b\x32\x1e.vidroute.scheduler.v1.Balance\"\x89\x01\n\x18ListLedgerEntriesRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x0f\n\x07task_id\x18\x04 \x01(\t\x12\x11\n\tfrom_date\x18\x05 \x01(\t\x12\x0f\n\x07to_date\x18\x06 \x01(\t\"i\n\x19ListLedgerEntriesResponse\x12\x33\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\".vidroute.scheduler.v1.LedgerEntry\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"z\n\x13\x43reditTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x15\n\ramount_micros\x18\x02 \x01(\x03\x12\x10\n\x08\x63urrency\x18\x03 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\"Z\n\x14\x43reditTenantResponse\x12\x31\n\x05\x65ntry\x18\x01 \x01(\x0b\x32\".vidroute.scheduler.v1.LedgerEntry\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x8f\x01\n\x13GetUnitCostsRequest\x12\x10\n\x08provider\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12)\n\x06window\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\x08\x65nd_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xad\x01\n\x14GetUnitCostsResponse\x12\x33\n\nunit_costs\x18\x01 \x03(\x0b\x32\x1f.vidroute.scheduler.v1.UnitCost\x12\x30\n\x0cwindow_start\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12.\n\nwindow_end\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\".\n\x1eGetReconciliationReportRequest\x12\x0c\n\x04\x64\x61te\x18\x01 \x01(\t\"g\n\x1fGetReconciliationReportResponse\x12\x0c\n\x04\x64\x61te\x18\x01 \x01(\t\x12\x36\n\x04runs\x18\x02 \x03(\x0b\x32(.vidroute.scheduler.v1.ReconciliationRun2\xb7\x06\n\x0e\x42illingService\x12\x66\n\nGetBalance\x12(.vidroute.scheduler.v1.GetBalanceRequest\x1a).vidroute.scheduler.v1.GetBalanceResponse\"\x03\x90\x02\x01\x12{\n\x11ListLedgerEntries\x12/.vidroute.scheduler.v1.ListLedgerEntriesRequest\x1a\x30.vidroute.scheduler.v1.ListLedgerEntriesResponse\"\x03\x90\x02\x01\x12l\n\x0c\x43reditTenant\x12*.vidroute.scheduler.v1.CreditTenantRequest\x1a+.vidroute.scheduler.v1.CreditTenantResponse\"\x03\x90\x02\x02\x12l\n\x0cGetUnitCosts\x12*.vidroute.scheduler.v1.GetUnitCostsRequest\x1a+.vidroute.scheduler.v1.GetUnitCostsResponse\"\x03\x90\x02\x01\x12\x8d\x01\n\x17GetReconciliationReport\x12\x35.vidroute.scheduler.v1.GetReconciliationReportRequest\x1a\x36.vidroute.scheduler.v1.GetReconciliationReportResponse\"\x03\x90\x02\x01\x12l\n\x0cListDisputes\x12*.vidroute.scheduler.v1.ListDisputesRequest\x1a+.vidroute.scheduler.v1.ListDisputesResponse\"\x03\x90\x02\x01\x12\x66\n\nGetMargins\x12(.vidroute.scheduler.v1.GetMarginsRequest\x1a).vidroute.scheduler.v1.GetMarginsResponse\"\x03\x90\x02\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,26 +44,38 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BILLINGSERVICE'].methods_by_name['GetUnitCosts']._serialized_options = b'\220\002\001'
   _globals['_BILLINGSERVICE'].methods_by_name['GetReconciliationReport']._loaded_options = None
   _globals['_BILLINGSERVICE'].methods_by_name['GetReconciliationReport']._serialized_options = b'\220\002\001'
-  _globals['_GETBALANCEREQUEST']._serialized_start=172
-  _globals['_GETBALANCEREQUEST']._serialized_end=228
-  _globals['_GETBALANCERESPONSE']._serialized_start=230
-  _globals['_GETBALANCERESPONSE']._serialized_end=299
-  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_start=301
-  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_end=385
-  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_start=387
-  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_end=492
-  _globals['_CREDITTENANTREQUEST']._serialized_start=494
-  _globals['_CREDITTENANTREQUEST']._serialized_end=616
-  _globals['_CREDITTENANTRESPONSE']._serialized_start=618
-  _globals['_CREDITTENANTRESPONSE']._serialized_end=708
-  _globals['_GETUNITCOSTSREQUEST']._serialized_start=711
-  _globals['_GETUNITCOSTSREQUEST']._serialized_end=854
-  _globals['_GETUNITCOSTSRESPONSE']._serialized_start=857
-  _globals['_GETUNITCOSTSRESPONSE']._serialized_end=1030
-  _globals['_GETRECONCILIATIONREPORTREQUEST']._serialized_start=1032
-  _globals['_GETRECONCILIATIONREPORTREQUEST']._serialized_end=1078
-  _globals['_GETRECONCILIATIONREPORTRESPONSE']._serialized_start=1080
-  _globals['_GETRECONCILIATIONREPORTRESPONSE']._serialized_end=1183
-  _globals['_BILLINGSERVICE']._serialized_start=1186
-  _globals['_BILLINGSERVICE']._serialized_end=1795
+  _globals['_BILLINGSERVICE'].methods_by_name['ListDisputes']._loaded_options = None
+  _globals['_BILLINGSERVICE'].methods_by_name['ListDisputes']._serialized_options = b'\220\002\001'
+  _globals['_BILLINGSERVICE'].methods_by_name['GetMargins']._loaded_options = None
+  _globals['_BILLINGSERVICE'].methods_by_name['GetMargins']._serialized_options = b'\220\002\001'
+  _globals['_LISTDISPUTESREQUEST']._serialized_start=172
+  _globals['_LISTDISPUTESREQUEST']._serialized_end=281
+  _globals['_LISTDISPUTESRESPONSE']._serialized_start=283
+  _globals['_LISTDISPUTESRESPONSE']._serialized_end=359
+  _globals['_GETMARGINSREQUEST']._serialized_start=361
+  _globals['_GETMARGINSREQUEST']._serialized_end=473
+  _globals['_GETMARGINSRESPONSE']._serialized_start=475
+  _globals['_GETMARGINSRESPONSE']._serialized_end=543
+  _globals['_GETBALANCEREQUEST']._serialized_start=545
+  _globals['_GETBALANCEREQUEST']._serialized_end=601
+  _globals['_GETBALANCERESPONSE']._serialized_start=603
+  _globals['_GETBALANCERESPONSE']._serialized_end=672
+  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_start=675
+  _globals['_LISTLEDGERENTRIESREQUEST']._serialized_end=812
+  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_start=814
+  _globals['_LISTLEDGERENTRIESRESPONSE']._serialized_end=919
+  _globals['_CREDITTENANTREQUEST']._serialized_start=921
+  _globals['_CREDITTENANTREQUEST']._serialized_end=1043
+  _globals['_CREDITTENANTRESPONSE']._serialized_start=1045
+  _globals['_CREDITTENANTRESPONSE']._serialized_end=1135
+  _globals['_GETUNITCOSTSREQUEST']._serialized_start=1138
+  _globals['_GETUNITCOSTSREQUEST']._serialized_end=1281
+  _globals['_GETUNITCOSTSRESPONSE']._serialized_start=1284
+  _globals['_GETUNITCOSTSRESPONSE']._serialized_end=1457
+  _globals['_GETRECONCILIATIONREPORTREQUEST']._serialized_start=1459
+  _globals['_GETRECONCILIATIONREPORTREQUEST']._serialized_end=1505
+  _globals['_GETRECONCILIATIONREPORTRESPONSE']._serialized_start=1507
+  _globals['_GETRECONCILIATIONREPORTRESPONSE']._serialized_end=1610
+  _globals['_BILLINGSERVICE']._serialized_start=1613
+  _globals['_BILLINGSERVICE']._serialized_end=2436
 # @@protoc_insertion_point(module_scope)

@@ -22,6 +22,116 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ListDisputesRequest(_message.Message):
+    """Request of ListDisputes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    FROM_DATE_FIELD_NUMBER: _builtins.int
+    TO_DATE_FIELD_NUMBER: _builtins.int
+    state: _billing_pb2.DisputeState.ValueType
+    """Only disputes in this state; UNSPECIFIED means all."""
+    from_date: _builtins.str
+    """First bill day, "YYYY-MM-DD" (UTC, inclusive); empty means no lower bound."""
+    to_date: _builtins.str
+    """Last bill day, "YYYY-MM-DD" (UTC, inclusive); empty means no upper bound."""
+    def __init__(
+        self,
+        *,
+        state: _billing_pb2.DisputeState.ValueType = ...,
+        from_date: _builtins.str = ...,
+        to_date: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_date", b"from_date", "state", b"state", "to_date", b"to_date"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDisputesRequest: _TypeAlias = ListDisputesRequest  # noqa: Y015
+
+@_typing.final
+class ListDisputesResponse(_message.Message):
+    """Response of ListDisputes."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DISPUTES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def disputes(self) -> _containers.RepeatedCompositeFieldContainer[_billing_pb2.LossDispute]:
+        """The disputes, oldest first, at most 500."""
+
+    def __init__(
+        self,
+        *,
+        disputes: _abc.Iterable[_billing_pb2.LossDispute] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["disputes", b"disputes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDisputesResponse: _TypeAlias = ListDisputesResponse  # noqa: Y015
+
+@_typing.final
+class GetMarginsRequest(_message.Message):
+    """Request of GetMargins."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FROM_DATE_FIELD_NUMBER: _builtins.int
+    TO_DATE_FIELD_NUMBER: _builtins.int
+    GROUP_BY_FIELD_NUMBER: _builtins.int
+    from_date: _builtins.str
+    """First UTC day, "YYYY-MM-DD" (inclusive); required."""
+    to_date: _builtins.str
+    """Last UTC day, "YYYY-MM-DD" (inclusive); required, at most 366 days after from_date."""
+    group_by: _billing_pb2.MarginGrouping.ValueType
+    """How to group; UNSPECIFIED means by day."""
+    def __init__(
+        self,
+        *,
+        from_date: _builtins.str = ...,
+        to_date: _builtins.str = ...,
+        group_by: _billing_pb2.MarginGrouping.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_date", b"from_date", "group_by", b"group_by", "to_date", b"to_date"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMarginsRequest: _TypeAlias = GetMarginsRequest  # noqa: Y015
+
+@_typing.final
+class GetMarginsResponse(_message.Message):
+    """Response of GetMargins."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def rows(self) -> _containers.RepeatedCompositeFieldContainer[_billing_pb2.MarginRow]:
+        """One row per group and currency with any entry in the days, sorted by key and currency;
+        ledger entries count on the UTC day they were written.
+        """
+
+    def __init__(
+        self,
+        *,
+        rows: _abc.Iterable[_billing_pb2.MarginRow] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetMarginsResponse: _TypeAlias = GetMarginsResponse  # noqa: Y015
+
+@_typing.final
 class GetBalanceRequest(_message.Message):
     """Request of GetBalance."""
 
@@ -80,24 +190,36 @@ class ListLedgerEntriesRequest(_message.Message):
     TENANT_ID_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    FROM_DATE_FIELD_NUMBER: _builtins.int
+    TO_DATE_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     """Tenant; empty means the caller's own (required for an admin caller)."""
     page_size: _builtins.int
     """Page size, 1..500; 0 means 50."""
     page_token: _builtins.str
-    """Token from a previous response for the same tenant; empty for the first page. A token this
-    service did not issue for this tenant is INVALID_ARGUMENT.
+    """Token from a previous response for the same tenant and filters; empty for the first page.
+    A token this service did not issue for this tenant and these filters is INVALID_ARGUMENT.
     """
+    task_id: _builtins.str
+    """Only the entries of this task (a decimal id); empty means every task."""
+    from_date: _builtins.str
+    """Only entries written on or after this UTC day, "YYYY-MM-DD"; empty means no lower bound."""
+    to_date: _builtins.str
+    """Only entries written on or before this UTC day, "YYYY-MM-DD"; empty means no upper bound."""
     def __init__(
         self,
         *,
         tenant_id: _builtins.str = ...,
         page_size: _builtins.int = ...,
         page_token: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        from_date: _builtins.str = ...,
+        to_date: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["page_size", b"page_size", "page_token", b"page_token", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_date", b"from_date", "page_size", b"page_size", "page_token", b"page_token", "task_id", b"task_id", "tenant_id", b"tenant_id", "to_date", b"to_date"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -66,6 +66,16 @@ class BillingServiceStub:
                 request_serializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetReconciliationReportRequest.SerializeToString,
                 response_deserializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetReconciliationReportResponse.FromString,
                 _registered_method=True)
+        self.ListDisputes = channel.unary_unary(
+                '/vidroute.scheduler.v1.BillingService/ListDisputes',
+                request_serializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.ListDisputesRequest.SerializeToString,
+                response_deserializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.ListDisputesResponse.FromString,
+                _registered_method=True)
+        self.GetMargins = channel.unary_unary(
+                '/vidroute.scheduler.v1.BillingService/GetMargins',
+                request_serializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetMarginsRequest.SerializeToString,
+                response_deserializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetMarginsResponse.FromString,
+                _registered_method=True)
 
 
 class BillingServiceServicer:
@@ -114,6 +124,20 @@ class BillingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDisputes(self, request, context):
+        """Admin: booked losses and their disputes (`vidroute disputes` writes them), oldest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMargins(self, request, context):
+        """Admin: revenue charged, provider cost, platform loss and margin over UTC days, grouped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BillingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -141,6 +165,16 @@ def add_BillingServiceServicer_to_server(servicer, server):
                     servicer.GetReconciliationReport,
                     request_deserializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetReconciliationReportRequest.FromString,
                     response_serializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetReconciliationReportResponse.SerializeToString,
+            ),
+            'ListDisputes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDisputes,
+                    request_deserializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.ListDisputesRequest.FromString,
+                    response_serializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.ListDisputesResponse.SerializeToString,
+            ),
+            'GetMargins': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMargins,
+                    request_deserializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetMarginsRequest.FromString,
+                    response_serializer=vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetMarginsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -285,6 +319,60 @@ class BillingService:
             '/vidroute.scheduler.v1.BillingService/GetReconciliationReport',
             vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetReconciliationReportRequest.SerializeToString,
             vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetReconciliationReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDisputes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vidroute.scheduler.v1.BillingService/ListDisputes',
+            vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.ListDisputesRequest.SerializeToString,
+            vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.ListDisputesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMargins(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vidroute.scheduler.v1.BillingService/GetMargins',
+            vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetMarginsRequest.SerializeToString,
+            vidroute_dot_scheduler_dot_v1_dot_billing__service__pb2.GetMarginsResponse.FromString,
             options,
             channel_credentials,
             insecure,

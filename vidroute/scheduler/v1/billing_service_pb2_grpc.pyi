@@ -52,6 +52,10 @@ class BillingServiceStub:
     """Admin: unit cost of successful delivery per provider/model over a window, from the ledgers."""
     GetReconciliationReport: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.GetReconciliationReportRequest, _billing_service_pb2.GetReconciliationReportResponse]
     """Admin: the daily bill reconciliation report of a day (`vidroute reconcile` writes it)."""
+    ListDisputes: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.ListDisputesRequest, _billing_service_pb2.ListDisputesResponse]
+    """Admin: booked losses and their disputes (`vidroute disputes` writes them), oldest first."""
+    GetMargins: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.GetMarginsRequest, _billing_service_pb2.GetMarginsResponse]
+    """Admin: revenue charged, provider cost, platform loss and margin over UTC days, grouped."""
 
 @_typing.type_check_only
 class BillingServiceAsyncStub(BillingServiceStub):
@@ -77,6 +81,10 @@ class BillingServiceAsyncStub(BillingServiceStub):
     """Admin: unit cost of successful delivery per provider/model over a window, from the ledgers."""
     GetReconciliationReport: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.GetReconciliationReportRequest, _billing_service_pb2.GetReconciliationReportResponse]  # type: ignore[assignment]
     """Admin: the daily bill reconciliation report of a day (`vidroute reconcile` writes it)."""
+    ListDisputes: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.ListDisputesRequest, _billing_service_pb2.ListDisputesResponse]  # type: ignore[assignment]
+    """Admin: booked losses and their disputes (`vidroute disputes` writes them), oldest first."""
+    GetMargins: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.GetMarginsRequest, _billing_service_pb2.GetMarginsResponse]  # type: ignore[assignment]
+    """Admin: revenue charged, provider cost, platform loss and margin over UTC days, grouped."""
 
 class BillingServiceServicer(metaclass=_abc_1.ABCMeta):
     """Money (design 9.23): a tenant's balance and credit ledger, admin credits, the unit cost of
@@ -129,5 +137,21 @@ class BillingServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_billing_service_pb2.GetReconciliationReportResponse, _abc.Awaitable[_billing_service_pb2.GetReconciliationReportResponse]]:
         """Admin: the daily bill reconciliation report of a day (`vidroute reconcile` writes it)."""
+
+    @_abc_1.abstractmethod
+    def ListDisputes(
+        self,
+        request: _billing_service_pb2.ListDisputesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_billing_service_pb2.ListDisputesResponse, _abc.Awaitable[_billing_service_pb2.ListDisputesResponse]]:
+        """Admin: booked losses and their disputes (`vidroute disputes` writes them), oldest first."""
+
+    @_abc_1.abstractmethod
+    def GetMargins(
+        self,
+        request: _billing_service_pb2.GetMarginsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_billing_service_pb2.GetMarginsResponse, _abc.Awaitable[_billing_service_pb2.GetMarginsResponse]]:
+        """Admin: revenue charged, provider cost, platform loss and margin over UTC days, grouped."""
 
 def add_BillingServiceServicer_to_server(servicer: BillingServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -23,10 +23,11 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from vidroute.scheduler.v1 import document_pb2 as vidroute_dot_scheduler_dot_v1_dot_document__pb2
 from vidroute.scheduler.v1 import routing_pb2 as vidroute_dot_scheduler_dot_v1_dot_routing__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+vidroute/scheduler/v1/routing_service.proto\x12\x15vidroute.scheduler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a#vidroute/scheduler/v1/routing.proto\"\x80\x01\n\x15SubmitFeedbackRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x37\n\x07verdict\x18\x02 \x01(\x0e\x32&.vidroute.scheduler.v1.FeedbackVerdict\x12\x0c\n\x04tags\x18\x03 \x03(\t\x12\x0f\n\x07\x63omment\x18\x04 \x01(\t\"*\n\x16SubmitFeedbackResponse\x12\x10\n\x08recorded\x18\x01 \x01(\x08\"\"\n\x11GetQualityRequest\x12\r\n\x05model\x18\x01 \x01(\t\"K\n\x12GetQualityResponse\x12\x35\n\x07\x62uckets\x18\x01 \x03(\x0b\x32$.vidroute.scheduler.v1.QualityBucket\"\x15\n\x13ListCanariesRequest\"L\n\x14ListCanariesResponse\x12\x34\n\x08\x63\x61naries\x18\x01 \x03(\x0b\x32\".vidroute.scheduler.v1.CanaryState\"P\n\x1bPublishRoutingPolicyRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"[\n\x1cPublishRoutingPolicyResponse\x12;\n\x06policy\x18\x01 \x01(\x0b\x32+.vidroute.scheduler.v1.RoutingPolicyVersion\"/\n\x1cRollbackRoutingPolicyRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\"\\\n\x1dRollbackRoutingPolicyResponse\x12;\n\x06policy\x18\x01 \x01(\x0b\x32+.vidroute.scheduler.v1.RoutingPolicyVersion\"\x1c\n\x1aListRoutingPoliciesRequest\"\\\n\x1bListRoutingPoliciesResponse\x12=\n\x08policies\x18\x01 \x03(\x0b\x32+.vidroute.scheduler.v1.RoutingPolicyVersion\"\x97\x01\n\x13ReplayRoutesRequest\x12\x17\n\x0fpolicy_document\x18\x01 \x01(\t\x12)\n\x05since\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05until\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\ttenant_id\x18\x04 \x01(\t\"K\n\x14ReplayRoutesResponse\x12\x33\n\x06report\x18\x01 \x01(\x0b\x32#.vidroute.scheduler.v1.ReplayReport2\xd2\x06\n\x0eRoutingService\x12r\n\x0eSubmitFeedback\x12,.vidroute.scheduler.v1.SubmitFeedbackRequest\x1a-.vidroute.scheduler.v1.SubmitFeedbackResponse\"\x03\x90\x02\x02\x12\x66\n\nGetQuality\x12(.vidroute.scheduler.v1.GetQualityRequest\x1a).vidroute.scheduler.v1.GetQualityResponse\"\x03\x90\x02\x01\x12l\n\x0cListCanaries\x12*.vidroute.scheduler.v1.ListCanariesRequest\x1a+.vidroute.scheduler.v1.ListCanariesResponse\"\x03\x90\x02\x01\x12\x7f\n\x14PublishRoutingPolicy\x12\x32.vidroute.scheduler.v1.PublishRoutingPolicyRequest\x1a\x33.vidroute.scheduler.v1.PublishRoutingPolicyResponse\x12\x82\x01\n\x15RollbackRoutingPolicy\x12\x33.vidroute.scheduler.v1.RollbackRoutingPolicyRequest\x1a\x34.vidroute.scheduler.v1.RollbackRoutingPolicyResponse\x12\x81\x01\n\x13ListRoutingPolicies\x12\x31.vidroute.scheduler.v1.ListRoutingPoliciesRequest\x1a\x32.vidroute.scheduler.v1.ListRoutingPoliciesResponse\"\x03\x90\x02\x01\x12l\n\x0cReplayRoutes\x12*.vidroute.scheduler.v1.ReplayRoutesRequest\x1a+.vidroute.scheduler.v1.ReplayRoutesResponse\"\x03\x90\x02\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+vidroute/scheduler/v1/routing_service.proto\x12\x15vidroute.scheduler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a$vidroute/scheduler/v1/document.proto\x1a#vidroute/scheduler/v1/routing.proto\"\x80\x01\n\x15SubmitFeedbackRequest\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x37\n\x07verdict\x18\x02 \x01(\x0e\x32&.vidroute.scheduler.v1.FeedbackVerdict\x12\x0c\n\x04tags\x18\x03 \x03(\t\x12\x0f\n\x07\x63omment\x18\x04 \x01(\t\"*\n\x16SubmitFeedbackResponse\x12\x10\n\x08recorded\x18\x01 \x01(\x08\"\"\n\x11GetQualityRequest\x12\r\n\x05model\x18\x01 \x01(\t\"K\n\x12GetQualityResponse\x12\x35\n\x07\x62uckets\x18\x01 \x03(\x0b\x32$.vidroute.scheduler.v1.QualityBucket\"\x15\n\x13ListCanariesRequest\"L\n\x14ListCanariesResponse\x12\x34\n\x08\x63\x61naries\x18\x01 \x03(\x0b\x32\".vidroute.scheduler.v1.CanaryState\"\xa1\x01\n\x1bPublishRoutingPolicyRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\x12/\n\x0b\x61\x63tivate_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06staged\x18\x05 \x01(\x08\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\xc4\x01\n\x1cPublishRoutingPolicyResponse\x12;\n\x06policy\x18\x01 \x01(\x0b\x32+.vidroute.scheduler.v1.RoutingPolicyVersion\x12\x36\n\x07\x63hanges\x18\x02 \x03(\x0b\x32%.vidroute.scheduler.v1.DocumentChange\x12/\n\x0b\x61\x63tivate_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"?\n\x1cRollbackRoutingPolicyRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\\\n\x1dRollbackRoutingPolicyResponse\x12;\n\x06policy\x18\x01 \x01(\x0b\x32+.vidroute.scheduler.v1.RoutingPolicyVersion\"p\n\x1c\x41\x63tivateRoutingPolicyRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12/\n\x0b\x61\x63tivate_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\\\n\x1d\x41\x63tivateRoutingPolicyResponse\x12;\n\x06policy\x18\x01 \x01(\x0b\x32+.vidroute.scheduler.v1.RoutingPolicyVersion\"%\n#ListRoutingPolicyActivationsRequest\"f\n$ListRoutingPolicyActivationsResponse\x12>\n\x0b\x61\x63tivations\x18\x01 \x03(\x0b\x32).vidroute.scheduler.v1.DocumentActivation\"\x1c\n\x1aListRoutingPoliciesRequest\"\\\n\x1bListRoutingPoliciesResponse\x12=\n\x08policies\x18\x01 \x03(\x0b\x32+.vidroute.scheduler.v1.RoutingPolicyVersion\"\x97\x01\n\x13ReplayRoutesRequest\x12\x17\n\x0fpolicy_document\x18\x01 \x01(\t\x12)\n\x05since\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05until\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\ttenant_id\x18\x04 \x01(\t\"K\n\x14ReplayRoutesResponse\x12\x33\n\x06report\x18\x01 \x01(\x0b\x32#.vidroute.scheduler.v1.ReplayReport2\xf6\x08\n\x0eRoutingService\x12r\n\x0eSubmitFeedback\x12,.vidroute.scheduler.v1.SubmitFeedbackRequest\x1a-.vidroute.scheduler.v1.SubmitFeedbackResponse\"\x03\x90\x02\x02\x12\x66\n\nGetQuality\x12(.vidroute.scheduler.v1.GetQualityRequest\x1a).vidroute.scheduler.v1.GetQualityResponse\"\x03\x90\x02\x01\x12l\n\x0cListCanaries\x12*.vidroute.scheduler.v1.ListCanariesRequest\x1a+.vidroute.scheduler.v1.ListCanariesResponse\"\x03\x90\x02\x01\x12\x7f\n\x14PublishRoutingPolicy\x12\x32.vidroute.scheduler.v1.PublishRoutingPolicyRequest\x1a\x33.vidroute.scheduler.v1.PublishRoutingPolicyResponse\x12\x82\x01\n\x15RollbackRoutingPolicy\x12\x33.vidroute.scheduler.v1.RollbackRoutingPolicyRequest\x1a\x34.vidroute.scheduler.v1.RollbackRoutingPolicyResponse\x12\x82\x01\n\x15\x41\x63tivateRoutingPolicy\x12\x33.vidroute.scheduler.v1.ActivateRoutingPolicyRequest\x1a\x34.vidroute.scheduler.v1.ActivateRoutingPolicyResponse\x12\x9c\x01\n\x1cListRoutingPolicyActivations\x12:.vidroute.scheduler.v1.ListRoutingPolicyActivationsRequest\x1a;.vidroute.scheduler.v1.ListRoutingPolicyActivationsResponse\"\x03\x90\x02\x01\x12\x81\x01\n\x13ListRoutingPolicies\x12\x31.vidroute.scheduler.v1.ListRoutingPoliciesRequest\x1a\x32.vidroute.scheduler.v1.ListRoutingPoliciesResponse\"\x03\x90\x02\x01\x12l\n\x0cReplayRoutes\x12*.vidroute.scheduler.v1.ReplayRoutesRequest\x1a+.vidroute.scheduler.v1.ReplayRoutesResponse\"\x03\x90\x02\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,38 +40,48 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROUTINGSERVICE'].methods_by_name['GetQuality']._serialized_options = b'\220\002\001'
   _globals['_ROUTINGSERVICE'].methods_by_name['ListCanaries']._loaded_options = None
   _globals['_ROUTINGSERVICE'].methods_by_name['ListCanaries']._serialized_options = b'\220\002\001'
+  _globals['_ROUTINGSERVICE'].methods_by_name['ListRoutingPolicyActivations']._loaded_options = None
+  _globals['_ROUTINGSERVICE'].methods_by_name['ListRoutingPolicyActivations']._serialized_options = b'\220\002\001'
   _globals['_ROUTINGSERVICE'].methods_by_name['ListRoutingPolicies']._loaded_options = None
   _globals['_ROUTINGSERVICE'].methods_by_name['ListRoutingPolicies']._serialized_options = b'\220\002\001'
   _globals['_ROUTINGSERVICE'].methods_by_name['ReplayRoutes']._loaded_options = None
   _globals['_ROUTINGSERVICE'].methods_by_name['ReplayRoutes']._serialized_options = b'\220\002\001'
-  _globals['_SUBMITFEEDBACKREQUEST']._serialized_start=141
-  _globals['_SUBMITFEEDBACKREQUEST']._serialized_end=269
-  _globals['_SUBMITFEEDBACKRESPONSE']._serialized_start=271
-  _globals['_SUBMITFEEDBACKRESPONSE']._serialized_end=313
-  _globals['_GETQUALITYREQUEST']._serialized_start=315
-  _globals['_GETQUALITYREQUEST']._serialized_end=349
-  _globals['_GETQUALITYRESPONSE']._serialized_start=351
-  _globals['_GETQUALITYRESPONSE']._serialized_end=426
-  _globals['_LISTCANARIESREQUEST']._serialized_start=428
-  _globals['_LISTCANARIESREQUEST']._serialized_end=449
-  _globals['_LISTCANARIESRESPONSE']._serialized_start=451
-  _globals['_LISTCANARIESRESPONSE']._serialized_end=527
-  _globals['_PUBLISHROUTINGPOLICYREQUEST']._serialized_start=529
-  _globals['_PUBLISHROUTINGPOLICYREQUEST']._serialized_end=609
-  _globals['_PUBLISHROUTINGPOLICYRESPONSE']._serialized_start=611
-  _globals['_PUBLISHROUTINGPOLICYRESPONSE']._serialized_end=702
-  _globals['_ROLLBACKROUTINGPOLICYREQUEST']._serialized_start=704
-  _globals['_ROLLBACKROUTINGPOLICYREQUEST']._serialized_end=751
-  _globals['_ROLLBACKROUTINGPOLICYRESPONSE']._serialized_start=753
-  _globals['_ROLLBACKROUTINGPOLICYRESPONSE']._serialized_end=845
-  _globals['_LISTROUTINGPOLICIESREQUEST']._serialized_start=847
-  _globals['_LISTROUTINGPOLICIESREQUEST']._serialized_end=875
-  _globals['_LISTROUTINGPOLICIESRESPONSE']._serialized_start=877
-  _globals['_LISTROUTINGPOLICIESRESPONSE']._serialized_end=969
-  _globals['_REPLAYROUTESREQUEST']._serialized_start=972
-  _globals['_REPLAYROUTESREQUEST']._serialized_end=1123
-  _globals['_REPLAYROUTESRESPONSE']._serialized_start=1125
-  _globals['_REPLAYROUTESRESPONSE']._serialized_end=1200
-  _globals['_ROUTINGSERVICE']._serialized_start=1203
-  _globals['_ROUTINGSERVICE']._serialized_end=2053
+  _globals['_SUBMITFEEDBACKREQUEST']._serialized_start=179
+  _globals['_SUBMITFEEDBACKREQUEST']._serialized_end=307
+  _globals['_SUBMITFEEDBACKRESPONSE']._serialized_start=309
+  _globals['_SUBMITFEEDBACKRESPONSE']._serialized_end=351
+  _globals['_GETQUALITYREQUEST']._serialized_start=353
+  _globals['_GETQUALITYREQUEST']._serialized_end=387
+  _globals['_GETQUALITYRESPONSE']._serialized_start=389
+  _globals['_GETQUALITYRESPONSE']._serialized_end=464
+  _globals['_LISTCANARIESREQUEST']._serialized_start=466
+  _globals['_LISTCANARIESREQUEST']._serialized_end=487
+  _globals['_LISTCANARIESRESPONSE']._serialized_start=489
+  _globals['_LISTCANARIESRESPONSE']._serialized_end=565
+  _globals['_PUBLISHROUTINGPOLICYREQUEST']._serialized_start=568
+  _globals['_PUBLISHROUTINGPOLICYREQUEST']._serialized_end=729
+  _globals['_PUBLISHROUTINGPOLICYRESPONSE']._serialized_start=732
+  _globals['_PUBLISHROUTINGPOLICYRESPONSE']._serialized_end=928
+  _globals['_ROLLBACKROUTINGPOLICYREQUEST']._serialized_start=930
+  _globals['_ROLLBACKROUTINGPOLICYREQUEST']._serialized_end=993
+  _globals['_ROLLBACKROUTINGPOLICYRESPONSE']._serialized_start=995
+  _globals['_ROLLBACKROUTINGPOLICYRESPONSE']._serialized_end=1087
+  _globals['_ACTIVATEROUTINGPOLICYREQUEST']._serialized_start=1089
+  _globals['_ACTIVATEROUTINGPOLICYREQUEST']._serialized_end=1201
+  _globals['_ACTIVATEROUTINGPOLICYRESPONSE']._serialized_start=1203
+  _globals['_ACTIVATEROUTINGPOLICYRESPONSE']._serialized_end=1295
+  _globals['_LISTROUTINGPOLICYACTIVATIONSREQUEST']._serialized_start=1297
+  _globals['_LISTROUTINGPOLICYACTIVATIONSREQUEST']._serialized_end=1334
+  _globals['_LISTROUTINGPOLICYACTIVATIONSRESPONSE']._serialized_start=1336
+  _globals['_LISTROUTINGPOLICYACTIVATIONSRESPONSE']._serialized_end=1438
+  _globals['_LISTROUTINGPOLICIESREQUEST']._serialized_start=1440
+  _globals['_LISTROUTINGPOLICIESREQUEST']._serialized_end=1468
+  _globals['_LISTROUTINGPOLICIESRESPONSE']._serialized_start=1470
+  _globals['_LISTROUTINGPOLICIESRESPONSE']._serialized_end=1562
+  _globals['_REPLAYROUTESREQUEST']._serialized_start=1565
+  _globals['_REPLAYROUTESREQUEST']._serialized_end=1716
+  _globals['_REPLAYROUTESRESPONSE']._serialized_start=1718
+  _globals['_REPLAYROUTESRESPONSE']._serialized_end=1793
+  _globals['_ROUTINGSERVICE']._serialized_start=1796
+  _globals['_ROUTINGSERVICE']._serialized_end=2938
 # @@protoc_insertion_point(module_scope)

@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from vidroute.scheduler.v1 import document_pb2 as _document_pb2
 from vidroute.scheduler.v1 import routing_pb2 as _routing_pb2
 import builtins as _builtins
 import sys
@@ -174,22 +175,38 @@ class PublishRoutingPolicyRequest(_message.Message):
     DOCUMENT_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    ACTIVATE_AT_FIELD_NUMBER: _builtins.int
+    STAGED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     document: _builtins.str
     """The policy document (YAML or JSON): version, weights, service-class overrides, canaries, shadow."""
     source: _builtins.str
     """Where it came from (a file name), for the audit trail."""
     dry_run: _builtins.bool
-    """Validate only; write nothing."""
+    """Validate only; write nothing (`changes` still says what a publication would change)."""
+    staged: _builtins.bool
+    """Published inactive, made active later by ActivateRoutingPolicy; not with `activate_at`."""
+    reason: _builtins.str
+    """Why, recorded with the activation (at most 500 characters); optional."""
+    @_builtins.property
+    def activate_at(self) -> _timestamp_pb2.Timestamp:
+        """Unset: active at once. Set: published inactive and made active at this time (within a
+        second, by whichever replica applies it first; future, at most 366 days ahead).
+        """
+
     def __init__(
         self,
         *,
         document: _builtins.str = ...,
         source: _builtins.str = ...,
         dry_run: _builtins.bool = ...,
+        activate_at: _timestamp_pb2.Timestamp | None = ...,
+        staged: _builtins.bool = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["document", b"document", "dry_run", b"dry_run", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at", "document", b"document", "dry_run", b"dry_run", "reason", b"reason", "source", b"source", "staged", b"staged"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -202,18 +219,30 @@ class PublishRoutingPolicyResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     POLICY_FIELD_NUMBER: _builtins.int
+    CHANGES_FIELD_NUMBER: _builtins.int
+    ACTIVATE_AT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def policy(self) -> _routing_pb2.RoutingPolicyVersion:
         """The version published (or that would be)."""
+
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[_document_pb2.DocumentChange]:
+        """What it changes against the active version, by path; empty when nothing does."""
+
+    @_builtins.property
+    def activate_at(self) -> _timestamp_pb2.Timestamp:
+        """When it becomes active, for a scheduled publication; unset otherwise."""
 
     def __init__(
         self,
         *,
         policy: _routing_pb2.RoutingPolicyVersion | None = ...,
+        changes: _abc.Iterable[_document_pb2.DocumentChange] | None = ...,
+        activate_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at", "policy", b"policy"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at", "changes", b"changes", "policy", b"policy"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -226,16 +255,22 @@ class RollbackRoutingPolicyRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     version: _builtins.str
-    """The version to make active; empty means the one before the active version."""
+    """The version to make active; empty means the version before the active one that was ever
+    active (a staged version never activated is skipped).
+    """
+    reason: _builtins.str
+    """Why, recorded with the activation (at most 500 characters); optional."""
     def __init__(
         self,
         *,
         version: _builtins.str = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -264,6 +299,103 @@ class RollbackRoutingPolicyResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RollbackRoutingPolicyResponse: _TypeAlias = RollbackRoutingPolicyResponse  # noqa: Y015
+
+@_typing.final
+class ActivateRoutingPolicyRequest(_message.Message):
+    """Request of ActivateRoutingPolicy."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    ACTIVATE_AT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    """The published version to make active; required."""
+    reason: _builtins.str
+    """Why, recorded with the activation (at most 500 characters); optional."""
+    @_builtins.property
+    def activate_at(self) -> _timestamp_pb2.Timestamp:
+        """Unset: now. Set: at this time (future, at most 366 days ahead), like a scheduled publish."""
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+        activate_at: _timestamp_pb2.Timestamp | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at", "reason", b"reason", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ActivateRoutingPolicyRequest: _TypeAlias = ActivateRoutingPolicyRequest  # noqa: Y015
+
+@_typing.final
+class ActivateRoutingPolicyResponse(_message.Message):
+    """Response of ActivateRoutingPolicy."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def policy(self) -> _routing_pb2.RoutingPolicyVersion:
+        """The version: active now, or not yet when scheduled."""
+
+    def __init__(
+        self,
+        *,
+        policy: _routing_pb2.RoutingPolicyVersion | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ActivateRoutingPolicyResponse: _TypeAlias = ActivateRoutingPolicyResponse  # noqa: Y015
+
+@_typing.final
+class ListRoutingPolicyActivationsRequest(_message.Message):
+    """Request of ListRoutingPolicyActivations."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRoutingPolicyActivationsRequest: _TypeAlias = ListRoutingPolicyActivationsRequest  # noqa: Y015
+
+@_typing.final
+class ListRoutingPolicyActivationsResponse(_message.Message):
+    """Response of ListRoutingPolicyActivations."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ACTIVATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def activations(self) -> _containers.RepeatedCompositeFieldContainer[_document_pb2.DocumentActivation]:
+        """Activations, oldest first, pending scheduled ones included."""
+
+    def __init__(
+        self,
+        *,
+        activations: _abc.Iterable[_document_pb2.DocumentActivation] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activations", b"activations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRoutingPolicyActivationsResponse: _TypeAlias = ListRoutingPolicyActivationsResponse  # noqa: Y015
 
 @_typing.final
 class ListRoutingPoliciesRequest(_message.Message):

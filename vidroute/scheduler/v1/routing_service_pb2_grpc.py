@@ -64,6 +64,16 @@ class RoutingServiceStub:
                 request_serializer=vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.RollbackRoutingPolicyRequest.SerializeToString,
                 response_deserializer=vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.RollbackRoutingPolicyResponse.FromString,
                 _registered_method=True)
+        self.ActivateRoutingPolicy = channel.unary_unary(
+                '/vidroute.scheduler.v1.RoutingService/ActivateRoutingPolicy',
+                request_serializer=vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.ActivateRoutingPolicyRequest.SerializeToString,
+                response_deserializer=vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.ActivateRoutingPolicyResponse.FromString,
+                _registered_method=True)
+        self.ListRoutingPolicyActivations = channel.unary_unary(
+                '/vidroute.scheduler.v1.RoutingService/ListRoutingPolicyActivations',
+                request_serializer=vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.ListRoutingPolicyActivationsRequest.SerializeToString,
+                response_deserializer=vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.ListRoutingPolicyActivationsResponse.FromString,
+                _registered_method=True)
         self.ListRoutingPolicies = channel.unary_unary(
                 '/vidroute.scheduler.v1.RoutingService/ListRoutingPolicies',
                 request_serializer=vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.ListRoutingPoliciesRequest.SerializeToString,
@@ -106,7 +116,8 @@ class RoutingServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PublishRoutingPolicy(self, request, context):
-        """Admin: validate a routing policy document and publish it as the active version.
+        """Admin: validate a routing policy document and publish it as the active version (now, at
+        `activate_at`, or staged), returning what it changes against the active version.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -114,6 +125,20 @@ class RoutingServiceServicer:
 
     def RollbackRoutingPolicy(self, request, context):
         """Admin: make an earlier published version active again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ActivateRoutingPolicy(self, request, context):
+        """Admin: make a published (e.g. staged) version active now, or schedule it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListRoutingPolicyActivations(self, request, context):
+        """Admin: every activation of a routing policy version, oldest first (pending ones included).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -160,6 +185,16 @@ def add_RoutingServiceServicer_to_server(servicer, server):
                     servicer.RollbackRoutingPolicy,
                     request_deserializer=vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.RollbackRoutingPolicyRequest.FromString,
                     response_serializer=vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.RollbackRoutingPolicyResponse.SerializeToString,
+            ),
+            'ActivateRoutingPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.ActivateRoutingPolicy,
+                    request_deserializer=vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.ActivateRoutingPolicyRequest.FromString,
+                    response_serializer=vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.ActivateRoutingPolicyResponse.SerializeToString,
+            ),
+            'ListRoutingPolicyActivations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRoutingPolicyActivations,
+                    request_deserializer=vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.ListRoutingPolicyActivationsRequest.FromString,
+                    response_serializer=vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.ListRoutingPolicyActivationsResponse.SerializeToString,
             ),
             'ListRoutingPolicies': grpc.unary_unary_rpc_method_handler(
                     servicer.ListRoutingPolicies,
@@ -312,6 +347,60 @@ class RoutingService:
             '/vidroute.scheduler.v1.RoutingService/RollbackRoutingPolicy',
             vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.RollbackRoutingPolicyRequest.SerializeToString,
             vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.RollbackRoutingPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ActivateRoutingPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vidroute.scheduler.v1.RoutingService/ActivateRoutingPolicy',
+            vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.ActivateRoutingPolicyRequest.SerializeToString,
+            vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.ActivateRoutingPolicyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRoutingPolicyActivations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vidroute.scheduler.v1.RoutingService/ListRoutingPolicyActivations',
+            vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.ListRoutingPolicyActivationsRequest.SerializeToString,
+            vidroute_dot_scheduler_dot_v1_dot_routing__service__pb2.ListRoutingPolicyActivationsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,9 +45,15 @@ class RoutingServiceStub:
     ListCanaries: _grpc.UnaryUnaryMultiCallable[_routing_service_pb2.ListCanariesRequest, _routing_service_pb2.ListCanariesResponse]
     """Admin: canaries, their stages, gates and history."""
     PublishRoutingPolicy: _grpc.UnaryUnaryMultiCallable[_routing_service_pb2.PublishRoutingPolicyRequest, _routing_service_pb2.PublishRoutingPolicyResponse]
-    """Admin: validate a routing policy document and publish it as the active version."""
+    """Admin: validate a routing policy document and publish it as the active version (now, at
+    `activate_at`, or staged), returning what it changes against the active version.
+    """
     RollbackRoutingPolicy: _grpc.UnaryUnaryMultiCallable[_routing_service_pb2.RollbackRoutingPolicyRequest, _routing_service_pb2.RollbackRoutingPolicyResponse]
     """Admin: make an earlier published version active again."""
+    ActivateRoutingPolicy: _grpc.UnaryUnaryMultiCallable[_routing_service_pb2.ActivateRoutingPolicyRequest, _routing_service_pb2.ActivateRoutingPolicyResponse]
+    """Admin: make a published (e.g. staged) version active now, or schedule it."""
+    ListRoutingPolicyActivations: _grpc.UnaryUnaryMultiCallable[_routing_service_pb2.ListRoutingPolicyActivationsRequest, _routing_service_pb2.ListRoutingPolicyActivationsResponse]
+    """Admin: every activation of a routing policy version, oldest first (pending ones included)."""
     ListRoutingPolicies: _grpc.UnaryUnaryMultiCallable[_routing_service_pb2.ListRoutingPoliciesRequest, _routing_service_pb2.ListRoutingPoliciesResponse]
     """Admin: published routing policy versions, newest first."""
     ReplayRoutes: _grpc.UnaryUnaryMultiCallable[_routing_service_pb2.ReplayRoutesRequest, _routing_service_pb2.ReplayRoutesResponse]
@@ -70,9 +76,15 @@ class RoutingServiceAsyncStub(RoutingServiceStub):
     ListCanaries: _aio.UnaryUnaryMultiCallable[_routing_service_pb2.ListCanariesRequest, _routing_service_pb2.ListCanariesResponse]  # type: ignore[assignment]
     """Admin: canaries, their stages, gates and history."""
     PublishRoutingPolicy: _aio.UnaryUnaryMultiCallable[_routing_service_pb2.PublishRoutingPolicyRequest, _routing_service_pb2.PublishRoutingPolicyResponse]  # type: ignore[assignment]
-    """Admin: validate a routing policy document and publish it as the active version."""
+    """Admin: validate a routing policy document and publish it as the active version (now, at
+    `activate_at`, or staged), returning what it changes against the active version.
+    """
     RollbackRoutingPolicy: _aio.UnaryUnaryMultiCallable[_routing_service_pb2.RollbackRoutingPolicyRequest, _routing_service_pb2.RollbackRoutingPolicyResponse]  # type: ignore[assignment]
     """Admin: make an earlier published version active again."""
+    ActivateRoutingPolicy: _aio.UnaryUnaryMultiCallable[_routing_service_pb2.ActivateRoutingPolicyRequest, _routing_service_pb2.ActivateRoutingPolicyResponse]  # type: ignore[assignment]
+    """Admin: make a published (e.g. staged) version active now, or schedule it."""
+    ListRoutingPolicyActivations: _aio.UnaryUnaryMultiCallable[_routing_service_pb2.ListRoutingPolicyActivationsRequest, _routing_service_pb2.ListRoutingPolicyActivationsResponse]  # type: ignore[assignment]
+    """Admin: every activation of a routing policy version, oldest first (pending ones included)."""
     ListRoutingPolicies: _aio.UnaryUnaryMultiCallable[_routing_service_pb2.ListRoutingPoliciesRequest, _routing_service_pb2.ListRoutingPoliciesResponse]  # type: ignore[assignment]
     """Admin: published routing policy versions, newest first."""
     ReplayRoutes: _aio.UnaryUnaryMultiCallable[_routing_service_pb2.ReplayRoutesRequest, _routing_service_pb2.ReplayRoutesResponse]  # type: ignore[assignment]
@@ -116,7 +128,9 @@ class RoutingServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _routing_service_pb2.PublishRoutingPolicyRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_routing_service_pb2.PublishRoutingPolicyResponse, _abc.Awaitable[_routing_service_pb2.PublishRoutingPolicyResponse]]:
-        """Admin: validate a routing policy document and publish it as the active version."""
+        """Admin: validate a routing policy document and publish it as the active version (now, at
+        `activate_at`, or staged), returning what it changes against the active version.
+        """
 
     @_abc_1.abstractmethod
     def RollbackRoutingPolicy(
@@ -125,6 +139,22 @@ class RoutingServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_routing_service_pb2.RollbackRoutingPolicyResponse, _abc.Awaitable[_routing_service_pb2.RollbackRoutingPolicyResponse]]:
         """Admin: make an earlier published version active again."""
+
+    @_abc_1.abstractmethod
+    def ActivateRoutingPolicy(
+        self,
+        request: _routing_service_pb2.ActivateRoutingPolicyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_routing_service_pb2.ActivateRoutingPolicyResponse, _abc.Awaitable[_routing_service_pb2.ActivateRoutingPolicyResponse]]:
+        """Admin: make a published (e.g. staged) version active now, or schedule it."""
+
+    @_abc_1.abstractmethod
+    def ListRoutingPolicyActivations(
+        self,
+        request: _routing_service_pb2.ListRoutingPolicyActivationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_routing_service_pb2.ListRoutingPolicyActivationsResponse, _abc.Awaitable[_routing_service_pb2.ListRoutingPolicyActivationsResponse]]:
+        """Admin: every activation of a routing policy version, oldest first (pending ones included)."""
 
     @_abc_1.abstractmethod
     def ListRoutingPolicies(

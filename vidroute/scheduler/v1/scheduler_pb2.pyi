@@ -476,6 +476,26 @@ class CandidateScore(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class InputsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     CANDIDATE_ID_FIELD_NUMBER: _builtins.int
     ELIGIBLE_FIELD_NUMBER: _builtins.int
     REJECT_REASON_FIELD_NUMBER: _builtins.int
@@ -484,6 +504,7 @@ class CandidateScore(_message.Message):
     COMPONENTS_FIELD_NUMBER: _builtins.int
     ESTIMATED_COST_FIELD_NUMBER: _builtins.int
     PENALTIES_FIELD_NUMBER: _builtins.int
+    INPUTS_FIELD_NUMBER: _builtins.int
     candidate_id: _builtins.str
     """Candidate id "provider/model/account"."""
     eligible: _builtins.bool
@@ -508,6 +529,14 @@ class CandidateScore(_message.Message):
         saturated self-hosted GPU); empty when none applied. `score` already includes them.
         """
 
+    @_builtins.property
+    def inputs(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """What the components read, by name: the routing window's "success_lower_bound",
+        "success_rate", "window_samples" (its effective sample count: the evidence against the
+        prior), "mean_latency_s" and "p95_latency_s" (the predicted p95 the latency component
+        scores), and a self-hosted model server's load as "load_*". Empty without evidence.
+        """
+
     def __init__(
         self,
         *,
@@ -519,10 +548,11 @@ class CandidateScore(_message.Message):
         components: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         estimated_cost: _money_pb2.Money | None = ...,
         penalties: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        inputs: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["estimated_cost", b"estimated_cost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_id", b"candidate_id", "components", b"components", "eligible", b"eligible", "estimated_cost", b"estimated_cost", "penalties", b"penalties", "reject_detail", b"reject_detail", "reject_reason", b"reject_reason", "score", b"score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_id", b"candidate_id", "components", b"components", "eligible", b"eligible", "estimated_cost", b"estimated_cost", "inputs", b"inputs", "penalties", b"penalties", "reject_detail", b"reject_detail", "reject_reason", b"reject_reason", "score", b"score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -542,6 +572,7 @@ class RouteDecision(_message.Message):
     REASON_CODE_FIELD_NUMBER: _builtins.int
     SHADOW_SELECTED_CANDIDATE_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
+    SELECTION_REASON_FIELD_NUMBER: _builtins.int
     decision_no: _builtins.int
     """1-based number within the task."""
     policy_version: _builtins.str
@@ -554,6 +585,13 @@ class RouteDecision(_message.Message):
     """Outcome code, e.g. "SELECTED", "NO_CAPACITY", "NO_ELIGIBLE_CANDIDATE"."""
     shadow_selected_candidate: _builtins.str
     """Candidate a shadow policy would have chosen; never executed."""
+    selection_reason: _builtins.str
+    """Why the selected candidate among the eligible: "best_score", "bucketed_near_tie" (a near
+    tie settled by consistent hashing of the tenant), "incumbent_best", "min_dwell",
+    "within_hysteresis", "beats_incumbent_by_delta", "incumbent_unavailable", "canary_admitted";
+    "soft_exclusion_lifted:..." when soft exclusions were relaxed; "lease_fallthrough" or
+    "all_leases_refused" when leases refused the first picks.
+    """
     @_builtins.property
     def candidates(self) -> _containers.RepeatedCompositeFieldContainer[Global___CandidateScore]:
         """Every candidate considered."""
@@ -573,10 +611,11 @@ class RouteDecision(_message.Message):
         reason_code: _builtins.str = ...,
         shadow_selected_candidate: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
+        selection_reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidates", b"candidates", "capability_version", b"capability_version", "created_at", b"created_at", "decision_no", b"decision_no", "policy_version", b"policy_version", "reason_code", b"reason_code", "selected_candidate", b"selected_candidate", "shadow_selected_candidate", b"shadow_selected_candidate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidates", b"candidates", "capability_version", b"capability_version", "created_at", b"created_at", "decision_no", b"decision_no", "policy_version", b"policy_version", "reason_code", b"reason_code", "selected_candidate", b"selected_candidate", "selection_reason", b"selection_reason", "shadow_selected_candidate", b"shadow_selected_candidate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

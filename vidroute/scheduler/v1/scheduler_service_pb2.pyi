@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from vidroute.common.v1 import generation_pb2 as _generation_pb2
+from vidroute.scheduler.v1 import capability_release_pb2 as _capability_release_pb2
 from vidroute.scheduler.v1 import scheduler_pb2 as _scheduler_pb2
 import builtins as _builtins
 import sys
@@ -683,22 +684,49 @@ class PublishCapabilitiesRequest(_message.Message):
     DOCUMENT_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    ACTIVATE_AT_FIELD_NUMBER: _builtins.int
+    STAGED_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     document: _builtins.str
     """The document: YAML or JSON in the capabilities file format."""
     source: _builtins.str
     """Where it came from (a file name), for the audit trail."""
     dry_run: _builtins.bool
-    """Check everything, write nothing."""
+    """Check everything (the sample compile included), write nothing."""
+    version: _builtins.str
+    """The release's name, 1..100 of letters, digits and ._:/@+-; empty: "cap-" and the text's
+    digest. A published name with the same text is a retry (nothing changes), with another
+    text INVALID_ARGUMENT.
+    """
+    staged: _builtins.bool
+    """Check and keep the release without applying it (ActivateCapabilities applies it)."""
+    force: _builtins.bool
+    """Publish even though a serving model would become unservable (or no sidecar can compile
+    here); requires reason, which the history records.
+    """
+    reason: _builtins.str
+    """Why the publication is forced; required with force."""
+    @_builtins.property
+    def activate_at(self) -> _timestamp_pb2.Timestamp:
+        """When the release takes effect; unset: now. Must not be in the past; not with staged."""
+
     def __init__(
         self,
         *,
         document: _builtins.str = ...,
         source: _builtins.str = ...,
         dry_run: _builtins.bool = ...,
+        version: _builtins.str = ...,
+        activate_at: _timestamp_pb2.Timestamp | None = ...,
+        staged: _builtins.bool = ...,
+        force: _builtins.bool = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["document", b"document", "dry_run", b"dry_run", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at", "document", b"document", "dry_run", b"dry_run", "force", b"force", "reason", b"reason", "source", b"source", "staged", b"staged", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -732,22 +760,281 @@ class PublishCapabilitiesResponse(_message.Message):
 
     COUNTS_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    EFFECTIVE_FROM_FIELD_NUMBER: _builtins.int
+    CHANGES_FIELD_NUMBER: _builtins.int
+    SAMPLES_COMPILED_FIELD_NUMBER: _builtins.int
+    FORCED_REASON_FIELD_NUMBER: _builtins.int
+    UNCHANGED_FIELD_NUMBER: _builtins.int
     dry_run: _builtins.bool
     """True when nothing was written."""
+    version: _builtins.str
+    """The release's name."""
+    state: _builtins.str
+    """ACTIVE, SCHEDULED or STAGED (for a dry run: what it would be)."""
+    samples_compiled: _builtins.int
+    """Sample specs compiled against the live sidecars."""
+    forced_reason: _builtins.str
+    """The recorded reason when forced; else empty."""
+    unchanged: _builtins.bool
+    """True when the version was already published with this text: nothing was written."""
     @_builtins.property
     def counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Rows written (or that would be written) per kind: accounts, capabilities, prices."""
+
+    @_builtins.property
+    def effective_from(self) -> _timestamp_pb2.Timestamp:
+        """From when it is (or would be) effective; unset when staged."""
+
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[_capability_release_pb2.CapabilityChange]:
+        """Per model it touches, what changes against the catalog in effect."""
 
     def __init__(
         self,
         *,
         counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         dry_run: _builtins.bool = ...,
+        version: _builtins.str = ...,
+        state: _builtins.str = ...,
+        effective_from: _timestamp_pb2.Timestamp | None = ...,
+        changes: _abc.Iterable[_capability_release_pb2.CapabilityChange] | None = ...,
+        samples_compiled: _builtins.int = ...,
+        forced_reason: _builtins.str = ...,
+        unchanged: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["effective_from", b"effective_from"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "dry_run", b"dry_run"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "counts", b"counts", "dry_run", b"dry_run", "effective_from", b"effective_from", "forced_reason", b"forced_reason", "samples_compiled", b"samples_compiled", "state", b"state", "unchanged", b"unchanged", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PublishCapabilitiesResponse: _TypeAlias = PublishCapabilitiesResponse  # noqa: Y015
+
+@_typing.final
+class ActivateCapabilitiesRequest(_message.Message):
+    """Request of ActivateCapabilities."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    ACTIVATE_AT_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    """The staged release to activate."""
+    force: _builtins.bool
+    """Activate even though a serving model would become unservable; requires reason."""
+    reason: _builtins.str
+    """Why the activation is forced; required with force."""
+    @_builtins.property
+    def activate_at(self) -> _timestamp_pb2.Timestamp:
+        """When it takes effect; unset: now. Must not be in the past."""
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+        activate_at: _timestamp_pb2.Timestamp | None = ...,
+        force: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at", "force", b"force", "reason", b"reason", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ActivateCapabilitiesRequest: _TypeAlias = ActivateCapabilitiesRequest  # noqa: Y015
+
+@_typing.final
+class ActivateCapabilitiesResponse(_message.Message):
+    """Response of ActivateCapabilities."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class CountsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    RELEASE_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    SAMPLES_COMPILED_FIELD_NUMBER: _builtins.int
+    samples_compiled: _builtins.int
+    """Sample specs compiled against the live sidecars."""
+    @_builtins.property
+    def release(self) -> _capability_release_pb2.CapabilityRelease:
+        """The release as it is now (APPLIED), with what it changed."""
+
+    @_builtins.property
+    def counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Rows written per kind, as PublishCapabilitiesResponse.counts."""
+
+    def __init__(
+        self,
+        *,
+        release: _capability_release_pb2.CapabilityRelease | None = ...,
+        counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        samples_compiled: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["release", b"release"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "release", b"release", "samples_compiled", b"samples_compiled"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ActivateCapabilitiesResponse: _TypeAlias = ActivateCapabilitiesResponse  # noqa: Y015
+
+@_typing.final
+class RollbackCapabilitiesRequest(_message.Message):
+    """Request of RollbackCapabilities."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    FORCE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    """The earlier release to return to; empty: the one the current release replaced."""
+    force: _builtins.bool
+    """Roll back even though a serving model would become unservable (e.g. the earlier catalog
+    lacks it); requires reason.
+    """
+    reason: _builtins.str
+    """Why the rollback is forced; required with force."""
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+        force: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["force", b"force", "reason", b"reason", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RollbackCapabilitiesRequest: _TypeAlias = RollbackCapabilitiesRequest  # noqa: Y015
+
+@_typing.final
+class RollbackCapabilitiesResponse(_message.Message):
+    """Response of RollbackCapabilities."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class CountsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    CHANGES_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    FORCED_REASON_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    """The release now current."""
+    forced_reason: _builtins.str
+    """The recorded reason when forced; else empty."""
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[_capability_release_pb2.CapabilityChange]:
+        """Per model, what the rollback changed."""
+
+    @_builtins.property
+    def counts(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Rows written per kind, as PublishCapabilitiesResponse.counts."""
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+        changes: _abc.Iterable[_capability_release_pb2.CapabilityChange] | None = ...,
+        counts: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        forced_reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "counts", b"counts", "forced_reason", b"forced_reason", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RollbackCapabilitiesResponse: _TypeAlias = RollbackCapabilitiesResponse  # noqa: Y015
+
+@_typing.final
+class ListCapabilityHistoryRequest(_message.Message):
+    """Request of ListCapabilityHistory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCapabilityHistoryRequest: _TypeAlias = ListCapabilityHistoryRequest  # noqa: Y015
+
+@_typing.final
+class ListCapabilityHistoryResponse(_message.Message):
+    """Response of ListCapabilityHistory."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASES_FIELD_NUMBER: _builtins.int
+    ACTIVATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def releases(self) -> _containers.RepeatedCompositeFieldContainer[_capability_release_pb2.CapabilityRelease]:
+        """Every release, newest first."""
+
+    @_builtins.property
+    def activations(self) -> _containers.RepeatedCompositeFieldContainer[_capability_release_pb2.CapabilityActivation]:
+        """Every activation, oldest first."""
+
+    def __init__(
+        self,
+        *,
+        releases: _abc.Iterable[_capability_release_pb2.CapabilityRelease] | None = ...,
+        activations: _abc.Iterable[_capability_release_pb2.CapabilityActivation] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activations", b"activations", "releases", b"releases"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListCapabilityHistoryResponse: _TypeAlias = ListCapabilityHistoryResponse  # noqa: Y015

@@ -103,6 +103,21 @@ class SchedulerServiceStub:
                 request_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.PublishCapabilitiesRequest.SerializeToString,
                 response_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.PublishCapabilitiesResponse.FromString,
                 _registered_method=True)
+        self.ActivateCapabilities = channel.unary_unary(
+                '/vidroute.scheduler.v1.SchedulerService/ActivateCapabilities',
+                request_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ActivateCapabilitiesRequest.SerializeToString,
+                response_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ActivateCapabilitiesResponse.FromString,
+                _registered_method=True)
+        self.RollbackCapabilities = channel.unary_unary(
+                '/vidroute.scheduler.v1.SchedulerService/RollbackCapabilities',
+                request_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.RollbackCapabilitiesRequest.SerializeToString,
+                response_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.RollbackCapabilitiesResponse.FromString,
+                _registered_method=True)
+        self.ListCapabilityHistory = channel.unary_unary(
+                '/vidroute.scheduler.v1.SchedulerService/ListCapabilityHistory',
+                request_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ListCapabilityHistoryRequest.SerializeToString,
+                response_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ListCapabilityHistoryResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -200,6 +215,31 @@ class SchedulerServiceServicer:
     def PublishCapabilities(self, request, context):
         """Admin: publish a capability document (the YAML/JSON of a capabilities file); rejected whole
         with field violations when any entry is bad.
+        The release goes through the sample compile against the live sidecars, the diff against
+        the catalog in effect and the serving check (FAILED_PRECONDITION SERVING_MODEL_UNSERVABLE
+        naming each model unless forced with a reason); it takes effect now, at activate_at, or is
+        staged for ActivateCapabilities. The same text under a published version is a no-op retry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ActivateCapabilities(self, request, context):
+        """Admin: activate a staged capability release, through every check again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RollbackCapabilities(self, request, context):
+        """Admin: return the catalog to an earlier release, from now, through the serving check.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCapabilityHistory(self, request, context):
+        """Admin: every capability release and every activation (who, when, what it replaced).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -272,6 +312,21 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.PublishCapabilities,
                     request_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.PublishCapabilitiesRequest.FromString,
                     response_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.PublishCapabilitiesResponse.SerializeToString,
+            ),
+            'ActivateCapabilities': grpc.unary_unary_rpc_method_handler(
+                    servicer.ActivateCapabilities,
+                    request_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ActivateCapabilitiesRequest.FromString,
+                    response_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ActivateCapabilitiesResponse.SerializeToString,
+            ),
+            'RollbackCapabilities': grpc.unary_unary_rpc_method_handler(
+                    servicer.RollbackCapabilities,
+                    request_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.RollbackCapabilitiesRequest.FromString,
+                    response_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.RollbackCapabilitiesResponse.SerializeToString,
+            ),
+            'ListCapabilityHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCapabilityHistory,
+                    request_deserializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ListCapabilityHistoryRequest.FromString,
+                    response_serializer=vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ListCapabilityHistoryResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -629,6 +684,87 @@ class SchedulerService:
             '/vidroute.scheduler.v1.SchedulerService/PublishCapabilities',
             vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.PublishCapabilitiesRequest.SerializeToString,
             vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.PublishCapabilitiesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ActivateCapabilities(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vidroute.scheduler.v1.SchedulerService/ActivateCapabilities',
+            vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ActivateCapabilitiesRequest.SerializeToString,
+            vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ActivateCapabilitiesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RollbackCapabilities(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vidroute.scheduler.v1.SchedulerService/RollbackCapabilities',
+            vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.RollbackCapabilitiesRequest.SerializeToString,
+            vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.RollbackCapabilitiesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListCapabilityHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vidroute.scheduler.v1.SchedulerService/ListCapabilityHistory',
+            vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ListCapabilityHistoryRequest.SerializeToString,
+            vidroute_dot_scheduler_dot_v1_dot_scheduler__service__pb2.ListCapabilityHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -66,7 +66,17 @@ class SchedulerServiceStub:
     PublishCapabilities: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.PublishCapabilitiesRequest, _scheduler_service_pb2.PublishCapabilitiesResponse]
     """Admin: publish a capability document (the YAML/JSON of a capabilities file); rejected whole
     with field violations when any entry is bad.
+    The release goes through the sample compile against the live sidecars, the diff against
+    the catalog in effect and the serving check (FAILED_PRECONDITION SERVING_MODEL_UNSERVABLE
+    naming each model unless forced with a reason); it takes effect now, at activate_at, or is
+    staged for ActivateCapabilities. The same text under a published version is a no-op retry.
     """
+    ActivateCapabilities: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.ActivateCapabilitiesRequest, _scheduler_service_pb2.ActivateCapabilitiesResponse]
+    """Admin: activate a staged capability release, through every check again."""
+    RollbackCapabilities: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.RollbackCapabilitiesRequest, _scheduler_service_pb2.RollbackCapabilitiesResponse]
+    """Admin: return the catalog to an earlier release, from now, through the serving check."""
+    ListCapabilityHistory: _grpc.UnaryUnaryMultiCallable[_scheduler_service_pb2.ListCapabilityHistoryRequest, _scheduler_service_pb2.ListCapabilityHistoryResponse]
+    """Admin: every capability release and every activation (who, when, what it replaced)."""
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -106,7 +116,17 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     PublishCapabilities: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.PublishCapabilitiesRequest, _scheduler_service_pb2.PublishCapabilitiesResponse]  # type: ignore[assignment]
     """Admin: publish a capability document (the YAML/JSON of a capabilities file); rejected whole
     with field violations when any entry is bad.
+    The release goes through the sample compile against the live sidecars, the diff against
+    the catalog in effect and the serving check (FAILED_PRECONDITION SERVING_MODEL_UNSERVABLE
+    naming each model unless forced with a reason); it takes effect now, at activate_at, or is
+    staged for ActivateCapabilities. The same text under a published version is a no-op retry.
     """
+    ActivateCapabilities: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.ActivateCapabilitiesRequest, _scheduler_service_pb2.ActivateCapabilitiesResponse]  # type: ignore[assignment]
+    """Admin: activate a staged capability release, through every check again."""
+    RollbackCapabilities: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.RollbackCapabilitiesRequest, _scheduler_service_pb2.RollbackCapabilitiesResponse]  # type: ignore[assignment]
+    """Admin: return the catalog to an earlier release, from now, through the serving check."""
+    ListCapabilityHistory: _aio.UnaryUnaryMultiCallable[_scheduler_service_pb2.ListCapabilityHistoryRequest, _scheduler_service_pb2.ListCapabilityHistoryResponse]  # type: ignore[assignment]
+    """Admin: every capability release and every activation (who, when, what it replaced)."""
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """The control plane's public API. Errors use gRPC status codes with google.rpc details:
@@ -221,6 +241,34 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_scheduler_service_pb2.PublishCapabilitiesResponse, _abc.Awaitable[_scheduler_service_pb2.PublishCapabilitiesResponse]]:
         """Admin: publish a capability document (the YAML/JSON of a capabilities file); rejected whole
         with field violations when any entry is bad.
+        The release goes through the sample compile against the live sidecars, the diff against
+        the catalog in effect and the serving check (FAILED_PRECONDITION SERVING_MODEL_UNSERVABLE
+        naming each model unless forced with a reason); it takes effect now, at activate_at, or is
+        staged for ActivateCapabilities. The same text under a published version is a no-op retry.
         """
+
+    @_abc_1.abstractmethod
+    def ActivateCapabilities(
+        self,
+        request: _scheduler_service_pb2.ActivateCapabilitiesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_service_pb2.ActivateCapabilitiesResponse, _abc.Awaitable[_scheduler_service_pb2.ActivateCapabilitiesResponse]]:
+        """Admin: activate a staged capability release, through every check again."""
+
+    @_abc_1.abstractmethod
+    def RollbackCapabilities(
+        self,
+        request: _scheduler_service_pb2.RollbackCapabilitiesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_service_pb2.RollbackCapabilitiesResponse, _abc.Awaitable[_scheduler_service_pb2.RollbackCapabilitiesResponse]]:
+        """Admin: return the catalog to an earlier release, from now, through the serving check."""
+
+    @_abc_1.abstractmethod
+    def ListCapabilityHistory(
+        self,
+        request: _scheduler_service_pb2.ListCapabilityHistoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_scheduler_service_pb2.ListCapabilityHistoryResponse, _abc.Awaitable[_scheduler_service_pb2.ListCapabilityHistoryResponse]]:
+        """Admin: every capability release and every activation (who, when, what it replaced)."""
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -25,17 +25,17 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"vidroute/scheduler/v1/tenant.proto\x12\x15vidroute.scheduler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbc\x01\n\x13TenantConfigVersion\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08\x64ocument\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x08\x12\x30\n\x0cpublished_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06source\x18\x05 \x01(\t\x12\x30\n\x0c\x61\x63tivated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb5\x01\n\x16TenantConfigActivation\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x18\n\x10previous_version\x18\x02 \x01(\t\x12\x39\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32).vidroute.scheduler.v1.TenantConfigAction\x12\r\n\x05\x61\x63tor\x18\x04 \x01(\t\x12&\n\x02\x61t\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp*\x84\x01\n\x12TenantConfigAction\x12$\n TENANT_CONFIG_ACTION_UNSPECIFIED\x10\x00\x12\"\n\x1eTENANT_CONFIG_ACTION_PUBLISHED\x10\x01\x12$\n TENANT_CONFIG_ACTION_ROLLED_BACK\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"vidroute/scheduler/v1/tenant.proto\x12\x15vidroute.scheduler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbc\x01\n\x13TenantConfigVersion\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x10\n\x08\x64ocument\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x08\x12\x30\n\x0cpublished_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06source\x18\x05 \x01(\t\x12\x30\n\x0c\x61\x63tivated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x88\x02\n\x16TenantConfigActivation\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x18\n\x10previous_version\x18\x02 \x01(\t\x12\x39\n\x06\x61\x63tion\x18\x03 \x01(\x0e\x32).vidroute.scheduler.v1.TenantConfigAction\x12\r\n\x05\x61\x63tor\x18\x04 \x01(\t\x12&\n\x02\x61t\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x30\n\x0crequested_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x0f\n\x07pending\x18\x08 \x01(\x08*\xcc\x01\n\x12TenantConfigAction\x12$\n TENANT_CONFIG_ACTION_UNSPECIFIED\x10\x00\x12\"\n\x1eTENANT_CONFIG_ACTION_PUBLISHED\x10\x01\x12$\n TENANT_CONFIG_ACTION_ROLLED_BACK\x10\x02\x12\"\n\x1eTENANT_CONFIG_ACTION_SCHEDULED\x10\x03\x12\"\n\x1eTENANT_CONFIG_ACTION_ACTIVATED\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'vidroute.scheduler.v1.tenant_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TENANTCONFIGACTION']._serialized_start=470
-  _globals['_TENANTCONFIGACTION']._serialized_end=602
+  _globals['_TENANTCONFIGACTION']._serialized_start=553
+  _globals['_TENANTCONFIGACTION']._serialized_end=757
   _globals['_TENANTCONFIGVERSION']._serialized_start=95
   _globals['_TENANTCONFIGVERSION']._serialized_end=283
   _globals['_TENANTCONFIGACTIVATION']._serialized_start=286
-  _globals['_TENANTCONFIGACTIVATION']._serialized_end=467
+  _globals['_TENANTCONFIGACTIVATION']._serialized_end=550
 # @@protoc_insertion_point(module_scope)

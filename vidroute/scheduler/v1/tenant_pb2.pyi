@@ -30,6 +30,10 @@ class _TenantConfigActionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Te
     """The version was published and so became active."""
     TENANT_CONFIG_ACTION_ROLLED_BACK: _TenantConfigAction.ValueType  # 2
     """A rollback made the (earlier) version active again."""
+    TENANT_CONFIG_ACTION_SCHEDULED: _TenantConfigAction.ValueType  # 3
+    """Published (or activated) with an activation time; active from then."""
+    TENANT_CONFIG_ACTION_ACTIVATED: _TenantConfigAction.ValueType  # 4
+    """A staged (published, inactive) version made active by ActivateTenantConfig."""
 
 class TenantConfigAction(_TenantConfigAction, metaclass=_TenantConfigActionEnumTypeWrapper):
     """What an activation of a tenants version was."""
@@ -40,6 +44,10 @@ TENANT_CONFIG_ACTION_PUBLISHED: TenantConfigAction.ValueType  # 1
 """The version was published and so became active."""
 TENANT_CONFIG_ACTION_ROLLED_BACK: TenantConfigAction.ValueType  # 2
 """A rollback made the (earlier) version active again."""
+TENANT_CONFIG_ACTION_SCHEDULED: TenantConfigAction.ValueType  # 3
+"""Published (or activated) with an activation time; active from then."""
+TENANT_CONFIG_ACTION_ACTIVATED: TenantConfigAction.ValueType  # 4
+"""A staged (published, inactive) version made active by ActivateTenantConfig."""
 Global___TenantConfigAction: _TypeAlias = TenantConfigAction  # noqa: Y015
 
 @_typing.final
@@ -103,6 +111,9 @@ class TenantConfigActivation(_message.Message):
     ACTION_FIELD_NUMBER: _builtins.int
     ACTOR_FIELD_NUMBER: _builtins.int
     AT_FIELD_NUMBER: _builtins.int
+    REQUESTED_AT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    PENDING_FIELD_NUMBER: _builtins.int
     version: _builtins.str
     """The version made active."""
     previous_version: _builtins.str
@@ -111,9 +122,17 @@ class TenantConfigActivation(_message.Message):
     """Publication or rollback."""
     actor: _builtins.str
     """The caller's name (the token's principal)."""
+    reason: _builtins.str
+    """The operator's reason; empty when none was given."""
+    pending: _builtins.bool
+    """True while a scheduled activation is not yet effective (`previous_version` is empty then)."""
     @_builtins.property
     def at(self) -> _timestamp_pb2.Timestamp:
-        """When."""
+        """When it took effect; while `pending`, the time it is scheduled for."""
+
+    @_builtins.property
+    def requested_at(self) -> _timestamp_pb2.Timestamp:
+        """When it was asked for (a scheduled one: its publication); equal to `at` for the others."""
 
     def __init__(
         self,
@@ -123,10 +142,13 @@ class TenantConfigActivation(_message.Message):
         action: Global___TenantConfigAction.ValueType = ...,
         actor: _builtins.str = ...,
         at: _timestamp_pb2.Timestamp | None = ...,
+        requested_at: _timestamp_pb2.Timestamp | None = ...,
+        reason: _builtins.str = ...,
+        pending: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "requested_at", b"requested_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "actor", b"actor", "at", b"at", "previous_version", b"previous_version", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "actor", b"actor", "at", b"at", "pending", b"pending", "previous_version", b"previous_version", "reason", b"reason", "requested_at", b"requested_at", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -22,10 +22,12 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from vidroute.scheduler.v1 import document_pb2 as vidroute_dot_scheduler_dot_v1_dot_document__pb2
 from vidroute.scheduler.v1 import tenant_pb2 as vidroute_dot_scheduler_dot_v1_dot_tenant__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*vidroute/scheduler/v1/tenant_service.proto\x12\x15vidroute.scheduler.v1\x1a\"vidroute/scheduler/v1/tenant.proto\")\n\x16GetTenantConfigRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\"U\n\x17GetTenantConfigResponse\x12:\n\x06\x63onfig\x18\x01 \x01(\x0b\x32*.vidroute.scheduler.v1.TenantConfigVersion\"O\n\x1aPublishTenantConfigRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\"Y\n\x1bPublishTenantConfigResponse\x12:\n\x06\x63onfig\x18\x01 \x01(\x0b\x32*.vidroute.scheduler.v1.TenantConfigVersion\".\n\x1bRollbackTenantConfigRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\"Z\n\x1cRollbackTenantConfigResponse\x12:\n\x06\x63onfig\x18\x01 \x01(\x0b\x32*.vidroute.scheduler.v1.TenantConfigVersion\" \n\x1eListTenantConfigHistoryRequest\"\xa3\x01\n\x1fListTenantConfigHistoryResponse\x12<\n\x08versions\x18\x01 \x03(\x0b\x32*.vidroute.scheduler.v1.TenantConfigVersion\x12\x42\n\x0b\x61\x63tivations\x18\x02 \x03(\x0b\x32-.vidroute.scheduler.v1.TenantConfigActivation2\x95\x04\n\rTenantService\x12u\n\x0fGetTenantConfig\x12-.vidroute.scheduler.v1.GetTenantConfigRequest\x1a..vidroute.scheduler.v1.GetTenantConfigResponse\"\x03\x90\x02\x01\x12|\n\x13PublishTenantConfig\x12\x31.vidroute.scheduler.v1.PublishTenantConfigRequest\x1a\x32.vidroute.scheduler.v1.PublishTenantConfigResponse\x12\x7f\n\x14RollbackTenantConfig\x12\x32.vidroute.scheduler.v1.RollbackTenantConfigRequest\x1a\x33.vidroute.scheduler.v1.RollbackTenantConfigResponse\x12\x8d\x01\n\x17ListTenantConfigHistory\x12\x35.vidroute.scheduler.v1.ListTenantConfigHistoryRequest\x1a\x36.vidroute.scheduler.v1.ListTenantConfigHistoryResponse\"\x03\x90\x02\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*vidroute/scheduler/v1/tenant_service.proto\x12\x15vidroute.scheduler.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a$vidroute/scheduler/v1/document.proto\x1a\"vidroute/scheduler/v1/tenant.proto\")\n\x16GetTenantConfigRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\"U\n\x17GetTenantConfigResponse\x12:\n\x06\x63onfig\x18\x01 \x01(\x0b\x32*.vidroute.scheduler.v1.TenantConfigVersion\"\xa0\x01\n\x1aPublishTenantConfigRequest\x12\x10\n\x08\x64ocument\x18\x01 \x01(\t\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x0f\n\x07\x64ry_run\x18\x03 \x01(\x08\x12/\n\x0b\x61\x63tivate_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06staged\x18\x05 \x01(\x08\x12\x0e\n\x06reason\x18\x06 \x01(\t\"\xc2\x01\n\x1bPublishTenantConfigResponse\x12:\n\x06\x63onfig\x18\x01 \x01(\x0b\x32*.vidroute.scheduler.v1.TenantConfigVersion\x12\x36\n\x07\x63hanges\x18\x02 \x03(\x0b\x32%.vidroute.scheduler.v1.DocumentChange\x12/\n\x0b\x61\x63tivate_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\">\n\x1bRollbackTenantConfigRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"Z\n\x1cRollbackTenantConfigResponse\x12:\n\x06\x63onfig\x18\x01 \x01(\x0b\x32*.vidroute.scheduler.v1.TenantConfigVersion\"o\n\x1b\x41\x63tivateTenantConfigRequest\x12\x0f\n\x07version\x18\x01 \x01(\t\x12/\n\x0b\x61\x63tivate_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06reason\x18\x03 \x01(\t\"Z\n\x1c\x41\x63tivateTenantConfigResponse\x12:\n\x06\x63onfig\x18\x01 \x01(\x0b\x32*.vidroute.scheduler.v1.TenantConfigVersion\" \n\x1eListTenantConfigHistoryRequest\"\xa3\x01\n\x1fListTenantConfigHistoryResponse\x12<\n\x08versions\x18\x01 \x03(\x0b\x32*.vidroute.scheduler.v1.TenantConfigVersion\x12\x42\n\x0b\x61\x63tivations\x18\x02 \x03(\x0b\x32-.vidroute.scheduler.v1.TenantConfigActivation2\x96\x05\n\rTenantService\x12u\n\x0fGetTenantConfig\x12-.vidroute.scheduler.v1.GetTenantConfigRequest\x1a..vidroute.scheduler.v1.GetTenantConfigResponse\"\x03\x90\x02\x01\x12|\n\x13PublishTenantConfig\x12\x31.vidroute.scheduler.v1.PublishTenantConfigRequest\x1a\x32.vidroute.scheduler.v1.PublishTenantConfigResponse\x12\x7f\n\x14RollbackTenantConfig\x12\x32.vidroute.scheduler.v1.RollbackTenantConfigRequest\x1a\x33.vidroute.scheduler.v1.RollbackTenantConfigResponse\x12\x7f\n\x14\x41\x63tivateTenantConfig\x12\x32.vidroute.scheduler.v1.ActivateTenantConfigRequest\x1a\x33.vidroute.scheduler.v1.ActivateTenantConfigResponse\x12\x8d\x01\n\x17ListTenantConfigHistory\x12\x35.vidroute.scheduler.v1.ListTenantConfigHistoryRequest\x1a\x36.vidroute.scheduler.v1.ListTenantConfigHistoryResponse\"\x03\x90\x02\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,22 +38,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TENANTSERVICE'].methods_by_name['GetTenantConfig']._serialized_options = b'\220\002\001'
   _globals['_TENANTSERVICE'].methods_by_name['ListTenantConfigHistory']._loaded_options = None
   _globals['_TENANTSERVICE'].methods_by_name['ListTenantConfigHistory']._serialized_options = b'\220\002\001'
-  _globals['_GETTENANTCONFIGREQUEST']._serialized_start=105
-  _globals['_GETTENANTCONFIGREQUEST']._serialized_end=146
-  _globals['_GETTENANTCONFIGRESPONSE']._serialized_start=148
-  _globals['_GETTENANTCONFIGRESPONSE']._serialized_end=233
-  _globals['_PUBLISHTENANTCONFIGREQUEST']._serialized_start=235
-  _globals['_PUBLISHTENANTCONFIGREQUEST']._serialized_end=314
-  _globals['_PUBLISHTENANTCONFIGRESPONSE']._serialized_start=316
-  _globals['_PUBLISHTENANTCONFIGRESPONSE']._serialized_end=405
-  _globals['_ROLLBACKTENANTCONFIGREQUEST']._serialized_start=407
-  _globals['_ROLLBACKTENANTCONFIGREQUEST']._serialized_end=453
-  _globals['_ROLLBACKTENANTCONFIGRESPONSE']._serialized_start=455
-  _globals['_ROLLBACKTENANTCONFIGRESPONSE']._serialized_end=545
-  _globals['_LISTTENANTCONFIGHISTORYREQUEST']._serialized_start=547
-  _globals['_LISTTENANTCONFIGHISTORYREQUEST']._serialized_end=579
-  _globals['_LISTTENANTCONFIGHISTORYRESPONSE']._serialized_start=582
-  _globals['_LISTTENANTCONFIGHISTORYRESPONSE']._serialized_end=745
-  _globals['_TENANTSERVICE']._serialized_start=748
-  _globals['_TENANTSERVICE']._serialized_end=1281
+  _globals['_GETTENANTCONFIGREQUEST']._serialized_start=176
+  _globals['_GETTENANTCONFIGREQUEST']._serialized_end=217
+  _globals['_GETTENANTCONFIGRESPONSE']._serialized_start=219
+  _globals['_GETTENANTCONFIGRESPONSE']._serialized_end=304
+  _globals['_PUBLISHTENANTCONFIGREQUEST']._serialized_start=307
+  _globals['_PUBLISHTENANTCONFIGREQUEST']._serialized_end=467
+  _globals['_PUBLISHTENANTCONFIGRESPONSE']._serialized_start=470
+  _globals['_PUBLISHTENANTCONFIGRESPONSE']._serialized_end=664
+  _globals['_ROLLBACKTENANTCONFIGREQUEST']._serialized_start=666
+  _globals['_ROLLBACKTENANTCONFIGREQUEST']._serialized_end=728
+  _globals['_ROLLBACKTENANTCONFIGRESPONSE']._serialized_start=730
+  _globals['_ROLLBACKTENANTCONFIGRESPONSE']._serialized_end=820
+  _globals['_ACTIVATETENANTCONFIGREQUEST']._serialized_start=822
+  _globals['_ACTIVATETENANTCONFIGREQUEST']._serialized_end=933
+  _globals['_ACTIVATETENANTCONFIGRESPONSE']._serialized_start=935
+  _globals['_ACTIVATETENANTCONFIGRESPONSE']._serialized_end=1025
+  _globals['_LISTTENANTCONFIGHISTORYREQUEST']._serialized_start=1027
+  _globals['_LISTTENANTCONFIGHISTORYREQUEST']._serialized_end=1059
+  _globals['_LISTTENANTCONFIGHISTORYRESPONSE']._serialized_start=1062
+  _globals['_LISTTENANTCONFIGHISTORYRESPONSE']._serialized_end=1225
+  _globals['_TENANTSERVICE']._serialized_start=1228
+  _globals['_TENANTSERVICE']._serialized_end=1890
 # @@protoc_insertion_point(module_scope)

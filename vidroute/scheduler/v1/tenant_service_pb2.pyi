@@ -6,7 +6,9 @@ isort:skip_file
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from vidroute.scheduler.v1 import document_pb2 as _document_pb2
 from vidroute.scheduler.v1 import tenant_pb2 as _tenant_pb2
 import builtins as _builtins
 import sys
@@ -74,22 +76,39 @@ class PublishTenantConfigRequest(_message.Message):
     DOCUMENT_FIELD_NUMBER: _builtins.int
     SOURCE_FIELD_NUMBER: _builtins.int
     DRY_RUN_FIELD_NUMBER: _builtins.int
+    ACTIVATE_AT_FIELD_NUMBER: _builtins.int
+    STAGED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     document: _builtins.str
     """The tenants document (YAML or JSON), at most 1,000,000 characters."""
     source: _builtins.str
     """Where it came from (a file name), for the audit trail; at most 200 characters."""
     dry_run: _builtins.bool
-    """Validate only; write nothing."""
+    """Validate only; write nothing (`changes` still says what a publication would change)."""
+    staged: _builtins.bool
+    """Published inactive, made active later by ActivateTenantConfig; not with `activate_at`."""
+    reason: _builtins.str
+    """Why, recorded with the activation (at most 500 characters); optional."""
+    @_builtins.property
+    def activate_at(self) -> _timestamp_pb2.Timestamp:
+        """Unset: active at once. Set: published inactive and made active at this time (within a
+        second, by whichever replica applies it first; it must be in the future, at most 366 days
+        ahead). A retried publish of a published version changes no schedule.
+        """
+
     def __init__(
         self,
         *,
         document: _builtins.str = ...,
         source: _builtins.str = ...,
         dry_run: _builtins.bool = ...,
+        activate_at: _timestamp_pb2.Timestamp | None = ...,
+        staged: _builtins.bool = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["document", b"document", "dry_run", b"dry_run", "source", b"source"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at", "document", b"document", "dry_run", b"dry_run", "reason", b"reason", "source", b"source", "staged", b"staged"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -102,20 +121,32 @@ class PublishTenantConfigResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     CONFIG_FIELD_NUMBER: _builtins.int
+    CHANGES_FIELD_NUMBER: _builtins.int
+    ACTIVATE_AT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def config(self) -> _tenant_pb2.TenantConfigVersion:
-        """The version published (or that would be). Not active: the same text was published before
-        and another version is active now (roll back to it to use it again).
+        """The version published (or that would be). Not active: staged, scheduled, or the same text
+        was published before and another version is active now (activate it to use it again).
         """
+
+    @_builtins.property
+    def changes(self) -> _containers.RepeatedCompositeFieldContainer[_document_pb2.DocumentChange]:
+        """What it changes against the active version, by path; empty when nothing does."""
+
+    @_builtins.property
+    def activate_at(self) -> _timestamp_pb2.Timestamp:
+        """When it becomes active, for a scheduled publication; unset otherwise."""
 
     def __init__(
         self,
         *,
         config: _tenant_pb2.TenantConfigVersion | None = ...,
+        changes: _abc.Iterable[_document_pb2.DocumentChange] | None = ...,
+        activate_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at", "config", b"config"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at", "changes", b"changes", "config", b"config"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -128,16 +159,22 @@ class RollbackTenantConfigRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     VERSION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     version: _builtins.str
-    """The version to make active; empty means the one published before the active version."""
+    """The version to make active; empty means the version before the active one that was ever
+    active (a staged version never activated is skipped).
+    """
+    reason: _builtins.str
+    """Why, recorded with the activation (at most 500 characters); optional."""
     def __init__(
         self,
         *,
         version: _builtins.str = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -166,6 +203,62 @@ class RollbackTenantConfigResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RollbackTenantConfigResponse: _TypeAlias = RollbackTenantConfigResponse  # noqa: Y015
+
+@_typing.final
+class ActivateTenantConfigRequest(_message.Message):
+    """Request of ActivateTenantConfig."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    ACTIVATE_AT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    """The published version to make active; required."""
+    reason: _builtins.str
+    """Why, recorded with the activation (at most 500 characters); optional."""
+    @_builtins.property
+    def activate_at(self) -> _timestamp_pb2.Timestamp:
+        """Unset: now. Set: at this time (future, at most 366 days ahead), like a scheduled publish."""
+
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+        activate_at: _timestamp_pb2.Timestamp | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["activate_at", b"activate_at", "reason", b"reason", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ActivateTenantConfigRequest: _TypeAlias = ActivateTenantConfigRequest  # noqa: Y015
+
+@_typing.final
+class ActivateTenantConfigResponse(_message.Message):
+    """Response of ActivateTenantConfig."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONFIG_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def config(self) -> _tenant_pb2.TenantConfigVersion:
+        """The version: active now, or not yet when scheduled."""
+
+    def __init__(
+        self,
+        *,
+        config: _tenant_pb2.TenantConfigVersion | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config", b"config"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ActivateTenantConfigResponse: _TypeAlias = ActivateTenantConfigResponse  # noqa: Y015
 
 @_typing.final
 class ListTenantConfigHistoryRequest(_message.Message):
@@ -198,7 +291,7 @@ class ListTenantConfigHistoryResponse(_message.Message):
 
     @_builtins.property
     def activations(self) -> _containers.RepeatedCompositeFieldContainer[_tenant_pb2.TenantConfigActivation]:
-        """Activations, oldest first."""
+        """Activations, oldest first, pending scheduled ones included."""
 
     def __init__(
         self,

@@ -57,6 +57,11 @@ class TenantServiceStub:
                 request_serializer=vidroute_dot_scheduler_dot_v1_dot_tenant__service__pb2.RollbackTenantConfigRequest.SerializeToString,
                 response_deserializer=vidroute_dot_scheduler_dot_v1_dot_tenant__service__pb2.RollbackTenantConfigResponse.FromString,
                 _registered_method=True)
+        self.ActivateTenantConfig = channel.unary_unary(
+                '/vidroute.scheduler.v1.TenantService/ActivateTenantConfig',
+                request_serializer=vidroute_dot_scheduler_dot_v1_dot_tenant__service__pb2.ActivateTenantConfigRequest.SerializeToString,
+                response_deserializer=vidroute_dot_scheduler_dot_v1_dot_tenant__service__pb2.ActivateTenantConfigResponse.FromString,
+                _registered_method=True)
         self.ListTenantConfigHistory = channel.unary_unary(
                 '/vidroute.scheduler.v1.TenantService/ListTenantConfigHistory',
                 request_serializer=vidroute_dot_scheduler_dot_v1_dot_tenant__service__pb2.ListTenantConfigHistoryRequest.SerializeToString,
@@ -84,8 +89,10 @@ class TenantServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PublishTenantConfig(self, request, context):
-        """Validate a tenants document and make it the active version. Idempotent per version: the
-        same text again changes nothing; another text under a published version is refused.
+        """Validate a tenants document and make it the active version (now, at `activate_at`, or
+        staged for ActivateTenantConfig), returning what it changes against the active version.
+        Idempotent per version: the same text again changes nothing; another text under a published
+        version is refused.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -93,6 +100,13 @@ class TenantServiceServicer:
 
     def RollbackTenantConfig(self, request, context):
         """Make an earlier published version active again.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ActivateTenantConfig(self, request, context):
+        """Make a published version (e.g. a staged one) active now, or schedule it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -122,6 +136,11 @@ def add_TenantServiceServicer_to_server(servicer, server):
                     servicer.RollbackTenantConfig,
                     request_deserializer=vidroute_dot_scheduler_dot_v1_dot_tenant__service__pb2.RollbackTenantConfigRequest.FromString,
                     response_serializer=vidroute_dot_scheduler_dot_v1_dot_tenant__service__pb2.RollbackTenantConfigResponse.SerializeToString,
+            ),
+            'ActivateTenantConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.ActivateTenantConfig,
+                    request_deserializer=vidroute_dot_scheduler_dot_v1_dot_tenant__service__pb2.ActivateTenantConfigRequest.FromString,
+                    response_serializer=vidroute_dot_scheduler_dot_v1_dot_tenant__service__pb2.ActivateTenantConfigResponse.SerializeToString,
             ),
             'ListTenantConfigHistory': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTenantConfigHistory,
@@ -218,6 +237,33 @@ class TenantService:
             '/vidroute.scheduler.v1.TenantService/RollbackTenantConfig',
             vidroute_dot_scheduler_dot_v1_dot_tenant__service__pb2.RollbackTenantConfigRequest.SerializeToString,
             vidroute_dot_scheduler_dot_v1_dot_tenant__service__pb2.RollbackTenantConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ActivateTenantConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vidroute.scheduler.v1.TenantService/ActivateTenantConfig',
+            vidroute_dot_scheduler_dot_v1_dot_tenant__service__pb2.ActivateTenantConfigRequest.SerializeToString,
+            vidroute_dot_scheduler_dot_v1_dot_tenant__service__pb2.ActivateTenantConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,11 +46,15 @@ class TenantServiceStub:
     built-in one ("tenants-builtin": every class, weight 1, no caps, no rate limit).
     """
     PublishTenantConfig: _grpc.UnaryUnaryMultiCallable[_tenant_service_pb2.PublishTenantConfigRequest, _tenant_service_pb2.PublishTenantConfigResponse]
-    """Validate a tenants document and make it the active version. Idempotent per version: the
-    same text again changes nothing; another text under a published version is refused.
+    """Validate a tenants document and make it the active version (now, at `activate_at`, or
+    staged for ActivateTenantConfig), returning what it changes against the active version.
+    Idempotent per version: the same text again changes nothing; another text under a published
+    version is refused.
     """
     RollbackTenantConfig: _grpc.UnaryUnaryMultiCallable[_tenant_service_pb2.RollbackTenantConfigRequest, _tenant_service_pb2.RollbackTenantConfigResponse]
     """Make an earlier published version active again."""
+    ActivateTenantConfig: _grpc.UnaryUnaryMultiCallable[_tenant_service_pb2.ActivateTenantConfigRequest, _tenant_service_pb2.ActivateTenantConfigResponse]
+    """Make a published version (e.g. a staged one) active now, or schedule it."""
     ListTenantConfigHistory: _grpc.UnaryUnaryMultiCallable[_tenant_service_pb2.ListTenantConfigHistoryRequest, _tenant_service_pb2.ListTenantConfigHistoryResponse]
     """Every published version and every activation (who, when, what it replaced)."""
 
@@ -72,11 +76,15 @@ class TenantServiceAsyncStub(TenantServiceStub):
     built-in one ("tenants-builtin": every class, weight 1, no caps, no rate limit).
     """
     PublishTenantConfig: _aio.UnaryUnaryMultiCallable[_tenant_service_pb2.PublishTenantConfigRequest, _tenant_service_pb2.PublishTenantConfigResponse]  # type: ignore[assignment]
-    """Validate a tenants document and make it the active version. Idempotent per version: the
-    same text again changes nothing; another text under a published version is refused.
+    """Validate a tenants document and make it the active version (now, at `activate_at`, or
+    staged for ActivateTenantConfig), returning what it changes against the active version.
+    Idempotent per version: the same text again changes nothing; another text under a published
+    version is refused.
     """
     RollbackTenantConfig: _aio.UnaryUnaryMultiCallable[_tenant_service_pb2.RollbackTenantConfigRequest, _tenant_service_pb2.RollbackTenantConfigResponse]  # type: ignore[assignment]
     """Make an earlier published version active again."""
+    ActivateTenantConfig: _aio.UnaryUnaryMultiCallable[_tenant_service_pb2.ActivateTenantConfigRequest, _tenant_service_pb2.ActivateTenantConfigResponse]  # type: ignore[assignment]
+    """Make a published version (e.g. a staged one) active now, or schedule it."""
     ListTenantConfigHistory: _aio.UnaryUnaryMultiCallable[_tenant_service_pb2.ListTenantConfigHistoryRequest, _tenant_service_pb2.ListTenantConfigHistoryResponse]  # type: ignore[assignment]
     """Every published version and every activation (who, when, what it replaced)."""
 
@@ -107,8 +115,10 @@ class TenantServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _tenant_service_pb2.PublishTenantConfigRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_tenant_service_pb2.PublishTenantConfigResponse, _abc.Awaitable[_tenant_service_pb2.PublishTenantConfigResponse]]:
-        """Validate a tenants document and make it the active version. Idempotent per version: the
-        same text again changes nothing; another text under a published version is refused.
+        """Validate a tenants document and make it the active version (now, at `activate_at`, or
+        staged for ActivateTenantConfig), returning what it changes against the active version.
+        Idempotent per version: the same text again changes nothing; another text under a published
+        version is refused.
         """
 
     @_abc_1.abstractmethod
@@ -118,6 +128,14 @@ class TenantServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_tenant_service_pb2.RollbackTenantConfigResponse, _abc.Awaitable[_tenant_service_pb2.RollbackTenantConfigResponse]]:
         """Make an earlier published version active again."""
+
+    @_abc_1.abstractmethod
+    def ActivateTenantConfig(
+        self,
+        request: _tenant_service_pb2.ActivateTenantConfigRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_tenant_service_pb2.ActivateTenantConfigResponse, _abc.Awaitable[_tenant_service_pb2.ActivateTenantConfigResponse]]:
+        """Make a published version (e.g. a staged one) active now, or schedule it."""
 
     @_abc_1.abstractmethod
     def ListTenantConfigHistory(

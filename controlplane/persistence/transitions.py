@@ -1,0 +1,141 @@
+"""Task state changes in bulk: the set-based form of `SqlUnitOfWork._move_task` (issue 22).
+
+A `TaskMove` names a task, the state and ``status_version`` its writer read, and the steps to
+take from there (QUEUED -> SCHEDULING -> SUBMITTING is two). `cas_many` asks the domain's
+`TASK_MACHINE` for every edge of every move (a forbidden one raises `IllegalTransition` before
+anything is written), then applies the moves as the compare-and-set of design 9.8.1, one UPDATE
+per (from state, final state, number of steps)::
+
+    UPDATE generation_tasks SET status = :final, status_version = status_version + :n,
+           last_event_seq = last_event_seq + :n + :extra
+     WHERE (id, status_version) IN (...) AND status = :from RETURNING id, last_event_seq
+
+A row whose version or state moved since it was read is not written (its CAS lost), exactly as
+the single path's. Each step gets its ``task.state_changed`` event, with the payload the single
+path writes (`_sql.state_payload`), numbered from the task's ``last_event_seq``; `extra`
+numbers are reserved after them for the caller's own events (a dispatch's
+``attempt.created``). `insert_events` writes the events and their caller-webhook messages in
+one statement each, whatever the number of tasks.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import tuple_, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from controlplane.domain.states import TASK_MACHINE, TaskState
+from controlplane.persistence import _bulk, _sql, webhooks
+from controlplane.persistence.models import generation_tasks as T
+from controlplane.persistence.models import task_events as E
+
+__all__ = ["Moved", "TaskMove", "TaskStep", "cas_many", "insert_events", "planned"]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskStep:
+    """One edge of a move: the state entered and why (the event's ``reason``; empty: none)."""
+
+    target: TaskState
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskMove:
+    """Move `task_id` from `state` at `expected_version` through `steps`, in order."""
+
+    task_id: int
+    state: TaskState
+    expected_version: int
+    steps: tuple[TaskStep, ...]
+
+    @property
+    def final(self) -> TaskState:
+        return self.steps[-1].target if self.steps else self.state
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """A move whose CAS won: its last reserved event number and its state events (rows for
+    ``task_events``, not yet inserted)."""
+
+    task_id: int
+    last_seq: int
+    events: list[dict[str, Any]]
+
+
+def planned(move: TaskMove) -> list[tuple[TaskState, int, dict[str, Any]]]:
+    """Each step's (state, version, event payload); `IllegalTransition` if `TASK_MACHINE`
+    forbids any edge of the move (or it has no step)."""
+    if not move.steps:
+        raise ValueError(f"task {move.task_id}: a move needs at least one step")
+    out = []
+    state, version = move.state, move.expected_version
+    for step in move.steps:
+        TASK_MACHINE.check(state, step.target)
+        state, version = step.target, version + 1
+        out.append((state, version, _sql.state_payload(state, version, step.reason)))
+    return out
+
+
+async def cas_many(
+    conn: AsyncConnection,
+    moves: Sequence[TaskMove],
+    now: datetime,
+    *,
+    extra_events: int = 0,
+) -> dict[int, Moved]:
+    """Apply `moves` (see module); task id -> `Moved` for those whose CAS won."""
+    plans = {m.task_id: planned(m) for m in moves}  # every edge asked before any write
+    if len(plans) != len(moves):
+        raise ValueError("a task may be moved once per call")
+    groups: dict[tuple[TaskState, TaskState, int], list[TaskMove]] = defaultdict(list)
+    for m in moves:
+        groups[m.state, m.final, len(m.steps)].append(m)
+    moved: dict[int, Moved] = {}
+    for (state, final, n), members in groups.items():
+        rows = await conn.execute(
+            update(T)
+            .where(
+                tuple_(T.c.id, T.c.status_version).in_(
+                    sorted((m.task_id, m.expected_version) for m in members)
+                ),
+                T.c.status == state.value,
+            )
+            .values(
+                status=final.value,
+                status_version=T.c.status_version + n,
+                last_event_seq=T.c.last_event_seq + n + extra_events,
+                updated_at=now,
+            )
+            .returning(T.c.id, T.c.last_event_seq)
+        )
+        for task_id, last in rows:
+            first = int(last) - n - extra_events + 1
+            events = [
+                {
+                    "task_id": int(task_id),
+                    "seq": first + i,
+                    "kind": "task.state_changed",
+                    "payload": payload,
+                    "created_at": now,
+                }
+                for i, (_, _, payload) in enumerate(plans[int(task_id)])
+            ]
+            moved[int(task_id)] = Moved(int(task_id), int(last), events)
+    return moved
+
+
+async def insert_events(
+    conn: AsyncConnection, events: Iterable[Mapping[str, Any]], now: datetime
+) -> bool:
+    """Insert ``task_events`` rows and their caller-webhook messages (subscribed tasks only);
+    True when a message may have been written (the delivery worker's wake-up hint)."""
+    rows = list(events)
+    await _bulk.insert_rows(conn, E, rows)
+    return await webhooks.enqueue_many(conn, rows, now) > 0
