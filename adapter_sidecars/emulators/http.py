@@ -142,7 +142,7 @@ class HttpServer:
             self._server.close()
             self._server = None
         for writer in list(self._idle):
-            writer.transport.abort()
+            _shut(writer)
 
     async def stop_listening(self) -> None:
         self.close_listener()
@@ -198,10 +198,10 @@ class HttpServer:
                 return
             if conn.their_state is h11.SEND_BODY:
                 await read_body(None)
-            _write(conn, writer, outcome)
+            # Refusing connections: say so in the response, so that no client pools this
+            # connection and carries its next request into our close.
+            _write(conn, writer, outcome, close=self._server is None)
             if conn.our_state is h11.MUST_CLOSE or conn.their_state is h11.MUST_CLOSE:
-                return
-            if self._server is None:  # refusing connections: don't keep this one alive
                 return
             conn.start_next_cycle()
             # Idle from the moment its response is written, with no await in between: a
@@ -252,9 +252,14 @@ def _to_request(event: h11.Request) -> Request:
     )
 
 
-def _write(conn: h11.Connection, writer: asyncio.StreamWriter, response: Response) -> None:
-    """Write `response` to the transport (its buffer drains afterwards)."""
+def _write(
+    conn: h11.Connection, writer: asyncio.StreamWriter, response: Response, *, close: bool
+) -> None:
+    """Write `response` to the transport (its buffer drains afterwards); `close` adds
+    ``Connection: close``."""
     headers = [*response.headers]
+    if close:
+        headers.append(("connection", "close"))
     if response.status not in (204, 304):
         headers.append(("content-length", str(len(response.body))))
     data = conn.send(h11.Response(status_code=response.status, headers=headers))
@@ -262,6 +267,18 @@ def _write(conn: h11.Connection, writer: asyncio.StreamWriter, response: Respons
         data += conn.send(h11.Data(data=response.body))
     data += conn.send(h11.EndOfMessage())
     writer.write(data)
+
+
+def _shut(writer: asyncio.StreamWriter) -> None:
+    """Close a connection now. `transport.abort()` closes the socket only on the loop's next
+    iteration, so a response written in between (the one acknowledging a refusal) could reach
+    a client while its pooled connection still looks alive; shutting the socket down first
+    makes the client see the close before anything we write after this."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    writer.transport.abort()
 
 
 def _abort(writer: asyncio.StreamWriter, reset: bool) -> None:
