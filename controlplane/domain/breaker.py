@@ -26,6 +26,7 @@ with ForceBreaker (model empty, operation SUBMIT), or pins it OPEN.
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -35,6 +36,30 @@ Clock = Callable[[], float]
 """Seconds on any monotonic scale; injected so tests drive time."""
 
 MetricsSnapshot = dict[str, float | int | str | None]
+
+SLOW_CALLS = "slow_calls"  # the transition reason of an opening on slow calls (9.15.2)
+
+
+def opened_on_slow_calls(reason: str) -> bool:
+    """Whether a breaker's `CircuitBreaker.opened_for` is the slow-call rule, here or on the
+    replica that published it (``remote:slow_calls``)."""
+    return reason.rpartition(":")[2] == SLOW_CALLS
+
+
+_OPEN_DETAIL = re.compile(r"\bbreaker OPEN on (\S+) for ")
+
+
+def open_detail(scope: str, opened_for: str, remaining_s: float) -> str:
+    """What routing says of a candidate whose `scope` ("breaker", "account breaker") is OPEN
+    and cooling down: why it opened (`CircuitBreaker.opened_for`) and for how long yet."""
+    why = f" on {opened_for}" if opened_for else ""
+    return f"{scope} OPEN{why} for {max(0.0, remaining_s):.0f} s more"
+
+
+def opened_for_in(detail: str) -> str:
+    """The `opened_for` an `open_detail` names (a refused candidate's verdict detail)."""
+    found = _OPEN_DETAIL.search(detail)
+    return found.group(1) if found else ""
 
 
 class Operation(StrEnum):
@@ -299,10 +324,18 @@ class CircuitBreaker:
         self._open_until: float | None = None
         self._probes = self._probe_successes = 0
         self._pinned = False
+        self._opened_for = ""
 
     @property
     def state(self) -> BreakerState:
         return self._state
+
+    @property
+    def opened_for(self) -> str:
+        """Why it left CLOSED (the reason of that transition, e.g. ``slow_calls``,
+        ``failure_rate``, ``remote:slow_calls``), kept through its OPEN / HALF_OPEN cycle (a
+        failed probe does not change why it opened); "" while CLOSED. The explain view."""
+        return self._opened_for
 
     @property
     def open_until(self) -> float | None:
@@ -466,7 +499,7 @@ class CircuitBreaker:
             if self._failures / n > cfg.failure_rate_threshold:
                 return self._move(BreakerState.OPEN, "failure_rate", level=0)
             if self._slow / n > cfg.slow_call_rate:
-                return self._move(BreakerState.OPEN, "slow_calls", level=0)
+                return self._move(BreakerState.OPEN, SLOW_CALLS, level=0)
         return None
 
     @staticmethod
@@ -500,6 +533,9 @@ class CircuitBreaker:
             self._open_until = None
         if new is BreakerState.CLOSED:
             self._level = -1  # a full close resets the cooldown ladder
+            self._opened_for = ""
+        elif old is BreakerState.CLOSED or not self._opened_for:
+            self._opened_for = reason
         self._state = new
         self._epoch += 1
         self._window.clear()
@@ -587,3 +623,7 @@ class BreakerRegistry:
 
     def states(self) -> dict[BreakerKey, BreakerState]:
         return {key: breaker.state for key, breaker in self._breakers.items()}
+
+    def opened_for(self) -> dict[BreakerKey, str]:
+        """Why each breaker not CLOSED left CLOSED (`CircuitBreaker.opened_for`)."""
+        return {key: b.opened_for for key, b in self._breakers.items() if b.opened_for}

@@ -245,6 +245,20 @@ def gate_pass_rate(checks: Iterable[tuple[str, bool]], min_checks: int) -> float
 BucketId = tuple[str, str, str, str]  # (provider, model, mode, bucket)
 
 
+@dataclass(frozen=True, slots=True)
+class QualityEvidence:
+    """What one candidate's quality component was made of (the explain view): its model's
+    prior (`from_document`: the capability document's ``quality_prior``, else the router's
+    default), the signals of the task's bucket (technical checks, caller verdicts) and the
+    score they shrank to (the prior itself without any)."""
+
+    prior: float
+    from_document: bool
+    checks: int
+    verdicts: int
+    score: float
+
+
 class QualityTable:
     """The aggregates of one read, with each bucket's score computed once (pure, immutable).
 
@@ -277,6 +291,27 @@ class QualityTable:
 
     def score(self, provider: str, model: str, mode: str, bucket: str, prior: float) -> float:
         return self._bucket(mode, bucket, prior).get((provider, model), prior)
+
+    def evidence(
+        self,
+        candidates: Iterable[tuple[str, str, str, float, bool]],
+        mode: str,
+        bucket: str,
+    ) -> dict[str, QualityEvidence]:
+        """``candidate id -> QualityEvidence`` for (id, provider, model, prior, the prior is
+        the document's) in one bucket: `scores` with what each score was made of."""
+        rows = self._index.get((mode, bucket), {})
+        out: dict[str, QualityEvidence] = {}
+        for cid, provider, model, prior, from_document in candidates:
+            c = rows.get((provider, model))
+            if c is None:
+                out[cid] = QualityEvidence(prior, from_document, 0, 0, prior)
+            else:
+                score = self._bucket(mode, bucket, prior)[(provider, model)]
+                out[cid] = QualityEvidence(
+                    prior, from_document, c.technical_checks, c.verdicts, score
+                )
+        return out
 
     def scores(
         self,

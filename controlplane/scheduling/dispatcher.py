@@ -58,7 +58,7 @@ from controlplane.capabilities.catalog import CapabilityCatalog, load_catalog
 from controlplane.domain import fairqueue as fq
 from controlplane.domain.accounts import AccountLimits, Accounts
 from controlplane.domain.breaker import BreakerKey, BreakerState, account_key
-from controlplane.domain.quality import QualityTable, bucket_key
+from controlplane.domain.quality import QualityEvidence, QualityTable, bucket_key
 from controlplane.domain.requeue import RequeueFacts
 from controlplane.domain.routing.candidates import Candidate, Incumbent, RoutingContext
 from controlplane.domain.routing.decision import Outcome, RouteDecisionSnapshot
@@ -723,9 +723,17 @@ class Dispatcher:
         spec = task.spec
         capacity = {c.id: view.capacity.view(c, spec.mode.value) for c in survivors}
         health = {c.id: h for c in survivors if (h := self.monitor.health_view(c.id)) is not None}
-        quality = _quality_of(view.quality, survivors, spec, self.router.default_quality)
+        quality, evidence, bucket = _quality_of(
+            view.quality, survivors, spec, self.router.default_quality
+        )
         ctx = _with(
-            ctx, capacity=capacity, health=health, circuit_open=view.circuit_open, quality=quality
+            ctx,
+            capacity=capacity,
+            health=health,
+            circuit_open=view.circuit_open,
+            quality=quality,
+            quality_evidence=evidence,
+            quality_bucket=bucket,
         )
         if view.load:
             ctx = _with(ctx, load=view.load)
@@ -1100,17 +1108,27 @@ def _ending_class(decision: RouteDecisionSnapshot, error_class: str) -> str:
 
 def _quality_of(
     table: QualityTable | None, survivors: Iterable[Candidate], spec: GenerationSpec, default: float
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict[str, QualityEvidence], str]:
     """Each survivor's quality in the task's bucket (9.14): its evidence there shrunk toward its
     model's prior (the capability document's ``quality_prior``, else `default`), the prior
-    alone without evidence. Empty (everyone at `default`) when there is nothing to say."""
+    alone without evidence (empty, everyone at `default`, when there is nothing to say); what
+    each was made of, and the bucket (the explain record's)."""
     rows = [
-        (c.id, c.provider, c.model, default if (q := c.capability.quality_prior) is None else q)
+        (c.id, c.provider, c.model, default if (q := c.capability.quality_prior) is None else q, q)
         for c in survivors
     ]
+    bucket = bucket_key(spec)
     if table is not None and table.counts:
-        return table.scores(rows, spec.mode.value, bucket_key(spec))
-    return {cid: prior for cid, _, _, prior in rows if prior != default}
+        evidence = table.evidence(
+            [(cid, p, m, prior, q is not None) for cid, p, m, prior, q in rows],
+            spec.mode.value,
+            bucket,
+        )
+        return {cid: e.score for cid, e in evidence.items()}, evidence, bucket
+    evidence = {
+        cid: QualityEvidence(prior, q is not None, 0, 0, prior) for cid, _, _, prior, q in rows
+    }
+    return {cid: prior for cid, _, _, prior, _ in rows if prior != default}, evidence, bucket
 
 
 def _with(ctx: RoutingContext, **changes: Any) -> RoutingContext:

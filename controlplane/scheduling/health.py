@@ -54,9 +54,10 @@ from controlplane.domain.breaker import (
     Operation,
     Permit,
     account_key,
+    open_detail,
 )
 from controlplane.domain.polling import DurationEvidence
-from controlplane.domain.routing.candidates import Candidate, HealthView, Incumbent
+from controlplane.domain.routing.candidates import BurstView, Candidate, HealthView, Incumbent
 from controlplane.domain.scoring import HealthWindows, Window, WindowStats, routing_success
 from controlplane.domain.unit_cost import observed_cost
 from controlplane.persistence.catalog import CatalogQueries, HealthEvent
@@ -70,6 +71,7 @@ from controlplane.scheduling.shared_state import (
 )
 
 T = TypeVar("T")
+Baselines = tuple[tuple[str, float], ...]
 
 REBUILD_RETRY_S = 30.0  # a failed rebuild of the windows from PostgreSQL is tried again after
 
@@ -158,6 +160,11 @@ class HealthMonitor:
         self._rebuild_retry_at = -float("inf")
         self._rebuilt_until = -float("inf")
         self._pending: set[asyncio.Task[None]] = set()
+        # `_call_signals`' reads of this second (explain only); any breaker move clears them.
+        self._signals: dict[str, tuple[Baselines, str]] = {}
+        self._signals_at = -float("inf")
+        self._opened: dict[BreakerKey, str] = {}
+        self._regions: dict[tuple[str, str], str] = {}
 
     def set_account_ids(self, ids: Iterable[tuple[tuple[str, str, str], int]]) -> None:
         """(provider, account, region) -> provider_accounts.id, for health event rows."""
@@ -375,7 +382,7 @@ class HealthMonitor:
             scope = "account breaker" if k.model == "" and k != key else "breaker"
             if until is None:
                 return f"{scope} pinned OPEN by an operator"
-            return f"{scope} OPEN for {max(0.0, until - self._clock()):.0f} s more"
+            return open_detail(scope, breaker.opened_for, until - self._clock())
         return None
 
     def reopens_in(self, key: BreakerKey) -> float | None:
@@ -412,20 +419,75 @@ class HealthMonitor:
         return None
 
     def health_view(self, candidate_id: str) -> HealthView | None:
+        """The candidate's figures for routing: the 15-minute window (the 24-hour one while
+        that is empty), the 1-minute window as the burst signal, and for the explain view its
+        call baselines and why its breaker opened (None before any outcome of it)."""
         windows = self._windows.get(candidate_id)
         if windows is None:
             return None
         now = self._clock()
-        stats = windows.stats(Window.FIFTEEN_MINUTES, now)
+        window = Window.FIFTEEN_MINUTES
+        stats = windows.stats(window, now)
         if stats.effective_samples < 1:
-            stats = windows.stats(Window.ONE_DAY, now)
+            window = Window.ONE_DAY
+            stats = windows.stats(window, now)
+        minute = windows.stats(Window.ONE_MINUTE, now)
+        success = routing_success(stats, minute)
+        baselines, opened_for = self._call_signals(candidate_id, now)
         return HealthView(
-            routing_success(stats, windows.stats(Window.ONE_MINUTE, now)),
+            success,
             stats.effective_samples,
             stats.mean_latency_s,
             stats.success_rate,
             stats.p95_latency_s,
+            window.value,
+            BurstView(
+                minute.effective_samples,
+                minute.success_rate,
+                minute.success_lower_bound,
+                success != stats.success_lower_bound,
+            ),
+            baselines,
+            opened_for,
         )
+
+    def _call_signals(self, candidate_id: str, now: float) -> tuple[Baselines, str]:
+        """The candidate's learned call baselines per operation and why its SUBMIT (or its
+        account's) breaker left CLOSED: explain only, so read at most once a second (and again
+        after any breaker move), not once per task."""
+        if now - self._signals_at >= 1.0:
+            self._signals.clear()
+            self._signals_at = now
+        held = self._signals.get(candidate_id)
+        if held is None:
+            if not self._signals:
+                self._opened = self.registry.opened_for()
+                self._regions = {(k.provider, k.account): k.region for k in self.registry.states()}
+            provider, model, account = candidate_id.split("/", 2)
+            region = self._regions.get((provider, account), "")
+            baselines = tuple(
+                (op.value, round(b, 6))
+                for op in sorted(JUDGED_OPERATIONS)
+                if (b := self._baseline_now(BreakerKey(provider, account, region, model, op), now))
+                is not None
+            )
+            opened = next(
+                (
+                    why
+                    for key, why in self._opened.items()
+                    if key.operation is Operation.SUBMIT
+                    and (key.provider, key.account) == (provider, account)
+                    and key.model in (model, "")  # its own, or its account's (model "")
+                ),
+                "",
+            )
+            held = self._signals[candidate_id] = (baselines, opened)
+        return held
+
+    def _baseline_now(self, key: BreakerKey, at: float) -> float | None:
+        """As `baseline_s`, without creating a breaker for a key that has none."""
+        held = BaselineKey(key.provider, key.model, key.operation)
+        return self.baselines.baseline_s(held, at, self.registry.config_for(key))
 
     def job_durations(self, provider: str, account: str, model: str) -> DurationEvidence | None:
         """The candidate's finished jobs over the 24-hour window, for the poller (9.18.2)."""
@@ -488,6 +550,7 @@ class HealthMonitor:
         if record.version <= self._applied.get(record.key, 0):
             return
         self._applied[record.key] = record.version
+        self._signals.clear()
         breaker = self.registry.get(record.key)
         if record.forced:
             self._forced[record.key] = record.state
@@ -597,6 +660,7 @@ class HealthMonitor:
     ) -> None:
         if transition is None:
             return
+        self._signals.clear()
         log.info(
             "breaker %s: %s -> %s (%s)",
             transition.key,

@@ -23,6 +23,7 @@ from vidroute_core.spec import GenerationSpec
 
 if TYPE_CHECKING:  # the loader pulls in YAML/JSON Schema; the domain only reads the fields
     from controlplane.domain.accounts import Accounts
+    from controlplane.domain.quality import QualityEvidence
     from controlplane.domain.routing.load import LoadView
     from vidroute_core.capabilities.loader import Capability
 
@@ -155,14 +156,35 @@ class CapacityView:
 
 
 @dataclass(frozen=True, slots=True)
+class BurstView:
+    """The 1-minute window's figures beside the routing window's (9.13.3 "发现突发退化"):
+    `applied` when its burst was beyond doubt and its lower bound is the success component."""
+
+    samples: float
+    success_rate: float | None
+    success_lower_bound: float
+    applied: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class HealthView:
-    """Health figures of a candidate from the EWMA windows (9.13.3)."""
+    """Health figures of a candidate from the EWMA windows (9.13.3).
+
+    The first five are what scoring reads (and replay re-reads); the rest are explain only,
+    what a decision shows with them: which window `samples` and the latencies came from
+    (``15m``, or ``24h`` while the 15-minute window is empty), the burst window, the learned
+    call-latency baselines per operation (9.15.1) and why its breaker left CLOSED, if it did.
+    """
 
     success_lower_bound: float
     samples: float
     mean_latency_s: float | None = None
     success_rate: float | None = None  # the point estimate; replay's expected success
     p95_latency_s: float | None = None  # predicted p95 (9.13.2): the latency score reads it
+    window: str = ""  # the routing window the figures above are from: "15m" or "24h"
+    burst: BurstView | None = None
+    baselines_s: tuple[tuple[str, float], ...] = ()  # (operation, seconds), learned ones only
+    breaker_opened_for: str = ""  # `CircuitBreaker.opened_for` of its SUBMIT or account breaker
 
     @property
     def latency_s(self) -> float | None:
@@ -187,6 +209,10 @@ class RoutingContext:
     capacity: Mapping[str, CapacityView] = field(default_factory=dict)
     health: Mapping[str, HealthView] = field(default_factory=dict)
     quality: Mapping[str, float] = field(default_factory=dict)
+    # What each `quality` figure was made of, and the task's tag bucket they are from (9.14):
+    # explain only, recorded in the decision's facts.
+    quality_evidence: Mapping[str, QualityEvidence] = field(default_factory=dict)
+    quality_bucket: str = ""
     excluded: frozenset[tuple[int, str]] = frozenset()  # (account_id, model) from failover
     # Softly excluded (account_id, model) -> not before this instant (None: no wait).
     soft_excluded: Mapping[tuple[int, str], datetime | None] = field(default_factory=dict)

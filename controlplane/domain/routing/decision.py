@@ -18,7 +18,15 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from controlplane.domain.routing.candidates import Candidate, CompileResult, HealthView, Incumbent
+from controlplane.domain.breaker import opened_for_in, opened_on_slow_calls
+from controlplane.domain.quality import QualityEvidence
+from controlplane.domain.routing.candidates import (
+    Candidate,
+    CapacityView,
+    CompileResult,
+    HealthView,
+    Incumbent,
+)
 from controlplane.domain.routing.filters import Reason
 from controlplane.domain.routing.load import LoadView
 
@@ -145,6 +153,17 @@ class DecisionFacts:
     #: Model-server load the scores read (9.21), explain only: its effect is in the components
     #: and the GPU_UTILIZATION penalty, which replay re-weights as recorded.
     load: Mapping[str, LoadView] = field(default_factory=dict)
+    # Explain only, what the components read beyond the health figures: the quality bucket
+    # and each candidate's prior against its evidence there (9.14); the cost line's ends (the
+    # cheapest eligible estimate and the budget, 0 for none); the latency line's ends; each
+    # candidate's lease pre-check (free slots of its tightest dimension, of how many).
+    quality_bucket: str = ""
+    quality: Mapping[str, QualityEvidence] = field(default_factory=dict)
+    cheapest_cost_micros: int | None = None
+    budget_micros: int = 0
+    latency_good_s: float | None = None
+    latency_bad_s: float | None = None
+    capacity: Mapping[str, CapacityView] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         inc = self.incumbent
@@ -168,6 +187,26 @@ class DecisionFacts:
         }
         if self.load:
             data["load"] = {cid: view.to_json() for cid, view in self.load.items()}
+        signals = {cid: extra for cid, h in self.health.items() if (extra := _signals_json(h))}
+        if signals:
+            data["signals"] = signals
+        if self.quality:
+            data["quality"] = {
+                "bucket": self.quality_bucket,
+                "candidates": {
+                    cid: [e.prior, e.from_document, e.checks, e.verdicts, e.score]
+                    for cid, e in self.quality.items()
+                },
+            }
+        if self.cheapest_cost_micros is not None:
+            data["cost"] = {
+                "cheapest_micros": self.cheapest_cost_micros,
+                "budget_micros": self.budget_micros,
+            }
+        if self.latency_good_s is not None and self.latency_bad_s is not None:
+            data["latency"] = {"good_s": self.latency_good_s, "bad_s": self.latency_bad_s}
+        if self.capacity:
+            data["capacity"] = {cid: [v.available, v.maximum] for cid, v in self.capacity.items()}
         return data
 
     @classmethod
@@ -186,6 +225,27 @@ class DecisionFacts:
                 for cid, h in dict(data.get("health", {})).items()
             },
         )
+
+
+def _signals_json(h: HealthView) -> dict[str, Any]:
+    """A health view's explain-only figures (`HealthView`), as the facts' ``signals`` keep
+    them; empty when it has none."""
+    out: dict[str, Any] = {}
+    if h.window:
+        out["window"] = h.window
+    burst = h.burst
+    if burst is not None:
+        out["burst"] = [
+            burst.samples,
+            burst.success_rate,
+            burst.success_lower_bound,
+            burst.applied,
+        ]
+    if h.baselines_s:
+        out["baselines_s"] = dict(h.baselines_s)
+    if h.breaker_opened_for:
+        out["breaker_opened_for"] = h.breaker_opened_for
+    return out
 
 
 @dataclass(frozen=True)
@@ -311,20 +371,128 @@ _HEALTH_INPUTS = (
 )
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _candidate(snapshot: Mapping[str, Any], candidate_id: str) -> Mapping[str, Any]:
+    for c in snapshot.get("candidates") or ():
+        if isinstance(c, Mapping) and c.get("id") == candidate_id:
+            return c
+    return {}
+
+
 def candidate_inputs(snapshot: Mapping[str, Any], candidate_id: str) -> dict[str, float]:
-    """What `candidate_id`'s score components read, from a stored decision's snapshot: the
-    routing window's success lower bound and rate, its effective samples (evidence: few
-    samples mean the prior still counts), mean and predicted p95 latency, and a self-hosted
-    model server's load (``load_*``). Empty for a candidate without evidence (it scored on
-    the priors) and for records from before facts were kept."""
+    """What `candidate_id`'s score components read, from a stored decision's snapshot, by
+    component (each name says which):
+
+    - success and latency: the routing window's success lower bound and rate, its effective
+      samples (``window_samples``: the evidence; `candidate_explain` names the window), mean
+      and predicted p95 latency; the burst (1-minute) window's ``burst_samples``,
+      ``burst_success_rate``, ``burst_success_lower_bound`` and ``burst_applied`` (1 when the
+      burst's lower bound was the success component); the latency line's ``latency_good_s``
+      and ``latency_bad_s``;
+    - quality: ``quality_prior`` against the evidence of the task's bucket
+      (``quality_checks`` technical checks + ``quality_verdicts`` caller verdicts =
+      ``quality_evidence``) and ``quality_shrunk``, the score they shrank to;
+    - cost: ``cost_estimate_micros`` (this candidate's) against ``cost_cheapest_micros`` (the
+      cheapest eligible one's) and, under a budget, ``cost_budget_micros``;
+    - capacity: ``capacity_available`` of ``capacity_maximum`` slots; a self-hosted model
+      server's load as ``load_*``.
+
+    Only what the record holds: empty for a candidate without evidence that was not scored,
+    and for records from before facts were kept."""
     facts = snapshot.get("facts") or {}
     out: dict[str, float] = {}
     health = (facts.get("health") or {}).get(candidate_id)
     for name, value in zip(_HEALTH_INPUTS, health or (), strict=False):
-        if isinstance(value, int | float) and not isinstance(value, bool):
+        if _number(value):
+            out[name] = float(value)
+    burst = ((facts.get("signals") or {}).get(candidate_id) or {}).get("burst") or ()
+    for name, value in zip(_BURST_INPUTS, burst, strict=False):
+        if isinstance(value, bool):
+            out[name] = 1.0 if value else 0.0
+        elif _number(value):
             out[name] = float(value)
     load = (facts.get("load") or {}).get(candidate_id) or {}
     for name, value in load.items():
-        if isinstance(value, int | float):
+        if _number(value):
             out[f"load_{name}"] = float(value)
+    quality = ((facts.get("quality") or {}).get("candidates") or {}).get(candidate_id)
+    if quality:
+        prior, _, checks, verdicts, shrunk = quality
+        out.update(
+            quality_prior=float(prior),
+            quality_checks=float(checks),
+            quality_verdicts=float(verdicts),
+            quality_evidence=float(checks + verdicts),
+            quality_shrunk=float(shrunk),
+        )
+    verdict = _candidate(snapshot, candidate_id)
+    if "score" not in verdict:
+        return out  # the decision-wide lines below are the ends of a scored candidate's only
+    cost = facts.get("cost") or {}
+    estimate = verdict.get("estimated_cost_micros")
+    if cost and isinstance(estimate, int | float):
+        out["cost_estimate_micros"] = float(estimate)
+        out["cost_cheapest_micros"] = float(cost["cheapest_micros"])
+        if cost.get("budget_micros"):
+            out["cost_budget_micros"] = float(cost["budget_micros"])
+    latency = facts.get("latency") or {}
+    if latency:
+        out.update(latency_good_s=float(latency["good_s"]), latency_bad_s=float(latency["bad_s"]))
+    capacity = (facts.get("capacity") or {}).get(candidate_id)
+    if capacity:
+        out.update(capacity_available=float(capacity[0]), capacity_maximum=float(capacity[1]))
     return out
+
+
+_BURST_INPUTS = (
+    "burst_samples",
+    "burst_success_rate",
+    "burst_success_lower_bound",
+    "burst_applied",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateExplain:
+    """The non-numeric half of what a candidate's components read (`candidate_inputs` has the
+    figures): the routing window its success and latency figures are from (``15m``, ``24h``
+    while that was empty; "" without evidence), the learned call-latency baselines per
+    operation (9.15.1), why its breaker left CLOSED ("" when it had not; a candidate refused
+    as CIRCUIT_OPEN has it from its detail, `breaker.open_detail`) and whether that was on
+    slow calls (9.15.2), and where its quality prior came from (``capability_document``,
+    ``default``; "" when not recorded)."""
+
+    window: str = ""
+    baselines_s: Mapping[str, float] = field(default_factory=dict)
+    breaker_opened_for: str = ""
+    opened_on_slow_calls: bool = False
+    quality_prior_source: str = ""
+
+
+def candidate_explain(snapshot: Mapping[str, Any], candidate_id: str) -> CandidateExplain:
+    """`CandidateExplain` of `candidate_id` from a stored decision's snapshot."""
+    facts = snapshot.get("facts") or {}
+    signals = (facts.get("signals") or {}).get(candidate_id) or {}
+    quality = ((facts.get("quality") or {}).get("candidates") or {}).get(candidate_id)
+    opened = str(signals.get("breaker_opened_for", ""))
+    verdict = _candidate(snapshot, candidate_id)
+    if not opened and verdict.get("reason") == Reason.CIRCUIT_OPEN.value:
+        opened = opened_for_in(str(verdict.get("detail", "")))  # refused: no health view read
+    source = ""
+    if quality:
+        source = "capability_document" if quality[1] else "default"
+    return CandidateExplain(
+        str(signals.get("window", "")),
+        {str(k): float(v) for k, v in (signals.get("baselines_s") or {}).items()},
+        opened,
+        opened_on_slow_calls(opened),
+        source,
+    )
+
+
+def quality_bucket(snapshot: Mapping[str, Any]) -> str:
+    """The tag bucket (9.14) whose quality evidence a stored decision read; "" when none."""
+    return str(((snapshot.get("facts") or {}).get("quality") or {}).get("bucket", ""))

@@ -426,7 +426,8 @@ def _route_once(
     facts = None
     if eligible:
         outcome = Outcome.SELECTED
-        facts = _facts(task_id, spec, eligible, ctx, scenario_for(cfg.policy, spec, ctx))
+        scenario = scenario_for(cfg.policy, spec, ctx)
+        facts = _facts(task_id, spec, eligible, ctx, scenario=scenario, cfg=cfg)
         ranked, why, slot = choose(
             facts, [(r.entry.id, r.canary) for r in eligible], scores, cfg.policy
         )
@@ -455,8 +456,11 @@ def _facts(
     spec: GenerationSpec,
     eligible: Sequence[_Row],
     ctx: RoutingContext,
+    *,
     scenario: str,
+    cfg: RouterConfig,
 ) -> DecisionFacts:
+    """The facts the decision read, held by reference (rendered only when it is stored)."""
     mode = spec.routing.mode
     pinned_ids: frozenset[str] = frozenset()
     if mode is RoutingMode.PREFERRED:
@@ -470,6 +474,13 @@ def _facts(
         pinned_ids,
         ctx.health,
         load=ctx.load,
+        quality_bucket=ctx.quality_bucket,
+        quality=ctx.quality_evidence,
+        cheapest_cost_micros=min(r.cost for r in eligible),  # `_score`'s cost line starts here
+        budget_micros=spec.routing.max_estimated_cost_micros,
+        latency_good_s=cfg.latency_good_s,
+        latency_bad_s=cfg.latency_bad_s,
+        capacity=ctx.capacity,
     )
 
 
