@@ -10,7 +10,11 @@ from typing import Any
 from google.protobuf import timestamp_pb2
 
 from controlplane.domain.outputs import stored_samples
-from controlplane.domain.routing.decision import candidate_inputs
+from controlplane.domain.routing.decision import (
+    candidate_explain,
+    candidate_inputs,
+    quality_bucket,
+)
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.domain.webhooks import DeliveryState
 from controlplane.persistence.records import (
@@ -120,16 +124,23 @@ def route_decision(rec: RouteDecisionRecord) -> pb.RouteDecision:
     candidates = []
     for c in snapshot.get("candidates", []):
         cost = c.get("estimated_cost_micros")
+        cid = str(c.get("id", ""))
+        explained = candidate_explain(snapshot, cid)
         candidates.append(
             pb.CandidateScore(
-                candidate_id=str(c.get("id", "")),
+                candidate_id=cid,
                 eligible=bool(c.get("eligible", False)),
                 reject_reason=str(c.get("reason", "")),
                 reject_detail=str(c.get("detail", "")),
                 score=float(c.get("score", 0.0)),
                 components={k: float(v) for k, v in c.get("components", {}).items()},
                 penalties={k: float(v) for k, v in c.get("penalties", {}).items()},
-                inputs=candidate_inputs(snapshot, str(c.get("id", ""))),
+                inputs=candidate_inputs(snapshot, cid),
+                health_window=explained.window,
+                call_baselines_s=explained.baselines_s,
+                breaker_opened_for=explained.breaker_opened_for,
+                breaker_opened_on_slow_calls=explained.opened_on_slow_calls,
+                quality_prior_source=explained.quality_prior_source,
                 estimated_cost=(
                     money_pb2.Money(amount_micros=int(cost), currency_code=c.get("currency", "USD"))
                     if cost is not None
@@ -147,6 +158,7 @@ def route_decision(rec: RouteDecisionRecord) -> pb.RouteDecision:
         shadow_selected_candidate=str(snapshot.get("shadow_selected", "")),
         created_at=timestamp(rec.created_at),
         selection_reason=str(snapshot.get("selection_reason", "") or ""),
+        quality_bucket=quality_bucket(snapshot),
     )
 
 

@@ -17,7 +17,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from controlplane.domain.outputs import stored_samples
-from controlplane.domain.routing.decision import candidate_inputs
+from controlplane.domain.routing.decision import (
+    CandidateExplain,
+    candidate_explain,
+    candidate_inputs,
+    quality_bucket,
+)
 from controlplane.persistence.provider_observations import ProviderObservation
 from controlplane.persistence.records import RouteDecisionRecord, TaskDetail, TaskEventRecord
 
@@ -47,6 +52,9 @@ class CandidateRow:
     shadow: bool
     penalties: tuple[tuple[str, float], ...] = ()  # subtracted from the score, by name
     inputs: tuple[tuple[str, float], ...] = ()  # what the components read (`candidate_inputs`)
+    # The rest of it as "name value" lines (`candidate_explain`): the health window, where
+    # the quality prior came from, the call baselines and why the breaker opened.
+    signals: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,7 @@ class ExplainTable:
     component_names: tuple[str, ...]
     rows: tuple[CandidateRow, ...]
     selection_reason: str = ""  # why the selected one among the eligible
+    quality_bucket: str = ""  # the tag bucket whose quality evidence was read (9.14)
 
 
 def compact(value: Any) -> str:
@@ -201,6 +210,7 @@ def explain(decision: RouteDecisionRecord) -> ExplainTable:
                 bool(shadow) and cid == shadow,
                 tuple(sorted((str(k), float(v)) for k, v in (c.get("penalties") or {}).items())),
                 tuple(sorted(candidate_inputs(snapshot, cid).items())),
+                _signal_lines(candidate_explain(snapshot, cid)),
             )
         )
     return ExplainTable(
@@ -214,7 +224,22 @@ def explain(decision: RouteDecisionRecord) -> ExplainTable:
         tuple(names),
         tuple(rows),
         str(snapshot.get("selection_reason", "") or ""),
+        quality_bucket(snapshot),
     )
+
+
+def _signal_lines(explained: CandidateExplain) -> tuple[str, ...]:
+    lines = []
+    if explained.window:
+        lines.append(f"health_window {explained.window}")
+    if explained.quality_prior_source:
+        lines.append(f"quality_prior_source {explained.quality_prior_source}")
+    for operation, seconds in sorted(explained.baselines_s.items()):
+        lines.append(f"baseline_{operation} {seconds:.4g} s")
+    if explained.breaker_opened_for:
+        slow = " (slow calls)" if explained.opened_on_slow_calls else ""
+        lines.append(f"breaker_opened_for {explained.breaker_opened_for}{slow}")
+    return tuple(lines)
 
 
 def samples(detail: TaskDetail) -> list[dict[str, Any]]:

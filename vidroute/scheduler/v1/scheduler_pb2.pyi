@@ -496,6 +496,26 @@ class CandidateScore(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class CallBaselinesSEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     CANDIDATE_ID_FIELD_NUMBER: _builtins.int
     ELIGIBLE_FIELD_NUMBER: _builtins.int
     REJECT_REASON_FIELD_NUMBER: _builtins.int
@@ -505,6 +525,11 @@ class CandidateScore(_message.Message):
     ESTIMATED_COST_FIELD_NUMBER: _builtins.int
     PENALTIES_FIELD_NUMBER: _builtins.int
     INPUTS_FIELD_NUMBER: _builtins.int
+    HEALTH_WINDOW_FIELD_NUMBER: _builtins.int
+    CALL_BASELINES_S_FIELD_NUMBER: _builtins.int
+    BREAKER_OPENED_FOR_FIELD_NUMBER: _builtins.int
+    BREAKER_OPENED_ON_SLOW_CALLS_FIELD_NUMBER: _builtins.int
+    QUALITY_PRIOR_SOURCE_FIELD_NUMBER: _builtins.int
     candidate_id: _builtins.str
     """Candidate id "provider/model/account"."""
     eligible: _builtins.bool
@@ -515,6 +540,22 @@ class CandidateScore(_message.Message):
     """Human-readable detail of the rejection."""
     score: _builtins.float
     """Total score; only for eligible candidates."""
+    health_window: _builtins.str
+    """The health window window_samples and the latencies are from: "15m", or "24h" while the
+    15-minute window was empty; empty without evidence.
+    """
+    breaker_opened_for: _builtins.str
+    """Why the candidate's SUBMIT (or its account's) breaker left CLOSED, while it has not closed
+    again: e.g. "slow_calls", "failure_rate", "consecutive_failures", "remote:slow_calls";
+    empty when CLOSED. A candidate refused as CIRCUIT_OPEN has it from its reject_detail
+    ("breaker OPEN on slow_calls for 30 s more"), a scored one from its health view.
+    """
+    breaker_opened_on_slow_calls: _builtins.bool
+    """Whether breaker_opened_for is the slow-call rule (design 9.15.2: P95 over 4x baseline)."""
+    quality_prior_source: _builtins.str
+    """Where "quality_prior" came from: "capability_document" (the model's quality_prior) or
+    "default" (the router's); empty when not recorded.
+    """
     @_builtins.property
     def components(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Component scores in [0,1] by name (quality, success, latency, cost, capacity, ...)."""
@@ -535,6 +576,22 @@ class CandidateScore(_message.Message):
         "success_rate", "window_samples" (its effective sample count: the evidence against the
         prior), "mean_latency_s" and "p95_latency_s" (the predicted p95 the latency component
         scores), and a self-hosted model server's load as "load_*". Empty without evidence.
+        Also, where recorded: the burst (1-minute) window's "burst_samples",
+        "burst_success_rate", "burst_success_lower_bound" and "burst_applied" (1 when a burst
+        beyond doubt made its lower bound the success component); the latency line's
+        "latency_good_s" and "latency_bad_s"; quality's "quality_prior" against the evidence of
+        the decision's quality_bucket ("quality_checks" technical checks + "quality_verdicts"
+        caller verdicts = "quality_evidence") and "quality_shrunk", the score they shrank to; cost's
+        "cost_estimate_micros" against "cost_cheapest_micros" (the cheapest eligible candidate's)
+        and "cost_budget_micros" (only under a budget); "capacity_available" of
+        "capacity_maximum" lease slots. Micros are integers carried as doubles (exact below 2^53).
+        """
+
+    @_builtins.property
+    def call_baselines_s(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """The learned call-latency baselines (design 9.15.1), seconds by operation (SUBMIT, POLL,
+        ...); an operation is absent until it has enough successful calls. A call slower than 4x
+        its baseline counts against the breaker as TIMEOUT_OVER_BASELINE.
         """
 
     def __init__(
@@ -549,10 +606,15 @@ class CandidateScore(_message.Message):
         estimated_cost: _money_pb2.Money | None = ...,
         penalties: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
         inputs: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        health_window: _builtins.str = ...,
+        call_baselines_s: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        breaker_opened_for: _builtins.str = ...,
+        breaker_opened_on_slow_calls: _builtins.bool = ...,
+        quality_prior_source: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["estimated_cost", b"estimated_cost"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidate_id", b"candidate_id", "components", b"components", "eligible", b"eligible", "estimated_cost", b"estimated_cost", "inputs", b"inputs", "penalties", b"penalties", "reject_detail", b"reject_detail", "reject_reason", b"reject_reason", "score", b"score"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["breaker_opened_for", b"breaker_opened_for", "breaker_opened_on_slow_calls", b"breaker_opened_on_slow_calls", "call_baselines_s", b"call_baselines_s", "candidate_id", b"candidate_id", "components", b"components", "eligible", b"eligible", "estimated_cost", b"estimated_cost", "health_window", b"health_window", "inputs", b"inputs", "penalties", b"penalties", "quality_prior_source", b"quality_prior_source", "reject_detail", b"reject_detail", "reject_reason", b"reject_reason", "score", b"score"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -573,6 +635,7 @@ class RouteDecision(_message.Message):
     SHADOW_SELECTED_CANDIDATE_FIELD_NUMBER: _builtins.int
     CREATED_AT_FIELD_NUMBER: _builtins.int
     SELECTION_REASON_FIELD_NUMBER: _builtins.int
+    QUALITY_BUCKET_FIELD_NUMBER: _builtins.int
     decision_no: _builtins.int
     """1-based number within the task."""
     policy_version: _builtins.str
@@ -591,6 +654,10 @@ class RouteDecision(_message.Message):
     "within_hysteresis", "beats_incumbent_by_delta", "incumbent_unavailable", "canary_admitted";
     "soft_exclusion_lifted:..." when soft exclusions were relaxed; "lease_fallthrough" or
     "all_leases_refused" when leases refused the first picks.
+    """
+    quality_bucket: _builtins.str
+    """The quality tag bucket (design 9.14) whose evidence the quality components read, e.g.
+    "audio=false,duration=short,refs=0,resolution=720p,style=anime"; empty when not recorded.
     """
     @_builtins.property
     def candidates(self) -> _containers.RepeatedCompositeFieldContainer[Global___CandidateScore]:
@@ -612,10 +679,11 @@ class RouteDecision(_message.Message):
         shadow_selected_candidate: _builtins.str = ...,
         created_at: _timestamp_pb2.Timestamp | None = ...,
         selection_reason: _builtins.str = ...,
+        quality_bucket: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidates", b"candidates", "capability_version", b"capability_version", "created_at", b"created_at", "decision_no", b"decision_no", "policy_version", b"policy_version", "reason_code", b"reason_code", "selected_candidate", b"selected_candidate", "selection_reason", b"selection_reason", "shadow_selected_candidate", b"shadow_selected_candidate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidates", b"candidates", "capability_version", b"capability_version", "created_at", b"created_at", "decision_no", b"decision_no", "policy_version", b"policy_version", "quality_bucket", b"quality_bucket", "reason_code", b"reason_code", "selected_candidate", b"selected_candidate", "selection_reason", b"selection_reason", "shadow_selected_candidate", b"shadow_selected_candidate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
