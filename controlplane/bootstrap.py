@@ -621,8 +621,11 @@ def _breaker_feed(runtime: SchedulingRuntime) -> SubmitObserver:
     return observe
 
 
-def _health_feed(runtime: SchedulingRuntime) -> AttemptEndObserver:
-    """Finished provider jobs -> the routing health windows of their candidate (9.13.3)."""
+def health_feed(monitor: HealthMonitor) -> AttemptEndObserver:
+    """Finished provider jobs -> the routing health windows of their candidate (9.13.3), at
+    the attempt's settled cost (`money.actual_cost`: the provider's figure, or its billing
+    rule's, e.g. nothing for a failed Veo job), its estimate where neither says: what the
+    rebuild from PostgreSQL reads for the same job (`HealthMonitor`)."""
 
     async def observe(account: AccountInfo, attempt: AttemptRecord, snapshot: JobSnapshot) -> None:
         key = BreakerKey(
@@ -633,11 +636,11 @@ def _health_feed(runtime: SchedulingRuntime) -> AttemptEndObserver:
             Operation.SUBMIT,
         )
         started = attempt.request_started_at or attempt.created_at
-        runtime.monitor.observe_generation(
+        monitor.observe_generation(
             key,
             succeeded=snapshot.state is JobState.SUCCEEDED,
             duration_s=max(0.0, (attempt.updated_at - started).total_seconds()),
-            cost_micros=observed_cost(snapshot.actual_cost_micros, attempt.estimated_cost_micros),
+            cost_micros=observed_cost(attempt.actual_cost_micros, attempt.estimated_cost_micros),
         )
 
     return observe
@@ -937,7 +940,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             on_submit=chain(_breaker_feed(runtime), submit_observer(metrics)),
             breakers=runtime.monitor,
             durations=runtime.monitor,
-            on_attempt_end=chain(_health_feed(runtime), attempt_end_observer(metrics)),
+            on_attempt_end=chain(health_feed(runtime.monitor), attempt_end_observer(metrics)),
             lease_source=lease_source(runtime.dispatcher),
             usage_declared=usage_declared(runtime.dispatcher),
         )
