@@ -178,6 +178,7 @@ def print_explain(decisions: Sequence[scheduler_pb2.RouteDecision], task_id: str
             f"capability={d.capability_version}\n  selected: {d.selected_candidate or '-'}"
             + (f" ({d.selection_reason})" if d.selection_reason else "")
             + shadow
+            + (f"\n  quality bucket: {d.quality_bucket}" if d.quality_bucket else "")
         )
         table = _table(
             "CANDIDATE", "OK", "SCORE", "PENALTIES", "COST", "REASON", right=("SCORE", "COST")
@@ -207,6 +208,23 @@ def print_explain(decisions: Sequence[scheduler_pb2.RouteDecision], task_id: str
             if c.eligible and c.inputs:
                 inputs = "  ".join(f"{k}={v:.4g}" for k, v in sorted(c.inputs.items()))
                 out.print(f"  {c.candidate_id}: {inputs}")
+            signals = _signals(c)
+            if signals:
+                out.print(f"  {c.candidate_id}: {signals}")
+
+
+def _signals(c: scheduler_pb2.CandidateScore) -> str:
+    """A candidate's non-numeric explain fields: window, prior source, baselines, breaker."""
+    parts = []
+    if c.health_window:
+        parts.append(f"health_window={c.health_window}")
+    if c.quality_prior_source:
+        parts.append(f"quality_prior_source={c.quality_prior_source}")
+    parts += [f"baseline_{op}={s:.4g}s" for op, s in sorted(c.call_baselines_s.items())]
+    if c.breaker_opened_for:
+        slow = " (slow calls)" if c.breaker_opened_on_slow_calls else ""
+        parts.append(f"breaker_opened_for={c.breaker_opened_for}{slow}")
+    return "  ".join(parts)
 
 
 def print_providers(providers: Sequence[scheduler_pb2.ProviderInfo]) -> None:

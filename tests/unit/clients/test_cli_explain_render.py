@@ -69,3 +69,43 @@ def test_explain_prints_the_selection_reason_and_each_candidates_inputs(
     lines = [line.strip() for line in out.splitlines()]
     assert "runway/gen4.5/prod-us: p95_latency_s=130.2  window_samples=42" in lines
     assert not [line for line in lines if line.startswith("google/") and "=" in line]
+
+
+def test_explain_prints_the_bucket_window_prior_source_baselines_and_breaker(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The decision's quality bucket is printed under it; each candidate's health window,
+    quality prior source, call baselines and a breaker opened on slow calls on its own line."""
+    decision = scheduler_pb2.RouteDecision(
+        decision_no=1,
+        reason_code="SELECTED",
+        selected_candidate="runway/gen4.5/prod-us",
+        quality_bucket="audio=false,duration=short,refs=0,resolution=720p",
+        candidates=[
+            scheduler_pb2.CandidateScore(
+                candidate_id="runway/gen4.5/prod-us",
+                eligible=True,
+                score=0.61,
+                health_window="15m",
+                quality_prior_source="capability_document",
+                call_baselines_s={"SUBMIT": 1.25, "POLL": 0.3},
+            ),
+            scheduler_pb2.CandidateScore(
+                candidate_id="google/veo-3.1-generate-preview/veo-prod-us",
+                reject_reason="CIRCUIT_OPEN",
+                reject_detail="breaker OPEN on slow_calls for 30 s more",
+                breaker_opened_for="slow_calls",
+                breaker_opened_on_slow_calls=True,
+            ),
+        ],
+    )
+    cli_render.print_explain([decision], "7")
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert "quality bucket: audio=false,duration=short,refs=0,resolution=720p" in lines
+    assert (
+        "runway/gen4.5/prod-us: health_window=15m  quality_prior_source=capability_document  "
+        "baseline_POLL=0.3s  baseline_SUBMIT=1.25s"
+    ) in lines
+    assert (
+        "google/veo-3.1-generate-preview/veo-prod-us: breaker_opened_for=slow_calls (slow calls)"
+    ) in lines
