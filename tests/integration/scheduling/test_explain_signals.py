@@ -11,6 +11,7 @@ its capability document, no evidence)."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import AsyncIterator
 
@@ -22,7 +23,13 @@ import pytest_asyncio
 from controlplane.api.auth import Authenticator
 from controlplane.api.servicer import SchedulerServicer
 from controlplane.console.app import Console
-from controlplane.domain.breaker import BreakerKey, BreakerState, Operation
+from controlplane.domain.breaker import (
+    BreakerConfig,
+    BreakerKey,
+    BreakerRegistry,
+    BreakerState,
+    Operation,
+)
 from controlplane.domain.quality import bucket_key
 from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
@@ -213,3 +220,33 @@ async def test_the_console_shows_the_same_inputs(
     assert "quality_prior_source default" in signals_a
     assert any(line.startswith("baseline_SUBMIT ") for line in signals_a)
     assert "quality_prior_source capability_document" in cell(by_id[B], "signals")
+
+
+def test_the_health_view_names_its_window_and_the_burst_it_applied() -> None:
+    """With the 15-minute window decayed below one sample the figures are the 24-hour
+    window's, and say so; 10 failures after 5 calm minutes are a burst beyond doubt: the
+    view names the 15m window again and its success figure is the burst window's bound."""
+    now = [10_000.0]
+    monitor = HealthMonitor(BreakerRegistry(BreakerConfig(), lambda: now[0]), clock=lambda: now[0])
+    for _ in range(40):
+        monitor.observe_generation(SUBMIT_A, succeeded=True, duration_s=30.0)
+    now[0] += 4_000.0
+    old = monitor.health_view(A)
+    assert old is not None
+    assert old.window == "24h"
+    assert old.samples == pytest.approx(40 * math.exp(-4_000 / 86_400))
+    assert old.burst is not None
+    assert not old.burst.applied
+
+    for _ in range(40):
+        monitor.observe_generation(SUBMIT_A, succeeded=True, duration_s=30.0)
+    now[0] += 300.0
+    for _ in range(10):
+        monitor.observe_generation(SUBMIT_A, succeeded=False, duration_s=30.0)
+    burst = monitor.health_view(A)
+    assert burst is not None
+    assert burst.burst is not None
+    assert burst.window == "15m"
+    assert burst.burst.samples == pytest.approx(10.0, abs=0.5)
+    assert burst.burst.applied
+    assert burst.success_lower_bound == burst.burst.success_lower_bound
