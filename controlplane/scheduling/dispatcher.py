@@ -954,7 +954,7 @@ class Dispatcher:
                         fencing_token=p.lease.fencing_token,
                     ),
                     decision=NewRouteDecision(
-                        policy, p.final.outcome.value, p.final.to_json(), selected_candidate=c.id
+                        policy, p.final.outcome.value, p.final, selected_candidate=c.id
                     ),
                     outbox_payload={
                         "lease_account": c.lease_account,
@@ -981,9 +981,7 @@ class Dispatcher:
             o.task.id,
             v + 1,
             o.target,
-            NewRouteDecision(
-                self.router.policy.version, o.decision.outcome.value, o.decision.to_json()
-            ),
+            NewRouteDecision(self.router.policy.version, o.decision.outcome.value, o.decision),
             reason=o.decision.outcome.value,
             failure=failure,
         )
