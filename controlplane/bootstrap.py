@@ -11,6 +11,10 @@ value or a file variable naming no file is a `SettingsError` at start, one line 
 - ``VIDROUTE_BROKER_URL``: ``nats://host:port``, wake-ups across replicas (`controlplane.wakeups`).
   Default: none, wake-ups stay in this process; polling is relied on either way.
 - ``VIDROUTE_SHARD_COUNT``: dispatcher shards, the same on every replica (PostgreSQL). Default 1.
+- ``VIDROUTE_DISPATCH_BATCH_SIZE``: tasks a dispatch round routes, leases and writes in one
+  transaction, 1..4096 (`DispatcherConfig.batch_size`, default 256); a round reads at least twice
+  as many queue heads. Larger rounds cost less CPU per task (bench/RESULTS.md) and hold each
+  round's transaction longer.
 - ``VIDROUTE_LISTEN``: gRPC listen address. Default ``127.0.0.1:8051``.
 - ``VIDROUTE_ADAPTERS``: ``provider=host:port,...`` adapter sidecars. Without any the control
   plane refuses to start (`controlplane.startup`), unless ``VIDROUTE_API_ONLY`` is ``1``/``true``:
@@ -249,6 +253,8 @@ class Settings:
     redis_url: str | None = None
     broker_url: str | None = None  # VIDROUTE_BROKER_URL: nats://... wake-ups (else in-process)
     shard_count: int = 1  # VIDROUTE_SHARD_COUNT: dispatcher shards (PostgreSQL, every replica)
+    # VIDROUTE_DISPATCH_BATCH_SIZE: tasks per dispatch round (None: DispatcherConfig's default)
+    dispatch_batch_size: int | None = None
     listen: str = DEFAULT_LISTEN
     adapters: Mapping[str, str] = field(default_factory=dict)
     api_only: bool = False  # VIDROUTE_API_ONLY: serve without adapters (else refused at start)
@@ -313,6 +319,7 @@ def _values(env: ControlPlaneEnv) -> dict[str, object]:
         "redis_url": env.redis_url or None,
         "broker_url": env.broker_url or None,
         "shard_count": env.shard_count,
+        "dispatch_batch_size": env.dispatch_batch_size,
         "listen": env.listen or DEFAULT_LISTEN,
         "adapters": env.adapters,
         "api_only": env.api_only,
@@ -643,6 +650,18 @@ def _health_feed(runtime: SchedulingRuntime) -> AttemptEndObserver:
     return observe
 
 
+def dispatcher_config(settings: Settings) -> DispatcherConfig:
+    """The shipped dispatcher configuration for `settings`, before the time scale: its shard
+    count and batch size, and a round's queue-head read of at least two batches."""
+    default = DispatcherConfig()
+    batch = settings.dispatch_batch_size or default.batch_size
+    return DispatcherConfig(
+        shard_count=settings.shard_count,
+        batch_size=batch,
+        scan_limit=max(default.scan_limit, 2 * batch),
+    )
+
+
 def _metrics(
     settings: Settings, cleanup: list[Callable[[], Awaitable[Any]]]
 ) -> ControlPlaneMetrics:
@@ -872,7 +891,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             redis_client=redis,
             worker_id=worker,
             breaker_config=scale_durations(BreakerConfig(), scale),
-            config=scale_durations(DispatcherConfig(shard_count=settings.shard_count), scale),
+            config=scale_durations(dispatcher_config(settings), scale),
             upkeep_config=scale_durations(
                 UpkeepConfig(default_concurrency=DispatcherConfig().default_concurrency), scale
             ),
