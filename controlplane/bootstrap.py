@@ -136,6 +136,8 @@ from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.leases.redis_store import RedisClientConfig, RedisLeaseStore, redis_client
 from controlplane.metrics import (
     ControlPlaneMetrics,
+    StateCollector,
+    StateSources,
     attempt_end_observer,
     chain,
     circuit_gauges,
@@ -707,15 +709,20 @@ def _cost_gauges(
     return [costs.stop]
 
 
-def _wire_metrics(
-    metrics: ControlPlaneMetrics, runtime: SchedulingRuntime, leases: LeaseStore
-) -> None:
-    """Point the metrics at the state they read at scrape time (the breaker and drift events
-    are the runtime's, wired at its construction)."""
-    metrics.state.loop = asyncio.get_running_loop()
-    metrics.state.leases = lambda: lease_gauges(leases)
-    metrics.state.windows = lambda: window_gauges(leases)
-    metrics.state.circuits = lambda: circuit_gauges(runtime.monitor.statuses())
+def _state_sources(
+    runtime: SchedulingRuntime, leases: LeaseStore, usage: UsageSource
+) -> StateSources:
+    """What the metrics read at scrape time on a scheduling replica: its lease store, windows,
+    breakers and accounts (the breaker and drift events are the runtime's, given at its
+    construction). The runtime takes the metrics, so the collector over these is registered
+    once the runtime is built (`_start`), whole."""
+    return StateSources(
+        loop=asyncio.get_running_loop(),
+        leases=lambda: lease_gauges(leases),
+        windows=lambda: window_gauges(leases),
+        circuits=lambda: circuit_gauges(runtime.monitor.statuses()),
+        accounts=usage,
+    )
 
 
 async def _lease_store(
@@ -866,6 +873,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     routing_policies = RoutingPolicyService(db, require_check=True, on_schedule=scheduled.set)
     account_book = AccountBook(db)  # the published accounts document: dispatch and leases
     usage: UsageSource = no_usage
+    state = StateSources()  # an API-only replica's scrape-time gauges: the families, no rows
     catalog: Callable[[], Awaitable[CapabilityCatalog]] | None = None
     published: Callable[[], Awaitable[None]] | None = None  # PublishCapabilities' hook
     samples: SampleCompiler | None = None  # a release's sample compile on the live sidecars
@@ -911,7 +919,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         )
         leases = runtime.leases
         usage = _usage_source(runtime, leases, account_book)
-        metrics.state.accounts = usage  # the per-account limit and use gauges
+        state = _state_sources(runtime, leases, usage)
         routing_policies = RoutingPolicyService(
             db,
             sample_check=SampleCheck(runtime.dispatcher),
@@ -920,7 +928,6 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         )
         admin = runtime.admin
         monitor, lease_store = runtime.monitor, leases
-        _wire_metrics(metrics, runtime, leases)
         probe_parts = {
             "not_ready": runtime.dispatcher.not_ready,
             "reachability": runtime.reachability,
@@ -990,6 +997,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         # Stopped first, in order: stop taking new work, finish in-flight steps, then I/O.
         background[:0] = [stop_publisher, runtime.stop, execution.stop]
 
+    metrics.registry.register(StateCollector(state))  # the runtime's parts exist by now
     readiness = _Readiness(
         db, READINESS_REDIS_TIMEOUT_S * settings.time_scale, redis=redis, **probe_parts
     )
