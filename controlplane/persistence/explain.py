@@ -3,7 +3,8 @@
 The dispatcher hands the `RouteDecisionSnapshot` itself to the unit of work; the record is
 serialised here, once, when the row is written: each verdict's text is its candidate's static
 keys, pre-rendered once per candidate (`Candidate.explain_text`), with the verdict's own values
-spliced in and its remaining keys (`Verdict.explain_rest`) encoded by orjson. No per-verdict
+spliced in and its remaining keys (`Verdict.explain_rest`'s) encoded by orjson from the values
+the verdict holds (tuples, enums) without building lists of them first. No per-verdict
 dict of the whole record is built and encoded again, which had cost about as much as routing
 the task (bench/RESULTS.md). The values, keys and order are `RouteDecisionSnapshot.to_json`'s
 (`tests/unit/persistence/test_explain_text.py` holds them equal).
@@ -17,7 +18,12 @@ from typing import Any
 
 import orjson
 
-from controlplane.domain.routing.decision import RouteDecisionSnapshot, Verdict
+from controlplane.domain.routing.decision import (
+    Components,
+    RouteDecisionSnapshot,
+    Verdict,
+    round6,
+)
 from controlplane.persistence._bulk import JsonText
 
 __all__ = ["Explain", "as_document", "as_json"]
@@ -33,9 +39,27 @@ _CLOSE = b"}"
 
 
 def _verdict(v: Verdict) -> bytes:
+    """`v.to_json()` as JSON text. The keys after the static ones are `Verdict.explain_rest`'s,
+    with the values orjson renders as they are (the transformations' tuples and `StrEnum`
+    kinds, the raw components' tuple) instead of lists built first: half the cost."""
     head, mid = v.candidate.explain_text
     cost = v.estimated_cost_micros
-    rest = v.explain_rest()
+    rest: dict[str, Any] = {}
+    if not v.eligible:
+        rest["reason"] = v.reason
+        rest["detail"] = v.detail
+    comps = v.components
+    if v.score is not None:
+        rest["score"] = round6(v.score)
+        rest["components"] = comps.as_dict() if type(comps) is Components else dict(comps)
+    if v.penalties:
+        rest["penalties"] = dict(v.penalties)
+    if v.compile is not None:
+        rest["transformations"] = v.compile.transformations
+    if v.canary:
+        rest["canary"] = True
+    if type(comps) is Components:
+        rest["raw_components"] = comps.raw
     return b"".join(
         (
             head,
