@@ -1,5 +1,9 @@
 """Batched dispatch benchmark (not a test): ``python -m bench.dispatch [--quick] [--batch N]``.
 
+The dispatcher runs the shipped configuration (`bootstrap.dispatcher_config`: batch size
+``VIDROUTE_DISPATCH_BATCH_SIZE``'s default, 256, and the queue-head read that goes with it);
+``--batch N`` measures another batch size the same way.
+
 Per size (500 and 50,000 QUEUED tasks; ``--quick``: 500 and 5,000), in one run:
 
 1. *dispatch*: the real `Dispatcher` on PostgreSQL + Redis (a scratch database, the published
@@ -7,8 +11,10 @@ Per size (500 and 50,000 QUEUED tasks; ``--quick``: 500 and 5,000), in one run:
    `FixedPlanAdapter` answering Compile at once) runs `tick()` until the backlog is dispatched.
    Tasks carry distinct normalized spec hashes, so every task's compile misses the verdict cache
    (as distinct prompts do). Counted: SQL statements and transactions (SQLAlchemy
-   ``before_cursor_execute`` / ``commit`` events), Redis commands and round trips (a counting
-   connection class: one round trip per packed send), dispatcher CPU (process time) and wall.
+   ``before_cursor_execute`` / ``commit`` events), PostgreSQL round trips (each statement, each
+   BEGIN, COMMIT and ROLLBACK: a lower bound, a prepared statement's first PREPARE aside), Redis
+   commands and round trips (a counting connection class: one round trip per packed send),
+   dispatcher CPU (process time) and wall. One line per size sums them up per task.
 2. *pgbench replay*: the same writes, batched the same way, by pgbench (one client) into a
    fresh scratch database holding the same QUEUED tasks: per transaction of one batch the
    SKIP LOCKED claim, the task UPDATE, the multi-row INSERTs of decisions, attempts, 3 events per
@@ -31,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import dataclasses
 import gc
 import glob
 import json
@@ -52,6 +59,7 @@ from sqlalchemy.engine import make_url
 
 from bench.queue import _publish, make_dispatcher, scratch_database
 from bench.routing import SPEC
+from controlplane.bootstrap import Settings, dispatcher_config
 from controlplane.leases.redis_store import RedisLeaseStore
 from controlplane.persistence.database import Database
 from controlplane.persistence.db import create_engine
@@ -61,6 +69,7 @@ from controlplane.scheduling.heap import tune_gc
 from vidroute_core.codec import spec_to_dict
 
 REDIS_URL = os.environ.get("VIDROUTE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+COUNTED = ("statements", "transactions", "pg_round_trips", "redis_commands", "redis_round_trips")
 
 # 90% one tenant with 4 users, 10% over 50 tenants x 4 users; every task its own spec hash.
 _LOAD = """
@@ -83,6 +92,7 @@ FROM (
 class Counts:
     statements = 0
     transactions = 0
+    pg_round_trips = 0
     redis_commands = 0
     redis_round_trips = 0
 
@@ -128,10 +138,20 @@ def _count_sql(engine: Any) -> None:
     @event.listens_for(engine.sync_engine, "before_cursor_execute")
     def _statement(*_: Any) -> None:
         Counts.statements += 1
+        Counts.pg_round_trips += 1
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _begin(*_: Any) -> None:
+        Counts.pg_round_trips += 1
 
     @event.listens_for(engine.sync_engine, "commit")
     def _commit(*_: Any) -> None:
         Counts.transactions += 1
+        Counts.pg_round_trips += 1
+
+    @event.listens_for(engine.sync_engine, "rollback")
+    def _rollback(*_: Any) -> None:
+        Counts.pg_round_trips += 1
 
 
 async def load(db: Database, n: int) -> None:
@@ -157,8 +177,10 @@ async def dispatch_run(
         try:
             await _publish(db)
             await load(db, n)
-            config = DispatcherConfig(
-                batch_size=batch, scan_limit=max(512, batch * 2), default_concurrency=1_000_000
+            # The shipped configuration at `batch`; room in every account for the whole backlog.
+            config = dataclasses.replace(
+                dispatcher_config(Settings(dispatch_batch_size=batch)),
+                default_concurrency=1_000_000,
             )
             store = RedisLeaseStore(client, namespace=namespace)
             dispatcher = make_dispatcher(db, store, config)
@@ -166,7 +188,7 @@ async def dispatch_run(
             if not default_gc:
                 tune_gc()  # as SchedulingRuntime.start, once the process is set up
             _count_sql(engine)
-            for name in ("statements", "transactions", "redis_commands", "redis_round_trips"):
+            for name in COUNTED:
                 setattr(Counts, name, 0)
             rounds, done = 0, 0
             profiler = cProfile.Profile() if profile else None
@@ -184,10 +206,7 @@ async def dispatch_run(
             if profiler is not None and profile:
                 profiler.disable()
                 profiler.dump_stats(f"{profile}.{n}")
-            counted = {k: getattr(Counts, k) for k in ("statements", "transactions")}
-            counted.update(
-                redis_commands=Counts.redis_commands, redis_round_trips=Counts.redis_round_trips
-            )
+            counted = {k: getattr(Counts, k) for k in COUNTED}
             async with db.reading() as conn:
                 counted_rows = await conn.scalar(select(func.count()).select_from(task_attempts))
                 attempts = int(counted_rows or 0)
@@ -244,6 +263,19 @@ async def dispatch_run(
         **{f"{k}_per_round": round(v / max(rounds, 1), 1) for k, v in counted.items()},
     }
     return figures, dict(sample)
+
+
+def summary(figures: dict[str, Any]) -> str:
+    """The stage's figures per task on one line, with the load average now (`make bench`)."""
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (
+        f"== dispatch at batch {figures['batch']}, {figures['tasks']} queued: per task "
+        f"{figures['statements_per_task']} statements, {figures['transactions_per_task']} "
+        f"transactions, {figures['pg_round_trips_per_task']} PostgreSQL round trips, "
+        f"{figures['redis_round_trips_per_task']} Redis round trips "
+        f"({figures['redis_commands_per_task']} commands), {figures['cpu_ms_per_task']} ms CPU; "
+        f"{figures['tasks_per_s']} tasks/s; load average {load}"
+    )
 
 
 def pgbench_binary() -> str:
@@ -378,6 +410,7 @@ async def run(
     for n in sizes:
         figures, sample = await dispatch_run(n, batch, profile, default_gc)
         print("dispatch", json.dumps(figures), flush=True)
+        print(summary(figures), flush=True)
         row: dict[str, Any] = {
             "dispatch": figures,
             "ratio_to_goal_2000": round(figures["tasks_per_s"] / 2000, 2),
@@ -394,7 +427,12 @@ async def run(
 def main() -> None:
     parser = argparse.ArgumentParser(description="vidroute batched dispatch benchmark")
     parser.add_argument("--quick", action="store_true", help="500 and 5,000 tasks")
-    parser.add_argument("--batch", type=int, default=256, help="tasks per round")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=DispatcherConfig().batch_size,
+        help="tasks per round (default: the shipped batch size)",
+    )
     parser.add_argument("--sizes", help="comma-separated backlog sizes (default 500,50000)")
     parser.add_argument(
         "--profile", metavar="PATH", help="cProfile each dispatch run into PATH.<size>"

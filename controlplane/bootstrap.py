@@ -11,6 +11,10 @@ value or a file variable naming no file is a `SettingsError` at start, one line 
 - ``VIDROUTE_BROKER_URL``: ``nats://host:port``, wake-ups across replicas (`controlplane.wakeups`).
   Default: none, wake-ups stay in this process; polling is relied on either way.
 - ``VIDROUTE_SHARD_COUNT``: dispatcher shards, the same on every replica (PostgreSQL). Default 1.
+- ``VIDROUTE_DISPATCH_BATCH_SIZE``: tasks a dispatch round routes, leases and writes in one
+  transaction, 1..4096 (`DispatcherConfig.batch_size`, default 256); a round reads at least twice
+  as many queue heads. Larger rounds cost less CPU per task (bench/RESULTS.md) and hold each
+  round's transaction longer.
 - ``VIDROUTE_LISTEN``: gRPC listen address. Default ``127.0.0.1:8051``.
 - ``VIDROUTE_ADAPTERS``: ``provider=host:port,...`` adapter sidecars. Without any the control
   plane refuses to start (`controlplane.startup`), unless ``VIDROUTE_API_ONLY`` is ``1``/``true``:
@@ -132,6 +136,8 @@ from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.leases.redis_store import RedisClientConfig, RedisLeaseStore, redis_client
 from controlplane.metrics import (
     ControlPlaneMetrics,
+    StateCollector,
+    StateSources,
     attempt_end_observer,
     chain,
     circuit_gauges,
@@ -249,6 +255,8 @@ class Settings:
     redis_url: str | None = None
     broker_url: str | None = None  # VIDROUTE_BROKER_URL: nats://... wake-ups (else in-process)
     shard_count: int = 1  # VIDROUTE_SHARD_COUNT: dispatcher shards (PostgreSQL, every replica)
+    # VIDROUTE_DISPATCH_BATCH_SIZE: tasks per dispatch round (None: DispatcherConfig's default)
+    dispatch_batch_size: int | None = None
     listen: str = DEFAULT_LISTEN
     adapters: Mapping[str, str] = field(default_factory=dict)
     api_only: bool = False  # VIDROUTE_API_ONLY: serve without adapters (else refused at start)
@@ -313,6 +321,7 @@ def _values(env: ControlPlaneEnv) -> dict[str, object]:
         "redis_url": env.redis_url or None,
         "broker_url": env.broker_url or None,
         "shard_count": env.shard_count,
+        "dispatch_batch_size": env.dispatch_batch_size,
         "listen": env.listen or DEFAULT_LISTEN,
         "adapters": env.adapters,
         "api_only": env.api_only,
@@ -646,6 +655,18 @@ def health_feed(monitor: HealthMonitor) -> AttemptEndObserver:
     return observe
 
 
+def dispatcher_config(settings: Settings) -> DispatcherConfig:
+    """The shipped dispatcher configuration for `settings`, before the time scale: its shard
+    count and batch size, and a round's queue-head read of at least two batches."""
+    default = DispatcherConfig()
+    batch = settings.dispatch_batch_size or default.batch_size
+    return DispatcherConfig(
+        shard_count=settings.shard_count,
+        batch_size=batch,
+        scan_limit=max(default.scan_limit, 2 * batch),
+    )
+
+
 def _metrics(
     settings: Settings, cleanup: list[Callable[[], Awaitable[Any]]]
 ) -> ControlPlaneMetrics:
@@ -691,15 +712,20 @@ def _cost_gauges(
     return [costs.stop]
 
 
-def _wire_metrics(
-    metrics: ControlPlaneMetrics, runtime: SchedulingRuntime, leases: LeaseStore
-) -> None:
-    """Point the metrics at the state they read at scrape time (the breaker and drift events
-    are the runtime's, wired at its construction)."""
-    metrics.state.loop = asyncio.get_running_loop()
-    metrics.state.leases = lambda: lease_gauges(leases)
-    metrics.state.windows = lambda: window_gauges(leases)
-    metrics.state.circuits = lambda: circuit_gauges(runtime.monitor.statuses())
+def _state_sources(
+    runtime: SchedulingRuntime, leases: LeaseStore, usage: UsageSource
+) -> StateSources:
+    """What the metrics read at scrape time on a scheduling replica: its lease store, windows,
+    breakers and accounts (the breaker and drift events are the runtime's, given at its
+    construction). The runtime takes the metrics, so the collector over these is registered
+    once the runtime is built (`_start`), whole."""
+    return StateSources(
+        loop=asyncio.get_running_loop(),
+        leases=lambda: lease_gauges(leases),
+        windows=lambda: window_gauges(leases),
+        circuits=lambda: circuit_gauges(runtime.monitor.statuses()),
+        accounts=usage,
+    )
 
 
 async def _lease_store(
@@ -850,6 +876,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     routing_policies = RoutingPolicyService(db, require_check=True, on_schedule=scheduled.set)
     account_book = AccountBook(db)  # the published accounts document: dispatch and leases
     usage: UsageSource = no_usage
+    state = StateSources()  # an API-only replica's scrape-time gauges: the families, no rows
     catalog: Callable[[], Awaitable[CapabilityCatalog]] | None = None
     published: Callable[[], Awaitable[None]] | None = None  # PublishCapabilities' hook
     samples: SampleCompiler | None = None  # a release's sample compile on the live sidecars
@@ -875,7 +902,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             redis_client=redis,
             worker_id=worker,
             breaker_config=scale_durations(BreakerConfig(), scale),
-            config=scale_durations(DispatcherConfig(shard_count=settings.shard_count), scale),
+            config=scale_durations(dispatcher_config(settings), scale),
             upkeep_config=scale_durations(
                 UpkeepConfig(default_concurrency=DispatcherConfig().default_concurrency), scale
             ),
@@ -895,7 +922,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         )
         leases = runtime.leases
         usage = _usage_source(runtime, leases, account_book)
-        metrics.state.accounts = usage  # the per-account limit and use gauges
+        state = _state_sources(runtime, leases, usage)
         routing_policies = RoutingPolicyService(
             db,
             sample_check=SampleCheck(runtime.dispatcher),
@@ -904,7 +931,6 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         )
         admin = runtime.admin
         monitor, lease_store = runtime.monitor, leases
-        _wire_metrics(metrics, runtime, leases)
         probe_parts = {
             "not_ready": runtime.dispatcher.not_ready,
             "reachability": runtime.reachability,
@@ -974,6 +1000,7 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
         # Stopped first, in order: stop taking new work, finish in-flight steps, then I/O.
         background[:0] = [stop_publisher, runtime.stop, execution.stop]
 
+    metrics.registry.register(StateCollector(state))  # the runtime's parts exist by now
     readiness = _Readiness(
         db, READINESS_REDIS_TIMEOUT_S * settings.time_scale, redis=redis, **probe_parts
     )

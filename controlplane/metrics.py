@@ -53,6 +53,7 @@ __all__ = [
     "CircuitGauge",
     "ControlPlaneMetrics",
     "LeaseGauge",
+    "StateCollector",
     "StateSources",
     "WindowGauge",
     "attempt_end_observer",
@@ -85,7 +86,12 @@ class _Ratios:
 class ControlPlaneMetrics:
     """Every family of 9.24 the control plane reports, on a registry of its own."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, state: StateSources | None = None
+    ) -> None:
+        """`state`: where the scrape-time gauges (leases, windows, accounts, breakers) are read,
+        registered as a `StateCollector` (None: none here; the composition root registers one
+        once the parts it reads are built, since they take these metrics themselves)."""
         self.registry = registry or CollectorRegistry()
         r, pm = self.registry, ["provider", "model"]
         self.decisions = Counter(
@@ -234,8 +240,8 @@ class ControlPlaneMetrics:
         self.grpc = GrpcServerMetrics(r)
         self.rpc_handled = self.grpc.handled
         self.rpc_latency = self.grpc.handling
-        self.state = StateSources()
-        r.register(StateCollector(self.state))
+        if state is not None:
+            r.register(StateCollector(state))
         self._ratios = _Ratios()
         self._lock = threading.Lock()
         self._queue_classes: set[str] = set()

@@ -79,9 +79,12 @@ class CircuitGauge:
     state: str
 
 
-@dataclass
+@dataclass(frozen=True)
 class StateSources:
-    """Where the scrape-time gauges come from; each is optional (an API-only replica has none)."""
+    """Where the scrape-time gauges come from; each is optional (an API-only replica has none).
+
+    Whole when built (frozen): the composition root builds it once the parts it reads exist
+    and registers a `StateCollector` over it; nothing assigns a source afterwards."""
 
     leases: Callable[[], Awaitable[Sequence[LeaseGauge]]] | None = None
     windows: Callable[[], Awaitable[Sequence[WindowGauge]]] | None = None

@@ -159,6 +159,9 @@ class ControlPlaneEnv(_Common):
     shard_count: int = Field(
         1, ge=1, le=1024, description="dispatcher shards, same on every replica"
     )
+    dispatch_batch_size: int | None = Field(
+        None, ge=1, le=4096, description="tasks one dispatch round routes and writes at once"
+    )
     listen: str = Field("", description="gRPC listen address")
     adapters: Pairs = Field(default_factory=dict, description="provider=host:port,... sidecars")
     api_only: bool = Field(False, description="serve the API without adapters")

@@ -23,7 +23,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Executable
 
-__all__ = ["insert_rows"]
+__all__ = ["JsonText", "insert_rows"]
 
 _STATEMENTS: dict[tuple[str, tuple[str, ...], tuple[str, ...]], Executable] = {}
 #: Non-str keys as ``json.dumps`` writes them (int keys as strings); datetimes and dataclasses
@@ -33,9 +33,18 @@ _JSON_OPTIONS = (
 )
 
 
+class JsonText(bytes):
+    """A JSON column's value already rendered as UTF-8 JSON text (`explain.as_json`): written
+    as it is on PostgreSQL, parsed back for SQLite's JSON type."""
+
+    __slots__ = ()
+
+
 def _json_text(value: Any) -> str:
     """`value` as JSON text with the values ``json.dumps`` gives; what orjson refuses (a tuple
-    subclass, an int past 64 bits, ...) goes through ``json.dumps``."""
+    subclass, an int past 64 bits, ...) goes through ``json.dumps``. Rendered text as it is."""
+    if type(value) is JsonText:
+        return value.decode()
     try:
         return orjson.dumps(value, option=_JSON_OPTIONS).decode()
     except TypeError:  # orjson.JSONEncodeError is a TypeError
@@ -62,6 +71,13 @@ def _unnest_statement(
     return stmt.returning(*(table.c[n] for n in returning)) if returning else stmt
 
 
+def _values(row: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`row` with rendered JSON text parsed back into values (SQLite's JSON type encodes)."""
+    if not any(type(v) is JsonText for v in row.values()):
+        return row
+    return {k: orjson.loads(bytes(v)) if type(v) is JsonText else v for k, v in row.items()}
+
+
 async def insert_rows(
     conn: AsyncConnection,
     table: Table,
@@ -76,6 +92,7 @@ async def insert_rows(
     names = tuple(rows[0])
     back = tuple(returning)
     if conn.dialect.name != "postgresql":
+        rows = [_values(r) for r in rows]
         plain = insert(table)
         if back:
             result = await conn.execute(

@@ -14,7 +14,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.states import TASK_MACHINE, TaskState
-from controlplane.persistence import _rows, webhooks
+from controlplane.persistence import _rows, explain, webhooks
 from controlplane.persistence.errors import InvalidPageToken
 from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.models import outbox as O
@@ -155,7 +155,7 @@ async def insert_decision(
                     decision_no=number,
                     policy_version=decision.policy_version,
                     selected_candidate=decision.selected_candidate,
-                    candidate_snapshot=dict(decision.candidate_snapshot),
+                    candidate_snapshot=explain.as_document(decision.candidate_snapshot),
                     reason_code=decision.reason_code,
                     created_at=now,
                 )

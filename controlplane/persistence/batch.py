@@ -32,7 +32,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TaskState
-from controlplane.persistence import _bulk
+from controlplane.persistence import _bulk, explain
 from controlplane.persistence.errors import ConcurrentModification
 from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.models import outbox as O
@@ -134,7 +134,7 @@ async def write_selected(
                 "decision_no": i.numbers.decision_no + 1,
                 "policy_version": i.decision.policy_version,
                 "selected_candidate": i.decision.selected_candidate,
-                "candidate_snapshot": dict(i.decision.candidate_snapshot),
+                "candidate_snapshot": explain.as_json(i.decision.candidate_snapshot),
                 "reason_code": i.decision.reason_code,
                 "created_at": now,
             }

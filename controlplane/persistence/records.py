@@ -7,10 +7,12 @@ as plain ``dict``s; treat them as read-only. Every timestamp is an aware UTC dat
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from controlplane.domain.routing.decision import RouteDecisionSnapshot
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.domain.webhooks import WebhookSubscription
 from vidroute_core.spec import GenerationSpec, ServiceClass
@@ -180,11 +182,14 @@ class NewAttempt:
 
 @dataclass(frozen=True, slots=True)
 class NewRouteDecision:
-    """The explainable decision snapshot (9.10.2); `decision_no` is assigned by the store."""
+    """The explainable decision snapshot (9.10.2); `decision_no` is assigned by the store.
+
+    `candidate_snapshot` is the routing decision itself, serialised once when the row is
+    written (`persistence.explain`), or a document already built (tests, tools)."""
 
     policy_version: str
     reason_code: str
-    candidate_snapshot: dict[str, Any]
+    candidate_snapshot: RouteDecisionSnapshot | Mapping[str, Any]
     selected_candidate: str | None = None
 
 

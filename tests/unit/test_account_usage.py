@@ -12,7 +12,7 @@ import pytest
 from controlplane.domain.accounts import parse_accounts_document
 from controlplane.leases.base import LeaseRequest
 from controlplane.leases.memory_store import MemoryLeaseStore
-from controlplane.metrics import ControlPlaneMetrics
+from controlplane.metrics import ControlPlaneMetrics, StateSources
 from controlplane.scheduling.account_usage import AccountUsage, account_usage
 from controlplane.scheduling.gather import candidate_dimensions
 from controlplane.scheduling.windows import no_limits, window_request
@@ -85,8 +85,7 @@ def test_gauges_show_each_accounts_limit_and_use(loop: asyncio.AbstractEventLoop
     async def usage() -> Sequence[AccountUsage]:
         return [AccountUsage("runway", "prod-us", "account", 3, 2, True)]
 
-    m = ControlPlaneMetrics()
-    m.state.loop, m.state.accounts = loop, usage
+    m = ControlPlaneMetrics(state=StateSources(loop=loop, accounts=usage))
     labels = {"provider": "runway", "account": "prod-us", "dimension": "account"}
     values = {
         s.name: s.value

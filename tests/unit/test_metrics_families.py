@@ -20,6 +20,7 @@ from controlplane.metrics import (
     FORBIDDEN_LABELS,
     CircuitGauge,
     ControlPlaneMetrics,
+    StateSources,
     circuit_gauges,
     drift_deltas,
     window_gauges,
@@ -77,7 +78,8 @@ def sample_names(registry: CollectorRegistry) -> set[str]:
 
 def filled() -> ControlPlaneMetrics:
     """Metrics with one event of every kind, so every family has at least one series."""
-    m = ControlPlaneMetrics()
+    circuits = StateSources(circuits=lambda: [CircuitGauge("runway", "gen4", "SUBMIT", "OPEN")])
+    m = ControlPlaneMetrics(state=circuits)
     m.decision("runway", "gen4", "best_score")
     m.no_candidate_decision("NO_CAPACITY")
     m.failover("runway", "veo", "TRANSIENT_NETWORK")
@@ -94,7 +96,6 @@ def filled() -> ControlPlaneMetrics:
     m.tenant_limits({("acme", "STANDARD", "weight"): 2.0}, {("acme", "STANDARD", "queued"): 3.0})
     m.rpc_handled.labels("svc", "Get", "OK").inc()
     m.rpc_latency.labels("svc", "Get").observe(0.01)
-    m.state.circuits = lambda: [CircuitGauge("runway", "gen4", "SUBMIT", "OPEN")]
     m.window_refused("runway", "prod-us", "submits_per_minute")
     return m
 
@@ -197,9 +198,7 @@ def test_window_gauges_report_use_and_limit_per_account_window() -> None:
     thread.start()
     try:
         asyncio.run_coroutine_threadsafe(fill(), loop).result(5)
-        m = ControlPlaneMetrics()
-        m.state.loop = loop
-        m.state.windows = lambda: window_gauges(store)
+        m = ControlPlaneMetrics(state=StateSources(loop=loop, windows=lambda: window_gauges(store)))
         values = {
             (n, tuple(sorted(labels.items()))): v
             for n, labels, v in exposed(m.registry)

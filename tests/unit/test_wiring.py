@@ -6,6 +6,8 @@ The scanner reads every module of the control plane with `ast` and reports
   an attribute named ``on_*`` or ``after_*`` of anything but ``self``): hooks are keyword
   arguments of the constructor, closures over what is built later where there is a cycle,
 * any use of another object's private attribute (``self._monitor._shared``, ``x._clock = ...``),
+* an assignment onto a part of another object (``metrics.state.loop = ...``: the part's sources
+  belong in its constructor, built whole once what they read exists),
 * an import of a private name of `controlplane.bootstrap` (``bootstrap._adapter_client``).
 
 An object's own ``self._x`` is its business, and so are a class's own private class attributes
@@ -65,11 +67,47 @@ def _own(tree: ast.Module) -> set[int]:
     return own
 
 
+def _messages(tree: ast.Module) -> set[int]:
+    """Ids of the names holding a protobuf message their function just built
+    (``msg = pb.TaskEvent(...)``, ``pb`` a ``*_pb2`` module): a message's sub-fields are set
+    in place (``msg.progress.fraction = ...``), that is how protobuf builds one."""
+    modules = {
+        a.asname or a.name.split(".")[-1]
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import | ast.ImportFrom)
+        for a in n.names
+        if a.name.endswith("_pb2")
+    }
+    ids: set[int] = set()
+    for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)):
+        built = {
+            t.id
+            for a in ast.walk(fn)
+            if isinstance(a, ast.Assign)
+            and isinstance(a.value, ast.Call)
+            and isinstance(a.value.func, ast.Attribute)
+            and isinstance(a.value.func.value, ast.Name)
+            and a.value.func.value.id in modules
+            for t in a.targets
+            if isinstance(t, ast.Name)
+        }
+        ids.update(id(n) for n in ast.walk(fn) if isinstance(n, ast.Name) and n.id in built)
+    return ids
+
+
+def _root(node: ast.expr) -> ast.expr:
+    """The first name of an attribute chain: ``metrics.state.loop`` -> ``metrics``."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node
+
+
 def violations(source: str, path: str) -> list[str]:
     """What in `source` (the module at `path`) wires an object after it was built; empty when
     nothing does."""
     tree = ast.parse(source, filename=path)
     modules, own = _imported_names(tree), _own(tree)
+    mine = own | _messages(tree)  # an object's own parts, and messages being built
     found: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").endswith("bootstrap"):
@@ -89,6 +127,8 @@ def violations(source: str, path: str) -> list[str]:
         stored = isinstance(node.ctx, ast.Store)
         if stored and node.attr.startswith(HOOK_PREFIXES):
             found.append(f"{path}:{node.lineno}: {node.attr} assigned after construction")
+        elif stored and isinstance(receiver, ast.Attribute) and id(_root(receiver)) not in mine:
+            found.append(f"{path}:{node.lineno}: {ast.unparse(node)} assigned onto another part")
         elif _private(node.attr):
             found.append(f"{path}:{node.lineno}: another object's {node.attr}")
     return sorted(found, key=lambda v: int(v.split(":")[1]))
@@ -126,6 +166,9 @@ def test_the_scanner_finds_wiring_after_construction() -> None:
         "class SharedIncumbents:\n"
         "    def put(self):\n"
         "        self._monitor._background('x', self._monitor._shared.put())\n"
+        "def wire_metrics(metrics, runtime):\n"
+        "    metrics.state.loop = runtime.loop\n"
+        "    metrics.state.accounts, x.y = runtime.usage, 1\n"
     )
     assert violations(source, "controlplane/scheduling/bad.py") == [
         "controlplane/scheduling/bad.py:2: bootstrap's private _adapter_client",
@@ -136,6 +179,8 @@ def test_the_scanner_finds_wiring_after_construction() -> None:
         "controlplane/scheduling/bad.py:8: bootstrap's private _adapter_client",
         "controlplane/scheduling/bad.py:11: another object's _background",
         "controlplane/scheduling/bad.py:11: another object's _shared",
+        "controlplane/scheduling/bad.py:13: metrics.state.loop assigned onto another part",
+        "controlplane/scheduling/bad.py:14: metrics.state.accounts assigned onto another part",
     ]
 
 
@@ -158,7 +203,13 @@ def test_the_scanner_allows_an_objects_own_parts() -> None:
         "    def but(self, hook):\n"
         "        other = copy.copy(self)\n"
         "        other._on_freed = hook\n"
+        "        self.parts.count = 1\n"
         "        return other\n"
+        "from vidroute.scheduler.v1 import scheduler_pb2 as pb\n"
+        "def event(fraction):\n"
+        "    msg = pb.TaskEvent(kind='x')\n"
+        "    msg.progress.fraction = fraction\n"
+        "    return msg\n"
         "async def f(conn):\n"
         "    store = Store(on_freed=print)\n"
         "    return await _sql.cas_task(conn)\n"

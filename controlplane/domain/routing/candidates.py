@@ -13,6 +13,7 @@ Pure data: `filters` decides which candidates are eligible, `selection` which on
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -75,6 +76,10 @@ class Candidate:
     #: order (``eligible`` and ``estimated_cost_micros`` hold their places: None here, set per
     #: verdict). Derived once; `decision.Verdict.to_json` copies it. Never mutate it.
     explain_keys: dict[str, Any] = field(init=False, repr=False, compare=False)
+    #: The same static keys as JSON text, split around the two per-verdict values: the text
+    #: before ``eligible``'s value and the text between it and ``estimated_cost_micros``'s
+    #: (``persistence.explain`` renders a stored decision from them). Derived once.
+    explain_text: tuple[bytes, bytes] = field(init=False, repr=False, compare=False)
 
     @classmethod
     def from_capability(cls, cap: Capability, account_id: int) -> Candidate:
@@ -118,6 +123,12 @@ class Candidate:
             "estimated_cost_micros": None,
         }
         object.__setattr__(self, "explain_keys", keys)
+        rest = {k: v for k, v in keys.items() if k not in ("id", "eligible")}
+        del rest["estimated_cost_micros"]  # the last key: its value follows per verdict
+        head = '{"id":' + json.dumps(self.id, ensure_ascii=False) + ',"eligible":'
+        mid = "," + json.dumps(rest, ensure_ascii=False, separators=(",", ":"))[1:-1]
+        text = (head.encode(), (mid + ',"estimated_cost_micros":').encode())
+        object.__setattr__(self, "explain_text", text)
 
     @property
     def lease_account(self) -> str:

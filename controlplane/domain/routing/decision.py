@@ -120,12 +120,22 @@ class Verdict:
         data = self.candidate.explain_keys.copy()  # the static keys, in their stored order
         data["eligible"] = self.eligible
         data["estimated_cost_micros"] = self.estimated_cost_micros
+        data.update(self.explain_rest())
+        return data
+
+    def explain_rest(self) -> dict[str, Any]:
+        """The keys of `to_json` after the candidate's static ones and the estimate: what this
+        verdict adds (reason, score and components, penalties, transformations, ...), in their
+        stored order (``persistence.explain`` appends them to the candidate's static text)."""
+        data: dict[str, Any] = {}
         if not self.eligible:
-            data.update(reason=self.reason, detail=self.detail)
+            data["reason"] = self.reason
+            data["detail"] = self.detail
         if self.score is not None:
             comps = self.components
             plain = comps.as_dict() if type(comps) is Components else dict(comps)
-            data.update(score=round6(self.score), components=plain)
+            data["score"] = round6(self.score)
+            data["components"] = plain
         if self.penalties:
             data["penalties"] = dict(self.penalties)
         if self.compile is not None:
@@ -332,7 +342,10 @@ class RouteDecisionSnapshot:
             or "no candidates in the capability catalog"
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, candidates: object = None) -> dict[str, Any]:
+        """The stored explain record as JSON values; `candidates` stands in for the verdicts'
+        rendering when the caller has its own (``persistence.explain``: their JSON text,
+        built once), else each verdict's `Verdict.to_json`."""
         data: dict[str, Any] = {
             "task_id": self.task_id,
             "outcome": self.outcome.value,
@@ -342,7 +355,9 @@ class RouteDecisionSnapshot:
             "selected": self.selected,
             "ranked": list(self.ranked),
             "selection_reason": self.selection_reason,
-            "candidates": [v.to_json() for v in self.verdicts],
+            "candidates": (
+                [v.to_json() for v in self.verdicts] if candidates is None else candidates
+            ),
         }
         if self.bucket is not None:
             data["bucket"] = self.bucket

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.leases.base import Dimension, LeaseRequest
 from controlplane.leases.memory_store import MemoryLeaseStore
-from controlplane.metrics import ControlPlaneMetrics, lease_gauges
+from controlplane.metrics import ControlPlaneMetrics, StateSources, lease_gauges
 from vidroute_core.metrics_http import serve_metrics
 
 
@@ -28,9 +28,8 @@ async def test_lease_state_is_read_at_scrape_time_over_http() -> None:
     dims = (Dimension("account", 4), Dimension("model:gen4", 2))
     lease = await store.acquire(LeaseRequest("1-1-ab", "runway:acct", dims))
     assert lease is not None
-    m = ControlPlaneMetrics()
-    m.state.loop = asyncio.get_running_loop()
-    m.state.leases = lambda: lease_gauges(store)
+    sources = StateSources(loop=asyncio.get_running_loop(), leases=lambda: lease_gauges(store))
+    m = ControlPlaneMetrics(state=sources)
     server = serve_metrics(m.registry, "127.0.0.1:0")
     try:
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
+from controlplane.api import views
 from controlplane.domain.failover import FailoverLimits
 from controlplane.domain.fairqueue import FairQueueConfig
 from controlplane.domain.outbox import Topic
@@ -106,6 +108,33 @@ async def test_no_capacity_keeps_the_task_queued_with_the_decision(
     assert decision.selected_candidate is None
     reasons = {c["reason"] for c in decision.candidate_snapshot["candidates"]}
     assert "NO_CAPACITY" in reasons
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["selected", "no_capacity"])
+async def test_explain_route_returns_the_decision_the_dispatcher_made(
+    db: Database, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory, full: bool
+) -> None:
+    """The stored explain record (rendered once, when the batch writes it) is the dispatcher's
+    decision as `to_json` gives it, and ExplainRoute's answer from the row equals the answer
+    built from that decision: for a selected task (the bulk write) and a waiting one (the
+    single-row write)."""
+    dispatcher = make_dispatcher()
+    if full:
+        for c in (await dispatcher.catalog()).candidates:
+            await leases.set_used(c.lease_account, "account", 1000)
+    task = await new_task(db, make_spec())
+    result = await dispatch_one(dispatcher, task)
+    assert result.decision is not None
+    made = json.loads(json.dumps(result.decision.to_json()))
+    detail = await TaskQueries(db).get_task(task.id)
+    assert detail is not None
+    (stored,) = detail.route_decisions
+    assert stored.reason_code == ("NO_CAPACITY" if full else "SELECTED")
+    assert stored.candidate_snapshot == made
+    explained = views.route_decision(stored)
+    assert explained == views.route_decision(dataclasses.replace(stored, candidate_snapshot=made))
+    assert [c.candidate_id for c in explained.candidates] == [c["id"] for c in made["candidates"]]
+    assert full or any(c.components for c in explained.candidates)
 
 
 async def test_no_eligible_candidate_fails_the_task_with_every_reason(

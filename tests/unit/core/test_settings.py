@@ -9,7 +9,8 @@ import pytest
 
 from adapter_sidecars.common.config import parse_config
 from clients.cli_config import DEFAULT_TARGET, resolve
-from controlplane.bootstrap import DEFAULT_DATABASE_URL, DEFAULT_LISTEN, Settings
+from controlplane.bootstrap import DEFAULT_DATABASE_URL, DEFAULT_LISTEN, Settings, dispatcher_config
+from controlplane.scheduling.dispatcher import DispatcherConfig
 from controlplane.storage.base import MAX_PRESIGN_S
 from vidroute_core.settings import (
     MAX_PRESIGN_S as DECLARED_MAX_PRESIGN_S,
@@ -66,6 +67,8 @@ def test_a_lower_case_vidroute_name_is_refused_too() -> None:
         ("VIDROUTE_LOG_FORMAT", "xml", "Input should be 'json' or 'text'"),
         ("VIDROUTE_SHARD_COUNT", "0", "greater than or equal to 1"),
         ("VIDROUTE_SHARD_COUNT", "two", "valid integer"),
+        ("VIDROUTE_DISPATCH_BATCH_SIZE", "0", "greater than or equal to 1"),
+        ("VIDROUTE_DISPATCH_BATCH_SIZE", "5000", "less than or equal to 4096"),
         ("VIDROUTE_API_ONLY", "maybe", "valid boolean"),
         ("VIDROUTE_TIME_SCALE", "2", "less than or equal to 1"),
         ("VIDROUTE_OUTPUT_URL_TTL_S", str(MAX_PRESIGN_S + 1), "less than or equal to"),
@@ -154,6 +157,18 @@ def test_values_are_parsed_as_before() -> None:
     assert settings.shard_count == 3
     assert settings.deadlines.max_queue_delay_s == 0
     assert settings.otel_env == {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
+
+
+def test_the_dispatch_batch_size_is_the_shipped_default_or_the_environments() -> None:
+    """The dispatcher the composition root builds takes VIDROUTE_DISPATCH_BATCH_SIZE, else
+    `DispatcherConfig`'s default; its round reads at least two batches of queue heads."""
+    shipped = dispatcher_config(Settings.from_env({}))
+    assert shipped.batch_size == DispatcherConfig().batch_size == 256
+    assert shipped.scan_limit == 512
+    tuned = dispatcher_config(Settings.from_env({"VIDROUTE_DISPATCH_BATCH_SIZE": "1000"}))
+    assert (tuned.batch_size, tuned.scan_limit) == (1000, 2000)
+    small = dispatcher_config(Settings.from_env({"VIDROUTE_DISPATCH_BATCH_SIZE": "8"}))
+    assert (small.batch_size, small.scan_limit) == (8, 512)
 
 
 def test_the_sidecar_overrides_are_the_declared_ones_and_win_over_the_file() -> None:
