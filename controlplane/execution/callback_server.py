@@ -5,7 +5,10 @@ head must arrive within `CallbackLimits.head_timeout_s` (a half-sent request is 
 closed: no slowloris), a body within `body_timeout_s`, an idle keep-alive connection is closed
 after `keep_alive_s`; a head past `max_head_bytes` is 400 (h11's limit), a body past
 `max_body_bytes` 413. Every request gets a status; malformed input is 400 and never an
-exception. What a verified callback means is `callbacks.CallbackReceiver`'s business.
+exception. A connection the ingress closes is closed lingering (`lingering`): the response, a
+FIN, then what the client still sends is read and dropped for at most `linger_s`, so a client
+that keeps sending reads its 408 or 413 rather than a reset. What a verified callback means is
+`callbacks.CallbackReceiver`'s business.
 
 uvicorn runs as a library inside the control plane's event loop (`startup`/`shutdown`, not
 `serve`, which would take over the process's signal handlers) with a plain ASGI callable:
@@ -28,6 +31,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from controlplane.execution.callbacks import SIGNATURE_HEADER, CallbackReceiver
+from controlplane.execution.lingering import LingeringTransport
 from vidroute_core.exceptions import Unavailable
 
 __all__ = ["CallbackLimits", "CallbackServer"]
@@ -51,6 +55,9 @@ _REASONS = {
     503: b"try again later\n",
 }
 _TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+# The least linger whatever the time scale: a client on a loaded machine needs this long to be
+# scheduled and read its response before a late byte of its own turns the close into a reset.
+MIN_LINGER_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,7 @@ class CallbackLimits:
     head_timeout_s: float = 10.0  # from connect (or the previous response) to a full head
     body_timeout_s: float = 30.0
     keep_alive_s: float = 5.0
+    linger_s: float = 5.0  # a closed connection drains this long (never under MIN_LINGER_S)
     shutdown_grace_s: float = 5.0
     max_head_bytes: int = 16 * 1024
     max_body_bytes: int = 1024 * 1024
@@ -72,18 +80,34 @@ class _HeadTimedH11(H11Protocol):
 
     head_timeout_s = 10.0
     keep_alive_s = 5.0
+    linger_s = MIN_LINGER_S
     _head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn types it BaseTransport; asyncio hands a Transport
-        super().connection_made(transport)
+        # uvicorn and the cycles it starts see only the wrapper: each of their closes lingers.
+        self._linger = LingeringTransport(transport, self.linger_s)
+        super().connection_made(self._linger)
         # Fractional seconds (uvicorn's Config types it int; its timer takes a float): the
         # time scale shrinks it below one second.
         self.timeout_keep_alive = self.keep_alive_s  # type: ignore[assignment]  # uvicorn's Config says int; its timer takes a float
         self._arm_head_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._linger.lingering:  # answered and closing: read only to keep the close clean
+            return
         super().data_received(data)
         self._disarm_once_head_read()
+
+    def eof_received(self) -> None:
+        # The client ended its side: nothing more can arrive to reset the close. Returning None
+        # lets asyncio close the transport, as uvicorn's own eof_received does.
+        self._linger.forget_timer()
+
+    def shutdown(self) -> None:
+        if self._linger.lingering:  # the server stops: it does not wait out a linger
+            self._linger.close_now()
+            return
+        super().shutdown()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -93,6 +117,7 @@ class _HeadTimedH11(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
+        self._linger.forget_timer()
         super().connection_lost(exc)
 
     def _arm_head_timer(self) -> None:
@@ -151,7 +176,11 @@ class CallbackServer:
             self.bind()
         assert self._socket is not None
         self._receiver, limits = receiver, self.limits
-        timing = {"head_timeout_s": limits.head_timeout_s, "keep_alive_s": limits.keep_alive_s}
+        timing = {
+            "head_timeout_s": limits.head_timeout_s,
+            "keep_alive_s": limits.keep_alive_s,
+            "linger_s": max(limits.linger_s, MIN_LINGER_S),
+        }
         protocol = type("HeadTimedH11", (_HeadTimedH11,), timing)
         config = uvicorn.Config(
             self._app,

@@ -4,7 +4,11 @@ It owns the engine and hands out the ways in: `unit(now)`, the one transaction e
 through (`unit.SqlUnitOfWork`), `reads()`, one connection behind the named reads of the services
 (`reads.SqlReads`), and `reading()`, a plain connection for persistence's own query modules
 (`tasks`, `catalog`, `execution`, `leases`, `snapshot`) and for tests; no module above
-persistence calls it (``tests/unit/test_sql_boundary.py``). All turn a database outage into
+persistence calls it (``tests/unit/test_sql_boundary.py``). The read connections never write,
+and on SQLite they begin without the write lock (`db.for_reads`): a reader does not wait for an
+open unit of work, nor a unit for a reader. A decision read there and written in a later unit
+must therefore be checked again by that unit's write (a version or state CAS), as it always had
+to be on PostgreSQL, where reads never locked anything. All turn a database outage into
 `errors.StoreUnavailable` (`errors.translate_outage`), so callers above see one exception for
 "down, try again" whatever the driver.
 """
@@ -20,7 +24,7 @@ from datetime import datetime
 from sqlalchemy import literal_column, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from controlplane.persistence.db import create_engine
+from controlplane.persistence.db import create_engine, for_reads
 from controlplane.persistence.endings import log_endings
 from controlplane.persistence.errors import translate_outage
 from controlplane.persistence.reads import SqlReads
@@ -101,15 +105,17 @@ class Database:
 
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[AsyncConnection]:
-        """A connection for reads: persistence's query modules and tests only (`reads` for the
-        services above persistence; writers use `unit`)."""
+        """A connection for reads, never writes (on SQLite its transactions begin DEFERRED):
+        persistence's query modules and tests only (`reads` for the services above
+        persistence; writers use `unit`)."""
         with translate_outage():
             async with self._engine.connect() as conn:
-                yield conn
+                yield await for_reads(conn)
 
     async def ping(self) -> None:
         """Round-trip ``SELECT 1``; raises whatever the driver raises when the database is down."""
         async with self._engine.connect() as conn:
+            await for_reads(conn)
             await conn.execute(select(literal_column("1")))
 
     async def dispose(self) -> None:

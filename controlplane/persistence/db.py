@@ -4,11 +4,15 @@ SQLite gets three connection-level settings, applied on every new connection:
 
 * ``PRAGMA foreign_keys=ON`` (SQLite ignores REFERENCES otherwise),
 * ``PRAGMA journal_mode=WAL`` (readers don't block the writer),
-* SQLAlchemy emits ``BEGIN IMMEDIATE`` itself instead of the sqlite3 driver's lazy BEGIN. Every
-  transaction therefore takes the single write lock up front and waits for it (busy timeout)
-  rather than failing with "database is locked" when a read transaction later tries to write;
-  DDL becomes transactional too. SQLite is the single-node/dev backend, so serialised
-  transactions are the intended trade.
+* SQLAlchemy emits the BEGIN itself instead of the sqlite3 driver's lazy one, so DDL is
+  transactional too. A writing transaction (a unit of work, a migration) says ``BEGIN
+  IMMEDIATE``: it takes the single write lock up front and waits for it (busy timeout) rather
+  than failing with "database is locked" when it first writes after reading. A connection
+  marked `for_reads` says ``BEGIN DEFERRED``: under WAL it reads the last committed state
+  without the write lock, so periodic readers (gauges, books, health) neither wait behind a
+  writer nor make writers wait behind them. Such a connection must not write: a deferred
+  transaction that tries fails at once with "database is locked" when another writer committed
+  since it began (no busy wait can help it).
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.ext.asyncio import create_async_engine as _create_async_engine
 
 SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
+# The execution option `for_reads` sets; any other backend ignores it.
+_READS_ONLY = "vidroute_reads_only"
 
 
 def is_sqlite(url: str | URL) -> bool:
@@ -51,7 +57,16 @@ def _install_sqlite_hooks(engine: AsyncEngine) -> None:
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(connection: Connection) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        reads_only = connection.get_execution_options().get(_READS_ONLY, False)
+        connection.exec_driver_sql("BEGIN DEFERRED" if reads_only else "BEGIN IMMEDIATE")
+
+
+async def for_reads(conn: AsyncConnection) -> AsyncConnection:
+    """`conn` (changed in place) with its transactions marked read-only: on SQLite they begin
+    DEFERRED, without the write lock (module docstring); nothing changes elsewhere. The mark
+    lives on this `Connection` object, not on the pooled driver connection, so the next checkout
+    of the same driver connection begins IMMEDIATE again."""
+    return await conn.execution_options(**{_READS_ONLY: True})
 
 
 def create_engine(url: str | URL, *, echo: bool = False, **kwargs: Any) -> AsyncEngine:

@@ -3,9 +3,10 @@
 Only columns of the initial schema (revision 0001) are read, with explicit column lists, so the
 checker works at whatever migration head a database is at. Everything is read in one
 transaction: REPEATABLE READ on PostgreSQL (one MVCC snapshot, no locks held against writers),
-and on SQLite the engine's ``BEGIN IMMEDIATE``, which serialises with writers for the few
-milliseconds the reads take. The rows are held in memory: the checker runs on test and soak
-databases and, for operators, at most on the execution history of one database.
+and on SQLite the read connection's ``BEGIN DEFERRED`` (`db.for_reads`), whose reads all see the
+one WAL snapshot taken at its first read, without the write lock. The rows are held in
+memory: the checker runs on test and soak databases and, for operators, at most on the
+execution history of one database.
 
 Raw values are kept as read (a status is a ``str``, a cost whatever the driver returned): the
 rules must be able to see a value the schema should have made impossible.

@@ -10,19 +10,23 @@ also checks the log holds no traceback and no ERROR line.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import hashlib
 import hmac
 import json
 import logging
+import socket
+import struct
+import termios
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
 import pytest
 import pytest_asyncio
 
-from controlplane.execution.callback_server import CallbackLimits, CallbackServer
+from controlplane.execution.callback_server import MIN_LINGER_S, CallbackLimits, CallbackServer
 from controlplane.execution.callbacks import CallbackReceiver, CallbackVerifier
 from controlplane.persistence.errors import StoreUnavailable
 from tests.integration.execution.exec_harness import Harness
@@ -301,6 +305,74 @@ async def test_slowloris_heads_and_bodies_are_cut_off(ingress: Ingress) -> None:
     took = time.monotonic() - started
     assert results == [408] * (SLOW_CONNECTIONS + 1)
     assert took < max(TIMED.head_timeout_s, TIMED.body_timeout_s) + 2.0, took
+
+
+@pytest.mark.parametrize("ingress", [TIMED], indirect=True, ids=["timed"])
+async def test_a_client_still_sending_reads_its_408_not_a_reset(ingress: Ingress) -> None:
+    """A slowloris that keeps sending after its 408 reads the 408 and a clean end of stream: the
+    server drains the late bytes instead of answering them with a reset.
+
+    Deterministic: the late bytes are sent once the server's FIN is in (the 408 precedes it),
+    and the next byte only once those were acknowledged or reset; without the lingering close
+    the reset is in by then, and asyncio's stream reports the lost connection in place of the
+    408 it had buffered (what the slowloris test saw once at load 20).
+    """
+    reader, writer = await asyncio.open_connection(*ingress.address)
+    sock = writer.get_extra_info("socket")
+    try:
+        writer.write(b"POST /callbacks/runway HTTP/1.1\r\nhost: cb\r\nx-slow: ")
+        await _until(lambda: _tcp_state(sock) == TCP_CLOSE_WAIT, TIMED.head_timeout_s + 10.0)
+        writer.write(b"still sending" * 100)
+        await writer.drain()
+        await _until(lambda: _tcp_state(sock) == TCP_CLOSE or _unacknowledged(sock) == 0, 10.0)
+        writer.write(b"and more")
+        await writer.drain()
+        assert await _read_response(reader) == 408
+        async with asyncio.timeout(5.0):
+            assert await reader.read(1) == b""
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("ingress", [TIMED], indirect=True, ids=["timed"])
+async def test_a_client_that_never_stops_sending_is_cut_off_after_the_linger(
+    ingress: Ingress,
+) -> None:
+    """The lingering after a 408 is bounded: a client that keeps sending is disconnected once
+    the linger is over (at the latest the head timeout plus the linger, with room for load)."""
+    reader, writer = await asyncio.open_connection(*ingress.address)
+    sock = writer.get_extra_info("socket")
+    trickling = asyncio.create_task(_trickle(writer, b"POST /callbacks/runway HTTP/1.1\r\n" * 20))
+    try:
+        assert await _read_response(reader, TIMED.head_timeout_s + 10.0) == 408
+        bound = max(TIMED.linger_s, MIN_LINGER_S) + 10.0
+        await _until(lambda: _tcp_state(sock) == TCP_CLOSE or trickling.done(), bound)
+        assert _tcp_state(sock) == TCP_CLOSE, "still connected after the trickle ended"
+    finally:
+        trickling.cancel()
+        await asyncio.gather(trickling, return_exceptions=True)  # its write after the reset
+        writer.close()
+
+
+TCP_CLOSE, TCP_CLOSE_WAIT = 7, 8  # linux/tcp_states.h
+
+
+def _tcp_state(sock: socket.socket) -> int:
+    """The kernel's TCP state of our end of the connection (``tcpi_state``, Linux)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+
+
+def _unacknowledged(sock: socket.socket) -> int:
+    """Bytes we sent that the peer's kernel has not acknowledged yet (SIOCOUTQ, Linux)."""
+    queued: int = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+    return queued
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float) -> None:
+    """Poll `condition` until it holds; TimeoutError after `timeout_s`."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():  # noqa: ASYNC110 - the kernel's TCP state has no event to await
+            await asyncio.sleep(0.01)
 
 
 async def _trickle(writer: asyncio.StreamWriter, head: bytes) -> None:
