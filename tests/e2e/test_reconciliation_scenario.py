@@ -173,36 +173,24 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Scenario:
     # The unknown submits first: their 1800 s (36 s here) recovery windows run while the rest
     # do. Veo bills the lost operation on its own line; Runway only in the model's daily total,
     # so its clip is 3 s (36 credits): no other Runway attempt of the day costs that much, and
-    # the aggregate's difference can be pinned on it alone. At most one armed fault per
-    # provider at a time, so each meets exactly its own create; the providers' go side by side.
-    unknown_rounds = (
-        (
-            ("veo_unknown", "google", "corrupt_json", DURATION_S),
-            ("runway_unknown", "runway", "drop_after_body", RUNWAY_UNKNOWN_S),
-        ),
-        *(((name, "google", "drop_after_partial_body", LOST_S),) for name in LOST_TWINS),
-    )
-    for unknown_round in unknown_rounds:
-        armed = [(p, _arm(farm, p, {"action": fault}), fault) for _, p, fault, _ in unknown_round]
-        for name, provider, _, seconds in unknown_round:
-            create(name, provider, seconds)
-        for provider, index, fault in armed:
-            wait_for(lambda: _fired(farm, provider, index), timeout_s=60, what=f"{fault} create")  # noqa: B023
-    # The failures, Runway's and Veo's side by side, each after the last armed fault of its
-    # provider fired, so a retry's create never meets another armed fault. Runway's failed
-    # clip is 5 s (60 credits), so its cost is unlike every other Runway attempt's.
-    failing = (
+    # the aggregate's difference can be pinned on it alone.
+    for name, provider, fault, seconds in (
+        ("veo_unknown", "google", "corrupt_json", DURATION_S),
+        ("runway_unknown", "runway", "drop_after_body", RUNWAY_UNKNOWN_S),
+        *((name, "google", "drop_after_partial_body", LOST_S) for name in LOST_TWINS),
+    ):
+        index = _arm(farm, provider, {"action": fault})
+        create(name, provider, seconds)
+        wait_for(lambda: _fired(farm, provider, index), timeout_s=60, what=f"{fault} create")  # noqa: B023
+    # Failures, one at a time so a retry's create never meets the next armed fault. Runway's
+    # failed clip is 5 s (60 credits), so its cost is unlike every other Runway attempt's.
+    for name, provider, code, seconds in (
         ("runway_failed", "runway", "INTERNAL.BAD_OUTPUT", RUNWAY_FAILED_S),
         ("veo_failed", "google", "INTERNAL", DURATION_S),
-    )
-    fail_armed = {
-        name: _arm(farm, provider, {"action": "fail_job", "code": code})
-        for name, provider, code, _ in failing
-    }
-    failing_ids = {name: create(name, provider, seconds) for name, provider, _, seconds in failing}
-    for name, provider, _, _ in failing:
-        cp.wait_terminal(failing_ids[name], timeout_s=90)
-        assert _fired(farm, provider, fail_armed[name]), name
+    ):
+        index = _arm(farm, provider, {"action": "fail_job", "code": code})
+        cp.wait_terminal(create(name, provider, seconds), timeout_s=90)
+        assert _fired(farm, provider, index), name
     plain = {
         "runway_ok_1": "runway",
         "runway_ok_2": "runway",
