@@ -133,21 +133,28 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Day:
     tasks: dict[str, sp.Task] = {}
     prompts: dict[str, str] = {}
 
+    def create(name: str, provider: str, *, seconds: int = 4, model: str = "") -> str:
+        prompts[name] = f"bill {name} {tag} a red kite over a green hill"
+        return cp.create_task(provider, prompt=prompts[name], duration_s=seconds, model=model)
+
     def run(name: str, provider: str, *, seconds: int = 4, model: str = "", fail: str = "") -> None:
         if fail:
             _fail_next_create(farm, provider, fail)
-        prompts[name] = f"bill {name} {tag} a red kite over a green hill"
-        task_id = cp.create_task(provider, prompt=prompts[name], duration_s=seconds, model=model)
+        task_id = create(name, provider, seconds=seconds, model=model)
         tasks[name] = cp.wait_terminal(task_id, timeout_s=120)
 
-    # One at a time: an armed failure meets exactly its own create.
+    # The failures one at a time: an armed failure meets exactly its own create (a retry's
+    # create comes before the next is armed). Then the successes, no fault armed, all at once.
     run("rw_failed", "runway", seconds=5, fail="INTERNAL.BAD_OUTPUT")
     run("gpu_failed_1", "self_hosted", fail="INVALID_INPUT")
     run("gpu_failed_2", "self_hosted", fail="INVALID_INPUT")
-    run("rw_gen45", "runway")
-    run("rw_veo31", "runway", model="veo3.1")
-    run("gpu_ok_1", "self_hosted")
-    run("gpu_ok_2", "self_hosted")
+    created = {
+        "rw_gen45": create("rw_gen45", "runway"),
+        "rw_veo31": create("rw_veo31", "runway", model="veo3.1"),
+        "gpu_ok_1": create("gpu_ok_1", "self_hosted"),
+        "gpu_ok_2": create("gpu_ok_2", "self_hosted"),
+    }
+    tasks.update({name: cp.wait_terminal(task_id, 120) for name, task_id in created.items()})
     attempts: dict[str, int] = {}
     for name, task in tasks.items():
         want = sp.ATTEMPT_STATE_FAILED if "failed" in name else sp.ATTEMPT_STATE_SUCCEEDED
@@ -260,11 +267,16 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Day:
 
 @pytest.fixture(scope="module")
 def bill_day(
-    postgres_server: PostgresServer, redis_server_url: str, tmp_path_factory: pytest.TempPathFactory
+    postgres_server: PostgresServer,
+    migrated_postgres_template: str,
+    redis_server_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Day]:
     workdir = tmp_path_factory.mktemp("bill-rules")
     with (
-        module_database(postgres_server, "postgresql", workdir) as url,
+        module_database(
+            postgres_server, "postgresql", workdir, template=migrated_postgres_template
+        ) as url,
         started_platform(
             workdir,
             url,

@@ -297,11 +297,16 @@ async def _stored_runs(url: str) -> tuple[list[tuple[int, str, int | None]], dic
 
 @pytest.fixture(scope="module")
 def scenario(
-    postgres_server: PostgresServer, redis_server_url: str, tmp_path_factory: pytest.TempPathFactory
+    postgres_server: PostgresServer,
+    migrated_postgres_template: str,
+    redis_server_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Scenario]:
     workdir = tmp_path_factory.mktemp("reconciliation")
     with (
-        module_database(postgres_server, "postgresql", workdir) as url,
+        module_database(
+            postgres_server, "postgresql", workdir, template=migrated_postgres_template
+        ) as url,
         started_platform(
             workdir,
             url,

@@ -25,7 +25,7 @@ TIME_SCALE = 0.05  # a phase is ~48 s, ~16 min of production time: the 15-min wi
 
 @pytest.mark.timeout(1200)
 def test_shipped_routing_against_cheapest_first_under_degradation(
-    fresh_postgres_url: str, redis_db: RedisDb
+    migrated_postgres_url: str, redis_db: RedisDb
 ) -> None:
     """Every task of the scenario ends, and cheapest-first pays the least per success in both
     variants: Runway bills a failed task 0 and failed attempts fail over, so its failures cost
@@ -37,7 +37,7 @@ def test_shipped_routing_against_cheapest_first_under_degradation(
         RATE,
         TIME_SCALE,
         redis_db.url,
-        database_url=fresh_postgres_url,
+        database_url=migrated_postgres_url,
         log=lambda *_: None,
     )
     assert figures["still_open"] == 0

@@ -242,11 +242,16 @@ def _run(farm: ProviderFarm, cp: ControlPlane, workdir: Path) -> Day:
 
 @pytest.fixture(scope="module")
 def veo_day(
-    postgres_server: PostgresServer, redis_server_url: str, tmp_path_factory: pytest.TempPathFactory
+    postgres_server: PostgresServer,
+    migrated_postgres_template: str,
+    redis_server_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Day]:
     workdir = tmp_path_factory.mktemp("veo-bill")
     with (
-        module_database(postgres_server, "postgresql", workdir) as url,
+        module_database(
+            postgres_server, "postgresql", workdir, template=migrated_postgres_template
+        ) as url,
         started_platform(
             workdir, url, redis_server_url, time_scale=TIME_SCALE, providers=["google"]
         ) as (farm, cp, _),

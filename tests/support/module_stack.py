@@ -18,13 +18,17 @@ from tests.support.stack import PROVIDERS, ControlPlane, ProviderFarm, RedisDb
 
 
 @contextmanager
-def module_database(postgres_server: PostgresServer, backend: str, workdir: Path) -> Iterator[str]:
+def module_database(
+    postgres_server: PostgresServer, backend: str, workdir: Path, *, template: str = ""
+) -> Iterator[str]:
     """A fresh database of `backend` for one module: a throwaway PostgreSQL database (dropped
-    afterwards) or a SQLite file in `workdir`."""
+    afterwards) or a SQLite file in `workdir`. With `template` (``migrated_postgres_template``)
+    the PostgreSQL database is a copy of it: already at the head revision, so the control plane
+    started on it applies no migration (one CREATE DATABASE instead of every migration)."""
     if backend == "sqlite":
         yield f"sqlite+aiosqlite:///{workdir / 'vidroute.db'}"
         return
-    name = asyncio.run(postgres_server.create_database(secrets.token_hex(4)))
+    name = asyncio.run(postgres_server.create_database(secrets.token_hex(4), template=template))
     try:
         yield postgres_server.url_for(name)
     finally:
