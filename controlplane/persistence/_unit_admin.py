@@ -24,6 +24,7 @@ from controlplane.persistence import (
 )
 from controlplane.persistence import capability_releases as releases
 from controlplane.persistence.documents import Documents, OpenDocuments
+from vidroute_core.exceptions import PreconditionFailed
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
@@ -125,8 +126,15 @@ class AdminWrites:
     async def mark_capability_release_applied(
         self, version: str, effective_from: datetime, forced_reason: str | None
     ) -> None:
-        """A staged release is activated: APPLIED from `effective_from`."""
-        await releases.mark_applied(self.conn, version, effective_from, forced_reason)
+        """A staged release is activated: APPLIED from `effective_from`; a release no longer
+        STAGED (two activations raced, and the other committed first) refuses the unit."""
+        if not await releases.mark_applied(self.conn, version, effective_from, forced_reason):
+            raise PreconditionFailed(
+                f"release {version!r} is not staged (another activation applied it)",
+                {},
+                reason="CAPABILITY_RELEASE_NOT_STAGED",
+                labels={"version": version},
+            )
 
     async def record_capability_activation(self, row: releases.ActivationRow) -> None:
         await releases.record_activation(self.conn, row)

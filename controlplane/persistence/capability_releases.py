@@ -140,13 +140,15 @@ async def insert_release(conn: AsyncConnection, row: ReleaseRow) -> None:
 
 async def mark_applied(
     conn: AsyncConnection, version: str, effective_from: datetime, forced_reason: str | None
-) -> None:
-    """A staged release is activated: APPLIED from `effective_from`."""
-    await conn.execute(
+) -> bool:
+    """A staged release is activated: APPLIED from `effective_from`. False when it is no longer
+    STAGED (another activation got there first): the caller's unit must not go on."""
+    result = await conn.execute(
         update(R)
-        .where(R.c.version == version)
+        .where(R.c.version == version, R.c.state == STAGED)
         .values(state=APPLIED, effective_from=effective_from, forced_reason=forced_reason)
     )
+    return result.rowcount == 1
 
 
 async def record_activation(conn: AsyncConnection, row: ActivationRow) -> None:

@@ -360,6 +360,23 @@ async def test_staged_and_scheduled_releases_take_effect_when_told(admin: Admin)
     assert [a.action for a in (await admin.history()).activations][-1] == "SCHEDULED"
 
 
+async def test_two_activations_of_one_staged_release_apply_it_once(admin: Admin) -> None:
+    """Two admins activate the same staged release at once: both pass the STAGED check before
+    either writes, the release lock orders their writes, and the second finds it APPLIED and
+    is refused (FAILED_PRECONDITION), so the history holds one activation of it."""
+    staged = await admin.publish(_yaml(_newer(_entries())), staged=True)
+    replies = await asyncio.gather(
+        admin.activate(staged.version), admin.activate(staged.version), return_exceptions=True
+    )
+    applied = [r for r in replies if isinstance(r, api.ActivateCapabilitiesResponse)]
+    refused = [r for r in replies if isinstance(r, grpc.aio.AioRpcError)]
+    assert (len(applied), len(refused)) == (1, 1), replies
+    assert refused[0].code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "not staged" in (refused[0].details() or "")
+    activations = [a for a in (await admin.history()).activations if a.version == staged.version]
+    assert len(activations) == 1
+
+
 async def test_bad_entries_reject_the_whole_document_with_field_violations(admin: Admin) -> None:
     """An unknown mode in entry 1 and no price in entry 2: INVALID_ARGUMENT naming both
     entries (the good entry 0 is not written either); a document that is not YAML, or nested
