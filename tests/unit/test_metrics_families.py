@@ -57,6 +57,7 @@ DESIGN_FAMILIES = {
     "grpc_server_started_total",
     "grpc_server_handled_total",
     "grpc_server_handling_seconds",
+    "controlplane_db_total",  # beyond 9.24: statements, transactions, round trips by stage
 }
 
 
@@ -96,6 +97,7 @@ def filled() -> ControlPlaneMetrics:
     m.rpc_latency.labels("svc", "Get").observe(0.01)
     m.state.circuits = lambda: [CircuitGauge("runway", "gen4", "SUBMIT", "OPEN")]
     m.window_refused("runway", "prod-us", "submits_per_minute")
+    m.db_work.labels("poll", "statement").inc()
     return m
 
 
