@@ -326,7 +326,8 @@ def failures_of(states: dict[str, int]) -> dict[str, int]:
     return {k: v for k, v in states.items() if k != "SUCCEEDED"}
 
 
-_DB_LINE = re.compile(r'^controlplane_db_total\{stage="(\w+)",kind="(\w+)"\} ([0-9.e+]+)$')
+_DB_LINE = re.compile(r"^controlplane_db_total\{([^}]*)\} ([0-9.e+]+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 def _db_work(port: int) -> dict[tuple[str, str], float]:
@@ -337,7 +338,8 @@ def _db_work(port: int) -> dict[tuple[str, str], float]:
     for line in body.splitlines():
         match = _DB_LINE.match(line)
         if match is not None:
-            found[(match.group(1), match.group(2))] = float(match.group(3))
+            labels = dict(_LABEL.findall(match.group(1)))
+            found[(labels["stage"], labels["kind"])] = float(match.group(2))
     return found
 
 
