@@ -33,6 +33,7 @@ async def _last_seq(db: Database, task_id: int) -> int:
         seq = await conn.scalar(
             select(generation_tasks.c.last_event_seq).where(generation_tasks.c.id == task_id)
         )
+    assert seq is not None
     return int(seq)
 
 
