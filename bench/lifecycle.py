@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -325,6 +326,39 @@ def failures_of(states: dict[str, int]) -> dict[str, int]:
     return {k: v for k, v in states.items() if k != "SUCCEEDED"}
 
 
+_DB_LINE = re.compile(r"^controlplane_db_total\{([^}]*)\} ([0-9.e+]+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def _db_work(port: int) -> dict[tuple[str, str], float]:
+    """The control plane's ``controlplane_db_total`` counters: (stage, kind) -> count."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+        body = resp.read().decode()
+    found: dict[tuple[str, str], float] = {}
+    for line in body.splitlines():
+        match = _DB_LINE.match(line)
+        if match is not None:
+            labels = dict(_LABEL.findall(match.group(1)))
+            found[(labels["stage"], labels["kind"])] = float(match.group(2))
+    return found
+
+
+def per_stage(
+    before: dict[tuple[str, str], float], after: dict[tuple[str, str], float], done: int
+) -> dict[str, dict[str, float]]:
+    """Per stage per task: statements, transactions and round trips, plus their total."""
+    table: dict[str, dict[str, float]] = {}
+    for (stage, kind), value in after.items():
+        delta = (value - before.get((stage, kind), 0.0)) / max(done, 1)
+        table.setdefault(stage, {})[kind] = round(delta, 2)
+    total: dict[str, float] = {}
+    for row in table.values():
+        for kind, value in row.items():
+            total[kind] = round(total.get(kind, 0.0) + value, 2)
+    table["TOTAL"] = total
+    return table
+
+
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
@@ -360,7 +394,10 @@ def run(  # noqa: PLR0915 - one linear script of a run
             sidecar_env={"VIDROUTE_ADAPTER_CAPABILITIES_DIR": str(caps)},
         ) as farm:
             (work / "cp").mkdir()
-            env = {"VIDROUTE_EXECUTION_TUNING": tuning} if tuning else {}
+            metrics_port = stack.free_port()
+            env = {"VIDROUTE_METRICS_LISTEN": f"127.0.0.1:{metrics_port}"}
+            if tuning:
+                env["VIDROUTE_EXECUTION_TUNING"] = tuning
             cp = ControlPlane(work / "cp", farm, database_url=url, redis_url=redis_url, env=env)
             cp.start()
             try:
@@ -388,6 +425,7 @@ def run(  # noqa: PLR0915 - one linear script of a run
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
                     )
+                db_work0 = _db_work(metrics_port)
                 cpu0 = _cpu_s(pid)
                 sidecar_pids = [farm.sidecars[p].popen.pid for p in providers]
                 side0, bench0 = sum(map(_cpu_s, sidecar_pids)), _cpu_s(os.getpid())
@@ -404,6 +442,7 @@ def run(  # noqa: PLR0915 - one linear script of a run
                 states = asyncio.run(_wait_terminal(url, len(ids), deadline))
                 wall = time.monotonic() - t0
                 cpu = _cpu_s(pid) - cpu0
+                db_work1 = _db_work(metrics_port)
                 side_cpu = sum(map(_cpu_s, sidecar_pids)) - side0
                 bench_cpu = _cpu_s(os.getpid()) - bench0
                 after_db = asyncio.run(_db_stats(name))
@@ -445,6 +484,9 @@ def run(  # noqa: PLR0915 - one linear script of a run
             (delta["inserted"] + delta["updated"] + delta["deleted"]) / max(done, 1), 1
         ),
         "rows_read_per_task": round((delta["returned"] + delta["fetched"]) / max(done, 1), 1),
+        # From the control plane's own engine events (`persistence.statement_tally`): per
+        # stage (the execution loop, "dispatch", "api"; "other" is unlabelled) per task.
+        "db_per_task_by_stage": per_stage(db_work0, db_work1, done),
         "failures": failures_of(states),
         "attempts_per_task": attempts_per_task,
         "lease_warnings": lease_warnings,
@@ -482,6 +524,14 @@ def main() -> None:
             args.tasks, args.scale, redis_db.url, args.profile, args.tuning, providers=providers
         )
     for key, value in figures.items():
+        if key == "db_per_task_by_stage":
+            print(f"{key}: (statements / transactions / round trips per task)")
+            for stage, row in sorted(value.items(), key=lambda kv: -kv[1].get("statement", 0)):
+                print(
+                    f"  {stage:>10}: {row.get('statement', 0):7.2f} / "
+                    f"{row.get('transaction', 0):6.2f} / {row.get('round_trip', 0):7.2f}"
+                )
+            continue
         print(f"{key}: {value}")
 
 

@@ -148,6 +148,7 @@ from controlplane.metrics import (
 from controlplane.persistence.catalog import CatalogQueries
 from controlplane.persistence.database import Database
 from controlplane.persistence.records import AccountInfo, AttemptRecord
+from controlplane.persistence.statement_tally import count_statements, labelled
 from controlplane.persistence.webhooks import WebhookStore
 from controlplane.rate_limits import InProcessRateLimiter, RateLimiter, RedisRateLimiter
 from controlplane.reconciliation import DiscrepancyCounter, delta_by_provider
@@ -853,6 +854,8 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     cleanup: list[Callable[[], Awaitable[Any]]] = []
     db, wakeups = await _wakeups(settings, cleanup)
     metrics = _metrics(settings, cleanup)
+    if settings.metrics_listen:
+        count_statements(db.engine, lambda stage, kind: metrics.db_work.labels(stage, kind).inc())
     tenant_book = TenantBook(db)  # the published tenants document: CreateTask and dispatch
     tenant_limits = TenantLimitsService(db, tenant_book)
     # Stopped first, before the cleanup.
@@ -984,18 +987,20 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
                 await publisher
 
         if ingress is not None:
-            await ingress.start(
-                CallbackReceiver(
-                    verifier=CallbackVerifier(
-                        settings.callback_secrets,
-                        clock=_utcnow,
-                        **scaled_defaults(CallbackVerifier, scale),
-                    ),
-                    deps=execution.deps,
-                    normalizer=execution.normalizer,
+            with labelled("callback"):
+                await ingress.start(
+                    CallbackReceiver(
+                        verifier=CallbackVerifier(
+                            settings.callback_secrets,
+                            clock=_utcnow,
+                            **scaled_defaults(CallbackVerifier, scale),
+                        ),
+                        deps=execution.deps,
+                        normalizer=execution.normalizer,
+                    )
                 )
-            )
-        runtime.start()
+        with labelled("dispatch"):  # the dispatcher's and upkeep's tasks inherit the label
+            runtime.start()
         await execution.start()
         # Stopped first, in order: stop taking new work, finish in-flight steps, then I/O.
         background[:0] = [stop_publisher, runtime.stop, execution.stop]
@@ -1045,17 +1050,18 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
     stops = [*background, *cleanup, db.dispose, *release]
     try:
         await publish_start_documents(settings, tenant_configs, account_service)
-        return await _serve(
-            settings,
-            servicer,
-            readiness=readiness,
-            stops=stops,
-            metrics=metrics,
-            db=db,
-            routing_policies=routing_policies,
-            tenants=tenant_configs,
-            accounts=account_service,
-        )
+        with labelled("api"):  # the server's handler tasks inherit the label
+            return await _serve(
+                settings,
+                servicer,
+                readiness=readiness,
+                stops=stops,
+                metrics=metrics,
+                db=db,
+                routing_policies=routing_policies,
+                tenants=tenant_configs,
+                accounts=account_service,
+            )
     except PortInUse as exc:
         for close in stops:
             with contextlib.suppress(Exception):

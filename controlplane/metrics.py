@@ -237,6 +237,14 @@ class ControlPlaneMetrics:
             registry=r,
         )
         # grpc_server_started_total / _handled_total / _handling_seconds, as every server has.
+        # Beyond 9.24: what each stage costs the database (`persistence.statement_tally`), so
+        # a benchmark reads statements, transactions and round trips per stage per task.
+        self.db_work = Counter(
+            "controlplane_db",
+            "Statements, transactions and round trips sent to the database, by stage",
+            ["stage", "kind"],
+            registry=r,
+        )
         self.grpc = GrpcServerMetrics(r)
         self.rpc_handled = self.grpc.handled
         self.rpc_latency = self.grpc.handling

@@ -43,6 +43,7 @@ from controlplane.execution.waiting import WaitingLeases
 from controlplane.leases.base import LeaseStore
 from controlplane.persistence.database import Database
 from controlplane.persistence.execution import ExecutionQueries
+from controlplane.persistence.statement_tally import labelled
 from controlplane.persistence.tasks import TaskQueries
 
 __all__ = ["ExecutionEngine"]
@@ -156,9 +157,12 @@ class ExecutionEngine:
         if self._tasks:
             return
         self._stopping.clear()
-        await self.sweep()
+        with labelled("sweep"):
+            await self.sweep()
         for name, step in self._steps().items():
-            self._tasks.append(asyncio.create_task(self._loop(name, step), name=f"exec-{name}"))
+            with labelled(name):  # the loop's statements, and its items', counted as `name`
+                loop = asyncio.create_task(self._loop(name, step), name=f"exec-{name}")
+            self._tasks.append(loop)
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Let each loop finish its current item (up to `grace_s`), then cancel. Idempotent.

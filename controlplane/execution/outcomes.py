@@ -270,7 +270,8 @@ async def accept(
             normalized_status=AttemptState.ACCEPTED,
             submitted_at=attempt.request_started_at or u.now,
             raw_status=raw_status or None,
-        )
+        ),
+        task_id=attempt.task_id,  # the attempt's row is the caller's (locked)
     )
     # 9.23.1: the provider has the job, so its expected cost is the platform's (once per attempt).
     account = await deps.account(attempt.provider_account_id, u)

@@ -183,22 +183,25 @@ class OutputStep:
         messages = await claim_batch(self._deps, Topic.OUTPUT_FETCH)
         if not messages:
             return 0
-        # The batch's rows in one read (4 statements), not a read per message. Only the first
+        # The batch's rows in one read (ONE statement), not a read per message. Only the first
         # message of an attempt uses them: a later one of the same attempt runs after it (same
         # lane) and reads what the first one wrote.
         reads = self._deps.reads
         firsts: dict[int, OutboxRecord] = {}
         for m in messages:
             firsts.setdefault(int(m.payload["attempt_id"]), m)
-        snaps = await reads.snapshots(firsts)
-        tasks = await reads.tasks(int(m.payload["task_id"]) for m in firsts.values())
+        joined = await reads.snapshots_and_tasks(firsts)
 
         async def handle_bound(message: OutboxRecord) -> None:
             payload = message.payload
             attempt_id = int(payload["attempt_id"])
             rows = None
             if firsts[attempt_id] is message:
-                rows = (snaps.get(attempt_id), tasks.get(int(payload["task_id"])))
+                snap, task = joined.get(attempt_id, (None, None))
+                # A message names its attempt's task; one naming another finds no task.
+                if task is not None and task.id != int(payload["task_id"]):
+                    task = None
+                rows = (snap, task)
             with bind_ids(task_id=payload.get("task_id"), attempt_id=payload.get("attempt_id")):
                 await self.handle(message, rows)
 

@@ -404,6 +404,11 @@ class SubmitWorker:
                 await to_unknown(u, self._deps, attempt, result.uncertain_at, error, after=after)
             if message is not None:
                 await u.complete_message(message.id, self._deps.config.worker_id)
+            if accepted_job is not None and not await u.has_unmatched(account_id, accepted_job):
+                # Early observations of the job (a callback that beat this answer) are replayed
+                # after the commit; asked last in this transaction, so a submit without any
+                # costs no read transaction of its own.
+                accepted_job = None
         await after.run(self._deps.leases)
         if accepted_job is not None:
             # The account of the attempt just written (never re-read for it).

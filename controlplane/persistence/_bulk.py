@@ -23,7 +23,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Executable
 
-__all__ = ["JsonText", "insert_rows"]
+__all__ = ["JsonText", "insert_rows", "unnest_insert", "unnest_params"]
 
 _STATEMENTS: dict[tuple[str, tuple[str, ...], tuple[str, ...]], Executable] = {}
 #: Non-str keys as ``json.dumps`` writes them (int keys as strings); datetimes and dataclasses
@@ -102,15 +102,26 @@ async def insert_rows(
             return [tuple(r) for r in result]
         await conn.execute(plain, list(rows))
         return []
-    key = (table.name, names, back)
+    result = await conn.execute(unnest_insert(table, names, back), unnest_params(table, rows))
+    return [tuple(r) for r in result] if back else []
+
+
+def unnest_insert(table: Table, names: tuple[str, ...], returning: tuple[str, ...] = ()) -> Any:
+    """PostgreSQL's one-statement INSERT of `names` from one array per column (built once per
+    table, columns and RETURNING); its parameters are `unnest_params`."""
+    key = (table.name, names, returning)
     stmt = _STATEMENTS.get(key)
     if stmt is None:
-        stmt = _STATEMENTS[key] = _unnest_statement(table, names, back)
+        stmt = _STATEMENTS[key] = _unnest_statement(table, names, returning)
+    return stmt
+
+
+def unnest_params(table: Table, rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """`unnest_insert`'s parameters: one array per column of `rows` (JSON columns as text)."""
     params: dict[str, list[Any]] = {}
-    for n in names:
+    for n in rows[0]:
         if _is_json(table.c[n]):
             params[f"a_{n}"] = [_json_text(r[n]) for r in rows]
         else:
             params[f"a_{n}"] = [r[n] for r in rows]
-    result = await conn.execute(stmt, params)
-    return [tuple(r) for r in result] if back else []
+    return params

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import case, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.states import TASK_MACHINE, TaskState
@@ -55,8 +55,9 @@ async def cas_task(
     now: datetime,
     events: int,
     extra: Mapping[str, Any] | None = None,
-) -> int | None:
-    """The 9.8.1 CAS on a task, reserving `events` event numbers; the last one, or None if lost."""
+) -> tuple[TaskRecord, int] | None:
+    """The 9.8.1 CAS on a task, reserving `events` event numbers: the moved task, from the
+    UPDATE's RETURNING, and the last number reserved; None if the CAS lost."""
     allowed = TASK_MACHINE.allowed_from(target)
     if not allowed:
         return None
@@ -67,28 +68,42 @@ async def cas_task(
         last_event_seq=T.c.last_event_seq + events,
         updated_at=now,
     )
-    seq = await conn.scalar(
-        update(T)
-        .where(
-            T.c.id == task_id,
-            T.c.status_version == expected_version,
-            T.c.status.in_(sorted(s.value for s in allowed)),
+    row = (
+        (
+            await conn.execute(
+                update(T)
+                .where(
+                    T.c.id == task_id,
+                    T.c.status_version == expected_version,
+                    T.c.status.in_(sorted(s.value for s in allowed)),
+                )
+                .values(values)
+                .returning(T)
+            )
         )
-        .values(values)
-        .returning(T.c.last_event_seq)
+        .mappings()
+        .first()
     )
-    return None if seq is None else int(seq)
+    return None if row is None else (_rows.task(row), int(row["last_event_seq"]))
 
 
-async def next_seq(conn: AsyncConnection, task_id: int) -> int:
-    """Reserve the task's next event number; the row lock orders concurrent writers."""
-    seq = await conn.scalar(
+async def reserve_seqs(conn: AsyncConnection, counts: Mapping[int, int]) -> dict[int, int]:
+    """Reserve `counts[task]` event numbers of each task in ONE statement; task -> the last
+    number reserved. The row locks order concurrent writers."""
+    if not counts:
+        return {}
+    bump = (
+        T.c.last_event_seq + next(iter(counts.values()))
+        if len(set(counts.values())) == 1
+        else T.c.last_event_seq + case(dict(counts), value=T.c.id)
+    )
+    rows = await conn.execute(
         update(T)
-        .where(T.c.id == task_id)
-        .values(last_event_seq=T.c.last_event_seq + 1)
-        .returning(T.c.last_event_seq)
+        .where(T.c.id.in_(sorted(counts)))
+        .values(last_event_seq=bump)
+        .returning(T.c.id, T.c.last_event_seq)
     )
-    return int(seq)
+    return {int(task_id): int(last) for task_id, last in rows}
 
 
 async def append_event(

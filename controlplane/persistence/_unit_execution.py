@@ -3,7 +3,7 @@ events, and the claims of due polls and recoveries (internal; see `unit`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -12,7 +12,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.states import POLLABLE_ATTEMPT_STATES, AttemptState
-from controlplane.persistence import _rows, _sql
+from controlplane.persistence import _rows
 from controlplane.persistence.errors import DuplicateRecord
 from controlplane.persistence.models import attempt_runtime as R
 from controlplane.persistence.models import provider_events as E
@@ -29,20 +29,36 @@ def _insert_for(conn: AsyncConnection, table: Table) -> Any:
 
 
 class ExecutionWrites:
-    """Mixed into `SqlUnitOfWork`; uses its connection and clock."""
+    """Mixed into `SqlUnitOfWork`; uses its connection, clock and task events."""
 
     conn: AsyncConnection
     now: datetime
 
-    async def insert_job(self, job: NewProviderJob) -> tuple[ProviderJobRecord, bool]:
+    def add_event(
+        self,
+        task_id: int,
+        kind: str,
+        payload: Mapping[str, Any],
+        outputs: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
+        raise NotImplementedError  # `SqlUnitOfWork.add_event`
+
+    async def flush_events(self) -> None:
+        raise NotImplementedError  # `SqlUnitOfWork.flush_events`
+
+    async def insert_job(
+        self, job: NewProviderJob, *, task_id: int | None = None
+    ) -> tuple[ProviderJobRecord, bool]:
         """Record the attempt's provider job; ``(job, created)``.
 
         Recording the same ``(attempt, account, provider_job_id)`` again returns the stored row
         with ``created=False``. A different job for the attempt, or a job id already bound to
         another attempt, raises `DuplicateRecord` (9.3.4: a job is never overwritten). Raises
-        `NotFound` if the attempt does not exist.
+        `NotFound` if the attempt does not exist. `task_id`: the attempt's task, from a caller
+        that holds the attempt's row (it is not read again); else read here.
         """
-        task_id = await self.conn.scalar(select(A.c.task_id).where(A.c.id == job.attempt_id))
+        if task_id is None:
+            task_id = await self.conn.scalar(select(A.c.task_id).where(A.c.id == job.attempt_id))
         if task_id is None:
             raise NotFound("attempt", str(job.attempt_id))
         stored = await self._job_like(job)
@@ -83,15 +99,12 @@ class ExecutionWrites:
                 f"provider job {job.provider_job_id!r} conflicts with a recorded job"
             )
         record = _rows.provider_job(row)
-        seq = await _sql.next_seq(self.conn, int(task_id))
         payload = {
             "attempt_id": job.attempt_id,
             "provider_job_id": job.provider_job_id,
             "normalized_status": job.normalized_status.value,
         }
-        await _sql.append_event(
-            self.conn, int(task_id), seq, "provider_job.recorded", payload, now=self.now
-        )
+        self.add_event(int(task_id), "provider_job.recorded", payload)
         return record, True
 
     async def _job_like(self, job: NewProviderJob) -> ProviderJobRecord | None:
@@ -156,11 +169,26 @@ class ExecutionWrites:
         event_id = await self.conn.scalar(stmt)
         return None if event_id is None else int(event_id)
 
+    async def has_unmatched(self, account_id: int, job_id: str) -> bool:
+        """Whether an observation of the job is stored UNMATCHED (it beat the job's record)."""
+        found = await self.conn.scalar(
+            select(E.c.id)
+            .where(
+                E.c.provider_account_id == account_id,
+                E.c.provider_job_id == job_id,
+                E.c.outcome == "UNMATCHED",
+            )
+            .limit(1)
+        )
+        return found is not None
+
     async def set_event_outcome(self, event_id: int, outcome: str) -> None:
         await self.conn.execute(update(E).where(E.c.id == event_id).values(outcome=outcome))
 
     async def last_task_event(self, task_id: int, kind: str) -> TaskEventRecord | None:
-        """The task's newest event of `kind` (a backward walk of its ``(task_id, seq)`` key)."""
+        """The task's newest event of `kind` (a backward walk of its ``(task_id, seq)`` key),
+        this unit's own included."""
+        await self.flush_events()
         row = (
             (
                 await self.conn.execute(
@@ -175,11 +203,9 @@ class ExecutionWrites:
         )
         return None if row is None else _rows.task_event(row)
 
-    async def append_task_event(self, task_id: int, kind: str, payload: Mapping[str, Any]) -> int:
-        """Append an event that is no state change (e.g. provider progress); its number."""
-        seq = await _sql.next_seq(self.conn, task_id)
-        await _sql.append_event(self.conn, task_id, seq, kind, payload, now=self.now)
-        return seq
+    async def append_task_event(self, task_id: int, kind: str, payload: Mapping[str, Any]) -> None:
+        """Append an event that is no state change (e.g. provider progress)."""
+        self.add_event(task_id, kind, payload)
 
     # ---- claims: a claim pushes the due time past its lease, so it is a write -------------
 

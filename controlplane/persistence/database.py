@@ -76,6 +76,7 @@ class Database:
             async with self._begin(one_statement) as conn:
                 unit = SqlUnitOfWork(conn, now)
                 yield unit
+                await unit.flush_events()  # the unit's task events, in its own transaction
         if unit.endings:
             log_endings(unit.endings)
         if unit.topics and self._after_commit is not None:

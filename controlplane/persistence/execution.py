@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from sqlalchemy import select
+from sqlalchemy import RowMapping, select
 
 from controlplane.domain.states import AttemptState
 from controlplane.persistence import _reads, _rows
@@ -97,23 +97,46 @@ class ExecutionQueries:
             return attempt, job, await _reads.runtime(conn, attempt_id)
 
     async def snapshots(self, attempt_ids: Iterable[int]) -> dict[int, Snapshot]:
-        """`snapshot` of each attempt that exists, in three statements for the whole batch."""
+        """`snapshot` of each attempt that exists, in ONE statement for the whole batch."""
+        return {i: snap for i, (snap, _) in (await self._joined(attempt_ids, False)).items()}
+
+    async def snapshots_and_tasks(
+        self, attempt_ids: Iterable[int]
+    ) -> dict[int, tuple[Snapshot, TaskRecord]]:
+        """`snapshot` of each attempt that exists with its task, in ONE statement."""
+        joined = await self._joined(attempt_ids, True)
+        return {i: (snap, task) for i, (snap, task) in joined.items() if task is not None}
+
+    async def _joined(
+        self, attempt_ids: Iterable[int], with_task: bool
+    ) -> dict[int, tuple[Snapshot, TaskRecord | None]]:
+        """The attempts of `attempt_ids` joined with their job and runtime row (each at most one
+        per attempt: unique keys) and, `with_task`, their task; read without locks."""
         ids = sorted(set(attempt_ids))
         if not ids:
             return {}
+        parts = [(A, "a__"), (provider_jobs, "j__"), (R, "r__")] + (
+            [(T, "t__")] if with_task else []
+        )
+        query = (
+            select(*(c.label(f"{prefix}{c.name}") for table, prefix in parts for c in table.c))
+            .select_from(A)
+            .outerjoin(provider_jobs, provider_jobs.c.attempt_id == A.c.id)
+            .outerjoin(R, R.c.attempt_id == A.c.id)
+            .where(A.c.id.in_(ids))
+        )
+        if with_task:
+            query = query.outerjoin(T, T.c.id == A.c.task_id)
         async with self._db.reading() as conn:
-            attempts = await conn.execute(select(A).where(A.c.id.in_(ids)))
-            found = {int(m["id"]): _rows.attempt(m) for m in attempts.mappings()}
-            if not found:
-                return {}
-            keys = sorted(found)
-            jobs_rows = await conn.execute(
-                select(provider_jobs).where(provider_jobs.c.attempt_id.in_(keys))
-            )
-            jobs = {int(m["attempt_id"]): _rows.provider_job(m) for m in jobs_rows.mappings()}
-            runtime_rows = await conn.execute(select(R).where(R.c.attempt_id.in_(keys)))
-            runtimes = {int(m["attempt_id"]): _rows.runtime(m) for m in runtime_rows.mappings()}
-        return {i: (a, jobs.get(i), runtimes.get(i)) for i, a in found.items()}
+            rows = (await conn.execute(query)).mappings().all()
+        out: dict[int, tuple[Snapshot, TaskRecord | None]] = {}
+        for m in rows:
+            attempt = _rows.attempt(_part(m, "a__"))
+            job = _rows.provider_job(_part(m, "j__")) if m["j__id"] is not None else None
+            runtime = _rows.runtime(_part(m, "r__")) if m["r__attempt_id"] is not None else None
+            task = _rows.task(_part(m, "t__")) if with_task and m["t__id"] is not None else None
+            out[attempt.id] = ((attempt, job, runtime), task)
+        return out
 
     async def tasks(self, task_ids: Iterable[int]) -> dict[int, TaskRecord]:
         """The tasks that exist of `task_ids`, read without locks in one statement."""
@@ -180,3 +203,8 @@ class ExecutionQueries:
                 )
             )
             return {str(i) for i in rows.scalars()}
+
+
+def _part(m: RowMapping, prefix: str) -> RowMapping:
+    """The columns of one table of a joined row, by their own names."""
+    return cast(RowMapping, {k[len(prefix) :]: v for k, v in m.items() if k.startswith(prefix)})

@@ -659,23 +659,28 @@ async def put_unit_rate(conn: AsyncConnection, rate: UnitRate) -> bool:
 
 
 async def settle_task(
-    conn: AsyncConnection, task_id: int, target: TaskState, now: datetime
+    conn: AsyncConnection,
+    task_id: int,
+    target: TaskState,
+    now: datetime,
+    *,
+    adopted: tuple[int | None] | None = None,
 ) -> CreditEntry | None:
     """Settle a task entering terminal `target`, in the transaction of that move.
 
     Writes its one CHARGE or RELEASE entry (`controlplane.domain.money.settle`) and a
     PLATFORM_LOSS usage entry per other attempt a provider billed or may have billed
     (`platform_losses`). A task without a reservation (created before the ledger) settles
-    nothing; a settled one is left as it is. Returns the settlement entry."""
+    nothing; a settled one is left as it is. Returns the settlement entry.
+
+    `adopted`: the task's ``adopted_attempt_id`` as the move that ended it wrote it (a 1-tuple,
+    so None can be told from "not known"); not known, it is read."""
     held = await reservation_of(conn, task_id)
     if held is None:
         return await settlement_of(conn, task_id)
-    task = (
-        (await conn.execute(select(T.c.adopted_attempt_id).where(T.c.id == task_id)))
-        .mappings()
-        .one()
-    )
-    delivered_id = task["adopted_attempt_id"] if target is TaskState.SUCCEEDED else None
+    if adopted is None:
+        adopted = (await conn.scalar(select(T.c.adopted_attempt_id).where(T.c.id == task_id)),)
+    delivered_id = adopted[0] if target is TaskState.SUCCEEDED else None
     rows = (
         (
             await conn.execute(
@@ -700,24 +705,31 @@ async def settle_task(
         delivered_attempt_id=delivered["id"] if delivered is not None else None,
         delivered_cost_micros=cost,
     )
-    entry_id = await conn.scalar(
-        _insert_once(conn, C, ["tenant_id", "idempotency_key"])
-        .values(
-            tenant_id=held.tenant_id,
-            kind=outcome.kind.value,
-            amount_micros=outcome.amount_micros,
-            currency=held.currency,
-            task_id=task_id,
-            attempt_id=outcome.attempt_id,
-            idempotency_key=f"settle:{task_id}",
-            actor=SYSTEM_ACTOR,
-            reason=f"task {target.value}: {outcome.reason}",
-            created_at=now,
+    written = (
+        (
+            await conn.execute(
+                _insert_once(conn, C, ["tenant_id", "idempotency_key"])
+                .values(
+                    tenant_id=held.tenant_id,
+                    kind=outcome.kind.value,
+                    amount_micros=outcome.amount_micros,
+                    currency=held.currency,
+                    task_id=task_id,
+                    attempt_id=outcome.attempt_id,
+                    idempotency_key=f"settle:{task_id}",
+                    actor=SYSTEM_ACTOR,
+                    reason=f"task {target.value}: {outcome.reason}",
+                    created_at=now,
+                )
+                .returning(C)
+            )
         )
-        .returning(C.c.id)
+        .mappings()
+        .first()
     )
-    if entry_id is None:
+    if written is None:
         return await settlement_of(conn, task_id)  # settled already (a racing writer)
+    entry_id = int(written["id"])
     if outcome.kind is CreditKind.CHARGE:  # a RELEASE changes no balance, only the hold
         await _account_for(
             conn, entry_id, held.tenant_id, held.currency, d_balance=-outcome.amount_micros, now=now
@@ -788,4 +800,4 @@ async def settle_task(
                 ),
                 now,
             )
-    return await settlement_of(conn, task_id)
+    return _credit(written)  # the entry as written (RETURNING), not read again

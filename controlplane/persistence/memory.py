@@ -219,7 +219,16 @@ class MemoryUnitOfWork:
             await self.enqueue(message)
         return moved
 
-    async def insert_job(self, job: NewProviderJob) -> tuple[ProviderJobRecord, bool]:
+    async def has_unmatched(self, account_id: int, job_id: str) -> bool:
+        return any(
+            (e.provider_account_id, e.provider_job_id, e.outcome)
+            == (account_id, job_id, "UNMATCHED")
+            for e in self._s.events.values()
+        )
+
+    async def insert_job(
+        self, job: NewProviderJob, *, task_id: int | None = None
+    ) -> tuple[ProviderJobRecord, bool]:
         attempt = self._s.attempts.get(job.attempt_id)
         if attempt is None:
             raise NotFound("attempt", str(job.attempt_id))
@@ -302,9 +311,8 @@ class MemoryUnitOfWork:
         found = [e for e in self._s.task_events if e.task_id == task_id and e.kind == kind]
         return found[-1] if found else None
 
-    async def append_task_event(self, task_id: int, kind: str, payload: Mapping[str, Any]) -> int:
+    async def append_task_event(self, task_id: int, kind: str, payload: Mapping[str, Any]) -> None:
         self._event(task_id, kind, payload)
-        return self._s.last_seq[task_id]
 
     async def record_requeue(self, request: RequeueRequest) -> None:
         self._s.requeues.append(request)
@@ -583,6 +591,20 @@ class MemoryDatabase:
     ) -> dict[int, tuple[AttemptRecord, ProviderJobRecord | None, AttemptRuntime | None]]:
         found = {i: await self.snapshot(i) for i in set(attempt_ids)}
         return {i: snap for i, snap in found.items() if snap is not None}
+
+    async def snapshots_and_tasks(
+        self, attempt_ids: Iterable[int]
+    ) -> dict[
+        int,
+        tuple[tuple[AttemptRecord, ProviderJobRecord | None, AttemptRuntime | None], TaskRecord],
+    ]:
+        snaps = await self.snapshots(attempt_ids)
+        tasks = self._state.tasks
+        return {
+            i: (snap, tasks[snap[0].task_id])
+            for i, snap in snaps.items()
+            if snap[0].task_id in tasks
+        }
 
     async def tasks(self, task_ids: Iterable[int]) -> dict[int, TaskRecord]:
         s = self._state

@@ -132,10 +132,27 @@ async def cas_many(
 
 
 async def insert_events(
-    conn: AsyncConnection, events: Iterable[Mapping[str, Any]], now: datetime
+    conn: AsyncConnection,
+    events: Iterable[Mapping[str, Any]],
+    now: datetime,
+    *,
+    outputs: Mapping[tuple[int, int], Sequence[Mapping[str, Any]]] | None = None,
 ) -> bool:
-    """Insert ``task_events`` rows and their caller-webhook messages (subscribed tasks only);
-    True when a message may have been written (the delivery worker's wake-up hint)."""
+    """Insert ``task_events`` rows and their caller-webhook messages (subscribed tasks only;
+    `outputs` by (task id, seq) go into their event's message): ONE statement on PostgreSQL
+    (the events a data-modifying CTE of the messages' INSERT), two on SQLite. True when a
+    message may have been written (the delivery worker's wake-up hint)."""
     rows = list(events)
-    await _bulk.insert_rows(conn, E, rows)
-    return await webhooks.enqueue_many(conn, rows, now) > 0
+    if not rows:
+        return False
+    if conn.dialect.name != "postgresql":
+        await _bulk.insert_rows(conn, E, rows)
+        return await webhooks.enqueue_many(conn, rows, now, outputs=outputs) > 0
+    statement = _bulk.unnest_insert(E, tuple(rows[0]))
+    params = _bulk.unnest_params(E, rows)
+    announced = await webhooks.enqueue_many(
+        conn, rows, now, outputs=outputs, with_events=(statement, params)
+    )
+    if not announced:  # no message statement ran, so the events go alone
+        await conn.execute(statement, params)
+    return announced > 0

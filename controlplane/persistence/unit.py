@@ -27,7 +27,8 @@ The execution side's writes (jobs, runtime rows, provider events, claims) are in
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -87,9 +88,20 @@ __all__ = ["SqlUnitOfWork"]
 
 @dataclass(frozen=True, slots=True)
 class _Moved:
-    """A task CAS that won, with the route decision stored alongside it, if any."""
+    """A task CAS that won: the moved task, and the route decision stored alongside it, if any."""
 
+    task: TaskRecord
     decision: RouteDecisionRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Event:
+    """A task event not yet written (`SqlUnitOfWork.flush_events`); `outputs` go into its
+    caller-webhook message."""
+
+    kind: str
+    payload: dict[str, Any]
+    outputs: tuple[Mapping[str, Any], ...] = ()
 
 
 class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
@@ -100,6 +112,10 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         self.now = now
         self.topics: set[str] = set()  # outbox topics written: woken after commit (wakeups)
         self.endings: list[Ending] = []  # terminal tasks, ABANDONED attempts: logged on commit
+        # Task events are written at the end of the unit, all in one statement (`flush_events`):
+        # those still to be numbered, by task, in the order they happened, and the numbered.
+        self._unnumbered: dict[int, list[_Event]] = {}
+        self._numbered: list[tuple[int, int, _Event]] = []
 
     # ---- reads inside the transaction ------------------------------------------------------
 
@@ -186,7 +202,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
             output_asset=output_asset,
             outbox=outbox,
         )
-        return None if moved is None else await self.task(record.id, lock=False)
+        return None if moved is None else moved.task
 
     async def move_task_at(
         self,
@@ -224,10 +240,8 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
             raise NotFound("task", str(task_id))
         if current.state is not TaskState.QUEUED:
             return current
-        await self._move_task(task_id, current.status_version, TaskState.CANCELLED, reason)
-        moved = await self.task(task_id, lock=False)
-        assert moved is not None
-        return moved
+        moved = await self._move_task(task_id, current.status_version, TaskState.CANCELLED, reason)
+        return current if moved is None else moved.task
 
     async def record_decision(
         self,
@@ -272,40 +286,87 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
 
         None if the CAS lost. A `decision` is stored after the CAS won, and its number goes into
         the event."""
-        seq = await _sql.cas_task(
+        # The task's events still unnumbered (an attempt's moves before this one) take the
+        # numbers just before this move's, reserved by the same UPDATE.
+        earlier = self._unnumbered.pop(task_id, [])
+        cas = await _sql.cas_task(
             self.conn,
             task_id,
             expected_version,
             target,
             now=self.now,
-            events=1,
+            events=1 + len(earlier),
             extra=_sql.task_extra(failure, adopted_attempt_id, output_asset),
         )
-        if seq is None:
+        if cas is None:
+            if earlier:
+                self._unnumbered[task_id] = earlier
             return None
+        moved, seq = cas
+        self._numbered.extend((task_id, seq - len(earlier) + i, e) for i, e in enumerate(earlier))
         payload = _sql.state_payload(target, expected_version + 1, reason, failure)
         stored = None
         if decision is not None:
             stored = await _sql.insert_decision(self.conn, task_id, decision, self.now)
             payload["route_decision_no"] = stored.decision_no
-        announced = await _sql.append_event(
-            self.conn,
-            task_id,
-            seq,
-            "task.state_changed",
-            payload,
-            now=self.now,
-            outputs=outputs_of(output_asset),
-        )
-        if announced:  # a caller-webhook message was written: wake its delivery worker
-            self.topics.add(str(Topic.WEBHOOK))
+        event = _Event("task.state_changed", payload, tuple(outputs_of(output_asset)))
+        self._numbered.append((task_id, seq, event))
         for message in outbox:
             await self.enqueue(message)
         if TASK_MACHINE.is_terminal(target):
             # 9.23.1: the terminal state and the tenant's settlement commit together.
-            await ledger.settle_task(self.conn, task_id, target, self.now)
+            await ledger.settle_task(
+                self.conn, task_id, target, self.now, adopted=(moved.adopted_attempt_id,)
+            )
             self.endings.append(Ending(task_id, target.value, reason, failure))
-        return _Moved(stored)
+        return _Moved(moved, stored)
+
+    # ---- task events ----------------------------------------------------------------------
+
+    def add_event(
+        self,
+        task_id: int,
+        kind: str,
+        payload: Mapping[str, Any],
+        outputs: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
+        """A task event, numbered and written with the unit's others (`flush_events`)."""
+        self._unnumbered.setdefault(task_id, []).append(_Event(kind, dict(payload), tuple(outputs)))
+
+    async def flush_events(self) -> None:
+        """Write the unit's task events: the numbers still missing reserved in ONE statement
+        (each task's ``last_event_seq``, under its row lock), then the events and their
+        caller-webhook messages in ONE more on PostgreSQL (`transitions.insert_events`).
+        `Database.unit` calls it before the commit; a read of the events calls it first."""
+        if self._unnumbered:
+            pending, self._unnumbered = self._unnumbered, {}
+            lasts = await _sql.reserve_seqs(self.conn, {t: len(e) for t, e in pending.items()})
+            for task_id, events in pending.items():
+                first = lasts[task_id] - len(events) + 1
+                self._numbered.extend((task_id, first + i, e) for i, e in enumerate(events))
+        if not self._numbered:
+            return
+        numbered, self._numbered = self._numbered, []
+        rows = [
+            {"task_id": t, "seq": seq, "kind": e.kind, "payload": e.payload, "created_at": self.now}
+            for t, seq, e in numbered
+        ]
+        outputs = {(t, seq): e.outputs for t, seq, e in numbered if e.outputs}
+        if await transitions.insert_events(self.conn, rows, self.now, outputs=outputs):
+            self.topics.add(str(Topic.WEBHOOK))  # a caller-webhook message may be written
+
+    @asynccontextmanager
+    async def _savepoint(self) -> AsyncIterator[None]:
+        """A savepoint whose task events are written inside it: rolled back, they are gone
+        with the rows they describe."""
+        await self.flush_events()
+        try:
+            async with self.conn.begin_nested():
+                yield
+                await self.flush_events()
+        except BaseException:
+            self._unnumbered, self._numbered = {}, []
+            raise
 
     # ---- a dispatch round in bulk (`batch`) -------------------------------------------------
 
@@ -316,6 +377,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
 
     async def write_selected(self, items: Sequence[batch.SelectedTask]) -> dict[int, batch.Written]:
         """The claimed SELECTED tasks of a round, written set-based (`batch.write_selected`)."""
+        await self.flush_events()
         written = await batch.write_selected(self.conn, items, self.now)
         if written:  # the after-commit wake-up relay (controlplane.wakeups)
             self.topics.add(str(Topic.SUBMIT))
@@ -328,6 +390,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         (`IllegalTransition` before any write), the CAS set-based, the same events, webhook
         messages and, for a move that ends the task, its settlement (`transitions`). The ids
         whose CAS won; a lost one is left as it was, like the single path's."""
+        await self.flush_events()  # numbers this path reserves itself come after them
         moved = await transitions.cas_many(self.conn, moves, self.now)
         events = [e for m in moved.values() for e in m.events]
         if events and await transitions.insert_events(self.conn, events, self.now):
@@ -362,7 +425,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         if attempt.initial_state not in NOT_SENT_ATTEMPT_STATES:
             raise ValueError(f"an attempt cannot start in {attempt.initial_state.value}")
         try:
-            async with self.conn.begin_nested():
+            async with self._savepoint():
                 moved = await self._move_task(
                     task_id, expected_task_version, TaskState.SUBMITTING, ""
                 )
@@ -374,11 +437,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
                 attempt_row = await _sql.insert_attempt(
                     self.conn, task_id, attempt, decision_row.id, self.now
                 )
-                seq = await _sql.next_seq(self.conn, task_id)
-                created = _sql.attempt_payload(attempt_row)
-                await _sql.append_event(
-                    self.conn, task_id, seq, "attempt.created", created, now=self.now
-                )
+                self.add_event(task_id, "attempt.created", _sql.attempt_payload(attempt_row))
                 body = {**(outbox_payload or {}), "task_id": task_id, "attempt_id": attempt_row.id}
                 await self.enqueue(NewOutboxMessage(outbox_topic, str(attempt_row.id), body))
         except IntegrityError as exc:
@@ -426,11 +485,8 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         if target is AttemptState.ABANDONED:
             failure = None if changes is None else changes.failure
             self.endings.append(Ending(moved.task_id, target.value, reason, failure, moved.id))
-        seq = await _sql.next_seq(self.conn, moved.task_id)
         payload = _sql.attempt_moved_payload(moved, reason, changes)
-        await _sql.append_event(
-            self.conn, moved.task_id, seq, "attempt.state_changed", payload, now=self.now
-        )
+        self.add_event(moved.task_id, "attempt.state_changed", payload)
         for message in outbox:
             await self.enqueue(message)
         return moved

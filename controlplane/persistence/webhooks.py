@@ -181,16 +181,34 @@ _ENQUEUE_MANY = _enqueue_unnest()
 
 
 async def enqueue_many(
-    conn: AsyncConnection, events: Iterable[Mapping[str, Any]], now: datetime
+    conn: AsyncConnection,
+    events: Iterable[Mapping[str, Any]],
+    now: datetime,
+    *,
+    outputs: Mapping[tuple[int, int], Sequence[Mapping[str, Any]]] | None = None,
+    with_events: Any = None,
 ) -> int:
     """The messages of task events inserted in bulk (``task_events`` row dicts): one statement
     on PostgreSQL (arrays), one executemany on SQLite; events no webhook announces are skipped.
-    How many of the events are of a kind a webhook may announce (the statement itself keeps
-    only subscribed tasks'): a wake-up hint for the delivery worker, not a count of rows."""
+    `outputs` (by (task id, seq)) go into their event's message. On PostgreSQL `with_events`,
+    a data-modifying CTE inserting the events themselves (`_bulk.unnest_insert`, its
+    parameters merged into the call), rides in the same statement. How many of the events are
+    of a kind a webhook may announce (the statement itself keeps only subscribed tasks'): a
+    wake-up hint for the delivery worker, not a count of rows."""
+    found = outputs or {}
     params = [
         p
         for e in events
-        if (p := enqueue_params(e["task_id"], e["seq"], e["kind"], e["payload"], now))
+        if (
+            p := enqueue_params(
+                e["task_id"],
+                e["seq"],
+                e["kind"],
+                e["payload"],
+                now,
+                found.get((e["task_id"], e["seq"]), ()),
+            )
+        )
     ]
     if not params:
         return 0
@@ -198,8 +216,24 @@ async def enqueue_many(
         await conn.execute(ENQUEUE, params)
         return len(params)
     arrays: dict[str, Any] = {f"a{name}": [p[name] for p in params] for name, _ in _ARRAYS}
-    await conn.execute(_ENQUEUE_MANY, {**arrays, "w_now": now})
+    if with_events is None:
+        await conn.execute(_ENQUEUE_MANY, {**arrays, "w_now": now})
+    else:
+        statement, event_params = with_events
+        await conn.execute(_with_events(statement), {**arrays, **event_params, "w_now": now})
     return len(params)
+
+
+_COMBINED: dict[int, Any] = {}
+
+
+def _with_events(events_insert: Any) -> Any:
+    """`_ENQUEUE_MANY` carrying `events_insert` as an unreferenced CTE (built once per insert)."""
+    key = id(events_insert)
+    stmt = _COMBINED.get(key)
+    if stmt is None:
+        stmt = _COMBINED[key] = _ENQUEUE_MANY.add_cte(events_insert.cte("ev"))
+    return stmt
 
 
 @dataclass(frozen=True, slots=True)

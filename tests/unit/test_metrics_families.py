@@ -58,6 +58,7 @@ DESIGN_FAMILIES = {
     "grpc_server_started_total",
     "grpc_server_handled_total",
     "grpc_server_handling_seconds",
+    "controlplane_db_total",  # beyond 9.24: statements, transactions, round trips by stage
 }
 
 
@@ -97,6 +98,7 @@ def filled() -> ControlPlaneMetrics:
     m.rpc_handled.labels("svc", "Get", "OK").inc()
     m.rpc_latency.labels("svc", "Get").observe(0.01)
     m.window_refused("runway", "prod-us", "submits_per_minute")
+    m.db_work.labels("poll", "statement").inc()
     return m
 
 

@@ -134,7 +134,8 @@ def _same(many: dict[str, list[Any]], ones: dict[str, list[Any]]) -> None:
 
 
 def _unit_facts(u: SqlUnitOfWork, task_ids: Sequence[int]) -> tuple[set[str], list[Any]]:
-    """What a unit leaves for after its commit: the topics to wake, the endings to log."""
+    """What a unit left for after its commit (read once it ended: its task events, and so its
+    webhook wake-up, are written at its end): the topics to wake, the endings to log."""
     order = {t: i for i, t in enumerate(task_ids)}
     endings = [(order[e.task_id], e.state, e.reason) for e in u.endings]
     return set(u.topics), endings
@@ -160,7 +161,7 @@ async def test_a_dispatch_writes_the_same_rows_single_or_bulk(db: Database) -> N
                 decision,
                 outbox_payload=SUBMIT_BODY,
             )
-        single_facts = _unit_facts(u, [t.id for t in single])
+    single_facts = _unit_facts(u, [t.id for t in single])
 
     bulk = await _tasks(db, "bulk", 3)
     async with db.unit(LATER) as u:
@@ -180,7 +181,7 @@ async def test_a_dispatch_writes_the_same_rows_single_or_bulk(db: Database) -> N
             ]
         )
         assert set(written) == {t.id for t in bulk}
-        bulk_facts = _unit_facts(u, [t.id for t in bulk])
+    bulk_facts = _unit_facts(u, [t.id for t in bulk])
 
     ones = await _rows(db, [t.id for t in single])
     many = await _rows(db, [t.id for t in bulk])
@@ -218,7 +219,7 @@ async def test_state_changes_write_the_same_rows_single_or_bulk(db: Database) ->
                 assert record is not None
                 record = await u.move_task(record, step.target, step.reason)
             assert record is not None
-        single_facts = _unit_facts(u, [t.id for t in single])
+    single_facts = _unit_facts(u, [t.id for t in single])
 
     bulk = await _tasks(db, "bulk", len(MOVES))
     async with db.unit(LATER) as u:
@@ -229,7 +230,7 @@ async def test_state_changes_write_the_same_rows_single_or_bulk(db: Database) ->
             ]
         )
         assert moved == {t.id for t in bulk}
-        bulk_facts = _unit_facts(u, [t.id for t in bulk])
+    bulk_facts = _unit_facts(u, [t.id for t in bulk])
 
     ones = await _rows(db, [t.id for t in single])
     many = await _rows(db, [t.id for t in bulk])
