@@ -152,7 +152,7 @@ def _import(cp: ControlPlane, path: Path) -> dict[str, Any]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,  # a process start and an import on a loaded 2-core host
         check=False,
     )
     assert proc.returncode == 0, f"rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}"

@@ -126,3 +126,27 @@ def test_an_unsupported_provider_is_not_reconciled() -> None:
     report = ReconciliationReport(REPORT.day, (), (unsupported,), ())
     assert reconcile_cli.exit_code(report) == 2
     assert "NOT RECONCILED: UNSUPPORTED_CAPABILITY" in "\n".join(reconcile_cli.report_lines(report))
+
+
+def test_a_one_shot_runs_deadlines_keep_a_floor_the_time_factor_cannot_shrink(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At time factor 0.02 the control plane's ListUsage deadline is 0.6 s; the reconcile run's
+    is never under `ONE_SHOT_MIN_DEADLINE_S`, while its other timings stay scaled."""
+    from controlplane import bootstrap
+    from controlplane.reconciliation import clients
+
+    built: dict[str, dict[str, object]] = {}
+
+    def capture(tls: object, address: str, timing: dict[str, object]) -> object:
+        built[address] = dict(timing)
+        return object()
+
+    monkeypatch.setattr(clients, "adapter_client", capture)
+    clients.adapter_clients(
+        bootstrap.Settings(time_scale=0.02, adapters={"runway": "127.0.0.1:50061"})
+    )
+    timing = built["127.0.0.1:50061"]
+    assert timing["timeout_s"] == clients.ONE_SHOT_MIN_DEADLINE_S
+    assert timing["fetch_timeout_s"] == 18.0  # 900 s x 0.02 is above the floor: kept
+    assert timing["reconnect_max_s"] == pytest.approx(0.1)  # not a deadline: scaled as before
