@@ -21,6 +21,7 @@ import yaml
 
 from adapter_sidecars.common.metrics import SidecarMetrics
 from controlplane.metrics import ControlPlaneMetrics
+from controlplane.metrics_state import StateSources
 
 MONITORING = Path(__file__).resolve().parents[2] / "k8s" / "monitoring"
 RULES = MONITORING / "alerts.yaml"
@@ -49,9 +50,11 @@ def rules() -> list[dict[str, Any]]:
 
 
 def exported_series() -> set[str]:
-    """Every series name the two deployables can expose (histogram parts included)."""
+    """Every series name the two deployables can expose (histogram parts included); the
+    control plane's scrape-time families too, as a serving replica registers them."""
     names: set[str] = set()
-    for registry in (ControlPlaneMetrics().registry, SidecarMetrics("p").registry):
+    serving = ControlPlaneMetrics(state=StateSources())
+    for registry in (serving.registry, SidecarMetrics("p").registry):
         for family in registry.collect():
             if family.type == "counter":
                 names.add(f"{family.name}_total")
