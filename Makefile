@@ -50,8 +50,7 @@ up: $(RUNTIME_INSTALLED)
 ## (pytest-xdist). Each test file runs whole on one worker (--dist loadfile), so a module's
 ## shared stack starts once; every worker has its own databases, Redis databases and ports.
 ## Files go out in collection order (--no-loadscope-reorder: xdist would send the files with the
-## most tests first, leaving the long one-test e2e files for the end), and the longest files are
-## collected first (LONGEST_FIRST in tests/conftest.py). TEST_WORKERS=0: one process.
+## most tests first, leaving the long one-test e2e files for the end). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 3
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(INSTALLED) $(NODE_INSTALLED) $(SDK_GENAI2)/.installed

@@ -42,26 +42,6 @@ def pytest_configure(config: pytest.Config) -> None:
         sizes.use_long_sizes()
 
 
-#: The files that take longest on one worker, longest first (each alone, measured with
-#: ``pytest --durations``). `make test` hands whole files to the workers in collection order
-#: (``--dist loadfile --no-loadscope-reorder``), so these are collected first: each starts on a
-#: worker of its own at the beginning of the run, and the many short files fill the workers
-#: around them, instead of a long file starting last and running alone at the end.
-LONGEST_FIRST = (
-    "tests/e2e/test_routing_quality.py",  # ~215 s in a full run
-    "tests/e2e/test_veo_cloud_billing.py",  # its stack's setup 80-155 s
-    "tests/e2e/test_reconciliation_scenario.py",  # ~145 s
-    "tests/e2e/test_reconciliation_rules.py",  # 95-125 s
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`LONGEST_FIRST`'s files first, in its order; every other file after, in its own order
-    (a stable sort: each file's tests stay together and in order)."""
-    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
-
-
 def require_server(reason: str) -> None:
     """Fail under CI=true, skip elsewhere."""
     if os.environ.get("CI", "").lower() == "true":
