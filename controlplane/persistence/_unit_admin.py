@@ -54,9 +54,10 @@ class AdminWrites:
 
     # ---- canaries (9.13.5) -----------------------------------------------------------------
 
-    async def note_canary_gates(self, candidate_id: str, gates: dict[str, bool]) -> None:
-        """Keep the last evaluation of a canary that holds (no transition)."""
-        await canaries.note_gates(self.conn, candidate_id, gates, self.now)
+    async def note_canary_gates(self, row: canaries.CanaryRow, gates: dict[str, bool]) -> bool:
+        """Keep the last evaluation of a canary that holds (no transition), unless another
+        evaluation moved it since `row` was read (False)."""
+        return await canaries.note_gates(self.conn, row, gates, self.now)
 
     async def move_canary(
         self,

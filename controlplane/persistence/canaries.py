@@ -199,12 +199,22 @@ async def move_canary(
 
 
 async def note_gates(
-    conn: AsyncConnection, candidate_id: str, gates: dict[str, bool], now: datetime
-) -> None:
-    """Keep the last evaluation of a canary that holds (no transition)."""
-    await conn.execute(
-        update(C).where(C.c.candidate_id == candidate_id).values(gates=gates, updated_at=now)
+    conn: AsyncConnection, row: CanaryRow, gates: dict[str, bool], now: datetime
+) -> bool:
+    """Keep the last evaluation of a canary that holds (no transition), if it is still ACTIVE
+    at ``row.stage``; False if another evaluation moved it first (its gates stand)."""
+    done = await conn.execute(
+        update(C)
+        .where(
+            and_(
+                C.c.candidate_id == row.candidate_id,
+                C.c.status == CanaryStatus.ACTIVE.value,
+                C.c.stage == row.stage,
+            )
+        )
+        .values(gates=gates, updated_at=now)
     )
+    return bool(done.rowcount)
 
 
 async def transitions(conn: AsyncConnection) -> list[TransitionRow]:

@@ -182,7 +182,7 @@ class CanaryGatekeeper:
         gates = dict(verdict.gates)
         async with self._db.unit(now) as u:
             if verdict.action is CanaryAction.HOLD:
-                await u.note_canary_gates(row.candidate_id, gates)
+                await u.note_canary_gates(row, gates)  # False: moved meanwhile, its gates stand
                 return
             status = _NEXT_STATUS[verdict.action]
             stage = row.stage if verdict.next_stage is None else verdict.next_stage

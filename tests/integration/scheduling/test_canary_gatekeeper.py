@@ -205,6 +205,26 @@ async def test_a_failing_canary_is_rolled_back_once(db: Database) -> None:
     assert [a for a, _, _ in await history(db)] == ["STARTED", "ROLLBACK"]
 
 
+async def test_a_hold_judged_on_a_stale_row_leaves_the_moved_canarys_gates(db: Database) -> None:
+    """A replica that judged HOLD on the row it read does not overwrite the gates another
+    replica's rollback wrote meanwhile: the HOLD is kept only while the canary is still ACTIVE
+    at the stage it judged."""
+    s = Stack(db)
+    await s.setup()
+    await RoutingPolicyService(db, clock=lambda: T0).publish(document("v1", min_success_rate=0.9))
+    await s.attempts(CANARY, T0 + timedelta(seconds=1), ok=1, failed=2)
+    stale = await state(db)
+    ((_, verdict),) = await keeper(db, T0 + timedelta(seconds=5)).evaluate_once()
+    assert verdict.action is CanaryAction.ROLLBACK
+    rolled_back = await state(db)
+    async with db.unit(T0 + timedelta(seconds=6)) as u:
+        kept = await u.note_canary_gates(stale, {"min_samples": False})
+    assert not kept
+    after = await state(db)
+    assert after.status is CanaryStatus.ROLLED_BACK
+    assert after.gates == rolled_back.gates
+
+
 async def test_the_p95_gate_is_scaled_with_the_deployment(db: Database) -> None:
     """A 100 s p95 gate (production seconds) is 10 s at scale 0.1, where every duration is a
     tenth of production's: 30 s attempts fail it (at scale 1 they pass: the first test)."""
