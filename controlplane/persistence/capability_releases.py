@@ -116,8 +116,15 @@ async def active_at(conn: AsyncConnection, at: datetime) -> ActivationRow | None
 
 
 async def pending(conn: AsyncConnection, now: datetime) -> ActivationRow | None:
-    """The first activation scheduled after `now`, if any."""
-    query = select(A).where(A.c.effective_from > now).order_by(A.c.effective_from).limit(1)
+    """The first activation scheduled after `now`, if any. Only a SCHEDULED one: an immediate
+    activation takes effect at its writer's clock, which a racing writer's earlier clock would
+    otherwise read as the future."""
+    query = (
+        select(A)
+        .where(A.c.action == "SCHEDULED", A.c.effective_from > now)
+        .order_by(A.c.effective_from)
+        .limit(1)
+    )
     row = (await conn.execute(query)).first()
     return None if row is None else _activation(row)
 

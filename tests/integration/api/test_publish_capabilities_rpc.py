@@ -377,6 +377,18 @@ async def test_two_activations_of_one_staged_release_apply_it_once(admin: Admin)
     assert len(activations) == 1
 
 
+async def test_an_immediate_release_is_not_pending_to_a_writer_with_an_earlier_clock(
+    admin: Admin,
+) -> None:
+    """A writer that read its clock before another's immediate activation committed (two
+    admins at once) sees that activation take effect after its own clock; it is in effect,
+    not scheduled, so nothing is pending to that writer."""
+    before = datetime.now(UTC)
+    await admin.activate((await admin.publish(_yaml(_newer(_entries())), staged=True)).version)
+    async with admin.db.unit(before) as u:
+        assert await u.pending_capability_release() is None
+
+
 async def test_bad_entries_reject_the_whole_document_with_field_violations(admin: Admin) -> None:
     """An unknown mode in entry 1 and no price in entry 2: INVALID_ARGUMENT naming both
     entries (the good entry 0 is not written either); a document that is not YAML, or nested
