@@ -3,7 +3,7 @@ the full run): the whole stack, provider A (Runway) slowed 3x then failing 30% t
 B (Veo) steady and dearer, the self-hosted model saturated; the shipped routing, cheapest-first
 and lowest-latency-first side by side in one control plane, each policy a tenant.
 
-It asserts orderings against cheapest-first, never absolute figures: the machine's load moves
+It asserts orderings between the policies, never absolute figures: the machine's load moves
 every latency, and a few tasks a phase give coarse percentiles.
 """
 
@@ -27,11 +27,12 @@ TIME_SCALE = 0.05  # a phase is ~48 s, ~16 min of production time: the 15-min wi
 def test_shipped_routing_against_cheapest_first_under_degradation(
     migrated_postgres_url: str, redis_db: RedisDb
 ) -> None:
-    """Every task of the scenario ends, and cheapest-first pays the least per success in both
-    variants: Runway bills a failed task 0 and failed attempts fail over, so its failures cost
-    it time, not money (bench/RESULTS.md: why the 0.85x goal cannot be met here). The shipped
-    routing leaving A for B takes more failures than this short run gives it (the full run's
-    figures)."""
+    """Every task of the scenario ends, and the shipped routing counts price: in both variants
+    it pays less per success than lowest-latency-first, which pays at least what cheapest-first
+    pays. Against cheapest-first itself the shipped routing's cost is not ordered here: Runway
+    bills a failed task 0 and failed attempts fail over, so cheapest-first's failures cost it
+    time, not money, and the two come within a few percent of each other on paid providers
+    (either side, run to run; bench/RESULTS.md: why the 0.85x goal cannot be met here)."""
     figures: Any = routing_quality.run(
         TASKS_PER_PHASE,
         RATE,
@@ -45,6 +46,6 @@ def test_shipped_routing_against_cheapest_first_under_degradation(
         section = figures[variant]
         for policy in routing_quality.POLICIES:
             assert section[policy]["tasks"] == 4 * TASKS_PER_PHASE, (variant, policy)
-        cheapest = section["cheapest"]["cost_per_success_micros"]
-        assert cheapest <= section["auto"]["cost_per_success_micros"], section
-        assert cheapest <= section["fastest"]["cost_per_success_micros"], section
+        cost = {p: section[p]["cost_per_success_micros"] for p in routing_quality.POLICIES}
+        assert cost["cheapest"] <= cost["fastest"], (variant, section)
+        assert cost["auto"] < cost["fastest"], (variant, section)
