@@ -55,6 +55,7 @@ WEIGHTS = {"gold": 5, "silver": 2, "bronze": 1}
 # The first 64 dispatches are 8 whole DRR cycles of 5+2+1 tasks; 48 tasks each keep every
 # tenant backlogged throughout (gold needs 40). Greedy against honest: 1+3 per cycle, 8 cycles.
 WEIGHTS_WINDOW, WEIGHTS_BACKLOG = 64, 48
+DISPATCH_BOUND_S = 600  # for a window to leave the queue (the tests' own timeout is above it)
 ENTITLEMENT_WINDOW, ENTITLEMENT_BACKLOG = 32, 28
 # The calm tenant's creates: 3 segments of 40 alone and 3 of 40 flooded (120 samples a side).
 FLOOD_SEGMENTS, FLOOD_SEGMENT_CREATES = 3, 40
@@ -164,7 +165,11 @@ def _first_dispatches(
             out += [(tenant, t.task_id) for t in tasks if t.state != sp.TASK_STATE_QUEUED]
         return out if len(out) >= window else None
 
-    went = wait_for(left_queue, timeout_s=200, interval_s=0.5, what=f"{window} dispatches")
+    # A liveness bound, not a speed one: capacity 10 lets a window of 64 through in ~7 job
+    # lifetimes, ~140 s idle, 217 s at load 15 (CI); the shares do not depend on how long.
+    went = wait_for(
+        left_queue, timeout_s=DISPATCH_BOUND_S, interval_s=0.5, what=f"{window} dispatches"
+    )
     platform.hold(CONTENDED)
     try:
         with ThreadPoolExecutor(4) as pool:
@@ -261,6 +266,7 @@ def test_a_preferred_region_ranks_the_candidates_outside_it_lower(
     assert decisions[0].selection_reason in {"best_score", "bucketed_near_tie"}, decisions[0]
 
 
+@pytest.mark.timeout(DISPATCH_BOUND_S + 300)
 def test_a_tenant_not_entitled_to_interactive_is_refused_and_held_to_its_share(
     platform: TenantPlatform,
 ) -> None:
@@ -290,6 +296,7 @@ def test_a_tenant_not_entitled_to_interactive_is_refused_and_held_to_its_share(
     assert shares["greedy"] <= ENTITLEMENT_WINDOW // 4 + 1, shares
 
 
+@pytest.mark.timeout(DISPATCH_BOUND_S + 300)
 def test_weights_5_2_1_give_their_shares_under_contention(platform: TenantPlatform) -> None:
     """Three tenants weighted 5:2:1 in STANDARD, equal backlogs: the contended dispatches split
     within 2% of 5/8, 2/8, 1/8, and Jain's index of the weight-normalised shares is >= 0.99."""
