@@ -441,11 +441,14 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         events = [e for m in moved.values() for e in m.events]
         if events and await transitions.insert_events(self.conn, events, self.now):
             self.topics.add(str(Topic.WEBHOOK))
-        for m in moves:
-            if m.task_id in moved and TASK_MACHINE.is_terminal(m.final):
-                # 9.23.1: the terminal state and the tenant's settlement commit together.
-                await ledger.settle_task(self.conn, m.task_id, m.final, self.now)
-                self.endings.append(Ending(m.task_id, m.final.value, m.steps[-1].reason, None))
+        ended = [m for m in moves if m.task_id in moved and TASK_MACHINE.is_terminal(m.final)]
+        if ended:
+            # 9.23.1: the terminal state and the tenant's settlement commit together.
+            await ledger.settle_tasks(
+                self.conn, [ledger.Settle(m.task_id, m.final) for m in ended], self.now
+            )
+        for m in ended:
+            self.endings.append(Ending(m.task_id, m.final.value, m.steps[-1].reason, None))
         return set(moved)
 
     # ---- attempts -------------------------------------------------------------------------
