@@ -20,7 +20,8 @@ contract):
   ACTUAL entry names the price version it was converted with).
 
 Writes (called by the unit of work inside its transaction): `lock_tenant` + `reserve` at
-CreateTask, `settle_task` at a task's terminal transition (its PLATFORM_LOSS rows too),
+CreateTask, `settle_task` at a task's terminal transition (its PLATFORM_LOSS rows too;
+`settle_tasks` for many tasks ended in one transaction, set-based),
 `record_usage` for EXPECTED / ACTUAL rows, `put_unit_rate`. Every write is insert-once on its
 idempotency key (``ON CONFLICT DO NOTHING``), and the partial UNIQUE indexes of revision 0006
 refuse a second reserve or settlement of a task even from a writer that skips these functions.
