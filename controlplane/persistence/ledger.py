@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import and_, case, exists, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -709,7 +709,7 @@ async def settle_tasks(
     ids = [s.task_id for s in items]
     if len(set(ids)) != len(ids):
         raise ValueError("a task is settled once per call")
-    held = await _entries_of(conn, ids, CreditKind.RESERVE.value)
+    held, attempts = await _reservations_and_attempts(conn, ids)
     out: dict[int, CreditEntry | None] = dict.fromkeys(ids)
     unheld = [i for i in ids if i not in held]
     if unheld:
@@ -724,24 +724,9 @@ async def settle_tasks(
             select(T.c.id, T.c.adopted_attempt_id).where(T.c.id.in_(unknown))
         )
         adopted.update({int(t): a for t, a in found})
-    rows = (
-        (
-            await conn.execute(
-                select(A, J.c.provider_job_id, PA.c.provider)
-                .join(PA, PA.c.id == A.c.provider_account_id)
-                .outerjoin(J, J.c.attempt_id == A.c.id)
-                .where(A.c.task_id.in_([s.task_id for s in todo]))
-                .order_by(A.c.task_id, A.c.attempt_no)
-            )
-        )
-        .mappings()
-        .all()
-    )
-    attempts: dict[int, list[RowMapping]] = {s.task_id: [] for s in todo}
-    for r in rows:
-        attempts[r["task_id"]].append(r)
     plans = [
-        _settlement(s, held[s.task_id], adopted.get(s.task_id), attempts[s.task_id]) for s in todo
+        _settlement(s, held[s.task_id], adopted.get(s.task_id), attempts.get(s.task_id, []))
+        for s in todo
     ]
     written = await _insert_settlements(conn, plans, now)
     raced = [p.item.task_id for p in plans if p.item.task_id not in written]
@@ -798,6 +783,39 @@ def _settlement(
         delivered_cost_micros=cost,
     )
     return _Plan(item, held, outcome, rows, delivered, cost)
+
+
+async def _reservations_and_attempts(
+    conn: AsyncConnection, task_ids: Sequence[int]
+) -> tuple[dict[int, CreditEntry], dict[int, list[RowMapping]]]:
+    """The reserved tasks' RESERVE entries and their attempts (each with its job id and
+    provider, in attempt order), by task, in ONE statement: the reservation outer-joined to the
+    attempts, so a task with none still has its entry."""
+    parts = [c.label(f"c__{c.name}") for c in C.c] + [c.label(f"a__{c.name}") for c in A.c]
+    attempts = A.join(PA, PA.c.id == A.c.provider_account_id).outerjoin(J, J.c.attempt_id == A.c.id)
+    query = (
+        select(
+            *parts,
+            J.c.provider_job_id.label("a__provider_job_id"),
+            PA.c.provider.label("a__provider"),
+        )
+        .select_from(C.outerjoin(attempts, A.c.task_id == C.c.task_id))
+        .where(C.c.task_id.in_(task_ids), C.c.kind == CreditKind.RESERVE.value)
+        .order_by(C.c.task_id, A.c.attempt_no)
+    )
+    held: dict[int, CreditEntry] = {}
+    by_task: dict[int, list[RowMapping]] = {}
+    for m in (await conn.execute(query)).mappings():
+        task_id = int(m["c__task_id"])
+        held.setdefault(task_id, _credit(_part(m, "c__")))
+        if m["a__id"] is not None:
+            by_task.setdefault(task_id, []).append(_part(m, "a__"))
+    return held, by_task
+
+
+def _part(m: RowMapping, prefix: str) -> RowMapping:
+    """The columns of one table of a joined row, by their own names."""
+    return cast(RowMapping, {k[len(prefix) :]: v for k, v in m.items() if k.startswith(prefix)})
 
 
 async def _entries_of(
