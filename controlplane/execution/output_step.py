@@ -17,13 +17,23 @@ output is a plain HTTP GET. Both go through the same checks and storage.
 The message is completed in the same transaction as the task's final state, so a crash
 re-fetches (the storage key is per attempt and sample, so a second fetch overwrites the same
 object). A failure of any sample decides the message as above; a retry fetches every sample again.
+
+A claimed batch is handled per round (design 9.20, issue 22): its rows read in one statement,
+every message judged side by side (the fetches concurrent, at most `concurrency` at once, no
+transaction open), then every outcome of the batch written in ONE unit of work (`_write`: the
+rows locked in one read, the task moves with their settlements together, the checks and the
+acks each one statement), and the leases released only after its commit. A single message is
+the batch of one, through the same function. If the batch's unit raises, it committed nothing:
+each outcome is then written alone in its own unit, as one message at a time would be, so one
+bad item costs the batch nothing (the fetches are not repeated: only the writes are). Two
+messages of one attempt never share a round: the second is judged after the first's commit.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import asdict, replace
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -49,10 +59,8 @@ from controlplane.execution.outcomes import (
     AfterCommit,
     ExecutionDeps,
     claim_batch,
-    complete,
     job_ref,
     outputs_json,
-    retry_later,
 )
 from controlplane.execution.output_fetch import (
     ExpectedMedia,
@@ -76,6 +84,7 @@ from controlplane.persistence.records import (
     Failure,
     OutboxRecord,
     ProviderJobRecord,
+    TaskEnd,
     TaskRecord,
 )
 from controlplane.storage.base import ObjectStore, StorageError
@@ -183,60 +192,62 @@ class OutputStep:
         messages = await claim_batch(self._deps, Topic.OUTPUT_FETCH)
         if not messages:
             return 0
-        # The batch's rows in one read (ONE statement), not a read per message. Only the first
-        # message of an attempt uses them: a later one of the same attempt runs after it (same
-        # lane) and reads what the first one wrote.
-        reads = self._deps.reads
-        firsts: dict[int, OutboxRecord] = {}
-        for m in messages:
-            firsts.setdefault(int(m.payload["attempt_id"]), m)
-        joined = await reads.snapshots_and_tasks(firsts)
-
-        async def handle_bound(message: OutboxRecord) -> None:
-            payload = message.payload
-            attempt_id = int(payload["attempt_id"])
-            rows = None
-            if firsts[attempt_id] is message:
-                snap, task = joined.get(attempt_id, (None, None))
-                # A message names its attempt's task; one naming another finds no task.
-                if task is not None and task.id != int(payload["task_id"]):
-                    task = None
-                rows = (snap, task)
-            with bind_ids(task_id=payload.get("task_id"), attempt_id=payload.get("attempt_id")):
-                await self.handle(message, rows)
-
-        await run_batch(
-            messages,
-            handle_bound,
-            key=lambda m: m.payload.get("attempt_id"),
-            limit=self._deps.config.concurrency,
-        )
+        first: Exception | None = None
+        for round_ in _rounds(messages):
+            try:
+                await self._round(round_)
+            except Exception as exc:  # finish the batch, then raise the first (engine logs it)
+                first = first or exc
+        if first is not None:
+            raise first
         return len(messages)
 
-    async def handle(
-        self,
-        message: OutboxRecord,
-        rows: tuple[Snapshot | None, TaskRecord | None] | None = None,
-    ) -> None:
-        """Handle one ``output.fetch``; `rows` are its attempt's snapshot and its task as read
-        at claim time (else read now)."""
+    async def _round(self, messages: list[OutboxRecord]) -> None:
+        """Judge `messages` (one per attempt) side by side, then write their outcomes together.
+        A message whose judging raised writes nothing: its claim expires, as before."""
+        # The round's rows in one read (ONE statement), not a read per message.
+        joined = await self._deps.reads.snapshots_and_tasks(
+            int(m.payload["attempt_id"]) for m in messages
+        )
+        outcomes: dict[int, _Outcome] = {}
+
+        async def judge(message: OutboxRecord) -> None:
+            payload = message.payload
+            snap, task = joined.get(int(payload["attempt_id"]), (None, None))
+            # A message names its attempt's task; one naming another finds no task.
+            if task is not None and task.id != int(payload["task_id"]):
+                task = None
+            with bind_ids(task_id=payload.get("task_id"), attempt_id=payload.get("attempt_id")):
+                outcomes[message.id] = await self._judge(message, snap, task)
+
+        failed: Exception | None = None
+        try:
+            await run_batch(
+                messages,
+                judge,
+                key=lambda m: m.payload.get("attempt_id"),
+                limit=self._deps.config.concurrency,
+            )
+        except Exception as exc:
+            failed = exc
+        await self._apply([outcomes[i] for i in sorted(outcomes)])
+        if failed is not None:
+            raise failed
+
+    async def _judge(
+        self, message: OutboxRecord, snap: Snapshot | None, task: TaskRecord | None
+    ) -> _Outcome:
+        """Fetch what `message` asks for and decide what to write; no transaction is open.
+        `snap` and `task` are its attempt's rows as read for the round."""
         cfg = self._deps.config
         attempt_id = int(message.payload["attempt_id"])
-        if rows is None:
-            task_id = int(message.payload["task_id"])
-            rows = (
-                await self._deps.reads.snapshot(attempt_id),
-                (await self._deps.reads.tasks([task_id])).get(task_id),
-            )
-        snap, task = rows
         if (
             snap is None
             or task is None
             or task.state is not TaskState.OUTPUT_FETCHING
             or task.adopted_attempt_id != attempt_id
         ):
-            await complete(self._deps, message.id, cfg.worker_id)
-            return
+            return _Done(message)
         attempt, job, runtime = snap
         outputs = outputs_json(job)
         spec = task.spec
@@ -253,51 +264,121 @@ class OutputStep:
             except ValueError as exc:
                 result = OutputExpired(f"unusable output locator: {exc}")
             else:
-                fetched = await self._fetch_all(message, attempt, job, requests, outputs)
+                fetched = await self._fetch_all(attempt, job, requests, outputs)
                 if fetched is None:  # a breaker refused; the message is due again later
-                    return
+                    return self._pause(message)
                 result, stored = fetched
         if isinstance(result, StoredAsset):
             document = output_document([_asset_fields(a) for a in stored])
-            await self._deliver(message, attempt_id, document, _probed(stored))
-        elif isinstance(result, OutputInvalid):
+            return _End(
+                message, attempt_id, TaskState.SUCCEEDED, "output stored",
+                asset=document, checks=_probed(stored),
+            )  # fmt: skip
+        if isinstance(result, OutputInvalid):
             probed = _probed(stored)
             if (defect := _DEFECT_OF.get(result.code)) is not None:
                 probed.append((len(stored), (defect,)))
-            await self._fail(
+            return _failed(
                 message, attempt_id, f"OUTPUT_INVALID_{result.code.value}", result.reason,
                 checks=probed,
             )  # fmt: skip
-        elif isinstance(result, OutputExpired):
+        if isinstance(result, OutputExpired):
             refreshes = runtime.output_refreshes if runtime else 0
             if refreshes >= cfg.max_output_refreshes:
-                await self._fail(
+                return _failed(
                     message, attempt_id, "OUTPUT_EXPIRED", result.reason, "OUTPUT_EXPIRED"
                 )
-                return
             if not await self._refresh(attempt_id):
                 # The sidecar gave no answer (stopped, restarting): no evidence about the output,
                 # so no refresh is used up; asked again later, like a breaker refusal (issue 20).
-                retry_at = self._deps.clock() + timedelta(seconds=cfg.breaker_retry_s)
-                await retry_later(self._deps, message.id, cfg.worker_id, available_at=retry_at)
-                return
-            await self._retry(message, attempt_id, "output_refreshes", 0.0)
-        else:
-            fetches = runtime.fetch_attempts if runtime else 0
-            if fetches + 1 >= cfg.max_fetch_attempts:
-                await self._fail(message, attempt_id, "OUTPUT_FETCH_GAVE_UP", result.reason)
-                return
-            delay = result.retry_after_s or backoff_delay_s(
-                fetches,
-                base_s=cfg.fetch_retry_base_s,
-                cap_s=cfg.fetch_retry_cap_s,
-                unit_random=self._deps.rng.random(),
+                return self._pause(message)
+            return _Later(message, self._deps.clock(), attempt, "output_refreshes")
+        fetches = runtime.fetch_attempts if runtime else 0
+        if fetches + 1 >= cfg.max_fetch_attempts:
+            return _failed(message, attempt_id, "OUTPUT_FETCH_GAVE_UP", result.reason)
+        delay = result.retry_after_s or backoff_delay_s(
+            fetches,
+            base_s=cfg.fetch_retry_base_s,
+            cap_s=cfg.fetch_retry_cap_s,
+            unit_random=self._deps.rng.random(),
+        )
+        at = self._deps.clock() + timedelta(seconds=delay)
+        return _Later(message, at, attempt, "fetch_attempts")
+
+    def _pause(self, message: OutboxRecord) -> _Later:
+        """Due again after `breaker_retry_s`, nothing counted (no evidence about the output)."""
+        at = self._deps.clock() + timedelta(seconds=self._deps.config.breaker_retry_s)
+        return _Later(message, at)
+
+    async def _apply(self, outcomes: Sequence[_Outcome]) -> None:
+        """Write `outcomes` in one unit; if it raises (nothing committed), each alone. Leases
+        are released once the unit that justified it committed."""
+        if not outcomes:
+            return
+        try:
+            after = await self._write(outcomes)
+        except Exception as exc:
+            if len(outcomes) == 1:
+                raise
+            log.warning(
+                "output.fetch: the batch of %d rolled back (%r); writing each alone",
+                len(outcomes),
+                exc,
             )
-            await self._retry(message, attempt_id, "fetch_attempts", delay)
+            await self._apply_each(outcomes)
+            return
+        await after.run(self._deps.leases)
+
+    async def _apply_each(self, outcomes: Sequence[_Outcome]) -> None:
+        """Each outcome in its own unit (`_write` of one); the first failure raised at the end,
+        the others' claims expire as a failed message's always did."""
+        after = AfterCommit()
+        first: Exception | None = None
+        for outcome in outcomes:
+            try:
+                one = await self._write([outcome])
+            except Exception as exc:
+                log.warning("output.fetch message %s not written: %r", outcome.message.id, exc)
+                first = first or exc
+                continue
+            after.release.extend(one.release)
+        await after.run(self._deps.leases)
+        if first is not None:
+            raise first
+
+    async def _write(self, outcomes: Sequence[_Outcome]) -> AfterCommit:
+        """Every outcome in ONE unit of work: the ended tasks' attempts and tasks locked in one
+        read, their moves and settlements (`end_tasks`), the probed samples' checks, the
+        retries' counters and due times, and the acks of the rest in one statement."""
+        deps, worker = self._deps, self._deps.config.worker_id
+        after = AfterCommit()
+        async with deps.db.unit(deps.clock()) as u:
+            ends = [o for o in outcomes if isinstance(o, _End)]
+            rows = await u.attempts_and_tasks([o.attempt_id for o in ends])
+            moves: list[TaskEnd] = []
+            checks: list[quality_store.NewCheck] = []
+            for end in ends:
+                if end.attempt_id not in rows:
+                    continue
+                attempt, task = rows[end.attempt_id]
+                moves.append(TaskEnd(task, end.target, end.reason, end.failure, end.asset))
+                checks.extend(await _checks(u, deps, task, attempt, end.checks))
+                after.release.append(attempt)
+            await u.end_tasks(moves)
+            if checks:
+                await u.record_quality_checks(checks)
+            for later in outcomes:
+                if not isinstance(later, _Later):
+                    continue
+                if later.attempt is not None and later.counter:
+                    await u.bump_runtime(later.attempt.id, later.attempt.task_id, later.counter)
+                await u.retry_message(later.message.id, worker, available_at=later.at)
+            done = [o.message.id for o in outcomes if not isinstance(o, _Later)]
+            await u.complete_messages(done, worker)
+        return after
 
     async def _fetch_all(
         self,
-        message: OutboxRecord,
         attempt: AttemptRecord,
         job: ProviderJobRecord | None,
         requests: list[FetchRequest],
@@ -306,7 +387,6 @@ class OutputStep:
         """Fetch every sample in order, stopping at the first that is not stored: (the last
         result, the stored ones). None when the DOWNLOAD_OUTPUT breaker refused (the message is
         then due again after `breaker_retry_s`; a refusal is not a fetch attempt)."""
-        cfg = self._deps.config
         stored: list[StoredAsset] = []
         result: FetchResult = OutputExpired("no output")
         for output, plain in zip(outputs, requests, strict=True):
@@ -318,8 +398,6 @@ class OutputStep:
                 account, attempt.provider_model, Operation.DOWNLOAD_OUTPUT
             )
             if call is None:
-                retry_at = self._deps.clock() + timedelta(seconds=cfg.breaker_retry_s)
-                await retry_later(self._deps, message.id, cfg.worker_id, available_at=retry_at)
                 return None
             self.fetches += 1
             result = await self._guarded_fetch(call, request)
@@ -389,63 +467,6 @@ class OutputStep:
             await u.update_job(job.id, output_locator=outputs_locator(polled.snapshot))
         return True
 
-    async def _retry(
-        self, message: OutboxRecord, attempt_id: int, counter: str, delay: float
-    ) -> None:
-        now = self._deps.clock()
-        async with self._deps.db.unit(now) as u:
-            attempt = await u.attempt(attempt_id, lock=False)
-            assert attempt is not None
-            await u.bump_runtime(attempt_id, attempt.task_id, counter)
-        await retry_later(
-            self._deps,
-            message.id,
-            self._deps.config.worker_id,
-            available_at=now + timedelta(seconds=delay),
-        )
-
-    async def _deliver(
-        self,
-        message: OutboxRecord,
-        attempt_id: int,
-        asset: dict[str, Any],
-        checks: list[tuple[int, tuple[Defect, ...]]],
-    ) -> None:
-        after = AfterCommit()
-        async with self._deps.db.unit(self._deps.clock()) as u:
-            attempt = await u.attempt(attempt_id)
-            task = None if attempt is None else await u.task(attempt.task_id)
-            if attempt is not None and task is not None:
-                await u.move_task(task, TaskState.SUCCEEDED, "output stored", output_asset=asset)
-                await _record_checks(u, self._deps, task, attempt, checks)
-                after.release.append(attempt)
-            await u.complete_message(message.id, self._deps.config.worker_id)
-        await after.run(self._deps.leases)
-
-    async def _fail(
-        self,
-        message: OutboxRecord,
-        attempt_id: int,
-        code: str,
-        reason: str,
-        failure_class: str = ErrorClass.INTERNAL_PERMANENT.value,
-        *,
-        checks: list[tuple[int, tuple[Defect, ...]]] | None = None,
-    ) -> None:
-        after = AfterCommit()
-        async with self._deps.db.unit(self._deps.clock()) as u:
-            attempt = await u.attempt(attempt_id)
-            task = None if attempt is None else await u.task(attempt.task_id)
-            if attempt is not None and task is not None:
-                await u.move_task(
-                    task, TaskState.FAILED, code, failure=Failure(failure_class, code, reason)
-                )
-                if checks:
-                    await _record_checks(u, self._deps, task, attempt, checks)
-                after.release.append(attempt)
-            await u.complete_message(message.id, self._deps.config.worker_id)
-        await after.run(self._deps.leases)
-
 
 # ---- technical quality signals (design 9.14) ----------------------------------------------------
 
@@ -468,21 +489,88 @@ def _probed(stored: list[StoredAsset]) -> list[tuple[int, tuple[Defect, ...]]]:
     return [(a.sample_index, tuple(Defect(d) for d in a.defects)) for a in stored]
 
 
-async def _record_checks(
+async def _checks(
     u: UnitOfWork,
     deps: ExecutionDeps,
     task: TaskRecord,
     attempt: AttemptRecord,
-    checks: list[tuple[int, tuple[Defect, ...]]],
-) -> None:
-    """Each probed sample's technical check, in the unit that stores (or refuses) the output."""
+    checks: Sequence[tuple[int, tuple[Defect, ...]]],
+) -> list[quality_store.NewCheck]:
+    """Each probed sample's technical check, stored in the unit that stores (or refuses) the
+    output."""
+    if not checks:
+        return []
     account = await deps.account(attempt.provider_account_id, u)
     subject = quality_store.Subject(
         account.provider, attempt.provider_model, task.spec.mode.value, bucket_key(task.spec)
     )
-    await u.record_quality_checks(
-        [
-            quality_store.NewCheck(task.id, attempt.id, index, subject, defects)
-            for index, defects in checks
-        ]
-    )
+    return [
+        quality_store.NewCheck(task.id, attempt.id, index, subject, defects)
+        for index, defects in checks
+    ]
+
+
+# ---- what a message's handling decided, written with its batch's others (`OutputStep._write`) --
+
+
+@dataclass(frozen=True, slots=True)
+class _Done:
+    """Nothing to write but the ack: the message's effect is moot (the task moved on)."""
+
+    message: OutboxRecord
+
+
+@dataclass(frozen=True, slots=True)
+class _Later:
+    """The message is due again `at`; the attempt's runtime `counter` bumped first when the
+    try counts (a fetch attempt, an output refresh), none for a refusal that is no try."""
+
+    message: OutboxRecord
+    at: datetime
+    attempt: AttemptRecord | None = None
+    counter: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    """The task ends: SUCCEEDED with `asset`, or FAILED with `failure`; its lease released.
+    `checks` are the probed samples' (index, defects)."""
+
+    message: OutboxRecord
+    attempt_id: int
+    target: TaskState
+    reason: str
+    failure: Failure | None = None
+    asset: dict[str, Any] | None = None
+    checks: Sequence[tuple[int, tuple[Defect, ...]]] = ()
+
+
+_Outcome = _Done | _Later | _End
+
+
+def _failed(
+    message: OutboxRecord,
+    attempt_id: int,
+    code: str,
+    reason: str,
+    failure_class: str = ErrorClass.INTERNAL_PERMANENT.value,
+    *,
+    checks: Sequence[tuple[int, tuple[Defect, ...]]] = (),
+) -> _End:
+    failure = Failure(failure_class, code, reason)
+    return _End(message, attempt_id, TaskState.FAILED, code, failure=failure, checks=checks)
+
+
+def _rounds(messages: Sequence[OutboxRecord]) -> list[list[OutboxRecord]]:
+    """The batch in rounds, the k-th message of each attempt in round k (claim order): a
+    later message of an attempt is judged from what the earlier one's round committed, as if
+    it came in the next batch."""
+    rounds: list[list[OutboxRecord]] = []
+    seen: dict[object, int] = {}
+    for m in messages:
+        key = m.payload.get("attempt_id")
+        k = seen[key] = seen.get(key, -1) + 1
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append(m)
+    return rounds

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 from sqlalchemy import select
+from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.persistence import _rows
@@ -29,6 +33,32 @@ async def task(conn: AsyncConnection, task_id: int, *, lock: bool) -> TaskRecord
     query = select(T).where(T.c.id == task_id)
     found = (await conn.execute(query.with_for_update() if lock else query)).mappings().first()
     return None if found is None else _rows.task(found)
+
+
+async def attempts_and_tasks(
+    conn: AsyncConnection, attempt_ids: Sequence[int]
+) -> dict[int, tuple[AttemptRecord, TaskRecord]]:
+    """The attempts with their tasks, both rows locked, in attempt id order (one statement)."""
+    if not attempt_ids:
+        return {}
+    columns = [c.label(f"a__{c.name}") for c in A.c] + [c.label(f"t__{c.name}") for c in T.c]
+    query = (
+        select(*columns)
+        .join_from(A, T, T.c.id == A.c.task_id)
+        .where(A.c.id.in_(sorted(set(attempt_ids))))
+        .order_by(A.c.id)
+        .with_for_update()
+    )
+    out = {}
+    for m in (await conn.execute(query)).mappings():
+        attempt = _rows.attempt(_part(m, "a__"))
+        out[attempt.id] = (attempt, _rows.task(_part(m, "t__")))
+    return out
+
+
+def _part(m: RowMapping, prefix: str) -> RowMapping:
+    """The columns of one table of a joined row, by their own names."""
+    return cast(RowMapping, {k[len(prefix) :]: v for k, v in m.items() if k.startswith(prefix)})
 
 
 async def task_by_key(

@@ -20,7 +20,8 @@ contract):
   ACTUAL entry names the price version it was converted with).
 
 Writes (called by the unit of work inside its transaction): `lock_tenant` + `reserve` at
-CreateTask, `settle_task` at a task's terminal transition (its PLATFORM_LOSS rows too),
+CreateTask, `settle_task` at a task's terminal transition (its PLATFORM_LOSS rows too;
+`settle_tasks` for many tasks ended in one transaction, set-based),
 `record_usage` for EXPECTED / ACTUAL rows, `put_unit_rate`. Every write is insert-once on its
 idempotency key (``ON CONFLICT DO NOTHING``), and the partial UNIQUE indexes of revision 0006
 refuse a second reserve or settlement of a task even from a writer that skips these functions.
@@ -31,10 +32,10 @@ attempt's cost beyond its charge).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import and_, case, exists, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -47,6 +48,7 @@ from controlplane.domain.money import (
     CreditKind,
     LossCause,
     Reservation,
+    Settlement,
     UsageKind,
     check_reserve,
     platform_losses,
@@ -72,6 +74,7 @@ __all__ = [
     "CreditKeyConflict",
     "NewUsage",
     "ProviderUsageEntry",
+    "Settle",
     "UnitRate",
     "append_credit",
     "balance",
@@ -85,6 +88,7 @@ __all__ = [
     "reservation_of",
     "reserve",
     "settle_task",
+    "settle_tasks",
     "settlement_of",
     "unit_rate",
     "usage_entries_between",
@@ -300,7 +304,7 @@ async def balance(conn: AsyncConnection, tenant_id: str, currency: str) -> Balan
 
 
 async def _newest_id(
-    conn: AsyncConnection, tenant_id: str, currency: str, *, besides: int | None = None
+    conn: AsyncConnection, tenant_id: str, currency: str, *, besides: Sequence[int] = ()
 ) -> int:
     """The newest balance-changing (CREDIT / CHARGE / REFUND) entry's id, 0 if none.
 
@@ -312,8 +316,8 @@ async def _newest_id(
         .order_by(C.c.id.desc())
         .limit(1)
     )
-    if besides is not None:
-        query = query.where(C.c.id != besides)
+    if besides:
+        query = query.where(C.c.id.not_in(besides))
     return int(await conn.scalar(query) or 0)
 
 
@@ -444,23 +448,26 @@ async def rate_version(conn: AsyncConnection, provider: str, version: str) -> Un
 
 async def _account_for(
     conn: AsyncConnection,
-    entry_id: int,
+    entry_ids: Sequence[int],
     tenant_id: str,
     currency: str,
     *,
     d_balance: int,
     now: datetime,
 ) -> None:
-    """Fold the CREDIT / CHARGE / REFUND entry just written (`entry_id`) into the tenant's
-    cached balance, in its transaction. The row is locked (PostgreSQL), so concurrent writers
-    apply one at a time; a cache that misses an entry (none yet, or a writer that bypassed
-    this module) is rebuilt from the entries instead of being moved by the delta."""
+    """Fold the CREDIT / CHARGE / REFUND entries just written (`entry_ids`, of one tenant and
+    currency, `d_balance` their sum) into the tenant's cached balance, in their transaction.
+    The row is locked (PostgreSQL), so concurrent writers apply one at a time; a cache that
+    misses an entry (none yet, or a writer that bypassed this module) is rebuilt from the
+    entries instead of being moved by the delta. Several entries at once leave the row as one
+    call per entry would: each call's check passes once the first's has (its entry is then the
+    newest but the next), and a rebuild sums every entry written so far either way."""
     mine = and_(B.c.tenant_id == tenant_id, B.c.currency == currency)
     row = (await conn.execute(select(B).where(mine).with_for_update())).mappings().first()
     if row is not None and row["last_entry_id"] == await _newest_id(
-        conn, tenant_id, currency, besides=entry_id
+        conn, tenant_id, currency, besides=entry_ids
     ):
-        newest = row["last_entry_id"] if row["last_entry_id"] > entry_id else entry_id
+        newest = max(row["last_entry_id"], *entry_ids)
         await conn.execute(
             update(B)
             .where(mine)
@@ -593,7 +600,7 @@ async def append_credit(  # noqa: PLR0917 (the positional signature of the money
     )
     if inserted is not None:
         entry = _credit(inserted)
-        await _account_for(conn, entry.id, tenant_id, currency, d_balance=amount_micros, now=now)
+        await _account_for(conn, [entry.id], tenant_id, currency, d_balance=amount_micros, now=now)
         return entry, True
     stored = await _one_entry(
         conn, C.c.tenant_id == tenant_id, C.c.idempotency_key == idempotency_key
@@ -658,6 +665,18 @@ async def put_unit_rate(conn: AsyncConnection, rate: UnitRate) -> bool:
     return inserted is not None
 
 
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """A task entering terminal `target`, to be settled in that move's transaction.
+
+    `adopted`: the task's ``adopted_attempt_id`` as the move that ended it wrote it (a 1-tuple,
+    so None can be told from "not known"); not known, it is read."""
+
+    task_id: int
+    target: TaskState
+    adopted: tuple[int | None] | None = None
+
+
 async def settle_task(
     conn: AsyncConnection,
     task_id: int,
@@ -666,74 +685,178 @@ async def settle_task(
     *,
     adopted: tuple[int | None] | None = None,
 ) -> CreditEntry | None:
-    """Settle a task entering terminal `target`, in the transaction of that move.
+    """Settle one task entering terminal `target` (`settle_tasks` of one): its settlement entry."""
+    settled = await settle_tasks(conn, [Settle(task_id, target, adopted)], now)
+    return settled.get(task_id)
 
-    Writes its one CHARGE or RELEASE entry (`controlplane.domain.money.settle`) and a
+
+async def settle_tasks(
+    conn: AsyncConnection, items: Sequence[Settle], now: datetime
+) -> dict[int, CreditEntry | None]:
+    """Settle tasks entering terminal states, in the transaction of those moves.
+
+    Each task gets its one CHARGE or RELEASE entry (`controlplane.domain.money.settle`) and a
     PLATFORM_LOSS usage entry per other attempt a provider billed or may have billed
     (`platform_losses`). A task without a reservation (created before the ledger) settles
-    nothing; a settled one is left as it is. Returns the settlement entry.
+    nothing; a settled one is left as it is. Returns each task's settlement entry.
 
-    `adopted`: the task's ``adopted_attempt_id`` as the move that ended it wrote it (a 1-tuple,
-    so None can be told from "not known"); not known, it is read."""
-    held = await reservation_of(conn, task_id)
-    if held is None:
-        return await settlement_of(conn, task_id)
-    if adopted is None:
-        adopted = (await conn.scalar(select(T.c.adopted_attempt_id).where(T.c.id == task_id)),)
-    delivered_id = adopted[0] if target is TaskState.SUCCEEDED else None
-    rows = (
-        (
-            await conn.execute(
-                select(A, J.c.provider_job_id, PA.c.provider)
-                .join(PA, PA.c.id == A.c.provider_account_id)
-                .outerjoin(J, J.c.attempt_id == A.c.id)
-                .where(A.c.task_id == task_id)
-                .order_by(A.c.attempt_no)
-            )
+    Set-based whatever the number of tasks: the reservations, the adopted attempts not given
+    and the attempts are read in one statement each, the entries written in one INSERT, and
+    each (tenant, currency)'s cached balance moved once by the sum of its CHARGEs (`_account_for`
+    with all of them, which leaves the row as one call per entry would). Loss entries, rare,
+    are written one by one. One task is `settle_task`; the two are compared row for row by
+    tests/integration/execution/test_output_batches.py."""
+    ids = [s.task_id for s in items]
+    if len(set(ids)) != len(ids):
+        raise ValueError("a task is settled once per call")
+    held, attempts = await _reservations_and_attempts(conn, ids)
+    out: dict[int, CreditEntry | None] = dict.fromkeys(ids)
+    unheld = [i for i in ids if i not in held]
+    if unheld:
+        out.update(await _entries_of(conn, unheld, *_SETTLE_KINDS))
+    todo = [s for s in items if s.task_id in held]
+    if not todo:
+        return out
+    adopted = {s.task_id: s.adopted[0] for s in todo if s.adopted is not None}
+    unknown = [s.task_id for s in todo if s.adopted is None]
+    if unknown:
+        found = await conn.execute(
+            select(T.c.id, T.c.adopted_attempt_id).where(T.c.id.in_(unknown))
         )
-        .mappings()
-        .all()
-    )
+        adopted.update({int(t): a for t, a in found})
+    plans = [
+        _settlement(s, held[s.task_id], adopted.get(s.task_id), attempts.get(s.task_id, []))
+        for s in todo
+    ]
+    written = await _insert_settlements(conn, plans, now)
+    raced = [p.item.task_id for p in plans if p.item.task_id not in written]
+    if raced:  # settled already (a racing writer)
+        out.update(await _entries_of(conn, raced, *_SETTLE_KINDS))
+    charges: dict[tuple[str, str], list[CreditEntry]] = {}
+    for p in plans:
+        entry = written.get(p.item.task_id)
+        if entry is None:
+            continue
+        out[p.item.task_id] = entry
+        if entry.kind is CreditKind.CHARGE:  # a RELEASE changes no balance, only the hold
+            charges.setdefault((entry.tenant_id, entry.currency), []).append(entry)
+    for (tenant_id, currency), entries in sorted(charges.items()):
+        await _account_for(
+            conn,
+            [e.id for e in entries],
+            tenant_id,
+            currency,
+            d_balance=-sum(e.amount_micros for e in entries),
+            now=now,
+        )
+    for p in plans:
+        if p.item.task_id in written:
+            await _record_losses(conn, p, now)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A task's settlement as decided from its reservation and attempts (`settle_tasks`)."""
+
+    item: Settle
+    held: CreditEntry
+    outcome: Settlement
+    rows: list[RowMapping]
+    delivered: RowMapping | None
+    cost: int | None
+
+
+def _settlement(
+    item: Settle, held: CreditEntry, adopted: int | None, rows: list[RowMapping]
+) -> _Plan:
+    delivered_id = adopted if item.target is TaskState.SUCCEEDED else None
     delivered = next((r for r in rows if r["id"] == delivered_id), None)
     cost = None
     if delivered is not None:
         actual = delivered["actual_cost_micros"]
         cost = actual if actual is not None else delivered["estimated_cost_micros"]
     outcome = settle(
-        target,
+        item.target,
         held.amount_micros,
         delivered_attempt_id=delivered["id"] if delivered is not None else None,
         delivered_cost_micros=cost,
     )
-    written = (
-        (
-            await conn.execute(
-                _insert_once(conn, C, ["tenant_id", "idempotency_key"])
-                .values(
-                    tenant_id=held.tenant_id,
-                    kind=outcome.kind.value,
-                    amount_micros=outcome.amount_micros,
-                    currency=held.currency,
-                    task_id=task_id,
-                    attempt_id=outcome.attempt_id,
-                    idempotency_key=f"settle:{task_id}",
-                    actor=SYSTEM_ACTOR,
-                    reason=f"task {target.value}: {outcome.reason}",
-                    created_at=now,
-                )
-                .returning(C)
-            )
+    return _Plan(item, held, outcome, rows, delivered, cost)
+
+
+async def _reservations_and_attempts(
+    conn: AsyncConnection, task_ids: Sequence[int]
+) -> tuple[dict[int, CreditEntry], dict[int, list[RowMapping]]]:
+    """The reserved tasks' RESERVE entries and their attempts (each with its job id and
+    provider, in attempt order), by task, in ONE statement: the reservation outer-joined to the
+    attempts, so a task with none still has its entry."""
+    parts = [c.label(f"c__{c.name}") for c in C.c] + [c.label(f"a__{c.name}") for c in A.c]
+    attempts = A.join(PA, PA.c.id == A.c.provider_account_id).outerjoin(J, J.c.attempt_id == A.c.id)
+    query = (
+        select(
+            *parts,
+            J.c.provider_job_id.label("a__provider_job_id"),
+            PA.c.provider.label("a__provider"),
         )
-        .mappings()
-        .first()
+        .select_from(C.outerjoin(attempts, A.c.task_id == C.c.task_id))
+        .where(C.c.task_id.in_(task_ids), C.c.kind == CreditKind.RESERVE.value)
+        .order_by(C.c.task_id, A.c.attempt_no)
     )
-    if written is None:
-        return await settlement_of(conn, task_id)  # settled already (a racing writer)
-    entry_id = int(written["id"])
-    if outcome.kind is CreditKind.CHARGE:  # a RELEASE changes no balance, only the hold
-        await _account_for(
-            conn, entry_id, held.tenant_id, held.currency, d_balance=-outcome.amount_micros, now=now
-        )
+    held: dict[int, CreditEntry] = {}
+    by_task: dict[int, list[RowMapping]] = {}
+    for m in (await conn.execute(query)).mappings():
+        task_id = int(m["c__task_id"])
+        held.setdefault(task_id, _credit(_part(m, "c__")))
+        if m["a__id"] is not None:
+            by_task.setdefault(task_id, []).append(_part(m, "a__"))
+    return held, by_task
+
+
+def _part(m: RowMapping, prefix: str) -> RowMapping:
+    """The columns of one table of a joined row, by their own names."""
+    return cast(RowMapping, {k[len(prefix) :]: v for k, v in m.items() if k.startswith(prefix)})
+
+
+async def _entries_of(
+    conn: AsyncConnection, task_ids: Sequence[int], *kinds: str
+) -> dict[int, CreditEntry]:
+    """The tasks' entries of `kinds` by task (a task has at most one reservation and one
+    settlement: revision 0006's partial UNIQUE indexes)."""
+    found = await conn.execute(select(C).where(C.c.task_id.in_(task_ids), C.c.kind.in_(kinds)))
+    return {int(m["task_id"]): _credit(m) for m in found.mappings()}
+
+
+async def _insert_settlements(
+    conn: AsyncConnection, plans: Sequence[_Plan], now: datetime
+) -> dict[int, CreditEntry]:
+    """The plans' entries in one INSERT, each once per its key: the written ones, by task."""
+    values = [
+        {
+            "tenant_id": p.held.tenant_id,
+            "kind": p.outcome.kind.value,
+            "amount_micros": p.outcome.amount_micros,
+            "currency": p.held.currency,
+            "task_id": p.item.task_id,
+            "attempt_id": p.outcome.attempt_id,
+            "idempotency_key": f"settle:{p.item.task_id}",
+            "actor": SYSTEM_ACTOR,
+            "reason": f"task {p.item.target.value}: {p.outcome.reason}",
+            "created_at": now,
+        }
+        for p in plans
+    ]
+    rows = await conn.execute(
+        _insert_once(conn, C, ["tenant_id", "idempotency_key"]).values(values).returning(C)
+    )
+    # the entries as written (RETURNING), not read again
+    return {int(m["task_id"]): _credit(m) for m in rows.mappings()}
+
+
+async def _record_losses(conn: AsyncConnection, p: _Plan, now: datetime) -> None:
+    """The PLATFORM_LOSS entries of a settled task: each other attempt a provider billed or may
+    have billed, and the delivered attempt's cost beyond its charge."""
+    target, outcome, held, delivered, cost = p.item.target, p.outcome, p.held, p.delivered, p.cost
     bills = [
         AttemptBill(
             attempt_id=r["id"],
@@ -742,16 +865,16 @@ async def settle_task(
             actual_cost_micros=r["actual_cost_micros"],
             provider_job_id=r["provider_job_id"],
         )
-        for r in rows
+        for r in p.rows
     ]
-    by_id = {r["id"]: r for r in rows}
+    by_id = {r["id"]: r for r in p.rows}
     for loss in platform_losses(bills, outcome.attempt_id):
         r = by_id[loss.attempt_id]
         await record_usage(
             conn,
             NewUsage(
                 attempt_id=r["id"],
-                task_id=task_id,
+                task_id=p.item.task_id,
                 provider=r["provider"],
                 provider_account_id=r["provider_account_id"],
                 model=r["provider_model"],
@@ -780,7 +903,7 @@ async def settle_task(
                 conn,
                 NewUsage(
                     attempt_id=delivered["id"],
-                    task_id=task_id,
+                    task_id=p.item.task_id,
                     provider=delivered["provider"],
                     provider_account_id=delivered["provider_account_id"],
                     model=delivered["provider_model"],
@@ -800,4 +923,3 @@ async def settle_task(
                 ),
                 now,
             )
-    return _credit(written)  # the entry as written (RETURNING), not read again

@@ -51,6 +51,7 @@ from controlplane.persistence.records import (
     ProviderEventRecord,
     ProviderJobRecord,
     TaskDetail,
+    TaskEnd,
     TaskEventRecord,
     TaskRecord,
 )
@@ -109,6 +110,17 @@ class MemoryUnitOfWork:
 
     async def task(self, task_id: int, *, lock: bool = True) -> TaskRecord | None:
         return self._s.tasks.get(task_id)
+
+    async def attempts_and_tasks(
+        self, attempt_ids: Sequence[int]
+    ) -> dict[int, tuple[AttemptRecord, TaskRecord]]:
+        out = {}
+        for i in sorted(set(attempt_ids)):
+            attempt = self._s.attempts.get(i)
+            task = None if attempt is None else self._s.tasks.get(attempt.task_id)
+            if attempt is not None and task is not None:
+                out[i] = (attempt, task)
+        return out
 
     async def attempts_of(self, task_id: int) -> list[AttemptRecord]:
         found = [a for a in self._s.attempts.values() if a.task_id == task_id]
@@ -174,6 +186,20 @@ class MemoryUnitOfWork:
         self._event(moved.id, "task.state_changed", payload)
         for message in outbox:
             await self.enqueue(message)
+        return moved
+
+    async def end_tasks(self, ends: Sequence[TaskEnd]) -> dict[int, TaskRecord]:
+        if len({e.record.id for e in ends}) != len(ends):
+            raise ValueError("a task may be ended once per call")
+        moved = {}
+        for e in ends:
+            if not TASK_MACHINE.is_terminal(e.target):
+                raise ValueError(f"{e.target.value} is not a terminal task state")
+            won = await self.move_task(
+                e.record, e.target, e.reason, failure=e.failure, output_asset=e.output_asset
+            )
+            if won is not None:
+                moved[won.id] = won
         return moved
 
     async def move_attempt(
@@ -375,6 +401,9 @@ class MemoryUnitOfWork:
         self._s.done.add(message_id)
         self._s.outbox[message_id] = replace(m, claimed_until=None)
         return True
+
+    async def complete_messages(self, message_ids: Sequence[int], worker: str) -> set[int]:
+        return {i for i in message_ids if await self.complete_message(i, worker)}
 
     async def retry_message(self, message_id: int, worker: str, *, available_at: datetime) -> bool:
         m = self._s.outbox.get(message_id)

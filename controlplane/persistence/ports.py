@@ -31,6 +31,7 @@ from controlplane.persistence.records import (
     ProviderEventRecord,
     ProviderJobRecord,
     TaskDetail,
+    TaskEnd,
     TaskEventRecord,
     TaskRecord,
 )
@@ -48,6 +49,12 @@ class UnitOfWork(Protocol):
     async def attempt(self, attempt_id: int, *, lock: bool = True) -> AttemptRecord | None: ...
 
     async def task(self, task_id: int, *, lock: bool = True) -> TaskRecord | None: ...
+
+    async def attempts_and_tasks(
+        self, attempt_ids: Sequence[int]
+    ) -> dict[int, tuple[AttemptRecord, TaskRecord]]:
+        """The attempts and each one's task, locked, in one read (a batch's `attempt` + `task`)."""
+        ...
 
     async def attempts_of(self, task_id: int) -> list[AttemptRecord]: ...
 
@@ -73,6 +80,10 @@ class UnitOfWork(Protocol):
         outbox: Sequence[NewOutboxMessage] = (),
     ) -> TaskRecord | None:
         """CAS from `record`'s state and version; None when forbidden or lost."""
+        ...
+
+    async def end_tasks(self, ends: Sequence[TaskEnd]) -> dict[int, TaskRecord]:
+        """`move_task` into a terminal state for many, settled together; the moved by id."""
         ...
 
     async def move_attempt(
@@ -130,6 +141,10 @@ class UnitOfWork(Protocol):
     ) -> list[OutboxRecord]: ...
 
     async def complete_message(self, message_id: int, worker: str) -> bool: ...
+
+    async def complete_messages(self, message_ids: Sequence[int], worker: str) -> set[int]:
+        """`complete_message` for many at once: the ids marked done."""
+        ...
 
     async def retry_message(
         self, message_id: int, worker: str, *, available_at: datetime

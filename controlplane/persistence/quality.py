@@ -100,36 +100,49 @@ async def _bump(
 
 
 async def record_checks(conn: AsyncConnection, checks: Sequence[NewCheck], now: datetime) -> int:
-    """Store each check once (per attempt and sample) and count it; returns how many were new."""
-    new = 0
-    deltas: dict[Subject, dict[str, int]] = {}
-    for check in checks:
-        s = check.subject
-        stmt = (
-            _insert(conn, C)
-            .values(
-                task_id=check.task_id,
-                attempt_id=check.attempt_id,
-                sample_index=check.sample_index,
-                provider=s.provider,
-                model=s.model,
-                mode=s.mode,
-                bucket=s.bucket,
-                defects=[d.value for d in check.defects],
-                created_at=now,
-            )
-            .on_conflict_do_nothing(index_elements=[C.c.attempt_id, C.c.sample_index])
-            .returning(C.c.id)
+    """Store each check once (per attempt and sample) and count it; returns how many were new.
+
+    The checks go in ONE INSERT whatever their number (a check already stored, or named twice,
+    is skipped, as one INSERT per check would), then one upsert per subject, in subject order
+    (two batches bump shared counter rows in the same order)."""
+    first: dict[tuple[int, int], NewCheck] = {}
+    for c in checks:
+        first.setdefault((c.attempt_id, c.sample_index), c)
+    unique = list(first.values())
+    if not unique:
+        return 0
+    stmt = (
+        _insert(conn, C)
+        .values(
+            [
+                {
+                    "task_id": check.task_id,
+                    "attempt_id": check.attempt_id,
+                    "sample_index": check.sample_index,
+                    "provider": check.subject.provider,
+                    "model": check.subject.model,
+                    "mode": check.subject.mode,
+                    "bucket": check.subject.bucket,
+                    "defects": [d.value for d in check.defects],
+                    "created_at": now,
+                }
+                for check in unique
+            ]
         )
-        if (await conn.execute(stmt)).first() is None:
+        .on_conflict_do_nothing(index_elements=[C.c.attempt_id, C.c.sample_index])
+        .returning(C.c.attempt_id, C.c.sample_index)
+    )
+    written = {(int(a), int(n)) for a, n in (await conn.execute(stmt)).all()}
+    deltas: dict[Subject, dict[str, int]] = {}
+    for check in unique:
+        if (check.attempt_id, check.sample_index) not in written:
             continue
-        new += 1
-        counts = deltas.setdefault(s, {"technical_checks": 0, "technical_defects": 0})
+        counts = deltas.setdefault(check.subject, {"technical_checks": 0, "technical_defects": 0})
         counts["technical_checks"] += 1
         counts["technical_defects"] += 1 if check.defects else 0
-    for subject, counts in deltas.items():
-        await _bump(conn, subject, counts, now)
-    return new
+    for subject in sorted(deltas, key=lambda s: (s.provider, s.model, s.mode, s.bucket)):
+        await _bump(conn, subject, deltas[subject], now)
+    return len(written)
 
 
 async def record_feedback(conn: AsyncConnection, fb: NewFeedback, now: datetime) -> bool:

@@ -234,6 +234,18 @@ class AttemptChanges:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskEnd:
+    """A move of the task `record` into terminal `target` (`UnitOfWork.end_tasks`), with the
+    columns `move_task` would set alongside it."""
+
+    record: TaskRecord
+    target: TaskState
+    reason: str = ""
+    failure: Failure | None = None
+    output_asset: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AttemptRuntime:
     """A row of ``attempt_runtime``: the execution engine's bookkeeping of one attempt."""
 

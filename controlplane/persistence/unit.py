@@ -78,6 +78,7 @@ from controlplane.persistence.records import (
     OutboxRecord,
     ProviderJobRecord,
     RouteDecisionRecord,
+    TaskEnd,
     TaskRecord,
 )
 from vidroute_core.exceptions import NotFound
@@ -124,6 +125,13 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
 
     async def task(self, task_id: int, *, lock: bool = True) -> TaskRecord | None:
         return await _reads.task(self.conn, task_id, lock=lock)
+
+    async def attempts_and_tasks(
+        self, attempt_ids: Sequence[int]
+    ) -> dict[int, tuple[AttemptRecord, TaskRecord]]:
+        """The attempts and each one's task, locked (attempt and task rows in attempt id
+        order), in ONE statement: a batch's `attempt` + `task` per item."""
+        return await _reads.attempts_and_tasks(self.conn, attempt_ids)
 
     async def attempts_of(self, task_id: int) -> list[AttemptRecord]:
         return await _reads.attempts_of(self.conn, task_id)
@@ -229,6 +237,41 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         )
         return moved is not None
 
+    async def end_tasks(self, ends: Sequence[TaskEnd]) -> dict[int, TaskRecord]:
+        """`move_task` into a terminal state for many tasks: each task's CAS, event and outbox
+        as `move_task` writes them, then the settlements of those whose CAS won together
+        (`ledger.settle_tasks`: one statement per step whatever the number of tasks). The
+        moved tasks by id; a forbidden or lost move is left out, as `move_task`'s None."""
+        if len({e.record.id for e in ends}) != len(ends):
+            raise ValueError("a task may be ended once per call")
+        moved: dict[int, TaskRecord] = {}
+        for end in ends:
+            if not TASK_MACHINE.is_terminal(end.target):
+                raise ValueError(f"{end.target.value} is not a terminal task state")
+            if not TASK_MACHINE.can(end.record.state, end.target):
+                continue
+            won = await self._move_task(
+                end.record.id,
+                end.record.status_version,
+                end.target,
+                end.reason,
+                failure=end.failure,
+                output_asset=end.output_asset,
+                settle=False,
+            )
+            if won is not None:
+                moved[end.record.id] = won.task
+        if moved:
+            await ledger.settle_tasks(
+                self.conn,
+                [
+                    ledger.Settle(t.id, t.state, adopted=(t.adopted_attempt_id,))
+                    for t in moved.values()
+                ],
+                self.now,
+            )
+        return moved
+
     async def cancel_queued_task(self, task_id: int, reason: str = "") -> TaskRecord:
         """Cancel the task if it is still QUEUED; return its current record either way.
 
@@ -279,13 +322,15 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         output_asset: Mapping[str, Any] | None = None,
         outbox: Sequence[NewOutboxMessage] = (),
         decision: NewRouteDecision | None = None,
+        settle: bool = True,
     ) -> _Moved | None:
         """The task CAS + its event + its outbox messages: the one place this step is written
         for one task (`move_tasks` is its bulk form, checked against it row for row by
         tests/integration/persistence/test_transition_paths.py).
 
         None if the CAS lost. A `decision` is stored after the CAS won, and its number goes into
-        the event."""
+        the event. A terminal move settles the task unless `settle` is False: the caller then
+        settles it in this unit (`end_tasks`, which settles its tasks together)."""
         # The task's events still unnumbered (an attempt's moves before this one) take the
         # numbers just before this move's, reserved by the same UPDATE.
         earlier = self._unnumbered.pop(task_id, [])
@@ -315,9 +360,10 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
             await self.enqueue(message)
         if TASK_MACHINE.is_terminal(target):
             # 9.23.1: the terminal state and the tenant's settlement commit together.
-            await ledger.settle_task(
-                self.conn, task_id, target, self.now, adopted=(moved.adopted_attempt_id,)
-            )
+            if settle:
+                await ledger.settle_task(
+                    self.conn, task_id, target, self.now, adopted=(moved.adopted_attempt_id,)
+                )
             self.endings.append(Ending(task_id, target.value, reason, failure))
         return _Moved(moved, stored)
 
@@ -395,11 +441,14 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         events = [e for m in moved.values() for e in m.events]
         if events and await transitions.insert_events(self.conn, events, self.now):
             self.topics.add(str(Topic.WEBHOOK))
-        for m in moves:
-            if m.task_id in moved and TASK_MACHINE.is_terminal(m.final):
-                # 9.23.1: the terminal state and the tenant's settlement commit together.
-                await ledger.settle_task(self.conn, m.task_id, m.final, self.now)
-                self.endings.append(Ending(m.task_id, m.final.value, m.steps[-1].reason, None))
+        ended = [m for m in moves if m.task_id in moved and TASK_MACHINE.is_terminal(m.final)]
+        if ended:
+            # 9.23.1: the terminal state and the tenant's settlement commit together.
+            await ledger.settle_tasks(
+                self.conn, [ledger.Settle(m.task_id, m.final) for m in ended], self.now
+            )
+        for m in ended:
+            self.endings.append(Ending(m.task_id, m.final.value, m.steps[-1].reason, None))
         return set(moved)
 
     # ---- attempts -------------------------------------------------------------------------
@@ -564,6 +613,18 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
             .values(done_at=self.now, claimed_until=None)
         )
         return result.rowcount == 1
+
+    async def complete_messages(self, message_ids: Sequence[int], worker: str) -> set[int]:
+        """`complete_message` for many in ONE statement: the ids this call marked done."""
+        if not message_ids:
+            return set()
+        result = await self.conn.execute(
+            update(O)
+            .where(O.c.id.in_(message_ids), O.c.claimed_by == worker, O.c.done_at.is_(None))
+            .values(done_at=self.now, claimed_until=None)
+            .returning(O.c.id)
+        )
+        return {int(i) for i in result.scalars()}
 
     async def retry_message(self, message_id: int, worker: str, *, available_at: datetime) -> bool:
         """Release `worker`'s claim so the message becomes due again at `available_at`."""
