@@ -225,6 +225,14 @@ class _Calls:
         # The outcomes for the breakers, in the order the calls ended: (candidate, failure,
         # seconds since the batch started, holder).
         self._ended: list[tuple[Candidate, str | None, float, str]] = []
+        self._breakers: dict[str, BreakerKey] = {}  # candidate id -> its COMPILE breaker
+
+    def breaker(self, c: Candidate) -> BreakerKey:
+        """`compile_key(c)`, built once per candidate in the batch."""
+        key = self._breakers.get(c.id)
+        if key is None:
+            key = self._breakers[c.id] = compile_key(c)
+        return key
 
     async def admit_all(self, missing: Mapping[CacheKey, tuple[GenerationSpec, Candidate]]) -> None:
         """Every call's admission, one `admit_many` per candidate's COMPILE breaker; a breaker
@@ -234,7 +242,7 @@ class _Calls:
         for key, (_, c) in missing.items():
             if c.provider in self.adapters:
                 self.holders[key] = f"COMPILE:{self._batch}:{len(self.holders)}"
-                by_breaker.setdefault(compile_key(c), []).append(key)
+                by_breaker.setdefault(self.breaker(c), []).append(key)
         for breaker, keys in by_breaker.items():
             if self.breakers is None:
                 answers = [True] * len(keys)
@@ -304,7 +312,7 @@ class _Calls:
             return
         by_breaker: dict[BreakerKey, list[tuple[str | None, float | None, str | None]]] = {}
         for c, failure, took, holder in self._ended:
-            by_breaker.setdefault(compile_key(c), []).append((failure, took, holder))
+            by_breaker.setdefault(self.breaker(c), []).append((failure, took, holder))
         self._ended = []
         for breaker, outcomes in by_breaker.items():
             try:
