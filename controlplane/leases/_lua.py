@@ -264,12 +264,23 @@ return acquire(c, KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
 # ARGV: retain_ms, account, fail_closed ('1' | '0'), lease-key prefix, capacity-key prefix,
 #       reclaim batch, month-spend key prefix, then per request 7 values: attempt_id, token,
 #       slots, ttl_ms, max_term_ms, dims_json ([[dimension key, capacity], ...]), windows_json.
-# Returns one `ACQUIRE` answer per request, in order.
+# Returns one `ACQUIRE` answer per request, in order, as ONE JSON text with every number written
+# as a decimal string (exact: cjson would print a number past 14 digits in floating point):
+# parsing 256 nested RESP replies in Python cost as much as packing their commands did.
 ACQUIRE_MANY = (
     _PRELUDE
     + _WINDOWS
     + _ACQUIRE_ONE
     + """
+local function exact(v)
+  if type(v) == 'number' then return string.format('%d', v) end
+  if type(v) == 'table' then
+    local t = {}
+    for i, x in ipairs(v) do t[i] = exact(x) end
+    return t
+  end
+  return v
+end
 local out = {}
 local live = ARGV[3] ~= '1' or redis.call('EXISTS', KEYS[5]) == 1
 local c = {now = now_ms(''), leases = KEYS[1], fence = KEYS[2], dims = KEYS[3], unknown = KEYS[4],
@@ -284,11 +295,11 @@ for i = 8, #ARGV, 7 do
     for _, d in ipairs(cjson.decode(ARGV[i + 5])) do
       dims[#dims + 1] = {c.cap_prefix .. d[1], d[1], string.format('%d', d[2])}
     end
-    out[#out + 1] = acquire(c, c.lease_prefix .. ARGV[i], ARGV[i], ARGV[i + 1],
-      tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], dims)
+    out[#out + 1] = exact(acquire(c, c.lease_prefix .. ARGV[i], ARGV[i], ARGV[i + 1],
+      tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], dims))
   end
 end
-return out
+return cjson.encode(out)
 """
 )
 

@@ -197,7 +197,7 @@ class RedisLeaseStore:
             )
         answers: list[Any] = [None] * len(requests)
         for (_, indexes), reply in zip(chunks, replies, strict=True):
-            for i, answer in zip(indexes, reply, strict=True):
+            for i, answer in zip(indexes, json.loads(reply), strict=True):
                 answers[i] = answer
         return [
             self._acquired(req, token, answer)
