@@ -142,17 +142,16 @@ local function add_spend(mkey, attempt_id, cost, ttl)
 end
 """
 
-# KEYS[1] lease hash, KEYS[2] expiry index zset, KEYS[3] fence counter, KEYS[4] dimension-key set,
-# KEYS[5] unknown-budget hash, KEYS[6] live marker, KEYS[7] minute window zset, KEYS[8] day window
-# zset, KEYS[9] window hash, KEYS[10..] one capacity hash per dimension.
-# ARGV: attempt_id, token, slots, ttl_ms, max_term_ms, retain_ms, dims_json, account,
-#       fail_closed ('1' | '0'), lease-key prefix, capacity-key prefix, reclaim batch,
-#       windows_json ('' = no windows: `WindowRequest.encode`), month-spend key prefix,
-#       then (dimension_key, capacity) pairs aligned with KEYS[10..].
-# Returns {code, record, reclaimed}: code 0 no capacity, 1 granted, 2 already held, 4 the account
-# is not live (fail-closed store whose data was lost and not restored yet), 5 a window is full
-# (record = {window, limit, used, requested, reopens_in_ms or -1}); `reclaimed` counts the
-# expired leases of the account this call returned first. A grant's `record` is only
+# One acquire, shared by ACQUIRE (one request) and ACQUIRE_MANY (an account's requests of a
+# dispatch round, in order): the same code whatever the batch, so a batch is provably the
+# sequence of its single acquires. `c` is the account's part: its keys (leases, fence, dims,
+# unknown, minute, day, conf), its settings (account, retain_ms, lease_prefix, cap_prefix,
+# reclaim_batch, spend_prefix) and `now`, the server time the call read. `dims` lists each
+# dimension's {capacity hash key, dimension key, capacity}.
+#
+# Returns {code, record, reclaimed}: code 0 no capacity, 1 granted, 2 already held, 5 a window is
+# full (record = {window, limit, used, requested, reopens_in_ms or -1}); `reclaimed` counts the
+# expired leases of the account this acquire returned first. A grant's `record` is only
 # {fence, acquired_at, expires_at}: the caller sent everything else (a batch of 256 acquires
 # parsed 26 strings per lease back), an already-held lease's is the stored hash (HGETALL).
 #
@@ -160,72 +159,147 @@ end
 # acquire instead of waiting for a sweeper. Their lease and capacity keys are built from the
 # prefixes rather than listed in KEYS (the script cannot know them before reading the index), but
 # they carry the same hash tag, so they live in the same Cluster slot as every declared key.
+_ACQUIRE_ONE = """
+local function acquire(c, lease_key, id, token, slots, ttl, max_term, dims_json, win_json, dims)
+  local now = c.now
+  local reclaimed = 0
+  local function drop_expired(key, attempt_id)
+    local rec = redis.call('HMGET', key, 'dims', 'slots', 'unknown', 'expires_at')
+    if rec[1] and tonumber(rec[4]) > now then return end
+    if rec[1] then
+      local held = tonumber(rec[2])
+      for _, d in ipairs(cjson.decode(rec[1])) do add_clamped(c.cap_prefix .. d[1], -held) end
+      if rec[3] == '1' then
+        add_clamped(c.unknown, -held)
+        redis.call('HDEL', c.unknown, 'refused')
+      end
+      redis.call('DEL', key)
+      reclaimed = reclaimed + 1
+    end
+    redis.call('ZREM', c.leases, attempt_id)
+  end
+  local due = redis.call('ZRANGEBYSCORE', c.leases, '-inf', now, 'LIMIT', 0, c.reclaim_batch)
+  for _, due_id in ipairs(due) do drop_expired(c.lease_prefix .. due_id, due_id) end
+  if redis.call('EXISTS', lease_key) == 1 then
+    if tonumber(redis.call('HGET', lease_key, 'expires_at')) > now then
+      return {2, redis.call('HGETALL', lease_key), reclaimed}
+    end
+    drop_expired(lease_key, id)
+  end
+  local win, mkey, mend
+  if win_json ~= '' then
+    -- {limit minute, limit day, limit month (-1: none), generations, cost, span minute, span day}
+    win = cjson.decode(win_json)
+    local refusal
+    refusal, mkey, mend = check_windows(win, now, id, c.minute, c.day, c.conf, c.spend_prefix)
+    if refusal then return {5, refusal, reclaimed} end
+  end
+  for _, d in ipairs(dims) do
+    local used = tonumber(redis.call('HGET', d[1], 'used') or '0')
+    if used + slots > tonumber(d[3]) then return {0, {}, reclaimed} end
+  end
+  for _, d in ipairs(dims) do
+    redis.call('HINCRBY', d[1], 'used', slots)
+    redis.call('HSET', d[1], 'capacity', d[3])
+    redis.call('SADD', c.dims, d[2])
+  end
+  local took = ''
+  if win then
+    -- Only what this acquire added is given back by an unsent release (`windows` module).
+    local added = {
+      add_entry(c.minute, c.conf, 'minute', id, now, 1) and '1' or '',
+      add_entry(c.day, c.conf, 'day', id, now, win[4]) and '1' or '',
+      add_spend(mkey, id, win[5], mend - now + 86400000) and mkey or '',
+      win[4], win[5]}
+    took = cjson.encode(added)
+  end
+  local fence = redis.call('INCR', c.fence)
+  local expires = now + tonumber(ttl)
+  redis.call('HSET', lease_key, 'attempt_id', id, 'account', c.account, 'token', token,
+    'fence', fence, 'dims', dims_json, 'slots', slots, 'ttl', ttl, 'max_term', max_term,
+    'acquired_at', now, 'expires_at', expires, 'unknown', 0, 'win', took)
+  redis.call('PEXPIRE', lease_key, expires - now + tonumber(c.retain_ms))
+  redis.call('ZADD', c.leases, expires, id)
+  return {1, {fence, now, expires}, reclaimed}
+end
+"""
+
+# KEYS[1] lease hash, KEYS[2] expiry index zset, KEYS[3] fence counter, KEYS[4] dimension-key set,
+# KEYS[5] unknown-budget hash, KEYS[6] live marker, KEYS[7] minute window zset, KEYS[8] day window
+# zset, KEYS[9] window hash, KEYS[10..] one capacity hash per dimension.
+# ARGV: attempt_id, token, slots, ttl_ms, max_term_ms, retain_ms, dims_json, account,
+#       fail_closed ('1' | '0'), lease-key prefix, capacity-key prefix, reclaim batch,
+#       windows_json ('' = no windows: `WindowRequest.encode`), month-spend key prefix,
+#       then (dimension_key, capacity) pairs aligned with KEYS[10..].
+# Returns `_ACQUIRE_ONE`'s answer, or {4, {}, 0} when the account is not live (a fail-closed store
+# whose data was lost and not restored yet).
 ACQUIRE = (
     _PRELUDE
     + _WINDOWS
+    + _ACQUIRE_ONE
     + """
 if ARGV[9] == '1' and redis.call('EXISTS', KEYS[6]) == 0 then return {4, {}, 0} end
-local now = now_ms('')
-local reclaimed = 0
-local function drop_expired(lease_key, attempt_id)
-  local rec = redis.call('HMGET', lease_key, 'dims', 'slots', 'unknown', 'expires_at')
-  if rec[1] and tonumber(rec[4]) > now then return end
-  if rec[1] then
-    local slots = tonumber(rec[2])
-    for _, d in ipairs(cjson.decode(rec[1])) do add_clamped(ARGV[11] .. d[1], -slots) end
-    if rec[3] == '1' then
-      add_clamped(KEYS[5], -slots)
-      redis.call('HDEL', KEYS[5], 'refused')
+local c = {now = now_ms(''), leases = KEYS[2], fence = KEYS[3], dims = KEYS[4], unknown = KEYS[5],
+  minute = KEYS[7], day = KEYS[8], conf = KEYS[9], account = ARGV[8], retain_ms = ARGV[6],
+  lease_prefix = ARGV[10], cap_prefix = ARGV[11], reclaim_batch = tonumber(ARGV[12]),
+  spend_prefix = ARGV[14]}
+local dims = {}
+for i = 10, #KEYS do
+  dims[#dims + 1] = {KEYS[i], ARGV[15 + 2 * (i - 10)], ARGV[16 + 2 * (i - 10)]}
+end
+return acquire(c, KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[7],
+  ARGV[13], dims)
+"""
+)
+
+# The acquires of one account in one call (a dispatch round's, `RedisLeaseStore.admit_many`):
+# `_ACQUIRE_ONE` per request in order, each seeing what the earlier ones took, each atomic on its
+# own, the whole call atomic too. One server time for the call. A request's lease key and
+# capacity keys are built from the prefixes (same hash tag, see `_ACQUIRE_ONE`): a round's
+# requests differ only in their attempt and arguments, so sending each one's twelve keys again
+# cost more than the acquire itself.
+# KEYS[1] expiry index zset, KEYS[2] fence counter, KEYS[3] dimension-key set, KEYS[4]
+# unknown-budget hash, KEYS[5] live marker, KEYS[6] minute window zset, KEYS[7] day window zset,
+# KEYS[8] window hash.
+# ARGV: retain_ms, account, fail_closed ('1' | '0'), lease-key prefix, capacity-key prefix,
+#       reclaim batch, month-spend key prefix, then per request 7 values: attempt_id, token,
+#       slots, ttl_ms, max_term_ms, dims_json ([[dimension key, capacity], ...]), windows_json.
+# Returns one `ACQUIRE` answer per request, in order, as ONE JSON text with every number written
+# as a decimal string (exact: cjson would print a number past 14 digits in floating point):
+# parsing 256 nested RESP replies in Python cost as much as packing their commands did.
+ACQUIRE_MANY = (
+    _PRELUDE
+    + _WINDOWS
+    + _ACQUIRE_ONE
+    + """
+local function exact(v)
+  if type(v) == 'number' then return string.format('%d', v) end
+  if type(v) == 'table' then
+    local t = {}
+    for i, x in ipairs(v) do t[i] = exact(x) end
+    return t
+  end
+  return v
+end
+local out = {}
+local live = ARGV[3] ~= '1' or redis.call('EXISTS', KEYS[5]) == 1
+local c = {now = now_ms(''), leases = KEYS[1], fence = KEYS[2], dims = KEYS[3], unknown = KEYS[4],
+  minute = KEYS[6], day = KEYS[7], conf = KEYS[8], account = ARGV[2], retain_ms = ARGV[1],
+  lease_prefix = ARGV[4], cap_prefix = ARGV[5], reclaim_batch = tonumber(ARGV[6]),
+  spend_prefix = ARGV[7]}
+for i = 8, #ARGV, 7 do
+  if not live then
+    out[#out + 1] = {4, {}, 0}
+  else
+    local dims = {}
+    for _, d in ipairs(cjson.decode(ARGV[i + 5])) do
+      dims[#dims + 1] = {c.cap_prefix .. d[1], d[1], string.format('%d', d[2])}
     end
-    redis.call('DEL', lease_key)
-    reclaimed = reclaimed + 1
+    out[#out + 1] = exact(acquire(c, c.lease_prefix .. ARGV[i], ARGV[i], ARGV[i + 1],
+      tonumber(ARGV[i + 2]), ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], dims))
   end
-  redis.call('ZREM', KEYS[2], attempt_id)
 end
-local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[12]))
-for _, id in ipairs(due) do drop_expired(ARGV[10] .. id, id) end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  if tonumber(redis.call('HGET', KEYS[1], 'expires_at')) > now then
-    return {2, redis.call('HGETALL', KEYS[1]), reclaimed}
-  end
-  drop_expired(KEYS[1], ARGV[1])
-end
-local slots = tonumber(ARGV[3])
-local win, mkey, mend
-if ARGV[13] ~= '' then
-  -- {limit minute, limit day, limit month (-1: none), generations, cost, span minute, span day}
-  win = cjson.decode(ARGV[13])
-  local refusal
-  refusal, mkey, mend = check_windows(win, now, ARGV[1], KEYS[7], KEYS[8], KEYS[9], ARGV[14])
-  if refusal then return {5, refusal, reclaimed} end
-end
-for i = 10, #KEYS do
-  local used = tonumber(redis.call('HGET', KEYS[i], 'used') or '0')
-  if used + slots > tonumber(ARGV[16 + 2 * (i - 10)]) then return {0, {}, reclaimed} end
-end
-for i = 10, #KEYS do
-  redis.call('HINCRBY', KEYS[i], 'used', slots)
-  redis.call('HSET', KEYS[i], 'capacity', ARGV[16 + 2 * (i - 10)])
-  redis.call('SADD', KEYS[4], ARGV[15 + 2 * (i - 10)])
-end
-local took = ''
-if win then
-  -- Only what this acquire added is given back by an unsent release (`windows` module).
-  local added = {
-    add_entry(KEYS[7], KEYS[9], 'minute', ARGV[1], now, 1) and '1' or '',
-    add_entry(KEYS[8], KEYS[9], 'day', ARGV[1], now, win[4]) and '1' or '',
-    add_spend(mkey, ARGV[1], win[5], mend - now + 86400000) and mkey or '',
-    win[4], win[5]}
-  took = cjson.encode(added)
-end
-local fence = redis.call('INCR', KEYS[3])
-local expires = now + tonumber(ARGV[4])
-redis.call('HSET', KEYS[1], 'attempt_id', ARGV[1], 'account', ARGV[8], 'token', ARGV[2],
-  'fence', fence, 'dims', ARGV[7], 'slots', slots, 'ttl', ARGV[4], 'max_term', ARGV[5],
-  'acquired_at', now, 'expires_at', expires, 'unknown', 0, 'win', took)
-redis.call('PEXPIRE', KEYS[1], expires - now + tonumber(ARGV[6]))
-redis.call('ZADD', KEYS[2], expires, ARGV[1])
-return {1, {fence, now, expires}, reclaimed}
+return cjson.encode(out)
 """
 )
 

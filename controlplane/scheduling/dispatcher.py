@@ -642,7 +642,8 @@ class Dispatcher:
             )
             screened = screen(spec, catalog.candidates, ctx, catalog.version)
             survivors = screened.survivors()
-            start = {c.id: view.capacity.view(c, spec.mode.value) for c in survivors}
+            mode = spec.mode.value
+            start = {c.id: view.capacity.view(c, mode) for c in survivors}
             jobs.append((spec, task.spec_hash, screened.survivors(start)))
             prepared.append((task, f, ctx, screened, survivors))
         compiled = await compile_many(
@@ -724,7 +725,8 @@ class Dispatcher:
         task, facts, ctx, screened, survivors = prepared
         verdicts, plans = compiled
         spec = task.spec
-        capacity = {c.id: view.capacity.view(c, spec.mode.value) for c in survivors}
+        mode = spec.mode.value
+        capacity = {c.id: view.capacity.view(c, mode) for c in survivors}
         health = {c.id: h for c in survivors if (h := self.monitor.health_view(c.id)) is not None}
         quality, evidence, bucket = _quality_of(
             view.quality, survivors, spec, self.router.default_quality

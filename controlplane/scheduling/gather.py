@@ -55,17 +55,13 @@ def compile_key(candidate: Candidate) -> BreakerKey:
 
 
 class CompileBreakers(Protocol):
-    """What compiling needs of the scheduler's `HealthMonitor`."""
+    """What compiling needs of the scheduler's `HealthMonitor`: the bulk forms of `admit` and
+    `record_outcome`, one call per candidate's breaker for a round's Compile calls."""
 
-    async def admit(self, key: BreakerKey, holder: str) -> bool: ...
+    async def admit_many(self, key: BreakerKey, holders: Sequence[str]) -> list[bool]: ...
 
-    async def record_outcome(
-        self,
-        key: BreakerKey,
-        error_class: str | None,
-        latency_s: float | None,
-        *,
-        holder: str | None = None,
+    async def record_outcomes(
+        self, key: BreakerKey, outcomes: Sequence[tuple[str | None, float | None, str | None]]
     ) -> object: ...
 
 
@@ -207,7 +203,13 @@ Answer = tuple[CompileResult, CompiledPlan | None]
 
 
 class _Calls:
-    """One batch's Compile calls: breaker admission, the call, and who hears of its outcome."""
+    """One batch's Compile calls: breaker admission, the call, and who hears of its outcome.
+
+    The bookkeeping is per batch, not per call: the calls of one candidate are admitted by its
+    COMPILE breaker in one `admit_many` before any starts (what per-call admissions amount to
+    when every call is started together), and their outcomes are told to the breaker in one
+    `record_outcomes` per candidate, in the order the calls ended, once the batch is over
+    (its deadline bounds the delay); the reachability hears each one as it ends."""
 
     def __init__(
         self,
@@ -217,15 +219,51 @@ class _Calls:
     ) -> None:
         self.adapters, self.breakers, self.reachability = adapters, breakers, reachability
         self.holders: dict[CacheKey, str] = {}  # admitted calls not reported yet
+        self.admitted: dict[CacheKey, bool] = {}
         self.started = time.monotonic()
+        self._batch = secrets.token_hex(8)  # with a count: each call's holder, unique anywhere
+        # The outcomes for the breakers, in the order the calls ended: (candidate, failure,
+        # seconds since the batch started, holder).
+        self._ended: list[tuple[Candidate, str | None, float, str]] = []
+        self._breakers: dict[str, BreakerKey] = {}  # candidate id -> its COMPILE breaker
+
+    def breaker(self, c: Candidate) -> BreakerKey:
+        """`compile_key(c)`, built once per candidate in the batch."""
+        key = self._breakers.get(c.id)
+        if key is None:
+            key = self._breakers[c.id] = compile_key(c)
+        return key
+
+    async def admit_all(self, missing: Mapping[CacheKey, tuple[GenerationSpec, Candidate]]) -> None:
+        """Every call's admission, one `admit_many` per candidate's COMPILE breaker; a breaker
+        backend that fails admits the calls (a breaker protects the sidecar, it must not stop
+        routing). A call without an adapter is not admitted (it is not made)."""
+        by_breaker: dict[BreakerKey, list[CacheKey]] = {}
+        for key, (_, c) in missing.items():
+            if c.provider in self.adapters:
+                self.holders[key] = f"COMPILE:{self._batch}:{len(self.holders)}"
+                by_breaker.setdefault(self.breaker(c), []).append(key)
+        for breaker, keys in by_breaker.items():
+            if self.breakers is None:
+                answers = [True] * len(keys)
+            else:
+                try:
+                    answers = await self.breakers.admit_many(
+                        breaker, [self.holders[k] for k in keys]
+                    )
+                except Exception:
+                    log.warning("compile breaker of %s: admission failed; calling anyway", breaker)
+                    answers = [True] * len(keys)
+            for key, admitted in zip(keys, answers, strict=True):
+                self.admitted[key] = admitted
+                if not admitted:
+                    del self.holders[key]
 
     async def one(self, key: CacheKey, spec: GenerationSpec, c: Candidate) -> Answer:
         adapter = self.adapters.get(c.provider)
         if adapter is None:
             return CompileResult(False, error=f"no adapter for provider {c.provider}"), None
-        holder = self.holders[key] = f"COMPILE:{secrets.token_hex(8)}"
-        if not await self.admitted(c, holder):
-            del self.holders[key]
+        if not self.admitted.get(key, False):
             return unavailable(f"COMPILE breaker of {c.provider} refuses calls for now"), None
         try:
             plan = await adapter.compile(
@@ -236,49 +274,51 @@ class _Calls:
                 capability=c.capability,  # the version routed on is the version compiled
             )
         except CompileRefused as exc:  # the sidecar's verdict on this request
-            await self.report(key, c, None)
+            self.ended(key, c, None)
             return CompileResult(False, error=f"sidecar refused: {exc}"), None
         except (CompileUnavailable, TimeoutError, OSError) as exc:
             why = f"{c.provider} sidecar gave no answer ({type(exc).__name__}: {exc})"
-            await self.report(key, c, NO_ANSWER, why)
+            self.ended(key, c, NO_ANSWER, why)
             return unavailable(why), None
         except Exception as exc:  # an answer we cannot read is no verdict either
             why = f"{c.provider} sidecar answer unreadable ({type(exc).__name__}: {exc})"
             log.warning("compile of %s: %s", c.id, why)
-            await self.report(key, c, UNREADABLE, why)
+            self.ended(key, c, UNREADABLE, why)
             return unavailable(why), None
-        await self.report(key, c, None)
+        self.ended(key, c, None)
         return compile_result(plan), plan
-
-    async def admitted(self, c: Candidate, holder: str) -> bool:
-        """The COMPILE breaker's admission; a breaker backend that fails admits the call (a
-        breaker protects the sidecar, it must not stop routing)."""
-        if self.breakers is None:
-            return True
-        try:
-            return await self.breakers.admit(compile_key(c), holder)
-        except Exception:
-            log.warning("compile breaker of %s: admission failed; calling anyway", c.id)
-            return True
 
     def late(self, key: CacheKey, c: Candidate, timeout_s: float) -> tuple[Answer, str | None]:
         """A call cut at the batch deadline: its answer, and its admission if still unreported."""
         why = f"{c.provider} sidecar gave no answer within {timeout_s:g} s (TimeoutError)"
         return (unavailable(why), None), (why if key in self.holders else None)
 
-    async def report(self, key: CacheKey, c: Candidate, failure: str | None, why: str = "") -> None:
+    def ended(self, key: CacheKey, c: Candidate, failure: str | None, why: str = "") -> None:
+        """A call ended (`failure` None: the sidecar answered): the reachability hears it now,
+        its breaker when the batch reports (`report_all`)."""
         holder = self.holders.pop(key, None)
         if self.reachability is not None:
             if failure == NO_ANSWER:
                 self.reachability.lost(c.provider, why)
             else:
                 self.reachability.answered(c.provider)
-        if self.breakers is not None and holder is not None:
-            took = time.monotonic() - self.started
+        if holder is not None:
+            self._ended.append((c, failure, time.monotonic() - self.started, holder))
+
+    async def report_all(self) -> None:
+        """The batch's outcomes to the breakers: one `record_outcomes` per candidate, in the
+        order its calls ended; a breaker that fails to take them loses only those outcomes."""
+        if self.breakers is None or not self._ended:
+            return
+        by_breaker: dict[BreakerKey, list[tuple[str | None, float | None, str | None]]] = {}
+        for c, failure, took, holder in self._ended:
+            by_breaker.setdefault(self.breaker(c), []).append((failure, took, holder))
+        self._ended = []
+        for breaker, outcomes in by_breaker.items():
             try:
-                await self.breakers.record_outcome(compile_key(c), failure, took, holder=holder)
-            except Exception:  # the verdict stands; only the breaker misses one outcome
-                log.warning("compile breaker of %s: outcome not recorded", c.id, exc_info=True)
+                await self.breakers.record_outcomes(breaker, outcomes)
+            except Exception:  # the verdicts stand; only the breaker misses these outcomes
+                log.warning("compile breaker of %s: outcomes not recorded", breaker, exc_info=True)
 
 
 async def compile_many(
@@ -290,11 +330,12 @@ async def compile_many(
     breakers: CompileBreakers | None = None,
     reachability: Reachability | None = None,
 ) -> list[tuple[dict[str, CompileResult], dict[str, CompiledPlan]]]:
-    """Compile a whole batch: cached verdicts first, every other call concurrently, all started
-    together under ONE deadline `timeout_s` from now (a call still running then is cancelled
-    and is that candidate's transient ``TimeoutError``: what a timeout per call would give,
-    without a timer per call); a call its COMPILE breaker refuses is not made (transient too);
-    failures become error results, never cached; answers aligned with `jobs`."""
+    """Compile a whole batch: cached verdicts first, every other call concurrently, one per
+    distinct (candidate, versions, normalized spec hash), all started together under ONE
+    deadline `timeout_s` from now (a call still running then is cancelled and is that
+    candidate's transient ``TimeoutError``: what a timeout per call would give, without a timer
+    per call); a call its COMPILE breaker refuses is not made (transient too); failures become
+    error results, never cached; answers aligned with `jobs`."""
     out: list[tuple[dict[str, CompileResult], dict[str, CompiledPlan]]] = []
     missing: dict[CacheKey, tuple[GenerationSpec, Candidate]] = {}
     for spec, spec_hash, candidates in jobs:
@@ -329,23 +370,27 @@ async def _call_all(
     calls: _Calls, missing: Mapping[CacheKey, tuple[GenerationSpec, Candidate]], timeout_s: float
 ) -> dict[CacheKey, Answer]:
     keys = list(missing)
+    await calls.admit_all(missing)
     running = [asyncio.ensure_future(calls.one(k, *missing[k])) for k in keys]
     try:
-        _, late = await asyncio.wait(running, timeout=timeout_s)
+        try:
+            _, late = await asyncio.wait(running, timeout=timeout_s)
+        finally:
+            for call in running:
+                call.cancel()  # no-op for the finished ones
+        if late:
+            await asyncio.gather(*late, return_exceptions=True)
+        fresh: dict[CacheKey, Answer] = {}
+        for key, call in zip(keys, running, strict=True):
+            if call in late or call.cancelled():
+                c = missing[key][1]
+                fresh[key], why = calls.late(key, c, timeout_s)
+                if why:  # admitted and cut: its breaker and readiness hear of the silence
+                    calls.ended(key, c, NO_ANSWER, why)
+            else:
+                fresh[key] = call.result()
     finally:
-        for call in running:
-            call.cancel()  # no-op for the finished ones
-    if late:
-        await asyncio.gather(*late, return_exceptions=True)
-    fresh: dict[CacheKey, Answer] = {}
-    for key, call in zip(keys, running, strict=True):
-        if call in late or call.cancelled():
-            c = missing[key][1]
-            fresh[key], why = calls.late(key, c, timeout_s)
-            if why:  # admitted and cut: its breaker and readiness hear of the silence
-                await calls.report(key, c, NO_ANSWER, why)
-        else:
-            fresh[key] = call.result()
+        await calls.report_all()
     return fresh
 
 

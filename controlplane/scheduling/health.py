@@ -201,6 +201,34 @@ class HealthMonitor:
             self._observe(_candidate_id(key), False, None, cost_micros)
         return result
 
+    async def record_outcomes(
+        self, key: BreakerKey, outcomes: Sequence[tuple[str | None, float | None, str | None]]
+    ) -> list[BreakerTransition | None]:
+        """`record_outcome` for each (error_class, latency_s, holder) of `key`, in order: the
+        bulk form a dispatch round's Compile calls report with (one key per candidate).
+
+        The single form reads the shared state before each outcome (a Redis round trip per
+        Compile call with `RedisSharedState`); here it is read once for a run of outcomes while
+        the breaker stays CLOSED and no outcome moved it, and again, as the single form would,
+        after a transition or while the breaker is not CLOSED. A SUBMIT key or a disabling
+        error (which involve the account's breaker) takes the single form."""
+        out: list[BreakerTransition | None] = []
+        breaker: CircuitBreaker | None = None
+        for error_class, latency_s, holder in outcomes:
+            if key.operation is Operation.SUBMIT or error_class in DISABLES_ACCOUNT:
+                out.append(await self.record_outcome(key, error_class, latency_s, holder=holder))
+                breaker = None
+                continue
+            outcome = CallOutcome(error_class, None if latency_s is None else latency_s * 1000)
+            judged, baseline = self._judged(key, outcome)
+            if breaker is None or breaker.state is not BreakerState.CLOSED:
+                breaker = await self._fresh(key)
+            result = await self._record_on(breaker, judged, holder, None, baseline)
+            if result is not None:
+                breaker = None
+            out.append(result)
+        return out
+
     def _judged(self, key: BreakerKey, outcome: CallOutcome) -> tuple[CallOutcome, float | None]:
         """`outcome` against its baseline as it was before this call, and that baseline; a
         successful call then joins the baseline's window."""
@@ -362,6 +390,18 @@ class HealthMonitor:
                     await self._release_one(taken, holder)
                 return False
         return True
+
+    async def admit_many(self, key: BreakerKey, holders: Sequence[str]) -> list[bool]:
+        """`admit` for each holder in order: the bulk form a dispatch round's Compile calls
+        are admitted with. A CLOSED breaker admits every call without a probe slot, so while
+        `key` (not a SUBMIT key, which involves its account's breaker) is CLOSED after its
+        clock one check answers for all; otherwise each holder is admitted in turn."""
+        if holders and key.operation is not Operation.SUBMIT:
+            breaker = self.registry.get(key)
+            await self._emit(breaker.tick(), publish=False)
+            if breaker.state is BreakerState.CLOSED:
+                return [True] * len(holders)
+        return [await self.admit(key, holder) for holder in holders]
 
     async def release(self, key: BreakerKey, holder: str) -> None:
         """Give back an admission whose call was never made (no lease, no attempt)."""
@@ -625,7 +665,17 @@ class HealthMonitor:
         permit: Permit | None,
         baseline_s: float | None = None,
     ) -> BreakerTransition | None:
-        breaker = await self._fresh(key)
+        return await self._record_on(await self._fresh(key), outcome, holder, permit, baseline_s)
+
+    async def _record_on(
+        self,
+        breaker: CircuitBreaker,
+        outcome: CallOutcome,
+        holder: str | None,
+        permit: Permit | None,
+        baseline_s: float | None = None,
+    ) -> BreakerTransition | None:
+        """`_record_one` on a breaker already brought up to date (`_fresh`)."""
         if breaker.state is BreakerState.HALF_OPEN and holder is not None:
             finish = await self._finish(breaker, holder, breaker.probe_succeeded(outcome))
             result = breaker.record_probe(outcome, finish.successes) if finish.was_probe else None
