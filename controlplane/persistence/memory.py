@@ -55,6 +55,7 @@ from controlplane.persistence.records import (
     TaskEventRecord,
     TaskRecord,
 )
+from controlplane.persistence.transitions import AttemptMove
 from vidroute_core.exceptions import NotFound
 from vidroute_core.spec import GenerationSpec
 
@@ -243,6 +244,24 @@ class MemoryUnitOfWork:
         )
         for message in outbox:
             await self.enqueue(message)
+        return moved
+
+    async def move_attempts(self, moves: Sequence[AttemptMove]) -> dict[int, AttemptRecord]:
+        for m in moves:  # every edge asked before any write, as `transitions.cas_attempts`
+            ATTEMPT_MACHINE.check(m.state, m.target)
+        if len({m.attempt_id for m in moves}) != len(moves):
+            raise ValueError("an attempt may be moved once per call")
+        moved = {}
+        for m in moves:
+            stored = self._s.attempts.get(m.attempt_id)
+            if stored is None or (stored.state, stored.status_version) != (
+                m.state,
+                m.expected_version,
+            ):
+                continue
+            record = await self.move_attempt(stored, m.target, m.reason, m.changes)
+            if record is not None:
+                moved[record.id] = record
         return moved
 
     async def has_unmatched(self, account_id: int, job_id: str) -> bool:

@@ -35,6 +35,7 @@ from controlplane.persistence.records import (
     TaskEventRecord,
     TaskRecord,
 )
+from controlplane.persistence.transitions import AttemptMove
 
 __all__ = ["ExecutionReads", "TaskReads", "UnitOfWork", "UnitSource"]
 
@@ -96,6 +97,11 @@ class UnitOfWork(Protocol):
         outbox: Sequence[NewOutboxMessage] = (),
     ) -> AttemptRecord | None:
         """CAS from `record`'s state and version; None when forbidden or lost."""
+        ...
+
+    async def move_attempts(self, moves: Sequence[AttemptMove]) -> dict[int, AttemptRecord]:
+        """`move_attempt` for many (`transitions.cas_attempts`): `IllegalTransition` before
+        any write if one is forbidden; the moved attempts by id (a lost CAS is left out)."""
         ...
 
     async def insert_job(

@@ -16,6 +16,13 @@ path writes (`_sql.state_payload`), numbered from the task's ``last_event_seq``;
 numbers are reserved after them for the caller's own events (a dispatch's
 ``attempt.created``). `insert_events` writes the events and their caller-webhook messages in
 one statement each, whatever the number of tasks.
+
+`AttemptMove` and `cas_attempts` are the same for attempts (the set-based form of
+`SqlUnitOfWork.move_attempt`, which is its batch of one): every move asked of `ATTEMPT_MACHINE`
+before any write, then one UPDATE per (from state, to state) with the version CAS, the columns
+a move sets alongside its state (`AttemptChanges`) given per row by ``CASE id WHEN ...`` where
+the moves of a group differ. The unit adds each moved attempt's ``attempt.state_changed`` event
+in the callers' order, so the events are numbered as the single path numbers them.
 """
 
 from __future__ import annotations
@@ -26,15 +33,26 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import tuple_, update
+from sqlalchemy import case, literal, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from controlplane.domain.states import TASK_MACHINE, TaskState
-from controlplane.persistence import _bulk, _sql, webhooks
+from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
+from controlplane.persistence import _bulk, _rows, _sql, webhooks
 from controlplane.persistence.models import generation_tasks as T
+from controlplane.persistence.models import task_attempts as A
 from controlplane.persistence.models import task_events as E
+from controlplane.persistence.records import AttemptChanges, AttemptRecord
 
-__all__ = ["Moved", "TaskMove", "TaskStep", "cas_many", "insert_events", "planned"]
+__all__ = [
+    "AttemptMove",
+    "Moved",
+    "TaskMove",
+    "TaskStep",
+    "cas_attempts",
+    "cas_many",
+    "insert_events",
+    "planned",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,3 +174,76 @@ async def insert_events(
     if not announced:  # no message statement ran, so the events go alone
         await conn.execute(statement, params)
     return announced > 0
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptMove:
+    """Move `attempt_id` from `state` at `expected_version` to `target`, setting `changes`'
+    columns with it (None fields are left as they are); `reason` goes into its event."""
+
+    attempt_id: int
+    state: AttemptState
+    expected_version: int
+    target: AttemptState
+    reason: str = ""
+    changes: AttemptChanges | None = None
+
+    @classmethod
+    def of(
+        cls,
+        record: AttemptRecord,
+        target: AttemptState,
+        reason: str = "",
+        changes: AttemptChanges | None = None,
+    ) -> AttemptMove:
+        """The move of `record` as its writer read it (state and version)."""
+        return cls(record.id, record.state, record.status_version, target, reason, changes)
+
+
+async def cas_attempts(
+    conn: AsyncConnection, moves: Sequence[AttemptMove], now: datetime
+) -> dict[int, AttemptRecord]:
+    """Apply `moves` (see module); attempt id -> the moved row, for those whose CAS won.
+    `IllegalTransition` (nothing written) if `ATTEMPT_MACHINE` forbids any of them."""
+    for m in moves:  # every edge asked before any write
+        ATTEMPT_MACHINE.check(m.state, m.target)
+    if len({m.attempt_id for m in moves}) != len(moves):
+        raise ValueError("an attempt may be moved once per call")
+    groups: dict[tuple[AttemptState, AttemptState], list[AttemptMove]] = defaultdict(list)
+    for m in moves:
+        groups[m.state, m.target].append(m)
+    moved: dict[int, AttemptRecord] = {}
+    for (state, target), members in groups.items():
+        values = _columns({m.attempt_id: _sql.attempt_extra(m.changes) for m in members})
+        values.update(status=target.value, status_version=A.c.status_version + 1, updated_at=now)
+        rows = await conn.execute(
+            update(A)
+            .where(
+                tuple_(A.c.id, A.c.status_version).in_(
+                    sorted((m.attempt_id, m.expected_version) for m in members)
+                ),
+                A.c.status == state.value,
+            )
+            .values(values)
+            .returning(A)
+        )
+        for row in rows.mappings():
+            record = _rows.attempt(row)
+            moved[record.id] = record
+    return moved
+
+
+def _columns(extras: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """SET values for the optional columns of a group's moves (attempt id -> its columns): a
+    value all of them set alike is a plain value, others ``CASE id WHEN ... ELSE column``."""
+    out: dict[str, Any] = {}
+    for name in sorted({c for e in extras.values() for c in e}):
+        given = {i: e[name] for i, e in extras.items() if name in e}
+        first = next(iter(given.values()))
+        if len(given) == len(extras) and all(v == first for v in given.values()):
+            out[name] = first
+            continue
+        column = A.c[name]
+        whens = {i: literal(v, column.type) for i, v in sorted(given.items())}
+        out[name] = case(whens, value=A.c.id, else_=column)
+    return out

@@ -65,7 +65,6 @@ from controlplane.persistence._unit_execution import ExecutionWrites
 from controlplane.persistence.endings import Ending
 from controlplane.persistence.errors import ConcurrentModification, DuplicateRecord
 from controlplane.persistence.models import outbox as O
-from controlplane.persistence.models import task_attempts as A
 from controlplane.persistence.records import (
     AccountInfo,
     AttemptChanges,
@@ -505,39 +504,36 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         outbox: Sequence[NewOutboxMessage] = (),
     ) -> AttemptRecord | None:
         """CAS the attempt from `record`'s version; None when the table forbids it or it lost.
-        `changes` fields are set when not None."""
+        `changes` fields are set when not None. The batch of one of `move_attempts`."""
         if not ATTEMPT_MACHINE.can(record.state, target):
             return None
-        values: dict[str, Any] = _sql.attempt_extra(changes)
-        values.update(
-            status=target.value, status_version=A.c.status_version + 1, updated_at=self.now
-        )
-        row = (
-            (
-                await self.conn.execute(
-                    update(A)
-                    .where(
-                        A.c.id == record.id,
-                        A.c.status_version == record.status_version,
-                        A.c.status == record.state.value,
-                    )
-                    .values(values)
-                    .returning(A)
-                )
-            )
-            .mappings()
-            .first()
-        )
-        if row is None:
+        move = transitions.AttemptMove.of(record, target, reason, changes)
+        moved = (await self.move_attempts([move])).get(record.id)
+        if moved is None:
             return None
-        moved = _rows.attempt(row)
-        if target is AttemptState.ABANDONED:
-            failure = None if changes is None else changes.failure
-            self.endings.append(Ending(moved.task_id, target.value, reason, failure, moved.id))
-        payload = _sql.attempt_moved_payload(moved, reason, changes)
-        self.add_event(moved.task_id, "attempt.state_changed", payload)
         for message in outbox:
             await self.enqueue(message)
+        return moved
+
+    async def move_attempts(
+        self, moves: Sequence[transitions.AttemptMove]
+    ) -> dict[int, AttemptRecord]:
+        """Attempt state changes, one or many: every move asked of `ATTEMPT_MACHINE`
+        (`IllegalTransition` before any write), the CAS set-based (`transitions.cas_attempts`),
+        an ``attempt.state_changed`` event per moved attempt, added in the order of `moves`.
+        The moved attempts by id; a lost CAS is left as it was, like the single path's."""
+        moved = await transitions.cas_attempts(self.conn, moves, self.now)
+        for m in moves:
+            attempt = moved.get(m.attempt_id)
+            if attempt is None:
+                continue
+            failure = None if m.changes is None else m.changes.failure
+            if attempt.state is AttemptState.ABANDONED:
+                self.endings.append(
+                    Ending(attempt.task_id, attempt.state.value, m.reason, failure, attempt.id)
+                )
+            payload = _sql.attempt_moved_payload(attempt, m.reason, m.changes)
+            self.add_event(attempt.task_id, "attempt.state_changed", payload)
         return moved
 
     # ---- outbox ---------------------------------------------------------------------------
