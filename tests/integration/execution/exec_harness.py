@@ -24,7 +24,7 @@ from controlplane.domain.states import TaskState
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.engine import ExecutionEngine
 from controlplane.execution.outcomes import UsageDeclared
-from controlplane.execution.output_fetch import FetchRequest, FetchResult, StoredAsset
+from controlplane.execution.output_fetch import FetchRequest, FetchResult
 from controlplane.leases.base import Dimension, LeaseRequest, LeaseStore
 from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.persistence import exclusions
@@ -40,6 +40,7 @@ from controlplane.persistence.records import (
     TaskDetail,
 )
 from controlplane.persistence.tasks import TaskQueries
+from tests.support.outputs import stored_mp4
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec, RoutingMode, RoutingPolicy
 
 START = datetime(2026, 6, 24, 10, 0, 0, tzinfo=UTC)
@@ -74,19 +75,7 @@ class FakeFetch:
         self.calls.append(request)
         if self.results:
             return self.results.pop(0)
-        return StoredAsset(
-            uri=f"file:///assets/{request.storage_key}",
-            key=request.storage_key,
-            mime_type="video/mp4",
-            size_bytes=1024,
-            checksum_sha256="0" * 64,
-            duration_ms=4000,
-            width=1280,
-            height=720,
-            fps=24.0,
-            codec="h264",
-            has_audio=False,
-        )
+        return stored_mp4(request.storage_key)
 
 
 @dataclass

@@ -31,7 +31,6 @@ from controlplane.execution.output_fetch import (
     FetchResult,
     InvalidReason,
     OutputInvalid,
-    StoredAsset,
     TransientFetchError,
 )
 from controlplane.persistence import ledger
@@ -48,6 +47,7 @@ from controlplane.persistence.models import (
 )
 from controlplane.persistence.records import AttemptRecord, NewOutboxMessage
 from tests.integration.execution.exec_harness import START, Harness
+from tests.support.outputs import stored_mp4
 from vidroute_core.adapter import JobOutput, JobSnapshot, JobState
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
@@ -94,19 +94,7 @@ class PlannedFetch:
             return OutputInvalid(InvalidReason.MEDIA_MISMATCH, "4 s asked, 9 s delivered")
         if kind == "transient":
             return TransientFetchError("503 from the CDN", 503, retry_after_s=3600.0)
-        return StoredAsset(
-            uri=f"file:///assets/{position}.mp4",
-            key=f"outputs/{position}.mp4",
-            mime_type="video/mp4",
-            size_bytes=1024,
-            checksum_sha256="0" * 64,
-            duration_ms=4000,
-            width=1280,
-            height=720,
-            fps=24.0,
-            codec="h264",
-            has_audio=False,
-        )
+        return stored_mp4(f"outputs/{position}.mp4", uri=f"file:///assets/{position}.mp4")
 
 
 @dataclass

@@ -32,23 +32,12 @@ from controlplane.storage import FilesystemObjectStore
 from tests.integration.execution.exec_harness import Harness, wait_for
 from tests.integration.execution.file_server import FileServer
 from tests.integration.execution.media_files import render_mp4
+from tests.support.outputs import stored_mp4
 from vidroute_core.adapter import JobOutput, JobSnapshot, JobState
 
 pytestmark = pytest.mark.timeout(60)
 
-STORED = StoredAsset(
-    uri="file:///assets/output.mp4",
-    key="output.mp4",
-    mime_type="video/mp4",
-    size_bytes=1024,
-    checksum_sha256="0" * 64,
-    duration_ms=4000,
-    width=1280,
-    height=720,
-    fps=24.0,
-    codec="h264",
-    has_audio=False,
-)
+STORED = stored_mp4("output.mp4")
 ASKED = ExpectedMedia(duration_ms=1500, width=1280, height=720, with_audio=False)
 
 

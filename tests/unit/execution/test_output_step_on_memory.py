@@ -18,11 +18,12 @@ from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.events import EventNormalizer
 from controlplane.execution.leasing import LeaseKeeper
 from controlplane.execution.outcomes import ExecutionDeps
-from controlplane.execution.output_fetch import FetchRequest, FetchResult, StoredAsset
+from controlplane.execution.output_fetch import FetchRequest, FetchResult
 from controlplane.execution.output_step import OutputStep
 from controlplane.persistence.memory import MemoryDatabase, MemoryUnitOfWork
 from controlplane.persistence.ports import ExecutionReads, TaskReads
 from controlplane.persistence.records import NewOutboxMessage, TaskRecord
+from tests.support.outputs import stored_mp4
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
 NOW = datetime(2026, 6, 24, 10, 0, 0, tzinfo=UTC)
@@ -61,19 +62,7 @@ class CountingDatabase(MemoryDatabase):
 
 
 async def _stored(request: FetchRequest) -> FetchResult:
-    return StoredAsset(
-        uri=f"file:///assets/{request.storage_key}",
-        key=request.storage_key,
-        mime_type="video/mp4",
-        size_bytes=1024,
-        checksum_sha256="0" * 64,
-        duration_ms=4000,
-        width=1280,
-        height=720,
-        fps=24.0,
-        codec="h264",
-        has_audio=False,
-    )
+    return stored_mp4(request.storage_key)
 
 
 async def _fetching(mem: CountingDatabase, n: int) -> list[TaskRecord]:
