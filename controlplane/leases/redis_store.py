@@ -133,6 +133,19 @@ class RedisLeaseStore:
             self._key("win", account),
         ]
 
+    def _account_keys(self, account: str) -> list[str]:
+        """The account's own keys, declared first by the scripts that act on the whole account
+        (ACQUIRE_MANY and the restore): its lease index, fence, dimensions, UNKNOWN holds, live
+        mark and windows."""
+        return [
+            self._key("leases", account),
+            self._key("fence", account),
+            self._key("dims", account),
+            self._key("unknown", account),
+            self._key("live", account),
+            *self._window_keys(account),
+        ]
+
     def _capacity_keys(self, account: str, dims: Iterable[Dimension]) -> list[str]:
         return [self._key("capacity", account, d.key) for d in dims]
 
@@ -212,14 +225,7 @@ class RedisLeaseStore:
         indexes: Sequence[int],
     ) -> tuple[list[str], list[str | int]]:
         """ACQUIRE_MANY's keys and arguments for `account`'s requests at `indexes`."""
-        keys = [
-            self._key("leases", account),
-            self._key("fence", account),
-            self._key("dims", account),
-            self._key("unknown", account),
-            self._key("live", account),
-            *self._window_keys(account),
-        ]
+        keys = self._account_keys(account)
         args: list[str | int] = [
             self._retain_ms,
             account,
@@ -481,14 +487,7 @@ class RedisLeaseStore:
     ) -> list[str]:
         """Rebuild missing holders' leases and mark the account live. See `LeaseStore.restore`."""
         validate_restore(account, ttl_ms, max_term_ms)
-        keys = [
-            self._key("leases", account),
-            self._key("fence", account),
-            self._key("dims", account),
-            self._key("unknown", account),
-            self._key("live", account),
-            *self._window_keys(account),
-        ]
+        keys = self._account_keys(account)
         rows: list[list[str]] = []
         for h in holders:
             if h.account != account:
