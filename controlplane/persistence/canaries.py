@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.routing.canary import CanaryStatus
@@ -170,6 +170,15 @@ async def record_transition(
     )
 
 
+def _still_at(row: CanaryRow) -> ColumnElement[bool]:
+    """The guard of every write judged on `row`: the canary is still ACTIVE at the stage read."""
+    return and_(
+        C.c.candidate_id == row.candidate_id,
+        C.c.status == CanaryStatus.ACTIVE.value,
+        C.c.stage == row.stage,
+    )
+
+
 async def move_canary(
     conn: AsyncConnection,
     row: CanaryRow,
@@ -184,17 +193,7 @@ async def move_canary(
     values["updated_at"] = now
     if stage != row.stage:
         values["stage_started_at"] = now
-    done = await conn.execute(
-        update(C)
-        .where(
-            and_(
-                C.c.candidate_id == row.candidate_id,
-                C.c.status == CanaryStatus.ACTIVE.value,
-                C.c.stage == row.stage,
-            )
-        )
-        .values(**values)
-    )
+    done = await conn.execute(update(C).where(_still_at(row)).values(**values))
     return bool(done.rowcount)
 
 
@@ -203,17 +202,7 @@ async def note_gates(
 ) -> bool:
     """Keep the last evaluation of a canary that holds (no transition), if it is still ACTIVE
     at ``row.stage``; False if another evaluation moved it first (its gates stand)."""
-    done = await conn.execute(
-        update(C)
-        .where(
-            and_(
-                C.c.candidate_id == row.candidate_id,
-                C.c.status == CanaryStatus.ACTIVE.value,
-                C.c.stage == row.stage,
-            )
-        )
-        .values(gates=gates, updated_at=now)
-    )
+    done = await conn.execute(update(C).where(_still_at(row)).values(gates=gates, updated_at=now))
     return bool(done.rowcount)
 
 
