@@ -7,7 +7,6 @@ the runtime row, the task's adoption and its outbox message, the stored observat
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -15,13 +14,11 @@ import pytest
 
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.events import EventNormalizer, EventSource, Observation
-from controlplane.execution.leasing import LeaseKeeper
 from controlplane.execution.outcomes import ExecutionDeps
 from controlplane.persistence.memory import MemoryDatabase
-from controlplane.persistence.ports import ExecutionReads, TaskReads, UnitSource
 from controlplane.persistence.records import AttemptRecord, TaskRecord
+from tests.support.memory_deps import memory_deps
 from vidroute_core.adapter import JobSnapshot, JobState
 from vidroute_core.errors import ErrorClass, make_error
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
@@ -36,20 +33,7 @@ SPEC = GenerationSpec(
 
 
 def _deps(mem: MemoryDatabase) -> ExecutionDeps:
-    # The fake stands in for every port the engine reads and writes through.
-    db: UnitSource = mem
-    reads: ExecutionReads = mem
-    tasks: TaskReads = mem
-    return ExecutionDeps(
-        db=db,
-        reads=reads,
-        tasks=tasks,
-        adapters={},
-        leases=LeaseKeeper(None),
-        config=ExecutionConfig(),
-        clock=lambda: NOW,
-        rng=random.Random(1),
-    )
+    return memory_deps(mem, NOW)
 
 
 def _running(mem: MemoryDatabase, job_id: str = "job-1") -> tuple[TaskRecord, AttemptRecord]:

@@ -5,7 +5,6 @@ written item by item, the good items committed.
 
 from __future__ import annotations
 
-import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -14,15 +13,12 @@ import pytest
 
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import AttemptState, TaskState
-from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.events import EventNormalizer
-from controlplane.execution.leasing import LeaseKeeper
-from controlplane.execution.outcomes import ExecutionDeps
 from controlplane.execution.output_fetch import FetchRequest, FetchResult
 from controlplane.execution.output_step import OutputStep
 from controlplane.persistence.memory import MemoryDatabase, MemoryUnitOfWork
-from controlplane.persistence.ports import ExecutionReads, TaskReads
 from controlplane.persistence.records import NewOutboxMessage, TaskRecord
+from tests.support.memory_deps import memory_deps
 from tests.support.outputs import stored_mp4
 from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
@@ -90,18 +86,7 @@ async def _fetching(mem: CountingDatabase, n: int) -> list[TaskRecord]:
 
 
 def _step(mem: CountingDatabase) -> OutputStep:
-    reads: ExecutionReads = mem
-    tasks: TaskReads = mem
-    deps = ExecutionDeps(
-        db=mem,
-        reads=reads,
-        tasks=tasks,
-        adapters={},
-        leases=LeaseKeeper(None),
-        config=ExecutionConfig(),
-        clock=lambda: NOW,
-        rng=random.Random(1),
-    )
+    deps = memory_deps(mem, NOW)
     return OutputStep(deps, _stored, EventNormalizer(deps))
 
 
