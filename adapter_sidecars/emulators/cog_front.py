@@ -50,6 +50,15 @@ _PHASES = {
 _DELIVERY_FIELDS = ("webhook", "webhook_events_filter")
 
 
+def _phase(payload: dict[str, Any]) -> str:
+    """The phase a webhook reports. coglet 0.23 ends a run whose cancel arrived before the
+    predictor's coroutine started as ``failed`` with its ``CancelationException``: the cancel
+    stopped that run, so the server's truth is a cancelled job."""
+    if payload["status"] == "failed" and "CancelationException" in str(payload.get("error")):
+        return "cancelled"
+    return _PHASES[str(payload["status"])]
+
+
 @dataclass(frozen=True)
 class CogFrontConfig(EmulatorConfig):
     """upstream: a running Cog server's URL ("" = start one here). predictor: its predict.py
@@ -203,7 +212,7 @@ class CogFront(Emulator):
         except ValueError:
             payload = None
         if isinstance(payload, dict) and payload.get("status") in _PHASES:
-            self._phase[pid] = _PHASES[str(payload["status"])]
+            self._phase[pid] = _phase(payload)
         target = self._hooks.get(pid)
         if target is None:
             return Response.empty(404)

@@ -4,8 +4,11 @@ Statuses: ``starting`` (accepted, not running yet) is QUEUED, ``processing`` RUN
 ``succeeded`` / ``failed`` / ``canceled`` the three ends. A failed prediction carries only the
 predictor's error text: an out-of-memory one (CUDA/torch wording) may pass on another try
 (INTERNAL_RETRYABLE, code OOM, design 9.21), any other is the predictor's own verdict on this
-request (INTERNAL_PERMANENT, code PREDICTION_FAILED). Cost is ``metrics.predict_time`` GPU
-seconds x the capability's micros per GPU second.
+request (INTERNAL_PERMANENT, code PREDICTION_FAILED). A cancel that lands before coglet has
+started the predictor's coroutine ends the prediction ``failed`` with coglet's own
+``CancelationException`` (coglet 0.23: "Failed to submit coroutine: CancelationException"): the
+cancel stopped it, so it reads CANCELLED, never a model failure. Cost is
+``metrics.predict_time`` GPU seconds x the capability's micros per GPU second.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ STATUS: Mapping[str, JobState] = {
     "canceled": JobState.CANCELLED,
 }
 _OOM_WORDS = ("out of memory", "outofmemoryerror", "cuda oom")
+#: The exception coglet raises into a run to cancel it; a run it ends is a cancelled one.
+CANCELLED_BY_COG = "CancelationException"
 #: 503 never comes from coglet (it answers 409 when busy) but from what fronts it (a Service or
 #: ingress with no ready endpoint): the request did not reach the model server.
 NOT_CREATED_5XX = frozenset({503})
@@ -77,6 +82,8 @@ def snapshot(
     status; the raw payload is that body."""
     raw = str(payload.get("status", ""))
     state = map_state(raw, STATUS)
+    if state is JobState.FAILED and CANCELLED_BY_COG in str(payload.get("error") or ""):
+        state = JobState.CANCELLED
     cost = None
     if state.terminal and "metrics" in payload:
         cost = round(predict_time(payload) * micros_per_gpu_second)

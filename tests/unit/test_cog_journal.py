@@ -85,6 +85,24 @@ def test_failures_are_classified_by_the_predictors_error() -> None:
     assert snap.actual_cost_micros == 700
 
 
+def test_a_cancel_that_beat_the_start_reads_cancelled_not_failed() -> None:
+    """coglet 0.23 ends a run whose cancel arrived before the predictor's coroutine started as
+    ``failed`` with its own CancelationException (this body is what it sent, seen in CI): the
+    cancel stopped the run, so it is CANCELLED with no model failure to count."""
+    raced = {
+        "status": "failed",
+        "error": "Prediction failed: Failed to submit coroutine: CancelationException: ",
+    }
+    snap = cog_mapping.snapshot(raced, micros_per_gpu_second=350, output_ttl_s=60, now=NOW)
+    assert snap.state is JobState.CANCELLED
+    assert snap.failure is None
+    failed = {"status": "failed", "error": "prediction failed: bad prompt"}
+    assert (
+        cog_mapping.snapshot(failed, micros_per_gpu_second=350, output_ttl_s=60, now=NOW).state
+        is JobState.FAILED
+    )
+
+
 def test_put_replies_never_call_a_maybe_started_prediction_rejected() -> None:
     """409 (every slot busy) and 503 (nothing reached the server) are REJECTED and created
     nothing; any other 5xx may have started the run: UNKNOWN; a 202 is ACCEPTED only with the
