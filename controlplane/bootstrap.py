@@ -98,7 +98,7 @@ import httpx
 import yaml
 from redis.asyncio import Redis
 
-from controlplane.adapters.connect import adapter_client
+from controlplane.adapters.connect import adapter_client, one_shot_timing
 from controlplane.adapters.grpc_client import GrpcAdapterClient
 from controlplane.api.account_servicer import AccountServicer
 from controlplane.api.auth import Authenticator, parse_entries
@@ -115,7 +115,7 @@ from controlplane.capabilities.publish import (
 from controlplane.console.app import Console
 from controlplane.console.server import CONSOLE_LISTEN_FIX, ConsoleServer
 from controlplane.domain.accounts import parse_accounts_document
-from controlplane.domain.baselines import HOST_NOISE_FLOOR_S
+from controlplane.domain.baselines import HOST_NOISE_FLOOR_S, ONE_SHOT_MIN_DEADLINE_S
 from controlplane.domain.breaker import BreakerConfig, BreakerKey, Operation
 from controlplane.domain.deadlines import DeadlinePolicy
 from controlplane.domain.money import BillingPolicies, BillingPolicy
@@ -942,9 +942,18 @@ async def _start(  # noqa: PLR0915 - the composition root, one line per part
             "adapter_timeout_s": adapter_timing["timeout_s"],
         }
         catalog = runtime.dispatcher.catalog
-        # An operator's release check may wait longer than a dispatch round (3x its deadline).
+        # An operator's release check may wait longer than a dispatch round (3x its deadline),
+        # and never less than a one-shot action's floor, per call and for the whole check: at
+        # time factor 0.02 both were 0.6 s, which a sidecar on a loaded machine missed for a
+        # release's samples. Its own clients, so the dispatcher's deadlines stay as they are.
+        check_adapters = {
+            name: adapter_client(settings.adapter_tls, addr, one_shot_timing(adapter_timing))
+            for name, addr in settings.adapters.items()
+        }
+        cleanup.extend(client.close for client in check_adapters.values())
         samples = SampleCompiler(
-            adapters, timeout_s=3 * runtime.dispatcher.config.compile_timeout_s
+            check_adapters,
+            timeout_s=max(3 * runtime.dispatcher.config.compile_timeout_s, ONE_SHOT_MIN_DEADLINE_S),
         )
         published = _catalog_refresher(runtime)
         http = _http_client(scale)

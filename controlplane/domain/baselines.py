@@ -39,6 +39,7 @@ from controlplane.domain.scoring import DecayedQuantiles, Window
 __all__ = [
     "HOST_NOISE_FLOOR_S",
     "JUDGED_OPERATIONS",
+    "ONE_SHOT_MIN_DEADLINE_S",
     "BaselineKey",
     "CallBaselines",
     "baseline_of",
@@ -52,6 +53,10 @@ __all__ = [
 # ``VIDROUTE_TIME_SCALE`` 0.02 a scaled threshold would be 80 ms, which every hiccup of the
 # machine exceeds; what is slow for a provider is never faster than what the host can add.
 HOST_NOISE_FLOOR_S = 2.0
+#: Five host stalls: no deadline of a one-shot operator action's RPC (a reconciliation run, a
+#: release check's sample compiles) is shorter, whatever the time factor: scaled for a fast
+#: test it would fall under what a loaded machine takes to compute the answer.
+ONE_SHOT_MIN_DEADLINE_S = 5 * HOST_NOISE_FLOOR_S
 
 JUDGED_OPERATIONS: frozenset[Operation] = frozenset(
     {

@@ -11,22 +11,17 @@ not a timeout)."""
 from __future__ import annotations
 
 from controlplane import bootstrap
-from controlplane.adapters.connect import adapter_client
+from controlplane.adapters.connect import adapter_client, one_shot_timing
 from controlplane.adapters.grpc_client import GrpcAdapterClient
-from controlplane.domain.baselines import HOST_NOISE_FLOOR_S
+from controlplane.domain.baselines import ONE_SHOT_MIN_DEADLINE_S
 from vidroute_core.timescale import scaled_defaults
 
 __all__ = ["ONE_SHOT_MIN_DEADLINE_S", "adapter_clients"]
 
-#: Five host stalls (`HOST_NOISE_FLOOR_S`): no deadline of a one-shot run's RPC is shorter.
-ONE_SHOT_MIN_DEADLINE_S = 5 * HOST_NOISE_FLOOR_S
-
 
 def adapter_clients(settings: bootstrap.Settings) -> dict[str, GrpcAdapterClient]:
     """A client per configured sidecar (``VIDROUTE_ADAPTERS``); the caller closes them."""
-    timing = scaled_defaults(GrpcAdapterClient, settings.time_scale)
-    for deadline in ("timeout_s", "fetch_timeout_s"):
-        timing[deadline] = max(timing[deadline], ONE_SHOT_MIN_DEADLINE_S)
+    timing = one_shot_timing(scaled_defaults(GrpcAdapterClient, settings.time_scale))
     return {
         name: adapter_client(settings.adapter_tls, address, timing)
         for name, address in settings.adapters.items()
