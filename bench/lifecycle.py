@@ -257,10 +257,13 @@ SELECT
          WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM t.updated_at - r.accepted_at)),
        EXTRACT(EPOCH FROM max(a.created_at) - min(t.created_at)),
        EXTRACT(EPOCH FROM max(r.accepted_at) - min(t.created_at)),
-       EXTRACT(EPOCH FROM max(t.updated_at) - min(t.created_at))
+       EXTRACT(EPOCH FROM max(t.updated_at) - min(t.created_at)),
+       percentile_cont(0.5)
+         WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM j.completed_at - r.accepted_at))
 FROM generation_tasks t
 JOIN task_attempts a ON a.task_id = t.id AND a.attempt_no = 1
 LEFT JOIN attempt_runtime r ON r.attempt_id = a.id
+LEFT JOIN provider_jobs j ON j.attempt_id = a.id
 """
 
 
@@ -278,6 +281,9 @@ async def _stage_times(url: str) -> dict[str, float]:
         "last_dispatch_at_s",
         "last_accept_at_s",
         "last_terminal_at_s",
+        # Accept to the observation that ended the job (polls and callbacks; the rest of
+        # accept-to-terminal is the output step).
+        "p50_accept_to_job_end_s",
     )
     return {k: round(float(v or 0.0), 3) for k, v in zip(keys, row, strict=True)}
 
