@@ -94,12 +94,16 @@ async def test_a_submit_that_never_left_is_proven_absent_and_its_key_refused(
         engine = lite.engine(
             {"runway": dead}, recovery_base_s=0.05, recovery_cap_s=0.05, max_recovery_queries=1000
         )
+        # The window is counted from the attempt's unknown_since, the unit clock of the move to
+        # SUBMIT_UNKNOWN: set it, and start the test's own count, at the same moment (counted
+        # from later, a loaded machine's slow submit step made a conclusive answer look early).
+        lite.clock.now = datetime.now(UTC)
+        unknown_at = time.monotonic()
         await engine.submitter.run_once()
         assert (await lite.attempt(attempt.id)).state is AttemptState.SUBMIT_UNKNOWN
         recovery = lite.engine(
             {"runway": live}, recovery_base_s=0.05, recovery_cap_s=0.05, max_recovery_queries=1000
         )
-        unknown_at = time.monotonic()
         verdicts = []
         while (await lite.attempt(attempt.id)).state is AttemptState.SUBMIT_UNKNOWN:
             assert time.monotonic() < unknown_at + 10 * SETTLE_S, "absence was never proven"
