@@ -1,18 +1,27 @@
 """The execution engine's collaborators over the in-memory fake, for tests of its steps without
-a database or a provider."""
+a database or a provider, and the moment and spec those tests build their tasks with."""
 
 from __future__ import annotations
 
 import random
-from datetime import datetime
+from datetime import UTC, datetime
 
 from controlplane.execution.config import ExecutionConfig
 from controlplane.execution.leasing import LeaseKeeper
 from controlplane.execution.outcomes import ExecutionDeps
 from controlplane.persistence.memory import MemoryDatabase
 from controlplane.persistence.ports import ExecutionReads, TaskReads, UnitSource
+from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
-__all__ = ["memory_deps"]
+__all__ = ["NOW", "SPEC", "memory_deps"]
+
+NOW = datetime(2026, 6, 24, 10, 0, 0, tzinfo=UTC)
+SPEC = GenerationSpec(
+    tenant_id="tenant-a",
+    prompt="a red fox in snow",
+    mode=Mode.TEXT_TO_VIDEO,
+    output=OutputSpec(width=1280, height=720, duration_ms=4000),
+)
 
 
 def memory_deps(mem: MemoryDatabase, now: datetime) -> ExecutionDeps:

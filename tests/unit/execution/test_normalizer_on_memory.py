@@ -8,7 +8,6 @@ the runtime row, the task's adoption and its outbox message, the stored observat
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
 
 import pytest
 
@@ -18,18 +17,9 @@ from controlplane.execution.events import EventNormalizer, EventSource, Observat
 from controlplane.execution.outcomes import ExecutionDeps
 from controlplane.persistence.memory import MemoryDatabase
 from controlplane.persistence.records import AttemptRecord, TaskRecord
-from tests.support.memory_deps import memory_deps
+from tests.support.memory_deps import NOW, SPEC, memory_deps
 from vidroute_core.adapter import JobSnapshot, JobState
 from vidroute_core.errors import ErrorClass, make_error
-from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
-
-NOW = datetime(2026, 6, 24, 10, 0, 0, tzinfo=UTC)
-SPEC = GenerationSpec(
-    tenant_id="tenant-a",
-    prompt="a red fox in snow",
-    mode=Mode.TEXT_TO_VIDEO,
-    output=OutputSpec(width=1280, height=720, duration_ms=4000),
-)
 
 
 def _deps(mem: MemoryDatabase) -> ExecutionDeps:

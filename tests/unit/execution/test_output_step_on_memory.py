@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -18,17 +18,8 @@ from controlplane.execution.output_fetch import FetchRequest, FetchResult
 from controlplane.execution.output_step import OutputStep
 from controlplane.persistence.memory import MemoryDatabase, MemoryUnitOfWork
 from controlplane.persistence.records import NewOutboxMessage, TaskRecord
-from tests.support.memory_deps import memory_deps
+from tests.support.memory_deps import NOW, SPEC, memory_deps
 from tests.support.outputs import stored_mp4
-from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
-
-NOW = datetime(2026, 6, 24, 10, 0, 0, tzinfo=UTC)
-SPEC = GenerationSpec(
-    tenant_id="tenant-a",
-    prompt="a red fox in snow",
-    mode=Mode.TEXT_TO_VIDEO,
-    output=OutputSpec(width=1280, height=720, duration_ms=4000),
-)
 
 
 class CountingDatabase(MemoryDatabase):

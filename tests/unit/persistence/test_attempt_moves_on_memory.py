@@ -7,7 +7,6 @@ tests/integration/persistence/test_attempt_transition_paths.py)."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,16 +14,9 @@ from hypothesis import strategies as st
 from controlplane.domain.states import ATTEMPT_MACHINE, AttemptState, IllegalTransition, TaskState
 from controlplane.persistence.memory import MemoryDatabase
 from controlplane.persistence.transitions import AttemptMove
+from tests.support.memory_deps import NOW, SPEC
 from tests.support.sizes import examples
-from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
-NOW = datetime(2026, 6, 24, 10, 0, 0, tzinfo=UTC)
-SPEC = GenerationSpec(
-    tenant_id="tenant-a",
-    prompt="a red fox in snow",
-    mode=Mode.TEXT_TO_VIDEO,
-    output=OutputSpec(width=1280, height=720, duration_ms=4000),
-)
 # (state the attempt is in, target asked, whether the mover read a stale version)
 moves = st.lists(
     st.tuples(st.sampled_from(AttemptState), st.sampled_from(AttemptState), st.booleans()),
