@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, literal, tuple_, update
+from sqlalchemy import Table, and_, case, literal, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import ColumnElement
 
 from controlplane.domain.states import ATTEMPT_MACHINE, TASK_MACHINE, AttemptState, TaskState
 from controlplane.persistence import _bulk, _rows, _sql, webhooks
@@ -119,12 +120,7 @@ async def cas_many(
     for (state, final, n), members in groups.items():
         rows = await conn.execute(
             update(T)
-            .where(
-                tuple_(T.c.id, T.c.status_version).in_(
-                    sorted((m.task_id, m.expected_version) for m in members)
-                ),
-                T.c.status == state.value,
-            )
+            .where(_still_at(T, state, ((m.task_id, m.expected_version) for m in members)))
             .values(
                 status=final.value,
                 status_version=T.c.status_version + n,
@@ -218,12 +214,7 @@ async def cas_attempts(
         values.update(status=target.value, status_version=A.c.status_version + 1, updated_at=now)
         rows = await conn.execute(
             update(A)
-            .where(
-                tuple_(A.c.id, A.c.status_version).in_(
-                    sorted((m.attempt_id, m.expected_version) for m in members)
-                ),
-                A.c.status == state.value,
-            )
+            .where(_still_at(A, state, ((m.attempt_id, m.expected_version) for m in members)))
             .values(values)
             .returning(A)
         )
@@ -247,3 +238,14 @@ def _columns(extras: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
         whens = {i: literal(v, column.type) for i, v in sorted(given.items())}
         out[name] = case(whens, value=A.c.id, else_=column)
     return out
+
+
+def _still_at(
+    table: Table, state: TaskState | AttemptState, versions: Iterable[tuple[int, int]]
+) -> ColumnElement[bool]:
+    """The version CAS of a bulk move (tasks or attempts alike): each row still at its (id,
+    status_version) pair, in `state`. Pairs sorted, so concurrent movers lock in one order."""
+    return and_(
+        tuple_(table.c.id, table.c.status_version).in_(sorted(versions)),
+        table.c.status == state.value,
+    )
