@@ -1,6 +1,7 @@
 """The one provider event normalizer (design 9.18.1): polls, callbacks and cancel replies.
 
-Every observation of a provider job goes through `EventNormalizer.ingest` in one transaction:
+Every observation of a provider job goes through `EventNormalizer.ingest_many` (`ingest`: the
+batch of one), a batch in one transaction:
 
 1. the raw observation is stored in ``provider_events``; the same (account, job id, raw status,
    payload hash) seen again is a DUPLICATE and changes nothing;
@@ -14,6 +15,13 @@ Every observation of a provider job goes through `EventNormalizer.ingest` in one
    (a lost adopting CAS is NOT_ADOPTED), the ``output.fetch``, or the failover decision;
 4. a live attempt's progress or queue position becomes a ``provider.progress`` task event when
    the domain's throttle keeps it (`progress_events`); it never moves a state.
+
+A batch (a poll round's observations, design 9.20, issue 22) reads its jobs in one statement,
+stores its raw observations in one, holds the attempts they name (locked, with their tasks,
+jobs and runtime rows: `UnitOfWork.hold`) in two, then applies each observation by the same
+steps in order; the unit sends the bookkeeping writes (runtime rows, jobs, outcomes) set-based
+at its end. A batch whose unit raises committed nothing: each observation is then applied
+alone, as one at a time would be.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -45,6 +53,7 @@ from controlplane.execution.outcomes import (
 )
 from controlplane.execution.progress_events import record_progress
 from controlplane.execution.usage_entries import record_actual
+from controlplane.persistence.errors import StoreUnavailable
 from controlplane.persistence.ports import UnitOfWork
 from controlplane.persistence.records import (
     AttemptChanges,
@@ -61,6 +70,7 @@ __all__ = [
     "EventNormalizer",
     "EventSource",
     "Observation",
+    "Then",
     "outputs_locator",
     "payload_hash",
 ]
@@ -127,20 +137,79 @@ class EventNormalizer:
     async def ingest(self, obs: Observation, *, then: Then | None = None) -> IngestOutcome:
         """Apply `obs` in one transaction; `then(u, ended)` writes more in that same
         transaction after the observation was applied (the poller's next due time), told the
-        ids of the attempts that ended in it."""
-        with bind_ids(attempt_id=obs.attempt_hint, provider_job_id=obs.provider_job_id):
-            return await self._ingest_one(obs, then)
-
-    async def _ingest_one(self, obs: Observation, then: Then | None) -> IngestOutcome:
-        after = AfterCommit()
-        async with self._deps.db.unit(self._deps.clock()) as u:
-            outcome = await self._ingest(u, obs, after)
-            if then is not None:
-                await then(u, {a.id for a in after.release})
-        await after.run(self._deps.leases)
-        await self._report_ended(after)
-        self.counts[outcome] += 1
+        ids of the attempts that ended in it. The batch of one of `ingest_many`."""
+        [outcome] = await self.ingest_many([(obs, then)])
         return outcome
+
+    async def ingest_many(
+        self, items: Sequence[tuple[Observation, Then | None]]
+    ) -> list[IngestOutcome]:
+        """Apply the observations in ONE transaction, each as `ingest` would, in order (see the
+        module); if that transaction raises, each alone. The first error is raised after all."""
+        results = await self.ingest_each(items)
+        outcomes = [r for r in results if isinstance(r, IngestOutcome)]
+        if len(outcomes) < len(results):
+            raise next(r for r in results if not isinstance(r, IngestOutcome))
+        return outcomes
+
+    async def ingest_each(
+        self, items: Sequence[tuple[Observation, Then | None]]
+    ) -> list[IngestOutcome | Exception]:
+        """`ingest_many`, telling each observation's outcome or the error that refused it."""
+        if not items:
+            return []
+        afters = [AfterCommit() for _ in items]
+        try:
+            async with self._deps.db.unit(self._deps.clock()) as u:
+                outcomes = await self._ingest_all(u, items, afters)
+        except Exception as exc:
+            if len(items) == 1 or isinstance(exc, StoreUnavailable):
+                return [exc] * len(items)
+            log.warning("%d observations failed together; applying each alone", len(items))
+            return [(await self.ingest_each([item]))[0] for item in items]
+        for after in afters:
+            await after.run(self._deps.leases)
+            await self._report_ended(after)
+        for outcome in outcomes:
+            self.counts[outcome] += 1
+        return list(outcomes)
+
+    async def _ingest_all(
+        self,
+        u: UnitOfWork,
+        items: Sequence[tuple[Observation, Then | None]],
+        afters: Sequence[AfterCommit],
+    ) -> list[IngestOutcome]:
+        refs = [(obs.provider_account_id, obs.provider_job_id) for obs, _ in items]
+        recorded = await u.jobs_by_refs(refs)
+        jobs = [recorded.get(ref) for ref in refs]
+        event_ids = await u.insert_events(
+            [_event_row(obs, job) for (obs, _), job in zip(items, jobs, strict=True)]
+        )
+        # The attempts an item applies to or writes more for (`then`): read once, locked.
+        held = {
+            job.attempt_id
+            for (_, then), job, event_id in zip(items, jobs, event_ids, strict=True)
+            if job is not None and (event_id is not None or then is not None)
+        }
+        await u.hold(sorted(held))
+        outcomes = []
+        for (obs, then), job, event_id, after in zip(items, jobs, event_ids, afters, strict=True):
+            with bind_ids(attempt_id=obs.attempt_hint, provider_job_id=obs.provider_job_id):
+                if event_id is None:
+                    outcome = IngestOutcome.DUPLICATE
+                elif job is None:
+                    outcome = IngestOutcome.UNMATCHED
+                else:
+                    # Read again through the unit: an earlier item may have written the job.
+                    current = await u.job_by_ref(job.provider_account_id, job.provider_job_id)
+                    outcome = await self._apply(u, current or job, obs.snapshot, obs.source, after)
+                if event_id is not None:
+                    await u.set_event_outcome(event_id, outcome.value)
+                if then is not None:
+                    await then(u, {a.id for a in after.release})
+            outcomes.append(outcome)
+        return outcomes
 
     async def _report_ended(self, after: AfterCommit) -> None:
         observer = self._deps.on_attempt_end
@@ -168,30 +237,6 @@ class EventNormalizer:
                 await u.set_event_outcome(event.id, f"REPLAYED_{outcome.value}")
             await after.run(self._deps.leases)
             await self._report_ended(after)
-
-    async def _ingest(self, u: UnitOfWork, obs: Observation, after: AfterCommit) -> IngestOutcome:
-        snap = obs.snapshot
-        job = await u.job_by_ref(obs.provider_account_id, obs.provider_job_id)
-        event_id = await u.insert_event(
-            provider_account_id=obs.provider_account_id,
-            provider_job_id=obs.provider_job_id,
-            attempt_id=job.attempt_id if job else obs.attempt_hint,
-            source=obs.source.value,
-            job_state=snap.state.value,
-            raw_status=snap.raw_status,
-            payload_hash=payload_hash(snap),
-            raw_payload=snap.raw_payload_json,
-            outcome="PENDING",
-            received_at=obs.received_at,
-        )
-        if event_id is None:
-            return IngestOutcome.DUPLICATE
-        if job is None:
-            outcome = IngestOutcome.UNMATCHED
-        else:
-            outcome = await self._apply(u, job, snap, obs.source, after)
-        await u.set_event_outcome(event_id, outcome.value)
-        return outcome
 
     async def _apply(
         self,
@@ -335,22 +380,38 @@ class EventNormalizer:
         if not move.adopt:
             await u.move_task(task, move.to, move.reason)
             return verdict.outcome
-        moved = await u.move_task(task, move.to, move.reason, adopted_attempt_id=attempt.id)
+        fetch = NewOutboxMessage(
+            Topic.OUTPUT_FETCH,
+            str(attempt.id),
+            {"task_id": task.id, "attempt_id": attempt.id, "provider_job_id": job.provider_job_id},
+        )
+        moved = await u.move_task(
+            task,
+            move.to,
+            move.reason,
+            adopted_attempt_id=attempt.id,
+            outbox=[fetch] if verdict.fetch_output else (),  # written only if the move won
+        )
         if moved is None:
             return IngestOutcome.NOT_ADOPTED
-        if verdict.fetch_output:
-            await u.enqueue(
-                NewOutboxMessage(
-                    Topic.OUTPUT_FETCH,
-                    str(attempt.id),
-                    {
-                        "task_id": task.id,
-                        "attempt_id": attempt.id,
-                        "provider_job_id": job.provider_job_id,
-                    },
-                )
-            )
         return verdict.outcome
+
+
+def _event_row(obs: Observation, job: ProviderJobRecord | None) -> dict[str, Any]:
+    """The ``provider_events`` row of an observation, its outcome still PENDING."""
+    snap = obs.snapshot
+    return {
+        "provider_account_id": obs.provider_account_id,
+        "provider_job_id": obs.provider_job_id,
+        "attempt_id": job.attempt_id if job else obs.attempt_hint,
+        "source": obs.source.value,
+        "job_state": snap.state.value,
+        "raw_status": snap.raw_status,
+        "payload_hash": payload_hash(snap),
+        "raw_payload": snap.raw_payload_json,
+        "outcome": "PENDING",
+        "received_at": obs.received_at,
+    }
 
 
 def _job_values(

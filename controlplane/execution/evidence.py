@@ -54,16 +54,20 @@ async def record_evidence(
 ) -> bool:
     """Store one piece of evidence for `attempt`; False when the same was stored before."""
     payload = json.dumps(dict(details), sort_keys=True, separators=(",", ":"), default=str)
-    event_id = await u.insert_event(
-        provider_account_id=attempt.provider_account_id,
-        provider_job_id=job_id,
-        attempt_id=attempt.id,
-        source="evidence",
-        job_state="EVIDENCE",
-        raw_status=kind.value,
-        payload_hash=hashlib.sha256(f"{attempt.id}:{payload}".encode()).hexdigest(),
-        raw_payload=payload,
-        outcome=EVIDENCE_OUTCOME,
-        received_at=u.now,
+    [event_id] = await u.insert_events(
+        [
+            {
+                "provider_account_id": attempt.provider_account_id,
+                "provider_job_id": job_id,
+                "attempt_id": attempt.id,
+                "source": "evidence",
+                "job_state": "EVIDENCE",
+                "raw_status": kind.value,
+                "payload_hash": hashlib.sha256(f"{attempt.id}:{payload}".encode()).hexdigest(),
+                "raw_payload": payload,
+                "outcome": EVIDENCE_OUTCOME,
+                "received_at": u.now,
+            }
+        ]
     )
     return event_id is not None

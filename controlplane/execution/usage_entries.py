@@ -21,13 +21,12 @@ __all__ = ["record_actual", "record_expected"]
 
 async def record_expected(
     u: UnitOfWork, attempt: AttemptRecord, provider_job_id: str, account: AccountInfo
-) -> bool:
-    """The EXPECTED entry of an accepted attempt (`account`: the attempt's); True when this call
-    wrote it."""
+) -> None:
+    """The EXPECTED entry of an accepted attempt (`account`: the attempt's), once."""
     amount = attempt.estimated_cost_micros
     rate = await u.unit_rate(account.provider, attempt.price_version)
     units = None if rate is None else units_for(amount, rate.micros_per_unit, rate.unit_divisor)
-    return await u.record_usage(
+    await u.record_usage(
         NewUsage(
             attempt_id=attempt.id,
             task_id=attempt.task_id,
@@ -56,13 +55,13 @@ async def record_actual(
     amount_micros: int,
     *,
     raw_status: str = "",
-) -> bool:
-    """The ACTUAL entry of an ended job; True when this call wrote it."""
+) -> None:
+    """The ACTUAL entry of an ended job, once."""
     rate = await u.unit_rate(provider, attempt.price_version)
     units = (
         None if rate is None else units_for(amount_micros, rate.micros_per_unit, rate.unit_divisor)
     )
-    return await u.record_usage(
+    await u.record_usage(
         NewUsage(
             attempt_id=attempt.id,
             task_id=attempt.task_id,

@@ -12,7 +12,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from controlplane.domain.states import POLLABLE_ATTEMPT_STATES, AttemptState
-from controlplane.persistence import _rows
+from controlplane.persistence import _deferred, _rows
 from controlplane.persistence.errors import DuplicateRecord
 from controlplane.persistence.models import attempt_runtime as R
 from controlplane.persistence.models import provider_events as E
@@ -21,6 +21,9 @@ from controlplane.persistence.models import task_attempts as A
 from controlplane.persistence.models import task_events as TE
 from controlplane.persistence.records import NewProviderJob, ProviderJobRecord, TaskEventRecord
 from vidroute_core.exceptions import NotFound
+
+#: A provider event's dedup key (the unique index of ``provider_events``).
+_EVENT_KEY = ("provider_account_id", "provider_job_id", "raw_status", "payload_hash")
 
 
 def _insert_for(conn: AsyncConnection, table: Table) -> Any:
@@ -33,6 +36,11 @@ class ExecutionWrites:
 
     conn: AsyncConnection
     now: datetime
+    _writes: _deferred.Deferred
+    _held: _deferred.Held
+
+    async def _flush_writes(self) -> None:
+        raise NotImplementedError  # `SqlUnitOfWork._flush_writes`
 
     def add_event(
         self,
@@ -99,6 +107,9 @@ class ExecutionWrites:
                 f"provider job {job.provider_job_id!r} conflicts with a recorded job"
             )
         record = _rows.provider_job(row)
+        if job.attempt_id in self._held.jobs_of:  # a held attempt has its job now
+            self._held.jobs_of[job.attempt_id] = record
+            self._held.jobs[record.provider_account_id, record.provider_job_id] = record
         payload = {
             "attempt_id": job.attempt_id,
             "provider_job_id": job.provider_job_id,
@@ -132,42 +143,42 @@ class ExecutionWrites:
         raise DuplicateRecord(f"provider job {job.provider_job_id!r} conflicts with a recorded job")
 
     async def update_job(self, job_row_id: int, **values: Any) -> None:
-        await self.conn.execute(
-            update(provider_jobs).where(provider_jobs.c.id == job_row_id).values(**values)
-        )
+        """Set columns of a provider job row (deferred: `_deferred`)."""
+        self._writes.jobs.setdefault(job_row_id, {}).update(values)
+        self._held.forget_job(job_row_id)
 
     async def set_runtime(self, attempt_id: int, task_id: int, **values: Any) -> None:
-        """Upsert the attempt's runtime row, setting only the named columns."""
+        """Upsert the attempt's runtime row, setting only the named columns (deferred)."""
         values["updated_at"] = self.now
-        stmt = _insert_for(self.conn, R).values(attempt_id=attempt_id, task_id=task_id, **values)
-        await self.conn.execute(
-            stmt.on_conflict_do_update(index_elements=[R.c.attempt_id], set_=values)
-        )
+        if self._writes.conflicts(attempt_id, values):
+            await self._flush_writes()  # the pending increments first, as they were made
+        self._writes.set_runtime(attempt_id, task_id, values)
+        self._held.set_runtime(attempt_id, values)
 
     async def bump_runtime(self, attempt_id: int, task_id: int, column: str) -> None:
-        """Add one to a counter column of the runtime row (creating the row if needed)."""
-        await self.set_runtime(attempt_id, task_id)
-        await self.conn.execute(
-            update(R).where(R.c.attempt_id == attempt_id).values({column: R.c[column] + 1})
-        )
+        """Add one to a counter column of the runtime row, creating the row if needed
+        (deferred)."""
+        if column not in R.c:
+            raise KeyError(f"attempt_runtime has no column {column!r}")
+        self._writes.bump(attempt_id, task_id, column, self.now)
+        self._held.bump(attempt_id, column)
 
-    async def insert_event(self, **values: Any) -> int | None:
-        """Store an observation; None when the same (job, raw status, payload) is already there."""
+    async def insert_events(self, rows: Sequence[Mapping[str, Any]]) -> list[int | None]:
+        """Store observations in ONE statement; per row its id, or None when the same (job,
+        raw status, payload hash) is stored already or earlier in `rows` (a duplicate)."""
+        if not rows:
+            return []
         stmt = (
             _insert_for(self.conn, E)
-            .values(**values)
-            .on_conflict_do_nothing(
-                index_elements=[
-                    E.c.provider_account_id,
-                    E.c.provider_job_id,
-                    E.c.raw_status,
-                    E.c.payload_hash,
-                ]
-            )
-            .returning(E.c.id)
+            .values([dict(r) for r in rows])
+            .on_conflict_do_nothing(index_elements=[E.c[k] for k in _EVENT_KEY])
+            .returning(E.c.id, *(E.c[k] for k in _EVENT_KEY))
         )
-        event_id = await self.conn.scalar(stmt)
-        return None if event_id is None else int(event_id)
+        stored = {tuple(r[1:]): int(r[0]) for r in await self.conn.execute(stmt)}
+        out: list[int | None] = []
+        for r in rows:
+            out.append(stored.pop(tuple(r[k] for k in _EVENT_KEY), None))
+        return out
 
     async def has_unmatched(self, account_id: int, job_id: str) -> bool:
         """Whether an observation of the job is stored UNMATCHED (it beat the job's record)."""
@@ -183,7 +194,8 @@ class ExecutionWrites:
         return found is not None
 
     async def set_event_outcome(self, event_id: int, outcome: str) -> None:
-        await self.conn.execute(update(E).where(E.c.id == event_id).values(outcome=outcome))
+        """Set a stored observation's outcome (deferred)."""
+        self._writes.outcomes[event_id] = outcome
 
     async def last_task_event(self, task_id: int, kind: str) -> TaskEventRecord | None:
         """The task's newest event of `kind` (a backward walk of its ``(task_id, seq)`` key),

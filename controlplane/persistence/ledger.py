@@ -617,31 +617,39 @@ async def append_credit(  # noqa: PLR0917 (the positional signature of the money
 
 async def record_usage(conn: AsyncConnection, usage: NewUsage, now: datetime) -> bool:
     """Write a provider usage entry once per idempotency key; True if this call wrote it."""
-    inserted = (
-        await conn.execute(
-            _insert_once(conn, U, ["idempotency_key"])
-            .values(
-                attempt_id=usage.attempt_id,
-                task_id=usage.task_id,
-                provider=usage.provider,
-                provider_account_id=usage.provider_account_id,
-                model=usage.model,
-                provider_job_id=usage.provider_job_id,
-                kind=usage.kind.value,
-                amount_micros=max(0, usage.amount_micros),
-                currency=usage.currency,
-                provider_units=usage.provider_units,
-                provider_unit_name=usage.provider_unit_name,
-                price_version=usage.price_version,
-                conversion_rate_version=usage.conversion_rate_version,
-                evidence=dict(usage.evidence),
-                idempotency_key=usage.idempotency_key,
-                created_at=now,
-            )
-            .returning(U.c.id)
-        )
-    ).first()
-    return inserted is not None
+    return await record_usages(conn, [usage], now) == 1
+
+
+async def record_usages(conn: AsyncConnection, usages: Sequence[NewUsage], now: datetime) -> int:
+    """`record_usage` for many in ONE statement (an entry whose key is stored, or comes earlier
+    in `usages`, is not written); how many were written."""
+    if not usages:
+        return 0
+    rows = [
+        {
+            "attempt_id": usage.attempt_id,
+            "task_id": usage.task_id,
+            "provider": usage.provider,
+            "provider_account_id": usage.provider_account_id,
+            "model": usage.model,
+            "provider_job_id": usage.provider_job_id,
+            "kind": usage.kind.value,
+            "amount_micros": max(0, usage.amount_micros),
+            "currency": usage.currency,
+            "provider_units": usage.provider_units,
+            "provider_unit_name": usage.provider_unit_name,
+            "price_version": usage.price_version,
+            "conversion_rate_version": usage.conversion_rate_version,
+            "evidence": dict(usage.evidence),
+            "idempotency_key": usage.idempotency_key,
+            "created_at": now,
+        }
+        for usage in usages
+    ]
+    inserted = await conn.execute(
+        _insert_once(conn, U, ["idempotency_key"]).values(rows).returning(U.c.id)
+    )
+    return len(inserted.all())
 
 
 async def put_unit_rate(conn: AsyncConnection, rate: UnitRate) -> bool:

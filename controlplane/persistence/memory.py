@@ -106,6 +106,9 @@ class MemoryUnitOfWork:
 
     # ---- reads ------------------------------------------------------------------------------
 
+    async def hold(self, attempt_ids: Sequence[int]) -> None:
+        return None  # one writer at a time: every row is this unit's already
+
     async def attempt(self, attempt_id: int, *, lock: bool = True) -> AttemptRecord | None:
         return self._s.attempts.get(attempt_id)
 
@@ -139,6 +142,16 @@ class MemoryUnitOfWork:
             ),
             None,
         )
+
+    async def jobs_by_refs(
+        self, refs: Sequence[tuple[int, str]]
+    ) -> dict[tuple[int, str], ProviderJobRecord]:
+        wanted = set(refs)
+        return {
+            (j.provider_account_id, j.provider_job_id): j
+            for j in self._s.jobs.values()
+            if (j.provider_account_id, j.provider_job_id) in wanted
+        }
 
     async def account(self, account_id: int) -> AccountInfo:
         return self._s.accounts[account_id]
@@ -335,19 +348,26 @@ class MemoryUnitOfWork:
         current = self._s.runtimes[attempt_id]
         self._s.runtimes[attempt_id] = replace(current, **{column: getattr(current, column) + 1})
 
-    async def insert_event(self, **values: Any) -> int | None:
-        key = (
-            values["provider_account_id"],
-            values["provider_job_id"],
-            values["raw_status"],
-            values["payload_hash"],
-        )
-        for e in self._s.events.values():
-            if (e.provider_account_id, e.provider_job_id, e.raw_status, e.payload_hash) == key:
-                return None
-        event = ProviderEventRecord(id=self._s.next_id(), **values)
-        self._s.events[event.id] = event
-        return event.id
+    async def insert_events(self, rows: Sequence[Mapping[str, Any]]) -> list[int | None]:
+        out: list[int | None] = []
+        for values in rows:
+            key = (
+                values["provider_account_id"],
+                values["provider_job_id"],
+                values["raw_status"],
+                values["payload_hash"],
+            )
+            stored = self._s.events.values()
+            if any(
+                (e.provider_account_id, e.provider_job_id, e.raw_status, e.payload_hash) == key
+                for e in stored
+            ):
+                out.append(None)
+                continue
+            event = ProviderEventRecord(id=self._s.next_id(), **values)
+            self._s.events[event.id] = event
+            out.append(event.id)
+        return out
 
     async def set_event_outcome(self, event_id: int, outcome: str) -> None:
         self._s.events[event_id] = replace(self._s.events[event_id], outcome=outcome)
@@ -362,11 +382,8 @@ class MemoryUnitOfWork:
     async def record_requeue(self, request: RequeueRequest) -> None:
         self._s.requeues.append(request)
 
-    async def record_usage(self, usage: NewUsage) -> bool:
-        if usage.idempotency_key in self._s.usage:
-            return False
-        self._s.usage[usage.idempotency_key] = usage
-        return True
+    async def record_usage(self, usage: NewUsage) -> None:
+        self._s.usage.setdefault(usage.idempotency_key, usage)
 
     async def unit_rate(self, provider: str, rate_version: str) -> UnitRate | None:
         return self._s.unit_rates.get((provider, rate_version))

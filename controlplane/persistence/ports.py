@@ -47,6 +47,11 @@ class UnitOfWork(Protocol):
 
     # ---- reads (locked where they take `lock`) ----------------------------------------------
 
+    async def hold(self, attempt_ids: Sequence[int]) -> None:
+        """Lock the attempts and their tasks, and keep them with their jobs, runtime rows and
+        their tasks' attempts for this unit's reads (a batch's rows, read once)."""
+        ...
+
     async def attempt(self, attempt_id: int, *, lock: bool = True) -> AttemptRecord | None: ...
 
     async def task(self, task_id: int, *, lock: bool = True) -> TaskRecord | None: ...
@@ -62,6 +67,12 @@ class UnitOfWork(Protocol):
     async def job_of(self, attempt_id: int) -> ProviderJobRecord | None: ...
 
     async def job_by_ref(self, account_id: int, job_id: str) -> ProviderJobRecord | None: ...
+
+    async def jobs_by_refs(
+        self, refs: Sequence[tuple[int, str]]
+    ) -> dict[tuple[int, str], ProviderJobRecord]:
+        """`job_by_ref` of many in one read: the recorded jobs by (account, job id)."""
+        ...
 
     async def account(self, account_id: int) -> AccountInfo: ...
 
@@ -116,7 +127,10 @@ class UnitOfWork(Protocol):
 
     async def bump_runtime(self, attempt_id: int, task_id: int, column: str) -> None: ...
 
-    async def insert_event(self, **values: Any) -> int | None: ...
+    async def insert_events(self, rows: Sequence[Mapping[str, Any]]) -> list[int | None]:
+        """Store observations; per row its id, or None for a duplicate (stored already, or
+        earlier in `rows`)."""
+        ...
 
     async def set_event_outcome(self, event_id: int, outcome: str) -> None: ...
 
@@ -128,7 +142,7 @@ class UnitOfWork(Protocol):
 
     async def record_requeue(self, request: RequeueRequest) -> None: ...
 
-    async def record_usage(self, usage: NewUsage) -> bool:
+    async def record_usage(self, usage: NewUsage) -> None:
         """A provider usage entry, written once per its idempotency key (9.23.1)."""
         ...
 

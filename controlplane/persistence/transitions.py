@@ -17,6 +17,11 @@ numbers are reserved after them for the caller's own events (a dispatch's
 ``attempt.created``). `insert_events` writes the events and their caller-webhook messages in
 one statement each, whatever the number of tasks.
 
+`TaskCas` and `cas_tasks` are the set-based form of the single path's one-step CAS
+(`_sql.cas_task`) for a unit that numbers the moves' events itself (a unit's deferred moves,
+`_deferred`): one UPDATE per (from state, to state), the optional columns of each row
+(`_sql.task_extra`) by ``CASE id WHEN ...``, ``last_event_seq`` left to the unit.
+
 `AttemptMove` and `cas_attempts` are the same for attempts (the set-based form of
 `SqlUnitOfWork.move_attempt`, which is its batch of one): every move asked of `ATTEMPT_MACHINE`
 before any write, then one UPDATE per (from state, to state) with the version CAS, the columns
@@ -47,10 +52,12 @@ from controlplane.persistence.records import AttemptChanges, AttemptRecord
 __all__ = [
     "AttemptMove",
     "Moved",
+    "TaskCas",
     "TaskMove",
     "TaskStep",
     "cas_attempts",
     "cas_many",
+    "cas_tasks",
     "insert_events",
     "planned",
 ]
@@ -210,7 +217,7 @@ async def cas_attempts(
         groups[m.state, m.target].append(m)
     moved: dict[int, AttemptRecord] = {}
     for (state, target), members in groups.items():
-        values = _columns({m.attempt_id: _sql.attempt_extra(m.changes) for m in members})
+        values = _columns(A, {m.attempt_id: _sql.attempt_extra(m.changes) for m in members})
         values.update(status=target.value, status_version=A.c.status_version + 1, updated_at=now)
         rows = await conn.execute(
             update(A)
@@ -224,8 +231,46 @@ async def cas_attempts(
     return moved
 
 
-def _columns(extras: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-    """SET values for the optional columns of a group's moves (attempt id -> its columns): a
+@dataclass(frozen=True, slots=True)
+class TaskCas:
+    """Move `task_id` from `state` at `expected_version` one step to `target`, setting the
+    `extra` columns (`_sql.task_extra`) with it."""
+
+    task_id: int
+    state: TaskState
+    expected_version: int
+    target: TaskState
+    extra: Mapping[str, Any]
+
+
+async def cas_tasks(
+    conn: AsyncConnection, moves: Sequence[TaskCas], now: datetime
+) -> dict[int, int]:
+    """Apply `moves` (see module): task id -> its new ``status_version``, for those whose CAS
+    won. `IllegalTransition` (nothing written) if `TASK_MACHINE` forbids any of them."""
+    for m in moves:  # every edge asked before any write
+        TASK_MACHINE.check(m.state, m.target)
+    if len({m.task_id for m in moves}) != len(moves):
+        raise ValueError("a task may be moved once per call")
+    groups: dict[tuple[TaskState, TaskState], list[TaskCas]] = defaultdict(list)
+    for m in moves:
+        groups[m.state, m.target].append(m)
+    moved: dict[int, int] = {}
+    for (state, target), members in groups.items():
+        values = _columns(T, {m.task_id: m.extra for m in members})
+        values.update(status=target.value, status_version=T.c.status_version + 1, updated_at=now)
+        rows = await conn.execute(
+            update(T)
+            .where(_still_at(T, state, ((m.task_id, m.expected_version) for m in members)))
+            .values(values)
+            .returning(T.c.id, T.c.status_version)
+        )
+        moved.update((int(i), int(v)) for i, v in rows)
+    return moved
+
+
+def _columns(table: Table, extras: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """SET values for the optional columns of a group's moves (row id -> its columns): a
     value all of them set alike is a plain value, others ``CASE id WHEN ... ELSE column``."""
     out: dict[str, Any] = {}
     for name in sorted({c for e in extras.values() for c in e}):
@@ -234,9 +279,9 @@ def _columns(extras: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
         if len(given) == len(extras) and all(v == first for v in given.values()):
             out[name] = first
             continue
-        column = A.c[name]
+        column = table.c[name]
         whens = {i: literal(v, column.type) for i, v in sorted(given.items())}
-        out[name] = case(whens, value=A.c.id, else_=column)
+        out[name] = case(whens, value=table.c.id, else_=column)
     return out
 
 

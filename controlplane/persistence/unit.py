@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
@@ -50,6 +50,7 @@ from controlplane.domain.states import (
 from controlplane.domain.webhooks import WebhookSubscription, outputs_of
 from controlplane.persistence import (
     _create,
+    _deferred,
     _reads,
     _rows,
     _sql,
@@ -108,7 +109,14 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
     """One open transaction (see the module docstring); made by `Database.unit`."""
 
     def __init__(self, conn: AsyncConnection, now: datetime) -> None:
-        self.conn = conn
+        # Statements go out on `conn` after the unit's deferred writes (`_deferred`); the few
+        # that provably leave those writes' tables alone (the task and attempt CAS, outbox and
+        # usage INSERTs, task events) use `_direct`, so they do not send them early.
+        self._direct = conn
+        self._writes = _deferred.Deferred()
+        self._held = _deferred.Held()
+        self._rates: dict[tuple[str, str], ledger.UnitRate | None] = {}
+        self.conn = cast(AsyncConnection, _deferred.AutoFlush(conn, self._flush_writes))
         self.now = now
         self.topics: set[str] = set()  # outbox topics written: woken after commit (wakeups)
         self.endings: list[Ending] = []  # terminal tasks, ABANDONED attempts: logged on commit
@@ -119,10 +127,33 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
 
     # ---- reads inside the transaction ------------------------------------------------------
 
+    async def hold(self, attempt_ids: Sequence[int]) -> None:
+        """Lock the attempts and their tasks (attempt id order) and keep them, with their jobs,
+        runtime rows and their tasks' attempts, for this unit's reads: TWO statements for a
+        whole batch, after which `attempt`, `task`, `runtime`, `job_of`, `job_by_ref` and
+        `attempts_of` of those rows read nothing (`_deferred.Held`). Rows already held stay."""
+        held = self._held
+        found = await _reads.held(self.conn, [i for i in attempt_ids if i not in held.attempts])
+        for attempt, task, job, runtime in found.values():
+            held.attempts[attempt.id] = attempt
+            held.tasks.setdefault(task.id, task)  # one this unit moved is newer
+            held.runtimes[attempt.id] = runtime
+            held.jobs_of[attempt.id] = job
+            if job is not None:
+                held.jobs[job.provider_account_id, job.provider_job_id] = job
+        families = {a.task_id for a, *_ in found.values()} - held.siblings.keys()
+        held.siblings.update(await _reads.attempts_of_tasks(self.conn, sorted(families)))
+
     async def attempt(self, attempt_id: int, *, lock: bool = True) -> AttemptRecord | None:
+        held = self._held.attempts.get(attempt_id)
+        if held is not None:
+            return held
         return await _reads.attempt(self.conn, attempt_id, lock=lock)
 
     async def task(self, task_id: int, *, lock: bool = True) -> TaskRecord | None:
+        held = self._held.tasks.get(task_id)
+        if held is not None:
+            return held
         return await _reads.task(self.conn, task_id, lock=lock)
 
     async def attempts_and_tasks(
@@ -133,18 +164,34 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         return await _reads.attempts_and_tasks(self.conn, attempt_ids)
 
     async def attempts_of(self, task_id: int) -> list[AttemptRecord]:
+        family = self._held.siblings.get(task_id)
+        if family is not None:
+            return list(family)
         return await _reads.attempts_of(self.conn, task_id)
 
     async def job_of(self, attempt_id: int) -> ProviderJobRecord | None:
+        if attempt_id in self._held.jobs_of:
+            return self._held.jobs_of[attempt_id]
         return await _reads.job_of(self.conn, attempt_id)
 
     async def job_by_ref(self, account_id: int, job_id: str) -> ProviderJobRecord | None:
+        held = self._held.jobs.get((account_id, job_id))
+        if held is not None:
+            return held
         return await _reads.job_by_ref(self.conn, account_id, job_id)
+
+    async def jobs_by_refs(
+        self, refs: Sequence[tuple[int, str]]
+    ) -> dict[tuple[int, str], ProviderJobRecord]:
+        """`job_by_ref` of many in ONE statement: the recorded jobs by (account, job id)."""
+        return await _reads.jobs_by_refs(self.conn, refs)
 
     async def account(self, account_id: int) -> AccountInfo:
         return await _reads.account(self.conn, account_id)
 
     async def runtime(self, attempt_id: int) -> AttemptRuntime | None:
+        if attempt_id in self._held.runtimes:
+            return self._held.runtimes[attempt_id]
         return await _reads.runtime(self.conn, attempt_id)
 
     # ---- tasks ----------------------------------------------------------------------------
@@ -208,6 +255,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
             adopted_attempt_id=adopted_attempt_id,
             output_asset=output_asset,
             outbox=outbox,
+            defer=True,
         )
         return None if moved is None else moved.task
 
@@ -233,6 +281,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
             adopted_attempt_id=adopted_attempt_id,
             output_asset=output_asset,
             outbox=outbox,
+            defer=True,
         )
         return moved is not None
 
@@ -322,6 +371,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         outbox: Sequence[NewOutboxMessage] = (),
         decision: NewRouteDecision | None = None,
         settle: bool = True,
+        defer: bool = False,
     ) -> _Moved | None:
         """The task CAS + its event + its outbox messages: the one place this step is written
         for one task (`move_tasks` is its bulk form, checked against it row for row by
@@ -329,24 +379,51 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
 
         None if the CAS lost. A `decision` is stored after the CAS won, and its number goes into
         the event. A terminal move settles the task unless `settle` is False: the caller then
-        settles it in this unit (`end_tasks`, which settles its tasks together)."""
+        settles it in this unit (`end_tasks`, which settles its tasks together).
+
+        `defer`: a held task's non-terminal move without a decision is kept and sent with the
+        unit's other kept writes (`_deferred`); its event is numbered with the unit's others."""
+        extra = _sql.task_extra(failure, adopted_attempt_id, output_asset)
+        held = self._held.tasks.get(task_id)
+        if (
+            defer
+            and held is not None
+            and decision is None
+            and not TASK_MACHINE.is_terminal(target)
+            and task_id not in self._writes.task_moves
+        ):
+            if held.status_version != expected_version or not TASK_MACHINE.can(held.state, target):
+                return None  # the row is locked by this unit: its CAS would lose
+            kept = _deferred.moved_task(held, target, extra, self.now)
+            step = transitions.TaskCas(task_id, held.state, expected_version, target, extra)
+            self._writes.task_moves[task_id] = (step, kept)
+            self._held.moved_task(kept)
+            payload = _sql.state_payload(target, expected_version + 1, reason, failure)
+            self.add_event(task_id, "task.state_changed", payload, outputs_of(output_asset))
+            for message in outbox:
+                self.topics.add(str(message.topic))
+                self._writes.outbox.append(message)
+            return _Moved(kept, None)
+        if self._writes.moves:
+            await self._flush_writes()  # the kept moves first, in the order they were made
         # The task's events still unnumbered (an attempt's moves before this one) take the
         # numbers just before this move's, reserved by the same UPDATE.
         earlier = self._unnumbered.pop(task_id, [])
         cas = await _sql.cas_task(
-            self.conn,
+            self._direct,
             task_id,
             expected_version,
             target,
             now=self.now,
             events=1 + len(earlier),
-            extra=_sql.task_extra(failure, adopted_attempt_id, output_asset),
+            extra=extra,
         )
         if cas is None:
             if earlier:
                 self._unnumbered[task_id] = earlier
             return None
         moved, seq = cas
+        self._held.moved_task(moved)
         self._numbered.extend((task_id, seq - len(earlier) + i, e) for i, e in enumerate(earlier))
         payload = _sql.state_payload(target, expected_version + 1, reason, failure)
         stored = None
@@ -382,10 +459,12 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         """Write the unit's task events: the numbers still missing reserved in ONE statement
         (each task's ``last_event_seq``, under its row lock), then the events and their
         caller-webhook messages in ONE more on PostgreSQL (`transitions.insert_events`).
-        `Database.unit` calls it before the commit; a read of the events calls it first."""
+        `Database.unit` calls it before the commit; a read of the events calls it first. The
+        unit's deferred writes go out first (`_deferred`)."""
+        await self._flush_writes()
         if self._unnumbered:
             pending, self._unnumbered = self._unnumbered, {}
-            lasts = await _sql.reserve_seqs(self.conn, {t: len(e) for t, e in pending.items()})
+            lasts = await _sql.reserve_seqs(self._direct, {t: len(e) for t, e in pending.items()})
             for task_id, events in pending.items():
                 first = lasts[task_id] - len(events) + 1
                 self._numbered.extend((task_id, first + i, e) for i, e in enumerate(events))
@@ -397,8 +476,13 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
             for t, seq, e in numbered
         ]
         outputs = {(t, seq): e.outputs for t, seq, e in numbered if e.outputs}
-        if await transitions.insert_events(self.conn, rows, self.now, outputs=outputs):
+        if await transitions.insert_events(self._direct, rows, self.now, outputs=outputs):
             self.topics.add(str(Topic.WEBHOOK))  # a caller-webhook message may be written
+
+    async def _flush_writes(self) -> None:
+        """Send the deferred writes (`_deferred.Deferred.flush`), if any."""
+        if self._writes:
+            await self._writes.flush(self._direct, self.now)
 
     @asynccontextmanager
     async def _savepoint(self) -> AsyncIterator[None]:
@@ -424,6 +508,8 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         """The claimed SELECTED tasks of a round, written set-based (`batch.write_selected`)."""
         await self.flush_events()
         written = await batch.write_selected(self.conn, items, self.now)
+        for task_id in written:
+            self._held.tasks.pop(task_id, None)
         if written:  # the after-commit wake-up relay (controlplane.wakeups)
             self.topics.add(str(Topic.SUBMIT))
         if any(w.announced for w in written.values()):
@@ -437,6 +523,8 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         whose CAS won; a lost one is left as it was, like the single path's."""
         await self.flush_events()  # numbers this path reserves itself come after them
         moved = await transitions.cas_many(self.conn, moves, self.now)
+        for task_id in moved:
+            self._held.tasks.pop(task_id, None)  # read again if asked for
         events = [e for m in moved.values() for e in m.events]
         if events and await transitions.insert_events(self.conn, events, self.now):
             self.topics.add(str(Topic.WEBHOOK))
@@ -486,6 +574,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
                     self.conn, task_id, attempt, decision_row.id, self.now
                 )
                 self.add_event(task_id, "attempt.created", _sql.attempt_payload(attempt_row))
+                self._held.siblings.pop(task_id, None)  # the task has one more attempt
                 body = {**(outbox_payload or {}), "task_id": task_id, "attempt_id": attempt_row.id}
                 await self.enqueue(NewOutboxMessage(outbox_topic, str(attempt_row.id), body))
         except IntegrityError as exc:
@@ -522,11 +611,12 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         (`IllegalTransition` before any write), the CAS set-based (`transitions.cas_attempts`),
         an ``attempt.state_changed`` event per moved attempt, added in the order of `moves`.
         The moved attempts by id; a lost CAS is left as it was, like the single path's."""
-        moved = await transitions.cas_attempts(self.conn, moves, self.now)
+        moved = await self._cas_attempts(moves)
         for m in moves:
             attempt = moved.get(m.attempt_id)
             if attempt is None:
                 continue
+            self._held.moved_attempt(attempt)
             failure = None if m.changes is None else m.changes.failure
             if attempt.state is AttemptState.ABANDONED:
                 self.endings.append(
@@ -536,23 +626,52 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
             self.add_event(attempt.task_id, "attempt.state_changed", payload)
         return moved
 
+    async def _cas_attempts(
+        self, moves: Sequence[transitions.AttemptMove]
+    ) -> dict[int, AttemptRecord]:
+        """The CAS of `moves`: kept when every row is held and has no kept move yet
+        (`_deferred`: the outcome is known now), else sent at once after the kept writes."""
+        held, kept = self._held.attempts, self._writes.attempt_moves
+        if not all(m.attempt_id in held and m.attempt_id not in kept for m in moves):
+            if self._writes.moves:
+                await self._flush_writes()  # the kept moves first, in the order they were made
+            return await transitions.cas_attempts(self._direct, moves, self.now)
+        for m in moves:  # every edge asked before anything is kept, as `cas_attempts`
+            ATTEMPT_MACHINE.check(m.state, m.target)
+        if len({m.attempt_id for m in moves}) != len(moves):
+            raise ValueError("an attempt may be moved once per call")
+        moved = {}
+        for m in moves:
+            row = held[m.attempt_id]
+            if (row.state, row.status_version) != (m.state, m.expected_version):
+                continue  # the row is locked by this unit: its CAS would lose
+            moved[m.attempt_id] = _deferred.moved_attempt(row, m.target, m.changes, self.now)
+            kept[m.attempt_id] = (m, moved[m.attempt_id])
+        return moved
+
     # ---- outbox ---------------------------------------------------------------------------
 
     async def enqueue(self, message: NewOutboxMessage) -> int:
         """Add a message (a state change's own messages go through its `outbox=` argument)."""
         self.topics.add(str(message.topic))
-        return await _sql.enqueue(self.conn, message, self.now)
+        return await _sql.enqueue(self._direct, message, self.now)
 
-    async def record_usage(self, usage: ledger.NewUsage) -> bool:
-        """A provider usage entry (EXPECTED / ACTUAL), once per idempotency key."""
-        return await ledger.record_usage(self.conn, usage, self.now)
+    async def record_usage(self, usage: ledger.NewUsage) -> None:
+        """A provider usage entry (EXPECTED / ACTUAL), once per idempotency key (kept and
+        written with the unit's other kept writes, `_deferred`)."""
+        self._writes.usage.append(usage)
 
     async def unit_rate(self, provider: str, rate_version: str) -> ledger.UnitRate | None:
-        """The provider's unit conversion rate stored under `rate_version`."""
-        return await ledger.rate_version(self.conn, provider, rate_version)
+        """The provider's unit conversion rate stored under `rate_version` (a stored version
+        never changes: read once per unit)."""
+        key = (provider, rate_version)
+        if key not in self._rates:
+            self._rates[key] = await ledger.rate_version(self._direct, provider, rate_version)
+        return self._rates[key]
 
     async def put_unit_rates(self, rates: Sequence[ledger.UnitRate]) -> int:
         """Store conversion rate versions (an existing version is kept); how many were new."""
+        self._rates.clear()
         return sum([await ledger.put_unit_rate(self.conn, rate) for rate in rates])
 
     async def record_quality_checks(self, checks: Sequence[quality.NewCheck]) -> int:
