@@ -463,11 +463,11 @@ def run(  # noqa: PLR0915 - one linear script of a run
                 cp.stop()
                 lease_warnings = _lease_warnings(work / "cp")
     finally:
-        asyncio.run(_drop_db(name))
         if not os.environ.get("VIDROUTE_BENCH_KEEP"):
+            asyncio.run(_drop_db(name))
             shutil.rmtree(work, ignore_errors=True)
         else:
-            print(f"kept {work}")
+            print(f"kept {work} and database {name}")
     delta = {k: after_db[k] - before_db[k] for k in after_db}
     done = sum(states.values())
     return {

@@ -11,12 +11,13 @@ engine logs it and the failed item's claim expires, as before).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable, Iterable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
+from typing import Generic, TypeVar
 
-__all__ = ["run_batch"]
+__all__ = ["GroupWrites", "run_batch"]
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
 async def run_batch(
@@ -62,3 +63,76 @@ async def run_batch(
     for result in results:
         if isinstance(result, BaseException):
             raise result
+
+
+class GroupWrites(Generic[T, R]):
+    """Items written in groups as they come (group commit): an item put while fewer than
+    `units` writes are in flight goes out at once; the items put while they all are go out
+    together in the next. A group grows with the load, and an item waits for at most the writes
+    in flight, never for a sibling still computing (a poll waiting on its provider). The writes
+    run in tasks of their own, so whoever puts an item is free meanwhile (a poll's slot goes
+    to the next poll).
+
+    `write` takes a group and answers each item's result or the exception that refused it
+    (raised to that item's waiter only); an exception of `write` itself goes to the group."""
+
+    def __init__(
+        self, write: Callable[[list[T]], Awaitable[Sequence[R | Exception]]], *, units: int = 1
+    ) -> None:
+        self._write = write
+        self._units = max(1, units)
+        self._queue: list[tuple[T, asyncio.Future[R]]] = []
+        self._put: list[asyncio.Future[R]] = []
+        self._writers: set[asyncio.Task[None]] = set()
+
+    def put(self, item: T) -> asyncio.Future[R]:
+        """Queue `item` for the next group; its result (or its exception) when written."""
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._queue.append((item, future))
+        self._put.append(future)
+        if len(self._writers) < self._units:
+            writer = asyncio.ensure_future(self._drain())
+            self._writers.add(writer)
+            writer.add_done_callback(self._writers.discard)
+        return future
+
+    async def submit(self, item: T) -> R:
+        """Write `item` with whatever else is waiting: its result, or its exception raised."""
+        return await self.put(item)
+
+    @property
+    def waiting(self) -> int:
+        """Items put and not yet answered."""
+        return sum(1 for f in self._put if not f.done())
+
+    async def wait(self) -> None:
+        """Until every item put so far is written; the first item's exception raised."""
+        put, self._put = self._put, []
+        for result in await asyncio.gather(*put, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _drain(self) -> None:
+        group: list[tuple[T, asyncio.Future[R]]] = []
+        try:
+            while self._queue:
+                group, self._queue = self._queue, []
+                await self._settle(group)
+        except BaseException:  # cancelled: no one is left to write what waits
+            for _, waiting in group + self._queue:
+                waiting.cancel()
+            self._queue = []
+            raise
+
+    async def _settle(self, group: list[tuple[T, asyncio.Future[R]]]) -> None:
+        try:
+            results = await self._write([item for item, _ in group])
+        except Exception as exc:
+            results = [exc] * len(group)
+        for (_, future), result in zip(group, results, strict=True):
+            if future.done():
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)

@@ -36,6 +36,9 @@ class ExecutionConfig:
     # Items of one claimed batch handled side by side (sidecar calls in flight per worker loop);
     # one attempt's items never run side by side (`controlplane.execution.batching`).
     concurrency: int = 16
+    # Transactions a poll round writes its observations in at once (`batching.GroupWrites`):
+    # what arrives while they are all open goes together into the next.
+    write_units: int = 2
     claim_lease_s: float = 30.0
     idle_sleep_s: float = 0.5
 

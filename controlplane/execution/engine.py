@@ -159,7 +159,10 @@ class ExecutionEngine:
         self._stopping.clear()
         with labelled("sweep"):
             await self.sweep()
-        for name, step in self._steps().items():
+        # In its loop the poller claims its next round while the last one's observations are
+        # written (`Poller.run_round`); stepped by hand (`run_until_idle`), each round settles.
+        steps = {**self._steps(), "poll": self.poller.run_round}
+        for name, step in steps.items():
             with labelled(name):  # the loop's statements, and its items', counted as `name`
                 loop = asyncio.create_task(self._loop(name, step), name=f"exec-{name}")
             self._tasks.append(loop)
@@ -180,6 +183,9 @@ class ExecutionEngine:
         for task in pending:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        # The observations already polled are written (or refused) before stop returns.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.poller.settle(), timeout=grace_s)
 
     async def _loop(self, name: str, step: Callable[[], Awaitable[int]]) -> None:
         while not self._stopping.is_set():

@@ -11,6 +11,15 @@ health windows when it has enough finished jobs (`polling.learned_durations`), e
 A NOT_FOUND for the job we hold goes to `controlplane.execution.lost_jobs`, never to a status.
 While the POLL breaker of the job's endpoint refuses, the poll is not made and is due again
 after ``breaker_retry_s`` (9.15).
+
+A claimed batch is polled side by side (at most `concurrency` calls at once, no transaction
+open during a call), and its observations are written in groups as they come (`GroupWrites`
+over `EventNormalizer.ingest_each`, at most `write_units` transactions at once): a poll that
+finds a unit free is written at once, the polls answered meanwhile go together in the next
+transaction, each with its next due time. In the engine's loop the next round is claimed while
+they are written (a claimed row is not due again before its claim lease ends), unless more
+than a round's observations still wait; a round that finds nothing due waits for them all.
+So a round's writes share a few transactions and a slow provider call holds back no one.
 """
 
 from __future__ import annotations
@@ -19,12 +28,12 @@ import logging
 from datetime import timedelta
 
 from controlplane.domain.breaker import Operation
-from controlplane.domain.observation import poll_phase_of
+from controlplane.domain.observation import IngestOutcome, poll_phase_of
 from controlplane.domain.polling import JobDurations, PollPhase, learned_durations, next_poll_delay
 from controlplane.domain.states import ATTEMPT_MACHINE, POLLABLE_ATTEMPT_STATES
-from controlplane.execution.batching import run_batch
+from controlplane.execution.batching import GroupWrites, run_batch
 from controlplane.execution.breakers import TRANSPORT_FAILURE
-from controlplane.execution.events import EventNormalizer, EventSource, Observation
+from controlplane.execution.events import EventNormalizer, EventSource, Observation, Then
 from controlplane.execution.lost_jobs import is_job_not_found, on_job_not_found, on_job_seen
 from controlplane.execution.outcomes import ExecutionDeps, job_ref
 from controlplane.persistence.execution import Snapshot
@@ -44,11 +53,17 @@ class Poller:
     def __init__(self, deps: ExecutionDeps, normalizer: EventNormalizer) -> None:
         self._deps = deps
         self._normalizer = normalizer
+        self._writes: GroupWrites[tuple[Observation, Then | None], IngestOutcome] = GroupWrites(
+            normalizer.ingest_each, units=deps.config.write_units
+        )
         self.polls = 0
         self.stuck_flags = 0
         self.refused = 0  # polls the POLL breaker refused
 
-    async def run_once(self) -> int:
+    async def run_once(self, *, settle: bool = True) -> int:
+        """Poll one claimed round; how many were claimed. `settle`: return once the round's
+        observations are written; else (the engine's loop) only when more than a round's wait
+        or none was due, so the next round is polled while they are written."""
         cfg = self._deps.config
         # The claim is one statement on PostgreSQL: no BEGIN/COMMIT around it.
         async with self._deps.db.unit(self._deps.clock(), one_statement=True) as u:
@@ -56,6 +71,7 @@ class Poller:
                 cfg.worker_id, limit=cfg.batch_size, lease_s=cfg.claim_lease_s
             )
         if not ids:
+            await self.settle()  # idle only once the rounds' observations are written
             return 0
         # The claimed batch's rows in one read (3 statements), not one read per poll. A row
         # that moves meanwhile is re-read under its lock by whatever writes it.
@@ -63,13 +79,31 @@ class Poller:
 
         async def poll_one(attempt_id: int) -> None:
             with bind_ids(attempt_id=attempt_id):
-                await self.poll(attempt_id, snaps.get(attempt_id))
+                await self.poll(attempt_id, snaps.get(attempt_id), self._writes)
 
         await run_batch(ids, poll_one, key=lambda i: i, limit=cfg.concurrency)
+        if settle or self._writes.waiting > cfg.batch_size:
+            await self.settle()  # no more than a round's observations wait to be written
         return len(ids)
 
-    async def poll(self, attempt_id: int, snap: Snapshot | None = None) -> None:
-        """Poll one claimed attempt; `snap` is its rows as read at claim time (else read now)."""
+    async def run_round(self) -> int:
+        """`run_once` for the engine's loop: the next round polled while this one's
+        observations are written."""
+        return await self.run_once(settle=False)
+
+    async def settle(self) -> None:
+        """Until every observation polled so far is written (the first error raised)."""
+        await self._writes.wait()
+
+    async def poll(
+        self,
+        attempt_id: int,
+        snap: Snapshot | None = None,
+        writes: GroupWrites[tuple[Observation, Then | None], IngestOutcome] | None = None,
+    ) -> None:
+        """Poll one claimed attempt; `snap` is its rows as read at claim time (else read now);
+        its observation is put to `writes` (written after this returns: `GroupWrites.wait`),
+        else written in a transaction of its own before this returns."""
         if snap is None:
             snap = await self._deps.reads.snapshot(attempt_id)
         if snap is None:
@@ -114,17 +148,18 @@ class Poller:
 
             # The next due time is written in the observation's own transaction (one commit
             # per poll, not two), from the rows as that transaction left them.
-            await self._normalizer.ingest(
-                Observation(
-                    attempt.provider_account_id,
-                    job.provider_job_id,
-                    result.snapshot,
-                    EventSource.POLL,
-                    self._deps.clock(),
-                    attempt.id,
-                ),
-                then=reschedule,
+            obs = Observation(
+                attempt.provider_account_id,
+                job.provider_job_id,
+                result.snapshot,
+                EventSource.POLL,
+                self._deps.clock(),
+                attempt.id,
             )
+            if writes is None:
+                await self._normalizer.ingest(obs, then=reschedule)
+            else:
+                writes.put((obs, reschedule))
             return
         await self._reschedule(attempt_id)
 

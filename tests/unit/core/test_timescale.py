@@ -69,6 +69,7 @@ NOT_DURATIONS = frozenset(
         "compile_cache_bytes",  # the same LRU's bound in bytes (a size)
         "compile_cache_size",  # the dispatcher's compile-verdict LRU bound
         "concurrency",  # ExecutionConfig: sidecar calls in flight per batch
+        "write_units",  # ExecutionConfig: transactions a poll round writes in at once
         "consecutive_failures",
         "default_concurrency",
         "default_tenant_weight",

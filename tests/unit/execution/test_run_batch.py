@@ -1,4 +1,5 @@
-"""`run_batch`: a claimed batch's items side by side, bounded, one key's items in order."""
+"""`run_batch` (a claimed batch's items side by side, bounded, one key's items in order) and
+`GroupWrites` (their writes in groups as they come)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import asyncio
 
 import pytest
 
-from controlplane.execution.batching import run_batch
+from controlplane.execution.batching import GroupWrites, run_batch
 
 pytestmark = pytest.mark.asyncio
 
@@ -52,3 +53,72 @@ async def test_every_item_is_tried_and_the_first_failure_raised_after() -> None:
     assert sorted(done) == [0, 1, 3, 5]
     with pytest.raises(ValueError, match="item 2"):
         await run_batch(range(6), handle, key=lambda i: i, limit=1)  # sequential path
+
+
+async def test_group_writes_go_out_at_once_then_together_as_they_come() -> None:
+    """The first item is written alone at once; the items put while that write is in flight
+    go together in the next; each caller gets its own item's answer."""
+    release = asyncio.Event()
+    groups: list[list[int]] = []
+
+    async def write(items: list[int]) -> list[int | Exception]:
+        groups.append(items)
+        if len(groups) == 1:
+            await release.wait()  # the first write is in flight while the others are put
+        return [i * 10 for i in items]
+
+    writes: GroupWrites[int, int] = GroupWrites(write, units=1)
+    first = writes.put(1)
+    await asyncio.sleep(0)  # the writer takes item 1
+    rest = [writes.put(i) for i in (2, 3, 4)]
+    assert writes.waiting == 4
+    release.set()
+    await writes.wait()
+    assert groups == [[1], [2, 3, 4]]
+    assert [first.result(), *(f.result() for f in rest)] == [10, 20, 30, 40]
+    assert writes.waiting == 0
+
+
+async def test_group_writes_raise_only_the_refused_items_error() -> None:
+    """An item the write refuses gets its exception; the others of its group their results;
+    `wait` raises the first error once every item is answered."""
+
+    async def write(items: list[int]) -> list[int | Exception]:
+        return [ValueError(f"bad {i}") if i == 2 else i for i in items]
+
+    writes: GroupWrites[int, int] = GroupWrites(write, units=2)
+    futures = [writes.put(i) for i in (1, 2, 3)]
+    with pytest.raises(ValueError, match="bad 2"):
+        await writes.wait()
+    assert futures[0].result() == 1
+    assert futures[2].result() == 3
+    with pytest.raises(ValueError, match="bad 2"):
+        futures[1].result()
+    assert await writes.submit(5) == 5
+
+
+async def test_group_writes_share_out_items_over_units() -> None:
+    """With two units, a second item put while the first write is open goes out at once in
+    the second unit, not after the first."""
+    open_writes = 0
+    most = 0
+    release = asyncio.Event()
+
+    async def write(items: list[int]) -> list[int | Exception]:
+        nonlocal open_writes, most
+        open_writes += 1
+        most = max(most, open_writes)
+        await release.wait()
+        open_writes -= 1
+        return list(items)
+
+    writes: GroupWrites[int, int] = GroupWrites(write, units=2)
+    writes.put(1)
+    await asyncio.sleep(0)  # the first unit takes item 1 and stays open
+    writes.put(2)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert open_writes == 2
+    release.set()
+    await writes.wait()
+    assert most == 2
