@@ -26,6 +26,12 @@ new message):
   lost before the send is never a failed attempt. Only an engine built without a lease source
   fails such an attempt as ``PROVEN_ABSENT`` ("never sent") and requeues the task, as before.
 
+The outcomes of sends answered side by side are written in groups as they come
+(`batching.GroupWrites` over `apply_each`, at most `write_units` transactions at once): an
+outcome that finds a unit free is written at once, those answered meanwhile share the next
+unit, their attempts held in one read and their writes sent set-based (`UnitOfWork.hold`). A
+group whose unit raises is written outcome by outcome.
+
 An exception from the adapter call is an UNKNOWN outcome (the request may have left). If the
 database fails after the adapter answered, nothing is written: the attempt stays SUBMITTING, and
 `settle` (from the re-delivered message or the engine's sweep) moves it to SUBMIT_UNKNOWN once
@@ -37,12 +43,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from controlplane.domain.failover import FailureStage
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TASK_MACHINE, AttemptState, TaskState
-from controlplane.execution.batching import run_batch
+from controlplane.execution.batching import GroupWrites, run_batch
 from controlplane.execution.events import EventNormalizer
 from controlplane.execution.leasing import Secured
 from controlplane.execution.outcomes import (
@@ -59,6 +66,8 @@ from controlplane.execution.outcomes import (
     retry_later,
     to_unknown,
 )
+from controlplane.persistence.errors import StoreUnavailable
+from controlplane.persistence.ports import UnitOfWork
 from controlplane.persistence.records import (
     AccountInfo,
     AttemptChanges,
@@ -84,6 +93,10 @@ _TASK_ENDED = Secured(False)
 _HANDLED = Secured(False)
 
 
+# A send's outcome to write: the attempt, what the provider answered, the message it acks.
+Outcome = tuple[int, SubmitOutcome, OutboxRecord | None]
+
+
 def _attempt_id(message: OutboxRecord) -> int:
     return int(message.payload["attempt_id"])
 
@@ -105,6 +118,9 @@ class SubmitWorker:
         self._normalizer = normalizer
         self.submits = 0
         self.parked = 0  # sends held back: the breaker refused, or no lease to be had
+        self._outcomes: GroupWrites[Outcome, None] = GroupWrites(
+            self.apply_each, units=deps.config.write_units
+        )
 
     async def run_once(self) -> int:
         """Claim and handle one batch; returns how many messages were claimed."""
@@ -293,7 +309,7 @@ class SubmitWorker:
                 error=make_error(ErrorClass.SUBMISSION_UNKNOWN, "CLIENT_EXCEPTION", repr(exc)),
                 call_failure=CallFailure.CLIENT_EXCEPTION,
             )
-        await self.apply(started.id, result, message)
+        await self._outcomes.submit((started.id, result, message))
         await self._observe(account, started, result, time.monotonic() - began)
 
     async def _unclear(self, attempt: AttemptRecord, cleared: Secured, released: bool) -> None:
@@ -366,17 +382,62 @@ class SubmitWorker:
     async def apply(
         self, attempt_id: int, result: SubmitOutcome, message: OutboxRecord | None = None
     ) -> None:
-        """Apply a submit outcome to a SUBMITTING (or SUBMIT_UNKNOWN) attempt, atomically."""
+        """Apply a submit outcome to a SUBMITTING (or SUBMIT_UNKNOWN) attempt, atomically: the
+        batch of one of `apply_each`."""
+        [error] = await self.apply_each([(attempt_id, result, message)])
+        if error is not None:
+            raise error
+
+    async def apply_each(self, outcomes: Sequence[Outcome]) -> list[Exception | None]:
+        """Apply submit outcomes in ONE transaction, each as alone, in order (their attempts
+        held in one read); if it raises, each in its own. Per outcome the error that refused
+        it, or None."""
+        if not outcomes:
+            return []
+        afters = [AfterCommit() for _ in outcomes]
+        try:
+            async with self._deps.db.unit(self._deps.clock()) as u:
+                await u.hold(sorted({attempt_id for attempt_id, _, _ in outcomes}))
+                jobs = [
+                    await self._apply(u, attempt_id, result, after=after)
+                    for (attempt_id, result, _), after in zip(outcomes, afters, strict=True)
+                ]
+                done = [m.id for _, _, m in outcomes if m is not None]
+                await u.complete_messages(done, self._deps.config.worker_id)
+                # Early observations of accepted jobs (a callback that beat the answer) are
+                # replayed after the commit; asked last, in one read for the group.
+                early = await u.unmatched([j for j in jobs if j is not None])
+        except Exception as exc:
+            if len(outcomes) == 1 or isinstance(exc, StoreUnavailable):
+                return [exc] * len(outcomes)
+            log.warning("%d submit outcomes failed together; writing each alone", len(outcomes))
+            return [(await self.apply_each([outcome]))[0] for outcome in outcomes]
+        for after in afters:
+            await after.run(self._deps.leases)
+        for job in jobs:
+            if job is not None and job in early:
+                # The account of the attempt just written (never re-read for it).
+                await self._normalizer.replay_unmatched(*job)
+        return [None] * len(outcomes)
+
+    async def _apply(
+        self,
+        u: UnitOfWork,
+        attempt_id: int,
+        result: SubmitOutcome,
+        *,
+        after: AfterCommit,
+    ) -> tuple[int, str] | None:
+        """One outcome in unit `u` (its message is acked by the caller); the (account, job id)
+        of an accepted job."""
         kind = result.kind
         error = result.error
         if kind is SubmitKind.ACCEPTED and result.job is None:
             kind = SubmitKind.UNKNOWN  # 2xx without a usable job id: 9.17.3 says UNKNOWN
         if kind is SubmitKind.REJECTED and (error is None or error.provider_may_have_accepted):
             kind = SubmitKind.UNKNOWN
-        after = AfterCommit()
         accepted_job = None
-        account_id = 0
-        async with self._deps.db.unit(self._deps.clock()) as u:
+        with bind_ids(attempt_id=attempt_id):
             attempt = await u.attempt(attempt_id)
             assert attempt is not None
             account_id = attempt.provider_account_id
@@ -402,17 +463,7 @@ class SubmitWorker:
                     )
             elif attempt.state is AttemptState.SUBMITTING:
                 await to_unknown(u, self._deps, attempt, result.uncertain_at, error, after=after)
-            if message is not None:
-                await u.complete_message(message.id, self._deps.config.worker_id)
-            if accepted_job is not None and not await u.has_unmatched(account_id, accepted_job):
-                # Early observations of the job (a callback that beat this answer) are replayed
-                # after the commit; asked last in this transaction, so a submit without any
-                # costs no read transaction of its own.
-                accepted_job = None
-        await after.run(self._deps.leases)
-        if accepted_job is not None:
-            # The account of the attempt just written (never re-read for it).
-            await self._normalizer.replay_unmatched(account_id, accepted_job)
+        return None if accepted_job is None else (account_id, accepted_job)
 
     async def settle(self, attempt_id: int, message: OutboxRecord | None = None) -> bool:
         """Resolve an interrupted submit: complete it if its job is recorded, else UNKNOWN.

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Table, select, update
+from sqlalchemy import Table, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -35,6 +35,7 @@ class ExecutionWrites:
     """Mixed into `SqlUnitOfWork`; uses its connection, clock and task events."""
 
     conn: AsyncConnection
+    _direct: AsyncConnection
     now: datetime
     _writes: _deferred.Deferred
     _held: _deferred.Held
@@ -69,7 +70,10 @@ class ExecutionWrites:
             task_id = await self.conn.scalar(select(A.c.task_id).where(A.c.id == job.attempt_id))
         if task_id is None:
             raise NotFound("attempt", str(job.attempt_id))
-        stored = await self._job_like(job)
+        # Kept writes to jobs go out first (a read of the table sees them); with none pending the
+        # statements need not send the unit's other kept writes (`_deferred`).
+        conn = self.conn if self._writes.jobs else self._direct
+        stored = await self._job_like(job, conn)
         if stored is not None:
             return stored, False
         # ON CONFLICT DO NOTHING instead of a savepoint around a plain INSERT: a concurrent
@@ -77,8 +81,8 @@ class ExecutionWrites:
         # usable either way (two round trips fewer than SAVEPOINT + RELEASE).
         row = (
             (
-                await self.conn.execute(
-                    _insert_for(self.conn, provider_jobs)
+                await conn.execute(
+                    _insert_for(conn, provider_jobs)
                     .values(
                         attempt_id=job.attempt_id,
                         provider_account_id=job.provider_account_id,
@@ -100,7 +104,7 @@ class ExecutionWrites:
         )
         if row is None:
             # A concurrent writer recorded a job between our check and the insert.
-            stored = await self._job_like(job)
+            stored = await self._job_like(job, conn)
             if stored is not None:
                 return stored, False
             raise DuplicateRecord(
@@ -118,10 +122,12 @@ class ExecutionWrites:
         self.add_event(int(task_id), "provider_job.recorded", payload)
         return record, True
 
-    async def _job_like(self, job: NewProviderJob) -> ProviderJobRecord | None:
+    async def _job_like(
+        self, job: NewProviderJob, conn: AsyncConnection
+    ) -> ProviderJobRecord | None:
         """The stored replay of `job`, None if nothing is stored, `DuplicateRecord` if another
         job is stored for the attempt or under the job id (both keys read in one statement)."""
-        rows = await self.conn.execute(
+        rows = await conn.execute(
             select(provider_jobs).where(
                 (provider_jobs.c.attempt_id == job.attempt_id)
                 | (
@@ -180,18 +186,21 @@ class ExecutionWrites:
             out.append(stored.pop(tuple(r[k] for k in _EVENT_KEY), None))
         return out
 
-    async def has_unmatched(self, account_id: int, job_id: str) -> bool:
-        """Whether an observation of the job is stored UNMATCHED (it beat the job's record)."""
-        found = await self.conn.scalar(
-            select(E.c.id)
+    async def unmatched(self, refs: Sequence[tuple[int, str]]) -> set[tuple[int, str]]:
+        """Of the (account, job id) pairs, those with an observation stored UNMATCHED (it beat
+        the job's record), in ONE statement."""
+        if not refs:
+            return set()
+        conn = self.conn if self._writes.outcomes else self._direct  # as `insert_job`
+        rows = await conn.execute(
+            select(E.c.provider_account_id, E.c.provider_job_id)
             .where(
-                E.c.provider_account_id == account_id,
-                E.c.provider_job_id == job_id,
+                tuple_(E.c.provider_account_id, E.c.provider_job_id).in_(sorted(set(refs))),
                 E.c.outcome == "UNMATCHED",
             )
-            .limit(1)
+            .distinct()
         )
-        return found is not None
+        return {(int(a), str(j)) for a, j in rows}
 
     async def set_event_outcome(self, event_id: int, outcome: str) -> None:
         """Set a stored observation's outcome (deferred)."""

@@ -277,12 +277,13 @@ class MemoryUnitOfWork:
                 moved[record.id] = record
         return moved
 
-    async def has_unmatched(self, account_id: int, job_id: str) -> bool:
-        return any(
-            (e.provider_account_id, e.provider_job_id, e.outcome)
-            == (account_id, job_id, "UNMATCHED")
+    async def unmatched(self, refs: Sequence[tuple[int, str]]) -> set[tuple[int, str]]:
+        wanted = set(refs)
+        return {
+            (e.provider_account_id, e.provider_job_id)
             for e in self._s.events.values()
-        )
+            if e.outcome == "UNMATCHED" and (e.provider_account_id, e.provider_job_id) in wanted
+        }
 
     async def insert_job(
         self, job: NewProviderJob, *, task_id: int | None = None

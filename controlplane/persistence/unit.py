@@ -721,8 +721,9 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
 
     async def complete_message(self, message_id: int, worker: str) -> bool:
         """Mark a message done; False if `worker` no longer holds it or it is already done.
-        Done in the transaction of the message's effect, so effect and ack commit together."""
-        result = await self.conn.execute(
+        Done in the transaction of the message's effect, so effect and ack commit together.
+        A claimed message's row is none of the unit's kept writes: they are not sent first."""
+        result = await self._direct.execute(
             update(O)
             .where(O.c.id == message_id, O.c.claimed_by == worker, O.c.done_at.is_(None))
             .values(done_at=self.now, claimed_until=None)
@@ -733,7 +734,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         """`complete_message` for many in ONE statement: the ids this call marked done."""
         if not message_ids:
             return set()
-        result = await self.conn.execute(
+        result = await self._direct.execute(  # no kept write touches a claimed message
             update(O)
             .where(O.c.id.in_(message_ids), O.c.claimed_by == worker, O.c.done_at.is_(None))
             .values(done_at=self.now, claimed_until=None)
