@@ -53,14 +53,20 @@ up: $(RUNTIME_INSTALLED)
 ## most tests first, leaving the long one-test e2e files for the end). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 3
 PYTEST_PARALLEL = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+## Every Python process of a run (the workers, each sidecar, control plane and CLI process the
+## tests start) reads cached bytecode from PYCACHE, outside the tree, even where the environment
+## sets PYTHONDONTWRITEBYTECODE: without a cache each of them compiles the whole package again
+## (a worker's collection 15.5 s CPU, 6.8 s cached; a `vidroute` process start 3.0 s, 2.0 s).
+PYCACHE := $(abspath $(VENV))/pycache
+WITH_PYCACHE = env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(PYCACHE)
 test: $(INSTALLED) $(NODE_INSTALLED) $(SDK_GENAI2)/.installed
 	bash scripts/ensure_services.sh
-	$(PY) -m pytest $(PYTEST_PARALLEL)
+	$(WITH_PYCACHE) $(PY) -m pytest $(PYTEST_PARALLEL)
 
 ## The same with the property tests at their long sizes (tests/support/sizes.py).
 test-long: $(INSTALLED) $(NODE_INSTALLED) $(SDK_GENAI2)/.installed
 	bash scripts/ensure_services.sh
-	$(PY) -m pytest $(PYTEST_PARALLEL) --long
+	$(WITH_PYCACHE) $(PY) -m pytest $(PYTEST_PARALLEL) --long
 
 ## The CI gates before the tests (.ci/run): ruff lint and format, mypy strict on the packages
 ## and on the tests, every `type: ignore` with a code and a reason, buf lint, and buf breaking
@@ -137,7 +143,7 @@ bench: $(INSTALLED) $(BENCH_LITELLM)/.installed
 N ?= 20
 stress: $(INSTALLED) $(NODE_INSTALLED) $(SDK_GENAI2)/.installed
 	bash scripts/ensure_services.sh
-	bash scripts/stress_tests.sh $(TEST) $(N) -- $(ARGS)
+	$(WITH_PYCACHE) bash scripts/stress_tests.sh $(TEST) $(N) -- $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(BENCH_LITELLM) node_modules var dist .pytest_cache .mypy_cache .ruff_cache

@@ -9,7 +9,8 @@ credits per model, the cluster's GPU-second rows) as the emulators serve them. T
 * the cluster: two successes (42 GPU s each) and two jobs that fail after running (21 GPU s,
   7,350 micros each, billed: the cluster's rule).
 
-Unaltered, ``vidroute reconcile`` finds nothing: exit 0, no row, a zero delta per provider.
+Unaltered, ``vidroute reconcile`` (a process) finds nothing: exit 0, no row, a zero delta per
+provider; the later runs call the same command in the test's process.
 Then the bills are altered one way at a time; after the cluster's four and after Runway's two,
 the report is exactly the rows of the alterations so far (kind, provider, attempt, billed,
 expected): each named with its attempt, nothing else invented, exit 1. Then two facts change
@@ -50,7 +51,12 @@ from controlplane.capabilities.publish import documents_from_file
 from controlplane.persistence.database import Database
 from controlplane.persistence.models import credit_ledger
 from tests.conftest import PostgresServer
-from tests.e2e.test_reconciliation_scenario import _reconcile, _rows, _usage_fault
+from tests.e2e.test_reconciliation_scenario import (
+    _reconcile,
+    _reconcile_process,
+    _rows,
+    _usage_fault,
+)
 from tests.support.module_stack import module_database, started_platform
 from tests.support.stack import ControlPlane, ProviderFarm, describe, wait_for
 from tests.support.workload import SUBMIT_ROUTE
@@ -169,7 +175,7 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Day:
         )
         for name in tasks
     }
-    clean = _reconcile(farm, cp, day, rc=0)
+    clean = _reconcile_process(farm, cp, day, rc=0)
     result = Day(farm, cp, day, attempts, jobs, clean)
     a = attempts
     gpu = GPU_FULL * GPU_RATE
@@ -218,7 +224,8 @@ def _run(farm: ProviderFarm, cp: ControlPlane) -> Day:
         ),
     ]
     # Read after the cluster's four (per-job bills) and after Runway's two (a daily total): two
-    # `vidroute reconcile` processes instead of six, each report still exactly its rows.
+    # runs instead of six, each report still exactly its rows. The runs after the clean one
+    # call the command in this process (`_reconcile`): the same entry point and environment.
     truth: list[Row] = []
     for i, (what, provider, fault, row) in enumerate(alterations):
         _usage_fault(farm, provider, fault)

@@ -37,7 +37,12 @@ import pytest
 
 from controlplane.domain.reconciliation_cloud_billing import ATTEMPT_LABEL
 from tests.conftest import PostgresServer
-from tests.e2e.test_reconciliation_scenario import _reconcile, _rows
+from tests.e2e.test_reconciliation_scenario import (
+    _cli_here,
+    _reconcile,
+    _reconcile_process,
+    _rows,
+)
 from tests.support.module_stack import module_database, started_platform
 from tests.support.stack import ControlPlane, ProviderFarm, describe, wait_for
 from tests.support.workload import SUBMIT_ROUTE
@@ -145,8 +150,18 @@ def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
+def _import_env(cp: ControlPlane) -> dict[str, str]:
+    return {"VIDROUTE_DATABASE_URL": cp.database_url, "VIDROUTE_LOG_LEVEL": "WARNING"}
+
+
 def _import(cp: ControlPlane, path: Path) -> dict[str, Any]:
-    env = {**os.environ, "VIDROUTE_DATABASE_URL": cp.database_url, "VIDROUTE_LOG_LEVEL": "WARNING"}
+    """``vidroute usage import PATH --json`` in this process (`_cli_here`)."""
+    return _cli_here(_import_env(cp), ["usage", "import", str(path), "--json"], rc=0)
+
+
+def _import_process(cp: ControlPlane, path: Path) -> dict[str, Any]:
+    """One ``vidroute usage import`` process, as a finance team runs it."""
+    env = {**os.environ, **_import_env(cp)}
     proc = subprocess.run(
         [sys.executable, "-m", "clients.cli", "usage", "import", str(path), "--json"],
         env=env,
@@ -195,8 +210,11 @@ def _run(farm: ProviderFarm, cp: ControlPlane, workdir: Path) -> Day:
         ops[name] = found[0].provider_job.provider_job_id
         keys.update({a.client_request_key: a.provider_job.provider_job_id for a in task.attempts})
     billed = sum(int(_seconds(j) * USD_PER_S[_model_of(j)] * 1_000_000) for j in _billed_jobs(farm))
-    before = _reconcile(farm, cp, day, rc=2)
-    imported = _import(cp, _write(workdir / "gemini.json", _gemini_rows(farm, USD_PER_S)))
+    # The first reconcile and the first import are processes, as operators run them; the
+    # later ones call the same commands in this process (the same entry point, environment
+    # and report, without a Python start each).
+    before = _reconcile_process(farm, cp, day, rc=2)
+    imported = _import_process(cp, _write(workdir / "gemini.json", _gemini_rows(farm, USD_PER_S)))
     clean = _reconcile(farm, cp, day, rc=0)
     wrong = {**USD_PER_S, FAST: WRONG_FAST_USD_PER_S}
     _import(cp, _write(workdir / "gemini-repriced.json", _gemini_rows(farm, wrong)))
