@@ -26,11 +26,13 @@ new message):
   lost before the send is never a failed attempt. Only an engine built without a lease source
   fails such an attempt as ``PROVEN_ABSENT`` ("never sent") and requeues the task, as before.
 
-The outcomes of sends answered side by side are written in groups as they come
-(`batching.GroupWrites` over `apply_each`, at most `write_units` transactions at once): an
-outcome that finds a unit free is written at once, those answered meanwhile share the next
-unit, their attempts held in one read and their writes sent set-based (`UnitOfWork.hold`). A
-group whose unit raises is written outcome by outcome.
+The start steps of messages cleared side by side, and the outcomes of sends answered side by
+side, are each written in groups as they come
+(`batching.GroupWrites` over `start_each` and `apply_each`, at most `write_units` transactions
+at once each): an item that finds a unit free is written at once, those arriving meanwhile
+share the next unit, their attempts held in one read and their writes sent set-based
+(`UnitOfWork.hold`). Each send still starts only after its own move to SUBMITTING committed,
+and never waits for another's send. A group whose unit raises is written item by item.
 
 An exception from the adapter call is an UNKNOWN outcome (the request may have left). If the
 database fails after the adapter answered, nothing is written: the attempt stays SUBMITTING, and
@@ -44,6 +46,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from controlplane.domain.failover import FailureStage
@@ -97,6 +100,20 @@ _HANDLED = Secured(False)
 Outcome = tuple[int, SubmitOutcome, OutboxRecord | None]
 
 
+@dataclass
+class _Start:
+    """A cleared message's start step (`SubmitWorker.start_each`) and what it decided."""
+
+    message: OutboxRecord
+    known: AttemptRecord | None
+    cleared: Secured | None
+    after: AfterCommit = field(default_factory=AfterCommit)
+    started: AttemptRecord | None = None  # moved to SUBMITTING: to be sent
+    account: AccountInfo | None = None
+    interrupted: bool = False  # found SUBMITTING: an earlier send was cut off (`settle`)
+    unsent: AttemptRecord | None = None  # cancelled unsent: its task ended
+
+
 def _attempt_id(message: OutboxRecord) -> int:
     return int(message.payload["attempt_id"])
 
@@ -118,6 +135,9 @@ class SubmitWorker:
         self._normalizer = normalizer
         self.submits = 0
         self.parked = 0  # sends held back: the breaker refused, or no lease to be had
+        self._starts: GroupWrites[_Start, _Start] = GroupWrites(
+            self.start_each, units=deps.config.write_units
+        )
         self._outcomes: GroupWrites[Outcome, None] = GroupWrites(
             self.apply_each, units=deps.config.write_units
         )
@@ -218,75 +238,95 @@ class SubmitWorker:
         await retry_later(self._deps, message.id, self._deps.config.worker_id, available_at=until)
 
     async def _handle(self, message: OutboxRecord, known: AttemptRecord | None) -> None:
-        worker = self._deps.config.worker_id
         attempt_id = int(message.payload["attempt_id"])
         if known is None or known.id != attempt_id:
             known = (await self._deps.reads.attempts([attempt_id])).get(attempt_id)
         cleared = await self._clearance(known, message)
         if cleared is _HANDLED:
             return
-        now = self._deps.clock()
-        after = AfterCommit()
-        started = None
-        account: AccountInfo | None = None
-        interrupted = False
-        unsent = None
-        async with self._deps.db.unit(now) as u:
-            attempt = await u.attempt(attempt_id)
-            task = None if attempt is None else await u.task(attempt.task_id)
-            if attempt is None or task is None:
-                await u.complete_message(message.id, worker)
-            elif attempt.state is AttemptState.SUBMITTING:
-                interrupted = True
-            elif attempt.state is not AttemptState.READY_TO_SUBMIT:
-                await u.complete_message(message.id, worker)  # duplicate or already handled
-            elif TASK_MACHINE.is_terminal(task.state) or task.state is TaskState.QUEUED:
-                # The task ended (e.g. cancelled) before anything was sent: nothing to submit.
-                moved = await u.move_attempt(attempt, AttemptState.CANCELLED, "task ended")
-                if moved is not None:
-                    after.release.append(moved)
-                    unsent = moved
-                await u.complete_message(message.id, worker)
-            elif cleared is None or not _same_lease(attempt, known):
-                # Not cleared for this version of the attempt (it moved since it was read):
-                # the message comes back and is cleared then.
-                await u.retry_message(message.id, worker, available_at=now)
-            else:
-                account = await self._deps.account(attempt.provider_account_id, u)
-                supports = bool(
-                    message.payload.get(
-                        "supports_idempotency_key",
-                        account.provider in self._deps.config.idempotent_providers,
-                    )
-                )
-                new = cleared.new
-                started = await u.move_attempt(
-                    attempt,
-                    AttemptState.SUBMITTING,
-                    "submit started" if new is None else "submit started under a new lease",
-                    AttemptChanges(
-                        request_started_at=now,
-                        lease_token=None if new is None else new.token,
-                        fencing_token=None if new is None else new.fencing_token,
-                    ),
-                )
-                if started is None:
-                    await u.complete_message(message.id, worker)
-                else:
-                    await u.set_runtime(
-                        started.id, started.task_id, supports_idempotency_key=supports
-                    )
-        await after.run(self._deps.leases)
-        if unsent is not None:
-            account = await self._deps.account(unsent.provider_account_id)
-            await self._deps.gate.release_unsent(account, unsent)
-        if started is None and cleared is not None and known is not None and not interrupted:
-            await self._unclear(known, cleared, unsent is not None)
-        if interrupted:
+        start = await self._starts.submit(_Start(message, known, cleared))
+        await start.after.run(self._deps.leases)
+        if start.unsent is not None:
+            account = await self._deps.account(start.unsent.provider_account_id)
+            await self._deps.gate.release_unsent(account, start.unsent)
+        unstarted = start.started is None and not start.interrupted
+        if unstarted and cleared is not None and known is not None:
+            await self._unclear(known, cleared, start.unsent is not None)
+        if start.interrupted:
             await self.settle(attempt_id, message)
-        if started is None or account is None:
+        if start.started is None or start.account is None:
             return
-        await self._send(started, account, message)
+        await self._send(start.started, start.account, message)
+
+    async def start_each(self, starts: Sequence[_Start]) -> list[_Start | Exception]:
+        """The start steps of messages cleared side by side, in ONE transaction (their attempts
+        held in one read, the moves to SUBMITTING and runtime rows sent set-based at its end,
+        committed before any of them is sent); if it raises, each in its own. Per message its
+        decided `_Start`, or the error that refused it."""
+        if not starts:
+            return []
+        try:
+            async with self._deps.db.unit(self._deps.clock()) as u:
+                await u.hold(sorted({_attempt_id(s.message) for s in starts}))
+                for start in starts:
+                    with bind_ids(attempt_id=_attempt_id(start.message)):
+                        await self._start(u, start)
+        except Exception as exc:
+            if len(starts) == 1 or isinstance(exc, StoreUnavailable):
+                return [exc] * len(starts)
+            log.warning("%d submit starts failed together; writing each alone", len(starts))
+            return [
+                (await self.start_each([_Start(s.message, s.known, s.cleared)]))[0] for s in starts
+            ]
+        return list(starts)
+
+    async def _start(self, u: UnitOfWork, start: _Start) -> None:
+        """One message's start step in unit `u` (see the module): what it decided, in `start`."""
+        worker = self._deps.config.worker_id
+        message, known, cleared, now = start.message, start.known, start.cleared, u.now
+        attempt = await u.attempt(_attempt_id(message))
+        task = None if attempt is None else await u.task(attempt.task_id)
+        if attempt is None or task is None:
+            await u.complete_message(message.id, worker)
+        elif attempt.state is AttemptState.SUBMITTING:
+            start.interrupted = True
+        elif attempt.state is not AttemptState.READY_TO_SUBMIT:
+            await u.complete_message(message.id, worker)  # duplicate or already handled
+        elif TASK_MACHINE.is_terminal(task.state) or task.state is TaskState.QUEUED:
+            # The task ended (e.g. cancelled) before anything was sent: nothing to submit.
+            moved = await u.move_attempt(attempt, AttemptState.CANCELLED, "task ended")
+            if moved is not None:
+                start.after.release.append(moved)
+                start.unsent = moved
+            await u.complete_message(message.id, worker)
+        elif cleared is None or not _same_lease(attempt, known):
+            # Not cleared for this version of the attempt (it moved since it was read):
+            # the message comes back and is cleared then.
+            await u.retry_message(message.id, worker, available_at=now)
+        else:
+            account = await self._deps.account(attempt.provider_account_id, u)
+            supports = bool(
+                message.payload.get(
+                    "supports_idempotency_key",
+                    account.provider in self._deps.config.idempotent_providers,
+                )
+            )
+            new = cleared.new
+            started = await u.move_attempt(
+                attempt,
+                AttemptState.SUBMITTING,
+                "submit started" if new is None else "submit started under a new lease",
+                AttemptChanges(
+                    request_started_at=now,
+                    lease_token=None if new is None else new.token,
+                    fencing_token=None if new is None else new.fencing_token,
+                ),
+            )
+            if started is None:
+                await u.complete_message(message.id, worker)
+            else:
+                await u.set_runtime(started.id, started.task_id, supports_idempotency_key=supports)
+                start.started, start.account = started, account
 
     async def _send(
         self, started: AttemptRecord, account: AccountInfo, message: OutboxRecord

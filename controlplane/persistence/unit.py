@@ -744,7 +744,7 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
 
     async def retry_message(self, message_id: int, worker: str, *, available_at: datetime) -> bool:
         """Release `worker`'s claim so the message becomes due again at `available_at`."""
-        result = await self.conn.execute(
+        result = await self._direct.execute(  # no kept write touches a claimed message
             update(O)
             .where(O.c.id == message_id, O.c.claimed_by == worker, O.c.done_at.is_(None))
             .values(claimed_by=None, claimed_until=None, available_at=available_at)
