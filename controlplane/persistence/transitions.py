@@ -210,25 +210,12 @@ async def cas_attempts(
     `IllegalTransition` (nothing written) if `ATTEMPT_MACHINE` forbids any of them."""
     for m in moves:  # every edge asked before any write
         ATTEMPT_MACHINE.check(m.state, m.target)
-    if len({m.attempt_id for m in moves}) != len(moves):
-        raise ValueError("an attempt may be moved once per call")
-    groups: dict[tuple[AttemptState, AttemptState], list[AttemptMove]] = defaultdict(list)
-    for m in moves:
-        groups[m.state, m.target].append(m)
-    moved: dict[int, AttemptRecord] = {}
-    for (state, target), members in groups.items():
-        values = _columns(A, {m.attempt_id: _sql.attempt_extra(m.changes) for m in members})
-        values.update(status=target.value, status_version=A.c.status_version + 1, updated_at=now)
-        rows = await conn.execute(
-            update(A)
-            .where(_still_at(A, state, ((m.attempt_id, m.expected_version) for m in members)))
-            .values(values)
-            .returning(A)
-        )
-        for row in rows.mappings():
-            record = _rows.attempt(row)
-            moved[record.id] = record
-    return moved
+    steps = [
+        (m.attempt_id, m.state, m.expected_version, m.target, _sql.attempt_extra(m.changes))
+        for m in moves
+    ]
+    records = [_rows.attempt(row) for row in await _cas_steps(conn, A, steps, now, (A,))]
+    return {record.id: record for record in records}
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,23 +237,44 @@ async def cas_tasks(
     won. `IllegalTransition` (nothing written) if `TASK_MACHINE` forbids any of them."""
     for m in moves:  # every edge asked before any write
         TASK_MACHINE.check(m.state, m.target)
-    if len({m.task_id for m in moves}) != len(moves):
-        raise ValueError("a task may be moved once per call")
-    groups: dict[tuple[TaskState, TaskState], list[TaskCas]] = defaultdict(list)
-    for m in moves:
-        groups[m.state, m.target].append(m)
-    moved: dict[int, int] = {}
+    steps = [(m.task_id, m.state, m.expected_version, m.target, m.extra) for m in moves]
+    returning = (T.c.id, T.c.status_version)
+    rows = await _cas_steps(conn, T, steps, now, returning)
+    return {int(row["id"]): int(row["status_version"]) for row in rows}
+
+
+Step = tuple[int, Any, int, Any, Mapping[str, Any]]
+
+
+async def _cas_steps(
+    conn: AsyncConnection,
+    table: Table,
+    steps: Sequence[Step],
+    now: datetime,
+    returning: Sequence[Any],
+) -> list[Any]:
+    """One step of each row, (id, from state, version, to state, optional columns), tasks or
+    attempts alike: one UPDATE per (from, to) with the version CAS (`_still_at`), the columns by
+    `_columns`; the RETURNING rows of those whose CAS won."""
+    if len({step[0] for step in steps}) != len(steps):
+        raise ValueError("a row may be moved once per call")
+    groups: dict[tuple[Any, Any], list[Step]] = defaultdict(list)
+    for step in steps:
+        groups[step[1], step[3]].append(step)
+    out: list[Any] = []
     for (state, target), members in groups.items():
-        values = _columns(T, {m.task_id: m.extra for m in members})
-        values.update(status=target.value, status_version=T.c.status_version + 1, updated_at=now)
-        rows = await conn.execute(
-            update(T)
-            .where(_still_at(T, state, ((m.task_id, m.expected_version) for m in members)))
-            .values(values)
-            .returning(T.c.id, T.c.status_version)
+        values = _columns(table, {i: extra for i, _, _, _, extra in members})
+        values.update(
+            status=target.value, status_version=table.c.status_version + 1, updated_at=now
         )
-        moved.update((int(i), int(v)) for i, v in rows)
-    return moved
+        rows = await conn.execute(
+            update(table)
+            .where(_still_at(table, state, ((i, v) for i, _, v, _, _ in members)))
+            .values(values)
+            .returning(*returning)
+        )
+        out.extend(rows.mappings())
+    return out
 
 
 def _columns(table: Table, extras: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:

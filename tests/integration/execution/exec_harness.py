@@ -19,6 +19,7 @@ import pytest_asyncio
 
 from controlplane.adapters.fake import FakeAdapterClient
 from controlplane.adapters.grpc_client import AdapterClient
+from controlplane.domain.money import BillingMode, BillingPolicy, Reservation
 from controlplane.domain.requeue import ExcludedCandidate
 from controlplane.domain.states import TaskState
 from controlplane.execution.config import ExecutionConfig
@@ -165,6 +166,31 @@ class Harness:
         return await self.new_attempt(
             task.id, account_id, provider=provider, compile_plan=compile_plan
         )
+
+    async def reserved_attempts(self, tenant: str, count: int) -> list[AttemptRecord]:
+        """`count` tasks of `tenant`, each reserving 300,000 micros (postpaid), moved to
+        SCHEDULING and given an attempt on one new account (`account_id` of the attempts)."""
+        account_id = await self.account()
+        attempts = []
+        for i in range(count):
+            spec = GenerationSpec(
+                tenant_id=tenant,
+                prompt="a red fox",
+                mode=Mode.TEXT_TO_VIDEO,
+                output=OutputSpec(width=1280, height=720, duration_ms=4000),
+            )
+            async with self.db.unit(self.clock()) as u:
+                task, _ = await u.create_task(
+                    spec,
+                    idempotency_key=f"{tenant}-{i}",
+                    spec_hash=f"spec-{i}",
+                    reservation=Reservation(
+                        300_000, "USD", BillingPolicy(BillingMode.POSTPAID, None)
+                    ),
+                )
+                assert await u.move_task_at(task.id, 0, TaskState.SCHEDULING)
+            attempts.append(await self.new_attempt(task.id, account_id))
+        return attempts
 
     async def new_attempt(
         self,

@@ -18,18 +18,15 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from controlplane.domain.money import Reservation
 from controlplane.domain.observation import IngestOutcome
 from controlplane.domain.states import AttemptState, TaskState
 from controlplane.execution.engine import ExecutionEngine
 from controlplane.execution.events import EventNormalizer, EventSource, Observation, Then
 from controlplane.persistence import transitions
 from controlplane.persistence.models import provider_events
-from controlplane.persistence.records import AttemptRecord
 from controlplane.persistence.statement_tally import count_statements, labelled
 from tests.integration.execution.exec_harness import START, Harness
 from tests.integration.execution.test_output_batches import (
-    POSTPAID,
     PlannedFetch,
     Run,
     _Names,
@@ -37,7 +34,6 @@ from tests.integration.execution.test_output_batches import (
 )
 from vidroute_core.adapter import JobOutput, JobSnapshot, JobState
 from vidroute_core.errors import ErrorClass, make_error
-from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
 
 def _snapshots(round_no: int) -> list[JobSnapshot]:
@@ -65,24 +61,8 @@ def _snapshots(round_no: int) -> list[JobSnapshot]:
 async def _accepted(harness: Harness, tenant: str, *, jobs: int = len(_snapshots(0))) -> Run:
     """`jobs` reserved tasks of `tenant`, each with its job accepted at `START`."""
     harness.clock.now = START
-    account_id = await harness.account()
-    attempts: list[AttemptRecord] = []
-    for i in range(jobs):
-        spec = GenerationSpec(
-            tenant_id=tenant,
-            prompt="a red fox",
-            mode=Mode.TEXT_TO_VIDEO,
-            output=OutputSpec(width=1280, height=720, duration_ms=4000),
-        )
-        async with harness.db.unit(harness.clock()) as u:
-            task, _ = await u.create_task(
-                spec,
-                idempotency_key=f"{tenant}-{i}",
-                spec_hash=f"spec-{i}",
-                reservation=Reservation(300_000, "USD", POSTPAID),
-            )
-            assert await u.move_task_at(task.id, 0, TaskState.SCHEDULING)
-        attempts.append(await harness.new_attempt(task.id, account_id))
+    attempts = await harness.reserved_attempts(tenant, jobs)
+    account_id = attempts[0].provider_account_id
     for i in range(len(attempts)):
         harness.fake.script_submit(harness.fake.accepted(f"job-{tenant}-{i}"))
     # Submits are answered in call order: one at a time, job i goes to attempt i.

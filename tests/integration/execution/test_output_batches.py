@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from controlplane.domain.money import BillingMode, BillingPolicy, Reservation
+from controlplane.domain.money import BillingMode, BillingPolicy
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TaskState
 from controlplane.execution.engine import ExecutionEngine
@@ -49,7 +49,6 @@ from controlplane.persistence.records import AttemptRecord, NewOutboxMessage
 from tests.integration.execution.exec_harness import START, Harness
 from tests.support.outputs import stored_mp4
 from vidroute_core.adapter import JobOutput, JobSnapshot, JobState
-from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
 POSTPAID = BillingPolicy(BillingMode.POSTPAID, None)
 DROPPED = frozenset(
@@ -115,29 +114,13 @@ async def _prepared(harness: Harness, tenant: str, *, credited: bool) -> Run:
     """`len(PLAN)` reserved tasks of `tenant` driven to OUTPUT_FETCHING from `START`, plus a
     second ``output.fetch`` for the first one's attempt (a redelivery)."""
     harness.clock.now = START
-    account_id = await harness.account()
     if credited:
         async with harness.db.unit(harness.clock()) as u:
             await ledger.append_credit(
                 u.conn, tenant, 5_000_000, "USD", f"topup-{tenant}", "ops", "top-up", u.now
             )
-    attempts = []
-    for i in range(len(PLAN)):
-        spec = GenerationSpec(
-            tenant_id=tenant,
-            prompt="a red fox",
-            mode=Mode.TEXT_TO_VIDEO,
-            output=OutputSpec(width=1280, height=720, duration_ms=4000),
-        )
-        async with harness.db.unit(harness.clock()) as u:
-            task, _ = await u.create_task(
-                spec,
-                idempotency_key=f"{tenant}-{i}",
-                spec_hash=f"spec-{i}",
-                reservation=Reservation(300_000, "USD", POSTPAID),
-            )
-            assert await u.move_task_at(task.id, 0, TaskState.SCHEDULING)
-        attempts.append(await harness.new_attempt(task.id, account_id))
+    attempts = await harness.reserved_attempts(tenant, len(PLAN))
+    account_id = attempts[0].provider_account_id
     for i in range(len(PLAN)):
         harness.fake.script_submit(harness.fake.accepted(f"job-{tenant}-{i}"))
         harness.fake.set_job(f"job-{tenant}-{i}", _done())

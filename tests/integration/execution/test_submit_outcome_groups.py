@@ -18,17 +18,14 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from controlplane.domain.money import Reservation
 from controlplane.domain.states import TaskState
 from controlplane.execution.submit_worker import Outcome, SubmitWorker
 from controlplane.persistence.models import provider_jobs
-from controlplane.persistence.records import AttemptRecord
 from tests.integration.execution.exec_harness import START, Harness
 from tests.integration.execution.test_observation_batches import _by_content, _same_rows
-from tests.integration.execution.test_output_batches import POSTPAID, PlannedFetch, Run, _Names
+from tests.integration.execution.test_output_batches import PlannedFetch, Run, _Names
 from vidroute_core.adapter import CompiledPlan, JobRef, SubmitKind, SubmitOutcome, TransportStage
 from vidroute_core.errors import ErrorClass, make_error
-from vidroute_core.spec import GenerationSpec, Mode, OutputSpec
 
 ANSWERS = ["accepted", "accepted", "rejected", "unknown", "accepted", "accepted"]
 
@@ -63,24 +60,8 @@ def _answer(run: Run, account: str) -> Any:
 async def _ready(harness: Harness, tenant: str) -> Run:
     """Reserved tasks of `tenant`, one per answer, each with an attempt ready to submit."""
     harness.clock.now = START
-    account_id = await harness.account()
-    attempts: list[AttemptRecord] = []
-    for i in range(len(ANSWERS)):
-        spec = GenerationSpec(
-            tenant_id=tenant,
-            prompt="a red fox",
-            mode=Mode.TEXT_TO_VIDEO,
-            output=OutputSpec(width=1280, height=720, duration_ms=4000),
-        )
-        async with harness.db.unit(harness.clock()) as u:
-            task, _ = await u.create_task(
-                spec,
-                idempotency_key=f"{tenant}-{i}",
-                spec_hash=f"spec-{i}",
-                reservation=Reservation(300_000, "USD", POSTPAID),
-            )
-            assert await u.move_task_at(task.id, 0, TaskState.SCHEDULING)
-        attempts.append(await harness.new_attempt(task.id, account_id))
+    attempts = await harness.reserved_attempts(tenant, len(ANSWERS))
+    account_id = attempts[0].provider_account_id
     return Run(tenant, account_id, attempts, PlannedFetch())
 
 
