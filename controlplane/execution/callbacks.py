@@ -7,9 +7,7 @@ adapter knowledge. We only take the job id it names (`JobIdExtractor`, default: 
 ``id``/``job_id``/``task_id``/``name`` in the JSON body), ask the adapter for the job with
 `get_job`, and feed that snapshot to the normalizer with source ``callback``. A job we have not
 recorded yet (the callback beat the submit response) is found through the ``attempt`` query
-parameter our callback URL carries, and stored as early evidence. Callbacks arriving side by
-side share the normalizer's transactions (`batching.GroupWrites`, as the poller's rounds); each
-is answered once its own observation is written.
+parameter our callback URL carries, and stored as early evidence.
 
 Everything here takes hostile input: a header, body or query that is not what a provider sends
 is refused with a status (400 malformed, 401 unverified) and never reaches the database as an
@@ -27,9 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from controlplane.domain.observation import IngestOutcome
-from controlplane.execution.batching import GroupWrites
-from controlplane.execution.events import EventNormalizer, EventSource, Observation, Then
+from controlplane.execution.events import EventNormalizer, EventSource, Observation
 from controlplane.execution.outcomes import ExecutionDeps, job_ref
 
 __all__ = ["SIGNATURE_HEADER", "CallbackReceiver", "CallbackVerifier"]
@@ -104,10 +100,6 @@ class CallbackReceiver:
     extractors: Mapping[str, JobIdExtractor] = field(default_factory=dict)
     malformed: int = 0
     unresolved: int = 0
-    _writes: GroupWrites[tuple[Observation, Then | None], IngestOutcome] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self._writes = GroupWrites(self.normalizer.ingest_each, units=self.deps.config.write_units)
 
     async def handle(
         self, provider: str, signature: str | None, body: bytes, query: Mapping[str, str]
@@ -151,15 +143,16 @@ class CallbackReceiver:
             return 503
         if polled.snapshot is None:
             return 503
-        observed = Observation(
-            attempt.provider_account_id,
-            job_id,
-            polled.snapshot,
-            EventSource.CALLBACK,
-            self.deps.clock(),
-            attempt.id,
+        await self.normalizer.ingest(
+            Observation(
+                attempt.provider_account_id,
+                job_id,
+                polled.snapshot,
+                EventSource.CALLBACK,
+                self.deps.clock(),
+                attempt.id,
+            )
         )
-        await self._writes.submit((observed, None))
         return 204
 
 
