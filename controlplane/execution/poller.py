@@ -73,8 +73,8 @@ class Poller:
         if not ids:
             await self.settle()  # idle only once the rounds' observations are written
             return 0
-        # The claimed batch's rows in one read (3 statements), not one read per poll. A row
-        # that moves meanwhile is re-read under its lock by whatever writes it.
+        # The claimed batch's rows in one joined read, not one read per poll. A row that
+        # moves meanwhile is re-read under its lock by whatever writes it.
         snaps = await self._deps.reads.snapshots(ids)
 
         async def poll_one(attempt_id: int) -> None:
