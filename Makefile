@@ -129,13 +129,15 @@ bench-routing-quality: $(INSTALLED)
 	$(PY) -m bench.routing_quality $(ARGS)
 
 ## Every benchmark, one after the other, in one command (the figures go to bench/RESULTS.md):
-## routing side by side with LiteLLM, then each module of BENCH_MODULES that exists.
+## routing side by side with LiteLLM, then each module of BENCH_MODULES that exists (the
+## lifecycle under py-spy, so it prints its CPU profile by component too).
 BENCH_MODULES := queue dispatch reconciliation create_task money lifecycle shards rss_serve routing_quality
 bench: $(INSTALLED) $(BENCH_LITELLM)/.installed
 	bash scripts/ensure_services.sh
 	$(PY) -m bench.routing --e2e
 	@set -e; for m in $(BENCH_MODULES); do \
-	  if [ -f bench/$$m.py ]; then echo "== bench.$$m"; $(PY) -m bench.$$m; fi; \
+	  args=; if [ $$m = lifecycle ]; then args=--profile; fi; \
+	  if [ -f bench/$$m.py ]; then echo "== bench.$$m $$args"; $(PY) -m bench.$$m $$args; fi; \
 	done
 
 ## One test N times beside a CPU hog (one spinner per core, HOG=k to choose), with pass/fail
