@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import PostgresServer
 from tests.support.evidence import task_events
 from tests.support.module_stack import module_database
-from tests.support.stack import ControlPlane, ProviderFarm, RedisDb, describe, free_port
+from tests.support.stack import ControlPlane, ProviderFarm, RedisDb, describe, logged_metrics_port
 from tests.support.workload import SUBMIT_ROUTE
 from vidroute.scheduler.v1 import scheduler_pb2 as sp
 
@@ -113,7 +113,6 @@ def platform(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[ProviderFarm, ControlPlane, int]]:
     workdir: Path = tmp_path_factory.mktemp(f"metrics-{e2e_backend}")
-    metrics_port = free_port()
     providers = ("runway", "self_hosted")
     with (
         module_database(postgres_server, e2e_backend, workdir) as url,
@@ -126,11 +125,12 @@ def platform(
             farm,
             database_url=url,
             redis_url=redis.url,
-            env={"VIDROUTE_METRICS_LISTEN": f"127.0.0.1:{metrics_port}"},
+            env={"VIDROUTE_METRICS_LISTEN": "127.0.0.1:0"},
         )
         cp.start()
+        assert cp.proc is not None
         try:
-            yield farm, cp, metrics_port
+            yield farm, cp, logged_metrics_port(cp.proc)
         finally:
             cp.kill()
 
@@ -192,7 +192,7 @@ def test_scraped_families_match_the_workload(
     assert total(after, "provider_capacity_slots", provider="runway") >= 1
     assert total(after, "provider_active_leases", provider="runway") == 0
 
-    sidecar = scrape(farm.metrics_ports["self_hosted"])
+    sidecar = scrape(farm.metrics_port("self_hosted"))
     assert total(sidecar, "adapter_submit_total", outcome="UNKNOWN") == 1
     assert total(sidecar, "adapter_submit_total", outcome="REJECTED") == refusals
     # The requeued attempt, and the re-send if recovery made one.
@@ -203,5 +203,5 @@ def test_scraped_families_match_the_workload(
     sent = delta("provider_submit_total", provider="self_hosted")
     assert_sidecar_grpc_counts(sidecar, sent=sent, resent=resent)
     # The Runway sidecar saw only the clean task: one Submit.
-    runway = scrape(farm.metrics_ports["runway"])
+    runway = scrape(farm.metrics_port("runway"))
     assert total(runway, "grpc_server_handled_total", grpc_method="Submit", grpc_code="OK") == 1

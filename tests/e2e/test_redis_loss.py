@@ -55,6 +55,7 @@ from tests.support.stack import (
     ControlPlane,
     ProviderFarm,
     free_port,
+    logged_metrics_port,
     wait_for,
 )
 from tests.support.workload import assert_truth
@@ -306,17 +307,18 @@ def test_leases_survive_redis_flush_and_restart_under_load(
     Prints ``FIGURES redis-loss: ...`` with the tasks, the losses and the duplicates (must be 0).
     """
     capacity = _capacity()
-    metrics_port = free_port()
     with ProviderFarm(tmp_path / "farm", time_scale=TIME_SCALE, providers=USED_PROVIDERS) as farm:
         cp = ControlPlane(
             tmp_path / "cp",
             farm,
             database_url=fresh_postgres_url,
             redis_url=private_redis.url,
-            env={"VIDROUTE_METRICS_LISTEN": f"127.0.0.1:{metrics_port}"},
+            env={"VIDROUTE_METRICS_LISTEN": "127.0.0.1:0"},
         )
         (tmp_path / "cp").mkdir()
         cp.start()
+        assert cp.proc is not None
+        metrics_port = logged_metrics_port(cp.proc)
         try:
             with Sampler(fresh_postgres_url, farm) as sampler:
                 prompts: dict[str, str] = {}  # task id -> prompt, for the truth check

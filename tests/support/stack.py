@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -237,7 +238,6 @@ class ProviderFarm:
         self.extensions = {p: frozenset((extensions or {}).get(p, ())) for p in self.providers}
         self.emulators: dict[str, EmulatorThread] = {}
         self.sidecars: dict[str, processes.Proc] = {}
-        self.metrics_ports: dict[str, int] = {}  # each sidecar's /metrics
 
     def seconds(self, production_s: float) -> float:
         """`production_s` seconds of production time on this run's clock."""
@@ -289,14 +289,15 @@ class ProviderFarm:
             config["listen"] = f"127.0.0.1:{port}"
         path = self.workdir / f"sidecar-{name}.yaml"
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-        self.metrics_ports[name] = free_port()
         return _spawn(
             ["-m", f"adapter_sidecars.{PROVIDERS[name].package}", "--config", str(path)],
             workdir=self.workdir,
             name=f"sidecar-{name}",
             env={
                 **self.env,
-                "VIDROUTE_METRICS_LISTEN": f"127.0.0.1:{self.metrics_ports[name]}",
+                # Port 0: the sidecar binds a free port and logs it (`metrics_port`); a port
+                # picked here and bound later could be taken by another test in between.
+                "VIDROUTE_METRICS_LISTEN": "127.0.0.1:0",
                 **self.sidecar_env,
             },
         )
@@ -324,6 +325,10 @@ class ProviderFarm:
         assert old.popen.poll() is not None, f"sidecar {name} still runs"
         popen, port_file, log_path = self._spawn_sidecar(name, port=old.port)
         self.sidecars[name] = _await_port(popen, port_file, log_path, f"sidecar {name}")
+
+    def metrics_port(self, name: str) -> int:
+        """The port of `name`'s sidecar's /metrics (the one its current process bound)."""
+        return logged_metrics_port(self.sidecars[name])
 
     def stop(self) -> None:
         for proc in self.sidecars.values():
@@ -374,6 +379,18 @@ def _spawn(
             stderr=subprocess.STDOUT,
         )
     return popen, port_file, log_path
+
+
+_METRICS_LINE = re.compile(r"metrics on http://[^:/]+:(\d+)/metrics")
+
+
+def logged_metrics_port(proc: processes.Proc) -> int:
+    """The /metrics port `proc` logged as it started (the last such line: a restarted sidecar
+    appends to its old log, and logs its metrics port before it writes its port file)."""
+    found = wait_for(
+        lambda: _METRICS_LINE.findall(proc.log()), timeout_s=START_GUARD_S, what="metrics port"
+    )
+    return int(found[-1])
 
 
 def expect_time_scale(proc: processes.Proc, factor: float, what: str) -> None:
@@ -509,6 +526,21 @@ class ControlPlane:
 
     # -- process ---------------------------------------------------------------------------
     def start(self) -> None:
+        """Start the process; on its first start, a callback port another test took between
+        `free_port` and the bind is replaced (no submit has carried the old URL yet)."""
+        for _ in range(2):
+            try:
+                self._start()
+                return
+            except RuntimeError as exc:
+                taken = f"127.0.0.1:{self.callback_port}) is in use" in str(exc)
+                if not (taken and self.generation == 1):
+                    raise
+                self.generation = 0
+                self.callback_port = free_port()
+        self._start()
+
+    def _start(self) -> None:
         secrets_env = ",".join(f"{name}={CALLBACK_SECRET}" for name in PROVIDERS)
         env = {
             **self.farm.env,
