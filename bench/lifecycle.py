@@ -1,13 +1,14 @@
 """Full lifecycle benchmark (not a test): ``python -m bench.lifecycle [--tasks N] [--scale F]
 [--providers self_hosted,runway,google]``.
 
-One command, one run: a real control plane process (`vidroute serve`, its shipped defaults, on
-PostgreSQL + Redis), the sidecar processes of the chosen providers (default: self-hosted alone)
-and their emulators configured to finish jobs at once (self-hosted: 64 GPU workers at a tiny
-time factor; Runway and Veo: no queue, a few milliseconds of generation), every capability's
-``max_concurrency`` raised to 1,000 in a copied capabilities directory the sidecars are pointed
-at. N tasks (default 500) are created over gRPC (16 client threads), pinned to the providers in
-turn, then the bench waits until every one is terminal.
+One command, one run: a real control plane process (`vidroute serve`, its shipped defaults and,
+unless ``--scale`` says otherwise, the shipped time factor 1.0, on PostgreSQL + Redis), the
+sidecar processes of the chosen providers (default: self-hosted alone) and their emulators
+configured to finish jobs at once (self-hosted: 64 GPU workers at a tiny time factor; Runway and
+Veo: no queue, a few milliseconds of generation), every capability's ``max_concurrency`` raised
+to 1,000 in a copied capabilities directory the sidecars are pointed at. N tasks (default 500)
+are created over gRPC (16 client threads), pinned to the providers in turn, then the bench
+waits until every one is terminal.
 
 Figures also say whether each task got through on one attempt: ``attempts_per_task`` (attempts
 over tasks, 1.0 when nothing was re-dispatched) and ``lease_warnings``, the control plane's
@@ -400,8 +401,7 @@ def run(  # noqa: PLR0915 - one linear script of a run
             sidecar_env={"VIDROUTE_ADAPTER_CAPABILITIES_DIR": str(caps)},
         ) as farm:
             (work / "cp").mkdir()
-            metrics_port = stack.free_port()
-            env = {"VIDROUTE_METRICS_LISTEN": f"127.0.0.1:{metrics_port}"}
+            env = {"VIDROUTE_METRICS_LISTEN": "127.0.0.1:0"}
             if tuning:
                 env["VIDROUTE_EXECUTION_TUNING"] = tuning
             cp = ControlPlane(work / "cp", farm, database_url=url, redis_url=redis_url, env=env)
@@ -409,6 +409,7 @@ def run(  # noqa: PLR0915 - one linear script of a run
             try:
                 assert cp.proc is not None
                 pid = cp.proc.popen.pid
+                metrics_port = stack.logged_metrics_port(cp.proc)
                 before_db = asyncio.run(_db_stats(name))
                 scans0 = asyncio.run(_seq_scans(url))
                 spy = None
@@ -509,7 +510,13 @@ def run(  # noqa: PLR0915 - one linear script of a run
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=500)
-    parser.add_argument("--scale", type=float, default=0.1, help="the control plane's time factor")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="the time factor of every process (default 1.0, the shipped one: every loop's"
+        " period as deployed; a smaller factor makes the idle loops claim more often per task)",
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy the control plane")
     parser.add_argument("--tuning", default="", help="VIDROUTE_EXECUTION_TUNING JSON, if any")
     parser.add_argument(
