@@ -712,7 +712,7 @@ async def settle_tasks(
     and the attempts are read in one statement each, the entries written in one INSERT, and
     each (tenant, currency)'s cached balance moved once by the sum of its CHARGEs (`_account_for`
     with all of them, which leaves the row as one call per entry would). Loss entries, rare,
-    are written one by one. One task is `settle_task`; the two are compared row for row by
+    are written in one more INSERT. One task is `settle_task`; the two are compared row for row by
     tests/integration/execution/test_output_batches.py."""
     ids = [s.task_id for s in items]
     if len(set(ids)) != len(ids):
@@ -757,9 +757,8 @@ async def settle_tasks(
             d_balance=-sum(e.amount_micros for e in entries),
             now=now,
         )
-    for p in plans:
-        if p.item.task_id in written:
-            await _record_losses(conn, p, now)
+    losses = [usage for p in plans if p.item.task_id in written for usage in _losses(p)]
+    await record_usages(conn, losses, now)
     return out
 
 
@@ -861,7 +860,7 @@ async def _insert_settlements(
     return {int(m["task_id"]): _credit(m) for m in rows.mappings()}
 
 
-async def _record_losses(conn: AsyncConnection, p: _Plan, now: datetime) -> None:
+def _losses(p: _Plan) -> list[NewUsage]:
     """The PLATFORM_LOSS entries of a settled task: each other attempt a provider billed or may
     have billed, and the delivered attempt's cost beyond its charge."""
     target, outcome, held, delivered, cost = p.item.target, p.outcome, p.held, p.delivered, p.cost
@@ -876,10 +875,10 @@ async def _record_losses(conn: AsyncConnection, p: _Plan, now: datetime) -> None
         for r in p.rows
     ]
     by_id = {r["id"]: r for r in p.rows}
+    out: list[NewUsage] = []
     for loss in platform_losses(bills, outcome.attempt_id):
         r = by_id[loss.attempt_id]
-        await record_usage(
-            conn,
+        out.append(
             NewUsage(
                 attempt_id=r["id"],
                 task_id=p.item.task_id,
@@ -902,13 +901,11 @@ async def _record_losses(conn: AsyncConnection, p: _Plan, now: datetime) -> None
                     "transport_error_stage": r["transport_error_stage"],
                 },
             ),
-            now,
         )
     if delivered is not None and cost is not None and outcome.kind is CreditKind.CHARGE:
         short = underpriced_loss(cost, outcome.amount_micros)
         if short > 0:
-            await record_usage(
-                conn,
+            out.append(
                 NewUsage(
                     attempt_id=delivered["id"],
                     task_id=p.item.task_id,
@@ -929,5 +926,5 @@ async def _record_losses(conn: AsyncConnection, p: _Plan, now: datetime) -> None
                         "amount_is_actual": delivered["actual_cost_micros"] is not None,
                     },
                 ),
-                now,
             )
+    return out
