@@ -19,8 +19,9 @@ one statement each, whatever the number of tasks.
 
 `TaskCas` and `cas_tasks` are the set-based form of the single path's one-step CAS
 (`_sql.cas_task`) for a unit that numbers the moves' events itself (a unit's deferred moves,
-`_deferred`): one UPDATE per (from state, to state), the optional columns of each row
-(`_sql.task_extra`) by ``CASE id WHEN ...``, ``last_event_seq`` left to the unit.
+`_deferred`; the terminal moves of `end_tasks` with `cas_task_rows`): one UPDATE per (from
+state, to state), the optional columns of each row (`_sql.task_extra`) by ``CASE id WHEN ...``,
+``last_event_seq`` left to the unit.
 
 `AttemptMove` and `cas_attempts` are the same for attempts (the set-based form of
 `SqlUnitOfWork.move_attempt`, which is its batch of one): every move asked of `ATTEMPT_MACHINE`
@@ -47,7 +48,7 @@ from controlplane.persistence import _bulk, _rows, _sql, webhooks
 from controlplane.persistence.models import generation_tasks as T
 from controlplane.persistence.models import task_attempts as A
 from controlplane.persistence.models import task_events as E
-from controlplane.persistence.records import AttemptChanges, AttemptRecord
+from controlplane.persistence.records import AttemptChanges, AttemptRecord, TaskRecord
 
 __all__ = [
     "AttemptMove",
@@ -57,6 +58,7 @@ __all__ = [
     "TaskStep",
     "cas_attempts",
     "cas_many",
+    "cas_task_rows",
     "cas_tasks",
     "insert_events",
     "planned",
@@ -241,6 +243,18 @@ async def cas_tasks(
     returning = (T.c.id, T.c.status_version)
     rows = await _cas_steps(conn, T, steps, now, returning)
     return {int(row["id"]): int(row["status_version"]) for row in rows}
+
+
+async def cas_task_rows(
+    conn: AsyncConnection, moves: Sequence[TaskCas], now: datetime
+) -> dict[int, TaskRecord]:
+    """`cas_tasks` answering with the moved rows themselves (the single path's RETURNING), for
+    a caller that needs more of them than the version (`SqlUnitOfWork.end_tasks`)."""
+    for m in moves:  # every edge asked before any write
+        TASK_MACHINE.check(m.state, m.target)
+    steps = [(m.task_id, m.state, m.expected_version, m.target, m.extra) for m in moves]
+    records = [_rows.task(row) for row in await _cas_steps(conn, T, steps, now, (T,))]
+    return {record.id: record for record in records}
 
 
 Step = tuple[int, Any, int, Any, Mapping[str, Any]]

@@ -286,30 +286,47 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         return moved is not None
 
     async def end_tasks(self, ends: Sequence[TaskEnd]) -> dict[int, TaskRecord]:
-        """`move_task` into a terminal state for many tasks: each task's CAS, event and outbox
-        as `move_task` writes them, then the settlements of those whose CAS won together
-        (`ledger.settle_tasks`: one statement per step whatever the number of tasks). The
-        moved tasks by id; a forbidden or lost move is left out, as `move_task`'s None."""
+        """`move_task` into a terminal state for many tasks, set-based: the CASes in one UPDATE
+        per (from, to) state (`transitions.cas_task_rows`), each won move's event and ending as
+        `_move_task` writes them (the events numbered with the unit's others), then the
+        settlements together (`ledger.settle_tasks`: one statement per step whatever the number
+        of tasks). The moved tasks by id; a forbidden or lost move is left out, as
+        `move_task`'s None. tests/integration/persistence/test_transition_paths.py compares it
+        with `move_task` row for row."""
         if len({e.record.id for e in ends}) != len(ends):
             raise ValueError("a task may be ended once per call")
-        moved: dict[int, TaskRecord] = {}
         for end in ends:
             if not TASK_MACHINE.is_terminal(end.target):
                 raise ValueError(f"{end.target.value} is not a terminal task state")
-            if not TASK_MACHINE.can(end.record.state, end.target):
+        todo = [e for e in ends if TASK_MACHINE.can(e.record.state, e.target)]
+        if not todo:
+            return {}
+        if self._writes.moves:
+            await self._flush_writes()  # the kept moves first, in the order they were made
+        moved = await transitions.cas_task_rows(
+            self._direct,
+            [
+                transitions.TaskCas(
+                    e.record.id,
+                    e.record.state,
+                    e.record.status_version,
+                    e.target,
+                    _sql.task_extra(e.failure, None, e.output_asset),
+                )
+                for e in todo
+            ],
+            self.now,
+        )
+        for end in todo:
+            task = moved.get(end.record.id)
+            if task is None:
                 continue
-            won = await self._move_task(
-                end.record.id,
-                end.record.status_version,
-                end.target,
-                end.reason,
-                failure=end.failure,
-                output_asset=end.output_asset,
-                settle=False,
-            )
-            if won is not None:
-                moved[end.record.id] = won.task
+            self._held.moved_task(task)
+            payload = _sql.state_payload(end.target, task.status_version, end.reason, end.failure)
+            self.add_event(task.id, "task.state_changed", payload, outputs_of(end.output_asset))
+            self.endings.append(Ending(task.id, end.target.value, end.reason, end.failure))
         if moved:
+            # 9.23.1: the terminal states and the tenants' settlements commit together.
             await ledger.settle_tasks(
                 self.conn,
                 [

@@ -31,7 +31,7 @@ from controlplane.persistence.models import (
     task_events,
     webhook_messages,
 )
-from controlplane.persistence.records import TaskRecord
+from controlplane.persistence.records import Failure, TaskEnd, TaskRecord
 from controlplane.persistence.transitions import TaskMove, TaskStep
 from controlplane.persistence.unit import SqlUnitOfWork
 from tests.integration.persistence.builders import NOW, Scenario, make_spec
@@ -235,6 +235,92 @@ async def test_state_changes_write_the_same_rows_single_or_bulk(db: Database) ->
     ones = await _rows(db, [t.id for t in single])
     many = await _rows(db, [t.id for t in bulk])
     assert [t["status"] for t in ones["tasks"]] == ["CANCELLED", "QUEUED", "FAILED", "RUNNING"]
+    _same(many, ones)
+    assert bulk_facts == single_facts
+
+
+# Terminal moves as the output step makes them: (state reached first, the end, its columns).
+ENDS: list[tuple[tuple[TaskState, ...], TaskState, str, Failure | None, dict[str, Any] | None]] = [
+    (
+        (T.SCHEDULING, T.SUBMITTING, T.RUNNING, T.OUTPUT_FETCHING),
+        T.SUCCEEDED,
+        "output stored",
+        None,
+        {"uri": "s3://bucket/out.mp4", "sha256": "ab" * 32, "size_bytes": 1234},
+    ),
+    (
+        (T.SCHEDULING, T.SUBMITTING, T.RUNNING),
+        T.FAILED,
+        "provider refused",
+        Failure("CONTENT_POLICY", "SAFETY", "blocked by the provider"),
+        None,
+    ),
+    ((), T.CANCELLED, "caller cancelled", None, None),
+    ((T.SCHEDULING,), T.QUEUED, "not terminal: refused before any write", None, None),
+]
+
+
+async def _reached(db: Database, run: str) -> list[TaskRecord]:
+    """A task per `ENDS` row, moved along its first steps (one bulk move, then read back)."""
+    tasks = await _tasks(db, run, len(ENDS))
+    async with db.unit(NOW) as u:
+        moves = [
+            TaskMove(t.id, t.state, t.status_version, tuple(TaskStep(x) for x in way))
+            for t, (way, *_) in zip(tasks, ENDS, strict=True)
+            if way
+        ]
+        await u.move_tasks(moves)
+    out = []
+    async with db.unit(NOW) as u:
+        for t in tasks:
+            record = await u.task(t.id, lock=True)
+            assert record is not None
+            out.append(record)
+    return out
+
+
+async def test_terminal_moves_write_the_same_rows_one_by_one_or_ended_together(
+    db: Database,
+) -> None:
+    """A delivery, a failure and a cancellation, with their failure and output columns: one
+    `move_task` per task and one `end_tasks` for all write the same tasks, events, webhook
+    messages and settlements and leave the same wake-ups and endings; `end_tasks` refuses a
+    move into a state that is not terminal before writing anything."""
+    terminal = [row for row in ENDS if TASK_MACHINE.is_terminal(row[1])]
+    single = await _reached(db, "end-single")
+    async with db.unit(LATER) as u:
+        for task, (_, target, reason, failure, asset) in zip(single, terminal, strict=False):
+            moved = await u.move_task(task, target, reason, failure=failure, output_asset=asset)
+            assert moved is not None
+    single_facts = _unit_facts(u, [t.id for t in single])
+
+    bulk = await _reached(db, "end-bulk")
+    ends = [
+        TaskEnd(task, target, reason, failure, asset)
+        for task, (_, target, reason, failure, asset) in zip(bulk, ENDS, strict=True)
+    ]
+    with pytest.raises(ValueError, match="not a terminal task state"):
+        async with db.unit(LATER) as u:
+            await u.end_tasks(ends)
+    async with db.unit(LATER) as u:
+        moved_many = await u.end_tasks(ends[: len(terminal)])
+        assert set(moved_many) == {t.id for t in bulk[: len(terminal)]}
+        assert [moved_many[t.id].state for t in bulk[: len(terminal)]] == [
+            row[1] for row in terminal
+        ]
+    bulk_facts = _unit_facts(u, [t.id for t in bulk])
+
+    ones = await _rows(db, [t.id for t in single])
+    many = await _rows(db, [t.id for t in bulk])
+    assert [t["status"] for t in ones["tasks"]] == [
+        "SUCCEEDED",
+        "FAILED",
+        "CANCELLED",
+        "SCHEDULING",
+    ]
+    assert ones["tasks"][0]["output_asset"]
+    assert ones["tasks"][1]["failure_code"] == "SAFETY"
+    assert ones["webhooks"]
     _same(many, ones)
     assert bulk_facts == single_facts
 
