@@ -26,14 +26,16 @@ def lease_source(
 
     async def request(attempt: AttemptRecord) -> LeaseRequest | None:
         catalog = await dispatcher.catalog()
-        mode = await dispatcher.attempt_mode(attempt.client_request_key)
         for c in catalog.candidates:
             if c.account_id == attempt.provider_account_id and c.model == attempt.provider_model:
+                # The task's modality is a dimension only where the account limits modalities
+                # (`lease_dimensions`): its task is read only then, not at every send's stamp.
+                limited = dispatcher.limits_for(c.provider, c.account).modality_concurrency
+                key = attempt.client_request_key
+                mode = await dispatcher.attempt_mode(key) if limited else ""
                 # Its windows too: still counted from its admission (keyed by the same attempt),
                 # or, admitted longer ago than a span, counted again now that it is sent.
-                return dispatcher.lease_request(
-                    c, attempt.client_request_key, 1, attempt.estimated_cost_micros, mode=mode
-                )
+                return dispatcher.lease_request(c, key, 1, attempt.estimated_cost_micros, mode=mode)
         return None  # its candidate left the catalog: no lease on terms nobody publishes
 
     return request

@@ -13,6 +13,7 @@ from controlplane.leases.memory_store import MemoryLeaseStore
 from controlplane.persistence.database import Database
 from controlplane.persistence.tasks import TaskQueries
 from controlplane.scheduling.dispatcher import DispatchOutcome
+from controlplane.scheduling.relet import lease_source
 from controlplane.scheduling.upkeep import Upkeep
 from controlplane.service.accounts import AccountBook, AccountConfigService
 from tests.integration.scheduling.conftest import DispatcherFactory
@@ -79,6 +80,31 @@ async def test_a_modality_limit_is_leased_and_reconciled_from_the_tasks_mode(
     await leases.set_used(RUNWAY, "modality:TEXT_TO_VIDEO", 0)
     [drift] = await upkeep.reconcile_leases()
     assert (drift.dimension, drift.delta) == ("modality:TEXT_TO_VIDEO", 1)
+
+
+@pytest.mark.parametrize(
+    "limits", ["modality_concurrency: {TEXT_TO_VIDEO: 1}", "max_concurrency: 4"]
+)
+async def test_a_relet_lease_has_the_dimensions_the_round_leased(
+    db: Database, leases: MemoryLeaseStore, make_dispatcher: DispatcherFactory, limits: str
+) -> None:
+    """The lease an attempt takes again before its send (`relet.lease_source`) asks for the
+    dimensions its dispatch round leased: the task's modality among them where the account
+    limits modalities (read from the task), none where it does not."""
+    book = AccountBook(db)
+    await AccountConfigService(db, book).publish(document("a-1", limits))
+    task = await new_task(db, _runway_gen45())
+    dispatcher = make_dispatcher(accounts=book)
+    assert (await dispatch_one(dispatcher, task)).outcome is DispatchOutcome.SELECTED
+    [lease] = (await leases.snapshot(RUNWAY)).leases
+    detail = await TaskQueries(db).get_task(task.id)
+    assert detail is not None
+    [attempt] = detail.attempts
+    request = await lease_source(dispatcher)(attempt)
+    assert request is not None
+    assert request.dimensions == lease.dimensions
+    keys = {d.key for d in request.dimensions}
+    assert ("modality:TEXT_TO_VIDEO" in keys) is ("modality" in limits)
 
 
 async def test_a_published_total_counts_from_the_next_round(
