@@ -73,12 +73,11 @@ class ExecutionWrites:
         # Kept writes to jobs go out first (a read of the table sees them); with none pending the
         # statements need not send the unit's other kept writes (`_deferred`).
         conn = self.conn if self._writes.jobs else self._direct
-        stored = await self._job_like(job, conn)
-        if stored is not None:
-            return stored, False
-        # ON CONFLICT DO NOTHING instead of a savepoint around a plain INSERT: a concurrent
-        # writer's row (either unique key) makes this insert nothing, and the transaction stays
-        # usable either way (two round trips fewer than SAVEPOINT + RELEASE).
+        # The INSERT first, ON CONFLICT DO NOTHING: a stored row under either unique key (a
+        # replay, another job for the attempt, the job id on another attempt, or a concurrent
+        # writer's) makes it insert nothing, and only then is the stored row read to tell a
+        # replay from a conflict. A new job, the usual case, costs this one statement; the
+        # transaction stays usable either way (no SAVEPOINT + RELEASE).
         row = (
             (
                 await conn.execute(
@@ -103,7 +102,6 @@ class ExecutionWrites:
             .first()
         )
         if row is None:
-            # A concurrent writer recorded a job between our check and the insert.
             stored = await self._job_like(job, conn)
             if stored is not None:
                 return stored, False
