@@ -123,11 +123,9 @@ class CallbackReceiver:
             return 400
         assert job_id is not None  # _valid_job_id
         reads = self.deps.reads
-        job = await reads.job_by_provider(provider, job_id)
-        attempt_id = job.attempt_id if job else None
-        if attempt_id is None and hint:
-            attempt_id = int(hint)
-        snap = None if attempt_id is None else await reads.snapshot(attempt_id)
+        snap = await reads.snapshot_of_job(provider, job_id)
+        if snap is None and hint:  # a job not recorded yet: the attempt the URL names
+            snap = await reads.snapshot(int(hint))
         if snap is None:
             self.unresolved += 1
             return 202  # nothing of ours; stored nowhere, acknowledged so the sender stops

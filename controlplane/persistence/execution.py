@@ -127,11 +127,9 @@ class ExecutionQueries:
             rows = (await conn.execute(query)).mappings().all()
         out: dict[int, tuple[Snapshot, TaskRecord | None]] = {}
         for m in rows:
-            attempt = _rows.attempt(_part(m, "a__"))
-            job = _rows.provider_job(_part(m, "j__")) if m["j__id"] is not None else None
-            runtime = _rows.runtime(_part(m, "r__")) if m["r__attempt_id"] is not None else None
+            snap = _snapshot(m)
             task = _rows.task(_part(m, "t__")) if with_task and m["t__id"] is not None else None
-            out[attempt.id] = ((attempt, job, runtime), task)
+            out[snap[0].id] = (snap, task)
         return out
 
     async def tasks(self, task_ids: Iterable[int]) -> dict[int, TaskRecord]:
@@ -143,27 +141,23 @@ class ExecutionQueries:
             rows = await conn.execute(select(T).where(T.c.id.in_(ids)))
             return {int(m["id"]): _rows.task(m) for m in rows.mappings()}
 
-    async def job_by_provider(self, provider: str, job_id: str) -> ProviderJobRecord | None:
-        """The recorded job with this id on any account of `provider` (callbacks)."""
-        async with self._db.reading() as conn:
-            row = (
-                (
-                    await conn.execute(
-                        select(provider_jobs)
-                        .join(
-                            provider_accounts,
-                            provider_accounts.c.id == provider_jobs.c.provider_account_id,
-                        )
-                        .where(
-                            provider_accounts.c.provider == provider,
-                            provider_jobs.c.provider_job_id == job_id,
-                        )
-                    )
-                )
-                .mappings()
-                .first()
+    async def snapshot_of_job(self, provider: str, job_id: str) -> Snapshot | None:
+        """`snapshot` of the attempt that recorded the job `job_id` on an account of `provider`
+        (a callback names the job, not the attempt), found by the job in ONE statement."""
+        parts = [(A, "a__"), (provider_jobs, "j__"), (R, "r__")]
+        query = (
+            select(*(c.label(f"{prefix}{c.name}") for table, prefix in parts for c in table.c))
+            .select_from(provider_jobs)
+            .join(provider_accounts, provider_accounts.c.id == provider_jobs.c.provider_account_id)
+            .join(A, A.c.id == provider_jobs.c.attempt_id)
+            .outerjoin(R, R.c.attempt_id == A.c.id)
+            .where(
+                provider_accounts.c.provider == provider, provider_jobs.c.provider_job_id == job_id
             )
-            return None if row is None else _rows.provider_job(row)
+        )
+        async with self._db.reading() as conn:
+            found = (await conn.execute(query)).mappings().first()
+        return None if found is None else _snapshot(found)
 
     async def events(
         self,
@@ -204,3 +198,11 @@ class ExecutionQueries:
 def _part(m: RowMapping, prefix: str) -> RowMapping:
     """The columns of one table of a joined row, by their own names."""
     return cast(RowMapping, {k[len(prefix) :]: v for k, v in m.items() if k.startswith(prefix)})
+
+
+def _snapshot(m: RowMapping) -> Snapshot:
+    """The attempt, job and runtime parts of a joined row (`_joined`, `snapshot_of_job`)."""
+    attempt = _rows.attempt(_part(m, "a__"))
+    job = _rows.provider_job(_part(m, "j__")) if m["j__id"] is not None else None
+    runtime = _rows.runtime(_part(m, "r__")) if m["r__attempt_id"] is not None else None
+    return attempt, job, runtime

@@ -694,9 +694,11 @@ class MemoryDatabase:
             and (job_id is None or e.provider_job_id == job_id)
         ]
 
-    async def job_by_provider(self, provider: str, job_id: str) -> ProviderJobRecord | None:
+    async def snapshot_of_job(
+        self, provider: str, job_id: str
+    ) -> tuple[AttemptRecord, ProviderJobRecord | None, AttemptRuntime | None] | None:
         s = self._state
-        return next(
+        job = next(
             (
                 j
                 for j in s.jobs.values()
@@ -705,6 +707,7 @@ class MemoryDatabase:
             ),
             None,
         )
+        return None if job is None else await self.snapshot(job.attempt_id)
 
     async def known_job_ids(self, account_id: int, job_ids: Iterable[str]) -> set[str]:
         wanted = set(job_ids)
