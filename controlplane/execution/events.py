@@ -16,10 +16,10 @@ batch of one), a batch in one transaction:
 4. a live attempt's progress or queue position becomes a ``provider.progress`` task event when
    the domain's throttle keeps it (`progress_events`); it never moves a state.
 
-A batch (a poll round's observations, design 9.20, issue 22) reads its jobs in one statement,
-stores its raw observations in one, holds the attempts they name (locked, with their tasks,
-jobs and runtime rows: `UnitOfWork.hold`) in two, then applies each observation by the same
-steps in order; the unit sends the bookkeeping writes (runtime rows, jobs, outcomes) set-based
+A batch (a poll round's observations, design 9.20, issue 22) holds the attempts they name
+(locked, with their tasks, jobs and runtime rows: `UnitOfWork.hold`) in one statement, which
+answers their jobs too (the jobs no named attempt holds are read in one more), stores its raw
+observations in one, then applies each observation by the same steps in order; the unit sends the bookkeeping writes (runtime rows, jobs, outcomes) set-based
 at its end. A batch whose unit raises committed nothing: each observation is then applied
 alone, as one at a time would be.
 """
@@ -180,13 +180,17 @@ class EventNormalizer:
         items: Sequence[tuple[Observation, Then | None]],
         afters: Sequence[AfterCommit],
     ) -> list[IngestOutcome]:
+        # The attempts the observations name (a poll's, a callback's found by its job), locked
+        # first: their jobs come with them, so the refs they answer need no read of their own.
+        await u.hold(sorted({obs.attempt_hint for obs, _ in items if obs.attempt_hint}))
         refs = [(obs.provider_account_id, obs.provider_job_id) for obs, _ in items]
         recorded = await u.jobs_by_refs(refs)
         jobs = [recorded.get(ref) for ref in refs]
         event_ids = await u.insert_events(
             [_event_row(obs, job) for (obs, _), job in zip(items, jobs, strict=True)]
         )
-        # The attempts an item applies to or writes more for (`then`): read once, locked.
+        # The attempts an item applies to or writes more for (`then`), locked: those not named
+        # by their observation (held above) read now.
         held = {
             job.attempt_id
             for (_, then), job, event_id in zip(items, jobs, event_ids, strict=True)

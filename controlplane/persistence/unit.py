@@ -128,12 +128,16 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
     # ---- reads inside the transaction ------------------------------------------------------
 
     async def hold(self, attempt_ids: Sequence[int]) -> None:
-        """Lock the attempts and their tasks (attempt id order) and keep them, with their jobs,
-        runtime rows and their tasks' attempts, for this unit's reads: TWO statements for a
-        whole batch, after which `attempt`, `task`, `runtime`, `job_of`, `job_by_ref` and
-        `attempts_of` of those rows read nothing (`_deferred.Held`). Rows already held stay."""
+        """Lock the attempts and their tasks (attempt id order) and keep them, with their jobs
+        and runtime rows, for this unit's reads: ONE statement for a whole batch, after which
+        `attempt`, `task`, `runtime`, `job_of`, `job_by_ref` and `jobs_by_refs` of those rows
+        read nothing (`_deferred.Held`); the first `attempts_of` of a held task reads the
+        attempts of every held task in one more. Rows already held stay."""
         held = self._held
-        found = await _reads.held(self.conn, [i for i in attempt_ids if i not in held.attempts])
+        wanted = [i for i in attempt_ids if i not in held.attempts]
+        if not wanted:
+            return
+        found = await _reads.held(self.conn, wanted)
         for attempt, task, job, runtime in found.values():
             held.attempts[attempt.id] = attempt
             held.tasks.setdefault(task.id, task)  # one this unit moved is newer
@@ -141,8 +145,6 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
             held.jobs_of[attempt.id] = job
             if job is not None:
                 held.jobs[job.provider_account_id, job.provider_job_id] = job
-        families = {a.task_id for a, *_ in found.values()} - held.siblings.keys()
-        held.siblings.update(await _reads.attempts_of_tasks(self.conn, sorted(families)))
 
     async def attempt(self, attempt_id: int, *, lock: bool = True) -> AttemptRecord | None:
         held = self._held.attempts.get(attempt_id)
@@ -164,7 +166,13 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
         return await _reads.attempts_and_tasks(self.conn, attempt_ids)
 
     async def attempts_of(self, task_id: int) -> list[AttemptRecord]:
-        family = self._held.siblings.get(task_id)
+        held = self._held
+        if task_id in held.tasks and task_id not in held.siblings:
+            # The attempts of every held task not read yet, in one statement for the batch.
+            families = sorted(held.tasks.keys() - held.siblings.keys())
+            read = await _reads.attempts_of_tasks(self.conn, families)
+            held.siblings.update({t: read.get(t, []) for t in families})
+        family = held.siblings.get(task_id)
         if family is not None:
             return list(family)
         return await _reads.attempts_of(self.conn, task_id)
@@ -183,8 +191,14 @@ class SqlUnitOfWork(ExecutionWrites, CatalogWrites, AdminWrites):
     async def jobs_by_refs(
         self, refs: Sequence[tuple[int, str]]
     ) -> dict[tuple[int, str], ProviderJobRecord]:
-        """`job_by_ref` of many in ONE statement: the recorded jobs by (account, job id)."""
-        return await _reads.jobs_by_refs(self.conn, refs)
+        """`job_by_ref` of many: the recorded jobs by (account, job id), those this unit holds
+        (`hold`) read from the held rows, the others in ONE statement."""
+        held = self._held.jobs
+        found = {ref: held[ref] for ref in refs if ref in held}
+        rest = [ref for ref in refs if ref not in found]
+        if rest:
+            found.update(await _reads.jobs_by_refs(self.conn, rest))
+        return found
 
     async def account(self, account_id: int) -> AccountInfo:
         return await _reads.account(self.conn, account_id)
