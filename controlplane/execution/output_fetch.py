@@ -502,6 +502,11 @@ def _probe(path: Path) -> _Probe | OutputInvalid:
                 return OutputInvalid(InvalidReason.UNREADABLE_MEDIA, "no duration")
             rate = video.average_rate or video.guessed_rate
             sar = ctx.sample_aspect_ratio or Fraction(1)
+            # One decoding thread: the probe already runs beside others in the thread pool, and
+            # the codec's own slice or frame threads, started per output, cost more CPU than
+            # they save on a few dozen frames.
+            ctx.thread_type = "NONE"
+            ctx.thread_count = 1
             # Decoding one frame proves the stream is playable, not merely well labelled.
             decoded = container.decode(video=0)
             first = next(decoded, None)
