@@ -19,9 +19,9 @@ batch of one), a batch in one transaction:
 A batch (a poll round's observations, design 9.20, issue 22) holds the attempts they name
 (locked, with their tasks, jobs and runtime rows: `UnitOfWork.hold`) in one statement, which
 answers their jobs too (the jobs no named attempt holds are read in one more), stores its raw
-observations in one, then applies each observation by the same steps in order; the unit sends the bookkeeping writes (runtime rows, jobs, outcomes) set-based
-at its end. A batch whose unit raises committed nothing: each observation is then applied
-alone, as one at a time would be.
+observations in one, then applies each observation by the same steps in order; the unit sends
+the bookkeeping writes (runtime rows, jobs, outcomes) set-based at its end. A batch whose unit
+raises committed nothing: each observation is then applied alone, as one at a time would be.
 """
 
 from __future__ import annotations
