@@ -711,9 +711,9 @@ async def settle_tasks(
     Set-based whatever the number of tasks: the reservations, the adopted attempts not given
     and the attempts are read in one statement each, the entries written in one INSERT, and
     each (tenant, currency)'s cached balance moved once by the sum of its CHARGEs (`_account_for`
-    with all of them, which leaves the row as one call per entry would). Loss entries, rare,
-    are written in one more INSERT. One task is `settle_task`; the two are compared row for row by
-    tests/integration/execution/test_output_batches.py."""
+    with all of them, which leaves the row as one call per entry would), and the platform-loss
+    entries of all of them in one more INSERT. One task is `settle_task`; the two are compared row
+    for row by tests/integration/execution/test_output_batches.py."""
     ids = [s.task_id for s in items]
     if len(set(ids)) != len(ids):
         raise ValueError("a task is settled once per call")
