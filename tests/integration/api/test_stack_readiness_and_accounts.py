@@ -151,7 +151,8 @@ async def test_not_ready_until_the_adapter_described_and_no_task_fails(
 ) -> None:
     """Before its sidecar answers Describe the control plane is NOT_SERVING (liveness SERVING)
     and a task created then stays QUEUED through dispatcher rounds; once the sidecar is up the
-    control plane turns SERVING and the task's first route decision is SELECTED."""
+    control plane turns SERVING and the task is SELECTED, after at most a transient wait
+    (NO_CAPACITY), never failed."""
     caplog.set_level(logging.DEBUG, logger="controlplane.scheduling.dispatcher")
     port = free_port()
     stack = await stack_factory(port)
@@ -180,12 +181,18 @@ async def test_not_ready_until_the_adapter_described_and_no_task_fails(
             await eventually(serving, 60, "the control plane turns SERVING")
             assert await stack.status("") == SERVING
 
-            async def decided() -> TaskDetail | None:
+            async def selected() -> TaskDetail | None:
                 d = await stack.detail(task_id)
-                return d if d.route_decisions else None
+                codes = [r.reason_code for r in d.route_decisions]
+                return d if "SELECTED" in codes else None
 
-            detail = await eventually(decided, 30, "the task is routed")
-            assert [d.reason_code for d in detail.route_decisions][:1] == ["SELECTED"]
+            detail = await eventually(selected, 30, "the task is routed to the sidecar")
+            codes = [d.reason_code for d in detail.route_decisions]
+            # Its first round after the sidecar came up may find the sidecar's first Compile
+            # still unanswered (a loaded machine; its deadline is 1 s) or the account's leases
+            # being rebuilt: the task then waits (NO_CAPACITY, back to QUEUED) and is selected
+            # a round later. A wait, never a failure.
+            assert set(codes[: codes.index("SELECTED")]) <= {"NO_CAPACITY"}, codes
             assert detail.task.state.value != "FAILED"
         finally:
             await sidecar.stop()
