@@ -11,13 +11,18 @@ engine logs it and the failed item's claim expires, as before).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["GroupWrites", "run_batch"]
+from controlplane.persistence.errors import StoreUnavailable
+
+__all__ = ["GroupWrites", "each_alone", "run_batch"]
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+log = logging.getLogger(__name__)
 
 
 async def run_batch(
@@ -63,6 +68,22 @@ async def run_batch(
     for result in results:
         if isinstance(result, BaseException):
             raise result
+
+
+async def each_alone(
+    failed: Exception,
+    items: Sequence[T],
+    write: Callable[[Sequence[T]], Awaitable[Sequence[R | Exception]]],
+    what: str,
+) -> list[R | Exception]:
+    """After a group's unit raised `failed` (so nothing of it committed): each item written
+    alone by `write` (the group's own function, given one item), in order; or every item
+    refused with `failed` when the group was one item or the store is down (alone, each would
+    fail the same way)."""
+    if len(items) == 1 or isinstance(failed, StoreUnavailable):
+        return [failed] * len(items)
+    log.warning("%d %s failed together; writing each alone", len(items), what)
+    return [(await write([item]))[0] for item in items]
 
 
 class GroupWrites(Generic[T, R]):

@@ -45,6 +45,7 @@ from controlplane.domain.observation import (
     settles_submit,
 )
 from controlplane.domain.outbox import Topic
+from controlplane.execution.batching import each_alone
 from controlplane.execution.outcomes import (
     AfterCommit,
     ExecutionDeps,
@@ -53,7 +54,6 @@ from controlplane.execution.outcomes import (
 )
 from controlplane.execution.progress_events import record_progress
 from controlplane.execution.usage_entries import record_actual
-from controlplane.persistence.errors import StoreUnavailable
 from controlplane.persistence.ports import UnitOfWork
 from controlplane.persistence.records import (
     AttemptChanges,
@@ -163,10 +163,7 @@ class EventNormalizer:
             async with self._deps.db.unit(self._deps.clock()) as u:
                 outcomes = await self._ingest_all(u, items, afters)
         except Exception as exc:
-            if len(items) == 1 or isinstance(exc, StoreUnavailable):
-                return [exc] * len(items)
-            log.warning("%d observations failed together; applying each alone", len(items))
-            return [(await self.ingest_each([item]))[0] for item in items]
+            return await each_alone(exc, items, self.ingest_each, "observations")
         for after in afters:
             await after.run(self._deps.leases)
             await self._report_ended(after)

@@ -52,7 +52,7 @@ from datetime import datetime, timedelta
 from controlplane.domain.failover import FailureStage
 from controlplane.domain.outbox import Topic
 from controlplane.domain.states import TASK_MACHINE, AttemptState, TaskState
-from controlplane.execution.batching import GroupWrites, run_batch
+from controlplane.execution.batching import GroupWrites, each_alone, run_batch
 from controlplane.execution.events import EventNormalizer
 from controlplane.execution.leasing import Secured
 from controlplane.execution.outcomes import (
@@ -69,7 +69,6 @@ from controlplane.execution.outcomes import (
     retry_later,
     to_unknown,
 )
-from controlplane.persistence.errors import StoreUnavailable
 from controlplane.persistence.ports import UnitOfWork
 from controlplane.persistence.records import (
     AccountInfo,
@@ -272,12 +271,8 @@ class SubmitWorker:
                     with bind_ids(attempt_id=_attempt_id(start.message)):
                         await self._start(u, start)
         except Exception as exc:
-            if len(starts) == 1 or isinstance(exc, StoreUnavailable):
-                return [exc] * len(starts)
-            log.warning("%d submit starts failed together; writing each alone", len(starts))
-            return [
-                (await self.start_each([_Start(s.message, s.known, s.cleared)]))[0] for s in starts
-            ]
+            fresh = [_Start(s.message, s.known, s.cleared) for s in starts]  # undecided again
+            return await each_alone(exc, fresh, self.start_each, "submit starts")
         return list(starts)
 
     async def _start(self, u: UnitOfWork, start: _Start) -> None:
@@ -448,10 +443,7 @@ class SubmitWorker:
                 # replayed after the commit; asked last, in one read for the group.
                 early = await u.unmatched([j for j in jobs if j is not None])
         except Exception as exc:
-            if len(outcomes) == 1 or isinstance(exc, StoreUnavailable):
-                return [exc] * len(outcomes)
-            log.warning("%d submit outcomes failed together; writing each alone", len(outcomes))
-            return [(await self.apply_each([outcome]))[0] for outcome in outcomes]
+            return await each_alone(exc, outcomes, self.apply_each, "submit outcomes")
         for after in afters:
             await after.run(self._deps.leases)
         for job in jobs:

@@ -1,13 +1,16 @@
-"""`run_batch` (a claimed batch's items side by side, bounded, one key's items in order) and
-`GroupWrites` (their writes in groups as they come)."""
+"""`run_batch` (a claimed batch's items side by side, bounded, one key's items in order),
+`GroupWrites` (their writes in groups as they come) and `each_alone` (a failed group's items
+written one by one)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import pytest
 
-from controlplane.execution.batching import GroupWrites, run_batch
+from controlplane.execution.batching import GroupWrites, each_alone, run_batch
+from controlplane.persistence.errors import StoreUnavailable
 
 pytestmark = pytest.mark.asyncio
 
@@ -122,3 +125,25 @@ async def test_group_writes_share_out_items_over_units() -> None:
     release.set()
     await writes.wait()
     assert most == 2
+
+
+async def test_a_group_that_failed_is_written_each_alone_unless_the_store_is_down() -> None:
+    """`each_alone`: after a group's unit raised, each item is written alone (the bad one alone
+    refused, the others written); with the store down, or a group of one, every item is refused
+    with the group's error and nothing is written again."""
+    written: list[Sequence[int]] = []
+
+    async def write(items: Sequence[int]) -> list[str | Exception]:
+        written.append(items)
+        return [ValueError(f"bad {i}") if i == 2 else f"ok {i}" for i in items]
+
+    group_error = ValueError("the group's unit raised")
+    got = await each_alone(group_error, [1, 2, 3], write, "items")
+    assert written == [[1], [2], [3]]
+    assert [str(r) for r in got] == ["ok 1", "bad 2", "ok 3"]
+
+    written.clear()
+    down = StoreUnavailable("connection refused")
+    assert await each_alone(down, [1, 2, 3], write, "items") == [down] * 3
+    assert await each_alone(group_error, [1], write, "items") == [group_error]
+    assert written == []
