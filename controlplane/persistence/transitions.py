@@ -237,11 +237,7 @@ async def cas_tasks(
 ) -> dict[int, int]:
     """Apply `moves` (see module): task id -> its new ``status_version``, for those whose CAS
     won. `IllegalTransition` (nothing written) if `TASK_MACHINE` forbids any of them."""
-    for m in moves:  # every edge asked before any write
-        TASK_MACHINE.check(m.state, m.target)
-    steps = [(m.task_id, m.state, m.expected_version, m.target, m.extra) for m in moves]
-    returning = (T.c.id, T.c.status_version)
-    rows = await _cas_steps(conn, T, steps, now, returning)
+    rows = await _cas_steps(conn, T, _task_steps(moves), now, (T.c.id, T.c.status_version))
     return {int(row["id"]): int(row["status_version"]) for row in rows}
 
 
@@ -250,14 +246,19 @@ async def cas_task_rows(
 ) -> dict[int, TaskRecord]:
     """`cas_tasks` answering with the moved rows themselves (the single path's RETURNING), for
     a caller that needs more of them than the version (`SqlUnitOfWork.end_tasks`)."""
-    for m in moves:  # every edge asked before any write
-        TASK_MACHINE.check(m.state, m.target)
-    steps = [(m.task_id, m.state, m.expected_version, m.target, m.extra) for m in moves]
-    records = [_rows.task(row) for row in await _cas_steps(conn, T, steps, now, (T,))]
+    records = [_rows.task(row) for row in await _cas_steps(conn, T, _task_steps(moves), now, (T,))]
     return {record.id: record for record in records}
 
 
 Step = tuple[int, Any, int, Any, Mapping[str, Any]]
+
+
+def _task_steps(moves: Sequence[TaskCas]) -> list[Step]:
+    """The `_cas_steps` of task moves, every edge asked of `TASK_MACHINE` first (before any
+    write: `IllegalTransition`)."""
+    for m in moves:
+        TASK_MACHINE.check(m.state, m.target)
+    return [(m.task_id, m.state, m.expected_version, m.target, m.extra) for m in moves]
 
 
 async def _cas_steps(
